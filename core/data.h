@@ -1,0 +1,44 @@
+// Training data: the built-in synthetic long-range retrieval task and real token files (.bin, JSONL).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/strategy.h"
+
+namespace sg {
+
+// Key-value retrieval: (KV_MARK key value) triples scattered over a long sequence of filler tokens, then a block
+// of (QUERY key value) triples at the end. Only the queried values are labelled, so the loss falls below
+// log(num_values) only by attending back to where the key appeared.
+struct RetrievalTask {
+  int64_t seq_len = 4096;
+  int64_t vocab = 128;
+  int64_t num_pairs = 32;
+  int64_t num_values = 16;
+
+  static constexpr int32_t kPairMark = 1;
+  static constexpr int32_t kQueryMark = 2;
+  static constexpr int32_t kFirstKey = 3;
+
+  absl::Status Validate() const;
+  // Deterministic in (seed, index). distances (if not null) gets, per labelled position, the distance between
+  // the query and the key's earlier occurrence.
+  Sequence Make(uint64_t seed, int64_t index, std::vector<int64_t>* distances = nullptr) const;
+};
+
+// Headerless little-endian uint16 or uint32 token ids, cut into windows of seq_len + 1 tokens (inputs and
+// next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence.
+absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int bytes_per_token, int64_t seq_len,
+                                                   int64_t vocab);
+
+// One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
+// same length as input_ids, not shifted, -100 = ignored). Sequences longer than seq_len + 1 are truncated.
+absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab);
+
+// Checks ids against the vocabulary and that the sequence is not empty; the message names `source`.
+absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::string& source);
+
+}  // namespace sg

@@ -1,0 +1,288 @@
+#include "core/io/hf_config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <optional>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/io/json_util.h"
+#include "nlohmann/json.hpp"
+
+namespace sg::io {
+namespace {
+
+using internal::AbslView;
+using internal::JsonTypeName;
+using nlohmann::json;
+
+// Typed access to the fields of one JSON object, producing errors that name
+// the source file and the field. A field set to null counts as absent, as in
+// HF's own config classes.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string source_name, std::string field_prefix = "")
+      : object_(object),
+        source_name_(std::move(source_name)),
+        field_prefix_(std::move(field_prefix)) {}
+
+  absl::Status Error(std::string_view field, std::string_view problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name_, ": field '", field_prefix_, AbslView(field), "' ",
+                     AbslView(problem)));
+  }
+
+  const json* Get(std::string_view field) const {
+    const auto it = object_.find(std::string(field));
+    return (it == object_.end() || it->is_null()) ? nullptr : &*it;
+  }
+
+  absl::StatusOr<int64_t> PositiveInt(std::string_view field,
+                                      std::optional<int64_t> fallback = std::nullopt) const {
+    const json* value = Get(field);
+    if (value == nullptr) {
+      if (fallback) return *fallback;
+      return Error(field, "is missing");
+    }
+    if (!value->is_number_integer()) {
+      return Error(field, absl::StrCat("must be an integer, got ", JsonTypeName(*value)));
+    }
+    // Values above INT64_MAX are stored unsigned; they are absurd sizes anyway.
+    if (value->is_number_unsigned() &&
+        value->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Error(field, absl::StrCat("is too large: ", value->dump()));
+    }
+    const int64_t number = value->get<int64_t>();
+    if (number <= 0) return Error(field, absl::StrCat("must be positive, got ", number));
+    return number;
+  }
+
+  absl::StatusOr<double> PositiveNumber(std::string_view field,
+                                        std::optional<double> fallback = std::nullopt) const {
+    const json* value = Get(field);
+    if (value == nullptr) {
+      if (fallback) return *fallback;
+      return Error(field, "is missing");
+    }
+    if (!value->is_number()) {
+      return Error(field, absl::StrCat("must be a number, got ", JsonTypeName(*value)));
+    }
+    const double number = value->get<double>();
+    if (!(number > 0) || !std::isfinite(number)) {
+      return Error(field, absl::StrCat("must be a positive finite number, got ", value->dump()));
+    }
+    return number;
+  }
+
+  absl::StatusOr<bool> Bool(std::string_view field, bool fallback) const {
+    const json* value = Get(field);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) {
+      return Error(field, absl::StrCat("must be a boolean, got ", JsonTypeName(*value)));
+    }
+    return value->get<bool>();
+  }
+
+  // nullopt when absent.
+  absl::StatusOr<std::optional<std::string>> String(std::string_view field) const {
+    const json* value = Get(field);
+    if (value == nullptr) return std::optional<std::string>();
+    if (!value->is_string()) {
+      return Error(field, absl::StrCat("must be a string, got ", JsonTypeName(*value)));
+    }
+    return std::optional<std::string>(value->get_ref<const std::string&>());
+  }
+
+ private:
+  const json& object_;
+  std::string source_name_;
+  std::string field_prefix_;
+};
+
+// Assigns the value of a StatusOr expression to `lhs`, or returns its error.
+#define SG_IO_ASSIGN_OR_RETURN(lhs, expression)         \
+  do {                                               \
+    auto sg_assign_result = (expression);            \
+    if (!sg_assign_result.ok()) return sg_assign_result.status(); \
+    lhs = *std::move(sg_assign_result);              \
+  } while (false)
+
+// "llama" or "qwen2" from model_type, or from architectures when model_type
+// is absent (some older exports omit it).
+absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
+                                               const std::string& source_name) {
+  std::optional<std::string> model_type;
+  SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
+  if (model_type) {
+    if (*model_type == "llama" || *model_type == "qwen2") return *model_type;
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
+                                                   "' is not supported (supported: llama, qwen2)"));
+  }
+  const json* architectures = fields.Get("architectures");
+  if (architectures == nullptr) {
+    return fields.Error("model_type", "is missing (and no 'architectures' to infer it from)");
+  }
+  if (!architectures->is_array()) {
+    return fields.Error("architectures",
+                        absl::StrCat("must be an array, got ", JsonTypeName(*architectures)));
+  }
+  for (const json& name : *architectures) {
+    if (name == "LlamaForCausalLM") return std::string("llama");
+    if (name == "Qwen2ForCausalLM") return std::string("qwen2");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(source_name, ": architectures ", architectures->dump(-1, ' ', true),
+                   " are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"));
+}
+
+absl::StatusOr<RopeScaling> ParseRopeScaling(const FieldReader& fields,
+                                             const std::string& source_name) {
+  RopeScaling scaling;
+  const json* value = fields.Get("rope_scaling");
+  if (value == nullptr) return scaling;
+  if (!value->is_object()) {
+    return fields.Error("rope_scaling",
+                        absl::StrCat("must be an object or null, got ", JsonTypeName(*value)));
+  }
+  const FieldReader rope(*value, source_name, "rope_scaling.");
+  // Newer configs say "rope_type", older ones "type".
+  std::optional<std::string> type;
+  SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
+  if (!type) SG_IO_ASSIGN_OR_RETURN(type, rope.String("type"));
+  if (!type) return rope.Error("rope_type", "is missing");
+  if (*type == "default") return scaling;
+  if (*type != "llama3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": unsupported rope_scaling type '", *type,
+                     "' (supported: llama3, default)"));
+  }
+  scaling.enabled = true;
+  SG_IO_ASSIGN_OR_RETURN(scaling.factor, rope.PositiveNumber("factor"));
+  SG_IO_ASSIGN_OR_RETURN(scaling.low_freq_factor, rope.PositiveNumber("low_freq_factor"));
+  SG_IO_ASSIGN_OR_RETURN(scaling.high_freq_factor, rope.PositiveNumber("high_freq_factor"));
+  SG_IO_ASSIGN_OR_RETURN(scaling.original_max_position_embeddings,
+                      rope.PositiveInt("original_max_position_embeddings"));
+  // The llama3 wavelength interpolation divides by their difference.
+  if (scaling.high_freq_factor <= scaling.low_freq_factor) {
+    return rope.Error("high_freq_factor", "must be greater than low_freq_factor");
+  }
+  return scaling;
+}
+
+}  // namespace
+
+absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text,
+                                                         const std::string& source_name) {
+  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
+  }
+  const json& root = *parsed;
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(root)));
+  }
+  const FieldReader fields(root, source_name);
+  TransformerConfig config;
+  SG_IO_ASSIGN_OR_RETURN(config.architecture, DetectArchitecture(fields, source_name));
+  const bool is_qwen2 = config.architecture == "qwen2";
+
+  SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
+  SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
+  SG_IO_ASSIGN_OR_RETURN(config.num_layers, fields.PositiveInt("num_hidden_layers"));
+  SG_IO_ASSIGN_OR_RETURN(config.num_heads, fields.PositiveInt("num_attention_heads"));
+  SG_IO_ASSIGN_OR_RETURN(config.num_kv_heads,
+                      fields.PositiveInt("num_key_value_heads", config.num_heads));
+  if (config.num_heads % config.num_kv_heads != 0) {
+    return fields.Error("num_key_value_heads",
+                        absl::StrCat("(", config.num_kv_heads,
+                                     ") must divide num_attention_heads (", config.num_heads, ")"));
+  }
+  if (fields.Get("head_dim") == nullptr && config.hidden_size % config.num_heads != 0) {
+    return fields.Error("hidden_size",
+                        absl::StrCat("(", config.hidden_size,
+                                     ") must be divisible by num_attention_heads (",
+                                     config.num_heads, ") when head_dim is not given"));
+  }
+  SG_IO_ASSIGN_OR_RETURN(config.head_dim,
+                      fields.PositiveInt("head_dim", config.hidden_size / config.num_heads));
+  SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
+  // Defaults are those of HF's LlamaConfig / Qwen2Config.
+  SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
+  SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
+  SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
+                      fields.PositiveInt("max_position_embeddings", is_qwen2 ? 32768 : 2048));
+  SG_IO_ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(fields, source_name));
+  SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
+  // Qwen2 always has q/k/v biases; Llama has them only when asked.
+  if (is_qwen2) {
+    config.attention_bias = true;
+  } else {
+    SG_IO_ASSIGN_OR_RETURN(config.attention_bias, fields.Bool("attention_bias", false));
+  }
+
+  // Options that change the network in ways the engine does not implement.
+  std::optional<std::string> hidden_act;
+  SG_IO_ASSIGN_OR_RETURN(hidden_act, fields.String("hidden_act"));
+  if (hidden_act && *hidden_act != "silu") {
+    return fields.Error("hidden_act", absl::StrCat("'", *hidden_act, "' is not supported (only silu)"));
+  }
+  bool mlp_bias;
+  SG_IO_ASSIGN_OR_RETURN(mlp_bias, fields.Bool("mlp_bias", false));
+  if (mlp_bias) return fields.Error("mlp_bias", "true is not supported");
+  bool sliding_window;
+  SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
+  if (sliding_window) return fields.Error("use_sliding_window", "true is not supported");
+  return config;
+}
+
+absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path) {
+  struct stat info;
+  std::string file = path;
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    file = (!path.empty() && path.back() == '/') ? path + "config.json" : path + "/config.json";
+  }
+  absl::StatusOr<std::string> text = internal::ReadFileToString(file);
+  if (!text.ok()) return text.status();
+  return ParseTransformerConfig(*text, file);
+}
+
+std::string TransformerConfigToHFJson(const TransformerConfig& config) {
+  const bool is_qwen2 = config.architecture == "qwen2";
+  nlohmann::ordered_json out;
+  out["architectures"] = {is_qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  out["model_type"] = config.architecture;
+  out["torch_dtype"] = "float32";
+  out["hidden_act"] = "silu";
+  out["vocab_size"] = config.vocab_size;
+  out["hidden_size"] = config.hidden_size;
+  out["num_hidden_layers"] = config.num_layers;
+  out["num_attention_heads"] = config.num_heads;
+  out["num_key_value_heads"] = config.num_kv_heads;
+  out["head_dim"] = config.head_dim;
+  out["intermediate_size"] = config.intermediate_size;
+  out["rms_norm_eps"] = config.rms_norm_eps;
+  out["rope_theta"] = config.rope_theta;
+  if (config.rope_scaling.enabled) {
+    out["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", config.rope_scaling.factor},
+        {"low_freq_factor", config.rope_scaling.low_freq_factor},
+        {"high_freq_factor", config.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", config.rope_scaling.original_max_position_embeddings}};
+  } else {
+    out["rope_scaling"] = nullptr;
+  }
+  out["max_position_embeddings"] = config.max_position_embeddings;
+  out["tie_word_embeddings"] = config.tie_word_embeddings;
+  // Qwen2Config has no such option (its biases are fixed), so only Llama gets it.
+  if (!is_qwen2) out["attention_bias"] = config.attention_bias;
+  // Replacement keeps dump() from aborting on a non-UTF-8 architecture string.
+  return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+}
+
+#undef SG_IO_ASSIGN_OR_RETURN
+
+}  // namespace sg::io

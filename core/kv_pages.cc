@@ -1,0 +1,95 @@
+#include "core/kv_pages.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace sg {
+
+PagePool::PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
+                   int64_t kv_heads, int64_t head_dim)
+    : capacity_(capacity), page_size_(page_size), kv_heads_(kv_heads), head_dim_(head_dim),
+      page_stride_(page_size * kv_heads * head_dim) {
+  k_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
+  v_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
+  // Pop from the back: hand out low pool indices first.
+  for (int64_t p = capacity - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+}
+
+std::vector<int32_t>& PagePool::Table(int layer) {
+  if (layer >= static_cast<int>(tables_.size())) tables_.resize(layer + 1);
+  return tables_[layer];
+}
+
+void PagePool::Ensure(int layer, int64_t end, bool zero_new) {
+  std::vector<int32_t>& table = Table(layer);
+  const int64_t needed = (end + page_size_ - 1) / page_size_;
+  const size_t elem = DTypeSize(k_.dtype());
+  while (static_cast<int64_t>(table.size()) < needed) {
+    if (free_.empty())
+      throw std::runtime_error("page pool exhausted: " + std::to_string(capacity_) + " pages of " +
+                               std::to_string(page_size_) + " tokens (layer " + std::to_string(layer) + ")");
+    const int32_t p = free_.back();
+    free_.pop_back();
+    if (zero_new) {
+      std::memset(static_cast<char*>(k_.raw()) + p * page_stride_ * elem, 0, page_stride_ * elem);
+      std::memset(static_cast<char*>(v_.raw()) + p * page_stride_ * elem, 0, page_stride_ * elem);
+    }
+    table.push_back(p);
+  }
+}
+
+void PagePool::Release(int layer, int64_t from) {
+  std::vector<int32_t>& table = Table(layer);
+  const int64_t keep = (from + page_size_ - 1) / page_size_;  // pages starting before `from`
+  while (static_cast<int64_t>(table.size()) > keep) {
+    free_.push_back(table.back());
+    table.pop_back();
+  }
+}
+
+template <typename T>
+void PagePool::Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const {
+  const std::vector<int32_t>& table = tables_.at(layer);
+  const int64_t row = kv_heads_ * head_dim_;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
+    std::memcpy(k + (t - begin) * row, k_.data<T>() + off, row * sizeof(T));
+    std::memcpy(v + (t - begin) * row, v_.data<T>() + off, row * sizeof(T));
+  }
+}
+
+template <typename T>
+void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v) {
+  const std::vector<int32_t>& table = Table(layer);
+  const int64_t row = kv_heads_ * head_dim_;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
+    std::memcpy(k_.data<T>() + off, k + (t - begin) * row, row * sizeof(T));
+    std::memcpy(v_.data<T>() + off, v + (t - begin) * row, row * sizeof(T));
+  }
+}
+
+template <typename T>
+PagedKV<T> PagePool::View(int layer) const {
+  PagedKV<T> view;
+  view.k_pool = k_.data<T>();
+  view.v_pool = v_.data<T>();
+  view.page_table = tables_.at(layer).data();
+  view.page_size = page_size_;
+  view.page_stride = page_stride_;
+  view.kv_heads = kv_heads_;
+  view.head_dim = head_dim_;
+  return view;
+}
+
+#define SG_INSTANTIATE(T)                                                                 \
+  template void PagePool::Gather<T>(int, int64_t, int64_t, T*, T*) const;                 \
+  template void PagePool::Scatter<T>(int, int64_t, int64_t, const T*, const T*);          \
+  template PagedKV<T> PagePool::View<T>(int) const;
+SG_INSTANTIATE(float)
+SG_INSTANTIATE(double)
+#undef SG_INSTANTIATE
+
+}  // namespace sg

@@ -1,0 +1,42 @@
+// Paged KV cache and KV-gradient pages (SeCOv2 §4.1): fixed-size pages from a pool preallocated once per
+// sequence; a per-layer page table maps logical pages to pool pages. Nothing is concatenated or reallocated as
+// the cache grows, and pages whose tokens are finished go back to the free list.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/backend.h"
+
+namespace sg {
+
+class PagePool {
+ public:
+  // capacity pages of page_size tokens x kv_heads x head_dim, for K and for V.
+  PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
+           int64_t kv_heads, int64_t head_dim);
+
+  // Makes logical pages [0, ceil(end / page_size)) of `layer` exist; new pages are zeroed when zero_new.
+  void Ensure(int layer, int64_t end, bool zero_new);
+  // Returns the layer's pages that start at or after position `from` to the free list.
+  void Release(int layer, int64_t from);
+  // Rows [begin, end) of K and V for one layer, gathered into dense [n][kv_heads][head_dim] arrays.
+  template <typename T> void Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const;
+  // Writes dense rows [begin, end) into the pages (Ensure must cover end).
+  template <typename T> void Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v);
+  template <typename T> PagedKV<T> View(int layer) const;
+
+  int64_t page_size() const { return page_size_; }
+  int64_t pages_in_use() const { return capacity_ - static_cast<int64_t>(free_.size()); }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  std::vector<int32_t>& Table(int layer);
+  Tensor k_, v_;
+  int64_t capacity_, page_size_, kv_heads_, head_dim_, page_stride_;
+  std::vector<int32_t> free_;
+  std::vector<std::vector<int32_t>> tables_;
+};
+
+}  // namespace sg

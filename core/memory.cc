@@ -1,0 +1,102 @@
+#include "core/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace sg {
+
+const char* MemCategoryName(MemCategory c) {
+  static constexpr const char* kNames[] = {"weights", "grads",   "optimizer", "activations",
+                                                "kv_cache", "kv_grad", "logits",    "workspace"};
+  int i = static_cast<int>(c);
+  return i >= 0 && i < kNumMemCategories ? kNames[i] : "?";
+}
+
+namespace {
+struct SpinGuard {
+  explicit SpinGuard(std::atomic_flag& f) : f_(f) {
+    while (f_.test_and_set(std::memory_order_acquire)) {}
+  }
+  ~SpinGuard() { f_.clear(std::memory_order_release); }
+  std::atomic_flag& f_;
+};
+
+void* HostAlloc(size_t bytes) {
+  // 64-byte alignment for SIMD and to keep tensors off each other's cache lines.
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void HostFree(void* p) { std::free(p); }
+void HostZero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+
+DeviceAllocator g_allocators[2] = {{HostAlloc, HostFree, HostZero}, {}};
+}  // namespace
+
+void RegisterDeviceAllocator(Device d, DeviceAllocator a) { g_allocators[static_cast<int>(d)] = a; }
+
+void MemoryTracker::Add(MemCategory c, int64_t bytes) {
+  SpinGuard g(lock_);
+  int i = static_cast<int>(c);
+  s_.current[i] += bytes;
+  if (s_.current[i] > s_.peak[i]) s_.peak[i] = s_.current[i];
+  s_.total_current += bytes;
+  if (s_.total_current > s_.total_peak) {
+    s_.total_peak = s_.total_current;
+    s_.at_total_peak = s_.current;
+  }
+}
+
+void MemoryTracker::Sub(MemCategory c, int64_t bytes) {
+  SpinGuard g(lock_);
+  s_.current[static_cast<int>(c)] -= bytes;
+  s_.total_current -= bytes;
+}
+
+MemorySnapshot MemoryTracker::Snapshot() const {
+  SpinGuard g(lock_);
+  return s_;
+}
+
+void MemoryTracker::ResetPeak() {
+  SpinGuard g(lock_);
+  s_.peak = s_.current;
+  s_.total_peak = s_.total_current;
+  s_.at_total_peak = s_.current;
+}
+
+Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape,
+                     Device device) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.category_ = cat;
+  t.numel_ = 1;
+  for (int64_t s : shape) t.numel_ *= s;
+  t.shape_ = std::move(shape);
+  const int64_t bytes = t.numel_ * static_cast<int64_t>(DTypeSize(dtype));
+  const DeviceAllocator& a = g_allocators[static_cast<int>(device)];
+  if (!a.alloc) throw std::bad_alloc();
+  void* p = a.alloc(static_cast<size_t>(bytes));
+  if (tracker) tracker->Add(cat, bytes);
+  void (*release)(void*) = a.free;
+  t.storage_ = std::shared_ptr<void>(p, [tracker, cat, bytes, release](void* q) {
+    release(q);
+    if (tracker) tracker->Sub(cat, bytes);
+  });
+  return t;
+}
+
+Tensor Tensor::Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape) {
+  Tensor t = Empty(tracker, cat, dtype, std::move(shape));
+  t.SetZero();
+  return t;
+}
+
+void Tensor::SetZero() {
+  if (storage_) g_allocators[static_cast<int>(device_)].memset_zero(storage_.get(), nbytes());
+}
+
+}  // namespace sg

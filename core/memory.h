@@ -1,0 +1,84 @@
+// Engine allocator: every tensor's bytes are counted per category (current and peak), so that benchmarks and
+// reports can state memory from the engine's own accounting rather than from the OS.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace sg {
+
+enum class MemCategory : int {
+  kWeights = 0, kGrads, kOptimizer, kActivations, kKVCache, kKVGrad, kLogits, kWorkspace, kCount
+};
+constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
+const char* MemCategoryName(MemCategory c);
+
+struct MemorySnapshot {
+  std::array<int64_t, kNumMemCategories> current{};
+  std::array<int64_t, kNumMemCategories> peak{};  // peak of each category on its own
+  int64_t total_current = 0;
+  int64_t total_peak = 0;  // peak of the sum (not the sum of per-category peaks)
+  // Per-category bytes at the moment total_peak was reached.
+  std::array<int64_t, kNumMemCategories> at_total_peak{};
+};
+
+// Counts bytes; thread-safe. One tracker per model/engine instance.
+class MemoryTracker {
+ public:
+  void Add(MemCategory c, int64_t bytes);
+  void Sub(MemCategory c, int64_t bytes);
+  MemorySnapshot Snapshot() const;
+  // Restart peak tracking from the current state (e.g. at the start of a benchmark step).
+  void ResetPeak();
+
+ private:
+  mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
+  MemorySnapshot s_;
+};
+
+// A dense, row-major tensor whose storage is owned (shared) and counted by a MemoryTracker.
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape,
+                      Device device = Device::kCPU);
+  static Tensor Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
+
+  bool defined() const { return static_cast<bool>(storage_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  MemCategory category() const { return category_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * DTypeSize(dtype_); }
+  void* raw() const { return storage_.get(); }
+  template <typename T> T* data() const { return static_cast<T*>(storage_.get()); }
+  void SetZero();
+  void Reset() { storage_.reset(); }
+
+ private:
+  std::shared_ptr<void> storage_;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::kCPU;
+  MemCategory category_ = MemCategory::kWorkspace;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+};
+
+// Device memory hooks: the CUDA backend registers these; CPU uses aligned host memory.
+struct DeviceAllocator {
+  void* (*alloc)(size_t bytes) = nullptr;
+  void (*free)(void* p) = nullptr;
+  void (*memset_zero)(void* p, size_t bytes) = nullptr;
+};
+void RegisterDeviceAllocator(Device d, DeviceAllocator a);
+
+}  // namespace sg

@@ -1,0 +1,96 @@
+// The family-agnostic model interface that every strategy schedules: per-layer forward/backward on a chunk of
+// tokens carrying a state from earlier tokens (design.md, "the one idea everything rests on").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+#include "core/memory.h"
+
+namespace sg {
+
+// A contiguous range of token positions [begin, end) of one sequence.
+struct Chunk {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// One named parameter with its gradient (the gradient is undefined for frozen parameters).
+struct Param {
+  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Tensor value;
+  Tensor grad;
+};
+
+// Activations that one layer keeps from forward_chunk for its backward_chunk.
+struct LayerSaved {
+  std::vector<Tensor> tensors;
+  void Clear() { tensors.clear(); }
+};
+
+// How much state a sequence may hold at once: strategies size it so memory is what the schedule needs.
+struct StateOptions {
+  int64_t seq_len = 0;
+  int64_t page_size = 256;
+  int resident_layers = 0;       // layers whose cache (KV pages / scan states) is held at once
+  int resident_grad_layers = 0;  // layers whose state gradients are held at once
+};
+
+// State carried along the sequence (KV cache pages for attention, scan states for SSMs) and its gradient.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  // Frees the layer's cache and state gradient for positions >= from (pages that start at or after it).
+  virtual void Release(int layer, int64_t from) = 0;
+};
+
+struct HeadResult {
+  double loss_sum = 0;   // sum of per-token losses over valid labels in the chunk
+  int64_t tokens = 0;    // valid labels in the chunk
+  Tensor dh;             // gradient w.r.t. the last layer's output for the chunk (if requested)
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string family() const = 0;  // "transformer" or "ssm"
+  virtual DType dtype() const = 0;
+  virtual int num_layers() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t hidden_size() const = 0;
+  virtual std::vector<Param>& params() = 0;
+  virtual MemoryTracker& memory() = 0;
+
+  virtual std::unique_ptr<SequenceState> NewState(const StateOptions& opts) = 0;
+
+  // x[c] = embedding(ids[c]); backward accumulates into the embedding gradient.
+  virtual Tensor Embed(const int32_t* ids, Chunk c) = 0;
+  virtual void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) = 0;
+
+  // forward_chunk: y[c] from x[c] and the state of positions < c.begin; appends c's state. Keeps what backward
+  // needs in *saved when saved != nullptr.
+  virtual Tensor LayerForward(int layer, Chunk c, const Tensor& x, SequenceState& state, LayerSaved* saved) = 0;
+  // backward_chunk: dx[c] from dy[c]; accumulates parameter gradients and the state gradients of all positions
+  // < c.end, and consumes the (complete) state gradient of c itself.
+  virtual Tensor LayerBackward(int layer, Chunk c, const Tensor& dy, LayerSaved& saved, SequenceState& state) = 0;
+
+  // Final norm + LM head + token cross-entropy on a chunk, computed lm_chunk rows at a time so that at most
+  // lm_chunk x vocab logits exist. labels < 0 are ignored. With need_grad, accumulates head gradients
+  // (scaled by grad_scale) and returns dh.
+  virtual HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, double grad_scale,
+                              bool need_grad) = 0;
+  virtual void set_lm_chunk(int64_t rows) = 0;
+
+  // Bytes of state (cache) and state gradient per token per layer, for memory planning and reports.
+  virtual int64_t StateBytesPerToken() const = 0;
+};
+
+// Zeroes every defined gradient.
+void ZeroGrads(Model& model);
+
+}  // namespace sg

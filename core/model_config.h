@@ -1,0 +1,36 @@
+// Model hyper-parameters, as read from a Hugging Face config.json or a built-in preset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace sg {
+
+// Llama-3 style RoPE frequency scaling ("rope_scaling": {"rope_type": "llama3", ...}).
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// Transformer of the Llama / Qwen2 family.
+struct TransformerConfig {
+  std::string architecture = "llama";  // "llama" or "qwen2" (HF model_type)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // d_model
+  int64_t num_layers = 0;         // num_hidden_layers
+  int64_t num_heads = 0;          // num_attention_heads
+  int64_t num_kv_heads = 0;       // num_key_value_heads (defaults to num_heads)
+  int64_t head_dim = 0;           // hidden_size / num_heads unless given
+  int64_t intermediate_size = 0;  // SwiGLU width
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;    // q/k/v biases (Qwen2: always true)
+  int64_t max_position_embeddings = 0;
+};
+
+}  // namespace sg

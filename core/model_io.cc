@@ -1,0 +1,86 @@
+#include "core/model_io.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/io/hf_config.h"
+#include "core/io/safetensors.h"
+#include "core/presets.h"
+
+namespace sg {
+namespace {
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+}  // namespace
+
+absl::Status LoadWeights(TransformerModel& model, const std::string& dir) {
+  absl::StatusOr<io::ShardedSafetensors> files = io::ShardedSafetensors::OpenDir(dir);
+  if (!files.ok()) return files.status();
+  std::set<std::string> expected;
+  for (Param& p : model.params()) {
+    expected.insert(p.name);
+    if (!files->Find(p.name))
+      return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", p.name, "' is missing"));
+    if (absl::Status s = files->ReadInto(p.name, p.value.shape(), p.value.dtype(), p.value.raw()); !s.ok()) return s;
+  }
+  std::vector<std::string> unknown;
+  for (const std::string& name : files->TensorNames()) {
+    if (expected.count(name)) continue;
+    // Buffers some exporters keep, and the duplicate head of tied checkpoints, carry no parameters of ours.
+    if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
+    if (name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
+    unknown.push_back(name);
+  }
+  if (!unknown.empty())
+    return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ",
+                                                   model.config().architecture, " model: ",
+                                                   absl::StrJoin(unknown, ", ")));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed) {
+  if (!IsDirectory(spec)) {
+    absl::StatusOr<TransformerConfig> preset = TransformerPreset(spec);
+    if (!preset.ok()) return preset.status();
+    absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*preset, dtype);
+    if (!model.ok()) return model.status();
+    InitOptions init;
+    init.seed = seed;
+    InitRandom(**model, init);
+    return model;
+  }
+  absl::StatusOr<TransformerConfig> config = io::LoadTransformerConfig(spec);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*config, dtype);
+  if (!model.ok())
+    return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
+  if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;
+  return model;
+}
+
+absl::Status SaveModel(TransformerModel& model, const std::string& dir) {
+  if (!IsDirectory(dir) && mkdir(dir.c_str(), 0755) != 0)
+    return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
+  std::vector<io::TensorToWrite> tensors;
+  for (Param& p : model.params()) {
+    if (model.config().tie_word_embeddings && p.name == "lm_head.weight") continue;
+    tensors.push_back({p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
+  }
+  if (absl::Status s = io::WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
+    return s;
+  const std::string config_path = dir + "/config.json";
+  std::ofstream out(config_path);
+  out << io::TransformerConfigToHFJson(model.config());
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(config_path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace sg

@@ -1,0 +1,22 @@
+// Models from presets or Hugging Face directories (config.json + safetensors), and back to disk.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/transformer.h"
+
+namespace sg {
+
+// `spec` is a preset name (random init from `seed`) or a directory holding config.json and model.safetensors
+// or model.safetensors.index.json. Relative paths are taken as given (callers resolve them).
+absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed);
+
+// Loads HF weights into an existing model by parameter name, checking every shape.
+absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
+
+// Writes config.json and model.safetensors (in the model's dtype) that Hugging Face transformers can load.
+absl::Status SaveModel(TransformerModel& model, const std::string& dir);
+
+}  // namespace sg

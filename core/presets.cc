@@ -1,0 +1,47 @@
+#include "core/presets.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace sg {
+namespace {
+
+TransformerConfig Llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn) {
+  TransformerConfig c;
+  c.architecture = "llama";
+  c.vocab_size = vocab;
+  c.hidden_size = d;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = d / heads;
+  c.intermediate_size = ffn;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.max_position_embeddings = 131072;
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> TransformerPresetNames() { return {"tiny", "tiny-qwen2", "demo", "bench-cpu"}; }
+
+absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
+  if (name == "tiny") return Llama(97, 32, 3, 4, 2, 48);
+  if (name == "tiny-qwen2") {
+    TransformerConfig c = Llama(97, 32, 2, 4, 1, 40);
+    c.architecture = "qwen2";
+    c.attention_bias = true;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    return c;
+  }
+  if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
+  if (name == "bench-cpu") return Llama(512, 256, 4, 4, 2, 688);
+  return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (",
+                                          absl::StrJoin(TransformerPresetNames(), ", "),
+                                          ") nor a directory with config.json"));
+}
+
+}  // namespace sg

@@ -1,0 +1,17 @@
+// Built-in model presets for demos, tests and benchmarks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model_config.h"
+
+namespace sg {
+
+// "tiny" (3 layers, GQA, for tests and gradcheck), "tiny-qwen2" (biases, tied head), "demo" (the main job's
+// default), "bench-cpu" (d 256, 4 layers, 4 heads, 2 KV heads, ffn 688, vocab 512).
+absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name);
+std::vector<std::string> TransformerPresetNames();
+
+}  // namespace sg

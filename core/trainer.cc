@@ -1,0 +1,116 @@
+#include "core/trainer.h"
+
+#include <cmath>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "core/data.h"
+#include "kernels/backend.h"
+
+namespace sg {
+
+Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer)
+    : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer) {
+  if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
+}
+
+absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
+  if (absl::Status s = ValidateStrategyOptions(strategy_options_); !s.ok()) return s;
+  if (batch.empty()) return absl::InvalidArgumentError("batch is empty");
+  int64_t valid = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (absl::Status s = ValidateSequence(batch[i], model_.vocab_size(), absl::StrCat("batch sequence ", i)); !s.ok())
+      return s;
+    for (int32_t l : batch[i].labels) valid += l >= 0;
+  }
+  if (valid == 0) return absl::InvalidArgumentError("batch has no valid labels (all are -100): the loss is undefined");
+
+  StepMetrics m;
+  ZeroGrads(model_);
+  try {
+    for (const Sequence& seq : batch) {
+      GradResult r = strategy_(model_, seq, 1.0 / static_cast<double>(valid), strategy_options_);
+      m.loss += r.loss_sum;
+      m.tokens += r.tokens;
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("strategy '", strategy_options_.name, "' failed: ", e.what()));
+  }
+  m.loss /= static_cast<double>(valid);
+  if (!std::isfinite(m.loss)) return absl::InternalError(absl::StrCat("loss is ", m.loss, " at step ", step_ + 1));
+  return m;
+}
+
+namespace {
+template <typename T>
+double SumSquares(const Tensor& t) {
+  double s = 0;
+  const T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+template <typename T>
+void Scale(Tensor& t, double f) {
+  T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
+}
+template <typename T>
+void Adam(const OptimizerOptions& o, std::vector<Param>& params, std::vector<Tensor>& m, std::vector<Tensor>& v,
+          int64_t step) {
+  const OpTable<T>& ops = CpuOps<T>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    if (!p.grad.defined()) continue;
+    // Norm weights and biases are not decayed.
+    const double wd = p.value.shape().size() >= 2 ? o.weight_decay : 0.0;
+    ops.adamw(p.value.data<T>(), p.grad.data<T>(), m[i].data<T>(), v[i].data<T>(), p.value.numel(), o.lr, o.beta1,
+              o.beta2, o.eps, wd, step);
+  }
+}
+}  // namespace
+
+absl::Status Trainer::OptimizerStep(StepMetrics* metrics) {
+  std::vector<Param>& params = model_.params();
+  const bool f64 = model_.dtype() == DType::kF64;
+  double sq = 0;
+  for (Param& p : params) {
+    if (!p.grad.defined()) continue;
+    const double s = f64 ? SumSquares<double>(p.grad) : SumSquares<float>(p.grad);
+    if (!std::isfinite(s))
+      return absl::InternalError(absl::StrCat("gradient of '", p.name, "' is not finite at step ", step_ + 1));
+    sq += s;
+  }
+  const double norm = std::sqrt(sq);
+  if (metrics) metrics->grad_norm = norm;
+  if (opt_.clip_grad_norm > 0 && norm > opt_.clip_grad_norm) {
+    for (Param& p : params) {
+      if (!p.grad.defined()) continue;
+      if (f64) Scale<double>(p.grad, opt_.clip_grad_norm / norm);
+      else Scale<float>(p.grad, opt_.clip_grad_norm / norm);
+    }
+  }
+  if (m_.empty()) {
+    for (Param& p : params) {
+      if (!p.grad.defined()) {
+        m_.emplace_back();
+        v_.emplace_back();
+        continue;
+      }
+      m_.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+      v_.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+    }
+  }
+  ++step_;
+  if (f64) Adam<double>(opt_, params, m_, v_, step_);
+  else Adam<float>(opt_, params, m_, v_, step_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Sequence>& batch) {
+  absl::StatusOr<StepMetrics> m = ComputeGradients(batch);
+  if (!m.ok()) return m.status();
+  if (absl::Status s = OptimizerStep(&*m); !s.ok()) return s;
+  return m;
+}
+
+}  // namespace sg

@@ -1,0 +1,52 @@
+// Training loop pieces: gradients of a batch through a strategy, then an AdamW step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model.h"
+#include "core/strategy.h"
+
+namespace sg {
+
+struct OptimizerOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double clip_grad_norm = 1.0;  // 0 = no clipping
+};
+
+struct StepMetrics {
+  double loss = 0;        // mean token loss of the batch
+  int64_t tokens = 0;     // valid labels in the batch
+  double grad_norm = 0;   // before clipping
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer);
+
+  // Zeroes gradients, then accumulates d(mean token loss over the batch)/d(params) with the strategy.
+  absl::StatusOr<StepMetrics> ComputeGradients(const std::vector<Sequence>& batch);
+  // Clips by global norm and applies AdamW to every parameter with a gradient.
+  absl::Status OptimizerStep(StepMetrics* metrics);
+  // Both of the above.
+  absl::StatusOr<StepMetrics> Step(const std::vector<Sequence>& batch);
+
+  Model& model() { return model_; }
+  int64_t step() const { return step_; }
+  const StrategyOptions& strategy() const { return strategy_options_; }
+
+ private:
+  Model& model_;
+  StrategyOptions strategy_options_;
+  OptimizerOptions opt_;
+  StrategyFn strategy_;
+  std::vector<Tensor> m_, v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace sg

@@ -1,0 +1,376 @@
+#include "core/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/kv_pages.h"
+#include "kernels/backend.h"
+
+namespace sg {
+
+std::vector<double> RopeInverseFrequencies(const TransformerConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(c.rope_theta, -2.0 * i / c.head_dim);
+  if (!c.rope_scaling.enabled) return inv;
+  // Llama 3: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+  const RopeScaling& s = c.rope_scaling;
+  const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_ctx / s.low_freq_factor;
+  const double high_wavelen = old_ctx / s.high_freq_factor;
+  for (double& f : inv) {
+    const double wavelen = 2 * M_PI / f;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      f /= s.factor;
+    } else {
+      const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+  return inv;
+}
+
+void ZeroGrads(Model& model) {
+  for (Param& p : model.params())
+    if (p.grad.defined()) p.grad.SetZero();
+}
+
+namespace {
+
+class TransformerState final : public SequenceState {
+ public:
+  TransformerState(PagePool kv, PagePool grad) : kv(std::move(kv)), grad(std::move(grad)) {}
+  void Release(int layer, int64_t from) override {
+    kv.Release(layer, from);
+    grad.Release(layer, from);
+  }
+  PagePool kv;
+  PagePool grad;
+};
+
+// Indices into params() for one decoder layer; -1 where a bias is absent.
+struct LayerParams {
+  int norm1, q, q_bias, k, k_bias, v, v_bias, o, norm2, gate, up, down;
+};
+
+// Order of LayerSaved::tensors.
+enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kNumSaved };
+
+template <typename T>
+class Transformer final : public TransformerModel {
+ public:
+  explicit Transformer(const TransformerConfig& c)
+      : cfg_(c), ops_(CpuOps<T>()), inv_freq_(RopeInverseFrequencies(c)) {
+    const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+    embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      LayerParams L;
+      L.norm1 = Add(p + "input_layernorm.weight", {d});
+      L.q = Add(p + "self_attn.q_proj.weight", {qd, d});
+      L.q_bias = c.attention_bias ? Add(p + "self_attn.q_proj.bias", {qd}) : -1;
+      L.k = Add(p + "self_attn.k_proj.weight", {kvd, d});
+      L.k_bias = c.attention_bias ? Add(p + "self_attn.k_proj.bias", {kvd}) : -1;
+      L.v = Add(p + "self_attn.v_proj.weight", {kvd, d});
+      L.v_bias = c.attention_bias ? Add(p + "self_attn.v_proj.bias", {kvd}) : -1;
+      L.o = Add(p + "self_attn.o_proj.weight", {d, qd});
+      L.norm2 = Add(p + "post_attention_layernorm.weight", {d});
+      L.gate = Add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
+      L.up = Add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
+      L.down = Add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
+      layers_.push_back(L);
+    }
+    final_norm_ = Add("model.norm.weight", {d});
+    head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
+    for (const LayerParams& L : layers_)
+      for (int idx : {L.norm1, L.norm2}) std::fill_n(W(idx), params_[idx].value.numel(), T(1));
+    std::fill_n(W(final_norm_), params_[final_norm_].value.numel(), T(1));
+  }
+
+  std::string family() const override { return "transformer"; }
+  DType dtype() const override { return std::is_same_v<T, double> ? DType::kF64 : DType::kF32; }
+  int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t hidden_size() const override { return cfg_.hidden_size; }
+  std::vector<Param>& params() override { return params_; }
+  MemoryTracker& memory() override { return mem_; }
+  const TransformerConfig& config() const override { return cfg_; }
+  void set_lm_chunk(int64_t rows) override { lm_chunk_ = std::max<int64_t>(1, rows); }
+  int64_t StateBytesPerToken() const override {
+    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(sizeof(T));
+  }
+
+  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
+    const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
+    return std::make_unique<TransformerState>(
+        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_layer * o.resident_layers, o.page_size,
+                 cfg_.num_kv_heads, cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * o.resident_grad_layers, o.page_size,
+                 cfg_.num_kv_heads, cfg_.head_dim));
+  }
+
+  Tensor Embed(const int32_t* ids, Chunk c) override {
+    Tensor x = New(MemCategory::kActivations, {c.size(), cfg_.hidden_size});
+    ops_.embedding_forward(ids + c.begin, c.size(), W(embed_), cfg_.hidden_size, x.data<T>());
+    return x;
+  }
+
+  void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
+    if (T* g = G(embed_)) ops_.embedding_backward(ids + c.begin, c.size(), dx.data<T>(), cfg_.hidden_size, g);
+  }
+
+  Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
+    auto& state = static_cast<TransformerState&>(state_base);
+    const LayerParams& L = layers_[l];
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
+    const int64_t qd = cfg_.num_heads * cfg_.head_dim, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
+    const T* x = x_in.data<T>();
+
+    Tensor xn1 = New(act, {n, d}), rstd1 = New(act, {n});
+    ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
+    Tensor q = New(act, {n, qd});
+    Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd);
+    {
+      Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
+      Linear(xn1.data<T>(), n, d, L.k, L.k_bias, k.data<T>(), kvd);
+      Linear(xn1.data<T>(), n, d, L.v, L.v_bias, v.data<T>(), kvd);
+      ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+      ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+      state.kv.Ensure(l, c.end, /*zero_new=*/false);
+      state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+    }
+    Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
+    {
+      const AttentionShape shape = Shape(c);
+      Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
+      ops_.attention_forward(shape, q.data<T>(), state.kv.View<T>(l), attn.data<T>(), lse.data<T>(), ws.data<T>());
+    }
+    Tensor h = New(act, {n, d});
+    std::memcpy(h.data<T>(), x, n * d * sizeof(T));
+    ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
+
+    Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
+    ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
+    Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
+    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.gate), d, T(0), gate.data<T>(), f);
+    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.up), d, T(0), up.data<T>(), f);
+    ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
+    Tensor y = New(MemCategory::kActivations, {n, d});
+    std::memcpy(y.data<T>(), h.data<T>(), n * d * sizeof(T));
+    ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
+
+    if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
+    return y;
+  }
+
+  Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
+    auto& state = static_cast<TransformerState&>(state_base);
+    const LayerParams& L = layers_[l];
+    const std::vector<Tensor>& s = saved.tensors;
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
+    const int64_t qd = cfg_.num_heads * cfg_.head_dim, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const T* dy = dy_in.data<T>();
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+
+    // MLP: y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h)
+    Tensor dh = New(ws, {n, d});
+    {
+      Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+      ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
+      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
+      ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
+                           dup.data<T>());
+      ops_.gemm(false, false, n, d, f, T(1), dgate.data<T>(), f, W(L.gate), d, T(0), dxn2.data<T>(), d);
+      ops_.gemm(false, false, n, d, f, T(1), dup.data<T>(), f, W(L.up), d, T(1), dxn2.data<T>(), d);
+      const T* xn2 = s[kXn2].data<T>();
+      if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
+      if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
+      std::memcpy(dh.data<T>(), dy, n * d * sizeof(T));
+      NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+    }
+    // Attention: h = x + o(attn(rope(q(xn1)), cache)), xn1 = norm1(x)
+    Tensor dq = New(ws, {n, qd});
+    {
+      Tensor dattn = New(ws, {n, qd});
+      ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
+      if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
+      state.grad.Ensure(l, c.end, /*zero_new=*/true);
+      const AttentionShape shape = Shape(c);
+      Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
+      ops_.attention_backward(shape, s[kQ].data<T>(), state.kv.View<T>(l), s[kAttn].data<T>(), s[kLse].data<T>(),
+                              dattn.data<T>(), dq.data<T>(), state.grad.View<T>(l), wsp.data<T>());
+    }
+    // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
+    Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
+    state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
+    ops_.rope(dq.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), true);
+    ops_.rope(dk.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), true);
+    Tensor dxn1 = New(ws, {n, d});
+    const T* xn1 = s[kXn1].data<T>();
+    LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0));
+    LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1));
+    LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1));
+
+    Tensor dx = New(MemCategory::kActivations, {n, d});
+    std::memcpy(dx.data<T>(), dh.data<T>(), n * d * sizeof(T));
+    NormBackward(dxn1.data<T>(), s[kX].data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
+    return dx;
+  }
+
+  HeadResult HeadLoss(Chunk c, const Tensor& h_in, const int32_t* labels_all, double grad_scale,
+                      bool need_grad) override {
+    const int64_t n = c.size(), d = cfg_.hidden_size, V = cfg_.vocab_size;
+    const int32_t* labels = labels_all + c.begin;
+    HeadResult r;
+    Tensor hn = New(MemCategory::kWorkspace, {n, d}), rstd = New(MemCategory::kWorkspace, {n});
+    ops_.rmsnorm_forward(h_in.data<T>(), W(final_norm_), n, d, cfg_.rms_norm_eps, hn.data<T>(), rstd.data<T>());
+    Tensor dhn;
+    if (need_grad) dhn = Tensor::Zeros(&mem_, MemCategory::kWorkspace, dtype(), {n, d});
+    const int64_t rows = std::min(lm_chunk_, n);
+    Tensor logits = New(MemCategory::kLogits, {rows, V});
+    std::vector<double> logprobs(need_grad ? 0 : rows);
+    for (int64_t i0 = 0; i0 < n; i0 += rows) {
+      const int64_t m = std::min(rows, n - i0);
+      const int64_t valid = std::count_if(labels + i0, labels + i0 + m, [](int32_t t) { return t >= 0; });
+      if (valid == 0) continue;
+      r.tokens += valid;
+      const T* hn_i = hn.data<T>() + i0 * d;
+      ops_.gemm(false, true, m, V, d, T(1), hn_i, d, W(head_), d, T(0), logits.data<T>(), V);
+      if (!need_grad) {
+        ops_.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
+        for (int64_t j = 0; j < m; ++j) r.loss_sum -= logprobs[j];
+        continue;
+      }
+      r.loss_sum += ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, grad_scale);
+      if (T* g = G(head_)) ops_.gemm(true, false, V, d, m, T(1), logits.data<T>(), V, hn_i, d, T(1), g, d);
+      ops_.gemm(false, false, m, d, V, T(1), logits.data<T>(), V, W(head_), d, T(0), dhn.data<T>() + i0 * d, d);
+    }
+    if (need_grad) {
+      r.dh = New(MemCategory::kActivations, {n, d});
+      ops_.rmsnorm_backward(dhn.data<T>(), h_in.data<T>(), W(final_norm_), rstd.data<T>(), n, d,
+                            r.dh.data<T>(), GradOrScratch(final_norm_), false);
+    }
+    return r;
+  }
+
+ private:
+  int Add(const std::string& name, std::vector<int64_t> shape) {
+    Param p;
+    p.name = name;
+    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, dtype(), shape);
+    p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, dtype(), shape);
+    params_.push_back(std::move(p));
+    return static_cast<int>(params_.size()) - 1;
+  }
+  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, dtype(), shape); }
+  T* W(int idx) const { return params_[idx].value.template data<T>(); }
+  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
+  // Frozen norm weights still need somewhere for the kernel to write dw.
+  T* GradOrScratch(int idx) {
+    if (T* g = G(idx)) return g;
+    scratch_.resize(params_[idx].value.numel());
+    return scratch_.data();
+  }
+
+  AttentionShape Shape(Chunk c) const {
+    AttentionShape s;
+    s.n = c.size();
+    s.pos0 = c.begin;
+    s.heads = cfg_.num_heads;
+    s.kv_heads = cfg_.num_kv_heads;
+    s.head_dim = cfg_.head_dim;
+    s.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
+    return s;
+  }
+
+  // y[n][out] = x[n][in] W[out][in]^T (+ b)
+  void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out) {
+    ops_.gemm(false, true, n, out, in, T(1), x, in, W(w), in, T(0), y, out);
+    if (b >= 0) ops_.add_bias(y, W(b), n, out);
+  }
+  // dx (+)= dy W; dW += dy^T x; db += colsum(dy)
+  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta) {
+    const int64_t in = cfg_.hidden_size;
+    ops_.gemm(false, false, n, in, out, T(1), dy, out, W(w), in, beta, dx, in);
+    if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
+    if (b >= 0)
+      if (T* g = G(b)) ops_.bias_backward(dy, n, out, g);
+  }
+  void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
+    ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);
+  }
+
+  TransformerConfig cfg_;
+  const OpTable<T>& ops_;
+  std::vector<double> inv_freq_;
+  MemoryTracker mem_;
+  std::vector<Param> params_;
+  std::vector<LayerParams> layers_;
+  int embed_ = -1, final_norm_ = -1, head_ = -1;
+  int64_t lm_chunk_ = 256;
+  std::vector<T> scratch_;
+};
+
+absl::Status ValidateConfig(const TransformerConfig& c) {
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config field '", field, "' must be positive, got ", v));
+    return absl::OkStatus();
+  };
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                          {"hidden_size", c.hidden_size},
+                          {"num_hidden_layers", c.num_layers},
+                          {"num_attention_heads", c.num_heads},
+                          {"num_key_value_heads", c.num_kv_heads},
+                          {"head_dim", c.head_dim},
+                          {"intermediate_size", c.intermediate_size}}) {
+    if (absl::Status s = positive(field, v); !s.ok()) return s;
+  }
+  if (c.num_heads % c.num_kv_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat("config: num_attention_heads (", c.num_heads,
+                                                   ") must be a multiple of num_key_value_heads (", c.num_kv_heads,
+                                                   ")"));
+  if (c.head_dim % 2 != 0)
+    return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
+  if (c.architecture != "llama" && c.architecture != "qwen2")
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: model_type '", c.architecture, "' is not supported (supported: llama, qwen2)"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config));
+  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config));
+  return absl::InvalidArgumentError(
+      absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
+}
+
+void InitRandom(Model& model, const InitOptions& opts) {
+  std::mt19937_64 rng(opts.seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (Param& p : model.params()) {
+    const bool is_vector = p.value.shape().size() == 1;
+    const bool is_norm = p.name.find("norm") != std::string::npos;
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      double v;
+      if (!is_vector) {
+        v = opts.stddev * normal(rng);
+      } else if (is_norm) {
+        v = opts.perturb_norms_and_biases ? 1.0 + 0.1 * normal(rng) : 1.0;
+      } else {
+        v = opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
+      }
+      if (model.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      else p.value.data<float>()[i] = static_cast<float>(v);
+    }
+  }
+}
+
+}  // namespace sg

@@ -1,0 +1,74 @@
+#include "examples/common.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "core/presets.h"
+
+ABSL_FLAG(std::string, model, "tiny", "preset name (tiny, tiny-qwen2, demo, bench-cpu) or a Hugging Face model directory");
+ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
+ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco");
+ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco)");
+ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
+ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
+ABSL_FLAG(uint64_t, seed, 1, "random seed (init and data)");
+
+namespace sg::tools {
+
+std::string ResolveUserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
+  return wd ? absl::StrCat(wd, "/", path) : path;
+}
+
+std::string ModelSpec() {
+  const std::string m = absl::GetFlag(FLAGS_model);
+  if (TransformerPreset(m).ok()) return m;
+  return ResolveUserPath(m);
+}
+
+absl::StatusOr<DType> ParseDType(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f64") return DType::kF64;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype: '", name, "' is not supported (f32, f64)"));
+}
+
+StrategyOptions StrategyFromFlags() {
+  StrategyOptions o;
+  o.name = absl::GetFlag(FLAGS_strategy);
+  o.chunk = absl::GetFlag(FLAGS_chunk);
+  o.page_size = absl::GetFlag(FLAGS_page_size);
+  o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
+  return o;
+}
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat(path, ": cannot write"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat(path, ": cannot rename"));
+  return absl::OkStatus();
+}
+
+std::string PeakByCategoryJson(const MemorySnapshot& s) {
+  std::string out = "{";
+  for (int i = 0; i < kNumMemCategories; ++i)
+    absl::StrAppend(&out, i ? ", " : "", "\"", MemCategoryName(static_cast<MemCategory>(i)), "\": ", s.peak[i]);
+  return out + "}";
+}
+
+void ExitIfError(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
+  std::exit(1);
+}
+
+}  // namespace sg::tools

@@ -1,0 +1,47 @@
+// CPU implementations of the backend table (declarations; one .cc per op family).
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace sg::cpu {
+
+template <typename T>
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc);
+
+template <typename T> void EmbeddingForward(const int32_t* ids, int64_t n, const T* table, int64_t d, T* out);
+template <typename T> void EmbeddingBackward(const int32_t* ids, int64_t n, const T* dout, int64_t d, T* dtable);
+
+template <typename T>
+void RmsNormForward(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd);
+template <typename T>
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t d, T* dx, T* dw,
+                     bool accumulate_dx);
+
+template <typename T>
+void Rope(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq, bool inverse);
+
+template <typename T> void AddBias(T* y, const T* b, int64_t n, int64_t m);
+template <typename T> void BiasBackward(const T* dy, int64_t n, int64_t m, T* db);
+template <typename T> void SwigluForward(const T* gate, const T* up, int64_t count, T* out);
+template <typename T>
+void SwigluBackward(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup);
+template <typename T> void AddInplace(T* y, const T* x, int64_t count);
+
+template <typename T>
+void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* workspace);
+template <typename T>
+void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
+                       const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace);
+int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
+
+template <typename T>
+double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, double grad_scale);
+template <typename T>
+void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
+
+template <typename T>
+void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
+           double weight_decay, int64_t step);
+
+}  // namespace sg::cpu

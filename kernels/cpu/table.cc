@@ -1,0 +1,38 @@
+// Fills the backend table with the CPU kernels.
+#include "kernels/cpu/cpu_ops.h"
+
+namespace sg {
+
+template <typename T>
+static OpTable<T> MakeCpuTable() {
+  OpTable<T> t;
+  t.gemm = cpu::Gemm<T>;
+  t.embedding_forward = cpu::EmbeddingForward<T>;
+  t.embedding_backward = cpu::EmbeddingBackward<T>;
+  t.rmsnorm_forward = cpu::RmsNormForward<T>;
+  t.rmsnorm_backward = cpu::RmsNormBackward<T>;
+  t.rope = cpu::Rope<T>;
+  t.add_bias = cpu::AddBias<T>;
+  t.bias_backward = cpu::BiasBackward<T>;
+  t.swiglu_forward = cpu::SwigluForward<T>;
+  t.swiglu_backward = cpu::SwigluBackward<T>;
+  t.add_inplace = cpu::AddInplace<T>;
+  t.attention_forward = cpu::AttentionForward<T>;
+  t.attention_backward = cpu::AttentionBackward<T>;
+  t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
+  t.cross_entropy_forward_backward = cpu::CrossEntropyForwardBackward<T>;
+  t.token_logprobs = cpu::TokenLogprobs<T>;
+  t.adamw = cpu::AdamW<T>;
+  return t;
+}
+
+template <typename T>
+const OpTable<T>& CpuOps() {
+  static const OpTable<T> table = MakeCpuTable<T>();
+  return table;
+}
+
+template const OpTable<float>& CpuOps<float>();
+template const OpTable<double>& CpuOps<double>();
+
+}  // namespace sg
