@@ -12,6 +12,7 @@ const std::map<std::string, StrategyFn>& Registry() {
   static const auto* registry = new std::map<std::string, StrategyFn>{
       {"full", FullBackprop},
       {"ckpt", CheckpointedBackprop},
+      {"seco", ChunkedBackprop},
   };
   return *registry;
 }

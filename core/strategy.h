@@ -44,5 +44,6 @@ std::vector<Chunk> SplitIntoChunks(int64_t seq_len, int64_t chunk);
 // Strategies (one file each under core/strategies/).
 GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 
 }  // namespace sg

@@ -55,7 +55,8 @@ def _java_jar_impl(ctx):
 
     # Sources and resources go through files, so long lists never hit ARG_MAX.
     srcs_list = ctx.actions.declare_file(ctx.label.name + "_srcs.txt")
-    ctx.actions.write(srcs_list, "\n".join([f.path for f in ctx.files.srcs]) + "\n")
+    src_lines = [f.path for f in ctx.files.srcs]
+    ctx.actions.write(srcs_list, "\n".join(src_lines) + ("\n" if src_lines else ""))
     res_lines = ["%s\t%s" % (f.path, _resource_path(ctx, f)) for f in ctx.files.resources]
     res_list = ctx.actions.declare_file(ctx.label.name + "_resources.txt")
     ctx.actions.write(res_list, "\n".join(res_lines) + ("\n" if res_lines else ""))

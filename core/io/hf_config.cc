@@ -227,14 +227,15 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   std::optional<std::string> hidden_act;
   SG_IO_ASSIGN_OR_RETURN(hidden_act, fields.String("hidden_act"));
   if (hidden_act && *hidden_act != "silu") {
-    return fields.Error("hidden_act", absl::StrCat("'", *hidden_act, "' is not supported (only silu)"));
+    return fields.Error("hidden_act",
+                        absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
   }
   bool mlp_bias;
   SG_IO_ASSIGN_OR_RETURN(mlp_bias, fields.Bool("mlp_bias", false));
-  if (mlp_bias) return fields.Error("mlp_bias", "true is not supported");
+  if (mlp_bias) return fields.Error("mlp_bias", "is true, which is not supported");
   bool sliding_window;
   SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
-  if (sliding_window) return fields.Error("use_sliding_window", "true is not supported");
+  if (sliding_window) return fields.Error("use_sliding_window", "is true, which is not supported");
   return config;
 }
 

@@ -1,0 +1,58 @@
+#include "core/gradcheck.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/trainer.h"
+
+namespace sg {
+namespace {
+
+std::vector<std::vector<double>> CopyGrads(Model& model) {
+  std::vector<std::vector<double>> out;
+  for (Param& p : model.params()) {
+    std::vector<double> g(p.grad.defined() ? p.grad.numel() : 0);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = model.dtype() == DType::kF64 ? p.grad.data<double>()[i] : p.grad.data<float>()[i];
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
+                                                 const StrategyOptions& strategy) {
+  StrategyOptions full = strategy;
+  full.name = "full";
+  Trainer reference(model, full, {});
+  absl::StatusOr<StepMetrics> ref = reference.ComputeGradients(batch);
+  if (!ref.ok()) return ref.status();
+  const std::vector<std::vector<double>> expected = CopyGrads(model);
+
+  Trainer trainer(model, strategy, {});
+  absl::StatusOr<StepMetrics> got = trainer.ComputeGradients(batch);
+  if (!got.ok()) return got.status();
+  const std::vector<std::vector<double>> actual = CopyGrads(model);
+
+  GradCheckResult r;
+  r.loss = got->loss;
+  r.reference_loss = ref->loss;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i].empty()) continue;
+    double err = 0, scale = 1e-300;
+    for (size_t j = 0; j < expected[i].size(); ++j) {
+      err = std::max(err, std::abs(actual[i][j] - expected[i][j]));
+      scale = std::max(scale, std::abs(expected[i][j]));
+    }
+    ++r.params_checked;
+    r.max_abs_err = std::max(r.max_abs_err, err);
+    if (err / scale > r.max_rel_err || r.worst_param.empty()) {
+      r.max_rel_err = std::max(r.max_rel_err, err / scale);
+      if (err / scale >= r.max_rel_err) r.worst_param = model.params()[i].name;
+    }
+  }
+  return r;
+}
+
+}  // namespace sg

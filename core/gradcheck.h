@@ -1,0 +1,25 @@
+// Compares a strategy's gradients with full backprop's on the same model and batch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model.h"
+#include "core/strategy.h"
+
+namespace sg {
+
+struct GradCheckResult {
+  double loss = 0;            // the strategy's loss
+  double reference_loss = 0;  // full backprop's loss
+  double max_rel_err = 0;     // max over parameters of max|g - g_ref| / max|g_ref|
+  double max_abs_err = 0;
+  std::string worst_param;
+  int64_t params_checked = 0;
+};
+
+absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
+                                                 const StrategyOptions& strategy);
+
+}  // namespace sg

@@ -1,0 +1,339 @@
+#include "core/io/hf_config.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/model_config.h"
+#include "gtest/gtest.h"
+
+namespace sg::io {
+namespace {
+
+void ExpectErrorMentions(const absl::StatusOr<TransformerConfig>& result,
+                         const std::vector<std::string>& parts) {
+  ASSERT_FALSE(result.ok()) << "expected an error mentioning '" << parts.front() << "'";
+  const std::string message(result.status().message());
+  for (const std::string& part : parts) {
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "error message lacks '" << part << "': " << message;
+  }
+}
+
+absl::StatusOr<TransformerConfig> Parse(const std::string& json_text) {
+  return ParseTransformerConfig(json_text, "config.json");
+}
+
+// Llama-3.2-1B's config.json, abridged to the fields that matter.
+constexpr char kLlama32Config[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "vocab_size": 128256
+})";
+
+// Qwen2-0.5B's config.json.
+constexpr char kQwen2Config[] = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 131072,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 131072,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// TinyLlama-style: no head_dim, no rope_scaling, untied, GQA.
+constexpr char kTinyLlamaConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "intermediate_size": 5632,
+  "max_position_embeddings": 2048,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 22,
+  "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "vocab_size": 32000
+})";
+
+// The smallest valid config; tests below add or break one field at a time.
+std::string MinimalLlama(const std::string& extra_fields = "") {
+  return R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128)" +
+         extra_fields + "}";
+}
+
+TEST(HfConfigTest, Llama32WithRopeScalingAndTiedEmbeddings) {
+  absl::StatusOr<TransformerConfig> config = Parse(kLlama32Config);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "llama");
+  EXPECT_EQ(config->vocab_size, 128256);
+  EXPECT_EQ(config->hidden_size, 2048);
+  EXPECT_EQ(config->num_layers, 16);
+  EXPECT_EQ(config->num_heads, 32);
+  EXPECT_EQ(config->num_kv_heads, 8);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->intermediate_size, 8192);
+  EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
+  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_DOUBLE_EQ(config->rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(config->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(config->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(config->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_FALSE(config->attention_bias);
+  EXPECT_EQ(config->max_position_embeddings, 131072);
+}
+
+TEST(HfConfigTest, LlamaDefaults) {
+  absl::StatusOr<TransformerConfig> config = Parse(kTinyLlamaConfig);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->head_dim, 64);  // hidden_size / num_attention_heads
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_FALSE(config->rope_scaling.enabled);
+  EXPECT_FALSE(config->tie_word_embeddings);
+
+  absl::StatusOr<TransformerConfig> minimal = Parse(MinimalLlama());
+  ASSERT_TRUE(minimal.ok()) << minimal.status();
+  EXPECT_EQ(minimal->num_kv_heads, 4);
+  EXPECT_EQ(minimal->head_dim, 16);
+  EXPECT_DOUBLE_EQ(minimal->rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(minimal->rms_norm_eps, 1e-6);
+  EXPECT_EQ(minimal->max_position_embeddings, 2048);
+  EXPECT_FALSE(minimal->tie_word_embeddings);
+  EXPECT_FALSE(minimal->attention_bias);
+
+  absl::StatusOr<TransformerConfig> with_bias = Parse(MinimalLlama(R"(, "attention_bias": true)"));
+  ASSERT_TRUE(with_bias.ok()) << with_bias.status();
+  EXPECT_TRUE(with_bias->attention_bias);
+}
+
+TEST(HfConfigTest, Qwen2) {
+  absl::StatusOr<TransformerConfig> config = Parse(kQwen2Config);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "qwen2");
+  EXPECT_EQ(config->vocab_size, 151936);
+  EXPECT_EQ(config->hidden_size, 896);
+  EXPECT_EQ(config->num_heads, 14);
+  EXPECT_EQ(config->num_kv_heads, 2);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->intermediate_size, 4864);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 1e6);
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_FALSE(config->rope_scaling.enabled);
+}
+
+TEST(HfConfigTest, ArchitecturesWhenModelTypeMissing) {
+  absl::StatusOr<TransformerConfig> config = Parse(
+      R"({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "qwen2");
+  EXPECT_TRUE(config->attention_bias);
+  EXPECT_EQ(config->max_position_embeddings, 32768);
+}
+
+TEST(HfConfigTest, RopeScalingOldTypeKeyAndDefault) {
+  absl::StatusOr<TransformerConfig> config = Parse(MinimalLlama(
+      R"(, "rope_scaling": {"type": "llama3", "factor": 8, "low_freq_factor": 1,
+                            "high_freq_factor": 4, "original_max_position_embeddings": 8192})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_DOUBLE_EQ(config->rope_scaling.factor, 8.0);
+
+  absl::StatusOr<TransformerConfig> plain =
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "default"})"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->rope_scaling.enabled);
+}
+
+TEST(HfConfigTest, WrittenJsonParsesBackUnchanged) {
+  for (const char* text : {kLlama32Config, kQwen2Config, kTinyLlamaConfig}) {
+    absl::StatusOr<TransformerConfig> original = Parse(text);
+    ASSERT_TRUE(original.ok()) << original.status();
+    const std::string written = TransformerConfigToHFJson(*original);
+    absl::StatusOr<TransformerConfig> reread = Parse(written);
+    ASSERT_TRUE(reread.ok()) << reread.status() << "\n" << written;
+    EXPECT_EQ(reread->architecture, original->architecture);
+    EXPECT_EQ(reread->vocab_size, original->vocab_size);
+    EXPECT_EQ(reread->hidden_size, original->hidden_size);
+    EXPECT_EQ(reread->num_layers, original->num_layers);
+    EXPECT_EQ(reread->num_heads, original->num_heads);
+    EXPECT_EQ(reread->num_kv_heads, original->num_kv_heads);
+    EXPECT_EQ(reread->head_dim, original->head_dim);
+    EXPECT_EQ(reread->intermediate_size, original->intermediate_size);
+    EXPECT_EQ(reread->rms_norm_eps, original->rms_norm_eps);
+    EXPECT_EQ(reread->rope_theta, original->rope_theta);
+    EXPECT_EQ(reread->rope_scaling.enabled, original->rope_scaling.enabled);
+    EXPECT_EQ(reread->rope_scaling.factor, original->rope_scaling.factor);
+    EXPECT_EQ(reread->rope_scaling.low_freq_factor, original->rope_scaling.low_freq_factor);
+    EXPECT_EQ(reread->rope_scaling.high_freq_factor, original->rope_scaling.high_freq_factor);
+    EXPECT_EQ(reread->rope_scaling.original_max_position_embeddings,
+              original->rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(reread->tie_word_embeddings, original->tie_word_embeddings);
+    EXPECT_EQ(reread->attention_bias, original->attention_bias);
+    EXPECT_EQ(reread->max_position_embeddings, original->max_position_embeddings);
+    EXPECT_NE(written.find("\"torch_dtype\": \"float32\""), std::string::npos);
+  }
+}
+
+TEST(HfConfigTest, LoadFromDirectoryOrFile) {
+  const std::string dir = ::testing::TempDir() + "/hf_config_load";
+  mkdir(dir.c_str(), 0755);
+  std::ofstream(dir + "/config.json") << kQwen2Config;
+  absl::StatusOr<TransformerConfig> from_dir = LoadTransformerConfig(dir);
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status();
+  EXPECT_EQ(from_dir->architecture, "qwen2");
+  absl::StatusOr<TransformerConfig> from_file = LoadTransformerConfig(dir + "/config.json");
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(from_file->vocab_size, 151936);
+
+  ExpectErrorMentions(LoadTransformerConfig(dir + "/absent.json"), {"absent.json", "cannot open"});
+  std::ofstream(dir + "/broken.json") << R"({"model_type": "gpt2"})";
+  ExpectErrorMentions(LoadTransformerConfig(dir + "/broken.json"),
+                      {"broken.json: model_type 'gpt2' is not supported"});
+}
+
+// ---- Bad inputs.
+
+TEST(HfConfigErrorTest, UnsupportedArchitecture) {
+  ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
+                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2)"});
+  ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
+                      {"config.json", "MistralForCausalLM", "not supported"});
+  ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
+                      {"config.json", "field 'model_type' is missing"});
+  ExpectErrorMentions(Parse(R"({"model_type": 7})"),
+                      {"config.json", "field 'model_type' must be a string, got integer"});
+  ExpectErrorMentions(Parse(R"({"architectures": "LlamaForCausalLM"})"),
+                      {"config.json", "field 'architectures' must be an array"});
+}
+
+TEST(HfConfigErrorTest, MissingRequiredFields) {
+  for (const char* field : {"vocab_size", "hidden_size", "num_hidden_layers",
+                            "num_attention_heads", "intermediate_size"}) {
+    std::string text = MinimalLlama();
+    const size_t at = text.find(std::string("\"") + field + "\"");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 1, "\"x_");  // renames the field
+    ExpectErrorMentions(Parse(text),
+                        {"config.json: field '" + std::string(field) + "' is missing"});
+  }
+}
+
+TEST(HfConfigErrorTest, WrongTypes) {
+  ExpectErrorMentions(
+      Parse(R"({"model_type": "llama", "vocab_size": "100"})"),
+      {"config.json: field 'vocab_size' must be an integer, got string"});
+  ExpectErrorMentions(
+      Parse(R"({"model_type": "llama", "vocab_size": 100.5})"),
+      {"config.json: field 'vocab_size' must be an integer, got number"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rms_norm_eps": "1e-5")")),
+                      {"config.json: field 'rms_norm_eps' must be a number, got string"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "tie_word_embeddings": "yes")")),
+                      {"config.json: field 'tie_word_embeddings' must be a boolean, got string"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": 8)")),
+                      {"config.json: field 'rope_scaling' must be an object or null, got integer"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "hidden_act": 1)")),
+                      {"config.json: field 'hidden_act' must be a string"});
+}
+
+TEST(HfConfigErrorTest, BadSizes) {
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "num_key_value_heads": 0)")),
+                      {"config.json: field 'num_key_value_heads' must be positive, got 0"});
+  ExpectErrorMentions(Parse(R"({"model_type": "llama", "vocab_size": -5})"),
+                      {"config.json: field 'vocab_size' must be positive, got -5"});
+  ExpectErrorMentions(Parse(R"({"model_type": "llama", "vocab_size": 18446744073709551615})"),
+                      {"config.json: field 'vocab_size' is too large"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "num_key_value_heads": 3)")),
+                      {"config.json: field 'num_key_value_heads' (3) must divide "
+                       "num_attention_heads (4)"});
+  ExpectErrorMentions(
+      Parse(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 66,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128})"),
+      {"config.json: field 'hidden_size' (66) must be divisible by num_attention_heads (4)"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_theta": 0)")),
+                      {"config.json: field 'rope_theta' must be a positive finite number, got 0"});
+}
+
+TEST(HfConfigErrorTest, UnsupportedOptions) {
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})")),
+      {"config.json: unsupported rope_scaling type 'yarn'"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8,
+                             "low_freq_factor": 1, "high_freq_factor": 4})")),
+      {"config.json: field 'rope_scaling.original_max_position_embeddings' is missing"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"factor": 8})")),
+      {"config.json: field 'rope_scaling.rope_type' is missing"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8,
+                             "low_freq_factor": 4, "high_freq_factor": 4,
+                             "original_max_position_embeddings": 8192})")),
+      {"config.json: field 'rope_scaling.high_freq_factor' must be greater"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "hidden_act": "gelu")")),
+                      {"config.json: field 'hidden_act' is 'gelu'; only 'silu' is supported"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "use_sliding_window": true)")),
+                      {"config.json: field 'use_sliding_window' is true, which is not supported"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "mlp_bias": true)")),
+                      {"config.json: field 'mlp_bias' is true, which is not supported"});
+}
+
+TEST(HfConfigErrorTest, NotJson) {
+  ExpectErrorMentions(Parse("{\"model_type\": \"llama\",}"), {"config.json: not valid JSON"});
+  ExpectErrorMentions(Parse(""), {"config.json: not valid JSON"});
+  ExpectErrorMentions(Parse("[1, 2]"), {"config.json: must be a JSON object, got array"});
+  ExpectErrorMentions(Parse(R"({"model_type": "llama", "model_type": "qwen2"})"),
+                      {"config.json: duplicate JSON key 'model_type'"});
+}
+
+}  // namespace
+}  // namespace sg::io

@@ -1,0 +1,109 @@
+// Every exact strategy against full backprop in fp64, and full backprop against finite differences of the loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/data.h"
+#include "core/gradcheck.h"
+#include "core/presets.h"
+#include "core/trainer.h"
+#include "core/transformer.h"
+
+namespace sg {
+namespace {
+
+std::unique_ptr<TransformerModel> Tiny(const std::string& preset) {
+  auto model = CreateTransformer(*TransformerPreset(preset), DType::kF64);
+  EXPECT_TRUE(model.ok()) << model.status();
+  InitOptions init;
+  init.seed = 7;
+  init.stddev = 0.3;  // large enough that attention is far from uniform
+  init.perturb_norms_and_biases = true;
+  InitRandom(**model, init);
+  return std::move(*model);
+}
+
+// Ragged batch: lengths 23 and 9, random tokens, some labels ignored.
+std::vector<Sequence> Batch(int64_t vocab) {
+  std::vector<Sequence> batch;
+  uint64_t x = 12345;
+  for (int64_t len : {23, 9}) {
+    Sequence s;
+    for (int64_t i = 0; i < len; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s.ids.push_back(static_cast<int32_t>((x >> 33) % vocab));
+      s.labels.push_back(i % 5 == 3 ? -100 : static_cast<int32_t>((x >> 17) % vocab));
+    }
+    batch.push_back(s);
+  }
+  return batch;
+}
+
+struct Case {
+  std::string preset, strategy;
+  int64_t chunk, page_size;
+};
+
+class StrategyTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StrategyTest, MatchesFullBackprop) {
+  const Case& c = GetParam();
+  auto model = Tiny(c.preset);
+  StrategyOptions o;
+  o.name = c.strategy;
+  o.chunk = c.chunk;
+  o.page_size = c.page_size;
+  o.lm_chunk = 5;
+  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, Batch(model->vocab_size()), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params_checked, static_cast<int64_t>(model->params().size()));
+  EXPECT_NEAR(r->loss, r->reference_loss, 1e-12);
+  EXPECT_LE(r->max_rel_err, 1e-10) << "worst: " << r->worst_param;
+}
+
+// Chunk 23 = one chunk for the long sequence, 12 = two (ragged), 4 = six chunks plus a ragged one (7 in all);
+// page sizes that do and do not divide the chunk.
+INSTANTIATE_TEST_SUITE_P(
+    Exact, StrategyTest,
+    ::testing::Values(Case{"tiny", "ckpt", 512, 4}, Case{"tiny-qwen2", "ckpt", 512, 3},
+                      Case{"tiny", "seco", 23, 8}, Case{"tiny", "seco", 12, 5}, Case{"tiny", "seco", 4, 3},
+                      Case{"tiny", "seco", 3, 16}, Case{"tiny-qwen2", "seco", 4, 3},
+                      Case{"tiny-qwen2", "seco", 1, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return info.param.preset.substr(0, 4) + (info.param.preset.size() > 4 ? "qwen" : "") + "_" +
+             info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + "_page" +
+             std::to_string(info.param.page_size);
+    });
+
+// Full backprop against central differences of the batch loss on a sample of every parameter's entries.
+TEST(FullBackpropTest, MatchesFiniteDifferences) {
+  for (const std::string preset : {"tiny", "tiny-qwen2"}) {
+    auto model = Tiny(preset);
+    const std::vector<Sequence> batch = Batch(model->vocab_size());
+    StrategyOptions o;
+    o.page_size = 4;
+    Trainer trainer(*model, o, {});
+    ASSERT_TRUE(trainer.ComputeGradients(batch).ok());
+    std::vector<std::vector<double>> analytic;
+    for (Param& p : model->params())
+      analytic.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+    Trainer probe(*model, o, {});
+    for (size_t k = 0; k < analytic.size(); ++k) {
+      Param& p = model->params()[k];
+      double* w = p.value.data<double>();
+      for (int64_t i = 0; i < p.value.numel(); i += std::max<int64_t>(1, p.value.numel() / 5)) {
+        const double saved = w[i], h = 1e-5;
+        w[i] = saved + h;
+        const double up = probe.ComputeGradients(batch)->loss;
+        w[i] = saved - h;
+        const double down = probe.ComputeGradients(batch)->loss;
+        w[i] = saved;
+        EXPECT_NEAR(analytic[k][i], (up - down) / (2 * h), 1e-7 * std::max(1.0, std::abs(analytic[k][i])))
+            << preset << " " << p.name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sg

@@ -1,0 +1,549 @@
+"""Exactness of seqgrad's gradients against a PyTorch autograd reference, in float64.
+
+For a few tiny Llama / Qwen2 configs this test writes a Hugging Face model directory (config.json +
+model.safetensors of random f64 weights) and a ragged JSONL batch, runs `grad_dump` (the engine: loss and every
+parameter gradient of the batch, through a strategy) for several strategies, KV page sizes and LM-head chunk
+sizes, and compares the result with the same model written here in plain torch ops (no `transformers`):
+
+    embedding; per layer: RMSNorm, q/k/v projections (+ bias for qwen2), RoPE (HF rotate_half convention,
+    Llama-3 rope_scaling when configured), GQA (repeat_interleave of k/v heads), causal softmax attention with
+    scale 1/sqrt(head_dim), o_proj, residual, RMSNorm, SwiGLU MLP, residual; final norm; lm_head (tied or not);
+    cross-entropy of logits[:-1] against labels[1:] (-100 ignored), summed over the batch and divided by the
+    number of valid labels in the batch.
+
+Every gradient must match with max|engine - ref| / max|ref| <= 1e-9 per tensor.
+
+A second test trains one step with //examples:train, saves the model, and checks that the export parses, has the
+input's tensor names and shapes, and loads back into the engine with gradients matching the reference.
+
+Binaries come from the command line (`--grad_dump=PATH --train=PATH`, set by the BUILD file's args) or from the
+environment (SG_GRAD_DUMP, SG_TRAIN), or are looked up in the runfiles tree.
+"""
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+torch.set_default_dtype(torch.float64)
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+TOLERANCE = 1e-9
+
+# Strategies whose gradients are exact (spaco, being unbiased but stochastic, is not). Those that the binary does
+# not know (yet) are skipped; chunked ones also run with several chunk sizes.
+EXACT_STRATEGIES = ["full", "ckpt", "seco"]
+CHUNKED_STRATEGIES = {"seco"}
+PAGE_SIZES = [4, 5, 16, 256]
+LM_CHUNKS = [7, 1000]
+CHUNKS = [4, 16, 29]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Binaries
+# ----------------------------------------------------------------------------------------------------------------
+
+def _runfile(rel):
+    for root in (os.environ.get("RUNFILES_DIR"), os.environ.get("TEST_SRCDIR")):
+        if not root:
+            continue
+        for ws in (os.environ.get("TEST_WORKSPACE"), "seqgrad"):
+            if ws and os.path.exists(os.path.join(root, ws, rel)):
+                return os.path.join(root, ws, rel)
+    return rel if os.path.exists(rel) else None
+
+
+def _binary(env_name, rel):
+    path = os.environ.get(env_name) or _runfile(rel)
+    if path and os.path.exists(path):
+        return os.path.abspath(path)
+    return None
+
+
+def grad_dump_path():
+    path = _binary("SG_GRAD_DUMP", "tests/torch_ref/grad_dump")
+    if path is None:
+        pytest.fail("grad_dump binary not found (pass --grad_dump=PATH or set SG_GRAD_DUMP)")
+    return path
+
+
+def train_path():
+    return _binary("SG_TRAIN", "examples/train")
+
+
+def run(cmd, check=True):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and proc.returncode != 0:
+        pytest.fail(f"command failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                    f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def scratch_dir(prefix):
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# safetensors: [u64 LE header length][JSON header][data]
+# ----------------------------------------------------------------------------------------------------------------
+
+_NP_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: {name: float64 numpy array}, written as F64 in insertion order."""
+    header = {}
+    blobs = []
+    offset = 0
+    for name, array in tensors.items():
+        data = np.ascontiguousarray(array, dtype="<f8").tobytes()
+        header[name] = {"dtype": "F64", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def read_safetensors(path):
+    """Returns ({name: numpy array (F64/F32/F16/BF16 as float64)}, {name: dtype string}, metadata)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    assert len(raw) >= 8, f"{path}: too short"
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert 8 + n <= len(raw), f"{path}: header length {n} exceeds the file"
+    header = json.loads(raw[8:8 + n].decode())
+    data = raw[8 + n:]
+    metadata = header.pop("__metadata__", {}) or {}
+    tensors, dtypes = {}, {}
+    end_max = 0
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        dtype = info["dtype"]
+        assert 0 <= begin <= end <= len(data), f"{path}: '{name}' offsets {begin}..{end} out of range"
+        chunk = data[begin:end]
+        if dtype == "BF16":
+            bits = np.frombuffer(chunk, dtype="<u2").astype(np.uint32) << 16
+            array = bits.view(np.float32).astype(np.float64)
+        else:
+            array = np.frombuffer(chunk, dtype=np.dtype(_NP_DTYPES[dtype]).newbyteorder("<"))
+            if array.dtype.kind == "f":
+                array = array.astype(np.float64)
+        assert array.size == int(np.prod(shape, dtype=np.int64)), f"{path}: '{name}' size does not match {shape}"
+        tensors[name] = array.reshape(shape)
+        dtypes[name] = dtype
+        end_max = max(end_max, end)
+    assert end_max == len(data), f"{path}: {len(data) - end_max} trailing bytes after the last tensor"
+    return tensors, dtypes, metadata
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs, weights, batches
+# ----------------------------------------------------------------------------------------------------------------
+
+CONFIGS = {
+    # GQA (2 query heads per kv head), untied head, 3 layers; one sequence longer than the attention kernel's
+    # 64-row query block.
+    "llama_gqa": dict(
+        hf={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 61, "hidden_size": 32,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": False, "hidden_act": "silu"},
+        lengths=[37, 100, 5], seed=1),
+    # Qwen2: q/k/v biases, tied embeddings, a single kv head (MQA).
+    "qwen2_tied": dict(
+        hf={"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 53, "hidden_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 40,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 512,
+            "tie_word_embeddings": True, "hidden_act": "silu", "use_sliding_window": False},
+        lengths=[70, 12, 41], seed=2),
+    # Llama-3 RoPE scaling with original_max_position_embeddings = 16 so it changes the result at these lengths
+    # (rope_theta 100 puts two frequencies in the interpolated band and the rest in the divided one); no GQA;
+    # head_dim given explicitly and different from hidden_size / num_heads.
+    "llama_rope_scaled": dict(
+        hf={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 47, "hidden_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 36, "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 128,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 16},
+            "tie_word_embeddings": False, "hidden_act": "silu"},
+        lengths=[66, 3, 41], seed=3),
+}
+
+
+def dims(hf):
+    heads = hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads", heads)
+    head_dim = hf.get("head_dim", hf["hidden_size"] // heads)
+    return heads, kv_heads, head_dim
+
+
+def make_weights(hf, seed):
+    """Random f64 weights under HF names: matrices ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), biases ~ N(0, 0.1^2)."""
+    rng = np.random.default_rng(seed)
+    d, f, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    heads, kv_heads, hd = dims(hf)
+    qd, kvd = heads * hd, kv_heads * hd
+    bias = hf["model_type"] == "qwen2" or hf.get("attention_bias", False)
+
+    def mat(out, inp, scale=1.0):
+        return rng.normal(0.0, scale / math.sqrt(inp), size=(out, inp))
+
+    def norm(n):
+        return 1.0 + 0.1 * rng.normal(size=n)
+
+    w = {"model.embed_tokens.weight": rng.normal(0.0, 0.7, size=(V, d))}
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(d)
+        w[p + "self_attn.q_proj.weight"] = mat(qd, d, 1.5)
+        w[p + "self_attn.k_proj.weight"] = mat(kvd, d, 1.5)
+        w[p + "self_attn.v_proj.weight"] = mat(kvd, d)
+        if bias:
+            w[p + "self_attn.q_proj.bias"] = 0.1 * rng.normal(size=qd)
+            w[p + "self_attn.k_proj.bias"] = 0.1 * rng.normal(size=kvd)
+            w[p + "self_attn.v_proj.bias"] = 0.1 * rng.normal(size=kvd)
+        w[p + "self_attn.o_proj.weight"] = mat(d, qd)
+        w[p + "post_attention_layernorm.weight"] = norm(d)
+        w[p + "mlp.gate_proj.weight"] = mat(f, d)
+        w[p + "mlp.up_proj.weight"] = mat(f, d)
+        w[p + "mlp.down_proj.weight"] = mat(d, f)
+    w["model.norm.weight"] = norm(d)
+    if not hf.get("tie_word_embeddings", False):
+        w["lm_head.weight"] = mat(V, d, 2.0)
+    return w
+
+
+def make_batch(hf, lengths, seed):
+    """HF convention: labels as long as input_ids, unshifted, -100 = ignored. Labels are mostly the inputs (as in
+    causal LM training), some replaced by other tokens, some masked; in the longest sequence a run of 15 labels is
+    masked so that a whole LM-head chunk of 7 rows has no valid label."""
+    rng = np.random.default_rng(1000 + seed)
+    V = hf["vocab_size"]
+    batch = []
+    longest = int(np.argmax(lengths))
+    for s, n in enumerate(lengths):
+        ids = rng.integers(0, V, size=n)
+        labels = ids.copy()
+        swap = rng.random(n) < 0.2
+        labels[swap] = rng.integers(0, V, size=int(swap.sum()))
+        labels[rng.random(n) < 0.2] = -100
+        labels[0] = -100  # never used (shifted out); HF masks prompts like this
+        if s == longest:
+            labels[1:16] = -100
+        if (labels[1:] >= 0).sum() == 0:
+            labels[-1] = ids[-1]
+        batch.append((ids.tolist(), labels.tolist()))
+    return batch
+
+
+def write_model_dir(path, hf, weights):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    write_safetensors(os.path.join(path, "model.safetensors"), weights, {"format": "pt"})
+
+
+def write_jsonl(path, batch):
+    with open(path, "w") as f:
+        for ids, labels in batch:
+            f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reference model (plain torch, float64)
+# ----------------------------------------------------------------------------------------------------------------
+
+def inv_frequencies(hf, apply_scaling=True):
+    _, _, hd = dims(hf)
+    theta = float(hf.get("rope_theta", 10000.0))
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    rs = hf.get("rope_scaling")
+    if not apply_scaling or not rs or rs.get("rope_type", rs.get("type")) != "llama3":
+        return inv
+    # transformers' _compute_llama3_parameters
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old_ctx = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def reference(hf, weights, batch, apply_rope_scaling=True):
+    """Returns (mean token loss, {name: gradient}) in float64."""
+    W = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+    heads, kv_heads, hd = dims(hf)
+    eps = float(hf.get("rms_norm_eps", 1e-6))
+    bias = hf["model_type"] == "qwen2" or hf.get("attention_bias", False)
+    head = W["model.embed_tokens.weight"] if hf.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    inv = inv_frequencies(hf, apply_rope_scaling)
+
+    def proj(x, name):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if bias else y
+
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    valid = 0
+    for ids, labels in batch:
+        T = len(ids)
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        labels_t = torch.tensor(labels, dtype=torch.long)
+        angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos(), emb.sin()  # [T, hd]
+        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+
+        x = W["model.embed_tokens.weight"][ids_t]
+        for i in range(hf["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+            q = proj(xn, p + "self_attn.q_proj").view(T, heads, hd).transpose(0, 1)
+            k = proj(xn, p + "self_attn.k_proj").view(T, kv_heads, hd).transpose(0, 1)
+            v = proj(xn, p + "self_attn.v_proj").view(T, kv_heads, hd).transpose(0, 1)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(heads // kv_heads, dim=0)
+            v = v.repeat_interleave(heads // kv_heads, dim=0)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+            attn = (probs @ v).transpose(0, 1).reshape(T, heads * hd)
+            h = x + attn @ W[p + "self_attn.o_proj.weight"].T
+            hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
+            gate = hn @ W[p + "mlp.gate_proj.weight"].T
+            up = hn @ W[p + "mlp.up_proj.weight"].T
+            x = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
+        logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
+        loss_sum = loss_sum + F.cross_entropy(logits[:-1], labels_t[1:], ignore_index=-100, reduction="sum")
+        valid += int((labels_t[1:] != -100).sum())
+    loss = loss_sum / valid
+    loss.backward()
+    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Comparison
+# ----------------------------------------------------------------------------------------------------------------
+
+def rel_error(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30)
+
+
+def compare(engine, ref, label):
+    """engine / ref: (loss, {name: grad}). Returns (worst relative error, worst tensor name); fails past TOLERANCE."""
+    e_loss, e_grads = engine
+    r_loss, r_grads = ref
+    assert sorted(e_grads) == sorted(r_grads), (
+        f"{label}: gradient names differ: engine-only {sorted(set(e_grads) - set(r_grads))}, "
+        f"reference-only {sorted(set(r_grads) - set(e_grads))}")
+    loss_err = abs(e_loss - r_loss) / abs(r_loss)
+    errors = {}
+    for name, g in r_grads.items():
+        assert e_grads[name].shape == g.shape, f"{label}: {name} shape {e_grads[name].shape} != {g.shape}"
+        assert np.all(np.isfinite(e_grads[name])), f"{label}: {name} has non-finite entries"
+        errors[name] = rel_error(e_grads[name], g)
+    worst = max(errors, key=errors.get)
+    print(f"{label}: loss {e_loss:.15f} (ref {r_loss:.15f}, rel err {loss_err:.2e}); "
+          f"worst gradient {worst}: rel err {errors[worst]:.2e}")
+    bad = sorted(((e, n) for n, e in errors.items() if e > TOLERANCE), reverse=True)
+    assert loss_err <= TOLERANCE, f"{label}: loss {e_loss!r} vs reference {r_loss!r} (rel err {loss_err:.3e})"
+    assert not bad, f"{label}: gradients differ from the reference:\n" + "\n".join(
+        f"  {n}: max rel err {e:.3e}" for e, n in bad)
+    return max(loss_err, errors[worst]), worst
+
+
+def run_grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk=512):
+    run([grad_dump_path(), f"--model_dir={model_dir}", f"--batch_jsonl={jsonl}", f"--strategy={strategy}",
+         f"--chunk={chunk}", f"--page_size={page_size}", f"--lm_chunk={lm_chunk}", f"--out={out}"])
+    tensors, dtypes, metadata = read_safetensors(out)
+    assert set(dtypes.values()) == {"F64"}, dtypes
+    assert "loss" in metadata, metadata
+    return float(metadata["loss"]), tensors
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fixtures
+# ----------------------------------------------------------------------------------------------------------------
+
+_CASES = {}
+
+
+def case(name):
+    """Writes the model dir and batch for config `name` once, with its reference loss and gradients."""
+    if name not in _CASES:
+        spec = CONFIGS[name]
+        root = scratch_dir(f"torch_ref_{name}_")
+        weights = make_weights(spec["hf"], spec["seed"])
+        batch = make_batch(spec["hf"], spec["lengths"], spec["seed"])
+        model_dir = os.path.join(root, "model")
+        write_model_dir(model_dir, spec["hf"], weights)
+        jsonl = os.path.join(root, "batch.jsonl")
+        write_jsonl(jsonl, batch)
+        _CASES[name] = dict(root=root, model_dir=model_dir, jsonl=jsonl, weights=weights, batch=batch,
+                            ref=reference(spec["hf"], weights, batch))
+    return _CASES[name]
+
+
+_KNOWN = None
+
+
+def known_strategies():
+    """Names the binary accepts (an unknown name is an error that lists the known ones)."""
+    global _KNOWN
+    if _KNOWN is None:
+        _KNOWN = [s for s in EXACT_STRATEGIES if _accepts_strategy(s)]
+    return _KNOWN
+
+
+def _accepts_strategy(name):
+    c = case("llama_gqa")
+    out = os.path.join(c["root"], f"probe_{name}.safetensors")
+    proc = run([grad_dump_path(), f"--model_dir={c['model_dir']}", f"--batch_jsonl={c['jsonl']}",
+                f"--strategy={name}", f"--out={out}"], check=False)
+    if proc.returncode == 0:
+        return True
+    assert "unknown strategy" in proc.stderr, f"--strategy={name} failed:\n{proc.stderr}"
+    return False
+
+
+def strategy_runs(strategy):
+    runs = []
+    for page_size in PAGE_SIZES:
+        for lm_chunk in LM_CHUNKS:
+            if strategy in CHUNKED_STRATEGIES:
+                runs += [dict(page_size=page_size, lm_chunk=lm_chunk, chunk=c) for c in CHUNKS]
+            else:
+                runs.append(dict(page_size=page_size, lm_chunk=lm_chunk))
+    return runs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tests
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_reference_self_check():
+    """The reference itself: RoPE scaling changes the loss of the scaled config (so that config tests it), and
+    autograd's directional derivative agrees with central finite differences."""
+    spec = CONFIGS["llama_rope_scaled"]
+    c = case("llama_rope_scaled")
+    unscaled_loss, _ = reference(spec["hf"], c["weights"], c["batch"], apply_rope_scaling=False)
+    assert abs(unscaled_loss - c["ref"][0]) > 1e-4 * abs(c["ref"][0]), (unscaled_loss, c["ref"][0])
+    hf = CONFIGS["qwen2_tied"]["hf"]
+    cq = case("qwen2_tied")
+    loss, grads = cq["ref"]
+    rng = np.random.default_rng(7)
+    direction = {k: rng.normal(size=v.shape) for k, v in cq["weights"].items()}
+    eps = 1e-5
+    plus = {k: v + eps * direction[k] for k, v in cq["weights"].items()}
+    minus = {k: v - eps * direction[k] for k, v in cq["weights"].items()}
+    fd = (reference(hf, plus, cq["batch"])[0] - reference(hf, minus, cq["batch"])[0]) / (2 * eps)
+    analytic = sum(float(np.sum(grads[k] * direction[k])) for k in grads)
+    assert abs(fd - analytic) <= 1e-6 * max(1.0, abs(analytic)), (fd, analytic)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_gradients_match_torch(config):
+    c = case(config)
+    strategies = known_strategies()
+    assert "full" in strategies and "ckpt" in strategies, strategies
+    summary = []
+    for strategy in strategies:
+        worst = (0.0, "")
+        for r in strategy_runs(strategy):
+            label = f"{config}/{strategy} " + " ".join(f"{k}={v}" for k, v in r.items())
+            out = os.path.join(c["root"], "grads.safetensors")
+            engine = run_grad_dump(c["model_dir"], c["jsonl"], out, strategy, **r)
+            worst = max(worst, compare(engine, c["ref"], label))
+        summary.append(f"{config}/{strategy}: max rel err {worst[0]:.2e} ({worst[1]})")
+    print("\n".join(["SUMMARY"] + summary))
+
+
+def test_grad_dump_errors():
+    c = case("qwen2_tied")
+    out = os.path.join(c["root"], "unused.safetensors")
+    proc = run([grad_dump_path(), f"--model_dir={c['model_dir']}", f"--batch_jsonl={c['jsonl']}",
+                "--strategy=no_such_strategy", f"--out={out}"], check=False)
+    assert proc.returncode == 1 and "no_such_strategy" in proc.stderr, (proc.returncode, proc.stderr)
+    proc = run([grad_dump_path(), f"--model_dir={c['root']}/missing", f"--batch_jsonl={c['jsonl']}",
+                f"--out={out}"], check=False)
+    assert proc.returncode == 1 and proc.stderr.strip(), (proc.returncode, proc.stderr)
+    assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "llama_rope_scaled"])
+def test_saved_model_loads_back(config):
+    """One training step with //examples:train --save: the export parses, has the input's tensor names and shapes
+    (no lm_head.weight when tied) and config, and loads back into the engine with exact gradients."""
+    train = train_path()
+    if train is None:
+        pytest.skip("//examples:train is not available")
+    spec = CONFIGS[config]
+    c = case(config)
+    saved = os.path.join(c["root"], "saved")
+    shutil.rmtree(saved, ignore_errors=True)
+    run([train, f"--model={c['model_dir']}", "--steps=1", "--seq_len=16", "--dtype=f64", f"--save={saved}",
+         f"--data={c['jsonl']}"])
+
+    tensors, dtypes, metadata = read_safetensors(os.path.join(saved, "model.safetensors"))
+    assert metadata.get("format") == "pt", metadata
+    assert sorted(tensors) == sorted(c["weights"]), (sorted(tensors), sorted(c["weights"]))
+    for name, w in c["weights"].items():
+        assert tensors[name].shape == w.shape, (name, tensors[name].shape, w.shape)
+        assert dtypes[name] == "F64", (name, dtypes[name])
+        assert np.all(np.isfinite(tensors[name])), name
+    changed = [n for n, w in c["weights"].items() if not np.array_equal(tensors[n], w)]
+    assert changed, "the training step changed no weight"
+
+    with open(os.path.join(saved, "config.json")) as f:
+        cfg = json.load(f)
+    for key, value in spec["hf"].items():
+        if key in ("use_sliding_window",):
+            continue
+        assert cfg.get(key) == value, f"config.json field {key}: {cfg.get(key)!r} != {value!r}"
+
+    # The export loads back into the engine, which agrees with the reference on the trained weights.
+    hf = dict(spec["hf"])
+    ref = reference(hf, tensors, c["batch"])
+    engine = run_grad_dump(saved, c["jsonl"], os.path.join(c["root"], "saved_grads.safetensors"), "full", 16, 7)
+    compare(engine, ref, f"{config}/saved")
+
+
+if __name__ == "__main__":
+    args = []
+    for a in sys.argv[1:]:
+        if a.startswith("--grad_dump="):
+            os.environ["SG_GRAD_DUMP"] = os.path.abspath(a.split("=", 1)[1])
+        elif a.startswith("--train="):
+            os.environ["SG_TRAIN"] = os.path.abspath(a.split("=", 1)[1])
+        else:
+            args.append(a)
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-s", "-p", "no:cacheprovider"] + args))
