@@ -47,9 +47,9 @@ absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector
     }
     ++r.params_checked;
     r.max_abs_err = std::max(r.max_abs_err, err);
-    if (err / scale > r.max_rel_err || r.worst_param.empty()) {
-      r.max_rel_err = std::max(r.max_rel_err, err / scale);
-      if (err / scale >= r.max_rel_err) r.worst_param = model.params()[i].name;
+    if (r.worst_param.empty() || err / scale > r.max_rel_err) {
+      r.max_rel_err = err / scale;
+      r.worst_param = model.params()[i].name;
     }
   }
   return r;
