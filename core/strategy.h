@@ -2,8 +2,10 @@
 // unbiased) parameter gradients of one sequence.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,7 +19,17 @@ struct StrategyOptions {
   int64_t chunk = 512;        // tokens per chunk (seco, spaco); a chunk >= seq_len means one chunk
   int64_t page_size = 256;    // KV page size in tokens
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
+  // Set from another thread to stop a step early; checked between layers and chunks.
+  const std::atomic<bool>* cancel = nullptr;
 };
+
+// Thrown by a strategy when StrategyOptions::cancel is set; the Trainer turns it into absl::CancelledError.
+struct Cancelled : std::runtime_error {
+  Cancelled() : std::runtime_error("cancelled") {}
+};
+inline void ThrowIfCancelled(const StrategyOptions& o) {
+  if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+}
 
 // One training sequence: ids[i] is the input at position i, labels[i] its target (< 0: ignored).
 struct Sequence {

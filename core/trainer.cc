@@ -33,6 +33,8 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
       m.loss += r.loss_sum;
       m.tokens += r.tokens;
     }
+  } catch (const Cancelled&) {
+    return absl::CancelledError(absl::StrCat("step ", step_ + 1, " cancelled"));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("strategy '", strategy_options_.name, "' failed: ", e.what()));
   }

@@ -39,6 +39,8 @@ class Trainer {
   Model& model() { return model_; }
   int64_t step() const { return step_; }
   const StrategyOptions& strategy() const { return strategy_options_; }
+  // Another thread may set *flag to stop the running step (it returns absl::CancelledError).
+  void set_cancel_flag(const std::atomic<bool>* flag) { strategy_options_.cancel = flag; }
 
  private:
   Model& model_;

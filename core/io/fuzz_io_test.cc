@@ -65,7 +65,7 @@ class Random {
   }
 
   json Value(int depth = 0) {
-    const uint64_t kind = depth > 3 ? Below(5) : Below(8);
+    const uint64_t kind = depth > 3 ? Below(5) : Below(7);
     switch (kind) {
       case 0: return nullptr;
       case 1: return OneIn(2);
@@ -83,18 +83,20 @@ class Random {
         for (uint64_t i = Below(4); i > 0; --i) array.push_back(Value(depth + 1));
         return array;
       }
-      case 6: {
+      default: {
         json object = json::object();
         for (uint64_t i = Below(4); i > 0; --i) object[ValidUtf8Name()] = Value(depth + 1);
         return object;
       }
-      default: {
-        // Deep nesting, which recursive parsers and destructors choke on.
-        json nested = json::array();
-        for (uint64_t i = Below(5000); i > 0; --i) nested = json::array({std::move(nested)});
-        return nested;
-      }
     }
+  }
+
+  // Deeply nested arrays as text, which recursive parsers, copies and
+  // destructors overflow the stack on. (Built as text because nlohmann's own
+  // dump() is recursive.)
+  std::string DeepNesting() {
+    const size_t depth = 1 + Below(20000);
+    return std::string(depth, '[') + std::string(depth, ']');
   }
 
   std::string ValidUtf8Name() {
@@ -275,6 +277,12 @@ TEST(FuzzIoTest, SafetensorsReaderSurvivesMutations) {
       case 1: file = MutateBytes(random.Pick(seeds), random); break;
       case 2: file = MutateBytes(MutateHeaderJson(random.Pick(seeds), random), random); break;
       default:
+        if (random.OneIn(40)) {
+          file = WithHeader(R"({"w": {"dtype": "F32", "shape": )" + random.DeepNesting() +
+                                R"(, "data_offsets": [0, 0]}})",
+                            "");
+          break;
+        }
         file = random.OneIn(2) ? WithHeader(random.Value().dump(), random.Bytes(random.Below(40)))
                                : random.Bytes(random.Below(64));
     }
@@ -314,7 +322,8 @@ TEST(FuzzIoTest, WrittenFilesAlwaysReadBack) {
       tensor.data = payload.data();
       tensors.push_back(tensor);
     }
-    absl::StatusOr<std::string> bytes = SerializeSafetensors(tensors, {{"k", random.Bytes(3)}});
+    absl::StatusOr<std::string> bytes = SerializeSafetensors(
+        tensors, {{"k", random.OneIn(4) ? random.Bytes(3) : std::string("v")}});
     if (!bytes.ok()) continue;
     absl::StatusOr<SafetensorsFile> file = SafetensorsFile::FromBytes(*bytes, "written");
     ASSERT_TRUE(file.ok()) << file.status();
@@ -431,6 +440,9 @@ TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
     text = config.dump();
     if (random.OneIn(4)) text = MutateBytes(text, random);
     if (random.OneIn(20)) text = random.Value().dump();
+    if (random.OneIn(100)) {
+      text = R"({"model_type": "llama", "architectures": )" + random.DeepNesting() + "}";
+    }
 
     absl::StatusOr<TransformerConfig> parsed = ParseTransformerConfig(text, "fuzz.json");
     if (!parsed.ok()) {

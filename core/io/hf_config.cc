@@ -5,9 +5,11 @@
 #include <cmath>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/io/json_util.h"
 #include "nlohmann/json.hpp"
 
@@ -128,13 +130,17 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
     return fields.Error("architectures",
                         absl::StrCat("must be an array, got ", JsonTypeName(*architectures)));
   }
+  std::vector<std::string> names;
   for (const json& name : *architectures) {
     if (name == "LlamaForCausalLM") return std::string("llama");
     if (name == "Qwen2ForCausalLM") return std::string("qwen2");
+    // Described rather than dumped: dump() recurses, and the value is untrusted.
+    names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'")
+                                     : JsonTypeName(name));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(source_name, ": architectures ", architectures->dump(-1, ' ', true),
-                   " are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"));
+      absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
+                   "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"));
 }
 
 absl::StatusOr<RopeScaling> ParseRopeScaling(const FieldReader& fields,

@@ -14,6 +14,7 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
   std::vector<Tensor> inputs(L);
   Tensor x = m.Embed(s.ids.data(), all);
   for (int l = 0; l < L; ++l) {
+    ThrowIfCancelled(o);
     inputs[l] = x;
     x = m.LayerForward(l, all, x, *state, /*saved=*/nullptr);
     state->Release(l, 0);
@@ -23,6 +24,7 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
 
   Tensor dx = std::move(head.dh);
   for (int l = L - 1; l >= 0; --l) {
+    ThrowIfCancelled(o);
     LayerSaved saved;
     m.LayerForward(l, all, inputs[l], *state, &saved);
     inputs[l].Reset();

@@ -12,12 +12,16 @@ GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const St
 
   std::vector<LayerSaved> saved(L);
   Tensor x = m.Embed(s.ids.data(), all);
-  for (int l = 0; l < L; ++l) x = m.LayerForward(l, all, x, *state, &saved[l]);
+  for (int l = 0; l < L; ++l) {
+    ThrowIfCancelled(o);
+    x = m.LayerForward(l, all, x, *state, &saved[l]);
+  }
   HeadResult head = m.HeadLoss(all, x, s.labels.data(), grad_scale, /*need_grad=*/true);
   x.Reset();
 
   Tensor dx = std::move(head.dh);
   for (int l = L - 1; l >= 0; --l) {
+    ThrowIfCancelled(o);
     dx = m.LayerBackward(l, all, dx, saved[l], *state);
     saved[l].Clear();
     state->Release(l, 0);

@@ -14,6 +14,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   m.set_lm_chunk(o.lm_chunk);
 
   for (const Chunk& c : chunks) {
+    ThrowIfCancelled(o);
     Tensor x = m.Embed(s.ids.data(), c);
     for (int l = 0; l < L; ++l) x = m.LayerForward(l, c, x, *state, /*saved=*/nullptr);
   }
@@ -21,6 +22,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   GradResult result;
   std::vector<LayerSaved> saved(L);
   for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
+    ThrowIfCancelled(o);
     Tensor x = m.Embed(s.ids.data(), *c);
     for (int l = 0; l < L; ++l) x = m.LayerForward(l, *c, x, *state, &saved[l]);
     HeadResult head = m.HeadLoss(*c, x, s.labels.data(), grad_scale, /*need_grad=*/true);

@@ -19,6 +19,7 @@ input's tensor names and shapes, and loads back into the engine with gradients m
 Binaries come from the command line (`--grad_dump=PATH --train=PATH`, set by the BUILD file's args) or from the
 environment (SG_GRAD_DUMP, SG_TRAIN), or are looked up in the runfiles tree.
 """
+import atexit
 import json
 import math
 import os
@@ -45,6 +46,8 @@ CHUNKED_STRATEGIES = {"seco"}
 PAGE_SIZES = [4, 5, 16, 256]
 LM_CHUNKS = [7, 1000]
 CHUNKS = [4, 16, 29]
+# OpenMP thread counts for extra runs (the attention backward splits key pages into per-thread stripes).
+THREAD_COUNTS = [1, 3]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -79,8 +82,13 @@ def train_path():
     return _binary("SG_TRAIN", "examples/train")
 
 
-def run(cmd, check=True):
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run(cmd, check=True, threads=None):
+    env = dict(os.environ)
+    # Spinning OpenMP workers make the many tiny parallel regions crawl on a loaded machine.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if check and proc.returncode != 0:
         pytest.fail(f"command failed (exit {proc.returncode}): {' '.join(cmd)}\n"
                     f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
@@ -88,7 +96,11 @@ def run(cmd, check=True):
 
 
 def scratch_dir(prefix):
-    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+    if os.environ.get("TEST_TMPDIR"):  # Bazel cleans it up
+        return tempfile.mkdtemp(prefix=prefix, dir=os.environ["TEST_TMPDIR"])
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -381,9 +393,10 @@ def compare(engine, ref, label):
     return max(loss_err, errors[worst]), worst
 
 
-def run_grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk=512):
+def run_grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk=512, threads=None):
     run([grad_dump_path(), f"--model_dir={model_dir}", f"--batch_jsonl={jsonl}", f"--strategy={strategy}",
-         f"--chunk={chunk}", f"--page_size={page_size}", f"--lm_chunk={lm_chunk}", f"--out={out}"])
+         f"--chunk={chunk}", f"--page_size={page_size}", f"--lm_chunk={lm_chunk}", f"--out={out}"],
+        threads=threads)
     tensors, dtypes, metadata = read_safetensors(out)
     assert set(dtypes.values()) == {"F64"}, dtypes
     assert "loss" in metadata, metadata
@@ -443,6 +456,8 @@ def strategy_runs(strategy):
                 runs += [dict(page_size=page_size, lm_chunk=lm_chunk, chunk=c) for c in CHUNKS]
             else:
                 runs.append(dict(page_size=page_size, lm_chunk=lm_chunk))
+    extra = dict(chunk=CHUNKS[0]) if strategy in CHUNKED_STRATEGIES else {}
+    runs += [dict(page_size=PAGE_SIZES[0], lm_chunk=LM_CHUNKS[0], threads=t, **extra) for t in THREAD_COUNTS]
     return runs
 
 

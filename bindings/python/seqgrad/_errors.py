@@ -1,0 +1,80 @@
+"""Typed exceptions for seqgrad statuses (codes mirror the C API's sg_code, i.e. absl's codes)."""
+
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+RESOURCE_EXHAUSTED = 8
+FAILED_PRECONDITION = 9
+OUT_OF_RANGE = 11
+UNIMPLEMENTED = 12
+INTERNAL = 13
+BUSY = 100
+
+
+class SeqgradError(Exception):
+    """Base class of every seqgrad error; `.code` is the C API's status code, `.code_name` its name."""
+
+    code = UNKNOWN
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def code_name(self):
+        from . import _native
+        return _native.code_name(self.code)
+
+
+class InvalidArgumentError(SeqgradError, ValueError):
+    code = INVALID_ARGUMENT
+
+
+class NotFoundError(SeqgradError):
+    code = NOT_FOUND
+
+
+class OutOfRangeError(SeqgradError, IndexError):
+    code = OUT_OF_RANGE
+
+
+class CancelledError(SeqgradError):
+    code = CANCELLED
+
+
+class BusyError(SeqgradError):
+    """Another thread is running a step on this trainer (or its model)."""
+
+    code = BUSY
+
+
+class ResourceExhaustedError(SeqgradError, MemoryError):
+    code = RESOURCE_EXHAUSTED
+
+
+class InternalError(SeqgradError):
+    code = INTERNAL
+
+
+class ClosedError(SeqgradError, ValueError):
+    """The handle was closed (use after close)."""
+
+    code = FAILED_PRECONDITION
+
+
+_BY_CODE = {
+    c.code: c
+    for c in (InvalidArgumentError, NotFoundError, OutOfRangeError, CancelledError, BusyError,
+              ResourceExhaustedError, InternalError)
+}
+
+
+def from_status(code, message):
+    """The exception for a failed status (called by the native module)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return SeqgradError(message, code)
+    return cls(message)

@@ -1,0 +1,510 @@
+// Implementation of the seqgrad C API (cabi/include/seqgrad/seqgrad.h) over the C++ engine.
+// Every entry point catches all exceptions; statuses carry absl codes.
+#include "cabi/include/seqgrad/seqgrad.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/memory.h"
+#include "core/model_io.h"
+#include "core/presets.h"
+#include "core/strategy.h"
+#include "core/trainer.h"
+#include "core/transformer.h"
+
+struct sg_status {
+  int code;
+  std::string message;
+};
+
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+// Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
+sg_status* OutOfMemoryStatus() {
+  static sg_status* oom = new sg_status{SG_ERR_RESOURCE_EXHAUSTED, "out of memory"};
+  return oom;
+}
+
+sg_status* MakeStatus(int code, std::string message) {
+  try {
+    return new sg_status{code, std::move(message)};
+  } catch (...) {
+    return OutOfMemoryStatus();
+  }
+}
+sg_status* Invalid(std::string message) { return MakeStatus(SG_ERR_INVALID_ARGUMENT, std::move(message)); }
+sg_status* FromAbsl(const absl::Status& s) {
+  if (s.ok()) return nullptr;
+  return MakeStatus(static_cast<int>(s.code()), std::string(s.message()));
+}
+sg_status* NullArg(const char* fn, const char* arg) {
+  return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
+}
+
+// Runs f, turning exceptions into statuses.
+template <typename F>
+sg_status* Guard(const char* fn, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED, absl::StrCat(fn, ": out of memory"));
+  } catch (const std::exception& e) {
+    return MakeStatus(SG_ERR_INTERNAL, absl::StrCat(fn, ": ", e.what()));
+  } catch (...) {
+    return MakeStatus(SG_ERR_UNKNOWN, absl::StrCat(fn, ": unknown exception"));
+  }
+}
+
+sg_status* ParseDType(const char* fn, const char* name, sg::DType* out) {
+  const std::string s = name ? name : "f32";
+  if (s == "f32" || s == "float32") *out = sg::DType::kF32;
+  else if (s == "f64" || s == "float64") *out = sg::DType::kF64;
+  else return Invalid(absl::StrCat(fn, ": argument 'dtype' is '", s, "'; supported: f32, f64"));
+  return nullptr;
+}
+
+}  // namespace
+
+struct ModelCore {
+  std::unique_ptr<sg::TransformerModel> model;
+  std::atomic<bool> busy{false};
+};
+
+struct sg_model {
+  std::shared_ptr<ModelCore> core;
+};
+
+struct sg_trainer {
+  std::shared_ptr<ModelCore> core;
+  std::unique_ptr<sg::Trainer> trainer;
+  std::atomic<bool> cancel{false};
+  sg_progress_fn progress = nullptr;
+  void* progress_user = nullptr;
+  sg::StepMetrics last;  // loss/tokens of the last compute_gradients, reported by optimizer_step
+};
+
+namespace {
+
+// Marks the model busy for the lifetime of the guard; acquired() is false when another thread holds it.
+class BusyGuard {
+ public:
+  explicit BusyGuard(ModelCore& c) : c_(c) {
+    bool expected = false;
+    acquired_ = c_.busy.compare_exchange_strong(expected, true, std::memory_order_acquire);
+  }
+  ~BusyGuard() {
+    if (acquired_) c_.busy.store(false, std::memory_order_release);
+  }
+  bool acquired() const { return acquired_; }
+
+ private:
+  ModelCore& c_;
+  bool acquired_ = false;
+};
+
+sg_status* Busy(const char* fn) {
+  return MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer (or its model) is in use by another call; "
+                                                   "a trainer runs one step at a time"));
+}
+
+sg_status* CheckOutStruct(const char* fn, const char* arg, size_t got, size_t want) {
+  if (got < want)
+    return Invalid(absl::StrCat(fn, ": ", arg, "->struct_size is ", got, ", smaller than this library's ", want,
+                                " (initialise it with the matching *_init()/*_default_options())"));
+  return nullptr;
+}
+
+void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
+                 sg_metrics* out) {
+  if (!out) return;
+  out->loss = m.loss;
+  out->tokens = m.tokens;
+  out->grad_norm = m.grad_norm;
+  out->step = step;
+  out->peak_bytes = snap.total_peak;
+  for (int i = 0; i < SG_NUM_MEMORY_CATEGORIES; ++i) {
+    out->peak_bytes_by_category[i] = snap.peak[i];
+    out->bytes_at_peak_by_category[i] = snap.at_total_peak[i];
+  }
+  out->seconds = seconds;
+}
+
+void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
+  if (!t->progress) return;
+  sg_progress p;
+  p.struct_size = sizeof(sg_progress);
+  p.step = t->trainer->step();
+  p.loss = m.loss;
+  p.tokens = m.tokens;
+  p.grad_norm = m.grad_norm;
+  p.phase = phase;
+  t->progress(t->progress_user, &p);  // a C callback: must not throw
+}
+
+// Builds the batch from the flat arrays, checking each argument.
+sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                      const int64_t* lengths, int64_t num_sequences, std::vector<sg::Sequence>* batch) {
+  if (!ids) return NullArg(fn, "ids");
+  if (!lengths) return NullArg(fn, "lengths");
+  if (num_sequences <= 0)
+    return Invalid(absl::StrCat(fn, ": argument 'num_sequences' is ", num_sequences, "; need at least 1 sequence"));
+  if (num_tokens <= 0) return Invalid(absl::StrCat(fn, ": argument 'num_tokens' is ", num_tokens, "; need >= 1"));
+  int64_t sum = 0;
+  for (int64_t i = 0; i < num_sequences; ++i) {
+    if (lengths[i] <= 0)
+      return Invalid(absl::StrCat(fn, ": lengths[", i, "] is ", lengths[i], "; every sequence needs >= 1 token"));
+    sum += lengths[i];
+    if (sum > num_tokens) break;
+  }
+  if (sum != num_tokens)
+    return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to ", sum > num_tokens ? "more than " : "", sum,
+                                " but 'num_tokens' is ", num_tokens));
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return Invalid(absl::StrCat(fn, ": ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
+    if (labels && labels[i] != -100 && (labels[i] < 0 || labels[i] >= vocab))
+      return Invalid(absl::StrCat(fn, ": labels[", i, "] = ", labels[i], " is neither -100 nor in [0, ", vocab,
+                                  ")"));
+  }
+  batch->resize(num_sequences);
+  int64_t off = 0;
+  bool any_label = false;
+  for (int64_t s = 0; s < num_sequences; ++s) {
+    sg::Sequence& q = (*batch)[s];
+    const int64_t n = lengths[s];
+    q.ids.assign(ids + off, ids + off + n);
+    if (labels) {
+      q.labels.assign(labels + off, labels + off + n);
+    } else {
+      q.labels.assign(n, -100);
+      for (int64_t i = 0; i + 1 < n; ++i) q.labels[i] = ids[off + i + 1];
+    }
+    for (int32_t l : q.labels) any_label |= l >= 0;
+    off += n;
+  }
+  if (!any_label)
+    return Invalid(absl::StrCat(fn, labels ? ": argument 'labels' are all -100"
+                                           : ": every sequence has length 1, so there are no next-token labels",
+                                "; the loss is undefined"));
+  return nullptr;
+}
+
+// Shared body of compute_gradients / step.
+sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out, bool optimizer) {
+  if (!t) return NullArg(fn, "trainer");
+  if (out) {
+    if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_metrics))) return s;
+  }
+  ModelCore& core = *t->core;
+  std::vector<sg::Sequence> batch;
+  if (sg_status* s = BuildBatch(fn, core.model->vocab_size(), ids, labels, num_tokens, lengths, num_sequences, &batch))
+    return s;
+  BusyGuard guard(core);
+  if (!guard.acquired()) return Busy(fn);
+  if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+  const auto t0 = std::chrono::steady_clock::now();
+  core.model->memory().ResetPeak();
+  absl::StatusOr<sg::StepMetrics> m = t->trainer->ComputeGradients(batch);
+  if (!m.ok()) {
+    if (m.status().code() == absl::StatusCode::kCancelled) t->cancel.store(false);
+    return FromAbsl(m.status());
+  }
+  t->last = *m;
+  Report(t, *m, 0);
+  if (optimizer) {
+    if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    if (absl::Status s = t->trainer->OptimizerStep(&*m); !s.ok()) return FromAbsl(s);
+    Report(t, *m, 1);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  FillMetrics(*m, t->trainer->step(), core.model->memory().Snapshot(), secs, out);
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* sg_version(void) { return kVersion; }
+
+int sg_status_code(const sg_status* status) { return status ? status->code : SG_OK; }
+const char* sg_status_message(const sg_status* status) { return status ? status->message.c_str() : ""; }
+void sg_status_free(sg_status* status) {
+  if (status != OutOfMemoryStatus()) delete status;
+}
+
+const char* sg_code_name(int code) {
+  switch (code) {
+    case SG_OK: return "OK";
+    case SG_ERR_CANCELLED: return "CANCELLED";
+    case SG_ERR_UNKNOWN: return "UNKNOWN";
+    case SG_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case SG_ERR_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case SG_ERR_NOT_FOUND: return "NOT_FOUND";
+    case SG_ERR_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case SG_ERR_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case SG_ERR_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case SG_ERR_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case SG_ERR_ABORTED: return "ABORTED";
+    case SG_ERR_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case SG_ERR_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case SG_ERR_INTERNAL: return "INTERNAL";
+    case SG_ERR_UNAVAILABLE: return "UNAVAILABLE";
+    case SG_ERR_DATA_LOSS: return "DATA_LOSS";
+    case SG_ERR_UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case SG_ERR_BUSY: return "BUSY";
+  }
+  return "UNKNOWN_CODE";
+}
+
+const char* sg_dtype_name(int dtype) {
+  if (dtype < 0 || dtype > SG_DTYPE_I64) return nullptr;
+  return sg::DTypeName(static_cast<sg::DType>(dtype));
+}
+
+const char* sg_memory_category_name(int category) {
+  static const char* const kNames[SG_NUM_MEMORY_CATEGORIES] = {"weights",  "grads",   "optimizer", "activations",
+                                                               "kv_cache", "kv_grad", "logits",    "workspace"};
+  static_assert(SG_NUM_MEMORY_CATEGORIES == sg::kNumMemCategories, "category count changed: extend the C API");
+  if (category < 0 || category >= SG_NUM_MEMORY_CATEGORIES) return nullptr;
+  return kNames[category];
+}
+
+const char* const* sg_model_preset_names(void) {
+  static const char* const kNames[] = {"tiny", "tiny-qwen2", "demo", "bench-cpu", nullptr};
+  return kNames;
+}
+
+static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
+                              sg_model** out) {
+  sg::DType dt = sg::DType::kF32;
+  if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
+  absl::StatusOr<std::unique_ptr<sg::TransformerModel>> m = sg::LoadModel(spec, dt, seed);
+  if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", m.status().message()));
+  auto core = std::make_shared<ModelCore>();
+  core->model = std::move(*m);
+  *out = new sg_model{std::move(core)};
+  return nullptr;
+}
+
+sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out) {
+  static const char fn[] = "sg_model_create_preset";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!out) return NullArg(fn, "out");
+    *out = nullptr;
+    if (!preset) return NullArg(fn, "preset");
+    if (!sg::TransformerPreset(preset).ok()) {
+      std::string names;
+      for (const std::string& n : sg::TransformerPresetNames()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+      return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
+    }
+    return CreateModel(fn, preset, dtype, seed, out);
+  });
+}
+
+sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) {
+  static const char fn[] = "sg_model_load";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!out) return NullArg(fn, "out");
+    *out = nullptr;
+    if (!hf_dir) return NullArg(fn, "hf_dir");
+    struct stat st;
+    if (stat(hf_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'hf_dir' ('", hf_dir, "') is not a directory"));
+    return CreateModel(fn, hf_dir, dtype, 0, out);
+  });
+}
+
+sg_status* sg_model_save(sg_model* model, const char* dir) {
+  static const char fn[] = "sg_model_save";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!dir) return NullArg(fn, "dir");
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    return FromAbsl(sg::SaveModel(*model->core->model, dir));
+  });
+}
+
+void sg_model_free(sg_model* model) { delete model; }
+
+const char* sg_model_family(const sg_model* model) { return model ? "transformer" : ""; }
+int64_t sg_model_vocab_size(const sg_model* model) { return model ? model->core->model->vocab_size() : -1; }
+int64_t sg_model_num_layers(const sg_model* model) { return model ? model->core->model->num_layers() : -1; }
+int64_t sg_model_hidden_size(const sg_model* model) { return model ? model->core->model->hidden_size() : -1; }
+int64_t sg_model_num_params(const sg_model* model) {
+  return model ? static_cast<int64_t>(model->core->model->params().size()) : -1;
+}
+int sg_model_dtype(const sg_model* model) { return model ? static_cast<int>(model->core->model->dtype()) : -1; }
+
+sg_param_info sg_param_info_init(void) {
+  sg_param_info p{};
+  p.struct_size = sizeof(sg_param_info);
+  return p;
+}
+
+sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_info* out) {
+  static const char fn[] = "sg_model_param_info";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!out) return NullArg(fn, "out");
+    if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_param_info))) return s;
+    std::vector<sg::Param>& params = model->core->model->params();
+    if (index < 0 || index >= static_cast<int64_t>(params.size()))
+      return MakeStatus(SG_ERR_OUT_OF_RANGE, absl::StrCat(fn, ": argument 'index' is ", index, "; the model has ",
+                                                          params.size(), " parameters"));
+    const sg::Param& p = params[index];
+    if (p.value.shape().size() > SG_MAX_DIMS)
+      return MakeStatus(SG_ERR_UNIMPLEMENTED, absl::StrCat(fn, ": '", p.name, "' has more than 8 dimensions"));
+    out->name = p.name.c_str();
+    out->dtype = static_cast<int>(p.value.dtype());
+    out->ndim = static_cast<int>(p.value.shape().size());
+    for (int i = 0; i < SG_MAX_DIMS; ++i) out->shape[i] = i < out->ndim ? p.value.shape()[i] : 0;
+    out->numel = p.value.numel();
+    out->data = p.value.raw();
+    out->grad = p.grad.defined() ? p.grad.raw() : nullptr;
+    return nullptr;
+  });
+}
+
+sg_trainer_options sg_trainer_default_options(void) {
+  sg_trainer_options o{};
+  o.struct_size = sizeof(sg_trainer_options);
+  o.strategy = "full";
+  const sg::StrategyOptions so;
+  const sg::OptimizerOptions oo;
+  o.chunk = so.chunk;
+  o.page_size = so.page_size;
+  o.lm_chunk = so.lm_chunk;
+  o.lr = oo.lr;
+  o.beta1 = oo.beta1;
+  o.beta2 = oo.beta2;
+  o.eps = oo.eps;
+  o.weight_decay = oo.weight_decay;
+  o.clip_grad_norm = oo.clip_grad_norm;
+  return o;
+}
+
+sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options, sg_trainer** out) {
+  static const char fn[] = "sg_trainer_create";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!out) return NullArg(fn, "out");
+    *out = nullptr;
+    if (!model) return NullArg(fn, "model");
+    if (!options) return NullArg(fn, "options");
+    if (options->struct_size < sizeof(sg_trainer_options))
+      return Invalid(absl::StrCat(fn, ": options->struct_size is ", options->struct_size, ", smaller than ",
+                                  sizeof(sg_trainer_options),
+                                  " (this library's sg_trainer_options); start from sg_trainer_default_options()"));
+    for (uint64_t r : options->reserved)
+      if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
+    sg::StrategyOptions so;
+    so.name = options->strategy ? options->strategy : "full";
+    so.chunk = options->chunk;
+    so.page_size = options->page_size;
+    so.lm_chunk = options->lm_chunk;
+    if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
+      return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));
+    if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
+      return Invalid(absl::StrCat(fn, ": options: ", s.message()));
+    auto positive = [](double v) { return v > 0 && v < 1e300; };
+    if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
+    if (!(options->beta1 >= 0 && options->beta1 < 1))
+      return Invalid(absl::StrCat(fn, ": options->beta1 is ", options->beta1, "; need [0, 1)"));
+    if (!(options->beta2 >= 0 && options->beta2 < 1))
+      return Invalid(absl::StrCat(fn, ": options->beta2 is ", options->beta2, "; need [0, 1)"));
+    if (!positive(options->eps)) return Invalid(absl::StrCat(fn, ": options->eps is ", options->eps, "; need > 0"));
+    if (!(options->weight_decay >= 0))
+      return Invalid(absl::StrCat(fn, ": options->weight_decay is ", options->weight_decay, "; need >= 0"));
+    if (!(options->clip_grad_norm >= 0))
+      return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", options->clip_grad_norm, "; need >= 0"));
+    sg::OptimizerOptions oo;
+    oo.lr = options->lr;
+    oo.beta1 = options->beta1;
+    oo.beta2 = options->beta2;
+    oo.eps = options->eps;
+    oo.weight_decay = options->weight_decay;
+    oo.clip_grad_norm = options->clip_grad_norm;
+    auto t = std::make_unique<sg_trainer>();
+    t->core = model->core;
+    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo);
+    t->trainer->set_cancel_flag(&t->cancel);
+    *out = t.release();
+    return nullptr;
+  });
+}
+
+void sg_trainer_free(sg_trainer* trainer) { delete trainer; }
+
+sg_metrics sg_metrics_init(void) {
+  sg_metrics m{};
+  m.struct_size = sizeof(sg_metrics);
+  return m;
+}
+
+sg_status* sg_trainer_compute_gradients(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                        int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                        sg_metrics* out) {
+  static const char fn[] = "sg_trainer_compute_gradients";
+  return Guard(fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, false); });
+}
+
+sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                           const int64_t* lengths, int64_t num_sequences, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_step";
+  return Guard(fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, true); });
+}
+
+sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_optimizer_step";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    if (out) {
+      if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_metrics))) return s;
+    }
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    const auto t0 = std::chrono::steady_clock::now();
+    trainer->core->model->memory().ResetPeak();
+    sg::StepMetrics m = trainer->last;
+    if (absl::Status s = trainer->trainer->OptimizerStep(&m); !s.ok()) return FromAbsl(s);
+    Report(trainer, m, 1);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    FillMetrics(m, trainer->trainer->step(), trainer->core->model->memory().Snapshot(), secs, out);
+    return nullptr;
+  });
+}
+
+int64_t sg_trainer_step_count(const sg_trainer* trainer) { return trainer ? trainer->trainer->step() : -1; }
+
+void sg_trainer_cancel(sg_trainer* trainer) {
+  if (trainer) trainer->cancel.store(true, std::memory_order_relaxed);
+}
+
+sg_status* sg_trainer_set_progress_callback(sg_trainer* trainer, sg_progress_fn fn_ptr, void* user) {
+  static const char fn[] = "sg_trainer_set_progress_callback";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    trainer->progress = fn_ptr;
+    trainer->progress_user = user;
+    return nullptr;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,629 @@
+// Benchmark: time and memory of one gradient computation (forward + backward of a strategy, no optimizer step)
+// per (strategy, sequence length), with the engine's own memory accounting, the machine's sgemm rate as the
+// yardstick, optionally the same model in plain PyTorch (examples/bench_torch.py) and a memory-budget search.
+//
+//   ./bazelw run //examples:bench -- --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096
+//       --compare_torch --json=/tmp/bench.json
+//
+// Writes a table to stdout, {"rows": [...], "sgemm_gflops": x, "config": {...}, ...} to --json and a chart
+// (peak memory and time vs T) to the same path with .svg.
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/data.h"
+#include "core/model_io.h"
+#include "core/trainer.h"
+#include "examples/common.h"
+#include "examples/svg_chart.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, strategies, "full,ckpt", "comma-separated strategies to benchmark");
+ABSL_FLAG(std::string, seq_lens, "1024,2048,4096", "comma-separated sequence lengths (tokens)");
+ABSL_FLAG(int32_t, repeats, 3, "timed runs per (strategy, length); the best is reported");
+ABSL_FLAG(int32_t, warmup, 1, "untimed runs before the timed ones");
+ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
+ABSL_FLAG(bool, compare_torch, false, "also time the same model in plain PyTorch (examples/bench_torch.py)");
+ABSL_FLAG(int64_t, memory_budget, 0,
+          "bytes: for each strategy, search the longest sequence whose measured peak fits (0 = no search)");
+ABSL_FLAG(std::string, task, "random",
+          "synthetic sequence: random (random tokens, every next-token label counts) or retrieval "
+          "(sg::RetrievalTask: only the query values are labelled, so the LM head does little work)");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "interpreter for --compare_torch (must have torch)");
+ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
+
+namespace sg {
+namespace {
+
+using json = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+constexpr int64_t kBudgetCap = 65536;
+constexpr int64_t kBudgetQuantum = 256;
+
+double Mib(double bytes) { return bytes / 1048576.0; }
+
+[[noreturn]] void Fail(const std::string& what, const std::string& msg) {
+  std::fprintf(stderr, "error: %s: %s\n", what.c_str(), msg.c_str());
+  std::exit(1);
+}
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    std::string t(absl::StripAsciiWhitespace(p));
+    if (!t.empty()) out.push_back(t);
+  }
+  return out;
+}
+
+// --- the machine's yardstick ------------------------------------------------------------------------------------
+
+// Best-of-10 cblas_sgemm 1024 x 1024 x 1024 with all OpenMP threads, in GFLOP/s.
+double MeasureSgemmGflops() {
+  constexpr int n = 1024;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 11; ++rep) {  // the first is a warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, dt);
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+// --- peak RSS, the OS's view (comparable between engines) -------------------------------------------------------
+
+int64_t StatusKib(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(field) + ":";
+  while (std::getline(f, line)) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    int64_t kib = 0;
+    std::string rest(absl::StripAsciiWhitespace(line.substr(prefix.size())));
+    if (absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &kib)) return kib;
+  }
+  return -1;
+}
+
+// Resets the process's peak RSS (VmHWM) to its current RSS; returns the current RSS in bytes, or -1.
+int64_t ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  if (!f) return -1;
+  const int64_t kib = StatusKib("VmRSS");
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+int64_t PeakRss() {
+  const int64_t kib = StatusKib("VmHWM");
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+// --- model arithmetic -------------------------------------------------------------------------------------------
+
+// Parameters that multiply activations in a matmul: the layers' projections and the LM head (not the embedding
+// lookup, the norms or the biases).
+int64_t MatmulParams(const TransformerConfig& c) {
+  const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const int64_t per_layer = qd * d + 2 * kvd * d + d * qd + 3 * c.intermediate_size * d;
+  return c.num_layers * per_layer + c.vocab_size * d;
+}
+
+// Useful FLOPs of one gradient computation over T tokens (head_tokens with a label), the same for every strategy
+// (recomputation is not useful work): 6 x matmul params x tokens, plus causal attention, forward
+// 2 (QK^T, PV) x 2 x T^2/2 x heads x head_dim per layer, x3 for forward + backward.
+double UsefulFlops(const TransformerConfig& c, int64_t T, int64_t head_tokens) {
+  const double d = static_cast<double>(c.hidden_size);
+  const double layer_params = static_cast<double>(MatmulParams(c) - c.vocab_size * c.hidden_size);
+  const double dense = 6.0 * layer_params * T + 6.0 * static_cast<double>(c.vocab_size) * d * head_tokens;
+  const double attn_fwd = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c.num_heads * c.head_dim;
+  return dense + 3.0 * attn_fwd * c.num_layers;
+}
+
+// --- sequences --------------------------------------------------------------------------------------------------
+
+Sequence MakeSequence(const std::string& task, int64_t T, int64_t vocab, uint64_t seed) {
+  if (task == "retrieval") {
+    RetrievalTask t;
+    t.seq_len = T;
+    t.vocab = vocab;
+    if (absl::Status s = t.Validate(); !s.ok()) Fail("--task=retrieval", std::string(s.message()));
+    return t.Make(seed, 0);
+  }
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(T));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> all(T + 1);
+  for (int32_t& t : all) t = tok(rng);
+  Sequence s;
+  s.ids.assign(all.begin(), all.end() - 1);
+  s.labels.assign(all.begin() + 1, all.end());
+  return s;
+}
+
+int64_t ValidLabels(const Sequence& s) {
+  return std::count_if(s.labels.begin(), s.labels.end(), [](int32_t l) { return l >= 0; });
+}
+
+// --- seqgrad measurements ---------------------------------------------------------------------------------------
+
+struct Measurement {
+  double best_s = std::numeric_limits<double>::infinity();
+  double loss = 0;
+  MemorySnapshot mem;          // of the first timed run (the schedule is deterministic)
+  int64_t rss_delta = -1;      // max over timed runs; -1 = unavailable
+};
+
+absl::StatusOr<Measurement> Measure(TransformerModel& model, const StrategyOptions& so, const Sequence& seq,
+                                    int warmup, int repeats, bool rss) {
+  Trainer trainer(model, so, OptimizerOptions{});
+  const std::vector<Sequence> batch{seq};
+  for (int i = 0; i < warmup; ++i) {
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    if (!m.ok()) return m.status();
+  }
+  Measurement r;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const int64_t base = rss ? ResetPeakRss() : -1;
+    model.memory().ResetPeak();
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const MemorySnapshot snap = model.memory().Snapshot();
+    const int64_t top = rss ? PeakRss() : -1;
+    if (!m.ok()) return m.status();
+    if (i == 0) r.mem = snap;
+    r.best_s = std::min(r.best_s, dt);
+    r.loss = m->loss;
+    if (base >= 0 && top >= 0) r.rss_delta = std::max(r.rss_delta, top - base);
+  }
+  return r;
+}
+
+int64_t Cat(const std::array<int64_t, kNumMemCategories>& a, MemCategory c) { return a[static_cast<int>(c)]; }
+
+json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, double flops, double sgemm) {
+  using C = MemCategory;
+  const MemorySnapshot& s = m.mem;
+  json row;
+  row["engine"] = "seqgrad";
+  row["strategy"] = strategy;
+  row["seq_len"] = T;
+  row["time_s"] = m.best_s;
+  row["tokens_per_s"] = T / m.best_s;
+  row["loss"] = m.loss;
+  row["peak_bytes"] = s.total_peak;
+  // Activations, workspace and logits at the moment the total peaked, and the (larger or equal) sum of their
+  // own peaks, which need not coincide in time.
+  row["activation_peak_bytes"] =
+      Cat(s.at_total_peak, C::kActivations) + Cat(s.at_total_peak, C::kWorkspace) + Cat(s.at_total_peak, C::kLogits);
+  row["activation_peak_bytes_upper"] = Cat(s.peak, C::kActivations) + Cat(s.peak, C::kWorkspace) + Cat(s.peak, C::kLogits);
+  row["kv_bytes"] = Cat(s.peak, C::kKVCache) + Cat(s.peak, C::kKVGrad);
+  // Everything the step allocated above the resting state (weights + grads, what remains after it): comparable
+  // with the torch rows' step_peak_bytes from torch's own allocator.
+  row["step_peak_bytes"] = s.total_peak - s.total_current;
+  row["resting_bytes"] = s.total_current;
+  json by_cat = json::object(), at_peak = json::object();
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    by_cat[MemCategoryName(static_cast<MemCategory>(i))] = s.peak[i];
+    at_peak[MemCategoryName(static_cast<MemCategory>(i))] = s.at_total_peak[i];
+  }
+  row["peak_bytes_by_category"] = by_cat;
+  row["at_total_peak_by_category"] = at_peak;
+  row["rss_delta_bytes"] = m.rss_delta >= 0 ? json(m.rss_delta) : json(nullptr);
+  row["gflops"] = flops / 1e9;
+  row["gflops_per_s"] = flops / 1e9 / m.best_s;
+  row["sgemm_fraction"] = flops / 1e9 / m.best_s / sgemm;
+  return row;
+}
+
+// --- memory budget search ---------------------------------------------------------------------------------------
+
+// The longest T (doubling from t0 up to kBudgetCap, then bisection on multiples of kBudgetQuantum) whose
+// measured peak fits the budget; 0 when not even the smallest probe fits.
+json BudgetSearch(TransformerModel& model, StrategyOptions so, int64_t t0, int64_t budget, const std::string& task,
+                  uint64_t seed) {
+  json probes = json::array();
+  auto fits = [&](int64_t T) {
+    const Sequence seq = MakeSequence(task, T, model.vocab_size(), seed);
+    absl::StatusOr<Measurement> m = Measure(model, so, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
+    json p;
+    p["seq_len"] = T;
+    if (!m.ok()) {  // e.g. out of memory: does not fit
+      p["error"] = std::string(m.status().message());
+      probes.push_back(p);
+      std::fprintf(stderr, "  budget %s T=%lld: %s\n", so.name.c_str(), static_cast<long long>(T),
+                   std::string(m.status().message()).c_str());
+      return false;
+    }
+    p["peak_bytes"] = m->mem.total_peak;
+    probes.push_back(p);
+    const bool ok = m->mem.total_peak <= budget;
+    std::fprintf(stderr, "  budget %s T=%lld: peak %.1f MiB %s\n", so.name.c_str(), static_cast<long long>(T),
+                 Mib(m->mem.total_peak), ok ? "fits" : "over");
+    return ok;
+  };
+  int64_t lo = 0, hi = -1;  // lo fits (0: nothing needed), hi does not (-1: unknown)
+  for (int64_t T = std::min(t0, kBudgetCap);;) {
+    if (!fits(T)) {
+      hi = T;
+      break;
+    }
+    lo = T;
+    if (T >= kBudgetCap) break;
+    T = std::min(2 * T, kBudgetCap);
+  }
+  while (hi > 0) {
+    int64_t mid = (lo + hi) / 2 / kBudgetQuantum * kBudgetQuantum;
+    if (mid <= lo) mid = (lo / kBudgetQuantum + 1) * kBudgetQuantum;
+    if (mid >= hi) break;
+    if (fits(mid)) lo = mid;
+    else hi = mid;
+  }
+  json row;
+  row["strategy"] = so.name;
+  row["max_seq_len_in_budget"] = lo;
+  row["budget_bytes"] = budget;
+  row["probes"] = probes;
+  return row;
+}
+
+// --- the PyTorch reference --------------------------------------------------------------------------------------
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string FindTorchScript() {
+  if (std::string f = absl::GetFlag(FLAGS_torch_script); !f.empty()) return tools::ResolveUserPath(f);
+  const std::string rel = "seqgrad/examples/bench_torch.py";
+  std::vector<std::string> candidates;
+  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"})
+    if (const char* d = std::getenv(env); d && *d) candidates.push_back(absl::StrCat(d, "/", rel));
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.string() + ".runfiles/" + rel);
+  candidates.push_back("examples/bench_torch.py");  // bazel run's working directory is the runfiles root
+  for (const std::string& c : candidates)
+    if (fs::exists(c, ec)) return c;
+  Fail("--compare_torch", absl::StrCat("cannot find bench_torch.py (tried ", absl::StrJoin(candidates, ", "),
+                                       "); pass --torch_script"));
+}
+
+std::string TempRoot() {
+  for (const char* env : {"TEST_TMPDIR", "TMPDIR"})
+    if (const char* d = std::getenv(env); d && *d) return d;
+  return "/tmp";
+}
+
+// Runs bench_torch.py on the same model and sequences; returns its JSON (rows with engine "torch").
+json RunTorch(TransformerModel& model, const std::vector<std::string>& strategies,
+              const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype) {
+  std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
+  if (!mkdtemp(tmpl.data())) Fail("--compare_torch", absl::StrCat("cannot create a directory like ", tmpl));
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{dir};
+
+  tools::ExitIfError(SaveModel(model, dir), "--compare_torch: saving the model");
+  std::vector<std::string> lens;
+  for (const auto& [T, seq] : seqs) {
+    std::ofstream out(absl::StrCat(dir, "/seq_", T, ".i32"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(seq.ids.data()), static_cast<std::streamsize>(T * sizeof(int32_t)));
+    out.write(reinterpret_cast<const char*>(seq.labels.data()), static_cast<std::streamsize>(T * sizeof(int32_t)));
+    if (!out) Fail("--compare_torch", "cannot write the token file");
+    lens.push_back(absl::StrCat(T));
+  }
+  const std::string cmd = absl::StrCat(
+      ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript()), " --model_dir=", ShellQuote(dir),
+      " --seq_dir=", ShellQuote(dir), " --strategies=", absl::StrJoin(strategies, ","),
+      " --seq_lens=", absl::StrJoin(lens, ","), " --repeats=", repeats, " --warmup=", warmup,
+      " --threads=", omp_get_max_threads(), " --dtype=", dtype);
+  std::fprintf(stderr, "running: %s\n", cmd.c_str());
+  std::fflush(stderr);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) Fail("--compare_torch", "popen failed");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int rc = pclose(p);
+  if (rc != 0) Fail("--compare_torch", absl::StrCat("bench_torch.py failed (status ", rc, ")"));
+  // The JSON is the last non-empty line.
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipWhitespace());
+  if (lines.empty()) Fail("--compare_torch", "bench_torch.py printed nothing");
+  json j = json::parse(lines.back(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("rows") || !j["rows"].is_array())
+    Fail("--compare_torch", absl::StrCat("bench_torch.py output is not the expected JSON: ", lines.back()));
+  return j;
+}
+
+// --- output -----------------------------------------------------------------------------------------------------
+
+std::string Cell(const json& row, const char* key, const char* fmt, double scale = 1.0) {
+  if (!row.contains(key) || !row[key].is_number()) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, row[key].get<double>() * scale);
+  return b;
+}
+
+void PrintTable(const json& rows) {
+  std::printf("%-8s %-8s %7s %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s", "tok/s",
+              "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
+  for (const json& r : rows) {
+    const double mib = 1.0 / 1048576.0;
+    std::printf("%-8s %-8s %7lld %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
+                r["strategy"].get<std::string>().c_str(), static_cast<long long>(r["seq_len"].get<int64_t>()),
+                Cell(r, "time_s", "%.4f").c_str(), Cell(r, "tokens_per_s", "%.0f").c_str(),
+                Cell(r, "gflops_per_s", "%.1f").c_str(), Cell(r, "sgemm_fraction", "%.1f%%", 100).c_str(),
+                Cell(r, "peak_bytes", "%.1f", mib).c_str(), Cell(r, "activation_peak_bytes", "%.1f", mib).c_str(),
+                Cell(r, "kv_bytes", "%.1f", mib).c_str(), Cell(r, "step_peak_bytes", "%.1f", mib).c_str(),
+                Cell(r, "loss", "%.4f").c_str());
+  }
+}
+
+std::string SvgPathFor(const std::string& json_path) {
+  if (absl::EndsWith(json_path, ".json")) return json_path.substr(0, json_path.size() - 5) + ".svg";
+  return json_path + ".svg";
+}
+
+std::string Chart(const json& rows, const std::vector<std::string>& strategies, const std::string& title) {
+  svg::LineChart mem, time;
+  mem.set_title("peak memory vs T").set_x_label("sequence length T (tokens)").set_y_label("peak memory (MiB)");
+  time.set_title("time vs T").set_x_label("sequence length T (tokens)").set_y_label("forward + backward (s)");
+  mem.set_log2_x(true);
+  time.set_log2_x(true);
+  for (const char* engine : {"seqgrad", "torch"}) {
+    for (size_t si = 0; si < strategies.size(); ++si) {
+      svg::Series m, t;
+      const bool torch = std::string(engine) == "torch";
+      // seqgrad: the engine's own accounting; torch: its allocator's step peak (profiler) + weights and grads.
+      m.name = absl::StrCat(engine, " ", strategies[si], torch ? " (profiler)" : "");
+      t.name = absl::StrCat(engine, " ", strategies[si]);
+      m.color = t.color = svg::Palette(static_cast<int>(si));
+      m.dashed = t.dashed = torch;
+      for (const json& r : rows) {
+        if (r["engine"] != engine || r["strategy"] != strategies[si]) continue;
+        const double T = static_cast<double>(r["seq_len"].get<int64_t>());
+        if (!torch && r["peak_bytes"].is_number()) {
+          m.points.emplace_back(T, Mib(r["peak_bytes"].get<double>()));
+        } else if (torch && r.contains("step_peak_bytes") && r["step_peak_bytes"].is_number() &&
+                   r.contains("resting_bytes") && r["resting_bytes"].is_number()) {
+          m.points.emplace_back(T, Mib(r["step_peak_bytes"].get<double>() + r["resting_bytes"].get<double>()));
+        }
+        t.points.emplace_back(T, r["time_s"].get<double>());
+      }
+      if (!m.points.empty()) mem.AddSeries(m);
+      if (!t.points.empty()) time.AddSeries(t);
+    }
+  }
+  return svg::RenderPanels({mem, time}, title);
+}
+
+int Main() {
+  absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
+  tools::ExitIfError(dtype.status(), "flags");
+  const std::vector<std::string> strategies = SplitList(absl::GetFlag(FLAGS_strategies));
+  if (strategies.empty()) Fail("--strategies", "empty");
+  StrategyOptions base = tools::StrategyFromFlags();
+  for (const std::string& s : strategies) {
+    base.name = s;
+    tools::ExitIfError(ValidateStrategyOptions(base), "--strategies");
+  }
+  std::vector<int64_t> seq_lens;
+  for (const std::string& s : SplitList(absl::GetFlag(FLAGS_seq_lens))) {
+    int64_t T;
+    if (!absl::SimpleAtoi(s, &T) || T <= 0) Fail("--seq_lens", absl::StrCat("'", s, "' is not a positive integer"));
+    seq_lens.push_back(T);
+  }
+  if (seq_lens.empty()) Fail("--seq_lens", "empty");
+  const int repeats = absl::GetFlag(FLAGS_repeats), warmup = absl::GetFlag(FLAGS_warmup);
+  if (repeats < 1) Fail("--repeats", "must be at least 1");
+  if (warmup < 0) Fail("--warmup", "must be >= 0");
+  const std::string task = absl::GetFlag(FLAGS_task);
+  if (task != "random" && task != "retrieval") Fail("--task", absl::StrCat("'", task, "' (random, retrieval)"));
+  const int64_t budget = absl::GetFlag(FLAGS_memory_budget);
+  if (budget < 0) Fail("--memory_budget", "must be >= 0");
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const bool compare_torch = absl::GetFlag(FLAGS_compare_torch);
+
+  absl::StatusOr<std::unique_ptr<TransformerModel>> loaded = LoadModel(tools::ModelSpec(), *dtype, seed);
+  tools::ExitIfError(loaded.status(), "--model");
+  TransformerModel& model = **loaded;
+  const TransformerConfig& cfg = model.config();
+  const int threads = omp_get_max_threads();
+
+  const double sgemm = MeasureSgemmGflops();
+  std::printf("seqgrad bench: model=%s (%s, d=%lld, layers=%lld, heads=%lld/%lld kv, ffn=%lld, vocab=%lld) "
+              "dtype=%s threads=%d task=%s repeats=%d warmup=%d\n",
+              absl::GetFlag(FLAGS_model).c_str(), cfg.architecture.c_str(), static_cast<long long>(cfg.hidden_size),
+              static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.num_heads),
+              static_cast<long long>(cfg.num_kv_heads), static_cast<long long>(cfg.intermediate_size),
+              static_cast<long long>(cfg.vocab_size), DTypeName(*dtype), threads, task.c_str(), repeats, warmup);
+  std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
+  std::fflush(stdout);
+
+  std::map<int64_t, Sequence> seqs;
+  for (int64_t T : seq_lens) seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
+
+  json rows = json::array();
+  for (const std::string& name : strategies) {
+    StrategyOptions so = base;
+    so.name = name;
+    for (int64_t T : seq_lens) {
+      const Sequence& seq = seqs.at(T);
+      absl::StatusOr<Measurement> m = Measure(model, so, seq, warmup, repeats, /*rss=*/true);
+      tools::ExitIfError(m.status(), absl::StrCat("strategy ", name, " T=", T).c_str());
+      const double flops = UsefulFlops(cfg, T, ValidLabels(seq));
+      rows.push_back(SeqgradRow(name, T, *m, flops, sgemm));
+      std::fprintf(stderr, "seqgrad %5s T=%6lld: %.4f s  %.0f tok/s  peak %.1f MiB  loss %.5f\n", name.c_str(),
+                   static_cast<long long>(T), m->best_s, T / m->best_s, Mib(m->mem.total_peak), m->loss);
+    }
+  }
+
+  json torch_info;
+  if (compare_torch) {
+    std::vector<std::string> torch_strategies;
+    for (const std::string& s : strategies)
+      if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
+    if (torch_strategies.empty()) {
+      std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
+    } else {
+      json t = RunTorch(model, torch_strategies, seqs, warmup, repeats, DTypeName(*dtype));
+      for (json r : t["rows"]) {
+        const int64_t T = r["seq_len"].get<int64_t>();
+        const double flops = UsefulFlops(cfg, T, ValidLabels(seqs.at(T)));
+        const double secs = r["time_s"].get<double>();
+        r["gflops"] = flops / 1e9;
+        r["gflops_per_s"] = flops / 1e9 / secs;
+        r["sgemm_fraction"] = flops / 1e9 / secs / sgemm;
+        rows.push_back(r);
+      }
+      t.erase("rows");
+      torch_info = t;
+    }
+  }
+
+  std::printf("\n");
+  PrintTable(rows);
+
+  // seqgrad / torch per (strategy, T), and how well the two losses agree (same weights, same tokens).
+  json ratios = json::array();
+  if (compare_torch) {
+    std::printf("\nseqgrad / torch tokens/s:\n%-8s %7s %12s %12s %8s %12s\n", "strategy", "T", "seqgrad tok/s",
+                "torch tok/s", "ratio", "loss rel.diff");
+    for (const json& a : rows) {
+      if (a["engine"] != "seqgrad") continue;
+      for (const json& b : rows) {
+        if (b["engine"] != "torch" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
+        const double ra = a["tokens_per_s"].get<double>(), rb = b["tokens_per_s"].get<double>();
+        const double la = a["loss"].get<double>(), lb = b["loss"].get<double>();
+        const double diff = std::fabs(la - lb) / std::max(1e-12, std::fabs(lb));
+        json r;
+        r["strategy"] = a["strategy"];
+        r["seq_len"] = a["seq_len"];
+        r["seqgrad_tokens_per_s"] = ra;
+        r["torch_tokens_per_s"] = rb;
+        r["seqgrad_over_torch"] = ra / rb;
+        r["loss_rel_diff"] = diff;
+        ratios.push_back(r);
+        std::printf("%-8s %7lld %12.0f %12.0f %7.2fx %12.2e\n", a["strategy"].get<std::string>().c_str(),
+                    static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb, ra / rb, diff);
+      }
+    }
+  }
+
+  json budget_rows = json::array();
+  if (budget > 0) {
+    const int64_t t0 = *std::min_element(seq_lens.begin(), seq_lens.end());
+    std::fprintf(stderr, "memory budget search: %lld bytes, from T=%lld, cap %lld\n", static_cast<long long>(budget),
+                 static_cast<long long>(t0), static_cast<long long>(kBudgetCap));
+    for (const std::string& name : strategies) {
+      StrategyOptions so = base;
+      so.name = name;
+      budget_rows.push_back(BudgetSearch(model, so, t0, budget, task, seed));
+    }
+    std::printf("\nlongest sequence within a budget of %.1f MiB (%lld bytes):\n", Mib(budget),
+                static_cast<long long>(budget));
+    for (const json& b : budget_rows)
+      std::printf("  %-8s max_seq_len_in_budget %lld\n", b["strategy"].get<std::string>().c_str(),
+                  static_cast<long long>(b["max_seq_len_in_budget"].get<int64_t>()));
+  }
+
+  if (const std::string jpath = absl::GetFlag(FLAGS_json); !jpath.empty()) {
+    const std::string path = tools::ResolveUserPath(jpath);
+    if (const fs::path parent = fs::path(path).parent_path(); !parent.empty()) {
+      std::error_code ec;
+      fs::create_directories(parent, ec);  // WriteTextFile reports what still fails
+    }
+    json config;
+    config["model"] = absl::GetFlag(FLAGS_model);
+    config["architecture"] = cfg.architecture;
+    config["vocab_size"] = cfg.vocab_size;
+    config["hidden_size"] = cfg.hidden_size;
+    config["num_layers"] = cfg.num_layers;
+    config["num_heads"] = cfg.num_heads;
+    config["num_kv_heads"] = cfg.num_kv_heads;
+    config["head_dim"] = cfg.head_dim;
+    config["intermediate_size"] = cfg.intermediate_size;
+    config["matmul_params"] = MatmulParams(cfg);
+    config["dtype"] = DTypeName(*dtype);
+    config["threads"] = threads;
+    config["task"] = task;
+    config["batch"] = 1;
+    config["strategies"] = strategies;
+    config["seq_lens"] = seq_lens;
+    config["repeats"] = repeats;
+    config["warmup"] = warmup;
+    config["chunk"] = base.chunk;
+    config["page_size"] = base.page_size;
+    config["lm_chunk"] = base.lm_chunk;
+    config["seed"] = seed;
+    config["memory_budget"] = budget;
+    config["compare_torch"] = compare_torch;
+    json out;
+    out["rows"] = rows;
+    out["sgemm_gflops"] = sgemm;
+    out["config"] = config;
+    if (compare_torch) {
+      out["ratios"] = ratios;
+      out["torch"] = torch_info;
+    }
+    if (budget > 0) out["budget"] = budget_rows;
+    tools::ExitIfError(tools::WriteTextFile(path, out.dump(2) + "\n"), "--json");
+    const std::string svg_path = SvgPathFor(path);
+    const std::string title = absl::StrCat("seqgrad bench: ", absl::GetFlag(FLAGS_model), ", ", threads,
+                                           " threads, sgemm ", absl::StrFormat("%.0f", sgemm), " GFLOP/s");
+    tools::ExitIfError(tools::WriteTextFile(svg_path, Chart(rows, strategies, title)), "--json (chart)");
+    std::printf("\nwrote %s and %s\n", path.c_str(), svg_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace sg
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Benchmark gradient strategies: time, tokens/s, FLOP rate and engine-accounted memory per sequence length.\n"
+      "  bench --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096 [--compare_torch] "
+      "[--memory_budget=BYTES] --json=out.json");
+  absl::ParseCommandLine(argc, argv);
+  return sg::Main();
+}

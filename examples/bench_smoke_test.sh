@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Smoke test of //examples:bench: tiny model, both engines, JSON + SVG written. Never asserts on timing.
+# usage: bench_smoke_test.sh <bench binary>
+set -euo pipefail
+bench="$1"
+out="${TEST_TMPDIR:-$(mktemp -d)}/b.json"
+"$bench" --model=tiny --strategies=full,ckpt --seq_lens=64,128 --repeats=1 --warmup=1 --compare_torch \
+  --memory_budget=1500000 --json="$out"
+/usr/bin/python3 - "$out" <<'PY'
+import json, math, sys
+import xml.etree.ElementTree as ET
+
+path = sys.argv[1]
+with open(path) as f:
+    d = json.load(f)
+rows = d["rows"]
+want = {(e, s, t) for e in ("seqgrad", "torch") for s in ("full", "ckpt") for t in (64, 128)}
+have = {(r["engine"], r["strategy"], r["seq_len"]) for r in rows}
+assert want <= have, f"missing rows: {sorted(want - have)}"
+assert d["sgemm_gflops"] > 0
+for r in rows:
+    assert r["time_s"] > 0 and r["tokens_per_s"] > 0, r
+    assert math.isfinite(r["loss"]), r
+    assert r["gflops"] > 0 and "gflops_per_s" in r and "sgemm_fraction" in r, r
+    if r["engine"] == "seqgrad":
+        for k in ("peak_bytes", "activation_peak_bytes", "activation_peak_bytes_upper", "kv_bytes"):
+            assert isinstance(r[k], int) and r[k] > 0, (k, r)
+        assert r["activation_peak_bytes"] <= r["activation_peak_bytes_upper"] <= r["peak_bytes"] * 3, r
+        assert sum(r["peak_bytes_by_category"].values()) >= r["peak_bytes"], r
+        assert r["step_peak_bytes"] == r["peak_bytes"] - r["resting_bytes"], r
+    else:
+        assert r["peak_bytes"] is None, r
+        assert r["step_peak_bytes"] is None or r["step_peak_bytes"] > 0, r
+# Same weights and tokens: the two engines' losses agree.
+loss = {(r["engine"], r["strategy"], r["seq_len"]): r["loss"] for r in rows}
+for (e, s, t) in want:
+    if e == "seqgrad":
+        a, b = loss[(e, s, t)], loss[("torch", s, t)]
+        assert abs(a - b) <= 1e-3 * abs(b), (s, t, a, b)
+assert len(d["ratios"]) == 4, d["ratios"]
+assert d["config"]["model"] == "tiny"
+budget = {b["strategy"]: b for b in d["budget"]}
+assert set(budget) == {"full", "ckpt"}, budget
+for b in budget.values():
+    assert b["budget_bytes"] == 1500000 and 0 <= b["max_seq_len_in_budget"] <= 65536, b
+    fits = [p["seq_len"] for p in b["probes"] if p.get("peak_bytes", 1 << 62) <= 1500000]
+    assert b["max_seq_len_in_budget"] == max(fits, default=0), b
+
+svg = path[:-5] + ".svg"
+root = ET.parse(svg).getroot()
+assert root.tag.endswith("svg"), root.tag
+texts = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
+for word in ("peak memory vs T", "time vs T", "seqgrad full", "torch ckpt"):
+    assert word in texts, (word, texts)
+print("bench smoke test OK:", len(rows), "rows")
+PY

@@ -1,0 +1,314 @@
+"""PyTorch reference for //examples:bench: the same Llama/Qwen2 model in plain torch ops, timed the same way.
+
+bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
+sequences to a directory and runs this script with the pinned /usr/bin/python3. For each strategy and sequence
+length it times best-of-N of one gradient computation (zero grads, forward, loss.backward()) after warm-up:
+  full: plain autograd (every activation kept)
+  ckpt: torch.utils.checkpoint around each decoder layer (recomputed in backward)
+and prints one JSON object {"rows": [...], ...} as the last line of stdout (progress goes to stderr).
+
+Peak memory is not visible to seqgrad's allocator here: rows carry peak_bytes = null and
+  rss_delta_bytes: growth of the process's peak RSS during a timed step (VmHWM after minus VmRSS before; VmHWM is
+                   reset through /proc/self/clear_refs), null where the kernel does not allow that;
+  step_peak_bytes: peak bytes held by torch's CPU allocator during one extra, profiled step, above what it held
+                   before (torch.profiler memory events), null where the profiler cannot say;
+  resting_bytes:   weights + gradients, allocated between steps (seqgrad's peak_bytes includes them).
+
+usage: bench_torch.py --model_dir D --seq_dir S --strategies full,ckpt --seq_lens 1024,2048 \
+                      --repeats 3 --warmup 1 --threads 2
+The sequence for length T is S/seq_<T>.i32: T little-endian int32 input ids, then T labels (-100 = ignored).
+"""
+import argparse
+import json
+import math
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+STRATEGIES = ("full", "ckpt")
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- a tiny safetensors reader ---------------------------------------------------------------------------------
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
+
+
+def read_safetensors(path):
+    """name -> float tensor (bf16 is widened through its bit pattern; numpy has no bfloat16)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = data[base + begin:base + end]
+        shape = info["shape"]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            arr = bits.view(np.float32)
+        elif info["dtype"] in _ST_DTYPES:
+            arr = np.frombuffer(raw, dtype=_ST_DTYPES[info["dtype"]])
+        else:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {info['dtype']}")
+        out[name] = torch.from_numpy(arr.copy()).reshape(shape)
+    return out
+
+
+# --- the model --------------------------------------------------------------------------------------------------
+def rope_inv_freq(cfg):
+    """Same as sg::RopeInverseFrequencies (Llama-3 scaling when the config asks for it), in float64."""
+    hd = cfg["head_dim"]
+    inv = [cfg.get("rope_theta", 10000.0) ** (-2.0 * i / hd) for i in range(hd // 2)]
+    rs = cfg.get("rope_scaling")
+    if rs:
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind != "llama3":
+            raise ValueError(f"rope_scaling type {kind!r} is not supported")
+        old = float(rs["original_max_position_embeddings"])
+        low, high, factor = rs["low_freq_factor"], rs["high_freq_factor"], rs["factor"]
+        out = []
+        for f in inv:
+            wavelen = 2 * math.pi / f
+            if wavelen < old / high:
+                out.append(f)
+            elif wavelen > old / low:
+                out.append(f / factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                out.append((1 - smooth) * f / factor + smooth * f)
+        inv = out
+    return torch.tensor(inv, dtype=torch.float64)
+
+
+class Llama:
+    """Llama / Qwen2 decoder (GQA, RoPE, RMSNorm, SwiGLU) over a single sequence [T]."""
+
+    def __init__(self, cfg, tensors, dtype):
+        self.cfg = cfg
+        self.L = cfg["num_hidden_layers"]
+        self.H = cfg["num_attention_heads"]
+        self.KV = cfg.get("num_key_value_heads") or self.H
+        self.hd = cfg.get("head_dim") or cfg["hidden_size"] // self.H
+        self.eps = cfg["rms_norm_eps"]
+        self.dtype = dtype
+        self.inv_freq = rope_inv_freq(dict(cfg, head_dim=self.hd))
+        self.p = {}
+        for name, t in tensors.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            self.p[name] = t.to(dtype).requires_grad_(True)
+        if "lm_head.weight" not in self.p:
+            if not cfg.get("tie_word_embeddings", False):
+                raise ValueError("model.safetensors has no lm_head.weight and the embeddings are not tied")
+            self.head = self.p["model.embed_tokens.weight"]
+        else:
+            self.head = self.p["lm_head.weight"]
+
+    def params(self):
+        return list(self.p.values())
+
+    def rope_tables(self, T):
+        pos = torch.arange(T, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
+        cos = torch.cat([pos.cos(), pos.cos()], dim=-1).to(self.dtype)  # [T, hd]
+        sin = torch.cat([pos.sin(), pos.sin()], dim=-1).to(self.dtype)
+        return cos[None], sin[None]  # [1, T, hd]
+
+    def rms_norm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    @staticmethod
+    def rope(x, cos, sin):  # x [heads, T, hd]; HF rotate_half convention
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def layer(self, i, x, cos, sin, mask):
+        p = self.p
+        pre = f"model.layers.{i}."
+        T = x.shape[0]
+        xn = self.rms_norm(x, p[pre + "input_layernorm.weight"])
+        q = F.linear(xn, p[pre + "self_attn.q_proj.weight"], p.get(pre + "self_attn.q_proj.bias"))
+        k = F.linear(xn, p[pre + "self_attn.k_proj.weight"], p.get(pre + "self_attn.k_proj.bias"))
+        v = F.linear(xn, p[pre + "self_attn.v_proj.weight"], p.get(pre + "self_attn.v_proj.bias"))
+        q = q.view(T, self.H, self.hd).transpose(0, 1)   # [H, T, hd]
+        k = k.view(T, self.KV, self.hd).transpose(0, 1)  # [KV, T, hd]
+        v = v.view(T, self.KV, self.hd).transpose(0, 1)
+        q = self.rope(q, cos, sin)
+        k = self.rope(k, cos, sin)
+        group = self.H // self.KV
+        if group > 1:  # query head h reads kv head h // group
+            k = k.repeat_interleave(group, dim=0)
+            v = v.repeat_interleave(group, dim=0)
+        if hasattr(F, "scaled_dot_product_attention"):
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0: plain causal softmax attention
+            s = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(self.hd))
+            a = torch.bmm(torch.softmax(s, dim=-1), v)
+        a = a.transpose(0, 1).reshape(T, self.H * self.hd)
+        h = x + F.linear(a, p[pre + "self_attn.o_proj.weight"])
+        hn = self.rms_norm(h, p[pre + "post_attention_layernorm.weight"])
+        g = F.linear(hn, p[pre + "mlp.gate_proj.weight"])
+        u = F.linear(hn, p[pre + "mlp.up_proj.weight"])
+        return h + F.linear(F.silu(g) * u, p[pre + "mlp.down_proj.weight"])
+
+    def loss(self, ids, labels, valid, strategy):
+        """Mean token loss over the valid labels (the scaling seqgrad's Trainer::ComputeGradients uses)."""
+        T = ids.shape[0]
+        cos, sin = self.rope_tables(T)
+        mask = None
+        if not hasattr(F, "scaled_dot_product_attention"):
+            mask = torch.full((T, T), float("-inf"), dtype=self.dtype).triu_(1)[None]
+        x = F.embedding(ids, self.p["model.embed_tokens.weight"])
+        for i in range(self.L):
+            if strategy == "ckpt":
+                x = torch.utils.checkpoint.checkpoint(self.layer, i, x, cos, sin, mask)
+            else:
+                x = self.layer(i, x, cos, sin, mask)
+        hn = self.rms_norm(x, self.p["model.norm.weight"])
+        logits = F.linear(hn, self.head)
+        return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / valid
+
+
+# --- measurement ------------------------------------------------------------------------------------------------
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def reset_peak_rss():
+    """Resets VmHWM to the current RSS; returns the current RSS in bytes, or None when not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        kib = _status_kib("VmRSS")
+        return None if kib is None else kib * 1024
+    except OSError:
+        return None
+
+
+def peak_rss():
+    kib = _status_kib("VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def allocator_peak(step):
+    """Peak bytes the torch CPU allocator holds during step() above what it held before (torch.profiler memory
+    events, replayed in order), or None when the profiler cannot say."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    except Exception as e:  # an older/newer profiler API: leave the field empty
+        log(f"torch.profiler memory events unavailable: {e}")
+        return None
+    events.sort(key=lambda e: e.start_us())  # stable: ties keep the recorded order
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model_dir", required=True)
+    ap.add_argument("--seq_dir", required=True)
+    ap.add_argument("--strategies", default="full,ckpt")
+    ap.add_argument("--seq_lens", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
+    ap.add_argument("--no_profile_memory", action="store_true",
+                    help="skip the extra (untimed) profiled step that measures the allocator peak")
+    args = ap.parse_args()
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dtype = torch.float32 if args.dtype == "f32" else torch.float64
+    with open(f"{args.model_dir}/config.json") as f:
+        cfg = json.load(f)
+    model = Llama(cfg, read_safetensors(f"{args.model_dir}/model.safetensors"), dtype)
+    params = model.params()
+    # Weights and (after the first backward) gradients: what stays allocated between steps, as in seqgrad.
+    resting = 2 * sum(p.numel() * p.element_size() for p in params)
+
+    strategies = [s for s in args.strategies.split(",") if s]
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise SystemExit(f"bench_torch.py: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
+    seq_lens = [int(t) for t in args.seq_lens.split(",") if t]
+
+    rows = []
+    for strategy in strategies:
+        for T in seq_lens:
+            raw = np.fromfile(f"{args.seq_dir}/seq_{T}.i32", dtype="<i4")
+            if raw.size != 2 * T:
+                raise SystemExit(f"bench_torch.py: seq_{T}.i32 holds {raw.size} int32, expected {2 * T}")
+            ids = torch.from_numpy(raw[:T].astype(np.int64))
+            labels = torch.from_numpy(raw[T:].astype(np.int64))
+            valid = int((labels >= 0).sum())
+
+            def step():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.zero_()
+                loss = model.loss(ids, labels, valid, strategy)
+                loss.backward()
+                return float(loss)
+
+            for _ in range(args.warmup):
+                step()
+            best, loss, rss = math.inf, None, None
+            for _ in range(max(1, args.repeats)):
+                base = reset_peak_rss()
+                t0 = time.perf_counter()
+                loss = step()
+                dt = time.perf_counter() - t0
+                best = min(best, dt)
+                top = peak_rss()
+                if base is not None and top is not None:
+                    rss = max(rss or 0, top - base)
+            alloc = None if args.no_profile_memory else allocator_peak(step)
+            log(f"torch {strategy:>5} T={T:>6}: {best:.4f} s  {T / best:,.0f} tok/s  loss {loss:.5f}"
+                + ("" if alloc is None else f"  step peak {alloc / 2**20:.1f} MiB"))
+            rows.append({
+                "engine": "torch",
+                "strategy": strategy,
+                "seq_len": T,
+                "time_s": best,
+                "tokens_per_s": T / best,
+                "loss": loss,
+                "peak_bytes": None,
+                "rss_delta_bytes": rss,
+                # torch's CPU allocator: peak above the resting state during one step, and the resting state.
+                "step_peak_bytes": alloc,
+                "resting_bytes": resting,
+            })
+    print(json.dumps({
+        "rows": rows,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "attention": "scaled_dot_product_attention" if hasattr(F, "scaled_dot_product_attention")
+                     else "baddbmm+softmax+bmm",
+    }))
+
+
+if __name__ == "__main__":
+    main()
