@@ -12,61 +12,49 @@ namespace sg {
 
 absl::Status RetrievalTask::Validate() const {
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
-  const int64_t filler = vocab - kFirstKey - num_pairs - num_values;
+  const int64_t filler = vocab - kFirstKey - num_keys - num_values - num_keys * num_values;
   if (filler < 1)
-    return absl::InvalidArgumentError(absl::StrCat("retrieval task: vocab ", vocab, " too small for ", num_pairs,
+    return absl::InvalidArgumentError(absl::StrCat("retrieval task: vocab ", vocab, " too small for ", num_keys,
                                                    " keys and ", num_values, " values"));
-  if (seq_len < 6 * num_pairs + 2)
-    return absl::InvalidArgumentError(
-        absl::StrCat("retrieval task: --seq_len ", seq_len, " too short for ", num_pairs, " key-value pairs (need >= ",
-                     6 * num_pairs + 2, ")"));
+  if (seq_len < num_keys + 4 * num_queries)
+    return absl::InvalidArgumentError(absl::StrCat("retrieval task: --seq_len ", seq_len, " too short for ",
+                                                   num_keys, " keys and ", num_queries, " queries (need >= ",
+                                                   num_keys + 4 * num_queries, ")"));
   return absl::OkStatus();
 }
 
 Sequence RetrievalTask::Make(uint64_t seed, int64_t index, std::vector<int64_t>* distances) const {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index));
-  const int32_t first_value = static_cast<int32_t>(vocab - num_values);
-  const int32_t first_filler = static_cast<int32_t>(kFirstKey + num_pairs);
-  std::uniform_int_distribution<int32_t> filler(first_filler, first_value - 1);
-  std::uniform_int_distribution<int32_t> value(first_value, static_cast<int32_t>(vocab - 1));
+  const int32_t first_value = static_cast<int32_t>(kFirstKey + num_keys);
+  const int32_t first_pair = static_cast<int32_t>(first_value + num_values);
+  const int32_t first_filler = static_cast<int32_t>(first_pair + num_keys * num_values);
+  std::uniform_int_distribution<int32_t> filler(first_filler, static_cast<int32_t>(vocab - 1));
+  std::uniform_int_distribution<int32_t> value(0, static_cast<int32_t>(num_values - 1));
 
-  // T + 1 tokens: inputs are [0, T), labels are the next tokens.
-  const int64_t total = seq_len + 1;
-  std::vector<int32_t> tok(total);
+  std::vector<int32_t> tok(seq_len);
   for (int32_t& t : tok) t = filler(rng);
-  const int64_t query_start = total - 3 * num_pairs;
-
-  // Non-overlapping slots of 3 tokens in [0, query_start), chosen uniformly.
-  const int64_t slots = query_start / 3;
-  std::vector<int64_t> slot(slots);
-  std::iota(slot.begin(), slot.end(), 0);
-  std::shuffle(slot.begin(), slot.end(), rng);
-  std::vector<int64_t> key_pos(num_pairs);
-  std::vector<int32_t> key_value(num_pairs);
-  for (int64_t k = 0; k < num_pairs; ++k) {
-    const int64_t p = slot[k] * 3;
-    key_pos[k] = p + 1;
+  const int64_t query_start = seq_len - 2 * num_queries;
+  std::vector<int64_t> pos(query_start);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::shuffle(pos.begin(), pos.end(), rng);
+  std::vector<int32_t> key_value(num_keys);
+  for (int64_t k = 0; k < num_keys; ++k) {
     key_value[k] = value(rng);
-    tok[p] = kPairMark;
-    tok[p + 1] = static_cast<int32_t>(kFirstKey + k);
-    tok[p + 2] = key_value[k];
+    tok[pos[k]] = static_cast<int32_t>(first_pair + k * num_values + key_value[k]);
   }
-  std::vector<int64_t> order(num_pairs);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
+  std::uniform_int_distribution<int64_t> query_key(0, num_keys - 1);
 
   Sequence s;
   s.labels.assign(seq_len, -100);
   if (distances) distances->clear();
-  for (int64_t i = 0; i < num_pairs; ++i) {
-    const int64_t k = order[i], p = query_start + 3 * i;
+  for (int64_t i = 0; i < num_queries; ++i) {
+    const int64_t k = query_key(rng), p = query_start + 2 * i;
     tok[p] = kQueryMark;
     tok[p + 1] = static_cast<int32_t>(kFirstKey + k);
-    tok[p + 2] = key_value[k];
-    s.labels[p + 1] = key_value[k];  // at the query's key, predict the value
-    if (distances) distances->push_back(p + 1 - key_pos[k]);
+    s.labels[p + 1] = first_value + key_value[k];  // at the query's key, predict the value
+    if (distances) distances->push_back(p + 1 - pos[k]);
   }
-  s.ids.assign(tok.begin(), tok.end() - 1);
+  s.ids = std::move(tok);
   return s;
 }
 

@@ -10,22 +10,23 @@
 
 namespace sg {
 
-// Key-value retrieval: (KV_MARK key value) triples scattered over a long sequence of filler tokens, then a block
-// of (QUERY key value) triples at the end. Only the queried values are labelled, so the loss falls below
-// log(num_values) only by attending back to where the key appeared.
+// Key-value retrieval. Pair tokens, each standing for one (key, value), are scattered over a long sequence of
+// filler tokens; a block of (QUERY key) queries ends the sequence, labelled with the value paired with that key.
+// The loss falls below log(num_values) only by attending back to where the key's pair token appeared.
+// Token ids: 0 unused, 1 query mark, then keys, values, pair tokens (key-major), filler.
 struct RetrievalTask {
   int64_t seq_len = 4096;
   int64_t vocab = 128;
-  int64_t num_pairs = 32;
-  int64_t num_values = 16;
+  int64_t num_keys = 16;
+  int64_t num_values = 4;
+  int64_t num_queries = 128;  // keys are queried in random order, each several times
 
-  static constexpr int32_t kPairMark = 1;
-  static constexpr int32_t kQueryMark = 2;
-  static constexpr int32_t kFirstKey = 3;
+  static constexpr int32_t kQueryMark = 1;
+  static constexpr int32_t kFirstKey = 2;
 
   absl::Status Validate() const;
   // Deterministic in (seed, index). distances (if not null) gets, per labelled position, the distance between
-  // the query and the key's earlier occurrence.
+  // the query and its key's pair token.
   Sequence Make(uint64_t seed, int64_t index, std::vector<int64_t>* distances = nullptr) const;
 };
 

@@ -403,8 +403,9 @@ constexpr char kSeedQwen2Config[] = R"({
   "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
   "vocab_size": 151, "hidden_size": 56, "num_hidden_layers": 3, "num_attention_heads": 14,
   "num_key_value_heads": 2, "intermediate_size": 48, "rms_norm_eps": 1e-06,
-  "rope_theta": 1000000.0, "max_position_embeddings": 32768, "tie_word_embeddings": false,
-  "use_sliding_window": false, "rope_scaling": null})";
+  "max_position_embeddings": 32768, "tie_word_embeddings": false, "use_sliding_window": false,
+  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+  "layer_types": ["full_attention", "full_attention", "full_attention"]})";
 
 TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
   Random random(4242);
@@ -413,8 +414,10 @@ TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
       "architectures", "model_type", "hidden_act", "vocab_size", "hidden_size",
       "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
       "intermediate_size", "rms_norm_eps", "rope_theta", "max_position_embeddings",
-      "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "rope_scaling"};
-  const std::vector<std::string> rope_fields = {"rope_type", "type", "factor", "low_freq_factor",
+      "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "rope_scaling",
+      "rope_parameters", "layer_types"};
+  const std::vector<std::string> rope_fields = {"rope_type", "type", "rope_theta", "factor",
+                                                "low_freq_factor",
                                                 "high_freq_factor",
                                                 "original_max_position_embeddings"};
   int accepted = 0;
@@ -427,13 +430,15 @@ TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
       switch (random.Below(6)) {
         case 0: config.erase(field); break;
         case 1: config[field] = random.InterestingNumber(); break;
-        case 2:
-          if (config["rope_scaling"].is_object()) {
-            config["rope_scaling"][random.Pick(rope_fields)] = random.Value();
+        case 2: {
+          const char* block = random.OneIn(2) ? "rope_scaling" : "rope_parameters";
+          if (config[block].is_object()) {
+            config[block][random.Pick(rope_fields)] = random.Value();
           } else {
-            config["rope_scaling"] = {{"rope_type", "llama3"}};
+            config[block] = {{"rope_type", "llama3"}};
           }
           break;
+        }
         default: config[field] = random.Value();
       }
     }
@@ -458,6 +463,7 @@ TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
     ASSERT_EQ(reread->num_kv_heads, parsed->num_kv_heads);
     ASSERT_EQ(reread->head_dim, parsed->head_dim);
     ASSERT_EQ(reread->rope_scaling.enabled, parsed->rope_scaling.enabled);
+    ASSERT_EQ(reread->rope_theta, parsed->rope_theta);
   }
   EXPECT_GT(accepted, kCases / 50);
 }

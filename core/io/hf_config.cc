@@ -143,38 +143,66 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"));
 }
 
-absl::StatusOr<RopeScaling> ParseRopeScaling(const FieldReader& fields,
-                                             const std::string& source_name) {
-  RopeScaling scaling;
-  const json* value = fields.Get("rope_scaling");
-  if (value == nullptr) return scaling;
-  if (!value->is_object()) {
-    return fields.Error("rope_scaling",
-                        absl::StrCat("must be an object or null, got ", JsonTypeName(*value)));
+// Sets rope_theta and rope_scaling. transformers >= 5 writes one
+// "rope_parameters" object (rope_theta inside it); older versions write a
+// top-level "rope_theta" plus "rope_scaling".
+absl::Status ParseRope(const FieldReader& fields, const std::string& source_name,
+                       TransformerConfig& config) {
+  SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
+  const std::string block_name = fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  const json* block = fields.Get(block_name);
+  if (block == nullptr) return absl::OkStatus();
+  if (!block->is_object()) {
+    return fields.Error(block_name,
+                        absl::StrCat("must be an object or null, got ", JsonTypeName(*block)));
   }
-  const FieldReader rope(*value, source_name, "rope_scaling.");
+  const FieldReader rope(*block, source_name, block_name + ".");
+  SG_IO_ASSIGN_OR_RETURN(config.rope_theta, rope.PositiveNumber("rope_theta", config.rope_theta));
   // Newer configs say "rope_type", older ones "type".
   std::optional<std::string> type;
   SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
   if (!type) SG_IO_ASSIGN_OR_RETURN(type, rope.String("type"));
   if (!type) return rope.Error("rope_type", "is missing");
-  if (*type == "default") return scaling;
+  if (*type == "default") return absl::OkStatus();
   if (*type != "llama3") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": unsupported rope_scaling type '", *type,
-                     "' (supported: llama3, default)"));
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": unsupported ", block_name,
+                                                   " type '", *type,
+                                                   "' (supported: llama3, default)"));
   }
+  RopeScaling& scaling = config.rope_scaling;
   scaling.enabled = true;
   SG_IO_ASSIGN_OR_RETURN(scaling.factor, rope.PositiveNumber("factor"));
   SG_IO_ASSIGN_OR_RETURN(scaling.low_freq_factor, rope.PositiveNumber("low_freq_factor"));
   SG_IO_ASSIGN_OR_RETURN(scaling.high_freq_factor, rope.PositiveNumber("high_freq_factor"));
   SG_IO_ASSIGN_OR_RETURN(scaling.original_max_position_embeddings,
-                      rope.PositiveInt("original_max_position_embeddings"));
+                         rope.PositiveInt("original_max_position_embeddings"));
   // The llama3 wavelength interpolation divides by their difference.
   if (scaling.high_freq_factor <= scaling.low_freq_factor) {
     return rope.Error("high_freq_factor", "must be greater than low_freq_factor");
   }
-  return scaling;
+  return absl::OkStatus();
+}
+
+// transformers >= 5 lists each layer's attention kind; only full attention
+// is implemented.
+absl::Status CheckLayerTypes(const FieldReader& fields) {
+  const json* layer_types = fields.Get("layer_types");
+  if (layer_types == nullptr) return absl::OkStatus();
+  if (!layer_types->is_array()) {
+    return fields.Error("layer_types",
+                        absl::StrCat("must be an array, got ", JsonTypeName(*layer_types)));
+  }
+  for (const json& type : *layer_types) {
+    if (type != "full_attention") {
+      return fields.Error(
+          "layer_types",
+          absl::StrCat("has ",
+                       type.is_string() ? absl::StrCat("'", type.get_ref<const std::string&>(), "'")
+                                        : JsonTypeName(type),
+                       "; only 'full_attention' is supported"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -217,10 +245,9 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
   // Defaults are those of HF's LlamaConfig / Qwen2Config.
   SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
-  SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
                       fields.PositiveInt("max_position_embeddings", is_qwen2 ? 32768 : 2048));
-  SG_IO_ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(fields, source_name));
+  if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
   SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // Qwen2 always has q/k/v biases; Llama has them only when asked.
   if (is_qwen2) {
@@ -242,6 +269,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   bool sliding_window;
   SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
   if (sliding_window) return fields.Error("use_sliding_window", "is true, which is not supported");
+  if (absl::Status status = CheckLayerTypes(fields); !status.ok()) return status;
   return config;
 }
 

@@ -194,6 +194,36 @@ TEST(HfConfigTest, RopeScalingOldTypeKeyAndDefault) {
   EXPECT_FALSE(plain->rope_scaling.enabled);
 }
 
+// transformers >= 5 writes "rope_parameters", with rope_theta inside.
+TEST(HfConfigTest, RopeParametersOfTransformers5) {
+  absl::StatusOr<TransformerConfig> config = Parse(MinimalLlama(
+      R"(, "rope_parameters": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192,
+                               "rope_theta": 500000.0, "rope_type": "llama3"})"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
+  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.original_max_position_embeddings, 8192);
+
+  absl::StatusOr<TransformerConfig> plain = Parse(MinimalLlama(
+      R"(, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+          "layer_types": ["full_attention", "full_attention"])"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_DOUBLE_EQ(plain->rope_theta, 1e6);
+  EXPECT_FALSE(plain->rope_scaling.enabled);
+
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn"})")),
+      {"config.json: unsupported rope_parameters type 'yarn'"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_parameters": {"rope_theta": "big", "rope_type": "default"})")),
+      {"config.json: field 'rope_parameters.rope_theta' must be a number, got string"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "layer_types": ["full_attention", "sliding_attention"])")),
+      {"config.json: field 'layer_types' has 'sliding_attention'; only 'full_attention' is "
+       "supported"});
+}
+
 TEST(HfConfigTest, WrittenJsonParsesBackUnchanged) {
   for (const char* text : {kLlama32Config, kQwen2Config, kTinyLlamaConfig}) {
     absl::StatusOr<TransformerConfig> original = Parse(text);

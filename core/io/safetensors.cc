@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -376,8 +377,29 @@ bool PathExists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-// Builds the header (length prefix, JSON, space padding) for `tensors`, and
-// checks everything the reader would check. Errors name `target`.
+// Only for tensors BuildHeader accepted, whose sizes are known to fit.
+size_t TensorByteSize(const TensorToWrite& tensor) {
+  size_t numel = 1;
+  for (int64_t dim : tensor.shape) numel *= static_cast<size_t>(dim);
+  return numel * DTypeSize(tensor.dtype);
+}
+
+// Data-section order: larger elements first (stable), as HF's writer does.
+// The data section starts 8-byte aligned, so every tensor then starts at a
+// multiple of its element size, which loaders that view mapped bytes as the
+// element type (torch among them) require.
+std::vector<size_t> DataOrder(const std::vector<TensorToWrite>& tensors) {
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return DTypeSize(tensors[a].dtype) > DTypeSize(tensors[b].dtype);
+  });
+  return order;
+}
+
+// Builds the header (length prefix, JSON, space padding) for `tensors` laid
+// out in DataOrder, and checks everything the reader would check. Errors
+// name `target`.
 absl::StatusOr<std::string> BuildHeader(const std::string& target,
                                         const std::vector<TensorToWrite>& tensors,
                                         const std::map<std::string, std::string>& metadata) {
@@ -396,7 +418,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& target,
   header[std::string(kMetadataKey)] = std::move(metadata_json);
 
   std::set<std::string_view> seen_names;
-  uint64_t offset = 0;
+  uint64_t total_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorToWrite& tensor = tensors[i];
     if (tensor.name.empty()) return error("tensor #", i, " has an empty name");
@@ -406,8 +428,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& target,
     if (!seen_names.insert(tensor.name).second) {
       return error("tensor '", tensor.name, "' appears twice");
     }
-    const std::optional<StDType> dtype = FileDType(tensor.dtype);
-    if (!dtype) {
+    if (!FileDType(tensor.dtype)) {
       return error("tensor '", tensor.name, "': unsupported dtype ",
                    static_cast<int>(tensor.dtype));
     }
@@ -420,11 +441,16 @@ absl::StatusOr<std::string> BuildHeader(const std::string& target,
     if (bytes > 0 && tensor.data == nullptr) {
       return error("tensor '", tensor.name, "': data is null");
     }
-    uint64_t end;
-    if (__builtin_add_overflow(offset, bytes, &end)) {
+    if (__builtin_add_overflow(total_bytes, bytes, &total_bytes)) {
       return error("tensor '", tensor.name, "': total data size overflows");
     }
-    header[tensor.name] = {{"dtype", std::string(StDTypeName(*dtype))},
+  }
+
+  uint64_t offset = 0;
+  for (size_t i : DataOrder(tensors)) {
+    const TensorToWrite& tensor = tensors[i];
+    const uint64_t end = offset + TensorByteSize(tensor);
+    header[tensor.name] = {{"dtype", std::string(StDTypeName(*FileDType(tensor.dtype)))},
                            {"shape", tensor.shape},
                            {"data_offsets", {offset, end}}};
     offset = end;
@@ -438,12 +464,6 @@ absl::StatusOr<std::string> BuildHeader(const std::string& target,
     prefixed[i] = static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff);
   }
   return prefixed + text;
-}
-
-size_t TensorByteSize(const TensorToWrite& tensor) {
-  size_t numel = 1;
-  for (int64_t dim : tensor.shape) numel *= static_cast<size_t>(dim);
-  return numel * DTypeSize(tensor.dtype);
 }
 
 absl::Status WriteFully(std::FILE* file, const void* data, size_t size, const std::string& path) {
@@ -481,7 +501,8 @@ absl::Status WriteTemporary(const std::string& temp_path, const std::string& hea
         absl::StrCat(temp_path, ": cannot create: ", std::strerror(errno)));
   }
   absl::Status status = WriteFully(file, header.data(), header.size(), temp_path);
-  for (size_t i = 0; status.ok() && i < tensors.size(); ++i) {
+  for (size_t i : DataOrder(tensors)) {
+    if (!status.ok()) break;
     status = WriteFully(file, tensors[i].data, TensorByteSize(tensors[i]), temp_path);
   }
   if (status.ok() && (std::fflush(file) != 0 || fsync(fileno(file)) != 0)) {
@@ -756,9 +777,9 @@ absl::StatusOr<std::string> SerializeSafetensors(
     const std::map<std::string, std::string>& metadata) {
   absl::StatusOr<std::string> bytes = BuildHeader("SerializeSafetensors", tensors, metadata);
   if (!bytes.ok()) return bytes.status();
-  for (const TensorToWrite& tensor : tensors) {
-    const size_t size = TensorByteSize(tensor);
-    if (size > 0) bytes->append(static_cast<const char*>(tensor.data), size);
+  for (size_t i : DataOrder(tensors)) {
+    const size_t size = TensorByteSize(tensors[i]);
+    if (size > 0) bytes->append(static_cast<const char*>(tensors[i].data), size);
   }
   return bytes;
 }

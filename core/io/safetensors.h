@@ -115,9 +115,11 @@ struct TensorToWrite {
   const void* data = nullptr;  // numel * DTypeSize(dtype) bytes, host memory
 };
 
-// The complete file contents (header padded with spaces to a multiple of 8
-// bytes, then tensor data in the given order). "format": "pt" is added to the
-// metadata unless it already has a "format" key, as HF loaders expect it.
+// The complete file contents: header padded with spaces to a multiple of 8
+// bytes, then tensor data ordered by element size, largest first (otherwise
+// in the given order), so that every tensor is aligned to its element size as
+// in files HF writes. "format": "pt" is added to the metadata unless it
+// already has a "format" key, as HF loaders expect it.
 absl::StatusOr<std::string> SerializeSafetensors(
     const std::vector<TensorToWrite>& tensors,
     const std::map<std::string, std::string>& metadata = {});

@@ -203,6 +203,32 @@ TEST(SafetensorsTest, WriterLayoutIsHuggingFaceCompatible) {
   EXPECT_EQ(bytes.substr(8 + header_length), std::string(reinterpret_cast<const char*>(values.data()), 12));
 }
 
+TEST(SafetensorsTest, WriterAlignsEveryTensorToItsElementSize) {
+  const std::vector<uint16_t> odd_bf16 = {1, 2, 3};
+  const std::vector<float> f32 = {4, 5};
+  const std::vector<double> f64 = {6};
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(
+      {{"odd", DType::kBF16, {3}, odd_bf16.data()},
+       {"f32", DType::kF32, {2}, f32.data()},
+       {"f64", DType::kF64, {1}, f64.data()}});
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::FromBytes(*bytes, "aligned");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors().size(), 3);
+  EXPECT_EQ(file->tensors()[0].name, "f64");
+  EXPECT_EQ(file->tensors()[1].name, "f32");
+  EXPECT_EQ(file->tensors()[2].name, "odd");
+  for (const TensorInfo& info : file->tensors()) {
+    EXPECT_EQ(info.data_begin % StDTypeSize(info.dtype), 0) << info.name;
+  }
+  std::vector<uint16_t> read(3);
+  ASSERT_TRUE(file->ReadInto("odd", {3}, DType::kBF16, read.data()).ok());
+  EXPECT_EQ(read, odd_bf16);
+  double read_f64 = 0;
+  ASSERT_TRUE(file->ReadInto("f64", {1}, DType::kF64, &read_f64).ok());
+  EXPECT_EQ(read_f64, 6.0);
+}
+
 TEST(SafetensorsTest, WriteReplacesAtomicallyAndLeavesNoTemporaryFile) {
   const std::string dir = TestDir();
   const std::string path = dir + "/model.safetensors";

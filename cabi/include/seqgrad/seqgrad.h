@@ -201,7 +201,7 @@ SG_API sg_status* sg_trainer_compute_gradients(sg_trainer* trainer, const int32_
 /* compute_gradients, then clipping + AdamW. */
 SG_API sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out);
-/* Clipping + AdamW with the gradients held now. out may be NULL. */
+/* Clipping + AdamW with the gradients held now; out (may be NULL) gets loss/tokens of the last compute_gradients. */
 SG_API sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out);
 /* Optimizer steps taken so far; -1 for NULL. */
 SG_API int64_t sg_trainer_step_count(const sg_trainer* trainer);

@@ -1,0 +1,277 @@
+// JNI glue for org.seqgrad.NativeApi over the seqgrad C ABI (seqgrad/seqgrad.h) only.
+// Failed statuses become org.seqgrad.SeqgradException(code, message); no C++ exception leaves this file.
+#include <jni.h>
+
+#include <string>
+#include <vector>
+
+#include "seqgrad/seqgrad.h"
+
+namespace {
+
+JavaVM* g_vm = nullptr;
+
+void ThrowCode(JNIEnv* env, int code, const std::string& msg) {
+  jclass cls = env->FindClass("org/seqgrad/SeqgradException");
+  if (!cls) return;  // NoClassDefFoundError pending
+  jmethodID ctor = env->GetMethodID(cls, "<init>", "(ILjava/lang/String;)V");
+  if (!ctor) return;
+  jstring jmsg = env->NewStringUTF(msg.c_str());
+  jobject exc = env->NewObject(cls, ctor, static_cast<jint>(code), jmsg);
+  if (exc) env->Throw(static_cast<jthrowable>(exc));
+}
+
+// Throws for a failed status (frees it); returns true when it threw.
+bool Failed(JNIEnv* env, sg_status* st) {
+  if (!st) return false;
+  ThrowCode(env, sg_status_code(st), sg_status_message(st));
+  sg_status_free(st);
+  return true;
+}
+
+std::string Str(JNIEnv* env, jstring s) {
+  if (!s) return std::string();
+  const char* c = env->GetStringUTFChars(s, nullptr);
+  std::string r = c ? c : "";
+  if (c) env->ReleaseStringUTFChars(s, c);
+  return r;
+}
+
+// Per-trainer JNI state: the C trainer plus a global ref to the Java Trainer receiving progress events.
+struct JTrainer {
+  sg_trainer* t = nullptr;
+  jobject owner = nullptr;      // global ref to org.seqgrad.Trainer
+  jthrowable pending = nullptr; // global ref to an exception thrown by the listener
+};
+
+void OnProgress(void* user, const sg_progress* p) {
+  auto* jt = static_cast<JTrainer*>(user);
+  JNIEnv* env = nullptr;
+  if (!g_vm || g_vm->GetEnv(reinterpret_cast<void**>(&env), JNI_VERSION_1_8) != JNI_OK || !env) return;
+  if (jt->pending) return;
+  jclass cls = env->GetObjectClass(jt->owner);
+  jmethodID m = env->GetMethodID(cls, "onProgress", "(JDJDI)V");
+  env->DeleteLocalRef(cls);
+  if (!m) {
+    env->ExceptionClear();
+    return;
+  }
+  env->CallVoidMethod(jt->owner, m, static_cast<jlong>(p->step), p->loss, static_cast<jlong>(p->tokens),
+                      p->grad_norm, static_cast<jint>(p->phase));
+  if (jthrowable e = env->ExceptionOccurred()) {
+    env->ExceptionClear();
+    jt->pending = static_cast<jthrowable>(env->NewGlobalRef(e));
+    env->DeleteLocalRef(e);
+  }
+}
+
+jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
+  // [loss, tokens, grad_norm, step, peak_bytes, seconds, peak_by_category x8, at_peak_by_category x8]
+  std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
+                            static_cast<double>(m.peak_bytes), m.seconds};
+  for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
+  for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
+  jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
+  if (a) env->SetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
+  return a;
+}
+
+sg_model* M(jlong h) { return reinterpret_cast<sg_model*>(h); }
+JTrainer* T(jlong h) { return reinterpret_cast<JTrainer*>(h); }
+
+}  // namespace
+
+#define JNI_FN(ret, name) extern "C" JNIEXPORT ret JNICALL Java_org_seqgrad_NativeApi_##name
+#define GUARD_BEGIN try {
+#define GUARD_END(ret)                                          \
+  }                                                             \
+  catch (const std::exception& e) {                             \
+    ThrowCode(env, SG_ERR_INTERNAL, e.what());                  \
+  }                                                             \
+  catch (...) {                                                 \
+    ThrowCode(env, SG_ERR_UNKNOWN, "unknown C++ exception");    \
+  }                                                             \
+  return ret;
+
+extern "C" JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM* vm, void*) {
+  g_vm = vm;
+  return JNI_VERSION_1_8;
+}
+
+JNI_FN(jstring, version)(JNIEnv* env, jclass) { return env->NewStringUTF(sg_version()); }
+
+JNI_FN(jstring, memoryCategoryName)(JNIEnv* env, jclass, jint c) {
+  const char* n = sg_memory_category_name(c);
+  return n ? env->NewStringUTF(n) : nullptr;
+}
+
+JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtype, jlong seed) {
+  GUARD_BEGIN
+  sg_model* m = nullptr;
+  const std::string n = Str(env, name), d = Str(env, dtype);
+  if (Failed(env, sg_model_create_preset(name ? n.c_str() : nullptr, dtype ? d.c_str() : nullptr,
+                                         static_cast<uint64_t>(seed), &m)))
+    return 0;
+  return reinterpret_cast<jlong>(m);
+  GUARD_END(0)
+}
+
+JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype) {
+  GUARD_BEGIN
+  sg_model* m = nullptr;
+  const std::string p = Str(env, dir), d = Str(env, dtype);
+  if (Failed(env, sg_model_load(dir ? p.c_str() : nullptr, dtype ? d.c_str() : nullptr, &m))) return 0;
+  return reinterpret_cast<jlong>(m);
+  GUARD_END(0)
+}
+
+JNI_FN(void, modelSave)(JNIEnv* env, jclass, jlong h, jstring dir) {
+  GUARD_BEGIN
+  const std::string p = Str(env, dir);
+  Failed(env, sg_model_save(M(h), dir ? p.c_str() : nullptr));
+  GUARD_END()
+}
+
+JNI_FN(void, modelFree)(JNIEnv*, jclass, jlong h) { sg_model_free(M(h)); }
+JNI_FN(jlong, modelVocabSize)(JNIEnv*, jclass, jlong h) { return sg_model_vocab_size(M(h)); }
+JNI_FN(jlong, modelNumParams)(JNIEnv*, jclass, jlong h) { return sg_model_num_params(M(h)); }
+JNI_FN(jlong, modelHiddenSize)(JNIEnv*, jclass, jlong h) { return sg_model_hidden_size(M(h)); }
+JNI_FN(jlong, modelNumLayers)(JNIEnv*, jclass, jlong h) { return sg_model_num_layers(M(h)); }
+
+JNI_FN(jstring, paramName)(JNIEnv* env, jclass, jlong h, jlong i) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
+  return env->NewStringUTF(p.name);
+  GUARD_END(nullptr)
+}
+
+JNI_FN(jlongArray, paramShape)(JNIEnv* env, jclass, jlong h, jlong i) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
+  jlongArray a = env->NewLongArray(p.ndim);
+  std::vector<jlong> s(p.shape, p.shape + p.ndim);
+  if (a) env->SetLongArrayRegion(a, 0, p.ndim, s.data());
+  return a;
+  GUARD_END(nullptr)
+}
+
+JNI_FN(jstring, paramDType)(JNIEnv* env, jclass, jlong h, jlong i) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
+  return env->NewStringUTF(sg_dtype_name(p.dtype));
+  GUARD_END(nullptr)
+}
+
+// A direct ByteBuffer over the parameter (or its gradient): zero-copy; null for a missing gradient.
+JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
+  void* ptr = grad ? p.grad : p.data;
+  if (!ptr) return nullptr;
+  const jlong elem = p.dtype == SG_DTYPE_F64 || p.dtype == SG_DTYPE_I64 ? 8 : p.dtype == SG_DTYPE_F32 || p.dtype == SG_DTYPE_I32 ? 4 : 2;
+  return env->NewDirectByteBuffer(ptr, p.numel * elem);
+  GUARD_END(nullptr)
+}
+
+JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jstring strategy, jlong chunk,
+                             jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
+                             jdouble weight_decay, jdouble clip) {
+  GUARD_BEGIN
+  const std::string s = Str(env, strategy);
+  sg_trainer_options o = sg_trainer_default_options();
+  o.strategy = strategy ? s.c_str() : nullptr;
+  o.chunk = chunk;
+  o.page_size = page_size;
+  o.lm_chunk = lm_chunk;
+  o.lr = lr;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.clip_grad_norm = clip;
+  sg_trainer* t = nullptr;
+  if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
+  auto* jt = new JTrainer;
+  jt->t = t;
+  jt->owner = env->NewGlobalRef(owner);
+  if (Failed(env, sg_trainer_set_progress_callback(t, OnProgress, jt))) {
+    env->DeleteGlobalRef(jt->owner);
+    sg_trainer_free(t);
+    delete jt;
+    return 0;
+  }
+  return reinterpret_cast<jlong>(jt);
+  GUARD_END(0)
+}
+
+JNI_FN(void, trainerFree)(JNIEnv* env, jclass, jlong h) {
+  JTrainer* jt = T(h);
+  if (!jt) return;
+  sg_trainer_free(jt->t);
+  if (jt->owner) env->DeleteGlobalRef(jt->owner);
+  if (jt->pending) env->DeleteGlobalRef(jt->pending);
+  delete jt;
+}
+
+JNI_FN(void, trainerCancel)(JNIEnv*, jclass, jlong h) {
+  if (T(h)) sg_trainer_cancel(T(h)->t);
+}
+
+JNI_FN(jlong, trainerStepCount)(JNIEnv*, jclass, jlong h) { return T(h) ? sg_trainer_step_count(T(h)->t) : -1; }
+
+// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step. ids/labels/lengths are copied before the call.
+JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintArray ids, jintArray labels,
+                                 jlongArray lengths) {
+  GUARD_BEGIN
+  JTrainer* jt = T(h);
+  sg_trainer* t = jt ? jt->t : nullptr;
+  std::vector<int32_t> vids, vlabels;
+  std::vector<int64_t> vlen;
+  if (ids) {
+    vids.resize(env->GetArrayLength(ids));
+    env->GetIntArrayRegion(ids, 0, static_cast<jsize>(vids.size()), reinterpret_cast<jint*>(vids.data()));
+  }
+  if (labels) {
+    vlabels.resize(env->GetArrayLength(labels));
+    if (vlabels.size() != vids.size()) {
+      ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
+                "labels has " + std::to_string(vlabels.size()) + " tokens but ids has " + std::to_string(vids.size()));
+      return nullptr;
+    }
+    env->GetIntArrayRegion(labels, 0, static_cast<jsize>(vlabels.size()), reinterpret_cast<jint*>(vlabels.data()));
+  }
+  if (lengths) {
+    vlen.resize(env->GetArrayLength(lengths));
+    env->GetLongArrayRegion(lengths, 0, static_cast<jsize>(vlen.size()), reinterpret_cast<jlong*>(vlen.data()));
+  }
+  // Empty Java arrays still give non-NULL pointers, so the C API's count checks (not NULL checks) report them.
+  static int32_t empty_ids[1];
+  static int64_t empty_len[1];
+  const int32_t* pids = !ids ? nullptr : vids.empty() ? empty_ids : vids.data();
+  const int32_t* plabels = labels ? (vlabels.empty() ? empty_ids : vlabels.data()) : nullptr;
+  const int64_t* plen = !lengths ? nullptr : vlen.empty() ? empty_len : vlen.data();
+  sg_metrics m = sg_metrics_init();
+  sg_status* st;
+  if (mode == 2) st = sg_trainer_optimizer_step(t, &m);
+  else if (mode == 1)
+    st = sg_trainer_step(t, pids, plabels, static_cast<int64_t>(vids.size()), plen, static_cast<int64_t>(vlen.size()), &m);
+  else
+    st = sg_trainer_compute_gradients(t, pids, plabels, static_cast<int64_t>(vids.size()), plen,
+                                      static_cast<int64_t>(vlen.size()), &m);
+  if (jt && jt->pending && (st == nullptr || sg_status_code(st) != SG_ERR_BUSY)) {
+    // The progress listener threw on this thread: rethrow it.
+    sg_status_free(st);
+    jthrowable e = jt->pending;
+    jt->pending = nullptr;
+    env->Throw(e);
+    env->DeleteGlobalRef(e);
+    return nullptr;
+  }
+  if (Failed(env, st)) return nullptr;
+  return MetricsArray(env, m);
+  GUARD_END(nullptr)
+}

@@ -1,0 +1,141 @@
+package org.seqgrad;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * A seqgrad model (transformer). Parameter and gradient buffers are zero-copy direct ByteBuffers over the engine's
+ * memory, valid while this model or one of its trainers is open. Trainers keep the native model alive.
+ */
+public final class Model extends NativeHandle {
+  private Model(long h) {
+    super(h, "Model");
+  }
+
+  /** A randomly initialised model from a built-in preset ("tiny", "tiny-qwen2", "demo", "bench-cpu"). */
+  public static Model fromPreset(String name, String dtype, long seed) {
+    return new Model(NativeApi.modelCreatePreset(name, dtype, seed));
+  }
+
+  public static Model fromPreset(String name) {
+    return fromPreset(name, "f32", 0);
+  }
+
+  /** A model from a Hugging Face directory (config.json + safetensors). */
+  public static Model load(String dir, String dtype) {
+    return new Model(NativeApi.modelLoad(dir, dtype));
+  }
+
+  public static String version() {
+    return NativeApi.version();
+  }
+
+  /** Names of the engine's memory categories, in the order of {@link Metrics#peakBytesByCategory}. */
+  public static List<String> memoryCategories() {
+    List<String> out = new ArrayList<>();
+    for (int c = 0; ; ++c) {
+      String n = NativeApi.memoryCategoryName(c);
+      if (n == null) return out;
+      out.add(n);
+    }
+  }
+
+  public void save(String dir) {
+    long h = acquire();
+    try {
+      NativeApi.modelSave(h, dir);
+    } finally {
+      release();
+    }
+  }
+
+  public long vocabSize() {
+    long h = acquire();
+    try {
+      return NativeApi.modelVocabSize(h);
+    } finally {
+      release();
+    }
+  }
+
+  public long hiddenSize() {
+    long h = acquire();
+    try {
+      return NativeApi.modelHiddenSize(h);
+    } finally {
+      release();
+    }
+  }
+
+  public int numParams() {
+    long h = acquire();
+    try {
+      return (int) NativeApi.modelNumParams(h);
+    } finally {
+      release();
+    }
+  }
+
+  public String paramName(int i) {
+    long h = acquire();
+    try {
+      return NativeApi.paramName(h, i);
+    } finally {
+      release();
+    }
+  }
+
+  public long[] paramShape(int i) {
+    long h = acquire();
+    try {
+      return NativeApi.paramShape(h, i);
+    } finally {
+      release();
+    }
+  }
+
+  public String paramDType(int i) {
+    long h = acquire();
+    try {
+      return NativeApi.paramDType(h, i);
+    } finally {
+      release();
+    }
+  }
+
+  /** The parameter's memory (native byte order); writes change the model. */
+  public ByteBuffer param(int i) {
+    long h = acquire();
+    try {
+      return NativeApi.paramBuffer(h, i, false).order(ByteOrder.nativeOrder());
+    } finally {
+      release();
+    }
+  }
+
+  /** The gradient's memory, or null for a frozen parameter. */
+  public ByteBuffer grad(int i) {
+    long h = acquire();
+    try {
+      ByteBuffer b = NativeApi.paramBuffer(h, i, true);
+      return b == null ? null : b.order(ByteOrder.nativeOrder());
+    } finally {
+      release();
+    }
+  }
+
+  long handleForTrainer() {
+    return acquire();
+  }
+
+  void releaseForTrainer() {
+    release();
+  }
+
+  @Override
+  void free(long h) {
+    NativeApi.modelFree(h);
+  }
+}

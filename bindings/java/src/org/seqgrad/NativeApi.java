@@ -1,0 +1,85 @@
+package org.seqgrad;
+
+import java.io.File;
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+
+/**
+ * JNI entry points (bindings/java/jni/seqgrad_jni.cc) and the native library loader.
+ *
+ * <p>Loading: if the system property {@code seqgrad.library.path} names a directory, libseqgrad.so and
+ * libseqgrad_jni.so are loaded from it; otherwise both are extracted from this jar's
+ * /org/seqgrad/native/&lt;os&gt;-&lt;arch&gt;/ into a temporary directory and loaded from there.
+ */
+final class NativeApi {
+  private NativeApi() {}
+
+  static final String[] LIBS = {"libseqgrad.so", "libseqgrad_jni.so"};
+
+  static {
+    load();
+  }
+
+  static String platform() {
+    String os = System.getProperty("os.name").toLowerCase().startsWith("linux") ? "linux"
+        : System.getProperty("os.name").toLowerCase().replace(' ', '_');
+    String arch = System.getProperty("os.arch");
+    if (arch.equals("amd64") || arch.equals("x86_64")) arch = "x86_64";
+    else if (arch.equals("aarch64") || arch.equals("arm64")) arch = "aarch64";
+    return os + "-" + arch;
+  }
+
+  private static void load() {
+    String dir = System.getProperty("seqgrad.library.path");
+    try {
+      if (dir != null && !dir.isEmpty()) {
+        for (String lib : LIBS) System.load(new File(dir, lib).getAbsolutePath());
+        return;
+      }
+      String base = "/org/seqgrad/native/" + platform() + "/";
+      Path tmp = Files.createTempDirectory("seqgrad-native");
+      tmp.toFile().deleteOnExit();
+      for (String lib : LIBS) {
+        try (InputStream in = NativeApi.class.getResourceAsStream(base + lib)) {
+          if (in == null) {
+            throw new UnsatisfiedLinkError("seqgrad: no native library " + base + lib + " in the jar for platform "
+                + platform() + "; set -Dseqgrad.library.path=<dir with " + String.join(", ", LIBS) + ">");
+          }
+          Path out = tmp.resolve(lib);
+          Files.copy(in, out, StandardCopyOption.REPLACE_EXISTING);
+          out.toFile().deleteOnExit();
+          System.load(out.toAbsolutePath().toString());
+        }
+      }
+    } catch (IOException e) {
+      throw new UnsatisfiedLinkError("seqgrad: cannot extract native libraries: " + e);
+    }
+  }
+
+  static native String version();
+  static native String memoryCategoryName(int c);
+
+  static native long modelCreatePreset(String name, String dtype, long seed);
+  static native long modelLoad(String dir, String dtype);
+  static native void modelSave(long h, String dir);
+  static native void modelFree(long h);
+  static native long modelVocabSize(long h);
+  static native long modelNumParams(long h);
+  static native long modelHiddenSize(long h);
+  static native long modelNumLayers(long h);
+  static native String paramName(long h, long i);
+  static native long[] paramShape(long h, long i);
+  static native String paramDType(long h, long i);
+  static native ByteBuffer paramBuffer(long h, long i, boolean grad);
+
+  static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
+      long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip);
+  static native void trainerFree(long h);
+  static native void trainerCancel(long h);
+  static native long trainerStepCount(long h);
+  static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths);
+}

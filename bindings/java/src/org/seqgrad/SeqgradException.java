@@ -1,0 +1,35 @@
+package org.seqgrad;
+
+/** A failed seqgrad status: {@link #getCode()} is the C API's sg_code (absl codes; 100 = BUSY). */
+public class SeqgradException extends RuntimeException {
+  public static final int CANCELLED = 1;
+  public static final int UNKNOWN = 2;
+  public static final int INVALID_ARGUMENT = 3;
+  public static final int NOT_FOUND = 5;
+  public static final int OUT_OF_RANGE = 11;
+  public static final int INTERNAL = 13;
+  public static final int BUSY = 100;
+
+  private final int code;
+
+  public SeqgradException(int code, String message) {
+    super(message);
+    this.code = code;
+  }
+
+  public int getCode() {
+    return code;
+  }
+
+  public String getCodeName() {
+    switch (code) {
+      case CANCELLED: return "CANCELLED";
+      case INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+      case NOT_FOUND: return "NOT_FOUND";
+      case OUT_OF_RANGE: return "OUT_OF_RANGE";
+      case INTERNAL: return "INTERNAL";
+      case BUSY: return "BUSY";
+      default: return "CODE_" + code;
+    }
+  }
+}

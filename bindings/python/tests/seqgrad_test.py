@@ -1,0 +1,200 @@
+"""Tests of the seqgrad Python package (over the C ABI)."""
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import seqgrad  # noqa: E402
+
+BATCH = [[(i * 7 + 3) % 50 for i in range(24)], [(i * 5 + 1) % 50 for i in range(16)]]
+
+
+@pytest.fixture
+def model():
+    with seqgrad.Model.from_preset("tiny", seed=1) as m:
+        yield m
+
+
+def test_version_and_constants():
+    assert seqgrad.version() == seqgrad.__version__
+    assert seqgrad.MEMORY_CATEGORIES[0] == "weights" and len(seqgrad.MEMORY_CATEGORIES) == 8
+    assert "tiny" in seqgrad.PRESETS
+
+
+def test_train_and_metrics(model):
+    seen = []
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8, lr=3e-3, progress=seen.append) as tr:
+        losses = [tr.step(BATCH)["loss"] for _ in range(4)]
+        m = tr.step(np.array([BATCH[0]], dtype=np.int64))
+    assert losses[-1] < losses[0]
+    assert m["tokens"] == 23 and m["step"] == 5 and m["grad_norm"] > 0
+    assert m["peak_bytes"] == sum(m["bytes_at_peak_by_category"].values())
+    assert m["peak_bytes_by_category"]["optimizer"] > 0
+    assert [p["phase"] for p in seen[:2]] == ["gradients", "optimizer"]
+    assert seen[-1]["step"] == 5 and seen[-1]["loss"] == m["loss"]
+
+
+def test_parameters_are_views(model):
+    params = model.parameters()
+    w = params["model.norm.weight"]
+    assert w.dtype == np.float32 and w.shape == (32,)
+    assert not w.flags["OWNDATA"]
+    w[:] = 0.5
+    assert np.all(model.parameters()["model.norm.weight"] == 0.5)  # same memory
+    emb = params["model.embed_tokens.weight"]
+    assert emb.shape == (model.vocab_size, model.hidden_size)
+    with seqgrad.Trainer(model) as tr:
+        tr.compute_gradients(BATCH)
+        g = model.gradients()["model.norm.weight"]
+        assert np.abs(g).sum() > 0
+        before = emb.copy()
+        tr.optimizer_step()
+        assert not np.array_equal(before, emb)  # the view sees the optimizer's update
+
+
+def test_views_keep_model_alive():
+    m = seqgrad.Model.from_preset("tiny")
+    w = m.parameters()["model.embed_tokens.weight"]
+    expected = w.copy()
+    m.close()
+    del m
+    import gc
+    gc.collect()
+    np.testing.assert_array_equal(w, expected)
+
+
+def test_labels_and_save_load(model, tmp_path):
+    ids = np.array(BATCH[0], dtype=np.int32)
+    labels = np.full_like(ids, -100)
+    labels[::3] = ids[::3]
+    with seqgrad.Trainer(model) as tr:
+        m = tr.compute_gradients([ids], [labels])
+    assert m["tokens"] == 8
+    model.save(tmp_path / "saved")
+    with seqgrad.Model.load(tmp_path / "saved") as loaded:
+        a, b = model.parameters(), loaded.parameters()
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_errors(model):
+    with pytest.raises(seqgrad.InvalidArgumentError) as e:
+        seqgrad.Model.from_preset("tiny", dtype="f8")
+    assert e.value.code == 3 and "dtype" in str(e.value) and e.value.code_name == "INVALID_ARGUMENT"
+    with pytest.raises(seqgrad.InvalidArgumentError, match="known presets"):
+        seqgrad.Model.from_preset("huge")
+    with pytest.raises(seqgrad.NotFoundError):
+        seqgrad.Model.load("/nonexistent/dir")
+    with pytest.raises(seqgrad.InvalidArgumentError, match="magic"):
+        seqgrad.Trainer(model, strategy="magic")
+    with seqgrad.Trainer(model) as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"ids\[2\] = 97"):
+            tr.step([[1, 2, 97, 3]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"labels\[1\] = -5"):
+            tr.step([[1, 2, 3]], [[1, -5, 3]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="num_sequences"):
+            tr.step([])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="integers"):
+            tr.step([[1.5, 2.0]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="same sequence lengths"):
+            tr.step([[1, 2, 3]], [[1, 2]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="lengths"):
+            tr.step([[1, 2, 3], []])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="int32"):
+            tr.step([[1, 2**40]])
+        assert isinstance(tr.step([[1, 2, 3]])["loss"], float)  # still usable
+    with pytest.raises(seqgrad.ClosedError):
+        tr.step([[1, 2, 3]])
+    tr.close()  # idempotent
+    with pytest.raises(seqgrad.OutOfRangeError):
+        model._get().param(10**6)
+
+
+def test_cancel_from_another_thread(model):
+    long_seq = [[(i * 13 + 5) % 97 for i in range(512)]]
+    with seqgrad.Trainer(model, strategy="seco", chunk=32, page_size=32) as tr:
+        tr.cancel()
+        with pytest.raises(seqgrad.CancelledError):
+            tr.step(BATCH)
+        tr.step(BATCH)
+        timer = threading.Timer(0.05, tr.cancel)
+        timer.start()
+        with pytest.raises(seqgrad.CancelledError) as e:
+            for _ in range(100000):
+                tr.step(long_seq)
+        timer.join()
+        assert e.value.code == 1
+        tr.step(BATCH)
+
+
+def test_busy_from_two_threads(model):
+    """Thread A is inside its step (in the progress callback, GIL released around the C call) while B steps."""
+    in_step, b_done = threading.Event(), threading.Event()
+    results = {}
+
+    def progress(p):
+        if p["phase"] == "gradients" and not in_step.is_set():
+            in_step.set()
+            b_done.wait(10)
+
+    with seqgrad.Trainer(model, progress=progress) as tr:
+        def a():
+            results["a"] = tr.compute_gradients(BATCH)["loss"]
+
+        def b():
+            in_step.wait(10)
+            try:
+                tr.step(BATCH)
+            except seqgrad.BusyError as e:
+                results["b"] = e
+            finally:
+                b_done.set()
+
+        ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+        ta.start()
+        tb.start()
+        ta.join()
+        tb.join()
+        assert isinstance(results.get("b"), seqgrad.BusyError) and results["b"].code == 100
+        assert results["a"] > 0
+
+
+def test_callback_exception_propagates(model):
+    def bad(p):
+        raise RuntimeError("boom")
+
+    with seqgrad.Trainer(model, progress=bad) as tr:
+        with pytest.raises(RuntimeError, match="boom"):
+            tr.step(BATCH)
+        tr.set_progress_callback(None)
+        tr.step(BATCH)
+
+
+def test_gil_released_during_step(model):
+    """Another Python thread makes progress while a long step runs."""
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    with seqgrad.Trainer(model, strategy="seco", chunk=64, page_size=64) as tr:
+        t = threading.Thread(target=ticker)
+        t.start()
+        n0 = len(ticks)
+        tr.step([[(i * 13 + 5) % 97 for i in range(768)]])
+        n1 = len(ticks)
+        stop.set()
+        t.join()
+    assert n1 - n0 > 3
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
