@@ -22,7 +22,7 @@
 ABSL_FLAG(std::string, data, "", "token data: headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task");
 ABSL_FLAG(std::string, data_dtype, "uint16", "element type of a .bin token file: uint16 or uint32");
 ABSL_FLAG(int64_t, seq_len, 4096, "tokens per sequence");
-ABSL_FLAG(int64_t, steps, 60, "optimizer steps");
+ABSL_FLAG(int64_t, steps, 300, "optimizer steps");
 ABSL_FLAG(int64_t, batch, 1, "sequences per step");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");

@@ -630,7 +630,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::shared_ptr<const Byt
 }
 
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
-  const auto it = index_by_name_.find(std::string(name));
+  const auto it = index_by_name_.find(name);
   return it == index_by_name_.end() ? nullptr : &tensors_[it->second];
 }
 

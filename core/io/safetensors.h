@@ -13,7 +13,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,7 +31,7 @@ std::optional<StDType> StDTypeFromName(std::string_view name);
 
 struct TensorInfo {
   std::string name;
-  StDType dtype;
+  StDType dtype = StDType::kF32;
   std::vector<int64_t> shape;
   int64_t numel = 0;
   // [data_begin, data_end) within the data section, as written in the header.
@@ -78,7 +77,7 @@ class SafetensorsFile {
   std::string path_;
   std::shared_ptr<const internal::ByteSource> source_;
   std::vector<TensorInfo> tensors_;
-  std::unordered_map<std::string, size_t> index_by_name_;
+  std::map<std::string, size_t, std::less<>> index_by_name_;
   std::map<std::string, std::string> metadata_;
 };
 

@@ -1,12 +1,12 @@
 #include "core/io/safetensors.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
-#include <dirent.h>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
