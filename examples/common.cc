@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/presets.h"
 
-ABSL_FLAG(std::string, model, "tiny", "preset name (tiny, tiny-qwen2, demo, bench-cpu) or a Hugging Face model directory");
+ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco)");
