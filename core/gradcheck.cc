@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "core/trainer.h"
 
 namespace sg {
@@ -22,7 +23,8 @@ std::vector<std::vector<double>> CopyGrads(Model& model) {
 }  // namespace
 
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
-                                                 const StrategyOptions& strategy) {
+                                                 const StrategyOptions& strategy, int64_t samples) {
+  if (samples < 1) return absl::InvalidArgumentError(absl::StrCat("--samples must be at least 1, got ", samples));
   StrategyOptions full = strategy;
   full.name = "full";
   Trainer reference(model, full, {});
@@ -31,19 +33,31 @@ absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector
   const std::vector<std::vector<double>> expected = CopyGrads(model);
 
   Trainer trainer(model, strategy, {});
-  absl::StatusOr<StepMetrics> got = trainer.ComputeGradients(batch);
-  if (!got.ok()) return got.status();
-  const std::vector<std::vector<double>> actual = CopyGrads(model);
-
+  std::vector<std::vector<double>> actual;
   GradCheckResult r;
-  r.loss = got->loss;
+  for (int64_t n = 0; n < samples; ++n) {
+    absl::StatusOr<StepMetrics> got = trainer.ComputeGradients(batch);
+    if (!got.ok()) return got.status();
+    r.loss = got->loss;
+    const std::vector<std::vector<double>> g = CopyGrads(model);
+    if (actual.empty()) actual.assign(g.size(), {});
+    for (size_t i = 0; i < g.size(); ++i) {
+      actual[i].resize(g[i].size());
+      for (size_t j = 0; j < g[i].size(); ++j) actual[i][j] += g[i][j] / static_cast<double>(samples);
+    }
+  }
+
+  r.samples = samples;
   r.reference_loss = ref->loss;
+  double diff_sq = 0, ref_sq = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     if (expected[i].empty()) continue;
     double err = 0, scale = 1e-300;
     for (size_t j = 0; j < expected[i].size(); ++j) {
       err = std::max(err, std::abs(actual[i][j] - expected[i][j]));
       scale = std::max(scale, std::abs(expected[i][j]));
+      diff_sq += (actual[i][j] - expected[i][j]) * (actual[i][j] - expected[i][j]);
+      ref_sq += expected[i][j] * expected[i][j];
     }
     ++r.params_checked;
     r.max_abs_err = std::max(r.max_abs_err, err);
@@ -52,6 +66,7 @@ absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector
       r.worst_param = model.params()[i].name;
     }
   }
+  r.mean_rel_err = std::sqrt(diff_sq / std::max(ref_sq, 1e-300));
   return r;
 }
 

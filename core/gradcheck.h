@@ -17,9 +17,13 @@ struct GradCheckResult {
   double max_abs_err = 0;
   std::string worst_param;
   int64_t params_checked = 0;
+  int64_t samples = 1;        // gradients averaged (stochastic strategies)
+  double mean_rel_err = 0;    // |mean gradient - exact|_2 / |exact|_2 over all parameters together
 };
 
+// The strategy's gradient, averaged over `samples` independent calls (each spaco call samples afresh), against
+// full backprop's. For an unbiased strategy mean_rel_err falls like 1/sqrt(samples).
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
-                                                 const StrategyOptions& strategy);
+                                                 const StrategyOptions& strategy, int64_t samples = 1);
 
 }  // namespace sg

@@ -84,6 +84,29 @@ PagedKV<T> PagePool::View(int layer) const {
   return view;
 }
 
+namespace {
+template <typename T>
+void ScaleRows(T* k, T* v, int64_t n, double factor) {
+  for (int64_t i = 0; i < n; ++i) {
+    k[i] = static_cast<T>(k[i] * factor);
+    v[i] = static_cast<T>(v[i] * factor);
+  }
+}
+}  // namespace
+
+void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
+  const std::vector<int32_t>& table = Table(layer);
+  const int64_t row = kv_heads_ * head_dim_;
+  end = std::min(end, static_cast<int64_t>(table.size()) * page_size_);
+  for (int64_t t = begin; t < end;) {  // one run of rows per page
+    const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
+    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
+    if (k_.dtype() == DType::kF64) ScaleRows(k_.data<double>() + off, v_.data<double>() + off, run * row, factor);
+    else ScaleRows(k_.data<float>() + off, v_.data<float>() + off, run * row, factor);
+    t += run;
+  }
+}
+
 #define SG_INSTANTIATE(T)                                                                 \
   template void PagePool::Gather<T>(int, int64_t, int64_t, T*, T*) const;                 \
   template void PagePool::Scatter<T>(int, int64_t, int64_t, const T*, const T*);          \

@@ -26,6 +26,8 @@ class PagePool {
   // Writes dense rows [begin, end) into the pages (Ensure must cover end).
   template <typename T> void Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v);
   template <typename T> PagedKV<T> View(int layer) const;
+  // Multiplies rows [begin, end) of K and V by factor; rows in pages that do not exist yet are zero and stay so.
+  void Scale(int layer, int64_t begin, int64_t end, double factor);
 
   int64_t page_size() const { return page_size_; }
   int64_t pages_in_use() const { return capacity_ - static_cast<int64_t>(free_.size()); }

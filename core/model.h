@@ -47,6 +47,8 @@ class SequenceState {
   virtual ~SequenceState() = default;
   // Frees the layer's cache and state gradient for positions >= from (pages that start at or after it).
   virtual void Release(int layer, int64_t from) = 0;
+  // Multiplies the layer's state gradient for the positions of c (what later chunks relayed to c) by factor.
+  virtual void ScaleGrad(int layer, Chunk c, double factor) = 0;
 };
 
 struct HeadResult {

@@ -13,6 +13,7 @@ const std::map<std::string, StrategyFn>& Registry() {
       {"full", FullBackprop},
       {"ckpt", CheckpointedBackprop},
       {"seco", ChunkedBackprop},
+      {"spaco", SparseChunkedBackprop},
   };
   return *registry;
 }
@@ -39,6 +40,24 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--page_size must be positive, got ", o.page_size));
   if (o.lm_chunk <= 0)
     return absl::InvalidArgumentError(absl::StrCat("--lm_chunk must be positive, got ", o.lm_chunk));
+  if (o.name == "spaco") {
+    if (o.spaco_budget <= 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spaco_budget must be at least 1 chunk, got ", o.spaco_budget));
+    if (!(o.spaco_cap == 0 || o.spaco_cap >= 1))  // also rejects NaN
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spaco_cap must be 0 (no cap) or at least 1, got ", o.spaco_cap));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSpacoBudget(const StrategyOptions& o, int64_t seq_len, const std::string& what) {
+  if (o.name != "spaco") return absl::OkStatus();
+  const int64_t k = (seq_len + o.chunk - 1) / o.chunk;
+  if (o.spaco_budget > k)
+    return absl::InvalidArgumentError(absl::StrCat("--spaco_budget=", o.spaco_budget, " exceeds the ", k,
+                                                   " chunks of ", what, " (", seq_len, " tokens, --chunk=", o.chunk,
+                                                   "): use a budget of at most ", k, " or a smaller chunk"));
   return absl::OkStatus();
 }
 

@@ -19,6 +19,11 @@ struct StrategyOptions {
   int64_t chunk = 512;        // tokens per chunk (seco, spaco); a chunk >= seq_len means one chunk
   int64_t page_size = 256;    // KV page size in tokens
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
+  // spaco: each of a sequence's k chunks is backpropagated with probability spaco_budget / k (so spaco_budget
+  // chunks on average), and its gradients are compensated so that the estimate is unbiased (strategies/spaco.cc).
+  int64_t spaco_budget = 8;
+  double spaco_cap = 2.0;     // cap on the compensation of relayed state gradients; 0 = none (exactly unbiased)
+  uint64_t seed = 0;          // sampling seed (spaco); the Trainer derives one per call and sequence
   // Set from another thread to stop a step early; checked between layers and chunks.
   const std::atomic<bool>* cancel = nullptr;
 };
@@ -38,8 +43,10 @@ struct Sequence {
 };
 
 struct GradResult {
-  double loss_sum = 0;  // sum of token losses (not scaled)
-  int64_t tokens = 0;   // valid labels seen
+  double loss_sum = 0;               // sum of token losses (not scaled)
+  int64_t tokens = 0;                // valid labels seen
+  int64_t chunks = 1;                // chunks the sequence was split into
+  int64_t chunks_backpropagated = 1;  // of which were backpropagated (spaco: a random subset)
 };
 
 // Accumulates grad_scale * d(sum of token losses)/d(params) into the model's gradients.
@@ -57,5 +64,9 @@ std::vector<Chunk> SplitIntoChunks(int64_t seq_len, int64_t chunk);
 GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+
+// spaco's budget t must be in [1, k] for a sequence of k chunks; the error names the flag and the sequence.
+absl::Status ValidateSpacoBudget(const StrategyOptions& o, int64_t seq_len, const std::string& what);
 
 }  // namespace sg

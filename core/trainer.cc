@@ -9,6 +9,18 @@
 
 namespace sg {
 
+namespace {
+// A distinct, reproducible sampling seed per (user seed, call, sequence).
+uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index) {
+  uint64_t h = seed ^ 0x243F6A8885A308D3ull;
+  for (uint64_t v : {call, index}) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+  }
+  return h;
+}
+}  // namespace
+
 Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer)
     : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer) {
   if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
@@ -19,7 +31,10 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
   if (batch.empty()) return absl::InvalidArgumentError("batch is empty");
   int64_t valid = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (absl::Status s = ValidateSequence(batch[i], model_.vocab_size(), absl::StrCat("batch sequence ", i)); !s.ok())
+    const std::string what = absl::StrCat("batch sequence ", i);
+    if (absl::Status s = ValidateSequence(batch[i], model_.vocab_size(), what); !s.ok()) return s;
+    if (absl::Status s = ValidateSpacoBudget(strategy_options_, static_cast<int64_t>(batch[i].ids.size()), what);
+        !s.ok())
       return s;
     for (int32_t l : batch[i].labels) valid += l >= 0;
   }
@@ -27,11 +42,16 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
 
   StepMetrics m;
   ZeroGrads(model_);
+  const uint64_t call = calls_++;
   try {
-    for (const Sequence& seq : batch) {
-      GradResult r = strategy_(model_, seq, 1.0 / static_cast<double>(valid), strategy_options_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      StrategyOptions o = strategy_options_;
+      o.seed = SequenceSeed(strategy_options_.seed, call, i);
+      GradResult r = strategy_(model_, batch[i], 1.0 / static_cast<double>(valid), o);
       m.loss += r.loss_sum;
       m.tokens += r.tokens;
+      m.chunks += r.chunks;
+      m.chunks_backpropagated += r.chunks_backpropagated;
     }
   } catch (const Cancelled&) {
     return absl::CancelledError(absl::StrCat("step ", step_ + 1, " cancelled"));

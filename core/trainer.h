@@ -23,6 +23,8 @@ struct StepMetrics {
   double loss = 0;        // mean token loss of the batch
   int64_t tokens = 0;     // valid labels in the batch
   double grad_norm = 0;   // before clipping
+  int64_t chunks = 0;                 // chunks over the batch's sequences
+  int64_t chunks_backpropagated = 0;  // of which were backpropagated (fewer only for spaco)
 };
 
 class Trainer {
@@ -49,6 +51,7 @@ class Trainer {
   StrategyFn strategy_;
   std::vector<Tensor> m_, v_;
   int64_t step_ = 0;
+  uint64_t calls_ = 0;  // ComputeGradients calls: every call samples afresh (spaco)
 };
 
 }  // namespace sg

@@ -48,6 +48,7 @@ class TransformerState final : public SequenceState {
     kv.Release(layer, from);
     grad.Release(layer, from);
   }
+  void ScaleGrad(int layer, Chunk c, double factor) override { grad.Scale(layer, c.begin, c.end, factor); }
   PagePool kv;
   PagePool grad;
 };

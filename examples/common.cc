@@ -16,7 +16,11 @@ ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
 ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
-ABSL_FLAG(uint64_t, seed, 1, "random seed (init and data)");
+ABSL_FLAG(int64_t, spaco_budget, 8,
+          "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
+ABSL_FLAG(double, spaco_cap, 2.0,
+          "spaco: cap on the compensation of relayed state gradients (paper: 2); 0 = none, exactly unbiased");
+ABSL_FLAG(uint64_t, seed, 1, "random seed (init, data and spaco's sampling)");
 
 namespace sg::tools {
 
@@ -44,6 +48,9 @@ StrategyOptions StrategyFromFlags() {
   o.chunk = absl::GetFlag(FLAGS_chunk);
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
+  o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
+  o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
+  o.seed = absl::GetFlag(FLAGS_seed);
   return o;
 }
 

@@ -14,6 +14,8 @@ ABSL_DECLARE_FLAG(std::string, strategy);
 ABSL_DECLARE_FLAG(int64_t, chunk);
 ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(int64_t, lm_chunk);
+ABSL_DECLARE_FLAG(int64_t, spaco_budget);
+ABSL_DECLARE_FLAG(double, spaco_cap);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 
 namespace sg::tools {

@@ -1,5 +1,5 @@
 // Compares a strategy's gradients with full backprop on a model (preset or HF directory), in f64 by default.
-// Prints and writes {"strategy", "max_rel_err", "max_abs_err", "params_checked", ...}.
+// Prints and writes {"strategy", "max_rel_err", "max_abs_err", "params_checked", "samples", "mean_rel_err", ...}.
 #include <cstdio>
 #include <random>
 
@@ -12,6 +12,7 @@
 #include "examples/common.h"
 
 ABSL_FLAG(std::string, json, "", "write the result here");
+ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many calls (spaco: independent samples)");
 ABSL_FLAG(int64_t, seq_len, 61, "length of the longest test sequence (a second, shorter one makes the batch ragged)");
 
 namespace sg {
@@ -39,14 +40,16 @@ int Main() {
     }
     batch.push_back(std::move(s));
   }
-  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, batch, strategy);
+  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, batch, strategy, absl::GetFlag(FLAGS_samples));
   tools::ExitIfError(r.status(), "gradcheck");
   const std::string json = absl::StrFormat(
       "{\"model\": \"%s\", \"strategy\": \"%s\", \"dtype\": \"%s\", \"chunk\": %d, \"seq_len\": %d, "
       "\"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, \"worst_param\": \"%s\", "
-      "\"loss\": %.17g, \"reference_loss\": %.17g}",
+      "\"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, \"mean_rel_err\": %.6e, "
+      "\"spaco_budget\": %d, \"spaco_cap\": %g}",
       absl::GetFlag(FLAGS_model), strategy.name, absl::GetFlag(FLAGS_dtype), strategy.chunk, seq_len,
-      r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss);
+      r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
+      r->mean_rel_err, strategy.spaco_budget, strategy.spaco_cap);
   std::printf("%s\n", json.c_str());
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty())
     tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(path), json + "\n"), "--json");

@@ -2,7 +2,7 @@
 // Stage 1 runs every chunk forward without a graph, keeping only the state (paged KV cache).
 // Stage 2 visits chunks in reverse: recompute the chunk with its graph, backprop it, and leave the state
 // gradients it produced for earlier positions in the state-gradient pages, where earlier chunks pick them up.
-#include "core/strategy.h"
+#include "core/strategies/chunk_steps.h"
 
 namespace sg {
 
@@ -15,28 +15,16 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
 
   for (const Chunk& c : chunks) {
     ThrowIfCancelled(o);
-    Tensor x = m.Embed(s.ids.data(), c);
-    for (int l = 0; l < L; ++l) x = m.LayerForward(l, c, x, *state, /*saved=*/nullptr);
+    ForwardChunk(m, s, c, *state, /*with_loss=*/false);
   }
 
   GradResult result;
-  std::vector<LayerSaved> saved(L);
+  result.chunks = result.chunks_backpropagated = static_cast<int64_t>(chunks.size());
   for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
     ThrowIfCancelled(o);
-    Tensor x = m.Embed(s.ids.data(), *c);
-    for (int l = 0; l < L; ++l) x = m.LayerForward(l, *c, x, *state, &saved[l]);
-    HeadResult head = m.HeadLoss(*c, x, s.labels.data(), grad_scale, /*need_grad=*/true);
-    x.Reset();
+    const HeadResult head = BackpropChunk(m, s, *c, *state, grad_scale);
     result.loss_sum += head.loss_sum;
     result.tokens += head.tokens;
-
-    Tensor dx = std::move(head.dh);
-    for (int l = L - 1; l >= 0; --l) {
-      dx = m.LayerBackward(l, *c, dx, saved[l], *state);
-      saved[l].Clear();
-    }
-    m.EmbedBackward(s.ids.data(), *c, dx);
-    for (int l = 0; l < L; ++l) state->Release(l, c->begin);
   }
   return result;
 }

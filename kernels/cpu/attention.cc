@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vexp.h"
 
 namespace sg::cpu {
 namespace {
@@ -74,11 +75,10 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
         T mx = *std::max_element(Sr, Sr + valid);
         const T m_new = std::max(m[r], mx);
         const T alpha = std::exp(m[r] - m_new);
+        ExpShifted(Sr, valid, m_new);
         T sum = 0;
-        for (int64_t c = 0; c < valid; ++c) {
-          Sr[c] = std::exp(Sr[c] - m_new);
-          sum += Sr[c];
-        }
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < valid; ++c) sum += Sr[c];
         std::fill(Sr + valid, Sr + cols, T(0));
         l[r] = l[r] * alpha + sum;
         m[r] = m_new;
@@ -149,10 +149,10 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
             const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
-            for (int64_t c = 0; c < valid; ++c) {
-              Pr[c] = std::exp(Pr[c] - lse_b[r]);
-              dPr[c] = Pr[c] * (dPr[c] - D[r]);  // dS
-            }
+            ExpShifted(Pr, valid, lse_b[r]);
+            const T Dr = D[r];
+#pragma omp simd
+            for (int64_t c = 0; c < valid; ++c) dPr[c] = Pr[c] * (dPr[c] - Dr);  // dS
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
