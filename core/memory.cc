@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "absl/strings/str_cat.h"
+
 namespace sg {
 
 const char* MemCategoryName(MemCategory c) {
@@ -39,6 +41,9 @@ void RegisterDeviceAllocator(Device d, DeviceAllocator a) { g_allocators[static_
 
 void MemoryTracker::Add(MemCategory c, int64_t bytes) {
   SpinGuard g(lock_);
+  if (limit_ > 0 && s_.total_current + bytes > limit_)
+    throw MemoryLimitExceeded(absl::StrCat("memory limit of ", limit_, " bytes exceeded: ", bytes, " bytes of ",
+                                           MemCategoryName(c), " requested with ", s_.total_current, " in use"));
   int i = static_cast<int>(c);
   s_.current[i] += bytes;
   if (s_.current[i] > s_.peak[i]) s_.peak[i] = s_.current[i];
@@ -79,8 +84,14 @@ Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::
   const int64_t bytes = t.numel_ * static_cast<int64_t>(DTypeSize(dtype));
   const DeviceAllocator& a = g_allocators[static_cast<int>(device)];
   if (!a.alloc) throw std::bad_alloc();
-  void* p = a.alloc(static_cast<size_t>(bytes));
-  if (tracker) tracker->Add(cat, bytes);
+  if (tracker) tracker->Add(cat, bytes);  // first: over the limit, nothing is allocated
+  void* p;
+  try {
+    p = a.alloc(static_cast<size_t>(bytes));
+  } catch (...) {
+    if (tracker) tracker->Sub(cat, bytes);
+    throw;
+  }
   void (*release)(void*) = a.free;
   t.storage_ = std::shared_ptr<void>(p, [tracker, cat, bytes, release](void* q) {
     release(q);

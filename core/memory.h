@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string_view>
 #include <vector>
 
@@ -29,18 +30,28 @@ struct MemorySnapshot {
   std::array<int64_t, kNumMemCategories> at_total_peak{};
 };
 
+// Thrown when an allocation would take the tracked total past MemoryTracker's limit.
+struct MemoryLimitExceeded : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Counts bytes; thread-safe. One tracker per model/engine instance.
 class MemoryTracker {
  public:
+  // Adds bytes; throws MemoryLimitExceeded (counting nothing) if that would pass the limit.
   void Add(MemCategory c, int64_t bytes);
   void Sub(MemCategory c, int64_t bytes);
   MemorySnapshot Snapshot() const;
   // Restart peak tracking from the current state (e.g. at the start of a benchmark step).
   void ResetPeak();
+  // Caps the tracked total in bytes (0 = no cap): a step that would need more fails instead of allocating.
+  void set_limit(int64_t bytes) { limit_ = bytes; }
+  int64_t limit() const { return limit_; }
 
  private:
   mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   MemorySnapshot s_;
+  int64_t limit_ = 0;
 };
 
 // A dense, row-major tensor whose storage is owned (shared) and counted by a MemoryTracker.

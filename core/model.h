@@ -77,6 +77,11 @@ class Model {
   // forward_chunk: y[c] from x[c] and the state of positions < c.begin; appends c's state. Keeps what backward
   // needs in *saved when saved != nullptr.
   virtual Tensor LayerForward(int layer, Chunk c, const Tensor& x, SequenceState& state, LayerSaved* saved) = 0;
+  // Only appends c's state of this layer (what later positions read), without computing y[c]: the state-building
+  // forward of chunked strategies uses it for the last layer, whose output nothing there needs.
+  virtual void LayerAppendState(int layer, Chunk c, const Tensor& x, SequenceState& state) {
+    LayerForward(layer, c, x, state, /*saved=*/nullptr);
+  }
   // backward_chunk: dx[c] from dy[c]; accumulates parameter gradients and the state gradients of all positions
   // < c.end, and consumes the (complete) state gradient of c itself.
   virtual Tensor LayerBackward(int layer, Chunk c, const Tensor& dy, LayerSaved& saved, SequenceState& state) = 0;

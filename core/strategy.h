@@ -66,6 +66,10 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
 GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 
+// The loss of a sequence without gradients (evaluation; the forward-only baseline of benchmarks): chunks of
+// o.chunk tokens forward in order, keeping only the state, as the first stage of seco.
+GradResult EvaluateLoss(Model& m, const Sequence& s, const StrategyOptions& o);
+
 // spaco's budget t must be in [1, k] for a sequence of k chunks; the error names the flag and the sequence.
 absl::Status ValidateSpacoBudget(const StrategyOptions& o, int64_t seq_len, const std::string& what);
 

@@ -26,7 +26,7 @@ Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimi
   if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
 }
 
-absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
+absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batch) const {
   if (absl::Status s = ValidateStrategyOptions(strategy_options_); !s.ok()) return s;
   if (batch.empty()) return absl::InvalidArgumentError("batch is empty");
   int64_t valid = 0;
@@ -39,6 +39,35 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
     for (int32_t l : batch[i].labels) valid += l >= 0;
   }
   if (valid == 0) return absl::InvalidArgumentError("batch has no valid labels (all are -100): the loss is undefined");
+  return valid;
+}
+
+absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& batch) {
+  absl::StatusOr<int64_t> valid = ValidateBatch(batch);
+  if (!valid.ok()) return valid.status();
+  StepMetrics m;
+  try {
+    for (const Sequence& seq : batch) {
+      const GradResult r = sg::EvaluateLoss(model_, seq, strategy_options_);
+      m.loss += r.loss_sum;
+      m.tokens += r.tokens;
+      m.chunks += r.chunks;
+    }
+  } catch (const Cancelled&) {
+    return absl::CancelledError("evaluation cancelled");
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(e.what());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
+  }
+  m.loss /= static_cast<double>(*valid);
+  return m;
+}
+
+absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
+  absl::StatusOr<int64_t> checked = ValidateBatch(batch);
+  if (!checked.ok()) return checked.status();
+  const int64_t valid = *checked;
 
   StepMetrics m;
   ZeroGrads(model_);
@@ -55,6 +84,8 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
     }
   } catch (const Cancelled&) {
     return absl::CancelledError(absl::StrCat("step ", step_ + 1, " cancelled"));
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(e.what());
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("strategy '", strategy_options_.name, "' failed: ", e.what()));
   }

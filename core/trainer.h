@@ -33,6 +33,8 @@ class Trainer {
 
   // Zeroes gradients, then accumulates d(mean token loss over the batch)/d(params) with the strategy.
   absl::StatusOr<StepMetrics> ComputeGradients(const std::vector<Sequence>& batch);
+  // The batch's mean token loss without gradients (chunked forward, see EvaluateLoss in strategy.h).
+  absl::StatusOr<StepMetrics> EvaluateLoss(const std::vector<Sequence>& batch);
   // Clips by global norm and applies AdamW to every parameter with a gradient.
   absl::Status OptimizerStep(StepMetrics* metrics);
   // Both of the above.
@@ -46,6 +48,8 @@ class Trainer {
 
  private:
   Model& model_;
+  // Checks options and batch; returns the number of valid labels.
+  absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch) const;
   StrategyOptions strategy_options_;
   OptimizerOptions opt_;
   StrategyFn strategy_;

@@ -128,7 +128,7 @@ class Transformer final : public TransformerModel {
     auto& state = static_cast<TransformerState&>(state_base);
     const LayerParams& L = layers_[l];
     const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
-    const int64_t qd = cfg_.num_heads * cfg_.head_dim, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const int64_t qd = cfg_.num_heads * cfg_.head_dim;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
     const T* x = x_in.data<T>();
 
@@ -136,15 +136,8 @@ class Transformer final : public TransformerModel {
     ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
     Tensor q = New(act, {n, qd});
     Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd);
-    {
-      Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
-      Linear(xn1.data<T>(), n, d, L.k, L.k_bias, k.data<T>(), kvd);
-      Linear(xn1.data<T>(), n, d, L.v, L.v_bias, v.data<T>(), kvd);
-      ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
-      ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
-      state.kv.Ensure(l, c.end, /*zero_new=*/false);
-      state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
-    }
+    ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+    AppendKV(l, c, xn1.data<T>(), state);
     Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
     {
       const AttentionShape shape = Shape(c);
@@ -167,6 +160,14 @@ class Transformer final : public TransformerModel {
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
     return y;
+  }
+
+  // The layer's K/V of the chunk are all that later positions need of it: norm, K/V projections, rope.
+  void LayerAppendState(int l, Chunk c, const Tensor& x, SequenceState& state_base) override {
+    const int64_t n = c.size(), d = cfg_.hidden_size;
+    Tensor xn1 = New(MemCategory::kWorkspace, {n, d}), rstd1 = New(MemCategory::kWorkspace, {n});
+    ops_.rmsnorm_forward(x.data<T>(), W(layers_[l].norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
+    AppendKV(l, c, xn1.data<T>(), static_cast<TransformerState&>(state_base));
   }
 
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
@@ -272,6 +273,18 @@ class Transformer final : public TransformerModel {
   T* W(int idx) const { return params_[idx].value.template data<T>(); }
   T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
   // Frozen norm weights still need somewhere for the kernel to write dw.
+  // K/V of chunk c from the normed input, roped and written into the layer's cache pages.
+  void AppendKV(int l, Chunk c, const T* xn1, TransformerState& state) {
+    const LayerParams& L = layers_[l];
+    const int64_t n = c.size(), d = cfg_.hidden_size, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
+    Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd);
+    Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd);
+    ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+    state.kv.Ensure(l, c.end, /*zero_new=*/false);
+    state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+  }
+
   T* GradOrScratch(int idx) {
     if (T* g = G(idx)) return g;
     scratch_.resize(params_[idx].value.numel());

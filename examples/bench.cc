@@ -5,6 +5,10 @@
 //   ./bazelw run //examples:bench -- --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096
 //       --compare_torch --json=/tmp/bench.json
 //
+// "forward" in --strategies times the loss alone (chunked forward, no gradients): the floor that spaco's time
+// approaches. spaco samples different chunks on every run, so its time is the mean over the timed runs, not the
+// best; every other row reports the best run.
+//
 // Writes a table to stdout, {"rows": [...], "sgemm_gflops": x, "config": {...}, ...} to --json and a chart
 // (peak memory and time vs T) to the same path with .svg.
 #include <cblas.h>
@@ -52,6 +56,8 @@ ABSL_FLAG(int64_t, memory_budget, 0,
 ABSL_FLAG(std::string, task, "random",
           "synthetic sequence: random (random tokens, every next-token label counts) or retrieval "
           "(sg::RetrievalTask: only the query values are labelled, so the LM head does little work)");
+ABSL_FLAG(double, spaco_fraction, 0.125,
+          "spaco: budget as a fraction t/k of each length's k chunks (rounded, at least 1); 0 = use --spaco_budget");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "interpreter for --compare_torch (must have torch)");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
 
@@ -177,34 +183,45 @@ int64_t ValidLabels(const Sequence& s) {
 
 // --- seqgrad measurements ---------------------------------------------------------------------------------------
 
+constexpr char kForwardOnly[] = "forward";
+
 struct Measurement {
   double best_s = std::numeric_limits<double>::infinity();
+  double mean_s = 0;
   double loss = 0;
+  double chunks = 0;                 // mean over timed runs
+  double chunks_backpropagated = 0;  // mean over timed runs
   MemorySnapshot mem;          // of the first timed run (the schedule is deterministic)
   int64_t rss_delta = -1;      // max over timed runs; -1 = unavailable
 };
 
-absl::StatusOr<Measurement> Measure(TransformerModel& model, const StrategyOptions& so, const Sequence& seq,
-                                    int warmup, int repeats, bool rss) {
+// Times trainer.ComputeGradients, or with forward_only trainer.EvaluateLoss.
+absl::StatusOr<Measurement> Measure(TransformerModel& model, const StrategyOptions& so, bool forward_only,
+                                    const Sequence& seq, int warmup, int repeats, bool rss) {
   Trainer trainer(model, so, OptimizerOptions{});
   const std::vector<Sequence> batch{seq};
+  auto run = [&] { return forward_only ? trainer.EvaluateLoss(batch) : trainer.ComputeGradients(batch); };
   for (int i = 0; i < warmup; ++i) {
-    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    absl::StatusOr<StepMetrics> m = run();
     if (!m.ok()) return m.status();
   }
   Measurement r;
-  for (int i = 0; i < std::max(1, repeats); ++i) {
+  const int runs = std::max(1, repeats);
+  for (int i = 0; i < runs; ++i) {
     const int64_t base = rss ? ResetPeakRss() : -1;
     model.memory().ResetPeak();
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    absl::StatusOr<StepMetrics> m = run();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const MemorySnapshot snap = model.memory().Snapshot();
     const int64_t top = rss ? PeakRss() : -1;
     if (!m.ok()) return m.status();
     if (i == 0) r.mem = snap;
     r.best_s = std::min(r.best_s, dt);
+    r.mean_s += dt / runs;
     r.loss = m->loss;
+    r.chunks += static_cast<double>(m->chunks) / runs;
+    r.chunks_backpropagated += static_cast<double>(m->chunks_backpropagated) / runs;
     if (base >= 0 && top >= 0) r.rss_delta = std::max(r.rss_delta, top - base);
   }
   return r;
@@ -212,15 +229,23 @@ absl::StatusOr<Measurement> Measure(TransformerModel& model, const StrategyOptio
 
 int64_t Cat(const std::array<int64_t, kNumMemCategories>& a, MemCategory c) { return a[static_cast<int>(c)]; }
 
-json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, double flops, double sgemm) {
+json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, double flops, double sgemm,
+               int64_t state_bytes_per_token) {
   using C = MemCategory;
   const MemorySnapshot& s = m.mem;
+  const bool sampled = strategy == "spaco";
+  const double secs = sampled ? m.mean_s : m.best_s;
   json row;
   row["engine"] = "seqgrad";
   row["strategy"] = strategy;
   row["seq_len"] = T;
-  row["time_s"] = m.best_s;
-  row["tokens_per_s"] = T / m.best_s;
+  row["time_s"] = secs;
+  row["time_stat"] = sampled ? "mean" : "best";
+  row["best_time_s"] = m.best_s;
+  row["mean_time_s"] = m.mean_s;
+  row["tokens_per_s"] = T / secs;
+  row["chunks"] = m.chunks;
+  row["chunks_backpropagated"] = m.chunks_backpropagated;
   row["loss"] = m.loss;
   row["peak_bytes"] = s.total_peak;
   // Activations, workspace and logits at the moment the total peaked, and the (larger or equal) sum of their
@@ -229,6 +254,9 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
       Cat(s.at_total_peak, C::kActivations) + Cat(s.at_total_peak, C::kWorkspace) + Cat(s.at_total_peak, C::kLogits);
   row["activation_peak_bytes_upper"] = Cat(s.peak, C::kActivations) + Cat(s.peak, C::kWorkspace) + Cat(s.peak, C::kLogits);
   row["kv_bytes"] = Cat(s.peak, C::kKVCache) + Cat(s.peak, C::kKVGrad);
+  row["kv_cache_bytes"] = Cat(s.peak, C::kKVCache);
+  row["kv_grad_bytes"] = Cat(s.peak, C::kKVGrad);
+  row["state_bytes_per_token"] = state_bytes_per_token;  // K + V of one token, all layers
   // Everything the step allocated above the resting state (weights + grads, what remains after it): comparable
   // with the torch rows' step_peak_bytes from torch's own allocator.
   row["step_peak_bytes"] = s.total_peak - s.total_current;
@@ -242,38 +270,61 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   row["at_total_peak_by_category"] = at_peak;
   row["rss_delta_bytes"] = m.rss_delta >= 0 ? json(m.rss_delta) : json(nullptr);
   row["gflops"] = flops / 1e9;
-  row["gflops_per_s"] = flops / 1e9 / m.best_s;
-  row["sgemm_fraction"] = flops / 1e9 / m.best_s / sgemm;
+  row["gflops_per_s"] = flops / 1e9 / secs;
+  row["sgemm_fraction"] = flops / 1e9 / secs / sgemm;
   return row;
+}
+
+// The options of one (strategy, T) cell: forward runs chunked like seco; spaco's budget follows --spaco_fraction.
+StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t T, double spaco_fraction) {
+  so.name = name == kForwardOnly ? "seco" : name;
+  if (name == "spaco" && spaco_fraction > 0) {
+    const int64_t k = (T + so.chunk - 1) / so.chunk;
+    so.spaco_budget = std::clamp<int64_t>(std::llround(spaco_fraction * static_cast<double>(k)), 1, k);
+  }
+  return so;
 }
 
 // --- memory budget search ---------------------------------------------------------------------------------------
 
-// The longest T (doubling from t0 up to kBudgetCap, then bisection on multiples of kBudgetQuantum) whose
-// measured peak fits the budget; 0 when not even the smallest probe fits.
-json BudgetSearch(TransformerModel& model, StrategyOptions so, int64_t t0, int64_t budget, const std::string& task,
-                  uint64_t seed) {
+// The longest T (doubling from t0 up to kBudgetCap, then bisection to within 1/16 of T, on multiples of
+// kBudgetQuantum) that runs under the engine's memory limit set to the budget: a probe that would pass it fails at
+// the allocation instead of running to the end. 0 when not even the smallest probe fits.
+json BudgetSearch(TransformerModel& model, const StrategyOptions& base, const std::string& name, double spaco_fraction,
+                  int64_t t0, int64_t budget, const std::string& task, uint64_t seed) {
   json probes = json::array();
   auto fits = [&](int64_t T) {
+    const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
     const Sequence seq = MakeSequence(task, T, model.vocab_size(), seed);
-    absl::StatusOr<Measurement> m = Measure(model, so, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
+    model.memory().set_limit(budget);
+    absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
+    model.memory().set_limit(0);
     json p;
     p["seq_len"] = T;
     if (!m.ok()) {  // e.g. out of memory: does not fit
       p["error"] = std::string(m.status().message());
       probes.push_back(p);
-      std::fprintf(stderr, "  budget %s T=%lld: %s\n", so.name.c_str(), static_cast<long long>(T),
+      std::fprintf(stderr, "  budget %s T=%lld: %s\n", name.c_str(), static_cast<long long>(T),
                    std::string(m.status().message()).c_str());
       return false;
     }
     p["peak_bytes"] = m->mem.total_peak;
     probes.push_back(p);
     const bool ok = m->mem.total_peak <= budget;
-    std::fprintf(stderr, "  budget %s T=%lld: peak %.1f MiB %s\n", so.name.c_str(), static_cast<long long>(T),
+    std::fprintf(stderr, "  budget %s T=%lld: peak %.1f MiB %s\n", name.c_str(), static_cast<long long>(T),
                  Mib(m->mem.total_peak), ok ? "fits" : "over");
     return ok;
   };
   int64_t lo = 0, hi = -1;  // lo fits (0: nothing needed), hi does not (-1: unknown)
+  if (const int64_t resting = model.memory().Snapshot().total_current; resting >= budget) {
+    json row;
+    row["strategy"] = name;
+    row["max_seq_len_in_budget"] = 0;
+    row["budget_bytes"] = budget;
+    row["error"] = absl::StrCat("the budget is below the model's resting memory (weights, gradients) of ", resting,
+                                " bytes: no sequence fits");
+    return row;
+  }
   for (int64_t T = std::min(t0, kBudgetCap);;) {
     if (!fits(T)) {
       hi = T;
@@ -286,12 +337,12 @@ json BudgetSearch(TransformerModel& model, StrategyOptions so, int64_t t0, int64
   while (hi > 0) {
     int64_t mid = (lo + hi) / 2 / kBudgetQuantum * kBudgetQuantum;
     if (mid <= lo) mid = (lo / kBudgetQuantum + 1) * kBudgetQuantum;
-    if (mid >= hi) break;
+    if (mid >= hi || hi - lo <= std::max(kBudgetQuantum, lo / 16)) break;
     if (fits(mid)) lo = mid;
     else hi = mid;
   }
   json row;
-  row["strategy"] = so.name;
+  row["strategy"] = name;
   row["max_seq_len_in_budget"] = lo;
   row["budget_bytes"] = budget;
   row["probes"] = probes;
@@ -436,6 +487,71 @@ std::string Chart(const json& rows, const std::vector<std::string>& strategies, 
   return svg::RenderPanels({mem, time}, title);
 }
 
+const json* FindRow(const json& rows, const std::string& strategy, int64_t T) {
+  for (const json& r : rows)
+    if (r["engine"] == "seqgrad" && r["strategy"] == strategy && r["seq_len"] == T) return &r;
+  return nullptr;
+}
+
+// The claims the chunked strategies make, checked on this run's rows: time ratios at each T, and for seco how
+// activation memory and total memory grow with T (activations flat; total by the state and its gradient).
+json PrintChecks(const json& rows, const std::vector<int64_t>& seq_lens, int64_t state_bytes_per_token) {
+  json out;
+  json ratios = json::array();
+  std::printf("\ntime ratios in this run:\n%7s %12s %15s %16s %15s\n", "T", "seco/full", "spaco/forward",
+              "spaco/seco", "forward/full");
+  for (int64_t T : seq_lens) {
+    auto ratio = [&](const char* a, const char* b) -> json {
+      const json* x = FindRow(rows, a, T);
+      const json* y = FindRow(rows, b, T);
+      if (!x || !y) return nullptr;
+      return (*x)["time_s"].get<double>() / (*y)["time_s"].get<double>();
+    };
+    json r;
+    r["seq_len"] = T;
+    r["seco_over_full"] = ratio("seco", "full");
+    r["spaco_over_forward"] = ratio("spaco", kForwardOnly);
+    r["spaco_over_seco"] = ratio("spaco", "seco");
+    r["forward_over_full"] = ratio(kForwardOnly, "full");
+    auto cell = [](const json& v) { return v.is_number() ? absl::StrFormat("%.3f", v.get<double>()) : "-"; };
+    std::printf("%7lld %12s %15s %16s %15s\n", static_cast<long long>(T), cell(r["seco_over_full"]).c_str(),
+                cell(r["spaco_over_forward"]).c_str(), cell(r["spaco_over_seco"]).c_str(),
+                cell(r["forward_over_full"]).c_str());
+    ratios.push_back(r);
+  }
+  out["time_ratios"] = ratios;
+
+  const int64_t t_lo = *std::min_element(seq_lens.begin(), seq_lens.end());
+  const int64_t t_hi = *std::max_element(seq_lens.begin(), seq_lens.end());
+  const json* lo = FindRow(rows, "seco", t_lo);
+  const json* hi = FindRow(rows, "seco", t_hi);
+  if (lo && hi && t_hi > t_lo) {
+    const double act_lo = (*lo)["activation_peak_bytes"].get<double>();
+    const double act_hi = (*hi)["activation_peak_bytes"].get<double>();
+    const double dT = static_cast<double>(t_hi - t_lo);
+    const double growth = ((*hi)["peak_bytes"].get<double>() - (*lo)["peak_bytes"].get<double>()) / dT;
+    const double kv_growth = ((*hi)["kv_cache_bytes"].get<double>() - (*lo)["kv_cache_bytes"].get<double>()) / dT;
+    const double grad_growth = ((*hi)["kv_grad_bytes"].get<double>() - (*lo)["kv_grad_bytes"].get<double>()) / dT;
+    json m;
+    m["t_lo"] = t_lo;
+    m["t_hi"] = t_hi;
+    m["activation_change"] = act_hi / act_lo - 1;
+    m["peak_growth_bytes_per_token"] = growth;
+    m["kv_cache_growth_bytes_per_token"] = kv_growth;
+    m["kv_grad_growth_bytes_per_token"] = grad_growth;
+    m["state_bytes_per_token"] = state_bytes_per_token;
+    std::printf("\nseco memory, T=%lld -> %lld:\n", static_cast<long long>(t_lo), static_cast<long long>(t_hi));
+    std::printf("  activation peak (activations + workspace + logits at the peak): %.2f -> %.2f MiB (%+.2f%%)\n",
+                Mib(act_lo), Mib(act_hi), 100 * (act_hi / act_lo - 1));
+    std::printf("  peak growth per token: %.1f bytes = KV cache %.1f + KV grad %.1f + other %.1f "
+                "(K+V of one token over all layers: %lld bytes)\n",
+                growth, kv_growth, grad_growth, growth - kv_growth - grad_growth,
+                static_cast<long long>(state_bytes_per_token));
+    out["seco_memory"] = m;
+  }
+  return out;
+}
+
 int Main() {
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
@@ -443,9 +559,11 @@ int Main() {
   if (strategies.empty()) Fail("--strategies", "empty");
   StrategyOptions base = tools::StrategyFromFlags();
   for (const std::string& s : strategies) {
-    base.name = s;
+    base.name = s == kForwardOnly ? "seco" : s;  // forward uses the chunked options
     tools::ExitIfError(ValidateStrategyOptions(base), "--strategies");
   }
+  const double spaco_fraction = absl::GetFlag(FLAGS_spaco_fraction);
+  if (!(spaco_fraction >= 0 && spaco_fraction <= 1)) Fail("--spaco_fraction", "must be in [0, 1]");
   std::vector<int64_t> seq_lens;
   for (const std::string& s : SplitList(absl::GetFlag(FLAGS_seq_lens))) {
     int64_t T;
@@ -482,20 +600,30 @@ int Main() {
   std::map<int64_t, Sequence> seqs;
   for (int64_t T : seq_lens) seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
 
+  const int64_t state_bytes_per_token = model.StateBytesPerToken() * cfg.num_layers;
   json rows = json::array();
   for (const std::string& name : strategies) {
-    StrategyOptions so = base;
-    so.name = name;
     for (int64_t T : seq_lens) {
+      const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
       const Sequence& seq = seqs.at(T);
-      absl::StatusOr<Measurement> m = Measure(model, so, seq, warmup, repeats, /*rss=*/true);
+      absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seq, warmup, repeats, /*rss=*/true);
       tools::ExitIfError(m.status(), absl::StrCat("strategy ", name, " T=", T).c_str());
-      const double flops = UsefulFlops(cfg, T, ValidLabels(seq));
-      rows.push_back(SeqgradRow(name, T, *m, flops, sgemm));
-      std::fprintf(stderr, "seqgrad %5s T=%6lld: %.4f s  %.0f tok/s  peak %.1f MiB  loss %.5f\n", name.c_str(),
-                   static_cast<long long>(T), m->best_s, T / m->best_s, Mib(m->mem.total_peak), m->loss);
+      double flops = UsefulFlops(cfg, T, ValidLabels(seq));
+      if (name == kForwardOnly) flops /= 3;  // forward is a third of forward + backward
+      json row = SeqgradRow(name, T, *m, flops, sgemm, state_bytes_per_token);
+      if (name == "spaco") {  // its useful work is random: no FLOP rate
+        row["spaco_budget"] = so.spaco_budget;
+        row["spaco_cap"] = so.spaco_cap;
+        for (const char* k : {"gflops", "gflops_per_s", "sgemm_fraction"}) row[k] = nullptr;
+      }
+      std::fprintf(stderr, "seqgrad %7s T=%6lld: %.4f s  %.0f tok/s  peak %.1f MiB  loss %.5f  chunks %.1f/%.1f\n",
+                   name.c_str(), static_cast<long long>(T), row["time_s"].get<double>(),
+                   row["tokens_per_s"].get<double>(), Mib(m->mem.total_peak), m->loss, m->chunks_backpropagated,
+                   m->chunks);
+      rows.push_back(row);
     }
   }
+  const json checks = PrintChecks(rows, seq_lens, state_bytes_per_token);
 
   json torch_info;
   if (compare_torch) {
@@ -554,16 +682,14 @@ int Main() {
     const int64_t t0 = *std::min_element(seq_lens.begin(), seq_lens.end());
     std::fprintf(stderr, "memory budget search: %lld bytes, from T=%lld, cap %lld\n", static_cast<long long>(budget),
                  static_cast<long long>(t0), static_cast<long long>(kBudgetCap));
-    for (const std::string& name : strategies) {
-      StrategyOptions so = base;
-      so.name = name;
-      budget_rows.push_back(BudgetSearch(model, so, t0, budget, task, seed));
-    }
+    for (const std::string& name : strategies)
+      budget_rows.push_back(BudgetSearch(model, base, name, spaco_fraction, t0, budget, task, seed));
     std::printf("\nlongest sequence within a budget of %.1f MiB (%lld bytes):\n", Mib(budget),
                 static_cast<long long>(budget));
     for (const json& b : budget_rows)
-      std::printf("  %-8s max_seq_len_in_budget %lld\n", b["strategy"].get<std::string>().c_str(),
-                  static_cast<long long>(b["max_seq_len_in_budget"].get<int64_t>()));
+      std::printf("  %-8s max_seq_len_in_budget %lld%s\n", b["strategy"].get<std::string>().c_str(),
+                  static_cast<long long>(b["max_seq_len_in_budget"].get<int64_t>()),
+                  b.contains("error") ? absl::StrCat("  (", b["error"].get<std::string>(), ")").c_str() : "");
   }
 
   if (const std::string jpath = absl::GetFlag(FLAGS_json); !jpath.empty()) {
@@ -606,6 +732,7 @@ int Main() {
       out["torch"] = torch_info;
     }
     if (budget > 0) out["budget"] = budget_rows;
+    out["checks"] = checks;
     tools::ExitIfError(tools::WriteTextFile(path, out.dump(2) + "\n"), "--json");
     const std::string svg_path = SvgPathFor(path);
     const std::string title = absl::StrCat("seqgrad bench: ", absl::GetFlag(FLAGS_model), ", ", threads,

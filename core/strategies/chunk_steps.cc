@@ -5,9 +5,14 @@
 namespace sg {
 
 HeadResult ForwardChunk(Model& m, const Sequence& s, Chunk c, SequenceState& state, bool with_loss) {
+  const int L = m.num_layers();
   Tensor x = m.Embed(s.ids.data(), c);
-  for (int l = 0; l < m.num_layers(); ++l) x = m.LayerForward(l, c, x, state, /*saved=*/nullptr);
-  if (!with_loss) return {};
+  for (int l = 0; l < L - 1; ++l) x = m.LayerForward(l, c, x, state, /*saved=*/nullptr);
+  if (!with_loss) {  // nothing reads the last layer's output: build its state only
+    m.LayerAppendState(L - 1, c, x, state);
+    return {};
+  }
+  x = m.LayerForward(L - 1, c, x, state, /*saved=*/nullptr);
   return m.HeadLoss(c, x, s.labels.data(), /*grad_scale=*/0, /*need_grad=*/false);
 }
 
@@ -27,6 +32,22 @@ HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& st
   m.EmbedBackward(s.ids.data(), c, dx);
   ReleaseFrom(m, state, c.begin);
   return head;
+}
+
+GradResult EvaluateLoss(Model& m, const Sequence& s, const StrategyOptions& o) {
+  const int64_t T = static_cast<int64_t>(s.ids.size());
+  auto state = m.NewState({T, o.page_size, /*resident_layers=*/m.num_layers(), /*resident_grad_layers=*/0});
+  m.set_lm_chunk(o.lm_chunk);
+  GradResult result;
+  result.chunks = result.chunks_backpropagated = 0;
+  for (const Chunk& c : SplitIntoChunks(T, o.chunk)) {
+    ThrowIfCancelled(o);
+    const HeadResult head = ForwardChunk(m, s, c, *state, /*with_loss=*/true);
+    result.loss_sum += head.loss_sum;
+    result.tokens += head.tokens;
+    ++result.chunks;
+  }
+  return result;
 }
 
 void ReleaseFrom(Model& m, SequenceState& state, int64_t from) {
