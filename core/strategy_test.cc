@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "core/data.h"
 #include "core/gradcheck.h"
@@ -103,6 +104,117 @@ TEST(FullBackpropTest, MatchesFiniteDifferences) {
       }
     }
   }
+}
+
+
+// With a budget of every chunk, spaco keeps all of them with probability 1 and compensates by 1: it is seco.
+TEST(SpacoTest, FullBudgetIsExact) {
+  for (double cap : {0.0, 2.0}) {
+    auto model = Tiny("tiny");
+    StrategyOptions o;
+    o.name = "spaco";
+    o.chunk = 4;
+    o.page_size = 3;
+    o.spaco_budget = 6;  // the 23-token sequence has 6 chunks
+    o.spaco_cap = cap;
+    const std::vector<Sequence> one{Batch(model->vocab_size())[0]};
+    absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, one, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LE(r->max_rel_err, 1e-10) << "cap " << cap << ", worst: " << r->worst_param;
+  }
+}
+
+// A budget below k backpropagates a random subset, reports the loss of every chunk all the same, and draws a new
+// subset on every call.
+TEST(SpacoTest, SamplesASubsetAndReportsTheFullLoss) {
+  auto model = Tiny("tiny");
+  StrategyOptions o;
+  o.name = "spaco";
+  o.chunk = 2;
+  o.spaco_budget = 2;
+  const std::vector<Sequence> one{Batch(model->vocab_size())[0]};  // 12 chunks
+  Trainer reference(*model, StrategyOptions{}, {});
+  const double loss = reference.ComputeGradients(one)->loss;
+  Trainer trainer(*model, o, {});
+  int64_t kept = 0, calls = 200;
+  std::set<int64_t> counts;
+  for (int i = 0; i < calls; ++i) {
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(one);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_NEAR(m->loss, loss, 1e-12);
+    EXPECT_EQ(m->chunks, 12);
+    kept += m->chunks_backpropagated;
+    counts.insert(m->chunks_backpropagated);
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / calls, 2.0, 0.4);  // Binomial(12, 1/6): mean 2, sd of the mean 0.09
+  EXPECT_GT(counts.size(), 2u);
+}
+
+TEST(SpacoTest, BadOptions) {
+  auto model = Tiny("tiny");
+  const std::vector<Sequence> batch = Batch(model->vocab_size());  // 23 and 9 tokens
+  auto error = [&](StrategyOptions o) {
+    Trainer trainer(*model, o, {});
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    EXPECT_FALSE(m.ok());
+    return m.ok() ? std::string() : std::string(m.status().message());
+  };
+  StrategyOptions o;
+  o.name = "spaco";
+  o.chunk = 4;
+  o.spaco_budget = 0;
+  EXPECT_NE(error(o).find("--spaco_budget must be at least 1"), std::string::npos) << error(o);
+  o.spaco_budget = 4;  // the 9-token sequence has 3 chunks
+  EXPECT_NE(error(o).find("--spaco_budget=4 exceeds the 3 chunks of batch sequence 1"), std::string::npos)
+      << error(o);
+  o.spaco_budget = 1;
+  o.spaco_cap = 0.5;
+  EXPECT_NE(error(o).find("--spaco_cap"), std::string::npos) << error(o);
+  o.spaco_cap = std::nan("");
+  EXPECT_NE(error(o).find("--spaco_cap"), std::string::npos) << error(o);
+  o.spaco_cap = 2;
+  o.page_size = 0;
+  EXPECT_NE(error(o).find("--page_size must be positive"), std::string::npos) << error(o);
+  o.page_size = 4;
+  o.chunk = 0;
+  EXPECT_NE(error(o).find("--chunk must be positive"), std::string::npos) << error(o);
+  o.chunk = 1000;  // larger than the sequence: one chunk
+  Trainer trainer(*model, o, {});
+  EXPECT_TRUE(trainer.ComputeGradients(batch).ok());
+}
+
+// The engine's memory limit turns a step that would need more into ResourceExhausted, and leaves the model usable.
+TEST(MemoryLimitTest, StepFailsCleanlyAndRecovers) {
+  auto model = Tiny("tiny");
+  const std::vector<Sequence> batch = Batch(model->vocab_size());
+  StrategyOptions o;
+  o.name = "seco";
+  o.chunk = 4;
+  const int64_t resting = model->memory().Snapshot().total_current;
+  model->memory().set_limit(resting + 1000);
+  Trainer trainer(*model, o, {});
+  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(m.status().message().find("memory limit"), std::string::npos) << m.status();
+  EXPECT_EQ(model->memory().Snapshot().total_current, resting);
+  model->memory().set_limit(0);
+  EXPECT_TRUE(trainer.ComputeGradients(batch).ok());
+}
+
+// Evaluation without gradients gives full backprop's loss.
+TEST(EvaluateLossTest, MatchesFull) {
+  auto model = Tiny("tiny-qwen2");
+  const std::vector<Sequence> batch = Batch(model->vocab_size());
+  StrategyOptions o;
+  o.chunk = 5;
+  o.page_size = 3;
+  Trainer trainer(*model, o, {});
+  const double full = trainer.ComputeGradients(batch)->loss;
+  absl::StatusOr<StepMetrics> eval = trainer.EvaluateLoss(batch);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_NEAR(eval->loss, full, 1e-12);
+  EXPECT_EQ(eval->chunks, 5 + 2);
 }
 
 }  // namespace
