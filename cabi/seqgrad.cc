@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <exception>
 #include <memory>
 #include <new>
@@ -29,7 +30,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
+constexpr char kVersion[] = "0.2.0";
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {
@@ -119,9 +120,17 @@ sg_status* Busy(const char* fn) {
                                                    "a trainer runs one step at a time"));
 }
 
-sg_status* CheckOutStruct(const char* fn, const char* arg, size_t got, size_t want) {
-  if (got < want)
+// Sizes of the size-versioned structs in the 0.1 header: programs built against it pass these. Their layouts are
+// frozen; later fields are appended.
+constexpr size_t kTrainerOptionsSize0_1 = offsetof(sg_trainer_options, spaco_budget);
+constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
+static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
+
+// A struct_size is accepted when it is a published version's (`older`, 0 if none) or at least this library's.
+sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t want, size_t older = 0) {
+  if (got < want && (older == 0 || got != older))
     return Invalid(absl::StrCat(fn, ": ", arg, "->struct_size is ", got, ", smaller than this library's ", want,
+                                older ? absl::StrCat(" and not the 0.1 size ", older) : "",
                                 " (initialise it with the matching *_init()/*_default_options())"));
   return nullptr;
 }
@@ -139,6 +148,10 @@ void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapsho
     out->bytes_at_peak_by_category[i] = snap.at_total_peak[i];
   }
   out->seconds = seconds;
+  if (out->struct_size > kMetricsSize0_1) {
+    out->chunks = m.chunks;
+    out->chunks_backpropagated = m.chunks_backpropagated;
+  }
 }
 
 void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
@@ -206,7 +219,7 @@ sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int3
                    const int64_t* lengths, int64_t num_sequences, sg_metrics* out, bool optimizer) {
   if (!t) return NullArg(fn, "trainer");
   if (out) {
-    if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_metrics))) return s;
+    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), kMetricsSize0_1)) return s;
   }
   ModelCore& core = *t->core;
   std::vector<sg::Sequence> batch;
@@ -361,7 +374,7 @@ sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_in
   return Guard(fn, [&]() -> sg_status* {
     if (!model) return NullArg(fn, "model");
     if (!out) return NullArg(fn, "out");
-    if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_param_info))) return s;
+    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_param_info))) return s;
     std::vector<sg::Param>& params = model->core->model->params();
     if (index < 0 || index >= static_cast<int64_t>(params.size()))
       return MakeStatus(SG_ERR_OUT_OF_RANGE, absl::StrCat(fn, ": argument 'index' is ", index, "; the model has ",
@@ -389,6 +402,9 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.chunk = so.chunk;
   o.page_size = so.page_size;
   o.lm_chunk = so.lm_chunk;
+  o.spaco_budget = so.spaco_budget;
+  o.spaco_cap = so.spaco_cap;
+  o.seed = so.seed;
   o.lr = oo.lr;
   o.beta1 = oo.beta1;
   o.beta2 = oo.beta2;
@@ -405,10 +421,9 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     *out = nullptr;
     if (!model) return NullArg(fn, "model");
     if (!options) return NullArg(fn, "options");
-    if (options->struct_size < sizeof(sg_trainer_options))
-      return Invalid(absl::StrCat(fn, ": options->struct_size is ", options->struct_size, ", smaller than ",
-                                  sizeof(sg_trainer_options),
-                                  " (this library's sg_trainer_options); start from sg_trainer_default_options()"));
+    if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
+                                       kTrainerOptionsSize0_1))
+      return s;
     for (uint64_t r : options->reserved)
       if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
     sg::StrategyOptions so;
@@ -416,6 +431,11 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     so.chunk = options->chunk;
     so.page_size = options->page_size;
     so.lm_chunk = options->lm_chunk;
+    if (options->struct_size > kTrainerOptionsSize0_1) {  // a 0.1 caller's options keep the spaco defaults
+      so.spaco_budget = options->spaco_budget;
+      so.spaco_cap = options->spaco_cap;
+      so.seed = options->seed;
+    }
     if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
       return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));
     if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
@@ -473,7 +493,7 @@ sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
   return Guard(fn, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (out) {
-      if (sg_status* s = CheckOutStruct(fn, "out", out->struct_size, sizeof(sg_metrics))) return s;
+      if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), kMetricsSize0_1)) return s;
     }
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);

@@ -1,6 +1,9 @@
 #!/bin/bash
-# Runs the C example for a few steps and checks that it trained.
+# Runs the C example for a few steps (seco, then spaco) and checks that it trained.
 set -euo pipefail
 out="$("$1" 4)"
 echo "$out"
-grep -q "^step 4 loss" <<<"$out"
+grep -q "^step 4 loss.* chunks 4/4 " <<<"$out"
+out="$("$1" 3 spaco)"
+echo "$out"
+grep -Eq "^step 3 loss.* chunks [0-4]/4 " <<<"$out"

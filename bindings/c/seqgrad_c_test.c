@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,7 @@ static void test_lifecycle(void) {
   CHECK(met.peak_bytes_by_category[2] > 0); /* optimizer */
   for (c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) sum_at_peak += met.bytes_at_peak_by_category[c];
   CHECK(sum_at_peak == met.peak_bytes);
+  CHECK(met.chunks == 6 && met.chunks_backpropagated == 6); /* seco: 3 chunks of 8 per sequence, all of them */
   CHECK(g_progress_calls == 8); /* phase 0 and 1 of each step */
   CHECK(g_progress_loss == last);
 
@@ -217,7 +219,7 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "magic");
   CHECK(tout == NULL);
 
-  /* Struct sizes: smaller is rejected, larger is accepted. */
+  /* Struct sizes: this header's, an older header's (test_old_struct_sizes) or larger are accepted; others not. */
   o = sg_trainer_default_options();
   o.struct_size = sizeof(o) - 8;
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "struct_size");
@@ -240,6 +242,8 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "lr");
   met.struct_size = 4;
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
+  met.struct_size = sizeof(met) - 8;
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
   p.struct_size = 0;
   EXPECT_STATUS(sg_model_param_info(m, 0, &p), SG_ERR_INVALID_ARGUMENT, "struct_size");
   p = sg_param_info_init();
@@ -257,6 +261,151 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 0, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "'num_tokens'");
   /* Still usable after all that. */
   EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, NULL));
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+/* A program built against the 0.1 header (options and metrics end before the 0.2 fields) keeps working. */
+static void test_old_struct_sizes(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics met = sg_metrics_init();
+  o.struct_size = offsetof(sg_trainer_options, spaco_budget);
+  o.chunk = 8;
+  o.page_size = 8;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  met.struct_size = offsetof(sg_metrics, chunks);
+  met.chunks = met.chunks_backpropagated = -7; /* beyond the caller's struct: must stay untouched */
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.tokens == 2 * (SEQ - 1) && met.step == 1 && met.seconds > 0);
+  CHECK(met.chunks == -7 && met.chunks_backpropagated == -7);
+  sg_trainer_free(t);
+  /* The 0.2 fields beyond an old struct_size are not read: spaco runs with the default budget of 8 chunks, which
+   * the 3-chunk sequences cannot meet, not with the 2 written there. */
+  o.strategy = "spaco";
+  o.spaco_budget = 2;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "spaco_budget=8 exceeds the 3 chunks");
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+/* All gradients of the model concatenated (f32), malloc'ed; *n gets the count. */
+static float* copy_grads(sg_model* m, int64_t* n) {
+  sg_param_info p = sg_param_info_init();
+  int64_t i, off = 0;
+  float* out;
+  *n = 0;
+  for (i = 0; i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    if (p.grad) *n += p.numel;
+  }
+  out = (float*)malloc((size_t)*n * sizeof(float));
+  for (i = 0; out && i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    if (!p.grad) continue;
+    memcpy(out + off, p.grad, (size_t)p.numel * sizeof(float));
+    off += p.numel;
+  }
+  return out;
+}
+
+/* Gradients and metrics of one compute_gradients over the test batch (2 sequences of 3 chunks of 8). */
+static float* spaco_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
+                          sg_metrics* met, int64_t* n) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  float* g = NULL;
+  o.strategy = strategy;
+  o.chunk = 8;
+  o.page_size = 8;
+  o.spaco_budget = budget;
+  o.spaco_cap = cap;
+  o.seed = seed;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  if (!t) return NULL;
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, met));
+  g = copy_grads(m, n);
+  sg_trainer_free(t);
+  return g;
+}
+
+static void test_spaco(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics met = sg_metrics_init(), ref = sg_metrics_init();
+  float *seco, *g, *again, *other;
+  int64_t n = 0, n2 = 0, i;
+  int call, differs = 0;
+
+  CHECK(o.spaco_budget == 8 && o.spaco_cap == 2.0 && o.seed == 0);
+
+  /* A random subset of the chunks is backpropagated, afresh on every call; every chunk counts in the loss. */
+  o.strategy = "spaco";
+  o.chunk = 8;
+  o.page_size = 8;
+  o.spaco_budget = 1;
+  o.seed = 7;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  for (call = 0; call < 4; ++call) {
+    met = sg_metrics_init();
+    EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    CHECK(met.chunks == 6);
+    CHECK(met.chunks_backpropagated >= 0 && met.chunks_backpropagated <= met.chunks);
+    CHECK(met.tokens == 2 * (SEQ - 1) && isfinite(met.loss) && met.step == call + 1);
+  }
+  EXPECT_OK(sg_trainer_optimizer_step(t, &met)); /* reports the chunks of the last compute_gradients */
+  CHECK(met.chunks == 6);
+  sg_trainer_free(t);
+
+  /* Budget = every chunk, no cap: all chunks kept with compensation 1, i.e. exactly seco. */
+  seco = spaco_grads(m, "seco", 8, 2.0, 0, &ref, &n);
+  g = spaco_grads(m, "spaco", 3, 0.0, 123, &met, &n2);
+  CHECK(seco && g && n == n2 && n > 0);
+  CHECK(met.chunks == 6 && met.chunks_backpropagated == 6);
+  CHECK(fabs(met.loss - ref.loss) <= 1e-6 * fabs(ref.loss));
+  for (i = 0; seco && g && i < n; ++i) {
+    if (fabs(g[i] - seco[i]) > 1e-5 * (fabs(seco[i]) + 1e-3)) {
+      fprintf(stderr, "spaco gradient [%lld] = %g, seco's %g\n", (long long)i, g[i], seco[i]);
+      ++g_failures;
+      break;
+    }
+  }
+  free(g);
+
+  /* The seed decides the sample: the same seed gives the same gradients, another one (some call) others. */
+  g = spaco_grads(m, "spaco", 1, 2.0, 5, &met, &n);
+  again = spaco_grads(m, "spaco", 1, 2.0, 5, &met, &n2);
+  CHECK(g && again && n == n2 && memcmp(g, again, (size_t)n * sizeof(float)) == 0);
+  for (call = 6; call < 14 && !differs; ++call) {
+    other = spaco_grads(m, "spaco", 1, 2.0, (uint64_t)call, &met, &n2);
+    differs = other && g && memcmp(g, other, (size_t)n * sizeof(float)) != 0;
+    free(other);
+  }
+  CHECK(differs);
+  free(g);
+  free(again);
+  free(seco);
+
+  /* Bad values name the option. */
+  o.spaco_budget = 0;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "spaco_budget");
+  CHECK(t == NULL);
+  o.spaco_budget = 1;
+  o.spaco_cap = 0.5;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "spaco_cap");
+  o.spaco_cap = NAN;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "spaco_cap");
+  /* A budget above a sequence's chunk count only shows with the batch. */
+  o.spaco_cap = 0;
+  o.spaco_budget = 4;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "spaco_budget=4 exceeds the 3 chunks");
+  CHECK(sg_trainer_step_count(t) == 0);
   sg_trainer_free(t);
   sg_model_free(m);
 }
@@ -382,6 +531,8 @@ int main(void) {
   test_version();
   test_lifecycle();
   test_errors();
+  test_old_struct_sizes();
+  test_spaco();
   test_busy();
   test_cancel();
   if (g_failures) {

@@ -97,6 +97,8 @@ py::dict MetricsDict(const sg_metrics& m) {
   d["peak_bytes_by_category"] = peak;
   d["bytes_at_peak_by_category"] = at_peak;
   d["seconds"] = m.seconds;
+  d["chunks"] = m.chunks;
+  d["chunks_backpropagated"] = m.chunks_backpropagated;
   return d;
 }
 
@@ -214,7 +216,7 @@ PYBIND11_MODULE(_native, mod) {
   py::class_<NativeTrainer, std::shared_ptr<NativeTrainer>>(mod, "Trainer")
       .def(py::init([](NativeModel& model, const std::string& strategy, int64_t chunk, int64_t page_size,
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       double clip_grad_norm) {
+                       double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -226,6 +228,9 @@ PYBIND11_MODULE(_native, mod) {
              o.eps = eps;
              o.weight_decay = weight_decay;
              o.clip_grad_norm = clip_grad_norm;
+             o.spaco_budget = spaco_budget;
+             o.spaco_cap = spaco_cap;
+             o.seed = seed;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -235,7 +240,7 @@ PYBIND11_MODULE(_native, mod) {
            }),
            py::arg("model"), py::arg("strategy"), py::arg("chunk"), py::arg("page_size"), py::arg("lm_chunk"),
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("clip_grad_norm"))
+           py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"))
       .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
                       py::array lengths) { return RunStep(s, ids, labels, lengths, true); })
       .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,

@@ -66,9 +66,11 @@ void OnProgress(void* user, const sg_progress* p) {
 }
 
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
-  // [loss, tokens, grad_norm, step, peak_bytes, seconds, peak_by_category x8, at_peak_by_category x8]
+  // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, peak_by_category x8,
+  //  at_peak_by_category x8] (Metrics.java reads this layout)
   std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
-                            static_cast<double>(m.peak_bytes), m.seconds};
+                            static_cast<double>(m.peak_bytes), m.seconds, static_cast<double>(m.chunks),
+                            static_cast<double>(m.chunks_backpropagated)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
   jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
@@ -179,7 +181,8 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
 
 JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jstring strategy, jlong chunk,
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
-                             jdouble weight_decay, jdouble clip) {
+                             jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
+                             jlong seed) {
   GUARD_BEGIN
   const std::string s = Str(env, strategy);
   sg_trainer_options o = sg_trainer_default_options();
@@ -193,6 +196,9 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.eps = eps;
   o.weight_decay = weight_decay;
   o.clip_grad_norm = clip;
+  o.spaco_budget = spaco_budget;
+  o.spaco_cap = spaco_cap;
+  o.seed = static_cast<uint64_t>(seed);  // Java has no unsigned long: the bits carry over
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;

@@ -134,19 +134,25 @@ def _flatten(batch, what):
 
 
 class Trainer:
-    """Computes gradients with a strategy ("full", "ckpt", "seco") and applies AdamW. A context manager.
+    """Computes gradients with a strategy ("full", "ckpt", "seco", "spaco") and applies AdamW. A context manager.
+
+    spaco backpropagates each of a sequence's k chunks with probability spaco_budget / k (1 <= spaco_budget <= k)
+    and compensates the kept ones so the gradient is unbiased; spaco_cap caps the compensation of relayed state
+    gradients (0 = no cap, else >= 1) and seed seeds the sampling. Metrics count "chunks" and
+    "chunks_backpropagated".
 
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError.
     """
 
     def __init__(self, model, strategy="full", chunk=512, page_size=256, lm_chunk=256, lr=1e-3, betas=(0.9, 0.95),
-                 eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None):
+                 eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
+                 seed=0):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         self.model = model
         self._native = _native.Trainer(model._get(), strategy, chunk, page_size, lm_chunk, lr, betas[0], betas[1],
-                                       eps, weight_decay, clip_grad_norm)
+                                       eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed)
         if progress is not None:
             self.set_progress_callback(progress)
 

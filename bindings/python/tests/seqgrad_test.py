@@ -34,6 +34,7 @@ def test_train_and_metrics(model):
     assert m["tokens"] == 23 and m["step"] == 5 and m["grad_norm"] > 0
     assert m["peak_bytes"] == sum(m["bytes_at_peak_by_category"].values())
     assert m["peak_bytes_by_category"]["optimizer"] > 0
+    assert m["chunks"] == m["chunks_backpropagated"] == 3  # seco: one sequence of 24 tokens in chunks of 8
     assert [p["phase"] for p in seen[:2]] == ["gradients", "optimizer"]
     assert seen[-1]["step"] == 5 and seen[-1]["loss"] == m["loss"]
 
@@ -113,6 +114,60 @@ def test_errors(model):
     tr.close()  # idempotent
     with pytest.raises(seqgrad.OutOfRangeError):
         model._get().param(10**6)
+
+
+def _grads(model):
+    return {k: v.copy() for k, v in model.gradients().items()}
+
+
+def test_spaco(model):
+    with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, lr=3e-3, spaco_budget=1, seed=7) as tr:
+        for step in range(1, 5):
+            m = tr.step(BATCH)
+            assert m["chunks"] == 3 + 2  # 24 and 16 tokens in chunks of 8
+            assert 0 <= m["chunks_backpropagated"] <= m["chunks"]
+            assert m["tokens"] == 23 + 15 and m["step"] == step and np.isfinite(m["loss"])
+        assert tr.optimizer_step()["chunks"] == 5  # the last compute_gradients' counts
+
+
+def test_spaco_with_every_chunk_is_seco(model):
+    """spaco_budget = chunks per sequence keeps every chunk; with spaco_cap=0 the compensation is 1: seco."""
+    batch = [BATCH[0], BATCH[0][:20]]  # 3 chunks of 8 each
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        ref = tr.compute_gradients(batch)
+        ref_grads = _grads(model)
+    with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, spaco_budget=3, spaco_cap=0, seed=99) as tr:
+        m = tr.compute_gradients(batch)
+        grads = _grads(model)
+    assert m["chunks"] == m["chunks_backpropagated"] == 6
+    assert m["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for k in grads:
+        np.testing.assert_allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-8, err_msg=k)
+
+
+def test_spaco_seed(model):
+    def sample(seed):
+        with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, spaco_budget=1, seed=seed) as tr:
+            tr.compute_gradients(BATCH)
+            return np.concatenate([g.ravel() for g in _grads(model).values()])
+
+    a = sample(5)
+    np.testing.assert_array_equal(a, sample(5))
+    assert any(not np.array_equal(a, sample(s)) for s in range(6, 14))
+
+
+def test_spaco_errors(model):
+    with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_budget") as e:
+        seqgrad.Trainer(model, strategy="spaco", spaco_budget=0)
+    assert e.value.code == 3
+    with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_cap"):
+        seqgrad.Trainer(model, strategy="spaco", spaco_cap=0.5)
+    with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, spaco_budget=3) as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_budget=3 exceeds the 2 chunks"):
+            tr.step(BATCH)  # the 16-token sequence has 2 chunks
+        assert tr.step_count == 0
+        tr.step([BATCH[0]])
 
 
 def test_cancel_from_another_thread(model):

@@ -7,11 +7,13 @@
  *    C++ exceptions never cross this boundary.
  *  - Every *_free function accepts NULL. Using a handle after it was freed is undefined behaviour (it cannot be
  *    detected); passing a NULL handle or a NULL required pointer returns SG_ERR_INVALID_ARGUMENT naming it.
- *  - Option structs come from sg_*_default_options() and start with `size_t struct_size`. The library rejects
- *    struct sizes smaller than the version it was built with (SG_ERR_INVALID_ARGUMENT) and accepts larger ones
- *    (fields it does not know are ignored), so a program built against an older header keeps working.
+ *  - Option structs come from sg_*_default_options() and start with `size_t struct_size`. New fields are only ever
+ *    appended (marked "since x.y"). The library accepts the size of any published version of a struct, so a program
+ *    built against an older header keeps working (fields it did not have take their defaults), and any size larger
+ *    than its own, so a newer program runs on an older library (fields it does not know are ignored); other sizes
+ *    are rejected with SG_ERR_INVALID_ARGUMENT.
  *    Output structs (sg_metrics, sg_param_info) also start with struct_size, set by the caller through
- *    sg_metrics_init()/sg_param_info_init(); the library fills only the fields that fit.
+ *    sg_metrics_init()/sg_param_info_init(), with the same sizes accepted; the library fills only the fields that fit.
  *
  * Thread safety
  *  - Different handles may be used from different threads at once.
@@ -43,7 +45,7 @@ extern "C" {
 #endif
 
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 1
+#define SG_VERSION_MINOR 2
 #define SG_VERSION_PATCH 0
 
 /* "MAJOR.MINOR.PATCH" of the loaded library (may differ from the macros of the header you compiled with). */
@@ -153,7 +155,7 @@ typedef struct sg_trainer sg_trainer;
 
 typedef struct sg_trainer_options {
   size_t struct_size;   /* sizeof(sg_trainer_options) of the header the caller compiled with */
-  const char* strategy; /* "full" | "ckpt" | "seco" (copied; NULL = "full") */
+  const char* strategy; /* "full" | "ckpt" | "seco" | "spaco" (copied; NULL = "full") */
   int64_t chunk;        /* tokens per chunk for chunked strategies (default 512) */
   int64_t page_size;    /* KV page size in tokens (default 256) */
   int64_t lm_chunk;     /* LM-head rows at a time (default 256) */
@@ -164,6 +166,12 @@ typedef struct sg_trainer_options {
   double weight_decay;  /* default 0 (never applied to norms and biases) */
   double clip_grad_norm;/* global-norm clipping, 0 = none (default 1.0) */
   uint64_t reserved[16];/* must be zero; room for later options without changing the size */
+  /* Since 0.2: spaco keeps each of a sequence's k chunks with probability spaco_budget / k and compensates the
+   * kept ones so that the gradient estimate stays unbiased. */
+  int64_t spaco_budget; /* chunks backpropagated per sequence on average; in [1, k] for every sequence (default 8) */
+  double spaco_cap;     /* cap on the compensation of relayed state gradients, trading bias for lower variance:
+                           0 = no cap (exactly unbiased), else >= 1 (default 2) */
+  uint64_t seed;        /* spaco sampling seed; every compute_gradients call and sequence derives its own (default 0) */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
@@ -183,6 +191,9 @@ typedef struct sg_metrics {
   int64_t peak_bytes_by_category[SG_NUM_MEMORY_CATEGORIES];     /* each category's own peak during the call */
   int64_t bytes_at_peak_by_category[SG_NUM_MEMORY_CATEGORIES];  /* the split of peak_bytes */
   double seconds;    /* wall time of the call */
+  /* Since 0.2. */
+  int64_t chunks;    /* chunks the batch's sequences were split into (full/ckpt: one per sequence) */
+  int64_t chunks_backpropagated; /* of which were backpropagated: fewer than chunks only for spaco */
 } sg_metrics;
 
 /* A zeroed sg_metrics with struct_size set. */
@@ -194,14 +205,16 @@ SG_API sg_metrics sg_metrics_init(void);
  *               (labels[i] = ids[i+1] within each sequence, the last position ignored)
  *   lengths:    num_sequences lengths (each >= 1) summing to num_tokens
  *   out:        NULL or metrics with struct_size set
- * Errors: SG_ERR_INVALID_ARGUMENT (names the argument), SG_ERR_BUSY, SG_ERR_CANCELLED. */
+ * Errors: SG_ERR_INVALID_ARGUMENT (names the argument; for spaco also a sequence with fewer chunks than
+ * spaco_budget), SG_ERR_BUSY, SG_ERR_CANCELLED. */
 SG_API sg_status* sg_trainer_compute_gradients(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
                                                int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                                sg_metrics* out);
 /* compute_gradients, then clipping + AdamW. */
 SG_API sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out);
-/* Clipping + AdamW with the gradients held now; out (may be NULL) gets loss/tokens of the last compute_gradients. */
+/* Clipping + AdamW with the gradients held now; out (may be NULL) gets loss/tokens/chunks of the last
+ * compute_gradients. */
 SG_API sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out);
 /* Optimizer steps taken so far; -1 for NULL. */
 SG_API int64_t sg_trainer_step_count(const sg_trainer* trainer);

@@ -8,6 +8,10 @@ public final class Metrics {
   public final long step;
   public final long peakBytes;
   public final double seconds;
+  /** Chunks the batch's sequences were split into (full, ckpt: one per sequence). */
+  public final long chunks;
+  /** Of which were backpropagated: fewer than {@link #chunks} only for spaco. */
+  public final long chunksBackpropagated;
   /** Each memory category's own peak, in the order of {@link Model#memoryCategories()}. */
   public final long[] peakBytesByCategory;
   /** The split of peakBytes over the categories. */
@@ -20,18 +24,21 @@ public final class Metrics {
     step = (long) a[3];
     peakBytes = (long) a[4];
     seconds = a[5];
-    int n = (a.length - 6) / 2;
+    chunks = (long) a[6];
+    chunksBackpropagated = (long) a[7];
+    final int head = 8;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
+    int n = (a.length - head) / 2;
     peakBytesByCategory = new long[n];
     bytesAtPeakByCategory = new long[n];
     for (int i = 0; i < n; ++i) {
-      peakBytesByCategory[i] = (long) a[6 + i];
-      bytesAtPeakByCategory[i] = (long) a[6 + n + i];
+      peakBytesByCategory[i] = (long) a[head + i];
+      bytesAtPeakByCategory[i] = (long) a[head + n + i];
     }
   }
 
   @Override
   public String toString() {
-    return String.format("step %d loss %.4f tokens %d grad_norm %.4f peak %d B", step, loss, tokens, gradNorm,
-        peakBytes);
+    return String.format("step %d loss %.4f tokens %d grad_norm %.4f chunks %d/%d peak %d B", step, loss, tokens,
+        gradNorm, chunksBackpropagated, chunks, peakBytes);
   }
 }

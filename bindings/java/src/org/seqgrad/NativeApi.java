@@ -77,7 +77,8 @@ final class NativeApi {
   static native ByteBuffer paramBuffer(long h, long i, boolean grad);
 
   static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
-      long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip);
+      long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
+      long spacoBudget, double spacoCap, long seed);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);

@@ -3,7 +3,7 @@ package org.seqgrad;
 import java.util.List;
 
 /**
- * Gradients with a strategy ("full", "ckpt", "seco") and AdamW steps. One step at a time: a step while another
+ * Gradients with a strategy ("full", "ckpt", "seco", "spaco") and AdamW steps. One step at a time: a step while another
  * thread's step runs throws SeqgradException with code BUSY. {@link #cancel()} may be called from any thread.
  */
 public final class Trainer extends NativeHandle {
@@ -24,11 +24,20 @@ public final class Trainer extends NativeHandle {
     public double eps = 1e-8;
     public double weightDecay = 0.0;
     public double clipGradNorm = 1.0;
+    /** spaco: chunks backpropagated per sequence on average, in [1, chunks of every sequence]. */
+    public long spacoBudget = 8;
+    /** spaco: cap on the compensation of relayed state gradients; 0 = none (exactly unbiased), else >= 1. */
+    public double spacoCap = 2.0;
+    /** spaco sampling seed (all 64 bits are used, as unsigned). */
+    public long seed = 0;
 
     public Options strategy(String s) { strategy = s; return this; }
     public Options chunk(long c) { chunk = c; return this; }
     public Options pageSize(long p) { pageSize = p; return this; }
     public Options lr(double v) { lr = v; return this; }
+    public Options spacoBudget(long b) { spacoBudget = b; return this; }
+    public Options spacoCap(double c) { spacoCap = c; return this; }
+    public Options seed(long s) { seed = s; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -42,7 +51,7 @@ public final class Trainer extends NativeHandle {
     try {
       Holder holder = new Holder();
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
-          o.beta2, o.eps, o.weightDecay, o.clipGradNorm);
+          o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed);
       return holder.bind(new Trainer(h));
     } finally {
       model.releaseForTrainer();

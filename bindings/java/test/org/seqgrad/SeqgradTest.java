@@ -1,5 +1,6 @@
 package org.seqgrad;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -10,6 +11,8 @@ import java.nio.ByteBuffer;
 import java.nio.FloatBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -28,7 +31,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.1.0", Model.version());
+    assertEquals("0.2.0", Model.version());
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -41,6 +44,8 @@ class SeqgradTest {
         last = r.loss;
         assertEquals(23 + 15, r.tokens);
         assertTrue(r.peakBytes > 0);
+        assertEquals(3 + 2, r.chunks);  // seco: 24 and 16 tokens in chunks of 8, all backpropagated
+        assertEquals(r.chunks, r.chunksBackpropagated);
       }
       assertTrue(last < first, "loss went down: " + first + " -> " + last);
       assertEquals(8, events[0]);
@@ -62,6 +67,108 @@ class SeqgradTest {
       try (Model loaded = Model.load(dir.resolve("saved").toString(), "f32")) {
         assertEquals(m.numParams(), loaded.numParams());
         assertEquals(before + 1.0f, loaded.param(0).asFloatBuffer().get(5));
+      }
+    }
+  }
+
+  static Trainer.Options spaco(long budget) {
+    return new Trainer.Options().strategy("spaco").chunk(8).pageSize(8).spacoBudget(budget);
+  }
+
+  /** All gradients of the model, concatenated. */
+  static float[] grads(Model m) {
+    List<FloatBuffer> parts = new ArrayList<>();
+    int total = 0;
+    for (int i = 0; i < m.numParams(); ++i) {
+      ByteBuffer g = m.grad(i);
+      if (g == null) continue;
+      parts.add(g.asFloatBuffer());
+      total += parts.get(parts.size() - 1).capacity();
+    }
+    float[] out = new float[total];
+    int off = 0;
+    for (FloatBuffer f : parts) {
+      f.get(out, off, f.capacity());
+      off += f.capacity();
+    }
+    return out;
+  }
+
+  @Test
+  void spacoTrainsOnASampleOfChunks() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1); Trainer t = Trainer.create(m, spaco(1).seed(7).lr(3e-3))) {
+      for (int i = 1; i <= 4; ++i) {
+        Metrics r = t.step(List.of(A, B));
+        assertEquals(3 + 2, r.chunks);
+        assertTrue(r.chunksBackpropagated >= 0 && r.chunksBackpropagated <= r.chunks, r.toString());
+        assertEquals(23 + 15, r.tokens);
+        assertEquals(i, r.step);
+        assertTrue(Double.isFinite(r.loss));
+      }
+    }
+  }
+
+  @Test
+  void spacoWithEveryChunkIsSeco() {
+    int[] ids = new int[24 + 20];  // A and its first 20 tokens: 3 chunks of 8 each
+    System.arraycopy(A, 0, ids, 0, 24);
+    System.arraycopy(A, 0, ids, 24, 20);
+    long[] lengths = {24, 20};
+    try (Model m = Model.fromPreset("tiny", "f32", 1)) {
+      Metrics ref, got;
+      float[] seco, all;
+      try (Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+        ref = t.computeGradients(ids, null, lengths);
+        seco = grads(m);
+      }
+      // Budget = chunks per sequence keeps every chunk; no cap makes the compensation 1.
+      try (Trainer t = Trainer.create(m, spaco(3).spacoCap(0).seed(99))) {
+        got = t.computeGradients(ids, null, lengths);
+        all = grads(m);
+      }
+      assertEquals(6, got.chunks);
+      assertEquals(6, got.chunksBackpropagated);
+      assertEquals(ref.loss, got.loss, 1e-6 * Math.abs(ref.loss));
+      assertEquals(seco.length, all.length);
+      for (int i = 0; i < seco.length; ++i) {
+        assertEquals(seco[i], all[i], 1e-5 * (Math.abs(seco[i]) + 1e-3), "gradient " + i);
+      }
+    }
+  }
+
+  static float[] spacoSample(Model m, long seed) {
+    try (Trainer t = Trainer.create(m, spaco(1).seed(seed))) {
+      t.computeGradients(A, null, new long[] {A.length});
+      return grads(m);
+    }
+  }
+
+  @Test
+  void spacoSeedDecidesTheSample() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1)) {
+      float[] first = spacoSample(m, 5);
+      assertArrayEquals(first, spacoSample(m, 5));
+      boolean differs = false;
+      for (long seed = -1; seed >= -8 && !differs; --seed) {  // negative: the bits are an unsigned seed
+        differs = !Arrays.equals(first, spacoSample(m, seed));
+      }
+      assertTrue(differs);
+    }
+  }
+
+  @Test
+  void spacoBadOptionsNameTheOption() {
+    try (Model m = Model.fromPreset("tiny")) {
+      SeqgradException e = assertThrows(SeqgradException.class, () -> Trainer.create(m, spaco(0)));
+      assertEquals(SeqgradException.INVALID_ARGUMENT, e.getCode());
+      assertTrue(e.getMessage().contains("spaco_budget"), e.getMessage());
+      e = assertThrows(SeqgradException.class, () -> Trainer.create(m, spaco(1).spacoCap(0.5)));
+      assertTrue(e.getMessage().contains("spaco_cap"), e.getMessage());
+      try (Trainer t = Trainer.create(m, spaco(3))) {
+        e = assertThrows(SeqgradException.class, () -> t.step(List.of(A, B)));  // B has 2 chunks
+        assertEquals(SeqgradException.INVALID_ARGUMENT, e.getCode());
+        assertTrue(e.getMessage().contains("spaco_budget=3 exceeds the 2 chunks"), e.getMessage());
+        t.step(List.of(A));
       }
     }
   }
