@@ -22,11 +22,29 @@ std::vector<int32_t>& PagePool::Table(int layer) {
   return tables_[layer];
 }
 
+void PagePool::SkipRows(int64_t begin, int64_t end, int64_t seq_len) {
+  const int64_t pages = (seq_len + page_size_ - 1) / page_size_;
+  if (static_cast<int64_t>(skipped_rows_.size()) < pages) skipped_rows_.resize(pages, 0);
+  for (int64_t t = begin; t < end;) {
+    const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
+    skipped_rows_[t / page_size_] += run;
+    t += run;
+  }
+  // The last page counts its missing rows (past seq_len) as skipped.
+  if (const int64_t tail = pages * page_size_ - seq_len; tail > 0 && begin < seq_len && end >= seq_len)
+    skipped_rows_[pages - 1] += tail;
+}
+
 void PagePool::Ensure(int layer, int64_t end, bool zero_new) {
   std::vector<int32_t>& table = Table(layer);
   const int64_t needed = (end + page_size_ - 1) / page_size_;
   const size_t elem = DTypeSize(k_.dtype());
   while (static_cast<int64_t>(table.size()) < needed) {
+    const size_t logical = table.size();
+    if (logical < skipped_rows_.size() && skipped_rows_[logical] >= page_size_) {
+      table.push_back(-1);
+      continue;
+    }
     if (free_.empty())
       throw std::runtime_error("page pool exhausted: " + std::to_string(capacity_) + " pages of " +
                                std::to_string(page_size_) + " tokens (layer " + std::to_string(layer) + ")");
@@ -44,7 +62,7 @@ void PagePool::Release(int layer, int64_t from) {
   std::vector<int32_t>& table = Table(layer);
   const int64_t keep = (from + page_size_ - 1) / page_size_;  // pages starting before `from`
   while (static_cast<int64_t>(table.size()) > keep) {
-    free_.push_back(table.back());
+    if (table.back() >= 0) free_.push_back(table.back());
     table.pop_back();
   }
 }
@@ -54,7 +72,13 @@ void PagePool::Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const {
   const std::vector<int32_t>& table = tables_.at(layer);
   const int64_t row = kv_heads_ * head_dim_;
   for (int64_t t = begin; t < end; ++t) {
-    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
+    const int32_t page = table[t / page_size_];
+    if (page < 0) {
+      std::fill_n(k + (t - begin) * row, row, T(0));
+      std::fill_n(v + (t - begin) * row, row, T(0));
+      continue;
+    }
+    const int64_t off = page * page_stride_ + (t % page_size_) * row;
     std::memcpy(k + (t - begin) * row, k_.data<T>() + off, row * sizeof(T));
     std::memcpy(v + (t - begin) * row, v_.data<T>() + off, row * sizeof(T));
   }
@@ -65,6 +89,7 @@ void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const 
   const std::vector<int32_t>& table = Table(layer);
   const int64_t row = kv_heads_ * head_dim_;
   for (int64_t t = begin; t < end; ++t) {
+    if (table[t / page_size_] < 0) continue;
     const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
     std::memcpy(k_.data<T>() + off, k + (t - begin) * row, row * sizeof(T));
     std::memcpy(v_.data<T>() + off, v + (t - begin) * row, row * sizeof(T));
@@ -101,6 +126,10 @@ void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
   for (int64_t t = begin; t < end;) {  // one run of rows per page
     const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
     const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
+    if (table[t / page_size_] < 0) {
+      t += run;
+      continue;
+    }
     if (k_.dtype() == DType::kF64) ScaleRows(k_.data<double>() + off, v_.data<double>() + off, run * row, factor);
     else ScaleRows(k_.data<float>() + off, v_.data<float>() + off, run * row, factor);
     t += run;

@@ -17,11 +17,16 @@ class PagePool {
   PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
            int64_t kv_heads, int64_t head_dim);
 
-  // Makes logical pages [0, ceil(end / page_size)) of `layer` exist; new pages are zeroed when zero_new.
+  // Makes logical pages [0, ceil(end / page_size)) of `layer` exist; new pages are zeroed when zero_new. A page
+  // whose every row was passed to SkipRows gets no pool page: its table entry is -1.
   void Ensure(int layer, int64_t end, bool zero_new);
+  // Rows [begin, end) of a sequence of seq_len tokens will never be read (in any layer), e.g. the gradient of
+  // positions whose chunk is not backpropagated: pages made only of such rows are left out.
+  void SkipRows(int64_t begin, int64_t end, int64_t seq_len);
   // Returns the layer's pages that start at or after position `from` to the free list.
   void Release(int layer, int64_t from);
-  // Rows [begin, end) of K and V for one layer, gathered into dense [n][kv_heads][head_dim] arrays.
+  // Rows [begin, end) of K and V for one layer, gathered into dense [n][kv_heads][head_dim] arrays (zeros for
+  // rows of pages left out).
   template <typename T> void Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const;
   // Writes dense rows [begin, end) into the pages (Ensure must cover end).
   template <typename T> void Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v);
@@ -38,6 +43,7 @@ class PagePool {
   Tensor k_, v_;
   int64_t capacity_, page_size_, kv_heads_, head_dim_, page_stride_;
   std::vector<int32_t> free_;
+  std::vector<int64_t> skipped_rows_;  // per logical page
   std::vector<std::vector<int32_t>> tables_;
 };
 

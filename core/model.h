@@ -49,6 +49,9 @@ class SequenceState {
   virtual void Release(int layer, int64_t from) = 0;
   // Multiplies the layer's state gradient for the positions of c (what later chunks relayed to c) by factor.
   virtual void ScaleGrad(int layer, Chunk c, double factor) = 0;
+  // The state gradient of c's positions will never be read (spaco does not backpropagate c): backward may skip
+  // computing it. Call before any backward.
+  virtual void SkipGrad(Chunk c) {}
 };
 
 struct HeadResult {

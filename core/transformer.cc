@@ -43,14 +43,17 @@ namespace {
 
 class TransformerState final : public SequenceState {
  public:
-  TransformerState(PagePool kv, PagePool grad) : kv(std::move(kv)), grad(std::move(grad)) {}
+  TransformerState(PagePool kv, PagePool grad, int64_t seq_len)
+      : kv(std::move(kv)), grad(std::move(grad)), seq_len(seq_len) {}
   void Release(int layer, int64_t from) override {
     kv.Release(layer, from);
     grad.Release(layer, from);
   }
   void ScaleGrad(int layer, Chunk c, double factor) override { grad.Scale(layer, c.begin, c.end, factor); }
+  void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
   PagePool kv;
   PagePool grad;
+  int64_t seq_len;
 };
 
 // Indices into params() for one decoder layer; -1 where a bias is absent.
@@ -111,7 +114,8 @@ class Transformer final : public TransformerModel {
         PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_layer * o.resident_layers, o.page_size,
                  cfg_.num_kv_heads, cfg_.head_dim),
         PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * o.resident_grad_layers, o.page_size,
-                 cfg_.num_kv_heads, cfg_.head_dim));
+                 cfg_.num_kv_heads, cfg_.head_dim),
+        o.seq_len);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override {

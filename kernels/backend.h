@@ -17,13 +17,16 @@ template <typename T>
 struct PagedKV {
   T* k_pool = nullptr;
   T* v_pool = nullptr;
-  const int32_t* page_table = nullptr;  // logical page i -> pool page
+  // logical page i -> pool page; in a gradient view, -1 marks a page whose gradient nobody needs (backward
+  // skips computing it)
+  const int32_t* page_table = nullptr;
   int64_t page_size = 0;
   int64_t page_stride = 0;  // elements between consecutive pool pages
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   T* k_page(int64_t logical) const { return k_pool + page_table[logical] * page_stride; }
   T* v_page(int64_t logical) const { return v_pool + page_table[logical] * page_stride; }
+  bool has_page(int64_t logical) const { return page_table[logical] >= 0; }
 };
 
 // Geometry of one attention call: a chunk of n queries at absolute positions [pos0, pos0 + n), causal over

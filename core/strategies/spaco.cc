@@ -47,6 +47,8 @@ GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale,
 
   auto state = m.NewState({T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L});
   m.set_lm_chunk(o.lm_chunk);
+  for (int64_t i = 0; i < k; ++i)
+    if (!keep[i]) state->SkipGrad(chunks[i]);  // relays into dropped chunks would be discarded: skip them
 
   // Stage 1: forward every chunk, keeping the state; chunks that are not backpropagated report their loss here.
   GradResult result;

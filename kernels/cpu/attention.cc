@@ -4,7 +4,8 @@
 // Forward keeps a running max and sum per query row (online softmax) and saves only the logsumexp.
 // Backward recomputes P = exp(S - lse) page by page. It is split into work items (kv head g, key stripe s):
 // stripe s owns the pages p with p % stripes == s, so dK/dV pages have a single writer (deterministic, no
-// atomics); dQ partial sums per stripe go to private buffers that are added up at the end.
+// atomics); dQ partial sums per stripe go to private buffers that are added up at the end. Gradient pages marked
+// absent (-1) get no dK/dV: their positions' state gradient is not wanted (spaco's dropped chunks).
 #include <omp.h>
 
 #include <algorithm>
@@ -141,8 +142,6 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
           const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
           const T* Kp = kv.k_page(lp) + g * hd;
           const T* Vp = kv.v_page(lp) + g * hd;
-          T* dKp = dkv.k_page(lp) + g * hd;
-          T* dVp = dkv.v_page(lp) + g * hd;
           Gemm<T>(false, true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), P, cols);
           Gemm<T>(false, true, bq, cols, hd, T(1), dOb, ldq, Vp, ldk, T(0), dP, cols);
           for (int64_t r = 0; r < bq; ++r) {
@@ -157,6 +156,9 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
             std::fill(dPr + valid, dPr + cols, T(0));
           }
           Gemm<T>(false, false, bq, hd, cols, scale, dP, cols, Kp, ldk, T(1), dQb, ldq);
+          if (!dkv.has_page(lp)) continue;
+          T* dKp = dkv.k_page(lp) + g * hd;
+          T* dVp = dkv.v_page(lp) + g * hd;
           Gemm<T>(true, false, cols, hd, bq, scale, dP, cols, Qb, ldq, T(1), dKp, ldk);
           Gemm<T>(true, false, cols, hd, bq, T(1), P, cols, dOb, ldq, T(1), dVp, ldk);
         }

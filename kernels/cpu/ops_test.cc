@@ -172,6 +172,22 @@ TEST_P(PagedAttentionTest, ForwardBackward) {
   EXPECT_LT(FiniteDifferenceError(f, v, dv), kTol);
   // Pool page 1 is not in the table: it must receive no gradient.
   for (int64_t i = stride; i < 2 * stride; ++i) EXPECT_EQ(dk[i], 0.0);
+
+  // A gradient view that leaves logical page 1 out (-1): dQ and the other pages' dK/dV are unchanged, and
+  // nothing is written for the missing page.
+  const std::vector<int32_t> partial = {2, -1, 3};
+  Vec dq2(qn), dk2(pool, 0.0), dv2(pool, 0.0);
+  PagedKV<double> grad_view = view(dk2, dv2);
+  grad_view.page_table = partial.data();
+  ops.attention_backward(s, q.data(), view(k, v), out.data(), lse.data(), r.data(), dq2.data(), grad_view,
+                         ws.data());
+  EXPECT_EQ(dq2, dq);
+  for (int32_t page : {2, 3})
+    for (int64_t i = page * stride; i < (page + 1) * stride; ++i) {
+      EXPECT_EQ(dk2[i], dk[i]);
+      EXPECT_EQ(dv2[i], dv[i]);
+    }
+  for (int64_t i = 0; i < stride; ++i) EXPECT_EQ(dk2[i], 0.0);  // pool page 0 backs logical page 1 normally
   omp_set_num_threads(threads_before);
 }
 
