@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/objective.h"
 #include "core/strategy.h"
 
 namespace sg {
@@ -38,6 +39,20 @@ absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int 
 // One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
 // same length as input_ids, not shifted, -100 = ignored). Sequences longer than seq_len + 1 are truncated.
 absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab);
+
+// DPO preference pairs, one JSON object per line:
+//   {"prompt": [ids], "chosen": [ids], "rejected": [ids], "ref_chosen_logp": x, "ref_rejected_logp": y}
+// Each response becomes a sequence over prompt + response whose labels are the response tokens only (next-token
+// aligned). The two ref_* fields (sums of the reference model's log-probs over the response) are optional
+// together: without them the trainer needs a reference model. Errors name the file, line and field.
+absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab);
+
+// GRPO groups, one prompt per line:
+//   {"prompt": [ids], "completions": [[ids], ...], "advantages": [a, ...],
+//    "old_logprobs": [[...], ...], "ref_logprobs": [[...], ...]}
+// G = len(completions) >= 1 completions with one advantage each; the optional per-token arrays hold, for each
+// completion token, its log-prob under the old policy / the reference model (same length as the completion).
+absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab);
 
 // Checks ids against the vocabulary and that the sequence is not empty; the message names `source`.
 absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::string& source);

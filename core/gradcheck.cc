@@ -24,15 +24,22 @@ std::vector<std::vector<double>> CopyGrads(Model& model) {
 
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
                                                  const StrategyOptions& strategy, int64_t samples) {
+  Batch b;
+  b.sequences = batch;
+  return CheckAgainstFull(model, b, strategy, ObjectiveOptions{}, samples);
+}
+
+absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const Batch& batch, const StrategyOptions& strategy,
+                                                 const ObjectiveOptions& objective, int64_t samples) {
   if (samples < 1) return absl::InvalidArgumentError(absl::StrCat("--samples must be at least 1, got ", samples));
   StrategyOptions full = strategy;
   full.name = "full";
-  Trainer reference(model, full, {});
+  Trainer reference(model, full, {}, objective);
   absl::StatusOr<StepMetrics> ref = reference.ComputeGradients(batch);
   if (!ref.ok()) return ref.status();
   const std::vector<std::vector<double>> expected = CopyGrads(model);
 
-  Trainer trainer(model, strategy, {});
+  Trainer trainer(model, strategy, {}, objective);
   std::vector<std::vector<double>> actual;
   GradCheckResult r;
   for (int64_t n = 0; n < samples; ++n) {

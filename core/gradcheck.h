@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
+#include "core/objective.h"
 #include "core/strategy.h"
 
 namespace sg {
@@ -23,6 +24,9 @@ struct GradCheckResult {
 
 // The strategy's gradient, averaged over `samples` independent calls (each spaco call samples afresh), against
 // full backprop's. For an unbiased strategy mean_rel_err falls like 1/sqrt(samples).
+absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const Batch& batch, const StrategyOptions& strategy,
+                                                 const ObjectiveOptions& objective, int64_t samples = 1);
+// sft on plain sequences.
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
                                                  const StrategyOptions& strategy, int64_t samples = 1);
 

@@ -106,6 +106,15 @@ Tensor Tensor::Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::
   return t;
 }
 
+Tensor Tensor::Rows(int64_t begin, int64_t end) const {
+  Tensor t = *this;
+  const int64_t row = shape_.empty() || shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  t.shape_[0] = end - begin;
+  t.numel_ = (end - begin) * row;
+  t.storage_ = std::shared_ptr<void>(storage_, static_cast<char*>(storage_.get()) + begin * row * DTypeSize(dtype_));
+  return t;
+}
+
 void Tensor::SetZero() {
   if (storage_) g_allocators[static_cast<int>(device_)].memset_zero(storage_.get(), nbytes());
 }

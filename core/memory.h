@@ -74,6 +74,8 @@ class Tensor {
   template <typename T> T* data() const { return static_cast<T*>(storage_.get()); }
   void SetZero();
   void Reset() { storage_.reset(); }
+  // Rows [begin, end) along the first dimension: a view that shares (and keeps alive) the storage, counted once.
+  Tensor Rows(int64_t begin, int64_t end) const;
 
  private:
   std::shared_ptr<void> storage_;

@@ -13,6 +13,8 @@
 
 namespace sg {
 
+class TokenObjective;  // core/objective.h
+
 // A contiguous range of token positions [begin, end) of one sequence.
 struct Chunk {
   int64_t begin = 0;
@@ -89,11 +91,12 @@ class Model {
   // < c.end, and consumes the (complete) state gradient of c itself.
   virtual Tensor LayerBackward(int layer, Chunk c, const Tensor& dy, LayerSaved& saved, SequenceState& state) = 0;
 
-  // Final norm + LM head + token cross-entropy on a chunk, computed lm_chunk rows at a time so that at most
-  // lm_chunk x vocab logits exist. labels < 0 are ignored. With need_grad, accumulates head gradients
-  // (scaled by grad_scale) and returns dh.
-  virtual HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, double grad_scale,
-                              bool need_grad) = 0;
+  // Final norm + LM head + the objective on a chunk, computed lm_chunk rows at a time so that at most
+  // lm_chunk x vocab logits exist. labels < 0 are ignored. objective null: token cross-entropy; otherwise its
+  // Term(t, logp_t) for every labelled position t (in order). With need_grad, accumulates head gradients (scaled
+  // by grad_scale) and returns dh.
+  virtual HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
+                              double grad_scale, bool need_grad) = 0;
   virtual void set_lm_chunk(int64_t rows) = 0;
 
   // Bytes of state (cache) and state gradient per token per layer, for memory planning and reports.

@@ -14,6 +14,7 @@ const std::map<std::string, StrategyFn>& Registry() {
       {"ckpt", CheckpointedBackprop},
       {"seco", ChunkedBackprop},
       {"spaco", SparseChunkedBackprop},
+      {"streambp", StreamBackprop},
   };
   return *registry;
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,8 +16,9 @@
 namespace sg {
 
 struct StrategyOptions {
-  std::string name = "full";  // full | ckpt | seco | spaco
-  int64_t chunk = 512;        // tokens per chunk (seco, spaco); a chunk >= seq_len means one chunk
+  std::string name = "full";  // full | ckpt | seco | spaco | streambp
+  // tokens per chunk (seco, spaco) or per partition inside a layer (streambp); >= seq_len means one
+  int64_t chunk = 512;
   int64_t page_size = 256;    // KV page size in tokens
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
   // spaco: each of a sequence's k chunks is backpropagated with probability spaco_budget / k (so spaco_budget
@@ -40,6 +42,8 @@ inline void ThrowIfCancelled(const StrategyOptions& o) {
 struct Sequence {
   std::vector<int32_t> ids;
   std::vector<int32_t> labels;
+  // What the LM head computes from the labels' log-probs (core/objective.h); null: token cross-entropy (SFT).
+  std::shared_ptr<const TokenObjective> objective = nullptr;
 };
 
 struct GradResult {
@@ -64,6 +68,7 @@ std::vector<Chunk> SplitIntoChunks(int64_t seq_len, int64_t chunk);
 GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 
 // The loss of a sequence without gradients (evaluation; the forward-only baseline of benchmarks): chunks of

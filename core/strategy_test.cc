@@ -25,7 +25,7 @@ std::unique_ptr<TransformerModel> Tiny(const std::string& preset) {
 }
 
 // Ragged batch: lengths 23 and 9, random tokens, some labels ignored.
-std::vector<Sequence> Batch(int64_t vocab) {
+std::vector<Sequence> MakeBatch(int64_t vocab) {
   std::vector<Sequence> batch;
   uint64_t x = 12345;
   for (int64_t len : {23, 9}) {
@@ -55,7 +55,7 @@ TEST_P(StrategyTest, MatchesFullBackprop) {
   o.chunk = c.chunk;
   o.page_size = c.page_size;
   o.lm_chunk = 5;
-  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, Batch(model->vocab_size()), o);
+  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, MakeBatch(model->vocab_size()), o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->params_checked, static_cast<int64_t>(model->params().size()));
   EXPECT_NEAR(r->loss, r->reference_loss, 1e-12);
@@ -80,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(FullBackpropTest, MatchesFiniteDifferences) {
   for (const std::string preset : {"tiny", "tiny-qwen2"}) {
     auto model = Tiny(preset);
-    const std::vector<Sequence> batch = Batch(model->vocab_size());
+    const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
     StrategyOptions o;
     o.page_size = 4;
     Trainer trainer(*model, o, {});
@@ -117,7 +117,7 @@ TEST(SpacoTest, FullBudgetIsExact) {
     o.page_size = 3;
     o.spaco_budget = 6;  // the 23-token sequence has 6 chunks
     o.spaco_cap = cap;
-    const std::vector<Sequence> one{Batch(model->vocab_size())[0]};
+    const std::vector<Sequence> one{MakeBatch(model->vocab_size())[0]};
     absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, one, o);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_LE(r->max_rel_err, 1e-10) << "cap " << cap << ", worst: " << r->worst_param;
@@ -132,7 +132,7 @@ TEST(SpacoTest, SamplesASubsetAndReportsTheFullLoss) {
   o.name = "spaco";
   o.chunk = 2;
   o.spaco_budget = 2;
-  const std::vector<Sequence> one{Batch(model->vocab_size())[0]};  // 12 chunks
+  const std::vector<Sequence> one{MakeBatch(model->vocab_size())[0]};  // 12 chunks
   Trainer reference(*model, StrategyOptions{}, {});
   const double loss = reference.ComputeGradients(one)->loss;
   Trainer trainer(*model, o, {});
@@ -152,7 +152,7 @@ TEST(SpacoTest, SamplesASubsetAndReportsTheFullLoss) {
 
 TEST(SpacoTest, BadOptions) {
   auto model = Tiny("tiny");
-  const std::vector<Sequence> batch = Batch(model->vocab_size());  // 23 and 9 tokens
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());  // 23 and 9 tokens
   auto error = [&](StrategyOptions o) {
     Trainer trainer(*model, o, {});
     absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
@@ -186,7 +186,7 @@ TEST(SpacoTest, BadOptions) {
 // The engine's memory limit turns a step that would need more into ResourceExhausted, and leaves the model usable.
 TEST(MemoryLimitTest, StepFailsCleanlyAndRecovers) {
   auto model = Tiny("tiny");
-  const std::vector<Sequence> batch = Batch(model->vocab_size());
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
   StrategyOptions o;
   o.name = "seco";
   o.chunk = 4;
@@ -205,7 +205,7 @@ TEST(MemoryLimitTest, StepFailsCleanlyAndRecovers) {
 // Evaluation without gradients gives full backprop's loss.
 TEST(EvaluateLossTest, MatchesFull) {
   auto model = Tiny("tiny-qwen2");
-  const std::vector<Sequence> batch = Batch(model->vocab_size());
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
   StrategyOptions o;
   o.chunk = 5;
   o.page_size = 3;

@@ -21,8 +21,10 @@ uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index) {
 }
 }  // namespace
 
-Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer)
-    : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer) {
+Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer, ObjectiveOptions objective,
+                 Model* reference)
+    : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer), objective_(std::move(objective)),
+      reference_(reference) {
   if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
 }
 
@@ -65,18 +67,31 @@ absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& b
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
-  absl::StatusOr<int64_t> checked = ValidateBatch(batch);
-  if (!checked.ok()) return checked.status();
-  const int64_t valid = *checked;
+  absl::StatusOr<int64_t> valid = ValidateBatch(batch);
+  if (!valid.ok()) return valid.status();
+  absl::StatusOr<StepMetrics> m = Backprop(batch, 1.0 / static_cast<double>(*valid));
+  if (!m.ok()) return m;
+  m->loss /= static_cast<double>(*valid);
+  if (!std::isfinite(m->loss)) return absl::InternalError(absl::StrCat("loss is ", m->loss, " at step ", step_ + 1));
+  return m;
+}
 
+absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const Batch& batch) {
+  if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  if (objective_.name == "dpo") return DpoGradients(batch.pairs);
+  if (objective_.name == "grpo") return GrpoGradients(batch.groups);
+  return ComputeGradients(batch.sequences);
+}
+
+absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs, double grad_scale) {
   StepMetrics m;
   ZeroGrads(model_);
   const uint64_t call = calls_++;
   try {
-    for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
       StrategyOptions o = strategy_options_;
       o.seed = SequenceSeed(strategy_options_.seed, call, i);
-      GradResult r = strategy_(model_, batch[i], 1.0 / static_cast<double>(valid), o);
+      GradResult r = strategy_(model_, seqs[i], grad_scale, o);
       m.loss += r.loss_sum;
       m.tokens += r.tokens;
       m.chunks += r.chunks;
@@ -89,9 +104,109 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("strategy '", strategy_options_.name, "' failed: ", e.what()));
   }
-  m.loss /= static_cast<double>(valid);
-  if (!std::isfinite(m.loss)) return absl::InternalError(absl::StrCat("loss is ", m.loss, " at step ", step_ + 1));
   return m;
+}
+
+absl::StatusOr<std::vector<double>> Trainer::TokenLogprobs(Model& model, const Sequence& s) {
+  std::vector<double> logp(s.ids.size(), std::nan(""));
+  Sequence recorded{s.ids, s.labels, RecordingObjective(&logp)};
+  try {
+    sg::EvaluateLoss(model, recorded, strategy_options_);
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(e.what());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("log-prob pass failed: ", e.what()));
+  }
+  return logp;
+}
+
+namespace {
+double SumLabelled(const std::vector<double>& logp) {
+  double sum = 0;
+  for (double x : logp)
+    if (!std::isnan(x)) sum += x;
+  return sum;
+}
+double LogSigmoid(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z - std::log1p(std::exp(z)); }
+double Sigmoid(double z) { return z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) / (1 + std::exp(z)); }
+}  // namespace
+
+// DPO in two passes (StreamBP eq. 8-10): the first accumulates each response's log-prob sum chunk by chunk; the
+// pair's sigmoid factor then makes the loss linear in the token log-probs for the backward pass.
+absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pairs) {
+  if (pairs.empty()) return absl::InvalidArgumentError("dpo: the batch has no pairs");
+  std::vector<Sequence> all;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    for (const Sequence* s : {&pairs[i].chosen, &pairs[i].rejected}) {
+      const std::string what = absl::StrCat("pair ", i, s == &pairs[i].chosen ? " chosen" : " rejected");
+      if (absl::Status st = ValidateBatch({*s}).status(); !st.ok())
+        return absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+    }
+    if ((std::isnan(pairs[i].ref_chosen_logp) || std::isnan(pairs[i].ref_rejected_logp)) && !reference_)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dpo: pair ", i, " has no reference log-probs (ref_chosen_logp, ref_rejected_logp) and no reference model "
+          "was given"));
+  }
+  const double beta = objective_.dpo_beta, P = static_cast<double>(pairs.size());
+  StepMetrics metrics;
+  for (const DpoPair& p : pairs) {
+    double pi[2], ref[2] = {p.ref_chosen_logp, p.ref_rejected_logp};
+    const Sequence* seq[2] = {&p.chosen, &p.rejected};
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<std::vector<double>> lp = TokenLogprobs(model_, *seq[k]);
+      if (!lp.ok()) return lp.status();
+      pi[k] = SumLabelled(*lp);
+      if (std::isnan(ref[k])) {
+        absl::StatusOr<std::vector<double>> rl = TokenLogprobs(*reference_, *seq[k]);
+        if (!rl.ok()) return rl.status();
+        ref[k] = SumLabelled(*rl);
+      }
+    }
+    const double z = beta * ((pi[0] - ref[0]) - (pi[1] - ref[1]));
+    metrics.loss -= LogSigmoid(z) / P;
+    const double c = -beta * Sigmoid(-z) / P;  // dL/dpi_chosen; dL/dpi_rejected = -c
+    all.push_back({p.chosen.ids, p.chosen.labels, LinearObjective(c)});
+    all.push_back({p.rejected.ids, p.rejected.labels, LinearObjective(-c)});
+  }
+  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0);
+  if (!m.ok()) return m;
+  m->loss = metrics.loss;
+  return m;
+}
+
+absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>& groups) {
+  if (groups.empty()) return absl::InvalidArgumentError("grpo: the batch has no groups");
+  std::vector<Sequence> all;
+  const double B = static_cast<double>(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<GrpoCompletion>& cs = groups[g].completions;
+    if (cs.empty()) return absl::InvalidArgumentError(absl::StrCat("grpo: group ", g, " has no completions (G = 0)"));
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const GrpoCompletion& c = cs[i];
+      const std::string what = absl::StrCat("grpo: group ", g, " completion ", i);
+      absl::StatusOr<int64_t> tokens = ValidateBatch({c.seq});
+      if (!tokens.ok()) return absl::Status(tokens.status().code(), absl::StrCat(what, ": ", tokens.status().message()));
+      for (const auto* v : {&c.old_logprobs, &c.ref_logprobs})
+        if (!v->empty() && v->size() != c.seq.ids.size())
+          return absl::InvalidArgumentError(absl::StrCat(what, ": ", v == &c.old_logprobs ? "old" : "ref",
+                                                         "_logprobs has ", v->size(), " entries for ",
+                                                         c.seq.ids.size(), " positions"));
+      if (!std::isfinite(c.advantage))
+        return absl::InvalidArgumentError(absl::StrCat(what, ": advantage is not finite"));
+      std::vector<double> ref = c.ref_logprobs;
+      if (objective_.grpo_kl_beta > 0 && ref.empty()) {
+        if (!reference_)
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": no ref_logprobs and no reference model, but grpo_kl_beta > 0 needs one"));
+        absl::StatusOr<std::vector<double>> rl = TokenLogprobs(*reference_, c.seq);
+        if (!rl.ok()) return rl.status();
+        ref = std::move(*rl);
+      }
+      const double scale = 1.0 / (static_cast<double>(*tokens) * static_cast<double>(cs.size()) * B);
+      all.push_back({c.seq.ids, c.seq.labels, GrpoObjective(c, std::move(ref), objective_, scale)});
+    }
+  }
+  return Backprop(all, 1.0);
 }
 
 namespace {
@@ -157,6 +272,13 @@ absl::Status Trainer::OptimizerStep(StepMetrics* metrics) {
   if (f64) Adam<double>(opt_, params, m_, v_, step_);
   else Adam<float>(opt_, params, m_, v_, step_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<StepMetrics> Trainer::Step(const Batch& batch) {
+  absl::StatusOr<StepMetrics> m = ComputeGradients(batch);
+  if (!m.ok()) return m.status();
+  if (absl::Status s = OptimizerStep(&*m); !s.ok()) return s;
+  return m;
 }
 
 absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Sequence>& batch) {

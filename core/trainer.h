@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
+#include "core/objective.h"
 #include "core/strategy.h"
 
 namespace sg {
@@ -29,16 +30,24 @@ struct StepMetrics {
 
 class Trainer {
  public:
-  Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer);
+  // reference: the frozen reference model of dpo/grpo when the data carries no reference log-probs.
+  Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer, ObjectiveOptions objective = {},
+          Model* reference = nullptr);
 
-  // Zeroes gradients, then accumulates d(mean token loss over the batch)/d(params) with the strategy.
+  // Zeroes gradients, then accumulates d(mean token loss over the batch)/d(params) with the strategy (sft).
   absl::StatusOr<StepMetrics> ComputeGradients(const std::vector<Sequence>& batch);
+  // The same for the trainer's objective: sft reads batch.sequences, dpo batch.pairs, grpo batch.groups.
+  // StepMetrics::loss is the objective's value (dpo: mean over pairs of -log sigmoid(z)).
+  absl::StatusOr<StepMetrics> ComputeGradients(const Batch& batch);
   // The batch's mean token loss without gradients (chunked forward, see EvaluateLoss in strategy.h).
   absl::StatusOr<StepMetrics> EvaluateLoss(const std::vector<Sequence>& batch);
   // Clips by global norm and applies AdamW to every parameter with a gradient.
   absl::Status OptimizerStep(StepMetrics* metrics);
   // Both of the above.
   absl::StatusOr<StepMetrics> Step(const std::vector<Sequence>& batch);
+  absl::StatusOr<StepMetrics> Step(const Batch& batch);
+  // Per position, log p(label) under `model` (NaN where the label is ignored), by a chunked forward pass.
+  absl::StatusOr<std::vector<double>> TokenLogprobs(Model& model, const Sequence& s);
 
   Model& model() { return model_; }
   int64_t step() const { return step_; }
@@ -50,8 +59,14 @@ class Trainer {
   Model& model_;
   // Checks options and batch; returns the number of valid labels.
   absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch) const;
+  // Runs the strategy over sequences (each with its objective) after zeroing gradients.
+  absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale);
+  absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs);
+  absl::StatusOr<StepMetrics> GrpoGradients(const std::vector<GrpoGroup>& groups);
   StrategyOptions strategy_options_;
   OptimizerOptions opt_;
+  ObjectiveOptions objective_;
+  Model* reference_;
   StrategyFn strategy_;
   std::vector<Tensor> m_, v_;
   int64_t step_ = 0;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/kv_pages.h"
+#include "core/objective.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -228,8 +229,8 @@ class Transformer final : public TransformerModel {
     return dx;
   }
 
-  HeadResult HeadLoss(Chunk c, const Tensor& h_in, const int32_t* labels_all, double grad_scale,
-                      bool need_grad) override {
+  HeadResult HeadLoss(Chunk c, const Tensor& h_in, const int32_t* labels_all, const TokenObjective* objective,
+                      double grad_scale, bool need_grad) override {
     const int64_t n = c.size(), d = cfg_.hidden_size, V = cfg_.vocab_size;
     const int32_t* labels = labels_all + c.begin;
     HeadResult r;
@@ -239,7 +240,7 @@ class Transformer final : public TransformerModel {
     if (need_grad) dhn = Tensor::Zeros(&mem_, MemCategory::kWorkspace, dtype(), {n, d});
     const int64_t rows = std::min(lm_chunk_, n);
     Tensor logits = New(MemCategory::kLogits, {rows, V});
-    std::vector<double> logprobs(need_grad ? 0 : rows);
+    std::vector<double> logprobs(rows), row_scale(rows);
     for (int64_t i0 = 0; i0 < n; i0 += rows) {
       const int64_t m = std::min(rows, n - i0);
       const int64_t valid = std::count_if(labels + i0, labels + i0 + m, [](int32_t t) { return t >= 0; });
@@ -247,12 +248,19 @@ class Transformer final : public TransformerModel {
       r.tokens += valid;
       const T* hn_i = hn.data<T>() + i0 * d;
       ops_.gemm(false, true, m, V, d, T(1), hn_i, d, W(head_), d, T(0), logits.data<T>(), V);
-      if (!need_grad) {
+      if (!need_grad || objective) {
         ops_.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
-        for (int64_t j = 0; j < m; ++j) r.loss_sum -= logprobs[j];
-        continue;
+        for (int64_t j = 0; j < m; ++j) {
+          if (labels[i0 + j] < 0) continue;
+          double dloss = -1;
+          r.loss_sum += objective ? objective->Term(c.begin + i0 + j, logprobs[j], &dloss) : -logprobs[j];
+          row_scale[j] = -dloss;  // d f / d logits = f'(logp) (onehot - softmax)
+        }
+        if (!need_grad) continue;
+        ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
+      } else {
+        r.loss_sum += ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale);
       }
-      r.loss_sum += ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, grad_scale);
       if (T* g = G(head_)) ops_.gemm(true, false, V, d, m, T(1), logits.data<T>(), V, hn_i, d, T(1), g, d);
       ops_.gemm(false, false, m, d, V, T(1), logits.data<T>(), V, W(head_), d, T(0), dhn.data<T>() + i0 * d, d);
     }

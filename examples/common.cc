@@ -12,14 +12,18 @@
 
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
-ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco");
-ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco)");
+ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp");
+ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
 ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
 ABSL_FLAG(int64_t, spaco_budget, 8,
           "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
 ABSL_FLAG(double, spaco_cap, 2.0,
           "spaco: cap on the compensation of relayed state gradients (paper: 2); 0 = none, exactly unbiased");
+ABSL_FLAG(std::string, objective, "sft", "sft | dpo | grpo (dpo and grpo read their JSONL formats from --data)");
+ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
+ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
+ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the KL penalty against the reference (0 = none)");
 ABSL_FLAG(uint64_t, seed, 1, "random seed (init, data and spaco's sampling)");
 
 namespace sg::tools {
@@ -51,6 +55,15 @@ StrategyOptions StrategyFromFlags() {
   o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   o.seed = absl::GetFlag(FLAGS_seed);
+  return o;
+}
+
+ObjectiveOptions ObjectiveFromFlags() {
+  ObjectiveOptions o;
+  o.name = absl::GetFlag(FLAGS_objective);
+  o.dpo_beta = absl::GetFlag(FLAGS_dpo_beta);
+  o.grpo_clip_eps = absl::GetFlag(FLAGS_grpo_clip_eps);
+  o.grpo_kl_beta = absl::GetFlag(FLAGS_grpo_kl_beta);
   return o;
 }
 

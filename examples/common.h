@@ -6,6 +6,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "core/memory.h"
+#include "core/objective.h"
 #include "core/strategy.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -16,6 +17,10 @@ ABSL_DECLARE_FLAG(int64_t, page_size);
 ABSL_DECLARE_FLAG(int64_t, lm_chunk);
 ABSL_DECLARE_FLAG(int64_t, spaco_budget);
 ABSL_DECLARE_FLAG(double, spaco_cap);
+ABSL_DECLARE_FLAG(std::string, objective);
+ABSL_DECLARE_FLAG(double, dpo_beta);
+ABSL_DECLARE_FLAG(double, grpo_clip_eps);
+ABSL_DECLARE_FLAG(double, grpo_kl_beta);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 
 namespace sg::tools {
@@ -26,6 +31,7 @@ std::string ResolveUserPath(const std::string& path);
 std::string ModelSpec();
 absl::StatusOr<DType> ParseDType(const std::string& name);
 StrategyOptions StrategyFromFlags();
+ObjectiveOptions ObjectiveFromFlags();
 // Writes text to a user path (atomically: temporary file + rename).
 absl::Status WriteTextFile(const std::string& path, const std::string& text);
 // {"weights": bytes, ...} for a snapshot's per-category peaks, as a JSON object string.

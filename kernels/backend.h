@@ -80,10 +80,12 @@ struct OpTable {
                              const T* lse, const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace);
   int64_t (*attention_workspace_elems)(const AttentionShape& s, int64_t page_size);
 
-  // Cross-entropy over logits[n][vocab] (overwritten by d loss / d logits * grad_scale). labels < 0 are ignored
-  // (their gradient rows are zero). Returns the sum of per-token losses of valid rows.
+  // Cross-entropy over logits[n][vocab], overwritten by d loss / d logits * grad_scale * row_scale[i] (row_scale
+  // null: 1), i.e. row i becomes s_i (softmax - onehot(label)). labels < 0 are ignored (their gradient rows are
+  // zero). Returns the sum of per-token losses -logp of valid rows. Other objectives f(logp) pass
+  // row_scale[i] = -f'(logp_i).
   double (*cross_entropy_forward_backward)(T* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                           double grad_scale);
+                                           const double* row_scale, double grad_scale);
   // Per-row log-probabilities of labels only (no gradient); rows with label < 0 get 0.
   void (*token_logprobs)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 

@@ -13,7 +13,7 @@ HeadResult ForwardChunk(Model& m, const Sequence& s, Chunk c, SequenceState& sta
     return {};
   }
   x = m.LayerForward(L - 1, c, x, state, /*saved=*/nullptr);
-  return m.HeadLoss(c, x, s.labels.data(), /*grad_scale=*/0, /*need_grad=*/false);
+  return m.HeadLoss(c, x, s.labels.data(), s.objective.get(), /*grad_scale=*/0, /*need_grad=*/false);
 }
 
 HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& state, double loss_scale) {
@@ -21,7 +21,7 @@ HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& st
   std::vector<LayerSaved> saved(L);
   Tensor x = m.Embed(s.ids.data(), c);
   for (int l = 0; l < L; ++l) x = m.LayerForward(l, c, x, state, &saved[l]);
-  HeadResult head = m.HeadLoss(c, x, s.labels.data(), loss_scale, /*need_grad=*/true);
+  HeadResult head = m.HeadLoss(c, x, s.labels.data(), s.objective.get(), loss_scale, /*need_grad=*/true);
   x.Reset();
 
   Tensor dx = std::move(head.dh);

@@ -19,7 +19,7 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
     x = m.LayerForward(l, all, x, *state, /*saved=*/nullptr);
     state->Release(l, 0);
   }
-  HeadResult head = m.HeadLoss(all, x, s.labels.data(), grad_scale, /*need_grad=*/true);
+  HeadResult head = m.HeadLoss(all, x, s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
   x.Reset();
 
   Tensor dx = std::move(head.dh);

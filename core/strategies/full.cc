@@ -16,7 +16,7 @@ GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const St
     ThrowIfCancelled(o);
     x = m.LayerForward(l, all, x, *state, &saved[l]);
   }
-  HeadResult head = m.HeadLoss(all, x, s.labels.data(), grad_scale, /*need_grad=*/true);
+  HeadResult head = m.HeadLoss(all, x, s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
   x.Reset();
 
   Tensor dx = std::move(head.dh);

@@ -73,7 +73,9 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
           std::fill(Sr, Sr + cols, T(0));
           continue;
         }
-        T mx = *std::max_element(Sr, Sr + valid);
+        T mx = Sr[0];
+#pragma omp simd reduction(max : mx)
+        for (int64_t c = 1; c < valid; ++c) mx = std::max(mx, Sr[c]);
         const T m_new = std::max(m[r], mx);
         const T alpha = std::exp(m[r] - m_new);
         ExpShifted(Sr, valid, m_new);

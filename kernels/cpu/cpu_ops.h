@@ -36,7 +36,8 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
 
 template <typename T>
-double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, double grad_scale);
+double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
+                                   double grad_scale);
 template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 

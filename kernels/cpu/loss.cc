@@ -7,7 +7,8 @@
 namespace sg::cpu {
 
 template <typename T>
-double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, double grad_scale) {
+double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
+                                   double grad_scale) {
   double total = 0;
 #pragma omp parallel for reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) {
@@ -21,8 +22,9 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
     for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
     const double lse = mx + std::log(sum);
     total += lse - row[labels[i]];
-    for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(std::exp(row[j] - lse) * grad_scale);
-    row[labels[i]] -= static_cast<T>(grad_scale);
+    const double scale = row_scale ? row_scale[i] * grad_scale : grad_scale;
+    for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(std::exp(row[j] - lse) * scale);
+    row[labels[i]] -= static_cast<T>(scale);
   }
   return total;
 }
@@ -43,8 +45,8 @@ void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vo
   }
 }
 
-template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, double);
-template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, double);
+template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double);
+template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double);
 template void TokenLogprobs<float>(const float*, const int32_t*, int64_t, int64_t, double*);
 template void TokenLogprobs<double>(const double*, const int32_t*, int64_t, int64_t, double*);
 

@@ -117,14 +117,30 @@ TEST(OpsTest, CrossEntropyIgnoresLabels) {
   Vec logits = Random(n * vocab, 12, 2.0);
   auto f = [&] {
     Vec copy = logits;
-    return ops.cross_entropy_forward_backward(copy.data(), labels.data(), n, vocab, 1.0);
+    return ops.cross_entropy_forward_backward(copy.data(), labels.data(), n, vocab, nullptr, 1.0);
   };
   Vec grad = logits;
-  const double loss = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, 1.0);
+  const double loss = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, nullptr, 1.0);
   std::vector<double> lp(n);
   ops.token_logprobs(logits.data(), labels.data(), n, vocab, lp.data());
   EXPECT_NEAR(loss, -(lp[0] + lp[1] + lp[2] + lp[3]), 1e-12);
   EXPECT_EQ(lp[1], 0.0);
+  EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
+}
+
+// Per-row scales turn the cross-entropy gradient into that of sum_i s_i (-logp_i): checked by finite differences.
+TEST(OpsTest, CrossEntropyRowScales) {
+  const int64_t n = 3, vocab = 5;
+  const std::vector<int32_t> labels = {4, 0, -100};
+  const std::vector<double> scales = {0.5, -2.0, 7.0};
+  Vec logits = Random(n * vocab, 21, 2.0);
+  auto f = [&] {
+    std::vector<double> lp(n);
+    ops.token_logprobs(logits.data(), labels.data(), n, vocab, lp.data());
+    return -(scales[0] * lp[0] + scales[1] * lp[1] + scales[2] * lp[2]);
+  };
+  Vec grad = logits;
+  ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, scales.data(), 1.0);
   EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
 }
 

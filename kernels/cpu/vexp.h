@@ -36,11 +36,8 @@ inline float ExpF32(float x) {
   return y;
 }
 
-// x[i] = exp(x[i] - shift) for i < n.
-inline void ExpShifted(float* x, int64_t n, float shift) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = ExpF32(x[i] - shift);
-}
+// x[i] = exp(x[i] - shift) for i < n; built for AVX2+FMA too, picked at load time where the CPU has them.
+void ExpShifted(float* x, int64_t n, float shift);
 inline void ExpShifted(double* x, int64_t n, double shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
 }
