@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "core/trainer.h"
@@ -20,7 +21,70 @@ std::vector<std::vector<double>> CopyGrads(Model& model) {
   return out;
 }
 
+// prompt + a random response of `response` tokens, as a sequence whose labels are the response tokens.
+Sequence PromptResponse(std::mt19937_64& rng, int64_t vocab, const std::vector<int32_t>& prompt, int64_t response) {
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> all = prompt;
+  for (int64_t i = 0; i < response; ++i) all.push_back(token(rng));
+  Sequence s;
+  s.ids.assign(all.begin(), all.end() - 1);
+  const int64_t p = static_cast<int64_t>(prompt.size());
+  for (int64_t i = 0; i + 1 < static_cast<int64_t>(all.size()); ++i) s.labels.push_back(i + 1 >= p ? all[i + 1] : -100);
+  return s;
+}
+
 }  // namespace
+
+absl::StatusOr<Batch> MakeCheckBatch(Model& model, const ObjectiveOptions& objective, int64_t seq_len, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t V = model.vocab_size();
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(V - 1));
+  std::normal_distribution<double> noise(0.0, 1.0);
+  Batch b;
+  std::vector<int32_t> prompt(std::max<int64_t>(1, seq_len / 5));
+  for (int32_t& t : prompt) t = token(rng);
+  const int64_t response = std::max<int64_t>(1, seq_len - static_cast<int64_t>(prompt.size()));
+  if (objective.name == "dpo") {
+    for (int64_t p = 0; p < 2; ++p) {
+      DpoPair pair;
+      pair.chosen = PromptResponse(rng, V, prompt, std::max<int64_t>(1, response - 3 * p));
+      pair.rejected = PromptResponse(rng, V, prompt, std::max<int64_t>(1, response / 2));
+      const double scale = static_cast<double>(response) * std::log(static_cast<double>(V));
+      pair.ref_chosen_logp = -scale * (0.9 + 0.1 * noise(rng));
+      pair.ref_rejected_logp = -scale * (0.5 + 0.1 * noise(rng));
+      b.pairs.push_back(std::move(pair));
+    }
+  } else if (objective.name == "grpo") {
+    StrategyOptions full;
+    Trainer trainer(model, full, {});
+    GrpoGroup g;
+    for (int64_t i = 0; i < 3; ++i) {
+      GrpoCompletion c;
+      c.seq = PromptResponse(rng, V, prompt, std::max<int64_t>(1, response - 7 * i));
+      c.advantage = i == 0 ? 1.3 : (i == 1 ? -0.7 : 0.4);
+      absl::StatusOr<std::vector<double>> lp = trainer.TokenLogprobs(model, c.seq);
+      if (!lp.ok()) return lp.status();
+      c.old_logprobs = c.ref_logprobs = *lp;
+      for (size_t t = 0; t < lp->size(); ++t) {
+        if (std::isnan((*lp)[t])) continue;
+        c.old_logprobs[t] += 0.3 * noise(rng);  // ratios around exp(+-0.3): some beyond 1 +- clip_eps
+        c.ref_logprobs[t] += 0.5 * noise(rng);
+      }
+      g.completions.push_back(std::move(c));
+    }
+    b.groups.push_back(std::move(g));
+  } else {
+    for (int64_t len : {seq_len, std::max<int64_t>(1, seq_len / 3)}) {
+      Sequence s;
+      for (int64_t i = 0; i < len; ++i) {
+        s.ids.push_back(token(rng));
+        s.labels.push_back(i % 7 == 6 ? -100 : token(rng));
+      }
+      b.sequences.push_back(std::move(s));
+    }
+  }
+  return b;
+}
 
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
                                                  const StrategyOptions& strategy, int64_t samples) {

@@ -26,6 +26,12 @@ struct GradCheckResult {
 // full backprop's. For an unbiased strategy mean_rel_err falls like 1/sqrt(samples).
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const Batch& batch, const StrategyOptions& strategy,
                                                  const ObjectiveOptions& objective, int64_t samples = 1);
+// A random batch for checking an objective: sft, two sequences (seq_len and seq_len / 3 tokens, some labels
+// ignored); dpo, two pairs with prompts and responses of different lengths and given reference log-probs; grpo,
+// one group of three completions with advantages of both signs, old log-probs = the current ones perturbed so
+// that some ratios are clipped, and reference log-probs.
+absl::StatusOr<Batch> MakeCheckBatch(Model& model, const ObjectiveOptions& objective, int64_t seq_len, uint64_t seed);
+
 // sft on plain sequences.
 absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const std::vector<Sequence>& batch,
                                                  const StrategyOptions& strategy, int64_t samples = 1);

@@ -69,7 +69,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"tiny", "ckpt", 512, 4}, Case{"tiny-qwen2", "ckpt", 512, 3},
                       Case{"tiny", "seco", 23, 8}, Case{"tiny", "seco", 12, 5}, Case{"tiny", "seco", 4, 3},
                       Case{"tiny", "seco", 3, 16}, Case{"tiny-qwen2", "seco", 4, 3},
-                      Case{"tiny-qwen2", "seco", 1, 2}),
+                      Case{"tiny-qwen2", "seco", 1, 2}, Case{"tiny", "streambp", 23, 8},
+                      Case{"tiny", "streambp", 12, 5}, Case{"tiny", "streambp", 4, 3},
+                      Case{"tiny-qwen2", "streambp", 3, 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.preset.substr(0, 4) + (info.param.preset.size() > 4 ? "qwen" : "") + "_" +
              info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + "_page" +
@@ -215,6 +217,72 @@ TEST(EvaluateLossTest, MatchesFull) {
   ASSERT_TRUE(eval.ok()) << eval.status();
   EXPECT_NEAR(eval->loss, full, 1e-12);
   EXPECT_EQ(eval->chunks, 5 + 2);
+}
+
+// Every exact strategy on every objective against full backprop (full itself is checked against PyTorch in
+// //tests/torch_ref).
+TEST(ObjectiveTest, StrategiesMatchFull) {
+  for (const std::string objective : {"dpo", "grpo"}) {
+    for (const std::string strategy : {"ckpt", "seco", "streambp"}) {
+      auto model = Tiny("tiny-qwen2");
+      ObjectiveOptions obj;
+      obj.name = objective;
+      absl::StatusOr<Batch> batch = MakeCheckBatch(*model, obj, 29, 5);
+      ASSERT_TRUE(batch.ok()) << batch.status();
+      StrategyOptions o;
+      o.name = strategy;
+      o.chunk = 6;
+      o.page_size = 4;
+      o.lm_chunk = 7;
+      absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, *batch, o, obj);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_NEAR(r->loss, r->reference_loss, 1e-12) << objective << " " << strategy;
+      EXPECT_LE(r->max_rel_err, 1e-10) << objective << " " << strategy << ", worst: " << r->worst_param;
+    }
+  }
+}
+
+TEST(ObjectiveTest, BadInput) {
+  auto model = Tiny("tiny");
+  ObjectiveOptions obj;
+  obj.name = "grpo";
+  Trainer trainer(*model, StrategyOptions{}, {}, obj);
+  Batch empty_group;
+  empty_group.groups.push_back(GrpoGroup{});
+  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(empty_group);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("group 0 has no completions (G = 0)"), std::string::npos) << m.status();
+
+  absl::StatusOr<Batch> batch = MakeCheckBatch(*model, obj, 20, 3);
+  ASSERT_TRUE(batch.ok());
+  batch->groups[0].completions[1].old_logprobs.pop_back();
+  m = trainer.ComputeGradients(*batch);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("completion 1: old_logprobs has"), std::string::npos) << m.status();
+
+  obj.name = "dpo";
+  Trainer dpo(*model, StrategyOptions{}, {}, obj);
+  batch = MakeCheckBatch(*model, obj, 20, 3);
+  ASSERT_TRUE(batch.ok());
+  batch->pairs[1].ref_rejected_logp = NAN;  // and no reference model
+  m = dpo.ComputeGradients(*batch);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("pair 1 has no reference log-probs"), std::string::npos) << m.status();
+  batch->pairs[0].chosen.labels.assign(batch->pairs[0].chosen.labels.size(), -100);
+  m = dpo.ComputeGradients(*batch);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("pair 0 chosen: batch has no valid labels"), std::string::npos) << m.status();
+
+  obj.name = "ppo";
+  Trainer unknown(*model, StrategyOptions{}, {}, obj);
+  EXPECT_NE(unknown.ComputeGradients(*batch).status().message().find("unknown objective 'ppo'"), std::string::npos);
+  StrategyOptions zero;
+  zero.name = "streambp";
+  zero.chunk = 0;
+  obj.name = "sft";
+  Trainer zero_partition(*model, zero, {}, obj);
+  EXPECT_NE(zero_partition.ComputeGradients(MakeBatch(model->vocab_size())).status().message().find("--chunk must be positive"),
+            std::string::npos);
 }
 
 }  // namespace

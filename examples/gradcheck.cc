@@ -13,7 +13,9 @@
 
 ABSL_FLAG(std::string, json, "", "write the result here");
 ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many calls (spaco: independent samples)");
-ABSL_FLAG(int64_t, seq_len, 61, "length of the longest test sequence (a second, shorter one makes the batch ragged)");
+ABSL_FLAG(int64_t, seq_len, 61,
+          "length of the longest test sequence (sft: a second of a third of it makes the batch ragged; dpo/grpo: "
+          "prompt + response, see MakeCheckBatch in core/gradcheck.h)");
 
 namespace sg {
 namespace {
@@ -29,25 +31,18 @@ int Main() {
   absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
 
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>((*model)->vocab_size() - 1));
-  std::vector<Sequence> batch;
-  for (int64_t len : {seq_len, std::max<int64_t>(1, seq_len / 3)}) {
-    Sequence s;
-    for (int64_t i = 0; i < len; ++i) {
-      s.ids.push_back(token(rng));
-      s.labels.push_back(i % 7 == 6 ? -100 : token(rng));
-    }
-    batch.push_back(std::move(s));
-  }
-  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, batch, strategy, absl::GetFlag(FLAGS_samples));
+  const ObjectiveOptions objective = tools::ObjectiveFromFlags();
+  tools::ExitIfError(ValidateObjectiveOptions(objective), "flags");
+  absl::StatusOr<Batch> batch = MakeCheckBatch(**model, objective, seq_len, seed);
+  tools::ExitIfError(batch.status(), "gradcheck batch");
+  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, *batch, strategy, objective, absl::GetFlag(FLAGS_samples));
   tools::ExitIfError(r.status(), "gradcheck");
   const std::string json = absl::StrFormat(
-      "{\"model\": \"%s\", \"strategy\": \"%s\", \"dtype\": \"%s\", \"chunk\": %d, \"seq_len\": %d, "
+      "{\"model\": \"%s\", \"strategy\": \"%s\", \"objective\": \"%s\", \"dtype\": \"%s\", \"chunk\": %d, \"seq_len\": %d, "
       "\"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, \"worst_param\": \"%s\", "
       "\"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, \"mean_rel_err\": %.6e, "
       "\"spaco_budget\": %d, \"spaco_cap\": %g}",
-      absl::GetFlag(FLAGS_model), strategy.name, absl::GetFlag(FLAGS_dtype), strategy.chunk, seq_len,
+      absl::GetFlag(FLAGS_model), strategy.name, objective.name, absl::GetFlag(FLAGS_dtype), strategy.chunk, seq_len,
       r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
       r->mean_rel_err, strategy.spaco_budget, strategy.spaco_cap);
   std::printf("%s\n", json.c_str());
