@@ -1,5 +1,6 @@
 // seco: sequential chunk-wise optimisation (SeCO, Algorithm 1).
-// Stage 1 runs every chunk forward without a graph, keeping only the state (paged KV cache).
+// Stage 1 runs every chunk but the last forward without a graph, keeping only the state (paged KV cache); the
+// last chunk's state is needed by no other chunk, and stage 2 computes it first anyway.
 // Stage 2 visits chunks in reverse: recompute the chunk with its graph, backprop it, and leave the state
 // gradients it produced for earlier positions in the state-gradient pages, where earlier chunks pick them up.
 #include "core/strategies/chunk_steps.h"
@@ -13,9 +14,9 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   auto state = m.NewState({T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L});
   m.set_lm_chunk(o.lm_chunk);
 
-  for (const Chunk& c : chunks) {
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
     ThrowIfCancelled(o);
-    ForwardChunk(m, s, c, *state, /*with_loss=*/false);
+    ForwardChunk(m, s, chunks[i], *state, /*with_loss=*/false);
   }
 
   GradResult result;

@@ -51,10 +51,11 @@ GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale,
     if (!keep[i]) state->SkipGrad(chunks[i]);  // relays into dropped chunks would be discarded: skip them
 
   // Stage 1: forward every chunk, keeping the state; chunks that are not backpropagated report their loss here.
+  // A kept last chunk is left to stage 2, which computes it first (no other chunk reads its state).
   GradResult result;
   result.chunks = k;
   result.chunks_backpropagated = 0;
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t i = 0; i < (keep[k - 1] ? k - 1 : k); ++i) {
     ThrowIfCancelled(o);
     const HeadResult head = ForwardChunk(m, s, chunks[i], *state, /*with_loss=*/!keep[i]);
     result.loss_sum += head.loss_sum;
