@@ -54,3 +54,36 @@ for word in ("peak memory vs T", "time vs T", "seqgrad full", "torch ckpt"):
     assert word in texts, (word, texts)
 print("bench smoke test OK:", len(rows), "rows")
 PY
+
+# The chunked strategies, the forward-only baseline and the checks the bench derives from them.
+out2="${TEST_TMPDIR:-$(mktemp -d)}/chunked.json"
+"$bench" --model=tiny --strategies=full,seco,spaco,streambp,forward --seq_lens=64,256 --chunk=16 --page_size=8 \
+  --repeats=2 --warmup=0 --json="$out2"
+/usr/bin/python3 - "$out2" <<'PY'
+import json, math, sys
+
+d = json.load(open(sys.argv[1]))
+rows = {(r["strategy"], r["seq_len"]): r for r in d["rows"]}
+assert set(rows) == {(s, t) for s in ("full", "seco", "spaco", "streambp", "forward") for t in (64, 256)}, rows.keys()
+for t in (64, 256):
+    # Same tokens: every strategy (and the forward-only pass) reports the same loss.
+    for s in ("seco", "spaco", "streambp", "forward"):
+        assert abs(rows[(s, t)]["loss"] - rows[("full", t)]["loss"]) < 1e-4, (s, t)
+    sp = rows[("spaco", t)]
+    assert sp["time_stat"] == "mean" and sp["gflops"] is None, sp
+    assert sp["spaco_budget"] == max(1, round(t / 16 / 8)), sp
+    assert 0 <= sp["chunks_backpropagated"] <= sp["chunks"] == t / 16, sp
+    assert rows[("seco", t)]["chunks_backpropagated"] == rows[("seco", t)]["chunks"] == t / 16
+    assert rows[("forward", t)]["chunks_backpropagated"] == 0
+checks = d["checks"]
+assert [r["seq_len"] for r in checks["time_ratios"]] == [64, 256], checks
+for r in checks["time_ratios"]:
+    for k in ("seco_over_full", "spaco_over_forward", "spaco_over_seco", "forward_over_full"):
+        assert r[k] > 0, (k, r)
+m = checks["seco_memory"]
+# seco: activations do not grow with T; the total grows by exactly the KV cache + KV gradient per token.
+assert m["activation_change"] == 0, m
+assert m["kv_cache_growth_bytes_per_token"] == m["kv_grad_growth_bytes_per_token"] == m["state_bytes_per_token"], m
+assert m["peak_growth_bytes_per_token"] == 2 * m["state_bytes_per_token"], m
+print("chunked bench OK")
+PY
