@@ -1,7 +1,12 @@
 #include "core/data.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -115,18 +120,162 @@ absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int 
   return out;
 }
 
-absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab) {
-  if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
+namespace {
+
+// A JSON value in a few words for an error message: numbers, booleans and short strings as written, else the type.
+std::string Describe(const nlohmann::json& v) {
+  if (v.is_number() || v.is_boolean() || v.is_null()) return v.dump();
+  if (v.is_string()) {
+    const std::string s = v.dump();
+    return s.size() <= 40 ? absl::StrCat("the string ", s) : "a string";
+  }
+  return absl::StrCat("a", v.is_array() || v.is_object() ? "n " : " ", v.type_name());
+}
+
+// One non-blank line of a JSONL file, parsed to an object, with typed readers of its fields. Every error names the
+// file, the line and the field: "<path>:<line>: field '<field>' ...", nested values as 'completions[2][0]'.
+class JsonLine {
+ public:
+  JsonLine(std::string where, nlohmann::json obj) : where_(std::move(where)), obj_(std::move(obj)) {}
+  const std::string& where() const { return where_; }
+  const nlohmann::json& obj() const { return obj_; }
+
+  absl::Status Error(const std::string& field, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": field '", field, "' ", what));
+  }
+  // The field's value; null where an optional field is absent or JSON null.
+  absl::StatusOr<const nlohmann::json*> Field(const char* field, bool required) const {
+    const auto it = obj_.find(field);
+    if (it != obj_.end() && !it->is_null()) return &*it;
+    if (required) return Error(field, it == obj_.end() ? "is missing" : "is null");
+    return nullptr;
+  }
+  // An array; `count` >= 0 asks for that many elements (`count_what` says why).
+  absl::Status Array(const nlohmann::json& v, const std::string& field, int64_t count = -1,
+                     const std::string& count_what = "") const {
+    if (!v.is_array()) return Error(field, absl::StrCat("must be an array, got ", Describe(v)));
+    if (count >= 0 && static_cast<int64_t>(v.size()) != count)
+      return Error(field, absl::StrCat("has ", v.size(), " entries for ", count_what));
+    return absl::OkStatus();
+  }
+  // A non-empty array of token ids in [0, vocab); `role` says what the tokens are for the empty case.
+  absl::Status Ids(const nlohmann::json& v, const std::string& field, int64_t vocab, const char* role,
+                   std::vector<int32_t>* out) const {
+    if (!v.is_array()) return Error(field, absl::StrCat("must be an array of token ids, got ", Describe(v)));
+    if (v.empty()) return Error(field, absl::StrCat("is empty: ", role, " needs at least one token"));
+    out->clear();
+    out->reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const nlohmann::json& e = v[i];
+      const std::string name = absl::StrCat(field, "[", i, "]");
+      if (!e.is_number_integer()) return Error(name, absl::StrCat("must be an integer token id, got ", Describe(e)));
+      const bool in_vocab = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                                   : e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
+      if (!in_vocab) return Error(name, absl::StrCat("is ", e.dump(), ", outside the vocabulary [0, ", vocab, ")"));
+      out->push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Number(const nlohmann::json& v, const std::string& field, double* out) const {
+    if (!v.is_number()) return Error(field, absl::StrCat("must be a number, got ", Describe(v)));
+    *out = v.get<double>();
+    if (!std::isfinite(*out)) return Error(field, absl::StrCat("is not finite (", *out, ")"));
+    return absl::OkStatus();
+  }
+  // An array of finite numbers; count as for Array.
+  absl::Status Numbers(const nlohmann::json& v, const std::string& field, int64_t count, const std::string& count_what,
+                       std::vector<double>* out) const {
+    if (absl::Status s = Array(v, field, count, count_what); !s.ok()) return s;
+    out->resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      if (absl::Status s = Number(v[i], absl::StrCat(field, "[", i, "]"), &(*out)[i]); !s.ok()) return s;
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string where_;
+  nlohmann::json obj_;
+};
+
+// Calls fn on every non-blank line of a JSONL file, stopping at the first error (a malformed line or fn's).
+absl::Status ForEachJsonLine(const std::string& path, const std::function<absl::Status(const JsonLine&)>& fn) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open JSONL file"));
-  std::vector<Sequence> out;
+  if (struct stat st; stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a JSONL file"));
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", lineno);
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 9: <what went wrong>"
+      std::string what = e.what();
+      if (size_t p = what.find(", column "); p != std::string::npos && (p = what.find(": ", p)) != std::string::npos)
+        what = what.substr(p + 2);
+      return absl::InvalidArgumentError(absl::StrCat(where, ": malformed JSON at column ", e.byte, ": ", what));
+    } catch (const nlohmann::json::exception& e) {  // e.g. "[json.exception.out_of_range.406] number overflow ..."
+      std::string what = e.what();
+      if (size_t p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+      return absl::InvalidArgumentError(absl::StrCat(where, ": malformed JSON: ", what));
+    }
+    if (!j.is_object())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object, got ", Describe(j)));
+    if (absl::Status s = fn(JsonLine(where, std::move(j))); !s.ok()) return s;
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return absl::OkStatus();
+}
+
+// One record per non-blank line, parsed by `parse`; an error for a file without any. `what` names the records.
+template <typename T>
+absl::StatusOr<std::vector<T>> LoadRecords(const std::string& path, const char* what,
+                                           const std::function<absl::StatusOr<T>(const JsonLine&)>& parse) {
+  std::vector<T> out;
+  absl::Status st = ForEachJsonLine(path, [&](const JsonLine& line) -> absl::Status {
+    absl::StatusOr<T> record = parse(line);
+    if (!record.ok()) return record.status();
+    out.push_back(std::move(*record));
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no ", what, " (the file has no non-blank lines)"));
+  return out;
+}
+
+absl::Status CheckVocab(int64_t vocab) {
+  if (vocab <= 0 || vocab > std::numeric_limits<int32_t>::max())
+    return absl::InvalidArgumentError(absl::StrCat("vocab must be in [1, 2^31), got ", vocab));
+  return absl::OkStatus();
+}
+
+// prompt + response as one sequence labelled on the response only: inputs full[0, n-1), label i = full[i+1] where
+// i+1 is a response position, -100 elsewhere.
+Sequence PromptResponse(const std::vector<int32_t>& prompt, const std::vector<int32_t>& response) {
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), response.begin(), response.end());
+  std::vector<int32_t> labels(full.size(), -100);
+  std::copy(response.begin(), response.end(), labels.begin() + prompt.size());
+  return Shifted(full, labels);
+}
+
+// Reads a required token-id field.
+absl::Status ReadIds(const JsonLine& line, const char* field, int64_t vocab, const char* role,
+                     std::vector<int32_t>* out) {
+  absl::StatusOr<const nlohmann::json*> v = line.Field(field, /*required=*/true);
+  if (!v.ok()) return v.status();
+  return line.Ids(**v, field, vocab, role, out);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab) {
+  if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
+  return LoadRecords<Sequence>(path, "sequences", [&](const JsonLine& line) -> absl::StatusOr<Sequence> {
+    const std::string& where = line.where();
+    const nlohmann::json& j = line.obj();
     auto read_ids = [&](const char* field, std::vector<int32_t>* v) -> absl::Status {
       const auto it = j.find(field);
       if (it == j.end() || !it->is_array())
@@ -157,11 +306,91 @@ absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t
     ids.resize(keep);
     labels.resize(keep);
     Sequence s = Shifted(ids, labels);
-    if (absl::Status st = ValidateSequence(s, vocab, where); !st.ok()) return st;
-    out.push_back(std::move(s));
-  }
-  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no sequences"));
-  return out;
+    if (absl::Status v = ValidateSequence(s, vocab, where); !v.ok()) return v;
+    return s;
+  });
+}
+
+absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab) {
+  if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
+  return LoadRecords<DpoPair>(path, "DPO pairs", [&](const JsonLine& line) -> absl::StatusOr<DpoPair> {
+    std::vector<int32_t> prompt, chosen, rejected;
+    if (absl::Status s = ReadIds(line, "prompt", vocab, "the prompt", &prompt); !s.ok()) return s;
+    if (absl::Status s = ReadIds(line, "chosen", vocab, "a response", &chosen); !s.ok()) return s;
+    if (absl::Status s = ReadIds(line, "rejected", vocab, "a response", &rejected); !s.ok()) return s;
+    DpoPair pair;
+    const char* names[2] = {"ref_chosen_logp", "ref_rejected_logp"};
+    double* values[2] = {&pair.ref_chosen_logp, &pair.ref_rejected_logp};
+    const nlohmann::json* refs[2];
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<const nlohmann::json*> v = line.Field(names[k], /*required=*/false);
+      if (!v.ok()) return v.status();
+      refs[k] = *v;
+      if (refs[k])
+        if (absl::Status s = line.Number(*refs[k], names[k], values[k]); !s.ok()) return s;
+    }
+    if (!refs[0] != !refs[1]) {
+      const int missing = refs[0] ? 1 : 0;
+      return line.Error(names[missing], absl::StrCat("is missing while '", names[1 - missing],
+                                                     "' is given: give both reference log-probs or neither (then "
+                                                     "the trainer takes them from a reference model)"));
+    }
+    pair.chosen = PromptResponse(prompt, chosen);
+    pair.rejected = PromptResponse(prompt, rejected);
+    return pair;
+  });
+}
+
+absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab) {
+  if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
+  return LoadRecords<GrpoGroup>(path, "GRPO groups", [&](const JsonLine& line) -> absl::StatusOr<GrpoGroup> {
+    std::vector<int32_t> prompt;
+    if (absl::Status s = ReadIds(line, "prompt", vocab, "the prompt", &prompt); !s.ok()) return s;
+    absl::StatusOr<const nlohmann::json*> completions = line.Field("completions", /*required=*/true);
+    if (!completions.ok()) return completions.status();
+    if (absl::Status s = line.Array(**completions, "completions"); !s.ok()) return s;
+    const int64_t G = static_cast<int64_t>((*completions)->size());
+    if (G == 0) return line.Error("completions", "is empty: a group needs at least one completion (G >= 1)");
+    std::vector<std::vector<int32_t>> tokens(G);
+    for (int64_t i = 0; i < G; ++i)
+      if (absl::Status s = line.Ids((**completions)[i], absl::StrCat("completions[", i, "]"), vocab, "a completion",
+                                    &tokens[i]);
+          !s.ok())
+        return s;
+
+    const std::string per_completion = absl::StrCat("G = ", G, " completions");
+    absl::StatusOr<const nlohmann::json*> advantages = line.Field("advantages", /*required=*/true);
+    if (!advantages.ok()) return advantages.status();
+    std::vector<double> adv;
+    if (absl::Status s = line.Numbers(**advantages, "advantages", G, per_completion, &adv); !s.ok()) return s;
+
+    GrpoGroup group;
+    group.completions.resize(G);
+    for (int64_t i = 0; i < G; ++i) {
+      group.completions[i].seq = PromptResponse(prompt, tokens[i]);
+      group.completions[i].advantage = adv[i];
+    }
+    // Per-token log-probs, moved to the positions that predict the tokens: token j at len(prompt) - 1 + j.
+    for (const char* field : {"old_logprobs", "ref_logprobs"}) {
+      absl::StatusOr<const nlohmann::json*> v = line.Field(field, /*required=*/false);
+      if (!v.ok()) return v.status();
+      if (!*v) continue;
+      if (absl::Status s = line.Array(**v, field, G, per_completion); !s.ok()) return s;
+      for (int64_t i = 0; i < G; ++i) {
+        std::vector<double> lp;
+        if (absl::Status s = line.Numbers((**v)[i], absl::StrCat(field, "[", i, "]"),
+                                          static_cast<int64_t>(tokens[i].size()),
+                                          absl::StrCat("the ", tokens[i].size(), " tokens of completions[", i, "]"), &lp);
+            !s.ok())
+          return s;
+        GrpoCompletion& c = group.completions[i];
+        std::vector<double>& at = field[0] == 'o' ? c.old_logprobs : c.ref_logprobs;
+        at.assign(c.seq.ids.size(), std::nan(""));
+        std::copy(lp.begin(), lp.end(), at.begin() + (prompt.size() - 1));
+      }
+    }
+    return group;
+  });
 }
 
 }  // namespace sg

@@ -1,7 +1,10 @@
 // The main job: trains a model with a chosen strategy. With no flags it trains the embedded default, a small
 // Llama-shaped model on the synthetic long-range retrieval task, in about two minutes on two cores.
+// --objective=dpo|grpo trains on preference pairs / scored completion groups from a JSONL file (core/data.h),
+// with an optional frozen reference model (--ref_model).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,14 +19,20 @@
 #include "absl/strings/str_format.h"
 #include "core/data.h"
 #include "core/model_io.h"
+#include "core/presets.h"
 #include "core/trainer.h"
 #include "examples/common.h"
 
-ABSL_FLAG(std::string, data, "", "token data: headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task");
+ABSL_FLAG(std::string, data, "",
+          "sft: token data, headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task. dpo, grpo: the "
+          "objective's JSONL file (required)");
 ABSL_FLAG(std::string, data_dtype, "uint16", "element type of a .bin token file: uint16 or uint32");
-ABSL_FLAG(int64_t, seq_len, 4096, "tokens per sequence");
+ABSL_FLAG(int64_t, seq_len, 4096, "sft: tokens per sequence (dpo and grpo take their sequences whole from --data)");
 ABSL_FLAG(int64_t, steps, 300, "optimizer steps");
-ABSL_FLAG(int64_t, batch, 1, "sequences per step");
+ABSL_FLAG(int64_t, batch, 1, "sequences (sft), pairs (dpo) or groups (grpo) per step, cycling through --data");
+ABSL_FLAG(std::string, ref_model, "",
+          "dpo, grpo: frozen reference model (preset or Hugging Face directory, loaded like --model) for the reference "
+          "log-probs that --data does not carry");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(std::string, report, "", "write a JSON report here");
@@ -34,6 +43,80 @@ namespace {
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
+// --model / --ref_model: a preset name or a user path.
+std::string ModelSpecOf(const std::string& m) { return TransformerPreset(m).ok() ? m : tools::ResolveUserPath(m); }
+
+// Training data of any objective, handed out --batch records at a time, cycling.
+struct TrainData {
+  std::vector<Sequence> sequences;  // sft from a file
+  RetrievalTask task;               // sft without a file
+  std::vector<DpoPair> pairs;       // dpo
+  std::vector<GrpoGroup> groups;    // grpo
+  int64_t next = 0;
+
+  // The next batch and the tokens it holds (every sequence's inputs).
+  Batch Next(const std::string& objective, int64_t batch_size, uint64_t seed, int64_t* tokens) {
+    Batch b;
+    *tokens = 0;
+    for (int64_t i = 0; i < batch_size; ++i, ++next) {
+      if (objective == "dpo") {
+        b.pairs.push_back(pairs[next % pairs.size()]);
+        *tokens += static_cast<int64_t>(b.pairs.back().chosen.ids.size() + b.pairs.back().rejected.ids.size());
+      } else if (objective == "grpo") {
+        b.groups.push_back(groups[next % groups.size()]);
+        for (const GrpoCompletion& c : b.groups.back().completions) *tokens += static_cast<int64_t>(c.seq.ids.size());
+      } else {
+        b.sequences.push_back(sequences.empty() ? task.Make(seed, next) : sequences[next % sequences.size()]);
+        *tokens += static_cast<int64_t>(b.sequences.back().ids.size());
+      }
+    }
+    return b;
+  }
+};
+
+// dpo / grpo: loads --data and checks that every reference log-prob the trainer will need is in the data or can
+// come from the reference model. Returns the longest sequence and a description of the data.
+void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& path, int64_t vocab,
+                       bool have_reference, TrainData* d, int64_t* longest, std::string* what) {
+  *longest = 0;
+  int64_t lacking = 0, records = 0;
+  if (objective.name == "dpo") {
+    absl::StatusOr<std::vector<DpoPair>> loaded = LoadDpoJsonl(path, vocab);
+    tools::ExitIfError(loaded.status(), "--data");
+    d->pairs = std::move(*loaded);
+    for (const DpoPair& p : d->pairs) {
+      lacking += std::isnan(p.ref_chosen_logp);
+      *longest = std::max<int64_t>({*longest, static_cast<int64_t>(p.chosen.ids.size()),
+                                    static_cast<int64_t>(p.rejected.ids.size())});
+    }
+    records = static_cast<int64_t>(d->pairs.size());
+    *what = absl::StrCat(records, " pairs");
+    if (lacking > 0 && !have_reference)
+      tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(
+                             lacking, " of ", records, " pairs in ", path,
+                             " have no ref_chosen_logp / ref_rejected_logp: give --ref_model (a frozen reference "
+                             "model) or add them to the data")),
+                         "--data");
+  } else {
+    absl::StatusOr<std::vector<GrpoGroup>> loaded = LoadGrpoJsonl(path, vocab);
+    tools::ExitIfError(loaded.status(), "--data");
+    d->groups = std::move(*loaded);
+    for (const GrpoGroup& g : d->groups)
+      for (const GrpoCompletion& c : g.completions) {
+        ++records;
+        lacking += c.ref_logprobs.empty();
+        *longest = std::max<int64_t>(*longest, static_cast<int64_t>(c.seq.ids.size()));
+      }
+    *what = absl::StrCat(d->groups.size(), " groups, ", records, " completions");
+    if (objective.grpo_kl_beta > 0 && lacking > 0 && !have_reference)
+      tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(
+                             lacking, " of ", records, " completions in ", path,
+                             " have no ref_logprobs and --grpo_kl_beta > 0: give --ref_model (a frozen reference "
+                             "model), add ref_logprobs to the data, or set --grpo_kl_beta=0")),
+                         "--data");
+  }
+}
+
 int Main() {
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
@@ -43,17 +126,46 @@ int Main() {
   tools::ExitIfError(dtype.status(), "flags");
   const StrategyOptions strategy = tools::StrategyFromFlags();
   tools::ExitIfError(ValidateStrategyOptions(strategy), "flags");
+  const ObjectiveOptions objective = tools::ObjectiveFromFlags();
+  tools::ExitIfError(ValidateObjectiveOptions(objective), "flags");
+  const bool sft = objective.name == "sft";
+  const std::string data = absl::GetFlag(FLAGS_data);
+  const std::string ref_model = absl::GetFlag(FLAGS_ref_model);
+  if (!sft && data.empty())
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(
+                           "--objective=", objective.name, " needs --data: a JSONL file of ",
+                           objective.name == "dpo" ? "preference pairs" : "prompts with scored completions",
+                           " (format: README, \"Objectives: SFT, DPO, GRPO\")")),
+                       "flags");
+  if (sft && !ref_model.empty())
+    tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
   const int64_t vocab = (*model)->vocab_size();
+  // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
+  std::unique_ptr<TransformerModel> reference;
+  if (!ref_model.empty()) {
+    absl::StatusOr<std::unique_ptr<TransformerModel>> r = LoadModel(ModelSpecOf(ref_model), *dtype, seed);
+    tools::ExitIfError(r.status(), "--ref_model");
+    if ((*r)->vocab_size() != vocab)
+      tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("vocabulary size ", (*r)->vocab_size(),
+                                                                 " differs from --model's ", vocab)),
+                         "--ref_model");
+    reference = std::move(*r);
+  }
 
-  // Data: a file, or the synthetic task generated on the fly.
-  std::vector<Sequence> file_data;
-  RetrievalTask task;
-  const std::string data = absl::GetFlag(FLAGS_data);
-  if (!data.empty()) {
+  // Data: a file, or (sft) the synthetic task generated on the fly.
+  TrainData train_data;
+  int64_t report_seq_len = seq_len;  // dpo, grpo: the longest sequence of the data
+  std::string data_what = data.empty() ? "synthetic retrieval" : data;
+  if (!sft) {
+    std::string what;
+    LoadObjectiveData(objective, tools::ResolveUserPath(data), vocab, reference != nullptr, &train_data,
+                      &report_seq_len, &what);
+    absl::StrAppend(&data_what, " (", what, ")");
+  } else if (!data.empty()) {
     const std::string path = tools::ResolveUserPath(data);
     absl::StatusOr<std::vector<Sequence>> loaded;
     if (absl::EndsWith(path, ".jsonl")) {
@@ -65,43 +177,37 @@ int Main() {
       loaded = LoadTokenBin(path, t == "uint16" ? 2 : 4, seq_len, vocab);
     }
     tools::ExitIfError(loaded.status(), "--data");
-    file_data = std::move(*loaded);
+    train_data.sequences = std::move(*loaded);
   } else {
-    task.seq_len = seq_len;
-    task.vocab = vocab;
-    tools::ExitIfError(task.Validate(), "synthetic task");
+    train_data.task.seq_len = seq_len;
+    train_data.task.vocab = vocab;
+    tools::ExitIfError(train_data.task.Validate(), "synthetic task");
   }
-  int64_t next_sequence = 0;
-  auto next_batch = [&]() {
-    std::vector<Sequence> batch;
-    for (int64_t b = 0; b < absl::GetFlag(FLAGS_batch); ++b, ++next_sequence) {
-      if (file_data.empty()) batch.push_back(task.Make(seed, next_sequence));
-      else batch.push_back(file_data[next_sequence % file_data.size()]);
-    }
-    return batch;
-  };
 
   OptimizerOptions opt;
   opt.lr = absl::GetFlag(FLAGS_lr);
   opt.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  Trainer trainer(**model, strategy, opt);
+  Trainer trainer(**model, strategy, opt, objective, reference.get());
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const bool tty = isatty(fileno(stderr));
-  std::fprintf(stderr, "seqgrad train: model=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s\n",
-               absl::GetFlag(FLAGS_model).c_str(), strategy.name.c_str(), static_cast<long long>(seq_len),
-               static_cast<long long>(strategy.chunk), static_cast<long long>(steps),
-               data.empty() ? "synthetic retrieval" : data.c_str());
+  std::fprintf(stderr,
+               "seqgrad train: model=%s objective=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s%s\n",
+               absl::GetFlag(FLAGS_model).c_str(), objective.name.c_str(), strategy.name.c_str(),
+               static_cast<long long>(report_seq_len), static_cast<long long>(strategy.chunk),
+               static_cast<long long>(steps), data_what.c_str(),
+               ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
 
   std::vector<double> losses;
   int64_t tokens = 0;
   double seconds = 0;
   for (int64_t step = 1; step <= steps; ++step) {
-    std::vector<Sequence> batch = next_batch();
+    int64_t batch_tokens = 0;
+    const Batch batch = train_data.Next(objective.name, absl::GetFlag(FLAGS_batch), seed, &batch_tokens);
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<StepMetrics> m = trainer.Step(batch);
+    absl::StatusOr<StepMetrics> m = sft ? trainer.Step(batch.sequences) : trainer.Step(batch);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     tools::ExitIfError(m.status(), absl::StrCat("step ", step).c_str());
-    for (const Sequence& s : batch) tokens += static_cast<int64_t>(s.ids.size());
+    tokens += batch_tokens;
     losses.push_back(m->loss);
     const MemorySnapshot mem = (*model)->memory().Snapshot();
     const std::string line = absl::StrFormat("step %lld/%lld  loss %.4f  %.0f tok/s  peak %s", step, steps, m->loss,
@@ -113,8 +219,8 @@ int Main() {
   if (tty) std::fprintf(stderr, "\n");
 
   const MemorySnapshot mem = (*model)->memory().Snapshot();
-  std::printf("done: %lld steps, loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(steps),
-              losses.front(), losses.back(), tokens / seconds, Mib(mem.total_peak).c_str());
+  std::printf("done: %lld steps, %s loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(steps),
+              objective.name.c_str(), losses.front(), losses.back(), tokens / seconds, Mib(mem.total_peak).c_str());
   for (int i = 0; i < kNumMemCategories; ++i)
     std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
 
@@ -124,11 +230,11 @@ int Main() {
     std::string losses_json;
     for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.6f", losses[i]));
     const std::string json = absl::StrFormat(
-        "{\"model\": \"%s\", \"strategy\": \"%s\", \"seq_len\": %d, \"chunk\": %d, \"steps\": %d, "
-        "\"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, \"peak_bytes\": %d, "
+        "{\"model\": \"%s\", \"objective\": \"%s\", \"strategy\": \"%s\", \"seq_len\": %d, \"chunk\": %d, "
+        "\"steps\": %d, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, \"peak_bytes\": %d, "
         "\"peak_bytes_by_category\": %s, \"losses\": [%s]}\n",
-        absl::GetFlag(FLAGS_model), strategy.name, seq_len, strategy.chunk, steps, losses.front(), losses.back(),
-        tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), losses_json);
+        absl::GetFlag(FLAGS_model), objective.name, strategy.name, report_seq_len, strategy.chunk, steps,
+        losses.front(), losses.back(), tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), losses_json);
     tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(report), json), "--report");
   }
   return 0;
