@@ -68,8 +68,7 @@ class Grpo final : public TokenObjective {
   }
 
  private:
-  const std::vector<double>& old_;
-  std::vector<double> ref_;
+  std::vector<double> old_, ref_;
   double advantage_, eps_, beta_, scale_;
 };
 
