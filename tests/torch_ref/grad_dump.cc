@@ -2,12 +2,19 @@
 // against a PyTorch autograd reference (tests/torch_ref/torch_ref_test.py).
 //
 //   grad_dump --model_dir=DIR --batch_jsonl=FILE --strategy=full --page_size=16 --lm_chunk=7 --out=grads.safetensors
+//   grad_dump --model_dir=DIR --objective=grpo --data=groups.jsonl --grpo_kl_beta=0.1 --out=grads.safetensors
 //
-// The output holds one f64 tensor per parameter, named like the parameter (Hugging Face names), and the mean
-// token loss of the batch in the metadata ("loss", printed with %.17g so it round-trips exactly).
+// --objective=sft (default) reads --batch_jsonl (LoadJsonl); dpo and grpo read --data with LoadDpoJsonl /
+// LoadGrpoJsonl. The gradients come from Trainer::ComputeGradients(Batch).
+//
+// The output holds one f64 tensor per parameter, named like the parameter (Hugging Face names), and the
+// objective's loss of the batch in the metadata ("loss", printed with %.17g so it round-trips exactly; sft: mean
+// token loss), with "tokens", "chunks" and "chunks_backpropagated" from the step's metrics.
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -19,6 +26,7 @@
 #include "core/data.h"
 #include "core/io/safetensors.h"
 #include "core/model_io.h"
+#include "core/objective.h"
 #include "core/trainer.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
@@ -27,6 +35,14 @@ ABSL_FLAG(std::string, strategy, "full", "gradient strategy (any name sg::FindSt
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (chunked strategies)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
 ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
+ABSL_FLAG(int64_t, spaco_budget, 8, "spaco: chunks backpropagated per sequence on average");
+ABSL_FLAG(double, spaco_cap, 2.0, "spaco: cap on relayed-state compensation (0 = none)");
+ABSL_FLAG(uint64_t, seed, 0, "sampling seed (spaco)");
+ABSL_FLAG(std::string, objective, "sft", "training objective: sft | dpo | grpo");
+ABSL_FLAG(std::string, data, "", "dpo / grpo: JSONL of preference pairs / groups (core/data.h formats)");
+ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
+ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
+ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the k3 KL term");
 ABSL_FLAG(std::string, out, "", "output safetensors file (f64 gradients, loss in the metadata)");
 
 namespace sg {
@@ -34,26 +50,51 @@ namespace {
 
 absl::Status Run() {
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
-  const std::string batch_path = absl::GetFlag(FLAGS_batch_jsonl);
   const std::string out = absl::GetFlag(FLAGS_out);
+  ObjectiveOptions objective;
+  objective.name = absl::GetFlag(FLAGS_objective);
+  objective.dpo_beta = absl::GetFlag(FLAGS_dpo_beta);
+  objective.grpo_clip_eps = absl::GetFlag(FLAGS_grpo_clip_eps);
+  objective.grpo_kl_beta = absl::GetFlag(FLAGS_grpo_kl_beta);
+  if (absl::Status s = ValidateObjectiveOptions(objective); !s.ok()) return s;
+  const bool sft = objective.name == "sft";
+  const std::string input = sft ? absl::GetFlag(FLAGS_batch_jsonl) : absl::GetFlag(FLAGS_data);
   if (model_dir.empty()) return absl::InvalidArgumentError("--model_dir is required");
-  if (batch_path.empty()) return absl::InvalidArgumentError("--batch_jsonl is required");
+  if (input.empty())
+    return absl::InvalidArgumentError(sft ? std::string("--batch_jsonl is required")
+                                          : absl::StrCat("--data is required for --objective=", objective.name));
   if (out.empty()) return absl::InvalidArgumentError("--out is required");
-
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(model_dir, DType::kF64, 0);
-  if (!model.ok()) return model.status();
-  absl::StatusOr<std::vector<Sequence>> batch = LoadJsonl(batch_path, int64_t{1} << 30, (*model)->vocab_size());
-  if (!batch.ok()) return batch.status();
 
   StrategyOptions opts;
   opts.name = absl::GetFlag(FLAGS_strategy);
   opts.chunk = absl::GetFlag(FLAGS_chunk);
   opts.page_size = absl::GetFlag(FLAGS_page_size);
   opts.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
+  opts.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
+  opts.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
+  opts.seed = absl::GetFlag(FLAGS_seed);
   if (absl::Status s = ValidateStrategyOptions(opts); !s.ok()) return s;
 
-  Trainer trainer(**model, opts, {});
-  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(*batch);
+  absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(model_dir, DType::kF64, 0);
+  if (!model.ok()) return model.status();
+  const int64_t vocab = (*model)->vocab_size();
+  Batch batch;
+  if (objective.name == "dpo") {
+    absl::StatusOr<std::vector<DpoPair>> pairs = LoadDpoJsonl(input, vocab);
+    if (!pairs.ok()) return pairs.status();
+    batch.pairs = std::move(*pairs);
+  } else if (objective.name == "grpo") {
+    absl::StatusOr<std::vector<GrpoGroup>> groups = LoadGrpoJsonl(input, vocab);
+    if (!groups.ok()) return groups.status();
+    batch.groups = std::move(*groups);
+  } else {
+    absl::StatusOr<std::vector<Sequence>> seqs = LoadJsonl(input, int64_t{1} << 30, vocab);
+    if (!seqs.ok()) return seqs.status();
+    batch.sequences = std::move(*seqs);
+  }
+
+  Trainer trainer(**model, opts, {}, objective);
+  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
   if (!m.ok()) return m.status();
 
   std::vector<io::TensorToWrite> tensors;
@@ -67,7 +108,10 @@ absl::Status Run() {
       {"format", "pt"},
       {"loss", absl::StrFormat("%.17g", m->loss)},
       {"tokens", absl::StrCat(m->tokens)},
+      {"chunks", absl::StrCat(m->chunks)},
+      {"chunks_backpropagated", absl::StrCat(m->chunks_backpropagated)},
       {"strategy", opts.name},
+      {"objective", objective.name},
   };
   return io::WriteSafetensors(out, tensors, metadata);
 }

@@ -13,6 +13,13 @@ sizes, and compares the result with the same model written here in plain torch o
 
 Every gradient must match with max|engine - ref| / max|ref| <= 1e-9 per tensor.
 
+The DPO and GRPO objectives (grad_dump --objective=dpo|grpo --data=FILE, through Trainer::ComputeGradients(Batch))
+are written here in plain torch too, on the per-token log-probs of the same reference model (log_softmax + gather
+at the positions that predict the response): random JSONL batches on each config (DPO pairs with ref_* sums; GRPO
+groups of G = 3 with random advantages and old / ref per-token log-probs near the policy's, so that both branches of
+the clipped surrogate occur; and an on-policy GRPO batch without old / ref log-probs and no KL term) are compared for
+full, ckpt, seco, streambp and spaco (with a budget of every chunk and no cap, which is then exact).
+
 A second test trains one step with //examples:train, saves the model, and checks that the export parses, has the
 input's tensor names and shapes, and loads back into the engine with gradients matching the reference.
 
@@ -41,13 +48,25 @@ TOLERANCE = 1e-9
 
 # Strategies whose gradients are exact (spaco, being unbiased but stochastic, is not). Those that the binary does
 # not know (yet) are skipped; chunked ones also run with several chunk sizes.
-EXACT_STRATEGIES = ["full", "ckpt", "seco"]
-CHUNKED_STRATEGIES = {"seco"}
+EXACT_STRATEGIES = ["full", "ckpt", "seco", "streambp"]
+CHUNKED_STRATEGIES = {"seco", "streambp"}
 PAGE_SIZES = [4, 5, 16, 256]
 LM_CHUNKS = [7, 1000]
 CHUNKS = [4, 16, 29]
 # OpenMP thread counts for extra runs (the attention backward splits key pages into per-thread stripes).
 THREAD_COUNTS = [1, 3]
+
+# DPO / GRPO (--objective): options passed to grad_dump and used by the reference (not the engine's defaults, so
+# that the flags are seen to reach the trainer).
+DPO_BETA = 0.5
+GRPO_CLIP_EPS = 0.25
+GRPO_KL_BETA = 0.1
+GRPO_G = 3
+# prompt + response lengths in tokens, so the engine's sequences (the last token is a label only) have 25..32
+# positions: every sequence of a DPO / GRPO batch has the same number of chunks for these chunk sizes, as spaco with
+# a budget of all chunks (then exact) needs.
+OBJECTIVE_TOKENS = (26, 33)
+SPACO_CHUNKS = [8, 16]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -278,6 +297,68 @@ def write_jsonl(path, batch):
             f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
 
 
+def make_prompt_response(rng, V, n_prompt=None):
+    """(prompt length: 3..10, or n_prompt; random response tokens) such that prompt + response has between
+    OBJECTIVE_TOKENS[0] and OBJECTIVE_TOKENS[1] tokens."""
+    n_prompt = int(rng.integers(3, 11)) if n_prompt is None else n_prompt
+    total = int(rng.integers(OBJECTIVE_TOKENS[0], OBJECTIVE_TOKENS[1] + 1))
+    return n_prompt, rng.integers(0, V, size=total - n_prompt).tolist()
+
+
+def make_dpo_data(hf, weights, seed, pairs=3):
+    """DPO pairs {prompt, chosen, rejected, ref_chosen_logp, ref_rejected_logp}: the reference sums are the policy's
+    own response log-prob sums plus N(0, 2^2) noise, so that beta * margin is O(1) and the sigmoid is not saturated."""
+    rng = np.random.default_rng(2000 + seed)
+    V = hf["vocab_size"]
+    W = leaf_weights(weights)
+    data = []
+    for _ in range(pairs):
+        n_prompt, chosen = make_prompt_response(rng, V)
+        prompt = rng.integers(0, V, size=n_prompt).tolist()
+        _, rejected = make_prompt_response(rng, V, n_prompt)
+        row = dict(prompt=prompt, chosen=chosen, rejected=rejected)
+        with torch.no_grad():
+            for key in ("chosen", "rejected"):
+                pi = float(response_logprobs(hf, W, prompt, row[key]).sum())
+                row[f"ref_{key}_logp"] = pi + float(rng.normal(0.0, 2.0))
+        data.append(row)
+    return data
+
+
+def make_grpo_data(hf, weights, seed, groups=2, old=True, ref=True):
+    """GRPO groups {prompt, completions (G = GRPO_G), advantages ~ N(0, 1), old_logprobs, ref_logprobs}: the
+    per-token old / ref log-probs are the policy's own plus N(0, 0.3^2) noise, so that the ratio r leaves the clip
+    range [1 - eps, 1 + eps] on both sides (check_grpo_branches)."""
+    rng = np.random.default_rng(3000 + seed)
+    V = hf["vocab_size"]
+    W = leaf_weights(weights)
+    data = []
+    for _ in range(groups):
+        n_prompt = int(rng.integers(3, 11))
+        row = dict(prompt=rng.integers(0, V, size=n_prompt).tolist(), completions=[],
+                   advantages=rng.normal(size=GRPO_G).tolist())
+        if old:
+            row["old_logprobs"] = []
+        if ref:
+            row["ref_logprobs"] = []
+        for _ in range(GRPO_G):
+            _, completion = make_prompt_response(rng, V, n_prompt)
+            row["completions"].append(completion)
+            with torch.no_grad():
+                lp = response_logprobs(hf, W, row["prompt"], completion).numpy()
+            for key in ("old_logprobs", "ref_logprobs"):
+                if key in row:
+                    row[key].append((lp + rng.normal(0.0, 0.3, size=lp.shape)).tolist())
+        data.append(row)
+    return data
+
+
+def write_rows(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Reference model (plain torch, float64)
 # ----------------------------------------------------------------------------------------------------------------
@@ -310,9 +391,12 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def reference(hf, weights, batch, apply_rope_scaling=True):
-    """Returns (mean token loss, {name: gradient}) in float64."""
-    W = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+def leaf_weights(weights):
+    return {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+
+
+def forward_logits(hf, W, ids, apply_rope_scaling=True):
+    """Logits [T, vocab] of the model with parameters W (torch tensors under HF names) at every position of ids."""
     heads, kv_heads, hd = dims(hf)
     eps = float(hf.get("rms_norm_eps", 1e-6))
     bias = hf["model_type"] == "qwen2" or hf.get("attention_bias", False)
@@ -323,40 +407,104 @@ def reference(hf, weights, batch, apply_rope_scaling=True):
         y = x @ W[name + ".weight"].T
         return y + W[name + ".bias"] if bias else y
 
+    T = len(ids)
+    ids_t = torch.tensor(ids, dtype=torch.long)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()  # [T, hd]
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+
+    x = W["model.embed_tokens.weight"][ids_t]
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = proj(xn, p + "self_attn.q_proj").view(T, heads, hd).transpose(0, 1)
+        k = proj(xn, p + "self_attn.k_proj").view(T, kv_heads, hd).transpose(0, 1)
+        v = proj(xn, p + "self_attn.v_proj").view(T, kv_heads, hd).transpose(0, 1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(heads // kv_heads, dim=0)
+        v = v.repeat_interleave(heads // kv_heads, dim=0)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+        attn = (probs @ v).transpose(0, 1).reshape(T, heads * hd)
+        h = x + attn @ W[p + "self_attn.o_proj.weight"].T
+        hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
+        gate = hn @ W[p + "mlp.gate_proj.weight"].T
+        up = hn @ W[p + "mlp.up_proj.weight"].T
+        x = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
+    return rms_norm(x, W["model.norm.weight"], eps) @ head.T
+
+
+def reference(hf, weights, batch, apply_rope_scaling=True):
+    """Returns (mean token loss, {name: gradient}) in float64."""
+    W = leaf_weights(weights)
     loss_sum = torch.zeros((), dtype=torch.float64)
     valid = 0
     for ids, labels in batch:
-        T = len(ids)
-        ids_t = torch.tensor(ids, dtype=torch.long)
         labels_t = torch.tensor(labels, dtype=torch.long)
-        angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-        emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos(), emb.sin()  # [T, hd]
-        causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-
-        x = W["model.embed_tokens.weight"][ids_t]
-        for i in range(hf["num_hidden_layers"]):
-            p = f"model.layers.{i}."
-            xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-            q = proj(xn, p + "self_attn.q_proj").view(T, heads, hd).transpose(0, 1)
-            k = proj(xn, p + "self_attn.k_proj").view(T, kv_heads, hd).transpose(0, 1)
-            v = proj(xn, p + "self_attn.v_proj").view(T, kv_heads, hd).transpose(0, 1)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            k = k.repeat_interleave(heads // kv_heads, dim=0)
-            v = v.repeat_interleave(heads // kv_heads, dim=0)
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
-            attn = (probs @ v).transpose(0, 1).reshape(T, heads * hd)
-            h = x + attn @ W[p + "self_attn.o_proj.weight"].T
-            hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-            gate = hn @ W[p + "mlp.gate_proj.weight"].T
-            up = hn @ W[p + "mlp.up_proj.weight"].T
-            x = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
-        logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
+        logits = forward_logits(hf, W, ids, apply_rope_scaling)
         loss_sum = loss_sum + F.cross_entropy(logits[:-1], labels_t[1:], ignore_index=-100, reduction="sum")
         valid += int((labels_t[1:] != -100).sum())
     loss = loss_sum / valid
+    loss.backward()
+    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+
+
+def response_logprobs(hf, W, prompt, response):
+    """log p(response[j] | prompt + response[:j]) for every j: log_softmax of the logits at the positions that predict
+    the response tokens (the last token is only predicted, so the model runs on prompt + response[:-1])."""
+    tokens = list(prompt) + list(response)
+    logits = forward_logits(hf, W, tokens[:-1])[len(prompt) - 1:]
+    return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response, dtype=torch.long)[:, None])[:, 0]
+
+
+def reference_dpo(hf, weights, pairs, beta):
+    """Mean over pairs of -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))), pi = response log-prob sum."""
+    W = leaf_weights(weights)
+    loss = torch.zeros((), dtype=torch.float64)
+    for p in pairs:
+        pi_c = response_logprobs(hf, W, p["prompt"], p["chosen"]).sum()
+        pi_r = response_logprobs(hf, W, p["prompt"], p["rejected"]).sum()
+        z = beta * ((pi_c - p["ref_chosen_logp"]) - (pi_r - p["ref_rejected_logp"]))
+        loss = loss - F.logsigmoid(z)
+    loss = loss / len(pairs)
+    loss.backward()
+    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+
+
+def grpo_ratios(hf, weights, groups):
+    """Per completion token: (ratio r = exp(logp - old), advantage) under the given weights."""
+    W = leaf_weights(weights)
+    out = []
+    with torch.no_grad():
+        for g in groups:
+            for i, completion in enumerate(g["completions"]):
+                lp = response_logprobs(hf, W, g["prompt"], completion).numpy()
+                r = np.exp(lp - np.asarray(g["old_logprobs"][i]))
+                out += [(float(x), g["advantages"][i]) for x in r]
+    return out
+
+
+def reference_grpo(hf, weights, groups, clip_eps, kl_beta):
+    """sum over groups b, completions i, tokens t of
+         (-min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) + kl_beta (e^x - x - 1)) / (|o_i| G B),
+    r = exp(logp - old) (old absent: logp detached, r = 1), x = ref - logp."""
+    W = leaf_weights(weights)
+    B = len(groups)
+    loss = torch.zeros((), dtype=torch.float64)
+    for g in groups:
+        G = len(g["completions"])
+        for i, completion in enumerate(g["completions"]):
+            lp = response_logprobs(hf, W, g["prompt"], completion)
+            old = torch.tensor(g["old_logprobs"][i]) if "old_logprobs" in g else lp.detach()
+            A = g["advantages"][i]
+            r = torch.exp(lp - old)
+            term = -torch.minimum(r * A, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * A)
+            if kl_beta > 0:
+                x = torch.tensor(g["ref_logprobs"][i]) - lp
+                term = term + kl_beta * (torch.exp(x) - x - 1)
+            loss = loss + term.sum() / (len(completion) * G * B)
     loss.backward()
     return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
 
@@ -393,14 +541,23 @@ def compare(engine, ref, label):
     return max(loss_err, errors[worst]), worst
 
 
-def run_grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk=512, threads=None):
-    run([grad_dump_path(), f"--model_dir={model_dir}", f"--batch_jsonl={jsonl}", f"--strategy={strategy}",
-         f"--chunk={chunk}", f"--page_size={page_size}", f"--lm_chunk={lm_chunk}", f"--out={out}"],
-        threads=threads)
+def grad_dump(model_dir, data, out, strategy, page_size, lm_chunk, chunk=512, threads=None, objective="sft",
+              flags=()):
+    """Runs grad_dump on a batch (sft: --batch_jsonl, else --data); returns (loss, {name: grad}, metadata)."""
+    data_flag = "--batch_jsonl" if objective == "sft" else "--data"
+    run([grad_dump_path(), f"--model_dir={model_dir}", f"{data_flag}={data}", f"--objective={objective}",
+         f"--strategy={strategy}", f"--chunk={chunk}", f"--page_size={page_size}", f"--lm_chunk={lm_chunk}",
+         f"--out={out}", *flags], threads=threads)
     tensors, dtypes, metadata = read_safetensors(out)
     assert set(dtypes.values()) == {"F64"}, dtypes
     assert "loss" in metadata, metadata
-    return float(metadata["loss"]), tensors
+    assert metadata.get("objective") == objective, metadata
+    return float(metadata["loss"]), tensors, metadata
+
+
+def run_grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk=512, threads=None):
+    loss, tensors, _ = grad_dump(model_dir, jsonl, out, strategy, page_size, lm_chunk, chunk, threads)
+    return loss, tensors
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -461,6 +618,88 @@ def strategy_runs(strategy):
     return runs
 
 
+# DPO / GRPO batches: name -> (--objective, data maker, reference, grad_dump flags).
+OBJECTIVES = {
+    "dpo": ("dpo", make_dpo_data, lambda hf, w, rows: reference_dpo(hf, w, rows, DPO_BETA),
+            [f"--dpo_beta={DPO_BETA!r}"]),
+    # old_logprobs (clipped and unclipped branches) and ref_logprobs (k3 KL term).
+    "grpo": ("grpo", make_grpo_data, lambda hf, w, rows: reference_grpo(hf, w, rows, GRPO_CLIP_EPS, GRPO_KL_BETA),
+             [f"--grpo_clip_eps={GRPO_CLIP_EPS!r}", f"--grpo_kl_beta={GRPO_KL_BETA!r}"]),
+    # Neither: old = the current policy (r = 1), and no KL term.
+    "grpo_on_policy": ("grpo", lambda hf, w, seed: make_grpo_data(hf, w, seed + 50, old=False, ref=False),
+                       lambda hf, w, rows: reference_grpo(hf, w, rows, GRPO_CLIP_EPS, 0.0),
+                       [f"--grpo_clip_eps={GRPO_CLIP_EPS!r}", "--grpo_kl_beta=0"]),
+}
+OBJECTIVE_STRATEGIES = ["full", "ckpt", "seco", "streambp", "spaco"]
+
+_OBJECTIVE_CASES = {}
+
+
+def objective_sequence_lengths(rows):
+    """Positions of every engine sequence of a DPO / GRPO batch (prompt + response, less the last token)."""
+    lengths = []
+    for row in rows:
+        for response in ([row["chosen"], row["rejected"]] if "chosen" in row else row["completions"]):
+            lengths.append(len(row["prompt"]) + len(response) - 1)
+    return lengths
+
+
+def check_grpo_branches(hf, weights, rows, label):
+    """Both branches of min(r A, clip(r) A) occur: tokens where the clipped, constant branch wins (no surrogate
+    gradient), tokens outside the clip range where r A wins, and tokens inside it; and no ratio lies within 1e-6 of
+    a clip bound, where rounding could pick the other branch."""
+    lo, hi = 1 - GRPO_CLIP_EPS, 1 + GRPO_CLIP_EPS
+    clipped = unclipped_outside = inside = 0
+    for r, a in grpo_ratios(hf, weights, rows):
+        assert min(abs(r - lo), abs(r - hi)) > 1e-6, f"{label}: ratio {r!r} too close to a clip bound"
+        if lo < r < hi:
+            inside += 1
+        elif (a > 0) == (r > hi):
+            clipped += 1
+        else:
+            unclipped_outside += 1
+    print(f"{label}: grpo tokens: {clipped} clipped, {unclipped_outside} unclipped outside the clip range, "
+          f"{inside} inside")
+    assert clipped > 0 and unclipped_outside > 0 and inside > 0, (clipped, unclipped_outside, inside)
+
+
+def objective_case(config, name):
+    """The data file and reference (loss, gradients) of objective batch `name` on config's model."""
+    key = (config, name)
+    if key not in _OBJECTIVE_CASES:
+        spec = CONFIGS[config]
+        c = case(config)
+        objective, make, ref, flags = OBJECTIVES[name]
+        rows = make(spec["hf"], c["weights"], spec["seed"])
+        if "old_logprobs" in rows[0]:
+            check_grpo_branches(spec["hf"], c["weights"], rows, f"{config}/{name}")
+        data = os.path.join(c["root"], f"{name}.jsonl")
+        write_rows(data, rows)
+        _OBJECTIVE_CASES[key] = dict(model_dir=c["model_dir"], root=c["root"], data=data, rows=rows,
+                                     objective=objective, flags=flags, lengths=objective_sequence_lengths(rows),
+                                     ref=ref(spec["hf"], c["weights"], rows))
+    return _OBJECTIVE_CASES[key]
+
+
+def objective_runs(strategy, lengths):
+    """grad_dump settings per strategy for DPO / GRPO batches (sequences of 25..32 positions): chunked strategies
+    with 7-8, 2 and 1-2 chunks; spaco with a budget of all chunks and no cap, which makes it exact."""
+    if strategy == "full":
+        return [dict(page_size=5, lm_chunk=7), dict(page_size=256, lm_chunk=1000),
+                dict(page_size=4, lm_chunk=3, threads=THREAD_COUNTS[-1])]
+    if strategy == "ckpt":
+        return [dict(page_size=5, lm_chunk=7)]
+    if strategy == "spaco":
+        runs = []
+        for chunk in SPACO_CHUNKS:
+            ks = {-(-n // chunk) for n in lengths}
+            assert len(ks) == 1, f"sequences of {sorted(set(lengths))} positions have {sorted(ks)} chunks of {chunk}"
+            runs.append(dict(page_size=5, lm_chunk=7, chunk=chunk,
+                             flags=[f"--spaco_budget={ks.pop()}", "--spaco_cap=0", "--seed=11"]))
+        return runs
+    return [dict(page_size=ps, lm_chunk=lm, chunk=c) for c, ps, lm in zip(CHUNKS, (5, 16, 4), (7, 1000, 3))]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Tests
 # ----------------------------------------------------------------------------------------------------------------
@@ -483,6 +722,16 @@ def test_reference_self_check():
     fd = (reference(hf, plus, cq["batch"])[0] - reference(hf, minus, cq["batch"])[0]) / (2 * eps)
     analytic = sum(float(np.sum(grads[k] * direction[k])) for k in grads)
     assert abs(fd - analytic) <= 1e-6 * max(1.0, abs(analytic)), (fd, analytic)
+
+    # response_logprobs (DPO / GRPO) agrees with the cross-entropy of the same prompt + response labelled on the
+    # response only, HF style.
+    rng = np.random.default_rng(8)
+    prompt = rng.integers(0, hf["vocab_size"], size=5).tolist()
+    response = rng.integers(0, hf["vocab_size"], size=9).tolist()
+    with torch.no_grad():
+        lp = response_logprobs(hf, leaf_weights(cq["weights"]), prompt, response)
+    ce, _ = reference(hf, cq["weights"], [(prompt + response, [-100] * len(prompt) + response)])
+    assert abs(-float(lp.mean()) - ce) <= 1e-12 * abs(ce), (-float(lp.mean()), ce)
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -512,6 +761,61 @@ def test_grad_dump_errors():
                 f"--out={out}"], check=False)
     assert proc.returncode == 1 and proc.stderr.strip(), (proc.returncode, proc.stderr)
     assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_objective_gradients_match_torch(config, objective):
+    """DPO / GRPO through Trainer::ComputeGradients(Batch) against the plain-torch objectives on the reference
+    model, for every exact strategy and spaco with all chunks kept."""
+    oc = objective_case(config, objective)
+    strategies = [s for s in OBJECTIVE_STRATEGIES if s == "spaco" or s in known_strategies()]
+    summary = []
+    for strategy in strategies:
+        worst = (0.0, "")
+        for r in objective_runs(strategy, oc["lengths"]):
+            r = dict(r)
+            flags = oc["flags"] + r.pop("flags", [])
+            label = f"{config}/{objective}/{strategy} " + " ".join(f"{k}={v}" for k, v in r.items())
+            out = os.path.join(oc["root"], "objective_grads.safetensors")
+            loss, grads, metadata = grad_dump(oc["model_dir"], oc["data"], out, strategy, objective=oc["objective"],
+                                              flags=flags, **r)
+            if strategy == "spaco":
+                assert metadata["chunks_backpropagated"] == metadata["chunks"], (label, metadata)
+            worst = max(worst, compare((loss, grads), oc["ref"], label))
+        summary.append(f"{config}/{objective}/{strategy}: max rel err {worst[0]:.2e} ({worst[1]})")
+    print("\n".join(["SUMMARY"] + summary))
+
+
+def test_grad_dump_objective_errors():
+    c = case("qwen2_tied")
+    out = os.path.join(c["root"], "unused_objective.safetensors")
+    base = [grad_dump_path(), f"--model_dir={c['model_dir']}", f"--out={out}"]
+
+    def fails(flags, *needles):
+        proc = run(base + flags, check=False)
+        assert proc.returncode == 1, (flags, proc.returncode, proc.stderr)
+        assert proc.stderr.startswith("grad_dump: error: "), proc.stderr
+        for needle in needles:
+            assert needle in proc.stderr, (flags, needle, proc.stderr)
+        assert not os.path.exists(out)
+        return proc.stderr
+
+    # A GRPO group with no completions (G = 0): the message names the file, its line and the field.
+    empty = os.path.join(c["root"], "grpo_g0.jsonl")
+    write_rows(empty, [dict(prompt=[1, 2, 3], completions=[[4, 5]], advantages=[0.5]),
+                       dict(prompt=[1, 2, 3], completions=[], advantages=[])])
+    message = fails(["--objective=grpo", f"--data={empty}"], f"{empty}:2", "completions")
+    assert "G >= 1" in message or "G = 0" in message or "empty" in message, message
+    # GRPO with a KL term but neither ref_logprobs nor a reference model.
+    no_ref = objective_case("qwen2_tied", "grpo_on_policy")["data"]
+    fails(["--objective=grpo", f"--data={no_ref}", "--grpo_kl_beta=0.1"], "ref_logprobs", "reference model")
+    fails(["--objective=dpo"], "--data")
+    fails(["--objective=ppo", f"--data={no_ref}"], "ppo")
+    fails(["--objective=dpo", f"--data={no_ref}", "--dpo_beta=0"], "--dpo_beta")
+    fails(["--objective=grpo", f"--data={no_ref}", "--grpo_clip_eps=1.5"], "--grpo_clip_eps")
+    budget = ["--strategy=spaco", "--chunk=16", "--spaco_budget=3"]  # sequences of 25..32 positions: 2 chunks
+    fails(["--objective=grpo", f"--data={no_ref}", "--grpo_kl_beta=0"] + budget, "--spaco_budget=3")
 
 
 @pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "llama_rope_scaled"])
