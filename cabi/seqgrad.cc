@@ -6,10 +6,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/memory.h"
 #include "core/model_io.h"
+#include "core/objective.h"
 #include "core/presets.h"
 #include "core/strategy.h"
 #include "core/trainer.h"
@@ -30,7 +34,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.2.0";
+constexpr char kVersion[] = "0.3.0";
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {
@@ -61,6 +65,8 @@ sg_status* Guard(const char* fn, F&& f) {
     return f();
   } catch (const std::bad_alloc&) {
     return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED, absl::StrCat(fn, ": out of memory"));
+  } catch (const sg::MemoryLimitExceeded& e) {
+    return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED, absl::StrCat(fn, ": ", e.what()));
   } catch (const std::exception& e) {
     return MakeStatus(SG_ERR_INTERNAL, absl::StrCat(fn, ": ", e.what()));
   } catch (...) {
@@ -87,8 +93,60 @@ struct sg_model {
   std::shared_ptr<ModelCore> core;
 };
 
+namespace {
+
+// The reference model as sg::Trainer sees it. The core takes its reference only at construction, while
+// sg_trainer_set_reference may set, change or clear it at any time: the trainer is built over this fixed model,
+// which forwards every call to the current reference. Without one, the C API's own checks keep the core from
+// using it (a call would throw, which the core reports as an error).
+class ReferenceModel final : public sg::Model {
+ public:
+  void set(sg::Model* m) { m_ = m; }
+  std::string family() const override { return get().family(); }
+  sg::DType dtype() const override { return get().dtype(); }
+  int num_layers() const override { return get().num_layers(); }
+  int64_t vocab_size() const override { return get().vocab_size(); }
+  int64_t hidden_size() const override { return get().hidden_size(); }
+  std::vector<sg::Param>& params() override { return get().params(); }
+  sg::MemoryTracker& memory() override { return get().memory(); }
+  std::unique_ptr<sg::SequenceState> NewState(const sg::StateOptions& opts) override { return get().NewState(opts); }
+  sg::Tensor Embed(const int32_t* ids, sg::Chunk c) override { return get().Embed(ids, c); }
+  void EmbedBackward(const int32_t* ids, sg::Chunk c, const sg::Tensor& dx) override {
+    get().EmbedBackward(ids, c, dx);
+  }
+  sg::Tensor LayerForward(int layer, sg::Chunk c, const sg::Tensor& x, sg::SequenceState& state,
+                          sg::LayerSaved* saved) override {
+    return get().LayerForward(layer, c, x, state, saved);
+  }
+  void LayerAppendState(int layer, sg::Chunk c, const sg::Tensor& x, sg::SequenceState& state) override {
+    get().LayerAppendState(layer, c, x, state);
+  }
+  sg::Tensor LayerBackward(int layer, sg::Chunk c, const sg::Tensor& dy, sg::LayerSaved& saved,
+                           sg::SequenceState& state) override {
+    return get().LayerBackward(layer, c, dy, saved, state);
+  }
+  sg::HeadResult HeadLoss(sg::Chunk c, const sg::Tensor& h, const int32_t* labels, const sg::TokenObjective* objective,
+                          double grad_scale, bool need_grad) override {
+    return get().HeadLoss(c, h, labels, objective, grad_scale, need_grad);
+  }
+  void set_lm_chunk(int64_t rows) override { get().set_lm_chunk(rows); }
+  int64_t StateBytesPerToken() const override { return get().StateBytesPerToken(); }
+
+ private:
+  sg::Model& get() const {
+    if (!m_) throw std::logic_error("the trainer has no reference model (sg_trainer_set_reference)");
+    return *m_;
+  }
+  sg::Model* m_ = nullptr;
+};
+
+}  // namespace
+
 struct sg_trainer {
   std::shared_ptr<ModelCore> core;
+  sg::ObjectiveOptions objective;
+  std::shared_ptr<ModelCore> reference;  // NULL: none
+  ReferenceModel reference_view;         // forwards to reference; outlives `trainer`, which points to it
   std::unique_ptr<sg::Trainer> trainer;
   std::atomic<bool> cancel{false};
   sg_progress_fn progress = nullptr;
@@ -120,19 +178,36 @@ sg_status* Busy(const char* fn) {
                                                    "a trainer runs one step at a time"));
 }
 
-// Sizes of the size-versioned structs in the 0.1 header: programs built against it pass these. Their layouts are
-// frozen; later fields are appended.
+// Sizes of the size-versioned structs in older headers: programs built against them pass these. Their layouts are
+// frozen; later fields are appended. (sg_metrics did not change in 0.3: its 0.2 size is this library's.)
 constexpr size_t kTrainerOptionsSize0_1 = offsetof(sg_trainer_options, spaco_budget);
+constexpr size_t kTrainerOptionsSize0_2 = offsetof(sg_trainer_options, objective);
 constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
+static_assert(kTrainerOptionsSize0_2 == 240 && sizeof(sg_metrics) == 200,
+              "the 0.2 (LP64) layouts changed: append only");
 
-// A struct_size is accepted when it is a published version's (`older`, 0 if none) or at least this library's.
-sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t want, size_t older = 0) {
-  if (got < want && (older == 0 || got != older))
-    return Invalid(absl::StrCat(fn, ": ", arg, "->struct_size is ", got, ", smaller than this library's ", want,
-                                older ? absl::StrCat(" and not the 0.1 size ", older) : "",
-                                " (initialise it with the matching *_init()/*_default_options())"));
-  return nullptr;
+struct PublishedSize {
+  const char* version;
+  size_t size;
+};
+
+// A struct_size is accepted when it is a published version's (`older`) or at least this library's.
+sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t want,
+                           std::initializer_list<PublishedSize> older = {}) {
+  if (got >= want) return nullptr;
+  std::string sizes;
+  for (const PublishedSize& p : older) {
+    if (got == p.size) return nullptr;
+    absl::StrAppend(&sizes, sizes.empty() ? " and not the " : " or the ", p.version, " size ", p.size);
+  }
+  return Invalid(absl::StrCat(fn, ": ", arg, "->struct_size is ", got, ", smaller than this library's ", want, sizes,
+                              " (initialise it with the matching *_init()/*_default_options())"));
+}
+
+sg_status* CheckMetrics(const char* fn, const sg_metrics* out) {
+  if (!out) return nullptr;
+  return CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), {{"0.1", kMetricsSize0_1}});
 }
 
 void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
@@ -214,37 +289,264 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
   return nullptr;
 }
 
-// Shared body of compute_gradients / step.
-sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out, bool optimizer) {
-  if (!t) return NullArg(fn, "trainer");
-  if (out) {
-    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), kMetricsSize0_1)) return s;
-  }
+enum class Call { kGradients, kStep, kEvaluate };
+
+sg_status* WrongObjective(const char* fn, const sg_trainer* t, const char* needs, const char* use) {
+  return MakeStatus(SG_ERR_FAILED_PRECONDITION,
+                    absl::StrCat(fn, ": the trainer's objective is '", t->objective.name, "'; this call needs '", needs,
+                                 "' (options->objective)", use[0] ? absl::StrCat("; use ", use) : ""));
+}
+
+// The first optimizer step allocates AdamW's two moments per trained parameter. Checked up front against the memory
+// limit: the core would fail halfway through that allocation and keep the moments it got.
+sg_status* CheckOptimizerMemory(const char* fn, sg_trainer* t) {
+  sg::Model& model = *t->core->model;
+  const int64_t limit = model.memory().limit();
+  if (limit <= 0 || t->trainer->step() > 0) return nullptr;
+  int64_t need = 0;
+  for (const sg::Param& p : model.params())
+    if (p.grad.defined()) need += 2 * static_cast<int64_t>(p.value.nbytes());
+  const int64_t in_use = model.memory().Snapshot().total_current;
+  if (in_use + need <= limit) return nullptr;
+  return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED,
+                    absl::StrCat(fn, ": memory limit of ", limit, " bytes exceeded: the optimizer's moments need ",
+                                 need, " bytes with ", in_use, " in use"));
+}
+
+// Runs `compute` (-> absl::StatusOr<sg::StepMetrics>) with the trainer's model marked busy, and its reference too
+// when `with_reference`; `check` (-> sg_status*, NULL = fine) first looks at what that guards (the reference).
+// kGradients/kStep report progress and keep the metrics for optimizer_step; kStep then clips and applies AdamW.
+template <typename Check, typename Compute>
+sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg_metrics* out, Check&& check,
+               Compute&& compute) {
   ModelCore& core = *t->core;
-  std::vector<sg::Sequence> batch;
-  if (sg_status* s = BuildBatch(fn, core.model->vocab_size(), ids, labels, num_tokens, lengths, num_sequences, &batch))
-    return s;
   BusyGuard guard(core);
   if (!guard.acquired()) return Busy(fn);
+  std::unique_ptr<BusyGuard> reference_guard;
+  if (with_reference && t->reference) {
+    reference_guard = std::make_unique<BusyGuard>(*t->reference);
+    if (!reference_guard->acquired())
+      return MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer's reference model is in use by another call"));
+  }
+  if (sg_status* s = check()) return s;
   if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
   const auto t0 = std::chrono::steady_clock::now();
   core.model->memory().ResetPeak();
-  absl::StatusOr<sg::StepMetrics> m = t->trainer->ComputeGradients(batch);
+  absl::StatusOr<sg::StepMetrics> m = compute();
   if (!m.ok()) {
     if (m.status().code() == absl::StatusCode::kCancelled) t->cancel.store(false);
     return FromAbsl(m.status());
   }
-  t->last = *m;
-  Report(t, *m, 0);
-  if (optimizer) {
+  if (call != Call::kEvaluate) {
+    t->last = *m;
+    Report(t, *m, 0);
+  }
+  if (call == Call::kStep) {
     if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    if (sg_status* s = CheckOptimizerMemory(fn, t)) return s;
     if (absl::Status s = t->trainer->OptimizerStep(&*m); !s.ok()) return FromAbsl(s);
     Report(t, *m, 1);
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   FillMetrics(*m, t->trainer->step(), core.model->memory().Snapshot(), secs, out);
   return nullptr;
+}
+
+// Shared body of compute_gradients / step / evaluate.
+sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call) {
+  if (!t) return NullArg(fn, "trainer");
+  if (sg_status* s = CheckMetrics(fn, out)) return s;
+  if (call != Call::kEvaluate && t->objective.name != "sft")
+    return WrongObjective(fn, t, "sft", t->objective.name == "dpo" ? "sg_trainer_step_dpo / compute_gradients_dpo"
+                                                                    : "sg_trainer_step_grpo / compute_gradients_grpo");
+  std::vector<sg::Sequence> batch;
+  if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), ids, labels, num_tokens, lengths, num_sequences,
+                                &batch))
+    return s;
+  sg::Trainer& trainer = *t->trainer;
+  return Run(
+      fn, t, call, false, out, [] { return static_cast<sg_status*>(nullptr); },
+      [&] { return call == Call::kEvaluate ? trainer.EvaluateLoss(batch) : trainer.ComputeGradients(batch); });
+}
+
+// Sequence i of pointer arrays (ids[i], labels[i] of lengths[i] tokens), checked; the names are the C arguments'.
+struct SequenceArgs {
+  const char* ids_name;
+  const char* labels_name;
+  const char* lengths_name;
+  const int32_t* const* ids;
+  const int32_t* const* labels;  // NULL or entries NULL: next-token labels
+  const int64_t* lengths;
+};
+
+sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, int64_t i, sg::Sequence* out) {
+  const int32_t* ids = a.ids[i];
+  const int32_t* labels = a.labels ? a.labels[i] : nullptr;
+  const int64_t n = a.lengths[i];
+  if (n <= 0)
+    return Invalid(absl::StrCat(fn, ": ", a.lengths_name, "[", i, "] is ", n, "; every sequence needs >= 1 token"));
+  if (!ids) return Invalid(absl::StrCat(fn, ": argument '", a.ids_name, "[", i, "]' is NULL"));
+  for (int64_t k = 0; k < n; ++k) {
+    if (ids[k] < 0 || ids[k] >= vocab)
+      return Invalid(absl::StrCat(fn, ": ", a.ids_name, "[", i, "][", k, "] = ", ids[k],
+                                  " is outside the vocabulary [0, ", vocab, ")"));
+    if (labels && labels[k] != -100 && (labels[k] < 0 || labels[k] >= vocab))
+      return Invalid(absl::StrCat(fn, ": ", a.labels_name, "[", i, "][", k, "] = ", labels[k],
+                                  " is neither -100 nor in [0, ", vocab, ")"));
+  }
+  out->ids.assign(ids, ids + n);
+  if (labels) {
+    out->labels.assign(labels, labels + n);
+  } else {
+    out->labels.assign(n, -100);
+    for (int64_t k = 0; k + 1 < n; ++k) out->labels[k] = ids[k + 1];
+  }
+  for (int32_t l : out->labels)
+    if (l >= 0) return nullptr;
+  if (labels) return Invalid(absl::StrCat(fn, ": ", a.labels_name, "[", i, "] are all -100; the loss is undefined"));
+  return Invalid(absl::StrCat(fn, ": ", a.lengths_name, "[", i,
+                              "] is 1, so there are no next-token labels; the loss is undefined"));
+}
+
+sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
+                  const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
+                  const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
+                  const int64_t* rejected_lengths, const double* ref_chosen_logp, const double* ref_rejected_logp,
+                  int64_t num_pairs, sg_metrics* out, Call call) {
+  if (!t) return NullArg(fn, "trainer");
+  if (sg_status* s = CheckMetrics(fn, out)) return s;
+  if (t->objective.name != "dpo")
+    return WrongObjective(fn, t, "dpo", t->objective.name == "sft" ? "sg_trainer_step / compute_gradients"
+                                                                   : "sg_trainer_step_grpo / compute_gradients_grpo");
+  if (!chosen_ids) return NullArg(fn, "chosen_ids");
+  if (!chosen_lengths) return NullArg(fn, "chosen_lengths");
+  if (!rejected_ids) return NullArg(fn, "rejected_ids");
+  if (!rejected_lengths) return NullArg(fn, "rejected_lengths");
+  if (num_pairs <= 0)
+    return Invalid(absl::StrCat(fn, ": argument 'num_pairs' is ", num_pairs, "; need at least 1 pair"));
+  const int64_t vocab = t->core->model->vocab_size();
+  const SequenceArgs chosen{"chosen_ids", "chosen_labels", "chosen_lengths", chosen_ids, chosen_labels,
+                            chosen_lengths};
+  const SequenceArgs rejected{"rejected_ids", "rejected_labels", "rejected_lengths", rejected_ids, rejected_labels,
+                              rejected_lengths};
+  sg::Batch batch;
+  batch.pairs.resize(num_pairs);
+  for (int64_t i = 0; i < num_pairs; ++i) {
+    sg::DpoPair& p = batch.pairs[i];
+    if (sg_status* s = BuildSequence(fn, vocab, chosen, i, &p.chosen)) return s;
+    if (sg_status* s = BuildSequence(fn, vocab, rejected, i, &p.rejected)) return s;
+    const double* refs[2] = {ref_chosen_logp, ref_rejected_logp};
+    const char* names[2] = {"ref_chosen_logp", "ref_rejected_logp"};
+    double* dst[2] = {&p.ref_chosen_logp, &p.ref_rejected_logp};
+    for (int k = 0; k < 2; ++k) {
+      if (!refs[k]) continue;  // NaN: the reference model's
+      if (std::isinf(refs[k][i]))
+        return Invalid(absl::StrCat(fn, ": ", names[k], "[", i, "] is ", refs[k][i],
+                                    "; need a finite log-prob sum, or NaN for the reference model's"));
+      *dst[k] = refs[k][i];
+    }
+  }
+  // Under the busy guard, where the reference cannot change: pairs without reference log-probs need the model.
+  auto check = [&]() -> sg_status* {
+    if (t->reference) return nullptr;
+    for (int64_t i = 0; i < num_pairs; ++i) {
+      const sg::DpoPair& p = batch.pairs[i];
+      for (int k = 0; k < 2; ++k) {
+        if (!std::isnan(k == 0 ? p.ref_chosen_logp : p.ref_rejected_logp)) continue;
+        const double* ref = k == 0 ? ref_chosen_logp : ref_rejected_logp;
+        const char* name = k == 0 ? "ref_chosen_logp" : "ref_rejected_logp";
+        return Invalid(absl::StrCat(fn, ": ", ref ? absl::StrCat(name, "[", i, "] is NaN")
+                                                  : absl::StrCat("argument '", name, "' is NULL"),
+                                    " (pair ", i, " has no reference log-prob) and the trainer has no reference "
+                                    "model (sg_trainer_set_reference)"));
+      }
+    }
+    return nullptr;
+  };
+  sg::Trainer& trainer = *t->trainer;
+  return Run(fn, t, call, true, out, check, [&] { return trainer.ComputeGradients(batch); });
+}
+
+sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
+                   const int64_t* lengths, const double* advantages, const double* const* old_logprobs,
+                   const double* const* ref_logprobs, int64_t num_completions, const int64_t* group_offsets,
+                   int64_t num_groups, sg_metrics* out, Call call) {
+  if (!t) return NullArg(fn, "trainer");
+  if (sg_status* s = CheckMetrics(fn, out)) return s;
+  if (t->objective.name != "grpo")
+    return WrongObjective(fn, t, "grpo", t->objective.name == "sft" ? "sg_trainer_step / compute_gradients"
+                                                                    : "sg_trainer_step_dpo / compute_gradients_dpo");
+  if (!ids) return NullArg(fn, "ids");
+  if (!lengths) return NullArg(fn, "lengths");
+  if (!advantages) return NullArg(fn, "advantages");
+  if (!group_offsets) return NullArg(fn, "group_offsets");
+  if (num_completions <= 0)
+    return Invalid(
+        absl::StrCat(fn, ": argument 'num_completions' is ", num_completions, "; need at least 1 completion"));
+  if (num_groups <= 0)
+    return Invalid(absl::StrCat(fn, ": argument 'num_groups' is ", num_groups, "; need at least 1 group"));
+  if (group_offsets[0] != 0)
+    return Invalid(absl::StrCat(fn, ": group_offsets[0] is ", group_offsets[0], "; must be 0"));
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t begin = group_offsets[g], end = group_offsets[g + 1];
+    if (end == begin)
+      return Invalid(absl::StrCat(fn, ": argument 'group_offsets': group ", g, " has no completions (G = 0): ",
+                                  "group_offsets[", g, "] = group_offsets[", g + 1, "] = ", end));
+    if (end < begin)
+      return Invalid(absl::StrCat(fn, ": group_offsets[", g + 1, "] = ", end, " is less than group_offsets[", g,
+                                  "] = ", begin, "; offsets must increase"));
+    if (end > num_completions)
+      return Invalid(absl::StrCat(fn, ": group_offsets[", g + 1, "] = ", end, " is beyond 'num_completions' = ",
+                                  num_completions));
+  }
+  if (group_offsets[num_groups] != num_completions)
+    return Invalid(absl::StrCat(fn, ": group_offsets[", num_groups, "] = ", group_offsets[num_groups],
+                                " but 'num_completions' is ", num_completions, "; the groups must cover every "
+                                "completion"));
+  const int64_t vocab = t->core->model->vocab_size();
+  const SequenceArgs seqs{"ids", "labels", "lengths", ids, labels, lengths};
+  sg::Batch batch;
+  batch.groups.resize(num_groups);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    for (int64_t c = group_offsets[g]; c < group_offsets[g + 1]; ++c) {
+      sg::GrpoCompletion& comp = batch.groups[g].completions.emplace_back();
+      if (sg_status* s = BuildSequence(fn, vocab, seqs, c, &comp.seq)) return s;
+      if (!std::isfinite(advantages[c]))
+        return Invalid(absl::StrCat(fn, ": advantages[", c, "] is ", advantages[c], "; need a finite advantage"));
+      comp.advantage = advantages[c];
+      const double* const* arrays[2] = {old_logprobs, ref_logprobs};
+      const char* names[2] = {"old_logprobs", "ref_logprobs"};
+      std::vector<double>* dst[2] = {&comp.old_logprobs, &comp.ref_logprobs};
+      for (int k = 0; k < 2; ++k) {
+        const double* lp = arrays[k] ? arrays[k][c] : nullptr;
+        if (!lp) continue;  // absent
+        const int64_t n = lengths[c];
+        for (int64_t pos = 0; pos < n; ++pos)
+          if (comp.seq.labels[pos] >= 0 && !std::isfinite(lp[pos]))
+            return Invalid(absl::StrCat(fn, ": ", names[k], "[", c, "][", pos, "] is ", lp[pos], " (group ", g,
+                                        ") where the label is ", comp.seq.labels[pos],
+                                        "; need a finite log-prob at every labelled position"));
+        dst[k]->assign(lp, lp + n);
+      }
+    }
+  }
+  // Under the busy guard: completions without reference log-probs need the reference model for the KL term.
+  auto check = [&]() -> sg_status* {
+    if (t->reference || !(t->objective.grpo_kl_beta > 0)) return nullptr;
+    for (int64_t g = 0; g < num_groups; ++g)
+      for (int64_t c = group_offsets[g]; c < group_offsets[g + 1]; ++c) {
+        if (!batch.groups[g].completions[c - group_offsets[g]].ref_logprobs.empty()) continue;
+        return Invalid(absl::StrCat(fn, ": ", ref_logprobs ? absl::StrCat("ref_logprobs[", c, "] is NULL")
+                                                           : std::string("argument 'ref_logprobs' is NULL"),
+                                    " (group ", g, " completion ", c - group_offsets[g], "), grpo_kl_beta = ",
+                                    t->objective.grpo_kl_beta, " > 0 needs reference log-probs, and the trainer "
+                                    "has no reference model (sg_trainer_set_reference)"));
+      }
+    return nullptr;
+  };
+  sg::Trainer& trainer = *t->trainer;
+  return Run(fn, t, call, true, out, check, [&] { return trainer.ComputeGradients(batch); });
 }
 
 }  // namespace
@@ -363,6 +665,20 @@ int64_t sg_model_num_params(const sg_model* model) {
 }
 int sg_model_dtype(const sg_model* model) { return model ? static_cast<int>(model->core->model->dtype()) : -1; }
 
+sg_status* sg_model_set_memory_limit(sg_model* model, int64_t bytes) {
+  static const char fn[] = "sg_model_set_memory_limit";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (bytes < 0) return Invalid(absl::StrCat(fn, ": argument 'bytes' is ", bytes, "; need >= 0 (0 = no limit)"));
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    model->core->model->memory().set_limit(bytes);
+    return nullptr;
+  });
+}
+
+int64_t sg_model_memory_limit(const sg_model* model) { return model ? model->core->model->memory().limit() : -1; }
+
 sg_param_info sg_param_info_init(void) {
   sg_param_info p{};
   p.struct_size = sizeof(sg_param_info);
@@ -405,6 +721,11 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.spaco_budget = so.spaco_budget;
   o.spaco_cap = so.spaco_cap;
   o.seed = so.seed;
+  const sg::ObjectiveOptions obj;
+  o.objective = "sft";
+  o.dpo_beta = obj.dpo_beta;
+  o.grpo_clip_eps = obj.grpo_clip_eps;
+  o.grpo_kl_beta = obj.grpo_kl_beta;
   o.lr = oo.lr;
   o.beta1 = oo.beta1;
   o.beta2 = oo.beta2;
@@ -422,7 +743,7 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (!model) return NullArg(fn, "model");
     if (!options) return NullArg(fn, "options");
     if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
-                                       kTrainerOptionsSize0_1))
+                                       {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2}}))
       return s;
     for (uint64_t r : options->reserved)
       if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -439,6 +760,23 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
       return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));
     if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
+      return Invalid(absl::StrCat(fn, ": options: ", s.message()));
+    sg::ObjectiveOptions obj;
+    if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
+      obj.name = options->objective ? options->objective : "sft";
+      obj.dpo_beta = options->dpo_beta;
+      obj.grpo_clip_eps = options->grpo_clip_eps;
+      obj.grpo_kl_beta = options->grpo_kl_beta;
+    }
+    if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
+      return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
+    if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
+      return Invalid(absl::StrCat(fn, ": options->dpo_beta is ", obj.dpo_beta, "; need a finite value > 0"));
+    if (!(obj.grpo_clip_eps > 0 && obj.grpo_clip_eps < 1))
+      return Invalid(absl::StrCat(fn, ": options->grpo_clip_eps is ", obj.grpo_clip_eps, "; need (0, 1)"));
+    if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
+      return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
+    if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
       return Invalid(absl::StrCat(fn, ": options: ", s.message()));
     auto positive = [](double v) { return v > 0 && v < 1e300; };
     if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
@@ -460,7 +798,8 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     oo.clip_grad_norm = options->clip_grad_norm;
     auto t = std::make_unique<sg_trainer>();
     t->core = model->core;
-    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo);
+    t->objective = obj;
+    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj, &t->reference_view);
     t->trainer->set_cancel_flag(&t->cancel);
     *out = t.release();
     return nullptr;
@@ -479,27 +818,30 @@ sg_status* sg_trainer_compute_gradients(sg_trainer* trainer, const int32_t* ids,
                                         int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                         sg_metrics* out) {
   static const char fn[] = "sg_trainer_compute_gradients";
-  return Guard(fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, false); });
+  return Guard(fn, [&] {
+    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kGradients);
+  });
 }
 
 sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                            const int64_t* lengths, int64_t num_sequences, sg_metrics* out) {
   static const char fn[] = "sg_trainer_step";
-  return Guard(fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, true); });
+  return Guard(fn, [&] {
+    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kStep);
+  });
 }
 
 sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
   static const char fn[] = "sg_trainer_optimizer_step";
   return Guard(fn, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
-    if (out) {
-      if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), kMetricsSize0_1)) return s;
-    }
+    if (sg_status* s = CheckMetrics(fn, out)) return s;
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
     const auto t0 = std::chrono::steady_clock::now();
     trainer->core->model->memory().ResetPeak();
+    if (sg_status* s = CheckOptimizerMemory(fn, trainer)) return s;
     sg::StepMetrics m = trainer->last;
     if (absl::Status s = trainer->trainer->OptimizerStep(&m); !s.ok()) return FromAbsl(s);
     Report(trainer, m, 1);
@@ -510,6 +852,82 @@ sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
 }
 
 int64_t sg_trainer_step_count(const sg_trainer* trainer) { return trainer ? trainer->trainer->step() : -1; }
+
+sg_status* sg_trainer_evaluate(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                               const int64_t* lengths, int64_t num_sequences, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_evaluate";
+  return Guard(fn, [&] {
+    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kEvaluate);
+  });
+}
+
+sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference) {
+  static const char fn[] = "sg_trainer_set_reference";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    if (reference) {
+      if (reference->core == trainer->core)
+        return Invalid(absl::StrCat(fn, ": argument 'reference' is the trainer's own model; a reference must stay "
+                                        "frozen: load or create the same weights again as another model"));
+      const int64_t got = reference->core->model->vocab_size(), want = trainer->core->model->vocab_size();
+      if (got != want)
+        return Invalid(absl::StrCat(fn, ": argument 'reference' has a vocabulary of ", got,
+                                    " tokens; the trainer's model has ", want));
+    }
+    trainer->reference = reference ? reference->core : nullptr;
+    trainer->reference_view.set(reference ? reference->core->model.get() : nullptr);
+    return nullptr;
+  });
+}
+
+sg_status* sg_trainer_compute_gradients_dpo(sg_trainer* trainer, const int32_t* const* chosen_ids,
+                                            const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
+                                            const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
+                                            const int64_t* rejected_lengths, const double* ref_chosen_logp,
+                                            const double* ref_rejected_logp, int64_t num_pairs, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_compute_gradients_dpo";
+  return Guard(fn, [&] {
+    return RunDpo(fn, trainer, chosen_ids, chosen_labels, chosen_lengths, rejected_ids, rejected_labels,
+                  rejected_lengths, ref_chosen_logp, ref_rejected_logp, num_pairs, out, Call::kGradients);
+  });
+}
+
+sg_status* sg_trainer_step_dpo(sg_trainer* trainer, const int32_t* const* chosen_ids,
+                               const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
+                               const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
+                               const int64_t* rejected_lengths, const double* ref_chosen_logp,
+                               const double* ref_rejected_logp, int64_t num_pairs, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_step_dpo";
+  return Guard(fn, [&] {
+    return RunDpo(fn, trainer, chosen_ids, chosen_labels, chosen_lengths, rejected_ids, rejected_labels,
+                  rejected_lengths, ref_chosen_logp, ref_rejected_logp, num_pairs, out, Call::kStep);
+  });
+}
+
+sg_status* sg_trainer_compute_gradients_grpo(sg_trainer* trainer, const int32_t* const* ids,
+                                             const int32_t* const* labels, const int64_t* lengths,
+                                             const double* advantages, const double* const* old_logprobs,
+                                             const double* const* ref_logprobs, int64_t num_completions,
+                                             const int64_t* group_offsets, int64_t num_groups, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_compute_gradients_grpo";
+  return Guard(fn, [&] {
+    return RunGrpo(fn, trainer, ids, labels, lengths, advantages, old_logprobs, ref_logprobs, num_completions,
+                   group_offsets, num_groups, out, Call::kGradients);
+  });
+}
+
+sg_status* sg_trainer_step_grpo(sg_trainer* trainer, const int32_t* const* ids, const int32_t* const* labels,
+                                const int64_t* lengths, const double* advantages, const double* const* old_logprobs,
+                                const double* const* ref_logprobs, int64_t num_completions,
+                                const int64_t* group_offsets, int64_t num_groups, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_step_grpo";
+  return Guard(fn, [&] {
+    return RunGrpo(fn, trainer, ids, labels, lengths, advantages, old_logprobs, ref_logprobs, num_completions,
+                   group_offsets, num_groups, out, Call::kStep);
+  });
+}
 
 void sg_trainer_cancel(sg_trainer* trainer) {
   if (trainer) trainer->cancel.store(true, std::memory_order_relaxed);

@@ -265,7 +265,8 @@ static void test_errors(void) {
   sg_model_free(m);
 }
 
-/* A program built against the 0.1 header (options and metrics end before the 0.2 fields) keeps working. */
+/* Programs built against the 0.1 header (options and metrics end before the 0.2 fields) or the 0.2 one (options end
+ * before the 0.3 fields) keep working. */
 static void test_old_struct_sizes(void) {
   sg_model* m = tiny_model();
   sg_trainer* t = NULL;
@@ -289,6 +290,20 @@ static void test_old_struct_sizes(void) {
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
                 "spaco_budget=8 exceeds the 3 chunks");
   sg_trainer_free(t);
+  /* 0.2 size: the spaco fields are read, the 0.3 objective fields are not (the trainer stays sft). */
+  o = sg_trainer_default_options();
+  o.struct_size = offsetof(sg_trainer_options, objective);
+  o.chunk = 8;
+  o.page_size = 8;
+  o.objective = "dpo";
+  o.dpo_beta = -1;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  sg_trainer_free(t);
+  t = NULL;
+  o.struct_size = offsetof(sg_trainer_options, objective) + 8; /* neither a published size nor this library's */
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "0.2 size 240");
+  CHECK(t == NULL);
   sg_model_free(m);
 }
 
@@ -313,7 +328,7 @@ static float* copy_grads(sg_model* m, int64_t* n) {
 }
 
 /* Gradients and metrics of one compute_gradients over the test batch (2 sequences of 3 chunks of 8). */
-static float* spaco_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
+static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
                           sg_metrics* met, int64_t* n) {
   sg_trainer* t = NULL;
   sg_trainer_options o = sg_trainer_default_options();
@@ -362,8 +377,8 @@ static void test_spaco(void) {
   sg_trainer_free(t);
 
   /* Budget = every chunk, no cap: all chunks kept with compensation 1, i.e. exactly seco. */
-  seco = spaco_grads(m, "seco", 8, 2.0, 0, &ref, &n);
-  g = spaco_grads(m, "spaco", 3, 0.0, 123, &met, &n2);
+  seco = strategy_grads(m, "seco", 8, 2.0, 0, &ref, &n);
+  g = strategy_grads(m, "spaco", 3, 0.0, 123, &met, &n2);
   CHECK(seco && g && n == n2 && n > 0);
   CHECK(met.chunks == 6 && met.chunks_backpropagated == 6);
   CHECK(fabs(met.loss - ref.loss) <= 1e-6 * fabs(ref.loss));
@@ -377,11 +392,11 @@ static void test_spaco(void) {
   free(g);
 
   /* The seed decides the sample: the same seed gives the same gradients, another one (some call) others. */
-  g = spaco_grads(m, "spaco", 1, 2.0, 5, &met, &n);
-  again = spaco_grads(m, "spaco", 1, 2.0, 5, &met, &n2);
+  g = strategy_grads(m, "spaco", 1, 2.0, 5, &met, &n);
+  again = strategy_grads(m, "spaco", 1, 2.0, 5, &met, &n2);
   CHECK(g && again && n == n2 && memcmp(g, again, (size_t)n * sizeof(float)) == 0);
   for (call = 6; call < 14 && !differs; ++call) {
-    other = spaco_grads(m, "spaco", 1, 2.0, (uint64_t)call, &met, &n2);
+    other = strategy_grads(m, "spaco", 1, 2.0, (uint64_t)call, &met, &n2);
     differs = other && g && memcmp(g, other, (size_t)n * sizeof(float)) != 0;
     free(other);
   }
@@ -526,6 +541,410 @@ static void test_cancel(void) {
   sg_model_free(m);
 }
 
+/* The first differing gradient beyond rel_tol (relative to |b| + 1e-3) counts as one failure. */
+static void expect_close_grads(const float* a, const float* b, int64_t n, double rel_tol, const char* what) {
+  int64_t i;
+  for (i = 0; a && b && i < n; ++i) {
+    if (fabs(a[i] - b[i]) > rel_tol * (fabs(b[i]) + 1e-3)) {
+      fprintf(stderr, "%s: gradient [%lld] = %g vs %g\n", what, (long long)i, a[i], b[i]);
+      ++g_failures;
+      return;
+    }
+  }
+}
+
+/* ---- 0.3: streambp, evaluate, dpo, grpo, memory limit ---- */
+
+static void test_streambp(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t;
+  sg_metrics met = sg_metrics_init(), ref = sg_metrics_init();
+  float *full, *sbp;
+  int64_t n = 0, n2 = 0;
+  double first = 0;
+  int step;
+  /* Exact: the same gradients as full backpropagation, with partitions of 8 tokens. */
+  full = strategy_grads(m, "full", 8, 2.0, 0, &ref, &n);
+  sbp = strategy_grads(m, "streambp", 8, 2.0, 0, &met, &n2);
+  CHECK(full && sbp && n == n2 && n > 0);
+  CHECK(fabs(met.loss - ref.loss) <= 1e-5 * fabs(ref.loss));
+  CHECK(met.tokens == ref.tokens);
+  expect_close_grads(sbp, full, n, 1e-5, "streambp vs full");
+  free(full);
+  free(sbp);
+  /* And trains. */
+  t = new_trainer(m, "streambp");
+  for (step = 0; step < 4; ++step) {
+    EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    if (step == 0) first = met.loss;
+  }
+  CHECK(isfinite(met.loss) && met.loss < first && met.step == 4);
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+static void test_evaluate(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = new_trainer(m, "seco");
+  sg_metrics ev = sg_metrics_init(), gr = sg_metrics_init();
+  sg_param_info p = sg_param_info_init();
+  float before;
+  int32_t labels[2 * SEQ];
+  int i;
+  for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 2 == 0) ? g_ids[(i + 3) % (2 * SEQ)] : -100;
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &gr));
+  EXPECT_OK(sg_model_param_info(m, 0, &p));
+  before = ((const float*)p.grad)[3];
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &ev));
+  CHECK(fabs(ev.loss - gr.loss) <= 1e-6 * fabs(gr.loss));
+  CHECK(ev.tokens == gr.tokens && ev.tokens == SEQ);
+  CHECK(ev.chunks == 6 && ev.chunks_backpropagated == 0 && ev.grad_norm == 0 && ev.step == 0);
+  CHECK(((const float*)p.grad)[3] == before); /* gradients untouched */
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev));
+  CHECK(ev.tokens == 2 * (SEQ - 1) && isfinite(ev.loss));
+  CHECK(sg_trainer_step_count(t) == 0);
+  EXPECT_STATUS(sg_trainer_evaluate(NULL, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  EXPECT_STATUS(sg_trainer_evaluate(t, NULL, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_INVALID_ARGUMENT, "'ids'");
+  EXPECT_STATUS(sg_trainer_evaluate(t, g_ids, NULL, SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT, "'lengths'");
+  sg_trainer_cancel(t);
+  EXPECT_STATUS(sg_trainer_evaluate(t, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_CANCELLED, "cancelled");
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, NULL, SEQ, g_lengths, 1, NULL));
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+/* Prompt + response of `len` tokens: labels only on the response (after the first `prompt` tokens). */
+#define PR_MAX 32
+static void prompt_response(int32_t* ids, int32_t* labels, int len, int prompt, int salt) {
+  int t;
+  for (t = 0; t < len; ++t) ids[t] = (int32_t)((t * (5 + salt) + 3 * salt + 1) % 90);
+  for (t = 0; t < len; ++t) labels[t] = (t >= prompt - 1 && t + 1 < len) ? ids[t + 1] : -100;
+}
+
+static sg_trainer* objective_trainer(sg_model* m, const char* objective, double grpo_kl_beta) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  o.strategy = "seco";
+  o.chunk = 8;
+  o.page_size = 8;
+  o.lr = 3e-3;
+  o.objective = objective;
+  o.grpo_kl_beta = grpo_kl_beta;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  return t;
+}
+
+/* Sum of the reference model's log-probs over the labelled tokens of one sequence, through sg_trainer_evaluate. */
+static double sequence_logp(sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t len) {
+  sg_metrics met = sg_metrics_init();
+  EXPECT_OK(sg_trainer_evaluate(t, ids, labels, len, &len, 1, &met));
+  return -met.loss * (double)met.tokens;
+}
+
+#define PAIRS 2
+static void test_dpo(void) {
+  sg_model* policy = tiny_model();
+  sg_model* reference = tiny_model(); /* the same preset and seed: a frozen copy */
+  sg_model* other_vocab = NULL;
+  sg_trainer *sft, *ref_eval, *dpo, *wrong;
+  sg_metrics given = sg_metrics_init(), via_model = sg_metrics_init(), mixed = sg_metrics_init();
+  int32_t c_ids[PAIRS][PR_MAX], c_lab[PAIRS][PR_MAX], r_ids[PAIRS][PR_MAX], r_lab[PAIRS][PR_MAX];
+  const int32_t *ci[PAIRS], *cl[PAIRS], *ri[PAIRS], *rl[PAIRS];
+  const int32_t* null_ids[PAIRS] = {NULL, NULL};
+  int64_t clen[PAIRS] = {20, 14}, rlen[PAIRS] = {12, 17}, zero_len[PAIRS] = {12, 0};
+  double ref_c[PAIRS], ref_r[PAIRS], nan_c[PAIRS], inf_r[PAIRS];
+  float *g_given, *g_model;
+  int64_t n = 0, n2 = 0;
+  int i;
+  for (i = 0; i < PAIRS; ++i) {
+    prompt_response(c_ids[i], c_lab[i], (int)clen[i], 5, 2 * i + 1);
+    prompt_response(r_ids[i], r_lab[i], (int)rlen[i], 5, 2 * i + 2);
+    ci[i] = c_ids[i];
+    cl[i] = c_lab[i];
+    ri[i] = r_ids[i];
+    rl[i] = r_lab[i];
+  }
+  /* Move the policy away from the reference with a few sft steps. */
+  sft = new_trainer(policy, "full");
+  for (i = 0; i < 3; ++i) EXPECT_OK(sg_trainer_step(sft, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  /* The reference's log-prob sums, through evaluate. */
+  ref_eval = new_trainer(reference, "full");
+  for (i = 0; i < PAIRS; ++i) {
+    ref_c[i] = sequence_logp(ref_eval, c_ids[i], c_lab[i], clen[i]);
+    ref_r[i] = sequence_logp(ref_eval, r_ids[i], r_lab[i], rlen[i]);
+    CHECK(ref_c[i] < 0 && ref_r[i] < 0);
+    nan_c[i] = i == 0 ? NAN : ref_c[i];
+    inf_r[i] = i == 1 ? INFINITY : ref_r[i];
+  }
+  sg_trainer_free(ref_eval);
+
+  dpo = objective_trainer(policy, "dpo", 0.04);
+  /* Given reference log-probs vs the same computed by the reference model: the same loss and gradients. */
+  EXPECT_OK(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, &given));
+  g_given = copy_grads(policy, &n);
+  EXPECT_STATUS(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, ref_r, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'ref_chosen_logp' is NULL");
+  EXPECT_STATUS(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, nan_c, ref_r, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "ref_chosen_logp[0] is NaN");
+  EXPECT_OK(sg_trainer_set_reference(dpo, reference));
+  sg_model_free(reference); /* the trainer keeps it */
+  EXPECT_OK(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, &via_model));
+  g_model = copy_grads(policy, &n2);
+  CHECK(isfinite(given.loss) && given.loss > 0);
+  CHECK(fabs(given.loss - log(2.0)) > 1e-4); /* the policy moved: z != 0 */
+  CHECK(fabs(via_model.loss - given.loss) <= 1e-5 * given.loss);
+  CHECK(via_model.tokens == given.tokens && given.tokens > 0);
+  CHECK(n == n2 && n > 0);
+  expect_close_grads(g_model, g_given, n, 1e-5, "dpo: reference model vs given log-probs");
+  free(g_given);
+  free(g_model);
+  /* A NaN entry takes the reference model's value for that pair only. */
+  EXPECT_OK(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, nan_c, ref_r, PAIRS, &mixed));
+  CHECK(fabs(mixed.loss - given.loss) <= 1e-5 * given.loss);
+  /* Steps; next-token labels when the label arrays are NULL. */
+  EXPECT_OK(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, &given));
+  CHECK(isfinite(given.loss) && given.step == 1 && given.grad_norm > 0);
+  EXPECT_OK(sg_trainer_step_dpo(dpo, ci, NULL, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, &given));
+  CHECK(isfinite(given.loss) && given.step == 2);
+  EXPECT_OK(sg_trainer_optimizer_step(dpo, &given));
+  CHECK(given.step == 3);
+
+  /* Errors name the argument. */
+  EXPECT_STATUS(sg_trainer_step_dpo(NULL, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, NULL, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'chosen_ids'");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, NULL, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'chosen_lengths'");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, NULL, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'rejected_ids'");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, NULL, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'rejected_lengths'");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, null_ids, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'rejected_ids[0]' is NULL");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, zero_len, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "rejected_lengths[1] is 0");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, 0, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'num_pairs' is 0");
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, ref_c, inf_r, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "ref_rejected_logp[1] is inf");
+  c_ids[1][3] = 97;
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "chosen_ids[1][3] = 97");
+  c_ids[1][3] = 5;
+  for (i = 0; i < PR_MAX; ++i) r_lab[0][i] = -100;
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "rejected_labels[0] are all -100");
+  prompt_response(r_ids[0], r_lab[0], (int)rlen[0], 5, 2);
+  EXPECT_STATUS(sg_trainer_step(dpo, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_FAILED_PRECONDITION,
+                "objective is 'dpo'");
+  EXPECT_STATUS(sg_trainer_step_dpo(sft, ci, cl, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, NULL),
+                SG_ERR_FAILED_PRECONDITION, "objective is 'sft'");
+  CHECK(sg_trainer_step_count(dpo) == 3); /* none of these stepped */
+
+  /* The reference: not the trainer's own model, the same vocabulary; NULL clears it. */
+  EXPECT_STATUS(sg_trainer_set_reference(NULL, policy), SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  EXPECT_STATUS(sg_trainer_set_reference(dpo, policy), SG_ERR_INVALID_ARGUMENT, "own model");
+  EXPECT_OK(sg_model_create_preset("demo", "f32", 0, &other_vocab));
+  EXPECT_STATUS(sg_trainer_set_reference(dpo, other_vocab), SG_ERR_INVALID_ARGUMENT, "vocabulary of 128");
+  EXPECT_OK(sg_trainer_set_reference(dpo, NULL));
+  EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
+                SG_ERR_INVALID_ARGUMENT, "no reference model");
+  EXPECT_OK(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, NULL));
+  /* Other objectives' options are checked too. */
+  {
+    sg_trainer_options o = sg_trainer_default_options();
+    o.objective = "ppo";
+    wrong = NULL;
+    EXPECT_STATUS(sg_trainer_create(policy, &o, &wrong), SG_ERR_INVALID_ARGUMENT, "options->objective is 'ppo'");
+    o.objective = "dpo";
+    o.dpo_beta = 0;
+    EXPECT_STATUS(sg_trainer_create(policy, &o, &wrong), SG_ERR_INVALID_ARGUMENT, "options->dpo_beta");
+    o.dpo_beta = 0.1;
+    o.grpo_clip_eps = 1.5;
+    EXPECT_STATUS(sg_trainer_create(policy, &o, &wrong), SG_ERR_INVALID_ARGUMENT, "options->grpo_clip_eps");
+    o.grpo_clip_eps = 0.2;
+    o.grpo_kl_beta = -1;
+    EXPECT_STATUS(sg_trainer_create(policy, &o, &wrong), SG_ERR_INVALID_ARGUMENT, "options->grpo_kl_beta");
+    o.grpo_kl_beta = 0;
+    o.objective = NULL; /* sft */
+    EXPECT_OK(sg_trainer_create(policy, &o, &wrong));
+    EXPECT_OK(sg_trainer_step(wrong, g_ids, NULL, SEQ, g_lengths, 1, NULL));
+    sg_trainer_free(wrong);
+  }
+  sg_model_free(other_vocab);
+  sg_trainer_free(dpo);
+  sg_trainer_free(sft);
+  sg_model_free(policy);
+}
+
+/* While a dpo step runs (here: in its progress callback), its reference model is in use too. */
+static sg_model* g_ref_in_use;
+static sg_trainer* g_ref_trainer;
+static int g_ref_limit_code = -1, g_ref_step_code = -1;
+static void reference_in_use(void* user, const sg_progress* p) {
+  sg_status* st = sg_model_set_memory_limit(g_ref_in_use, 0);
+  (void)user;
+  (void)p;
+  g_ref_limit_code = sg_status_code(st);
+  sg_status_free(st);
+  st = sg_trainer_step(g_ref_trainer, g_ids, NULL, SEQ, g_lengths, 1, NULL);
+  g_ref_step_code = sg_status_code(st);
+  sg_status_free(st);
+}
+
+static void test_reference_busy(void) {
+  sg_model* policy = tiny_model();
+  sg_trainer* dpo = objective_trainer(policy, "dpo", 0.04);
+  int32_t c_ids[PR_MAX], c_lab[PR_MAX], r_ids[PR_MAX], r_lab[PR_MAX];
+  const int32_t *ci[1] = {c_ids}, *cl[1] = {c_lab}, *ri[1] = {r_ids}, *rl[1] = {r_lab};
+  int64_t clen[1] = {16}, rlen[1] = {10};
+  prompt_response(c_ids, c_lab, 16, 4, 1);
+  prompt_response(r_ids, r_lab, 10, 4, 2);
+  g_ref_in_use = tiny_model();
+  g_ref_trainer = new_trainer(g_ref_in_use, "full");
+  EXPECT_OK(sg_trainer_set_reference(dpo, g_ref_in_use));
+  EXPECT_OK(sg_trainer_set_progress_callback(dpo, reference_in_use, NULL));
+  EXPECT_OK(sg_trainer_compute_gradients_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, 1, NULL));
+  CHECK(g_ref_limit_code == SG_ERR_BUSY);
+  CHECK(g_ref_step_code == SG_ERR_BUSY);
+  /* Idle again: both work. */
+  EXPECT_OK(sg_model_set_memory_limit(g_ref_in_use, 0));
+  EXPECT_OK(sg_trainer_step(g_ref_trainer, g_ids, NULL, SEQ, g_lengths, 1, NULL));
+  sg_trainer_free(g_ref_trainer);
+  sg_trainer_free(dpo);
+  sg_model_free(g_ref_in_use);
+  sg_model_free(policy);
+}
+
+#define COMPLETIONS 5
+static void test_grpo(void) {
+  sg_model* policy = tiny_model();
+  sg_model* reference = tiny_model();
+  sg_trainer *grpo, *flat;
+  sg_metrics met = sg_metrics_init();
+  int32_t ids[COMPLETIONS][PR_MAX], lab[COMPLETIONS][PR_MAX];
+  const int32_t *pi[COMPLETIONS], *pl[COMPLETIONS];
+  int64_t len[COMPLETIONS] = {18, 12, 15, 20, 9};
+  double adv[COMPLETIONS] = {1.0, -0.5, 0.5, 2.0, 0.0}, bad_adv[COMPLETIONS];
+  double old_lp[COMPLETIONS][PR_MAX], ref_lp[COMPLETIONS][PR_MAX];
+  const double *po[COMPLETIONS], *pr[COMPLETIONS], *none[COMPLETIONS];
+  int64_t offsets[3] = {0, 3, 5};            /* groups of 3 and 2 */
+  int64_t empty_group[4] = {0, 3, 3, 5};     /* group 1 has no completions */
+  int64_t bad_start[3] = {1, 3, 5}, short_end[3] = {0, 3, 4};
+  int c, t;
+  for (c = 0; c < COMPLETIONS; ++c) {
+    prompt_response(ids[c], lab[c], (int)len[c], 4, c + 3);
+    pi[c] = ids[c];
+    pl[c] = lab[c];
+    for (t = 0; t < PR_MAX; ++t) {
+      old_lp[c][t] = lab[c][t] >= 0 ? -4.5 + 0.01 * t : NAN; /* NaN where the label is ignored: not read */
+      ref_lp[c][t] = lab[c][t] >= 0 ? -4.6 - 0.02 * c : NAN;
+    }
+    po[c] = old_lp[c];
+    pr[c] = ref_lp[c];
+    none[c] = NULL;
+    bad_adv[c] = c == 2 ? NAN : adv[c];
+  }
+
+  /* With r = 1 (no old log-probs) and no KL term, the loss is -(mean over groups of the mean advantage). */
+  flat = objective_trainer(policy, "grpo", 0.0);
+  EXPECT_OK(sg_trainer_compute_gradients_grpo(flat, pi, pl, len, adv, NULL, NULL, COMPLETIONS, offsets, 2, &met));
+  CHECK(fabs(met.loss - (-(1.0 / 3 + 1.0) / 2)) <= 1e-6);
+  EXPECT_OK(sg_trainer_step_grpo(flat, pi, NULL, len, adv, none, none, COMPLETIONS, offsets, 2, &met));
+  CHECK(isfinite(met.loss) && met.step == 1);
+  sg_trainer_free(flat);
+
+  grpo = objective_trainer(policy, "grpo", 0.04);
+  EXPECT_OK(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, &met));
+  CHECK(isfinite(met.loss) && met.step == 1 && met.grad_norm > 0);
+  /* Reference log-probs from the reference model. */
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, NULL, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'ref_logprobs' is NULL");
+  pr[4] = NULL;
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "ref_logprobs[4] is NULL (group 1 completion 1)");
+  pr[4] = ref_lp[4];
+  EXPECT_OK(sg_trainer_set_reference(grpo, reference));
+  EXPECT_OK(sg_trainer_compute_gradients_grpo(grpo, pi, pl, len, adv, po, NULL, COMPLETIONS, offsets, 2, &met));
+  CHECK(isfinite(met.loss) && met.step == 1);
+
+  /* Errors name the argument (and the group / completion). */
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, empty_group, 3, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'group_offsets': group 1 has no completions (G = 0)");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, bad_start, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "group_offsets[0] is 1");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, short_end, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'num_completions' is 5");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, NULL, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'group_offsets'");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 0, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'num_groups' is 0");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, 0, offsets, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'num_completions' is 0");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, NULL, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'ids'");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, NULL, adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'lengths'");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, NULL, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'advantages'");
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, bad_adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "advantages[2] is nan");
+  old_lp[1][6] = NAN; /* a labelled position */
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "old_logprobs[1][6] is nan (group 0)");
+  old_lp[1][6] = -4.0;
+  ids[3][2] = -4;
+  EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, NULL),
+                SG_ERR_INVALID_ARGUMENT, "ids[3][2] = -4");
+  ids[3][2] = 4;
+  EXPECT_STATUS(sg_trainer_step(grpo, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_FAILED_PRECONDITION,
+                "objective is 'grpo'");
+  CHECK(sg_trainer_step_count(grpo) == 1);
+  EXPECT_OK(sg_trainer_step_grpo(grpo, pi, pl, len, adv, NULL, NULL, COMPLETIONS, offsets, 2, NULL));
+  sg_trainer_free(grpo);
+  sg_model_free(reference);
+  sg_model_free(policy);
+}
+
+static void test_memory_limit(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = new_trainer(m, "seco");
+  sg_metrics met = sg_metrics_init();
+  CHECK(sg_model_memory_limit(m) == 0);
+  CHECK(sg_model_memory_limit(NULL) == -1);
+  EXPECT_STATUS(sg_model_set_memory_limit(NULL, 1), SG_ERR_INVALID_ARGUMENT, "'model'");
+  EXPECT_STATUS(sg_model_set_memory_limit(m, -1), SG_ERR_INVALID_ARGUMENT, "'bytes' is -1");
+  /* Too small for anything: the step fails with the dedicated code and changes nothing. */
+  EXPECT_OK(sg_model_set_memory_limit(m, 1024));
+  CHECK(sg_model_memory_limit(m) == 1024);
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_RESOURCE_EXHAUSTED,
+                "memory limit of 1024 bytes exceeded");
+  EXPECT_STATUS(sg_trainer_evaluate(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_RESOURCE_EXHAUSTED,
+                "memory limit of 1024 bytes exceeded");
+  CHECK(sg_trainer_step_count(t) == 0);
+  /* Enough for the gradients but not for AdamW's moments: the optimizer step fails cleanly, before allocating. */
+  EXPECT_OK(sg_model_set_memory_limit(m, 0));
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  EXPECT_OK(sg_model_set_memory_limit(m, met.peak_bytes));
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  EXPECT_STATUS(sg_trainer_optimizer_step(t, NULL), SG_ERR_RESOURCE_EXHAUSTED, "optimizer's moments");
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_RESOURCE_EXHAUSTED,
+                "optimizer's moments");
+  CHECK(sg_trainer_step_count(t) == 0);
+  /* Limit removed: the model is still usable. */
+  EXPECT_OK(sg_model_set_memory_limit(m, 0));
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.step == 1 && isfinite(met.loss));
+  /* Once the moments exist, a limit of exactly what a step needs lets it run. */
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  EXPECT_OK(sg_model_set_memory_limit(m, met.peak_bytes));
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.step == 3);
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -535,6 +954,12 @@ int main(void) {
   test_spaco();
   test_busy();
   test_cancel();
+  test_streambp();
+  test_evaluate();
+  test_dpo();
+  test_reference_busy();
+  test_grpo();
+  test_memory_limit();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

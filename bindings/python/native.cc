@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "seqgrad/seqgrad.h"
 
@@ -104,10 +105,42 @@ py::dict MetricsDict(const sg_metrics& m) {
 
 using IdArray = py::array_t<int32_t, py::array::c_style>;
 using LenArray = py::array_t<int64_t, py::array::c_style>;
+using F64Array = py::array_t<double, py::array::c_style>;
+
+// Runs call(sg_metrics*) -> sg_status* with the GIL released, then re-raises what the progress callback raised, or
+// the status.
+template <typename F>
+py::dict CallTrainer(NativeTrainer& self, F&& call) {
+  sg_metrics m = sg_metrics_init();
+  sg_status* st;
+  self.callback_error = py::none();
+  self.inflight.fetch_add(1);
+  {
+    py::gil_scoped_release release;
+    st = call(&m);
+  }
+  self.inflight.fetch_sub(1);
+  if (!self.callback_error.is_none()) {
+    sg_status_free(st);
+    py::object e = self.callback_error;
+    self.callback_error = py::none();
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+    throw py::error_already_set();
+  }
+  Check(st);
+  return MetricsDict(m);
+}
+
+void CheckSize(py::ssize_t got, py::ssize_t want, const std::string& what, const std::string& of) {
+  if (got != want)
+    RaiseCode(SG_ERR_INVALID_ARGUMENT, what + " has " + std::to_string(got) + " entries but " + of + " has " +
+                                           std::to_string(want) + " tokens");
+}
+
+enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2 };
 
 // ids, labels (or None), lengths: already int32/int32/int64 C-contiguous (the Python layer converts).
-py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj,
-                 bool optimizer) {
+py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj, Mode mode) {
   sg_trainer* t = self.get();
   IdArray ids = py::cast<IdArray>(ids_obj);
   LenArray lengths = py::cast<LenArray>(lengths_obj);
@@ -120,26 +153,92 @@ py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, 
                                              std::to_string(ids.size()));
     labels_ptr = labels.data();
   }
-  sg_metrics m = sg_metrics_init();
-  sg_status* st;
-  self.callback_error = py::none();
-  self.inflight.fetch_add(1);
-  {
-    py::gil_scoped_release release;
-    st = optimizer ? sg_trainer_step(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(), &m)
-                   : sg_trainer_compute_gradients(t, ids.data(), labels_ptr, ids.size(), lengths.data(),
-                                                  lengths.size(), &m);
+  return CallTrainer(self, [&](sg_metrics* m) {
+    auto fn = mode == kStep ? sg_trainer_step : mode == kEvaluate ? sg_trainer_evaluate : sg_trainer_compute_gradients;
+    return fn(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(), m);
+  });
+}
+
+// A list of sequences as C pointer arrays: ids (int32 arrays), labels (int32 arrays or None = next-token labels)
+// and their lengths; the arrays are kept alive by this object.
+struct Sequences {
+  std::vector<IdArray> id_arrays, label_arrays;
+  std::vector<const int32_t*> ids, labels;
+  std::vector<int64_t> lengths;
+
+  Sequences(const py::list& ids_list, const py::list& labels_list, const std::string& what) {
+    CheckSize(static_cast<py::ssize_t>(labels_list.size()), static_cast<py::ssize_t>(ids_list.size()),
+              what + " labels", what + " ids (sequences)");
+    for (size_t i = 0; i < ids_list.size(); ++i) {
+      const std::string name = what + "[" + std::to_string(i) + "]";
+      id_arrays.push_back(py::cast<IdArray>(ids_list[i]));
+      ids.push_back(id_arrays.back().data());
+      lengths.push_back(id_arrays.back().size());
+      if (labels_list[i].is_none()) {
+        labels.push_back(nullptr);
+      } else {
+        label_arrays.push_back(py::cast<IdArray>(labels_list[i]));
+        CheckSize(label_arrays.back().size(), id_arrays.back().size(), name + " labels", name + " ids");
+        labels.push_back(label_arrays.back().data());
+      }
+    }
   }
-  self.inflight.fetch_sub(1);
-  if (!self.callback_error.is_none()) {
-    sg_status_free(st);
-    py::object e = self.callback_error;
-    self.callback_error = py::none();
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
-    throw py::error_already_set();
+};
+
+// Per-sequence float64 arrays (or None) of each sequence's length, as a C pointer array.
+struct PerToken {
+  std::vector<F64Array> arrays;
+  std::vector<const double*> ptrs;
+
+  PerToken(const py::list& list, const Sequences& seqs, const std::string& what) {
+    CheckSize(static_cast<py::ssize_t>(list.size()), static_cast<py::ssize_t>(seqs.ids.size()), what,
+              "the batch (sequences)");
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].is_none()) {
+        ptrs.push_back(nullptr);
+        continue;
+      }
+      arrays.push_back(py::cast<F64Array>(list[i]));
+      CheckSize(arrays.back().size(), seqs.lengths[i], what + "[" + std::to_string(i) + "]",
+                "sequence " + std::to_string(i));
+      ptrs.push_back(arrays.back().data());
+    }
   }
-  Check(st);
-  return MetricsDict(m);
+};
+
+py::dict RunDpo(NativeTrainer& self, const py::list& chosen_ids, const py::list& chosen_labels,
+                const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen_obj,
+                py::array ref_rejected_obj, bool step) {
+  sg_trainer* t = self.get();
+  Sequences chosen(chosen_ids, chosen_labels, "chosen"), rejected(rejected_ids, rejected_labels, "rejected");
+  CheckSize(static_cast<py::ssize_t>(rejected.ids.size()), static_cast<py::ssize_t>(chosen.ids.size()),
+            "rejected (sequences)", "chosen (sequences)");
+  F64Array ref_chosen = py::cast<F64Array>(ref_chosen_obj), ref_rejected = py::cast<F64Array>(ref_rejected_obj);
+  const py::ssize_t n = static_cast<py::ssize_t>(chosen.ids.size());
+  CheckSize(ref_chosen.size(), n, "ref_chosen_logp", "chosen (sequences)");
+  CheckSize(ref_rejected.size(), n, "ref_rejected_logp", "chosen (sequences)");
+  return CallTrainer(self, [&](sg_metrics* m) {
+    auto fn = step ? sg_trainer_step_dpo : sg_trainer_compute_gradients_dpo;
+    return fn(t, chosen.ids.data(), chosen.labels.data(), chosen.lengths.data(), rejected.ids.data(),
+              rejected.labels.data(), rejected.lengths.data(), ref_chosen.data(), ref_rejected.data(), n, m);
+  });
+}
+
+py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& labels, py::array advantages_obj,
+                 const py::list& old_logprobs, const py::list& ref_logprobs, py::array offsets_obj, bool step) {
+  sg_trainer* t = self.get();
+  Sequences seqs(ids, labels, "completions");
+  F64Array advantages = py::cast<F64Array>(advantages_obj);
+  LenArray offsets = py::cast<LenArray>(offsets_obj);
+  const py::ssize_t n = static_cast<py::ssize_t>(seqs.ids.size());
+  CheckSize(advantages.size(), n, "advantages", "completions (sequences)");
+  PerToken old_lp(old_logprobs, seqs, "old_logprobs"), ref_lp(ref_logprobs, seqs, "ref_logprobs");
+  if (offsets.size() < 1) RaiseCode(SG_ERR_INVALID_ARGUMENT, "group_offsets is empty; need num_groups + 1 entries");
+  return CallTrainer(self, [&](sg_metrics* m) {
+    auto fn = step ? sg_trainer_step_grpo : sg_trainer_compute_gradients_grpo;
+    return fn(t, seqs.ids.data(), seqs.labels.data(), seqs.lengths.data(), advantages.data(), old_lp.ptrs.data(),
+              ref_lp.ptrs.data(), n, offsets.data(), offsets.size() - 1, m);
+  });
 }
 
 }  // namespace
@@ -200,6 +299,8 @@ PYBIND11_MODULE(_native, mod) {
       .def_property_readonly("num_params", [](NativeModel& s) { return sg_model_num_params(s.m); })
       .def_property_readonly("family", [](NativeModel& s) { return std::string(sg_model_family(s.m)); })
       .def_property_readonly("dtype", [](NativeModel& s) { return std::string(sg_dtype_name(sg_model_dtype(s.m))); })
+      .def("set_memory_limit", [](NativeModel& s, int64_t bytes) { Check(sg_model_set_memory_limit(s.m, bytes)); })
+      .def_property_readonly("memory_limit", [](NativeModel& s) { return sg_model_memory_limit(s.m); })
       // (name, value array, grad array or None): arrays view the model's memory; their base keeps it alive.
       .def("param", [](py::object self_obj, int64_t i) {
         NativeModel& self = self_obj.cast<NativeModel&>();
@@ -216,7 +317,8 @@ PYBIND11_MODULE(_native, mod) {
   py::class_<NativeTrainer, std::shared_ptr<NativeTrainer>>(mod, "Trainer")
       .def(py::init([](NativeModel& model, const std::string& strategy, int64_t chunk, int64_t page_size,
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed) {
+                       double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
+                       const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -231,6 +333,10 @@ PYBIND11_MODULE(_native, mod) {
              o.spaco_budget = spaco_budget;
              o.spaco_cap = spaco_cap;
              o.seed = seed;
+             o.objective = objective.c_str();
+             o.dpo_beta = dpo_beta;
+             o.grpo_clip_eps = grpo_clip_eps;
+             o.grpo_kl_beta = grpo_kl_beta;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -240,24 +346,39 @@ PYBIND11_MODULE(_native, mod) {
            }),
            py::arg("model"), py::arg("strategy"), py::arg("chunk"), py::arg("page_size"), py::arg("lm_chunk"),
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"))
+           py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
+           py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"))
       .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
-                      py::array lengths) { return RunStep(s, ids, labels, lengths, true); })
+                      py::array lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,
-                                   py::array lengths) { return RunStep(s, ids, labels, lengths, false); })
+                                   py::array lengths) { return RunStep(s, ids, labels, lengths, kGradients); })
+      .def("evaluate", [](NativeTrainer& s, py::array ids, py::object labels,
+                          py::array lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
+      // chosen/rejected ids: lists of int32 arrays; labels: lists of int32 arrays or None; ref: float64 arrays (NaN =
+      // the reference model's).
+      .def("dpo",
+           [](NativeTrainer& s, const py::list& chosen_ids, const py::list& chosen_labels,
+              const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen,
+              py::array ref_rejected, bool step) {
+             return RunDpo(s, chosen_ids, chosen_labels, rejected_ids, rejected_labels, ref_chosen, ref_rejected,
+                           step);
+           })
+      // ids/labels as for dpo, one per completion; advantages float64; old/ref: lists of float64 arrays or None;
+      // group_offsets int64 (num_groups + 1).
+      .def("grpo",
+           [](NativeTrainer& s, const py::list& ids, const py::list& labels, py::array advantages,
+              const py::list& old_logprobs, const py::list& ref_logprobs, py::array group_offsets, bool step) {
+             return RunGrpo(s, ids, labels, advantages, old_logprobs, ref_logprobs, group_offsets, step);
+           })
+      .def("set_reference",
+           [](NativeTrainer& s, py::object model) {
+             sg_model* m = model.is_none() ? nullptr : model.cast<NativeModel&>().m;
+             Check(sg_trainer_set_reference(s.get(), m));
+           })
       .def("optimizer_step",
            [](NativeTrainer& s) {
              sg_trainer* t = s.get();
-             sg_metrics m = sg_metrics_init();
-             sg_status* st;
-             s.inflight.fetch_add(1);
-             {
-               py::gil_scoped_release release;
-               st = sg_trainer_optimizer_step(t, &m);
-             }
-             s.inflight.fetch_sub(1);
-             Check(st);
-             return MetricsDict(m);
+             return CallTrainer(s, [&](sg_metrics* m) { return sg_trainer_optimizer_step(t, m); });
            })
       .def("cancel", [](NativeTrainer& s) { sg_trainer_cancel(s.t); })  // NULL-safe; never blocks
       .def_property_readonly("step_count", [](NativeTrainer& s) { return sg_trainer_step_count(s.get()); })

@@ -1,5 +1,7 @@
 // JNI glue for org.seqgrad.NativeApi over the seqgrad C ABI (seqgrad/seqgrad.h) only.
-// Failed statuses become org.seqgrad.SeqgradException(code, message); no C++ exception leaves this file.
+// Failed statuses become org.seqgrad.SeqgradException(code, message), or its subclass for the code
+// (InvalidArgumentException, ResourceExhaustedException, FailedPreconditionException); no C++ exception leaves this
+// file.
 #include <jni.h>
 
 #include <string>
@@ -11,13 +13,24 @@ namespace {
 
 JavaVM* g_vm = nullptr;
 
+// The typed subclass of SeqgradException for a code (constructor (String)), or nullptr for the base class.
+const char* ExceptionClass(int code) {
+  switch (code) {
+    case SG_ERR_INVALID_ARGUMENT: return "org/seqgrad/InvalidArgumentException";
+    case SG_ERR_RESOURCE_EXHAUSTED: return "org/seqgrad/ResourceExhaustedException";
+    case SG_ERR_FAILED_PRECONDITION: return "org/seqgrad/FailedPreconditionException";
+  }
+  return nullptr;
+}
+
 void ThrowCode(JNIEnv* env, int code, const std::string& msg) {
-  jclass cls = env->FindClass("org/seqgrad/SeqgradException");
+  const char* typed = ExceptionClass(code);
+  jclass cls = env->FindClass(typed ? typed : "org/seqgrad/SeqgradException");
   if (!cls) return;  // NoClassDefFoundError pending
-  jmethodID ctor = env->GetMethodID(cls, "<init>", "(ILjava/lang/String;)V");
+  jmethodID ctor = env->GetMethodID(cls, "<init>", typed ? "(Ljava/lang/String;)V" : "(ILjava/lang/String;)V");
   if (!ctor) return;
   jstring jmsg = env->NewStringUTF(msg.c_str());
-  jobject exc = env->NewObject(cls, ctor, static_cast<jint>(code), jmsg);
+  jobject exc = typed ? env->NewObject(cls, ctor, jmsg) : env->NewObject(cls, ctor, static_cast<jint>(code), jmsg);
   if (exc) env->Throw(static_cast<jthrowable>(exc));
 }
 
@@ -80,6 +93,82 @@ jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
 
 sg_model* M(jlong h) { return reinterpret_cast<sg_model*>(h); }
 JTrainer* T(jlong h) { return reinterpret_cast<JTrainer*>(h); }
+
+// The metrics of a trainer call, or null with an exception pending: the progress listener's (thrown on this thread)
+// first, else the failed status's. Frees st.
+jdoubleArray Finish(JNIEnv* env, JTrainer* jt, sg_status* st, const sg_metrics& m) {
+  if (jt && jt->pending && (st == nullptr || sg_status_code(st) != SG_ERR_BUSY)) {
+    sg_status_free(st);
+    jthrowable e = jt->pending;
+    jt->pending = nullptr;
+    env->Throw(e);
+    env->DeleteGlobalRef(e);
+    return nullptr;
+  }
+  if (Failed(env, st)) return nullptr;
+  return MetricsArray(env, m);
+}
+
+// Copies the entries of an int[][] / double[][] (entries may be null: NULL pointers) for the C API; the pointer of an
+// empty entry is non-NULL so that the C API reports its length, not a NULL.
+template <typename T>
+struct Arrays {
+  std::vector<std::vector<T>> data;
+  std::vector<const T*> ptrs;
+  std::vector<int64_t> lengths;
+};
+
+template <typename T, typename JArray, typename Get>
+Arrays<T> ReadArrays(JNIEnv* env, jobjectArray a, Get get) {
+  static T empty[1];
+  Arrays<T> out;
+  const jsize n = a ? env->GetArrayLength(a) : 0;
+  out.data.resize(n);
+  for (jsize i = 0; i < n; ++i) {
+    auto e = static_cast<JArray>(env->GetObjectArrayElement(a, i));
+    if (!e) {
+      out.ptrs.push_back(nullptr);
+      out.lengths.push_back(0);
+      continue;
+    }
+    out.data[i].resize(env->GetArrayLength(e));
+    (env->*get)(e, 0, static_cast<jsize>(out.data[i].size()), out.data[i].data());
+    env->DeleteLocalRef(e);
+    out.ptrs.push_back(out.data[i].empty() ? empty : out.data[i].data());
+    out.lengths.push_back(static_cast<int64_t>(out.data[i].size()));
+  }
+  return out;
+}
+
+using IntArrays = Arrays<jint>;
+using DoubleArrays = Arrays<jdouble>;
+IntArrays ReadInts(JNIEnv* env, jobjectArray a) {
+  return ReadArrays<jint, jintArray>(env, a, &JNIEnv::GetIntArrayRegion);
+}
+DoubleArrays ReadDoubles(JNIEnv* env, jobjectArray a) {
+  return ReadArrays<jdouble, jdoubleArray>(env, a, &JNIEnv::GetDoubleArrayRegion);
+}
+
+std::vector<double> ReadDoubleArray(JNIEnv* env, jdoubleArray a) {
+  std::vector<double> v(a ? env->GetArrayLength(a) : 0);
+  if (a) env->GetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
+  return v;
+}
+
+// Per-sequence arrays that the C API reads by the ids' lengths (Trainer.java checks them first): false with an
+// exception pending when an entry (not null) has another length.
+template <typename T>
+bool SameLengths(JNIEnv* env, const IntArrays& ids, const Arrays<T>& other, const char* what) {
+  for (size_t i = 0; i < ids.ptrs.size(); ++i) {
+    if (i >= other.ptrs.size() || (other.ptrs[i] && other.lengths[i] != ids.lengths[i])) {
+      ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
+                std::string(what) + "[" + std::to_string(i) + "] does not have the length of ids[" +
+                    std::to_string(i) + "] (" + std::to_string(ids.lengths[i]) + ")");
+      return false;
+    }
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -182,9 +271,10 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
 JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jstring strategy, jlong chunk,
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
-                             jlong seed) {
+                             jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
+                             jdouble grpo_kl_beta) {
   GUARD_BEGIN
-  const std::string s = Str(env, strategy);
+  const std::string s = Str(env, strategy), obj = Str(env, objective);
   sg_trainer_options o = sg_trainer_default_options();
   o.strategy = strategy ? s.c_str() : nullptr;
   o.chunk = chunk;
@@ -199,6 +289,10 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.spaco_budget = spaco_budget;
   o.spaco_cap = spaco_cap;
   o.seed = static_cast<uint64_t>(seed);  // Java has no unsigned long: the bits carry over
+  o.objective = objective ? obj.c_str() : nullptr;
+  o.dpo_beta = dpo_beta;
+  o.grpo_clip_eps = grpo_clip_eps;
+  o.grpo_kl_beta = grpo_kl_beta;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;
@@ -229,7 +323,73 @@ JNI_FN(void, trainerCancel)(JNIEnv*, jclass, jlong h) {
 
 JNI_FN(jlong, trainerStepCount)(JNIEnv*, jclass, jlong h) { return T(h) ? sg_trainer_step_count(T(h)->t) : -1; }
 
-// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step. ids/labels/lengths are copied before the call.
+JNI_FN(void, modelSetMemoryLimit)(JNIEnv* env, jclass, jlong h, jlong bytes) {
+  GUARD_BEGIN
+  Failed(env, sg_model_set_memory_limit(M(h), bytes));
+  GUARD_END()
+}
+
+JNI_FN(jlong, modelMemoryLimit)(JNIEnv*, jclass, jlong h) { return sg_model_memory_limit(M(h)); }
+
+JNI_FN(void, trainerSetReference)(JNIEnv* env, jclass, jlong h, jlong model) {
+  GUARD_BEGIN
+  Failed(env, sg_trainer_set_reference(T(h) ? T(h)->t : nullptr, M(model)));
+  GUARD_END()
+}
+
+JNI_FN(jdoubleArray, trainerDpo)(JNIEnv* env, jclass, jlong h, jboolean step, jobjectArray chosen_ids,
+                                 jobjectArray chosen_labels, jobjectArray rejected_ids, jobjectArray rejected_labels,
+                                 jdoubleArray ref_chosen, jdoubleArray ref_rejected) {
+  GUARD_BEGIN
+  JTrainer* jt = T(h);
+  const IntArrays ci = ReadInts(env, chosen_ids), cl = ReadInts(env, chosen_labels);
+  const IntArrays ri = ReadInts(env, rejected_ids), rl = ReadInts(env, rejected_labels);
+  const std::vector<double> rc = ReadDoubleArray(env, ref_chosen), rr = ReadDoubleArray(env, ref_rejected);
+  const size_t n = ci.ptrs.size();
+  if (!SameLengths(env, ci, cl, "chosenLabels") || !SameLengths(env, ri, rl, "rejectedLabels"))
+    return nullptr;
+  if (ri.ptrs.size() != n || rc.size() != n || rr.size() != n) {
+    ThrowCode(env, SG_ERR_INVALID_ARGUMENT, "the pair arrays differ in length");
+    return nullptr;
+  }
+  sg_metrics m = sg_metrics_init();
+  auto fn = step ? sg_trainer_step_dpo : sg_trainer_compute_gradients_dpo;
+  sg_status* st = fn(jt ? jt->t : nullptr, ci.ptrs.data(), cl.ptrs.data(), ci.lengths.data(), ri.ptrs.data(),
+                     rl.ptrs.data(), ri.lengths.data(), rc.data(), rr.data(), static_cast<int64_t>(n), &m);
+  return Finish(env, jt, st, m);
+  GUARD_END(nullptr)
+}
+
+JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jboolean step, jobjectArray ids, jobjectArray labels,
+                                  jdoubleArray advantages, jobjectArray old_logprobs, jobjectArray ref_logprobs,
+                                  jlongArray group_offsets) {
+  GUARD_BEGIN
+  JTrainer* jt = T(h);
+  const IntArrays si = ReadInts(env, ids), sl = ReadInts(env, labels);
+  const DoubleArrays old = ReadDoubles(env, old_logprobs), ref = ReadDoubles(env, ref_logprobs);
+  const std::vector<double> adv = ReadDoubleArray(env, advantages);
+  std::vector<int64_t> offsets(group_offsets ? env->GetArrayLength(group_offsets) : 0);
+  if (group_offsets)
+    env->GetLongArrayRegion(group_offsets, 0, static_cast<jsize>(offsets.size()),
+                            reinterpret_cast<jlong*>(offsets.data()));
+  if (!SameLengths(env, si, sl, "labels") || !SameLengths(env, si, old, "oldLogprobs") ||
+      !SameLengths(env, si, ref, "refLogprobs"))
+    return nullptr;
+  if (adv.size() != si.ptrs.size() || offsets.empty()) {
+    ThrowCode(env, SG_ERR_INVALID_ARGUMENT, "the completion arrays differ in length");
+    return nullptr;
+  }
+  sg_metrics m = sg_metrics_init();
+  auto fn = step ? sg_trainer_step_grpo : sg_trainer_compute_gradients_grpo;
+  sg_status* st = fn(jt ? jt->t : nullptr, si.ptrs.data(), sl.ptrs.data(), si.lengths.data(), adv.data(),
+                     old.ptrs.data(), ref.ptrs.data(), static_cast<int64_t>(si.ptrs.size()), offsets.data(),
+                     static_cast<int64_t>(offsets.size()) - 1, &m);
+  return Finish(env, jt, st, m);
+  GUARD_END(nullptr)
+}
+
+// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate. ids/labels/lengths are copied before the
+// call.
 JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintArray ids, jintArray labels,
                                  jlongArray lengths) {
   GUARD_BEGIN
@@ -262,22 +422,12 @@ JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintAr
   const int64_t* plen = !lengths ? nullptr : vlen.empty() ? empty_len : vlen.data();
   sg_metrics m = sg_metrics_init();
   sg_status* st;
-  if (mode == 2) st = sg_trainer_optimizer_step(t, &m);
-  else if (mode == 1)
-    st = sg_trainer_step(t, pids, plabels, static_cast<int64_t>(vids.size()), plen, static_cast<int64_t>(vlen.size()), &m);
-  else
-    st = sg_trainer_compute_gradients(t, pids, plabels, static_cast<int64_t>(vids.size()), plen,
-                                      static_cast<int64_t>(vlen.size()), &m);
-  if (jt && jt->pending && (st == nullptr || sg_status_code(st) != SG_ERR_BUSY)) {
-    // The progress listener threw on this thread: rethrow it.
-    sg_status_free(st);
-    jthrowable e = jt->pending;
-    jt->pending = nullptr;
-    env->Throw(e);
-    env->DeleteGlobalRef(e);
-    return nullptr;
+  if (mode == 2) {
+    st = sg_trainer_optimizer_step(t, &m);
+  } else {
+    auto fn = mode == 1 ? sg_trainer_step : mode == 3 ? sg_trainer_evaluate : sg_trainer_compute_gradients;
+    st = fn(t, pids, plabels, static_cast<int64_t>(vids.size()), plen, static_cast<int64_t>(vlen.size()), &m);
   }
-  if (Failed(env, st)) return nullptr;
-  return MetricsArray(env, m);
+  return Finish(env, jt, st, m);
   GUARD_END(nullptr)
 }

@@ -6,19 +6,26 @@
         print(m["loss"], m["peak_bytes"])
         w = model.parameters()["model.norm.weight"]  # numpy view of the engine's memory (no copy)
 
+Preference and RL objectives (a Trainer's `objective`, with an optional frozen `reference` model):
+
+    with seqgrad.Trainer(policy, objective="dpo", dpo_beta=0.1, reference=ref_model) as tr:
+        tr.step_dpo([{"chosen": (ids, labels), "rejected": (ids, labels)}])   # labels: -100 outside the response
+    with seqgrad.Trainer(policy, objective="grpo", grpo_kl_beta=0.0) as tr:
+        tr.step_grpo([[{"ids": ids, "labels": labels, "advantage": 1.0}, ...], ...])   # groups of completions
+
 Everything goes through the stable C API (libseqgrad.so); errors raise seqgrad.SeqgradError subclasses carrying
 `.code`. Training steps release the GIL; Trainer.cancel() may be called from any thread.
 """
 import numpy as np
 
 from . import _native
-from ._errors import (BusyError, CancelledError, ClosedError, InternalError, InvalidArgumentError, NotFoundError,
-                      OutOfRangeError, ResourceExhaustedError, SeqgradError)
+from ._errors import (BusyError, CancelledError, ClosedError, FailedPreconditionError, InternalError,
+                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, SeqgradError)
 
 __all__ = [
     "Model", "Trainer", "SeqgradError", "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "CancelledError",
-    "BusyError", "ResourceExhaustedError", "InternalError", "ClosedError", "version", "MEMORY_CATEGORIES",
-    "PRESETS",
+    "BusyError", "ResourceExhaustedError", "FailedPreconditionError", "InternalError", "ClosedError", "version",
+    "MEMORY_CATEGORIES", "PRESETS",
 ]
 
 __version__ = "%d.%d.%d" % (_native.VERSION_MAJOR, _native.VERSION_MINOR, _native.VERSION_PATCH)
@@ -77,6 +84,16 @@ class Model:
     def family(self):
         return self._get().family
 
+    def set_memory_limit(self, nbytes):
+        """Caps the engine memory of this model's tensors (weights included) at nbytes; 0 removes the cap. A step
+        that would need more raises ResourceExhaustedError and leaves the model usable."""
+        self._get().set_memory_limit(int(nbytes))
+
+    @property
+    def memory_limit(self):
+        """The memory limit in bytes (0 = none)."""
+        return self._get().memory_limit
+
     def __len__(self):
         return self._get().num_params
 
@@ -106,16 +123,16 @@ class Model:
         self.close()
 
 
-def _as_tokens(seq, what, index):
+def _as_tokens(seq, what):
     a = np.asarray(seq)
     if a.size == 0:
         a = a.astype(np.int64)
     if a.ndim != 1:
-        raise InvalidArgumentError("%s[%d] must be a 1-D sequence of token ids, got shape %s" % (what, index, a.shape))
+        raise InvalidArgumentError("%s must be a 1-D sequence of token ids, got shape %s" % (what, a.shape))
     if a.dtype.kind not in "iu":
-        raise InvalidArgumentError("%s[%d] must hold integers, got dtype %s" % (what, index, a.dtype))
+        raise InvalidArgumentError("%s must hold integers, got dtype %s" % (what, a.dtype))
     if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
-        raise InvalidArgumentError("%s[%d] has values outside int32" % (what, index))
+        raise InvalidArgumentError("%s has values outside int32" % what)
     return a.astype(np.int32, copy=False)
 
 
@@ -127,32 +144,101 @@ def _flatten(batch, what):
             raise InvalidArgumentError("%s must be a list of sequences or a 2-D array, got %d-D" % (what, batch.ndim))
     if isinstance(batch, (str, bytes)) or not hasattr(batch, "__len__"):
         raise InvalidArgumentError("%s must be a list of sequences or a 2-D array" % what)
-    seqs = [_as_tokens(s, what, i) for i, s in enumerate(batch)]
+    seqs = [_as_tokens(s, "%s[%d]" % (what, i)) for i, s in enumerate(batch)]
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
     flat = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32)
     return np.ascontiguousarray(flat, dtype=np.int32), lengths
 
 
+def _float(value, what, none_ok):
+    if value is None and none_ok:
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("%s must be a number%s, got %r" % (what, " or None" if none_ok else "",
+                                                                     value)) from None
+
+
+def _logprobs(value, what, length):
+    """None, or a float64 array of `length` entries (one per position of the sequence)."""
+    if value is None:
+        return None
+    try:
+        a = np.ascontiguousarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError("%s must be a sequence of floats (NaN where the label is ignored)" % what) from None
+    if a.ndim != 1:
+        raise InvalidArgumentError("%s must be 1-D (one entry per position), got shape %s" % (what, a.shape))
+    if a.size != length:
+        raise InvalidArgumentError("%s has %d entries but the sequence has %d tokens (one per position, aligned with "
+                                   "labels)" % (what, a.size, length))
+    return a
+
+
+def _fields(item, what, required, optional):
+    if not isinstance(item, dict):
+        raise InvalidArgumentError("%s must be a dict with keys %s" % (what, ", ".join(required + optional)))
+    missing = [k for k in required if k not in item]
+    unknown = sorted(set(item) - set(required) - set(optional))
+    if missing or unknown:
+        raise InvalidArgumentError("%s: %s" % (what, "; ".join(
+            (["missing key(s) %s" % ", ".join(missing)] if missing else []) +
+            (["unknown key(s) %s (known: %s)" % (", ".join(map(str, unknown)), ", ".join(required + optional))]
+             if unknown else []))))
+    return item
+
+
+def _ids_labels(ids, labels, what):
+    """(int32 ids, int32 labels or None) of one sequence."""
+    a = _as_tokens(ids, what + " ids")
+    if labels is None:
+        return a, None
+    b = _as_tokens(labels, what + " labels")
+    if b.size != a.size:
+        raise InvalidArgumentError("%s: labels has %d tokens but ids has %d" % (what, b.size, a.size))
+    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+
+
+def _pair_sequence(value, what):
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise InvalidArgumentError("%s must be a pair (ids, labels); labels may be None (next-token labels)" % what)
+    return _ids_labels(value[0], value[1], what)
+
+
 class Trainer:
-    """Computes gradients with a strategy ("full", "ckpt", "seco", "spaco") and applies AdamW. A context manager.
+    """Computes gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp") for an objective ("sft",
+    "dpo", "grpo") and applies AdamW. A context manager.
 
     spaco backpropagates each of a sequence's k chunks with probability spaco_budget / k (1 <= spaco_budget <= k)
     and compensates the kept ones so the gradient is unbiased; spaco_cap caps the compensation of relayed state
-    gradients (0 = no cap, else >= 1) and seed seeds the sampling. Metrics count "chunks" and
-    "chunks_backpropagated".
+    gradients (0 = no cap, else >= 1) and seed seeds the sampling. streambp backpropagates each layer in partitions
+    of `chunk` tokens. Metrics count "chunks" and "chunks_backpropagated".
+
+    objective "sft" trains with step()/compute_gradients(), "dpo" with step_dpo()/compute_gradients_dpo() (dpo_beta),
+    "grpo" with step_grpo()/compute_gradients_grpo() (grpo_clip_eps, grpo_kl_beta); the other calls raise
+    FailedPreconditionError. `reference` (a Model, or None) is the frozen reference of dpo/grpo, used where the
+    batch gives no reference log-probs; the trainer keeps it alive (set_reference changes it). evaluate() gives the
+    token loss of a batch without gradients, for any objective.
 
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
-    makes the running (or next) step raise CancelledError.
+    makes the running (or next) step raise CancelledError. A step past the model's memory limit
+    (Model.set_memory_limit) raises ResourceExhaustedError.
     """
 
     def __init__(self, model, strategy="full", chunk=512, page_size=256, lm_chunk=256, lr=1e-3, betas=(0.9, 0.95),
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
-                 seed=0):
+                 seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         self.model = model
+        self.reference = None
         self._native = _native.Trainer(model._get(), strategy, chunk, page_size, lm_chunk, lr, betas[0], betas[1],
-                                       eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed)
+                                       eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed,
+                                       "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
+                                       grpo_kl_beta)
+        if reference is not None:
+            self.set_reference(reference)
         if progress is not None:
             self.set_progress_callback(progress)
 
@@ -187,6 +273,90 @@ class Trainer:
 
     def optimizer_step(self):
         return self._get().optimizer_step()
+
+    def evaluate(self, ids, labels=None):
+        """The batch's mean token loss without gradients (chunked forward), as a metrics dict; the batch as in
+        step(). Gradients and the optimizer are left alone."""
+        n = self._get()
+        return n.evaluate(*self._batch(ids, labels))
+
+    def set_reference(self, model):
+        """The frozen reference model of dpo/grpo (another Model with the same vocabulary), or None to clear it."""
+        if model is not None and not isinstance(model, Model):
+            raise InvalidArgumentError("reference must be a seqgrad.Model or None")
+        self._get().set_reference(None if model is None else model._get())
+        self.reference = model
+
+    def _dpo(self, pairs, step):
+        if isinstance(pairs, dict) or not isinstance(pairs, (list, tuple)):
+            raise InvalidArgumentError("pairs must be a list of dicts")
+        if not pairs:
+            raise InvalidArgumentError("pairs is empty; need at least 1 pair")
+        cols = [[] for _ in range(6)]
+        for i, p in enumerate(pairs):
+            what = "pairs[%d]" % i
+            _fields(p, what, ["chosen", "rejected"], ["ref_chosen_logp", "ref_rejected_logp"])
+            for k, key in enumerate(("chosen", "rejected")):
+                ids, labels = _pair_sequence(p[key], "%s['%s']" % (what, key))
+                cols[2 * k].append(ids)
+                cols[2 * k + 1].append(labels)
+            for k, key in enumerate(("ref_chosen_logp", "ref_rejected_logp")):
+                cols[4 + k].append(_float(p.get(key), "%s['%s']" % (what, key), True))
+        return self._get().dpo(cols[0], cols[1], cols[2], cols[3], np.array(cols[4], dtype=np.float64),
+                               np.array(cols[5], dtype=np.float64), step)
+
+    def step_dpo(self, pairs):
+        """A DPO step (objective "dpo") on preference pairs, then AdamW. pairs: a list of dicts
+            {"chosen": (ids, labels), "rejected": (ids, labels),
+             "ref_chosen_logp": float or None, "ref_rejected_logp": float or None}
+        ids: prompt + response token ids; labels: the same length, -100 except on the response (labels[t] = the
+        token after position t), or None for next-token labels. ref_*_logp: the reference model's log-prob summed
+        over the labelled tokens; None or absent = computed by the reference model (Trainer(reference=...)).
+        Returns a metrics dict; "loss" is the mean over pairs of -log sigmoid(dpo_beta * margin)."""
+        return self._dpo(pairs, True)
+
+    def compute_gradients_dpo(self, pairs):
+        """step_dpo() without the optimizer step."""
+        return self._dpo(pairs, False)
+
+    def _grpo(self, groups, step):
+        if isinstance(groups, dict) or not isinstance(groups, (list, tuple)):
+            raise InvalidArgumentError("groups must be a list of lists of completion dicts")
+        if not groups:
+            raise InvalidArgumentError("groups is empty; need at least 1 group")
+        ids, labels, adv, old, ref, offsets = [], [], [], [], [], [0]
+        for g, group in enumerate(groups):
+            if isinstance(group, dict) or not isinstance(group, (list, tuple)):
+                raise InvalidArgumentError("groups[%d] must be a list of completion dicts" % g)
+            if not group:
+                raise InvalidArgumentError("groups[%d] is empty (G = 0); every group needs at least 1 completion" % g)
+            for i, c in enumerate(group):
+                what = "groups[%d][%d]" % (g, i)
+                _fields(c, what, ["ids", "advantage"], ["labels", "old_logprobs", "ref_logprobs"])
+                a, b = _ids_labels(c["ids"], c.get("labels"), what)
+                ids.append(a)
+                labels.append(b)
+                adv.append(_float(c["advantage"], what + "['advantage']", False))
+                old.append(_logprobs(c.get("old_logprobs"), what + "['old_logprobs']", a.size))
+                ref.append(_logprobs(c.get("ref_logprobs"), what + "['ref_logprobs']", a.size))
+            offsets.append(offsets[-1] + len(group))
+        return self._get().grpo(ids, labels, np.array(adv, dtype=np.float64), old, ref,
+                                np.array(offsets, dtype=np.int64), step)
+
+    def step_grpo(self, groups):
+        """A GRPO step (objective "grpo"), then AdamW. groups: a list of groups (the G >= 1 completions of one
+        prompt), each a list of dicts
+            {"ids": ids, "labels": labels or None, "advantage": float,
+             "old_logprobs": per-position floats or None, "ref_logprobs": per-position floats or None}
+        ids/labels as in step_dpo(); old_logprobs / ref_logprobs: one entry per position of ids, aligned with labels
+        (log-prob of labels[t] under the sampling / reference policy; finite where the label is valid, NaN allowed
+        where it is -100). old_logprobs None: the current policy (ratio 1); ref_logprobs None: the reference
+        model's (needed unless grpo_kl_beta = 0). Returns a metrics dict; "loss" is the GRPO objective."""
+        return self._grpo(groups, True)
+
+    def compute_gradients_grpo(self, groups):
+        """step_grpo() without the optimizer step."""
+        return self._grpo(groups, False)
 
     def cancel(self):
         if self._native is not None:

@@ -52,14 +52,22 @@ class BusyError(SeqgradError):
 
 
 class ResourceExhaustedError(SeqgradError, MemoryError):
+    """Out of memory, or a step would pass the model's memory limit (Model.set_memory_limit)."""
+
     code = RESOURCE_EXHAUSTED
+
+
+class FailedPreconditionError(SeqgradError):
+    """The call does not fit the object's state, e.g. step_dpo() on a trainer whose objective is not "dpo"."""
+
+    code = FAILED_PRECONDITION
 
 
 class InternalError(SeqgradError):
     code = INTERNAL
 
 
-class ClosedError(SeqgradError, ValueError):
+class ClosedError(FailedPreconditionError, ValueError):
     """The handle was closed (use after close)."""
 
     code = FAILED_PRECONDITION
@@ -68,7 +76,7 @@ class ClosedError(SeqgradError, ValueError):
 _BY_CODE = {
     c.code: c
     for c in (InvalidArgumentError, NotFoundError, OutOfRangeError, CancelledError, BusyError,
-              ResourceExhaustedError, InternalError)
+              ResourceExhaustedError, FailedPreconditionError, InternalError)
 }
 
 

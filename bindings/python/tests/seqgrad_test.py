@@ -251,5 +251,190 @@ def test_gil_released_during_step(model):
     assert n1 - n0 > 3
 
 
+# ---- 0.3: streambp, evaluate, dpo, grpo, memory limit ----
+
+def _f64(seed=1):
+    return seqgrad.Model.from_preset("tiny", dtype="f64", seed=seed)
+
+
+def _assert_grads_close(a, b, rtol):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=rtol * 1e-3, err_msg=k)
+
+
+def test_streambp_matches_full_and_trains():
+    with _f64() as model:
+        with seqgrad.Trainer(model, strategy="full") as tr:
+            ref = tr.compute_gradients(BATCH)
+            ref_grads = _grads(model)
+        with seqgrad.Trainer(model, strategy="streambp", chunk=8, page_size=8, lr=3e-3) as tr:
+            m = tr.compute_gradients(BATCH)
+            _assert_grads_close(_grads(model), ref_grads, 1e-9)
+            assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12) and m["tokens"] == ref["tokens"]
+            losses = [tr.step(BATCH)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0]
+
+
+def test_evaluate_equals_compute_gradients_loss(model):
+    labels = [[t if i % 2 else -100 for i, t in enumerate(s[1:] + [0])] for s in BATCH]
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        g = tr.compute_gradients(BATCH, labels)
+        grads = _grads(model)
+        e = tr.evaluate(BATCH, labels)
+        assert e["loss"] == pytest.approx(g["loss"], rel=1e-6)
+        assert e["tokens"] == g["tokens"] and e["chunks"] == 5 and e["chunks_backpropagated"] == 0
+        assert e["step"] == 0 and e["grad_norm"] == 0
+        for k, v in _grads(model).items():
+            np.testing.assert_array_equal(v, grads[k])  # gradients untouched
+        assert tr.evaluate(BATCH)["tokens"] == 23 + 15
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"ids\[2\] = 97"):
+            tr.evaluate([[1, 2, 97]])
+
+
+def _prompt_response(n, prompt, salt):
+    ids = [(t * (5 + salt) + 3 * salt + 1) % 90 for t in range(n)]
+    labels = [ids[t + 1] if prompt - 1 <= t < n - 1 else -100 for t in range(n)]
+    return ids, labels
+
+
+PAIRS = [{"chosen": _prompt_response(20, 5, 1), "rejected": _prompt_response(12, 5, 2)},
+         {"chosen": _prompt_response(14, 5, 3), "rejected": _prompt_response(17, 5, 4)}]
+
+
+def _sequence_logp(trainer, ids, labels):
+    m = trainer.evaluate([ids], [labels])
+    return -m["loss"] * m["tokens"]
+
+
+def test_dpo_given_ref_logprobs_equal_reference_model():
+    with _f64() as policy, _f64() as reference:  # same preset and seed: a frozen copy
+        with seqgrad.Trainer(policy, lr=3e-3) as sft:  # move the policy away from the reference
+            for _ in range(3):
+                sft.step(BATCH)
+        with seqgrad.Trainer(reference) as ev:
+            given = [dict(p, ref_chosen_logp=_sequence_logp(ev, *p["chosen"]),
+                          ref_rejected_logp=_sequence_logp(ev, *p["rejected"])) for p in PAIRS]
+        with seqgrad.Trainer(policy, objective="dpo", dpo_beta=0.1) as tr:
+            a = tr.compute_gradients_dpo(given)
+            grads_given = _grads(policy)
+            with pytest.raises(seqgrad.InvalidArgumentError, match="no reference model"):
+                tr.compute_gradients_dpo(PAIRS)
+            tr.set_reference(reference)
+            assert tr.reference is reference
+            b = tr.compute_gradients_dpo(PAIRS)
+            _assert_grads_close(_grads(policy), grads_given, 1e-9)
+            assert np.isfinite(a["loss"]) and abs(a["loss"] - np.log(2)) > 1e-4  # the policy moved
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-10) and b["tokens"] == a["tokens"]
+            mixed = [dict(given[0], ref_chosen_logp=None), given[1]]  # None: that one from the reference model
+            assert tr.compute_gradients_dpo(mixed)["loss"] == pytest.approx(a["loss"], rel=1e-10)
+            m = tr.step_dpo(PAIRS)
+            assert np.isfinite(m["loss"]) and m["step"] == 1 and m["grad_norm"] > 0
+        with seqgrad.Trainer(policy, objective="dpo", reference=reference) as tr:  # reference at construction
+            assert np.isfinite(tr.step_dpo([{"chosen": (PAIRS[0]["chosen"][0], None),
+                                             "rejected": PAIRS[0]["rejected"]}])["loss"])
+
+
+def _groups(kl=True):
+    out = []
+    for g, advantages in enumerate(([1.0, -0.5, 0.5], [2.0, 0.0])):
+        group = []
+        for i, a in enumerate(advantages):
+            ids, labels = _prompt_response(18 - 3 * i + g, 4, 3 * g + i)
+            c = {"ids": ids, "labels": labels, "advantage": a}
+            if kl:
+                c["old_logprobs"] = [-4.5 + 0.01 * t if l >= 0 else float("nan") for t, l in enumerate(labels)]
+                c["ref_logprobs"] = np.where(np.array(labels) >= 0, -4.6, np.nan)
+            group.append(c)
+        out.append(group)
+    return out
+
+
+def test_grpo_steps(model):
+    with seqgrad.Model.from_preset("tiny", seed=1) as reference:
+        # Ratio 1 (no old log-probs), no KL: the loss is -(mean over groups of the mean advantage).
+        with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as tr:
+            m = tr.compute_gradients_grpo(_groups(kl=False))
+            assert m["loss"] == pytest.approx(-(1.0 / 3 + 1.0) / 2, abs=1e-6)
+            assert tr.step_grpo(_groups(kl=False))["step"] == 1
+        with seqgrad.Trainer(model, objective="grpo", grpo_clip_eps=0.2, grpo_kl_beta=0.04) as tr:
+            m = tr.step_grpo(_groups())
+            assert np.isfinite(m["loss"]) and m["step"] == 1 and m["grad_norm"] > 0
+            without_ref = _groups()
+            for group in without_ref:
+                for c in group:
+                    del c["ref_logprobs"]
+            with pytest.raises(seqgrad.InvalidArgumentError, match="no reference model"):
+                tr.step_grpo(without_ref)
+            tr.set_reference(reference)
+            m = tr.compute_gradients_grpo(without_ref)
+            assert np.isfinite(m["loss"]) and m["step"] == 1
+
+
+def test_objective_errors(model):
+    with seqgrad.Trainer(model, objective="grpo") as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"groups\[1\] is empty \(G = 0\)") as e:
+            tr.step_grpo([_groups()[0], []])
+        assert e.value.code == 3
+        bad = _groups()
+        bad[0][1]["old_logprobs"] = bad[0][1]["old_logprobs"][:3]
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"groups\[0\]\[1\]\['old_logprobs'\] has 3 entries"):
+            tr.step_grpo(bad)
+        bad = _groups()
+        bad[1][0]["old_logprobs"][5] = float("nan")  # a labelled position: checked by the C API
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"old_logprobs\[3\]\[5\] is nan \(group 1\)"):
+            tr.step_grpo(bad)
+        bad = _groups()
+        bad[0][0]["advantages"] = 1.0
+        with pytest.raises(seqgrad.InvalidArgumentError, match="unknown key"):
+            tr.step_grpo(bad)
+        with pytest.raises(seqgrad.InvalidArgumentError, match="groups is empty"):
+            tr.step_grpo([])
+        with pytest.raises(seqgrad.FailedPreconditionError, match="objective is 'grpo'"):
+            tr.step(BATCH)
+        with pytest.raises(seqgrad.FailedPreconditionError, match="objective is 'grpo'"):
+            tr.step_dpo(PAIRS)
+        with pytest.raises(seqgrad.InvalidArgumentError, match="own model"):
+            tr.set_reference(model)
+        assert tr.step_count == 0
+    with seqgrad.Trainer(model) as tr:
+        with pytest.raises(seqgrad.FailedPreconditionError, match="objective is 'sft'"):
+            tr.step_dpo(PAIRS)
+    with seqgrad.Trainer(model, objective="dpo") as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"pairs\[0\]\['chosen'\] must be a pair"):
+            tr.step_dpo([{"chosen": [1, 2, 3], "rejected": PAIRS[0]["rejected"]}])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"pairs\[1\]: missing key\(s\) rejected"):
+            tr.step_dpo([PAIRS[0], {"chosen": PAIRS[0]["chosen"]}])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"chosen_ids\[0\]\[2\] = 97"):
+            tr.step_dpo([{"chosen": ([1, 2, 97], None), "rejected": PAIRS[0]["rejected"]}])
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->objective is 'ppo'"):
+        seqgrad.Trainer(model, objective="ppo")
+    with pytest.raises(seqgrad.InvalidArgumentError, match="dpo_beta"):
+        seqgrad.Trainer(model, objective="dpo", dpo_beta=0)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="grpo_clip_eps"):
+        seqgrad.Trainer(model, objective="grpo", grpo_clip_eps=1.0)
+    with seqgrad.Model.from_preset("demo") as other:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="vocabulary of 128"):
+            seqgrad.Trainer(model, objective="dpo", reference=other)
+
+
+def test_memory_limit(model):
+    assert model.memory_limit == 0
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        model.set_memory_limit(1024)
+        assert model.memory_limit == 1024
+        with pytest.raises(seqgrad.ResourceExhaustedError, match="memory limit of 1024 bytes exceeded") as e:
+            tr.step(BATCH)
+        assert e.value.code == 8 and e.value.code_name == "RESOURCE_EXHAUSTED" and isinstance(e.value, MemoryError)
+        with pytest.raises(seqgrad.ResourceExhaustedError):
+            tr.evaluate(BATCH)
+        assert tr.step_count == 0
+        model.set_memory_limit(0)
+        m = tr.step(BATCH)
+        assert m["step"] == 1 and np.isfinite(m["loss"])
+    with pytest.raises(seqgrad.InvalidArgumentError, match="'bytes' is -1"):
+        model.set_memory_limit(-1)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))

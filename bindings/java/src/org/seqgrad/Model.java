@@ -78,6 +78,29 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * Caps the engine memory of this model's tensors (weights included) at {@code bytes}; 0 removes the cap. A step that
+   * would need more throws {@link ResourceExhaustedException} and leaves the model usable.
+   */
+  public void setMemoryLimit(long bytes) {
+    long h = acquire();
+    try {
+      NativeApi.modelSetMemoryLimit(h, bytes);
+    } finally {
+      release();
+    }
+  }
+
+  /** The memory limit in bytes (0 = none). */
+  public long memoryLimit() {
+    long h = acquire();
+    try {
+      return NativeApi.modelMemoryLimit(h);
+    } finally {
+      release();
+    }
+  }
+
   public String paramName(int i) {
     long h = acquire();
     try {
@@ -126,6 +149,7 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /** The handle for a trainer's use (counted: pair with {@link #releaseForTrainer()}). */
   long handleForTrainer() {
     return acquire();
   }

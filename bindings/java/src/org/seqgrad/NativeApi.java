@@ -75,12 +75,23 @@ final class NativeApi {
   static native long[] paramShape(long h, long i);
   static native String paramDType(long h, long i);
   static native ByteBuffer paramBuffer(long h, long i, boolean grad);
+  static native void modelSetMemoryLimit(long h, long bytes);
+  static native long modelMemoryLimit(long h);
 
   static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
       long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
-      long spacoBudget, double spacoCap, long seed);
+      long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
+      double grpoKlBeta);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);
+  static native void trainerSetReference(long h, long model);
+  /** mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate. */
   static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths);
+  /** Label arrays may hold nulls (next-token labels); ref arrays hold NaN for the reference model's values. */
+  static native double[] trainerDpo(long h, boolean step, int[][] chosenIds, int[][] chosenLabels,
+      int[][] rejectedIds, int[][] rejectedLabels, double[] refChosenLogp, double[] refRejectedLogp);
+  /** One entry per completion (labels and log-prob arrays may hold nulls); groupOffsets: groups + 1 offsets. */
+  static native double[] trainerGrpo(long h, boolean step, int[][] ids, int[][] labels, double[] advantages,
+      double[][] oldLogprobs, double[][] refLogprobs, long[] groupOffsets);
 }

@@ -1,11 +1,17 @@
 package org.seqgrad;
 
-/** A failed seqgrad status: {@link #getCode()} is the C API's sg_code (absl codes; 100 = BUSY). */
+/**
+ * A failed seqgrad status: {@link #getCode()} is the C API's sg_code (absl codes; 100 = BUSY). Some codes have a
+ * subclass: {@link InvalidArgumentException}, {@link ResourceExhaustedException},
+ * {@link FailedPreconditionException}.
+ */
 public class SeqgradException extends RuntimeException {
   public static final int CANCELLED = 1;
   public static final int UNKNOWN = 2;
   public static final int INVALID_ARGUMENT = 3;
   public static final int NOT_FOUND = 5;
+  public static final int RESOURCE_EXHAUSTED = 8;
+  public static final int FAILED_PRECONDITION = 9;
   public static final int OUT_OF_RANGE = 11;
   public static final int INTERNAL = 13;
   public static final int BUSY = 100;
@@ -26,6 +32,8 @@ public class SeqgradException extends RuntimeException {
       case CANCELLED: return "CANCELLED";
       case INVALID_ARGUMENT: return "INVALID_ARGUMENT";
       case NOT_FOUND: return "NOT_FOUND";
+      case RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+      case FAILED_PRECONDITION: return "FAILED_PRECONDITION";
       case OUT_OF_RANGE: return "OUT_OF_RANGE";
       case INTERNAL: return "INTERNAL";
       case BUSY: return "BUSY";

@@ -3,8 +3,12 @@ package org.seqgrad;
 import java.util.List;
 
 /**
- * Gradients with a strategy ("full", "ckpt", "seco", "spaco") and AdamW steps. One step at a time: a step while another
- * thread's step runs throws SeqgradException with code BUSY. {@link #cancel()} may be called from any thread.
+ * Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp") for an objective ("sft", "dpo", "grpo") and
+ * AdamW steps. sft trains with {@link #step}/{@link #computeGradients}, dpo with {@link #stepDpo}/{@link
+ * #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link #computeGradientsGrpo}; the other calls throw {@link
+ * FailedPreconditionException}. One step at a time: a step while another thread's step runs throws SeqgradException
+ * with code BUSY. {@link #cancel()} may be called from any thread. A step past the model's memory limit throws {@link
+ * ResourceExhaustedException}.
  */
 public final class Trainer extends NativeHandle {
   /** Progress events, called on the stepping thread (phase 0 = gradients computed, 1 = optimizer step done). */
@@ -30,6 +34,16 @@ public final class Trainer extends NativeHandle {
     public double spacoCap = 2.0;
     /** spaco sampling seed (all 64 bits are used, as unsigned). */
     public long seed = 0;
+    /** "sft", "dpo" or "grpo", fixed for the trainer's lifetime. */
+    public String objective = "sft";
+    /** dpo: beta of -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))); > 0. */
+    public double dpoBeta = 0.1;
+    /** grpo: the ratio is clipped to [1 - eps, 1 + eps]; in (0, 1). */
+    public double grpoClipEps = 0.2;
+    /** grpo: weight of the KL penalty to the reference; 0 = none (and no reference needed). */
+    public double grpoKlBeta = 0.04;
+    /** dpo/grpo: the frozen reference model (another model with the same vocabulary), or null. */
+    public Model reference = null;
 
     public Options strategy(String s) { strategy = s; return this; }
     public Options chunk(long c) { chunk = c; return this; }
@@ -38,6 +52,11 @@ public final class Trainer extends NativeHandle {
     public Options spacoBudget(long b) { spacoBudget = b; return this; }
     public Options spacoCap(double c) { spacoCap = c; return this; }
     public Options seed(long s) { seed = s; return this; }
+    public Options objective(String o) { objective = o; return this; }
+    public Options dpoBeta(double b) { dpoBeta = b; return this; }
+    public Options grpoClipEps(double e) { grpoClipEps = e; return this; }
+    public Options grpoKlBeta(double b) { grpoKlBeta = b; return this; }
+    public Options reference(Model m) { reference = m; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -51,10 +70,42 @@ public final class Trainer extends NativeHandle {
     try {
       Holder holder = new Holder();
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
-          o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed);
-      return holder.bind(new Trainer(h));
+          o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
+          o.grpoClipEps, o.grpoKlBeta);
+      Trainer t = holder.bind(new Trainer(h));
+      if (o.reference != null) {
+        try {
+          t.setReference(o.reference);
+        } catch (RuntimeException e) {
+          t.close();
+          throw e;
+        }
+      }
+      return t;
     } finally {
       model.releaseForTrainer();
+    }
+  }
+
+  /**
+   * Sets the frozen reference model of dpo/grpo (another model with the same vocabulary), used where the batch gives no
+   * reference log-probs; null clears it. The trainer keeps the native reference alive.
+   */
+  public void setReference(Model reference) {
+    long h = acquire();
+    try {
+      if (reference == null) {
+        NativeApi.trainerSetReference(h, 0);
+        return;
+      }
+      long rh = reference.handleForTrainer();
+      try {
+        NativeApi.trainerSetReference(h, rh);
+      } finally {
+        reference.releaseForTrainer();
+      }
+    } finally {
+      release();
     }
   }
 
@@ -79,6 +130,117 @@ public final class Trainer extends NativeHandle {
 
   public Metrics optimizerStep() {
     return run(2, null, null, null);
+  }
+
+  /**
+   * The batch's mean token loss without gradients (chunked forward); the batch as in {@link #step(int[], int[],
+   * long[])}. Gradients and the optimizer are left alone; any objective.
+   */
+  public Metrics evaluate(int[] ids, int[] labels, long[] lengths) {
+    return run(3, ids, labels, lengths);
+  }
+
+  /** A DPO step (objective "dpo") on preference pairs, then AdamW; loss = mean over pairs of -log sigmoid(z). */
+  public Metrics stepDpo(List<DpoPair> pairs) {
+    return dpo(true, pairs);
+  }
+
+  /** {@link #stepDpo} without the optimizer step. */
+  public Metrics computeGradientsDpo(List<DpoPair> pairs) {
+    return dpo(false, pairs);
+  }
+
+  /** A GRPO step (objective "grpo") on groups (the G >= 1 completions of one prompt each), then AdamW. */
+  public Metrics stepGrpo(List<List<GrpoCompletion>> groups) {
+    return grpo(true, groups);
+  }
+
+  /** {@link #stepGrpo} without the optimizer step. */
+  public Metrics computeGradientsGrpo(List<List<GrpoCompletion>> groups) {
+    return grpo(false, groups);
+  }
+
+  private static void checkSequence(int[] ids, int[] labels, String what, String idsName, String labelsName) {
+    if (ids == null) throw new InvalidArgumentException(what + "." + idsName + " is null");
+    if (labels != null && labels.length != ids.length) {
+      throw new InvalidArgumentException(what + "." + labelsName + " has " + labels.length + " entries but "
+          + idsName + " has " + ids.length);
+    }
+  }
+
+  private static void checkLogprobs(double[] lp, int length, String what) {
+    if (lp != null && lp.length != length) {
+      throw new InvalidArgumentException(what + " has " + lp.length + " entries but the sequence has " + length
+          + " tokens (one per position, aligned with labels)");
+    }
+  }
+
+  private Metrics dpo(boolean step, List<DpoPair> pairs) {
+    if (pairs == null || pairs.isEmpty()) throw new InvalidArgumentException("pairs is empty; need at least 1 pair");
+    int n = pairs.size();
+    int[][] ci = new int[n][], cl = new int[n][], ri = new int[n][], rl = new int[n][];
+    double[] rc = new double[n], rr = new double[n];
+    for (int i = 0; i < n; ++i) {
+      DpoPair p = pairs.get(i);
+      String what = "pairs[" + i + "]";
+      if (p == null) throw new InvalidArgumentException(what + " is null");
+      checkSequence(p.chosenIds, p.chosenLabels, what, "chosenIds", "chosenLabels");
+      checkSequence(p.rejectedIds, p.rejectedLabels, what, "rejectedIds", "rejectedLabels");
+      ci[i] = p.chosenIds;
+      cl[i] = p.chosenLabels;
+      ri[i] = p.rejectedIds;
+      rl[i] = p.rejectedLabels;
+      rc[i] = p.refChosenLogp;
+      rr[i] = p.refRejectedLogp;
+    }
+    long h = acquire();
+    try {
+      return new Metrics(NativeApi.trainerDpo(h, step, ci, cl, ri, rl, rc, rr));
+    } finally {
+      release();
+    }
+  }
+
+  private Metrics grpo(boolean step, List<List<GrpoCompletion>> groups) {
+    if (groups == null || groups.isEmpty()) {
+      throw new InvalidArgumentException("groups is empty; need at least 1 group");
+    }
+    long[] offsets = new long[groups.size() + 1];
+    for (int g = 0; g < groups.size(); ++g) {
+      List<GrpoCompletion> group = groups.get(g);
+      if (group == null || group.isEmpty()) {
+        throw new InvalidArgumentException("groups[" + g + "] is empty (G = 0); every group needs at least 1 "
+            + "completion");
+      }
+      offsets[g + 1] = offsets[g] + group.size();
+    }
+    int n = (int) offsets[groups.size()];
+    int[][] ids = new int[n][], labels = new int[n][];
+    double[] advantages = new double[n];
+    double[][] old = new double[n][], ref = new double[n][];
+    int c = 0;
+    for (int g = 0; g < groups.size(); ++g) {
+      List<GrpoCompletion> group = groups.get(g);
+      for (int i = 0; i < group.size(); ++i, ++c) {
+        GrpoCompletion x = group.get(i);
+        String what = "groups[" + g + "][" + i + "]";
+        if (x == null) throw new InvalidArgumentException(what + " is null");
+        checkSequence(x.ids, x.labels, what, "ids", "labels");
+        checkLogprobs(x.oldLogprobs, x.ids.length, what + ".oldLogprobs");
+        checkLogprobs(x.refLogprobs, x.ids.length, what + ".refLogprobs");
+        ids[c] = x.ids;
+        labels[c] = x.labels;
+        advantages[c] = x.advantage;
+        old[c] = x.oldLogprobs;
+        ref[c] = x.refLogprobs;
+      }
+    }
+    long h = acquire();
+    try {
+      return new Metrics(NativeApi.trainerGrpo(h, step, ids, labels, advantages, old, ref, offsets));
+    } finally {
+      release();
+    }
   }
 
   /** A batch of sequences with next-token labels. */

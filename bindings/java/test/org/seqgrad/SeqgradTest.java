@@ -31,7 +31,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.2.0", Model.version());
+    assertEquals("0.3.0", Model.version());
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -294,6 +294,220 @@ class SeqgradTest {
       t.setProgressListener(null);
       t.step(List.of(A));
       assertNull(null);
+    }
+  }
+
+  // ---- 0.3: streambp, evaluate, dpo, grpo, memory limit ----
+
+  static void assertGradsClose(float[] got, float[] want, double rel, String what) {
+    assertEquals(want.length, got.length);
+    for (int i = 0; i < want.length; ++i) {
+      assertEquals(want[i], got[i], rel * (Math.abs(want[i]) + 1e-3), what + ": gradient " + i);
+    }
+  }
+
+  @Test
+  void streambpMatchesFullAndTrains() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1)) {
+      Metrics ref, got;
+      float[] full;
+      try (Trainer t = Trainer.create(m, new Trainer.Options())) {
+        ref = t.computeGradients(A, null, new long[] {A.length});
+        full = grads(m);
+      }
+      try (Trainer t = Trainer.create(m, new Trainer.Options().strategy("streambp").chunk(8).pageSize(8).lr(3e-3))) {
+        got = t.computeGradients(A, null, new long[] {A.length});
+        assertGradsClose(grads(m), full, 1e-5, "streambp vs full");
+        assertEquals(ref.loss, got.loss, 1e-5 * ref.loss);
+        double first = t.step(List.of(A, B)).loss, last = first;
+        for (int i = 0; i < 3; ++i) last = t.step(List.of(A, B)).loss;
+        assertTrue(last < first, first + " -> " + last);
+      }
+    }
+  }
+
+  @Test
+  void evaluateEqualsComputeGradientsLoss() {
+    int[] labels = new int[A.length];
+    for (int i = 0; i < A.length; ++i) labels[i] = i % 2 == 0 && i + 1 < A.length ? A[i + 1] : -100;
+    try (Model m = Model.fromPreset("tiny", "f32", 1);
+         Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+      Metrics g = t.computeGradients(A, labels, new long[] {A.length});
+      float[] before = grads(m);
+      Metrics e = t.evaluate(A, labels, new long[] {A.length});
+      assertEquals(g.loss, e.loss, 1e-6 * g.loss);
+      assertEquals(g.tokens, e.tokens);
+      assertEquals(3, e.chunks);
+      assertEquals(0, e.chunksBackpropagated);
+      assertEquals(0, e.step);
+      assertArrayEquals(before, grads(m));  // gradients untouched
+    }
+  }
+
+  /** Prompt + response of n tokens: {ids, labels}, labels only on the response. */
+  static int[][] promptResponse(int n, int prompt, int salt) {
+    int[] ids = new int[n], labels = new int[n];
+    for (int t = 0; t < n; ++t) ids[t] = (t * (5 + salt) + 3 * salt + 1) % 90;
+    for (int t = 0; t < n; ++t) labels[t] = t >= prompt - 1 && t + 1 < n ? ids[t + 1] : -100;
+    return new int[][] {ids, labels};
+  }
+
+  static final int[][][] CHOSEN = {promptResponse(20, 5, 1), promptResponse(14, 5, 3)};
+  static final int[][][] REJECTED = {promptResponse(12, 5, 2), promptResponse(17, 5, 4)};
+
+  static double sequenceLogp(Trainer t, int[][] seq) {
+    Metrics r = t.evaluate(seq[0], seq[1], new long[] {seq[0].length});
+    return -r.loss * r.tokens;
+  }
+
+  static List<DpoPair> pairs(double[] refChosen, double[] refRejected) {
+    List<DpoPair> out = new ArrayList<>();
+    for (int i = 0; i < CHOSEN.length; ++i) {
+      out.add(new DpoPair(CHOSEN[i][0], CHOSEN[i][1], REJECTED[i][0], REJECTED[i][1],
+          refChosen == null ? Double.NaN : refChosen[i], refRejected == null ? Double.NaN : refRejected[i]));
+    }
+    return out;
+  }
+
+  @Test
+  void dpoGivenRefLogprobsEqualReferenceModel() {
+    try (Model policy = Model.fromPreset("tiny", "f32", 1); Model reference = Model.fromPreset("tiny", "f32", 1)) {
+      try (Trainer sft = Trainer.create(policy, new Trainer.Options().lr(3e-3))) {
+        for (int i = 0; i < 3; ++i) sft.step(List.of(A, B));  // move the policy away from the reference
+      }
+      double[] refC = new double[2], refR = new double[2];
+      try (Trainer ev = Trainer.create(reference, new Trainer.Options())) {
+        for (int i = 0; i < 2; ++i) {
+          refC[i] = sequenceLogp(ev, CHOSEN[i]);
+          refR[i] = sequenceLogp(ev, REJECTED[i]);
+        }
+      }
+      try (Trainer t = Trainer.create(policy, new Trainer.Options().objective("dpo").dpoBeta(0.1))) {
+        Metrics given = t.computeGradientsDpo(pairs(refC, refR));
+        float[] gGiven = grads(policy);
+        InvalidArgumentException e =
+            assertThrows(InvalidArgumentException.class, () -> t.computeGradientsDpo(pairs(null, null)));
+        assertTrue(e.getMessage().contains("no reference model"), e.getMessage());
+        t.setReference(reference);
+        Metrics viaModel = t.computeGradientsDpo(pairs(null, null));
+        assertGradsClose(grads(policy), gGiven, 1e-5, "dpo: reference model vs given log-probs");
+        assertTrue(Double.isFinite(given.loss) && Math.abs(given.loss - Math.log(2)) > 1e-4, given.toString());
+        assertEquals(given.loss, viaModel.loss, 1e-5 * given.loss);
+        assertEquals(given.tokens, viaModel.tokens);
+        Metrics s = t.stepDpo(pairs(null, null));
+        assertTrue(Double.isFinite(s.loss) && s.gradNorm > 0);
+        assertEquals(1, s.step);
+      }
+      try (Trainer t = Trainer.create(policy, new Trainer.Options().objective("dpo").reference(reference))) {
+        assertTrue(Double.isFinite(t.stepDpo(pairs(refC, null)).loss));
+      }
+    }
+  }
+
+  static List<List<GrpoCompletion>> groups(boolean logprobs) {
+    double[][] advantages = {{1.0, -0.5, 0.5}, {2.0, 0.0}};
+    List<List<GrpoCompletion>> out = new ArrayList<>();
+    for (int g = 0; g < advantages.length; ++g) {
+      List<GrpoCompletion> group = new ArrayList<>();
+      for (int i = 0; i < advantages[g].length; ++i) {
+        int[][] s = promptResponse(18 - 3 * i + g, 4, 3 * g + i);
+        double[] old = null, ref = null;
+        if (logprobs) {
+          old = new double[s[0].length];
+          ref = new double[s[0].length];
+          for (int t = 0; t < old.length; ++t) {
+            old[t] = s[1][t] >= 0 ? -4.5 + 0.01 * t : Double.NaN;
+            ref[t] = s[1][t] >= 0 ? -4.6 : Double.NaN;
+          }
+        }
+        group.add(new GrpoCompletion(s[0], s[1], advantages[g][i], old, ref));
+      }
+      out.add(group);
+    }
+    return out;
+  }
+
+  @Test
+  void grpoSteps() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1); Model reference = Model.fromPreset("tiny", "f32", 1)) {
+      // Ratio 1 (no old log-probs), no KL: the loss is -(mean over groups of the mean advantage).
+      try (Trainer t = Trainer.create(m, new Trainer.Options().objective("grpo").grpoKlBeta(0))) {
+        assertEquals(-(1.0 / 3 + 1.0) / 2, t.computeGradientsGrpo(groups(false)).loss, 1e-6);
+        assertEquals(1, t.stepGrpo(groups(false)).step);
+      }
+      try (Trainer t = Trainer.create(m, new Trainer.Options().objective("grpo").grpoClipEps(0.2).grpoKlBeta(0.04))) {
+        Metrics r = t.stepGrpo(groups(true));
+        assertTrue(Double.isFinite(r.loss) && r.gradNorm > 0);
+        assertEquals(1, r.step);
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> t.stepGrpo(groups(false)));
+        assertTrue(e.getMessage().contains("no reference model"), e.getMessage());
+        t.setReference(reference);
+        assertTrue(Double.isFinite(t.computeGradientsGrpo(groups(false)).loss));
+      }
+    }
+  }
+
+  @Test
+  void objectiveErrorsAreTyped() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1); Trainer t =
+             Trainer.create(m, new Trainer.Options().objective("grpo"))) {
+      List<List<GrpoCompletion>> empty = new ArrayList<>(groups(true));
+      empty.set(1, new ArrayList<>());
+      InvalidArgumentException e = assertThrows(InvalidArgumentException.class, () -> t.stepGrpo(empty));
+      assertEquals(SeqgradException.INVALID_ARGUMENT, e.getCode());
+      assertTrue(e.getMessage().contains("groups[1] is empty (G = 0)"), e.getMessage());
+      List<List<GrpoCompletion>> bad = groups(true);
+      GrpoCompletion c = bad.get(0).get(1);
+      bad.get(0).set(1, new GrpoCompletion(c.ids, c.labels, c.advantage, Arrays.copyOf(c.oldLogprobs, 3), null));
+      e = assertThrows(InvalidArgumentException.class, () -> t.stepGrpo(bad));
+      assertTrue(e.getMessage().contains("groups[0][1].oldLogprobs has 3 entries"), e.getMessage());
+      List<List<GrpoCompletion>> nan = groups(true);
+      nan.get(1).get(0).oldLogprobs[5] = Double.NaN;  // a labelled position: checked by the C API
+      e = assertThrows(InvalidArgumentException.class, () -> t.stepGrpo(nan));
+      assertTrue(e.getMessage().contains("old_logprobs[3][5] is nan (group 1)"), e.getMessage());
+      FailedPreconditionException f = assertThrows(FailedPreconditionException.class, () -> t.step(List.of(A)));
+      assertEquals(SeqgradException.FAILED_PRECONDITION, f.getCode());
+      assertTrue(f.getMessage().contains("objective is 'grpo'"), f.getMessage());
+      assertThrows(FailedPreconditionException.class, () -> t.stepDpo(pairs(null, null)));
+      e = assertThrows(InvalidArgumentException.class, () -> t.setReference(m));
+      assertTrue(e.getMessage().contains("own model"), e.getMessage());
+      assertEquals(0, t.stepCount());
+    }
+    try (Model m = Model.fromPreset("tiny")) {
+      InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(m, new Trainer.Options().objective("ppo")));
+      assertTrue(e.getMessage().contains("options->objective is 'ppo'"), e.getMessage());
+      e = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(m, new Trainer.Options().objective("dpo").dpoBeta(-1)));
+      assertTrue(e.getMessage().contains("dpo_beta"), e.getMessage());
+      try (Trainer t = Trainer.create(m, new Trainer.Options().objective("dpo"))) {
+        e = assertThrows(InvalidArgumentException.class, () -> t.stepDpo(List.of(
+            new DpoPair(CHOSEN[0][0], new int[] {1}, REJECTED[0][0], REJECTED[0][1], -1, -1))));
+        assertTrue(e.getMessage().contains("pairs[0].chosenLabels has 1 entries but chosenIds has 20"),
+            e.getMessage());
+      }
+    }
+  }
+
+  @Test
+  void memoryLimitIsTyped() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1);
+         Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+      assertEquals(0, m.memoryLimit());
+      m.setMemoryLimit(1024);
+      assertEquals(1024, m.memoryLimit());
+      ResourceExhaustedException e = assertThrows(ResourceExhaustedException.class, () -> t.step(List.of(A, B)));
+      assertEquals(SeqgradException.RESOURCE_EXHAUSTED, e.getCode());
+      assertEquals("RESOURCE_EXHAUSTED", e.getCodeName());
+      assertTrue(e.getMessage().contains("memory limit of 1024 bytes exceeded"), e.getMessage());
+      assertThrows(ResourceExhaustedException.class, () -> t.evaluate(A, null, new long[] {A.length}));
+      assertEquals(0, t.stepCount());
+      m.setMemoryLimit(0);
+      Metrics r = t.step(List.of(A, B));
+      assertEquals(1, r.step);
+      assertTrue(Double.isFinite(r.loss));
+      InvalidArgumentException bad = assertThrows(InvalidArgumentException.class, () -> m.setMemoryLimit(-1));
+      assertTrue(bad.getMessage().contains("'bytes' is -1"), bad.getMessage());
     }
   }
 }
