@@ -201,7 +201,14 @@ TEST(MemoryLimitTest, StepFailsCleanlyAndRecovers) {
   EXPECT_NE(m.status().message().find("memory limit"), std::string::npos) << m.status();
   EXPECT_EQ(model->memory().Snapshot().total_current, resting);
   model->memory().set_limit(0);
-  EXPECT_TRUE(trainer.ComputeGradients(batch).ok());
+  absl::StatusOr<StepMetrics> ok = trainer.ComputeGradients(batch);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  // The optimizer's moments do not fit: the step fails cleanly, and succeeds once the limit is lifted.
+  model->memory().set_limit(model->memory().Snapshot().total_current + 1000);
+  absl::Status step = trainer.OptimizerStep(&*ok);
+  EXPECT_EQ(step.code(), absl::StatusCode::kResourceExhausted) << step;
+  model->memory().set_limit(0);
+  EXPECT_TRUE(trainer.OptimizerStep(&*ok).ok());
 }
 
 // Evaluation without gradients gives full backprop's loss.

@@ -28,16 +28,17 @@ Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimi
   if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
 }
 
-absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batch) const {
+absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients) const {
   if (absl::Status s = ValidateStrategyOptions(strategy_options_); !s.ok()) return s;
   if (batch.empty()) return absl::InvalidArgumentError("batch is empty");
   int64_t valid = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const std::string what = absl::StrCat("batch sequence ", i);
     if (absl::Status s = ValidateSequence(batch[i], model_.vocab_size(), what); !s.ok()) return s;
-    if (absl::Status s = ValidateSpacoBudget(strategy_options_, static_cast<int64_t>(batch[i].ids.size()), what);
-        !s.ok())
-      return s;
+    if (for_gradients)
+      if (absl::Status s = ValidateSpacoBudget(strategy_options_, static_cast<int64_t>(batch[i].ids.size()), what);
+          !s.ok())
+        return s;
     for (int32_t l : batch[i].labels) valid += l >= 0;
   }
   if (valid == 0) return absl::InvalidArgumentError("batch has no valid labels (all are -100): the loss is undefined");
@@ -45,7 +46,7 @@ absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batc
 }
 
 absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& batch) {
-  absl::StatusOr<int64_t> valid = ValidateBatch(batch);
+  absl::StatusOr<int64_t> valid = ValidateBatch(batch, /*for_gradients=*/false);
   if (!valid.ok()) return valid.status();
   StepMetrics m;
   try {
@@ -171,6 +172,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
   absl::StatusOr<StepMetrics> m = Backprop(all, 1.0);
   if (!m.ok()) return m;
   m->loss = metrics.loss;
+  if (!std::isfinite(m->loss)) return absl::InternalError(absl::StrCat("dpo loss is ", m->loss, " at step ", step_ + 1));
   return m;
 }
 
@@ -206,7 +208,10 @@ absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>&
       all.push_back({c.seq.ids, c.seq.labels, GrpoObjective(c, std::move(ref), objective_, scale)});
     }
   }
-  return Backprop(all, 1.0);
+  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0);
+  if (m.ok() && !std::isfinite(m->loss))
+    return absl::InternalError(absl::StrCat("grpo loss is ", m->loss, " at step ", step_ + 1));
+  return m;
 }
 
 namespace {
@@ -257,16 +262,23 @@ absl::Status Trainer::OptimizerStep(StepMetrics* metrics) {
       else Scale<float>(p.grad, opt_.clip_grad_norm / norm);
     }
   }
-  if (m_.empty()) {
-    for (Param& p : params) {
-      if (!p.grad.defined()) {
-        m_.emplace_back();
-        v_.emplace_back();
-        continue;
+  if (m_.empty()) {  // all moments or none: a failed allocation (memory limit) leaves the trainer as it was
+    std::vector<Tensor> m, v;
+    try {
+      for (Param& p : params) {
+        if (!p.grad.defined()) {
+          m.emplace_back();
+          v.emplace_back();
+          continue;
+        }
+        m.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+        v.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
       }
-      m_.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
-      v_.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+    } catch (const MemoryLimitExceeded& e) {
+      return absl::ResourceExhaustedError(absl::StrCat("optimizer state: ", e.what()));
     }
+    m_ = std::move(m);
+    v_ = std::move(v);
   }
   ++step_;
   if (f64) Adam<double>(opt_, params, m_, v_, step_);

@@ -58,7 +58,7 @@ class Trainer {
  private:
   Model& model_;
   // Checks options and batch; returns the number of valid labels.
-  absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch) const;
+  absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients = true) const;
   // Runs the strategy over sequences (each with its objective) after zeroing gradients.
   absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale);
   absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs);
