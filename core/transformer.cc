@@ -49,12 +49,21 @@ class TransformerState final : public SequenceState {
   void Release(int layer, int64_t from) override {
     kv.Release(layer, from);
     grad.Release(layer, from);
+    if (layer < static_cast<int>(kv_end.size())) kv_end[layer] = std::min(kv_end[layer], from);
+  }
+  // K/V of positions [0, kv_end[layer]) are in the cache: a chunk inside it is recomputed (seco's stage 2,
+  // streambp's partitions) without projecting its K/V again; the values would be bit-identical.
+  bool HoldsKV(int layer, Chunk c) const { return layer < static_cast<int>(kv_end.size()) && c.end <= kv_end[layer]; }
+  void MarkKV(int layer, Chunk c) {
+    if (layer >= static_cast<int>(kv_end.size())) kv_end.resize(layer + 1, 0);
+    if (c.begin <= kv_end[layer]) kv_end[layer] = std::max(kv_end[layer], c.end);
   }
   void ScaleGrad(int layer, Chunk c, double factor) override { grad.Scale(layer, c.begin, c.end, factor); }
   void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
   PagePool kv;
   PagePool grad;
   int64_t seq_len;
+  std::vector<int64_t> kv_end;
 };
 
 // Indices into params() for one decoder layer; -1 where a bias is absent.
@@ -142,7 +151,7 @@ class Transformer final : public TransformerModel {
     Tensor q = New(act, {n, qd});
     Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd);
     ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
-    AppendKV(l, c, xn1.data<T>(), state);
+    if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
     Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
     {
       const AttentionShape shape = Shape(c);
@@ -295,6 +304,7 @@ class Transformer final : public TransformerModel {
     ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
     state.kv.Ensure(l, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+    state.MarkKV(l, c);
   }
 
   T* GradOrScratch(int idx) {

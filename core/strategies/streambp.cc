@@ -5,51 +5,68 @@
 // reverse recompute the partition (its queries attend to keys [0, end) only: the causal saving) and backprop it,
 // accumulating dW, the partition's d(input) and dK/dV of all earlier keys; a partition's own dK/dV is complete
 // once every later partition is done, which the reverse order guarantees.
+// The LM head works per token, so the top layer and the head go together: the forward stops at the top layer's
+// input, and the backward of the top layer computes each partition's output, its head loss and gradient, and
+// backprops it at once — the top layer runs forward once, not twice.
 #include <cstring>
 
 #include "core/strategies/chunk_steps.h"
 
 namespace sg {
+namespace {
+
+Tensor NewRows(Model& m, int64_t rows) {
+  return Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {rows, m.hidden_size()});
+}
+
+void CopyRows(Tensor& dst, Chunk c, const Tensor& src) { std::memcpy(dst.Rows(c.begin, c.end).raw(), src.raw(), src.nbytes()); }
+
+}  // namespace
 
 GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
-  const Chunk all{0, T};
   const std::vector<Chunk> parts = SplitIntoChunks(T, o.chunk);
   auto state = m.NewState({T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1});
   m.set_lm_chunk(o.lm_chunk);
 
-  std::vector<Tensor> inputs(L + 1);
-  inputs[0] = m.Embed(s.ids.data(), all);
-  for (int l = 0; l < L; ++l) {
+  std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence
+  inputs[0] = m.Embed(s.ids.data(), {0, T});
+  for (int l = 0; l + 1 < L; ++l) {
     ThrowIfCancelled(o);
-    inputs[l + 1] = Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {T, m.hidden_size()});
-    for (const Chunk& c : parts) {
-      const Tensor y = m.LayerForward(l, c, inputs[l].Rows(c.begin, c.end), *state, /*saved=*/nullptr);
-      std::memcpy(inputs[l + 1].Rows(c.begin, c.end).raw(), y.raw(), y.nbytes());
-    }
+    inputs[l + 1] = NewRows(m, T);
+    for (const Chunk& c : parts)
+      CopyRows(inputs[l + 1], c, m.LayerForward(l, c, inputs[l].Rows(c.begin, c.end), *state, /*saved=*/nullptr));
     state->Release(l, 0);
   }
-  HeadResult head = m.HeadLoss(all, inputs[L], s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
-  inputs[L].Reset();
 
-  Tensor dy = std::move(head.dh);
+  GradResult result;
+  Tensor dy;  // gradient of the current layer's output, whole sequence
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
     for (const Chunk& c : parts) m.LayerAppendState(l, c, inputs[l].Rows(c.begin, c.end), *state);
-    Tensor dx = Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {T, m.hidden_size()});
+    Tensor dx = NewRows(m, T);
     for (auto c = parts.rbegin(); c != parts.rend(); ++c) {
       LayerSaved saved;
-      m.LayerForward(l, *c, inputs[l].Rows(c->begin, c->end), *state, &saved);
-      const Tensor dxc = m.LayerBackward(l, *c, dy.Rows(c->begin, c->end), saved, *state);
-      std::memcpy(dx.Rows(c->begin, c->end).raw(), dxc.raw(), dxc.nbytes());
+      Tensor y = m.LayerForward(l, *c, inputs[l].Rows(c->begin, c->end), *state, &saved);
+      Tensor dyc;
+      if (l == L - 1) {
+        HeadResult head = m.HeadLoss(*c, y, s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
+        result.loss_sum += head.loss_sum;
+        result.tokens += head.tokens;
+        dyc = std::move(head.dh);
+      } else {
+        dyc = dy.Rows(c->begin, c->end);
+      }
+      y.Reset();
+      CopyRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
       state->Release(l, c->begin);
     }
     inputs[l].Reset();
     dy = std::move(dx);
   }
-  m.EmbedBackward(s.ids.data(), all, dy);
-  return {head.loss_sum, head.tokens};
+  m.EmbedBackward(s.ids.data(), {0, T}, dy);
+  return result;
 }
 
 }  // namespace sg
