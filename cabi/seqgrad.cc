@@ -93,60 +93,10 @@ struct sg_model {
   std::shared_ptr<ModelCore> core;
 };
 
-namespace {
-
-// The reference model as sg::Trainer sees it. The core takes its reference only at construction, while
-// sg_trainer_set_reference may set, change or clear it at any time: the trainer is built over this fixed model,
-// which forwards every call to the current reference. Without one, the C API's own checks keep the core from
-// using it (a call would throw, which the core reports as an error).
-class ReferenceModel final : public sg::Model {
- public:
-  void set(sg::Model* m) { m_ = m; }
-  std::string family() const override { return get().family(); }
-  sg::DType dtype() const override { return get().dtype(); }
-  int num_layers() const override { return get().num_layers(); }
-  int64_t vocab_size() const override { return get().vocab_size(); }
-  int64_t hidden_size() const override { return get().hidden_size(); }
-  std::vector<sg::Param>& params() override { return get().params(); }
-  sg::MemoryTracker& memory() override { return get().memory(); }
-  std::unique_ptr<sg::SequenceState> NewState(const sg::StateOptions& opts) override { return get().NewState(opts); }
-  sg::Tensor Embed(const int32_t* ids, sg::Chunk c) override { return get().Embed(ids, c); }
-  void EmbedBackward(const int32_t* ids, sg::Chunk c, const sg::Tensor& dx) override {
-    get().EmbedBackward(ids, c, dx);
-  }
-  sg::Tensor LayerForward(int layer, sg::Chunk c, const sg::Tensor& x, sg::SequenceState& state,
-                          sg::LayerSaved* saved) override {
-    return get().LayerForward(layer, c, x, state, saved);
-  }
-  void LayerAppendState(int layer, sg::Chunk c, const sg::Tensor& x, sg::SequenceState& state) override {
-    get().LayerAppendState(layer, c, x, state);
-  }
-  sg::Tensor LayerBackward(int layer, sg::Chunk c, const sg::Tensor& dy, sg::LayerSaved& saved,
-                           sg::SequenceState& state) override {
-    return get().LayerBackward(layer, c, dy, saved, state);
-  }
-  sg::HeadResult HeadLoss(sg::Chunk c, const sg::Tensor& h, const int32_t* labels, const sg::TokenObjective* objective,
-                          double grad_scale, bool need_grad) override {
-    return get().HeadLoss(c, h, labels, objective, grad_scale, need_grad);
-  }
-  void set_lm_chunk(int64_t rows) override { get().set_lm_chunk(rows); }
-  int64_t StateBytesPerToken() const override { return get().StateBytesPerToken(); }
-
- private:
-  sg::Model& get() const {
-    if (!m_) throw std::logic_error("the trainer has no reference model (sg_trainer_set_reference)");
-    return *m_;
-  }
-  sg::Model* m_ = nullptr;
-};
-
-}  // namespace
-
 struct sg_trainer {
   std::shared_ptr<ModelCore> core;
   sg::ObjectiveOptions objective;
-  std::shared_ptr<ModelCore> reference;  // NULL: none
-  ReferenceModel reference_view;         // forwards to reference; outlives `trainer`, which points to it
+  std::shared_ptr<ModelCore> reference;  // NULL: none; kept alive here while `trainer` points to it
   std::unique_ptr<sg::Trainer> trainer;
   std::atomic<bool> cancel{false};
   sg_progress_fn progress = nullptr;
@@ -799,7 +749,7 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     auto t = std::make_unique<sg_trainer>();
     t->core = model->core;
     t->objective = obj;
-    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj, &t->reference_view);
+    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj);
     t->trainer->set_cancel_flag(&t->cancel);
     *out = t.release();
     return nullptr;
@@ -877,7 +827,7 @@ sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference) {
                                     " tokens; the trainer's model has ", want));
     }
     trainer->reference = reference ? reference->core : nullptr;
-    trainer->reference_view.set(reference ? reference->core->model.get() : nullptr);
+    trainer->trainer->set_reference(reference ? reference->core->model.get() : nullptr);
     return nullptr;
   });
 }

@@ -50,6 +50,8 @@ class Trainer {
   absl::StatusOr<std::vector<double>> TokenLogprobs(Model& model, const Sequence& s);
 
   Model& model() { return model_; }
+  // Sets, changes or clears (nullptr) the frozen reference model of dpo/grpo; it must outlive its use.
+  void set_reference(Model* reference) { reference_ = reference; }
   int64_t step() const { return step_; }
   const StrategyOptions& strategy() const { return strategy_options_; }
   // Another thread may set *flag to stop the running step (it returns absl::CancelledError).
