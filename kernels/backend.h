@@ -89,6 +89,32 @@ struct OpTable {
   // Per-row log-probabilities of labels only (no gradient); rows with label < 0 get 0.
   void (*token_logprobs)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 
+  // State-space ops (Mamba-1), kernels/cpu/ssm.cc. Channels are the last (contiguous) dimension.
+  // Causal depthwise conv1d over a chunk: with xx = tail_in[k-1][ch] ++ x[n][ch] (tail_in: the inputs of the k-1
+  // positions before the chunk; null = zeros), y[t][c] = b[c] + sum_j w[c][j] xx[t+j][c] (b may be null);
+  // tail_out (may be null) = the last k-1 rows of xx, the tail of the next chunk.
+  void (*conv1d_forward)(const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k,
+                         T* y, T* tail_out);
+  // Backward, given dy and dtail_out (the gradient of tail_out; null = zero): dx and dtail_in (may be null)
+  // assigned; dw[ch][k] and db (may be null) accumulated.
+  void (*conv1d_backward)(const T* dy, const T* dtail_out, const T* x, const T* tail_in, const T* w, int64_t n,
+                          int64_t ch, int64_t k, T* dx, T* dtail_in, T* dw, T* db);
+  // Selective scan over a chunk, per channel d and state s: h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t,
+  // y_t = C_t . h_t + D u_t. u, delta, y: [n][dim]; A: [dim][N]; B, C: [n][N]; D: [dim] (may be null); h0: the
+  // state before the chunk [dim][N] (null = zeros); h_final (may be null): the state after it.
+  void (*selective_scan_forward)(const T* u, const T* delta, const T* A, const T* B, const T* C, const T* D,
+                                 const T* h0, int64_t n, int64_t dim, int64_t N, T* y, T* h_final);
+  // Backward (recomputes the states from h0), given dy and dh_final (null = zero): du, ddelta, dB, dC and dh0
+  // (may be null) assigned; dA, dD (may be null) accumulated.
+  void (*selective_scan_backward)(const T* dy, const T* dh_final, const T* u, const T* delta, const T* A,
+                                  const T* B, const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N,
+                                  T* du, T* ddelta, T* dA, T* dB, T* dC, T* dD, T* dh0);
+  // y = silu(x), y = softplus(x) (torch's, threshold 20); backward assigns dx.
+  void (*silu_forward)(const T* x, int64_t count, T* y);
+  void (*silu_backward)(const T* dy, const T* x, int64_t count, T* dx);
+  void (*softplus_forward)(const T* x, int64_t count, T* y);
+  void (*softplus_backward)(const T* dy, const T* x, int64_t count, T* dx);
+
   // AdamW on a flat parameter: p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)
   void (*adamw)(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int64_t step);

@@ -42,6 +42,24 @@ template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 
 template <typename T>
+void Conv1dForward(const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k, T* y,
+                   T* tail_out);
+template <typename T>
+void Conv1dBackward(const T* dy, const T* dtail_out, const T* x, const T* tail_in, const T* w, int64_t n, int64_t ch,
+                    int64_t k, T* dx, T* dtail_in, T* dw, T* db);
+template <typename T>
+void SelectiveScanForward(const T* u, const T* delta, const T* A, const T* B, const T* C, const T* D, const T* h0,
+                          int64_t n, int64_t dim, int64_t N, T* y, T* h_final);
+template <typename T>
+void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* delta, const T* A, const T* B,
+                           const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, T* du, T* ddelta,
+                           T* dA, T* dB, T* dC, T* dD, T* dh0);
+template <typename T> void SiluForward(const T* x, int64_t count, T* y);
+template <typename T> void SiluBackward(const T* dy, const T* x, int64_t count, T* dx);
+template <typename T> void SoftplusForward(const T* x, int64_t count, T* y);
+template <typename T> void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx);
+
+template <typename T>
 void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
 

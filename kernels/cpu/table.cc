@@ -22,6 +22,14 @@ static OpTable<T> MakeCpuTable() {
   t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
   t.cross_entropy_forward_backward = cpu::CrossEntropyForwardBackward<T>;
   t.token_logprobs = cpu::TokenLogprobs<T>;
+  t.conv1d_forward = cpu::Conv1dForward<T>;
+  t.conv1d_backward = cpu::Conv1dBackward<T>;
+  t.selective_scan_forward = cpu::SelectiveScanForward<T>;
+  t.selective_scan_backward = cpu::SelectiveScanBackward<T>;
+  t.silu_forward = cpu::SiluForward<T>;
+  t.silu_backward = cpu::SiluBackward<T>;
+  t.softplus_forward = cpu::SoftplusForward<T>;
+  t.softplus_backward = cpu::SoftplusBackward<T>;
   t.adamw = cpu::AdamW<T>;
   return t;
 }

@@ -1,0 +1,204 @@
+// State-space model ops (Mamba-1): causal depthwise conv1d with a carried tail, the selective scan with a carried
+// state, and the element-wise SiLU / softplus around them. OpenMP over channels.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <omp.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace sg::cpu {
+
+// xx = tail[k-1] ++ x[n]: row r of xx for one channel c.
+template <typename T>
+static inline T ConvInput(const T* x, const T* tail, int64_t r, int64_t ch, int64_t k, int64_t c) {
+  return r < k - 1 ? (tail ? tail[r * ch + c] : T(0)) : x[(r - (k - 1)) * ch + c];
+}
+
+template <typename T>
+void Conv1dForward(const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k, T* y,
+                   T* tail_out) {
+#pragma omp parallel for if (n * ch * k > 65536)
+  for (int64_t c = 0; c < ch; ++c) {
+    const T* wc = w + c * k;
+    for (int64_t t = 0; t < n; ++t) {
+      T acc = b ? b[c] : T(0);
+      for (int64_t j = 0; j < k; ++j) acc += wc[j] * ConvInput(x, tail_in, t + j, ch, k, c);
+      y[t * ch + c] = acc;
+    }
+    if (tail_out)
+      for (int64_t r = 0; r < k - 1; ++r) tail_out[r * ch + c] = ConvInput(x, tail_in, n + r, ch, k, c);
+  }
+}
+
+template <typename T>
+void Conv1dBackward(const T* dy, const T* dtail_out, const T* x, const T* tail_in, const T* w, int64_t n, int64_t ch,
+                    int64_t k, T* dx, T* dtail_in, T* dw, T* db) {
+  const int64_t rows = n + k - 1;
+#pragma omp parallel if (n * ch * k > 65536)
+  {
+    std::vector<T> dxx(rows);
+#pragma omp for
+    for (int64_t c = 0; c < ch; ++c) {
+      std::fill(dxx.begin(), dxx.end(), T(0));
+      // The output tail is rows [n, n + k - 1) of xx.
+      if (dtail_out)
+        for (int64_t r = 0; r < k - 1; ++r) dxx[n + r] += dtail_out[r * ch + c];
+      const T* wc = w + c * k;
+      T* dwc = dw + c * k;
+      T dbc = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const T g = dy[t * ch + c];
+        dbc += g;
+        for (int64_t j = 0; j < k; ++j) {
+          dxx[t + j] += wc[j] * g;
+          dwc[j] += g * ConvInput(x, tail_in, t + j, ch, k, c);
+        }
+      }
+      if (db) db[c] += dbc;
+      for (int64_t r = 0; r < k - 1; ++r)
+        if (dtail_in) dtail_in[r * ch + c] = dxx[r];
+      for (int64_t t = 0; t < n; ++t) dx[t * ch + c] = dxx[t + k - 1];
+    }
+  }
+}
+
+// One channel's forward recurrence; writes h_t into hs[t][N] when hs is given.
+template <typename T>
+static void ScanChannel(const T* u, const T* delta, const T* A, const T* B, const T* C, const T* h0, int64_t n,
+                        int64_t dim, int64_t N, int64_t d, T* h, T* hs, T* y, T Dd) {
+  const T* Ad = A + d * N;
+  for (int64_t s = 0; s < N; ++s) h[s] = h0 ? h0[d * N + s] : T(0);
+  for (int64_t t = 0; t < n; ++t) {
+    const T dt = delta[t * dim + d], ut = u[t * dim + d];
+    T acc = 0;
+    for (int64_t s = 0; s < N; ++s) {
+      h[s] = std::exp(dt * Ad[s]) * h[s] + dt * B[t * N + s] * ut;
+      acc += C[t * N + s] * h[s];
+    }
+    if (hs) std::copy(h, h + N, hs + t * N);
+    if (y) y[t * dim + d] = acc + Dd * ut;
+  }
+}
+
+template <typename T>
+void SelectiveScanForward(const T* u, const T* delta, const T* A, const T* B, const T* C, const T* D, const T* h0,
+                          int64_t n, int64_t dim, int64_t N, T* y, T* h_final) {
+#pragma omp parallel if (n * dim * N > 16384)
+  {
+    std::vector<T> h(N);
+#pragma omp for
+    for (int64_t d = 0; d < dim; ++d) {
+      ScanChannel(u, delta, A, B, C, h0, n, dim, N, d, h.data(), static_cast<T*>(nullptr), y, D ? D[d] : T(0));
+      if (h_final) std::copy(h.begin(), h.end(), h_final + d * N);
+    }
+  }
+}
+
+template <typename T>
+void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* delta, const T* A, const T* B,
+                           const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, T* du, T* ddelta,
+                           T* dA, T* dB, T* dC, T* dD, T* dh0) {
+  // dB and dC sum over channels: each thread keeps its own and they are added in thread order (deterministic).
+  const int threads = (n * dim * N > 16384) ? omp_get_max_threads() : 1;
+  std::vector<std::vector<T>> dB_t(threads), dC_t(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    std::vector<T>& dBl = dB_t[tid];
+    std::vector<T>& dCl = dC_t[tid];
+    dBl.assign(n * N, T(0));
+    dCl.assign(n * N, T(0));
+    std::vector<T> h(N), hs(n * N), g(N);
+#pragma omp for schedule(static)
+    for (int64_t d = 0; d < dim; ++d) {
+      const T Dd = D ? D[d] : T(0);
+      ScanChannel(u, delta, A, B, C, h0, n, dim, N, d, h.data(), hs.data(), static_cast<T*>(nullptr), Dd);
+      const T* Ad = A + d * N;
+      T* dAd = dA + d * N;
+      for (int64_t s = 0; s < N; ++s) g[s] = dh_final ? dh_final[d * N + s] : T(0);
+      T dDd = 0;
+      for (int64_t t = n - 1; t >= 0; --t) {
+        const T dt = delta[t * dim + d], ut = u[t * dim + d], gy = dy[t * dim + d];
+        const T* ht = hs.data() + t * N;
+        const T* Bt = B + t * N;
+        const T* Ct = C + t * N;
+        T du_t = Dd * gy, ddt = 0;
+        dDd += gy * ut;
+        for (int64_t s = 0; s < N; ++s) {
+          const T prev = t > 0 ? hs[(t - 1) * N + s] : (h0 ? h0[d * N + s] : T(0));
+          const T e = std::exp(dt * Ad[s]);
+          g[s] += gy * Ct[s];
+          dCl[t * N + s] += gy * ht[s];
+          dBl[t * N + s] += g[s] * dt * ut;
+          du_t += g[s] * dt * Bt[s];
+          ddt += g[s] * (Bt[s] * ut + Ad[s] * e * prev);
+          dAd[s] += g[s] * dt * e * prev;
+          g[s] *= e;
+        }
+        du[t * dim + d] = du_t;
+        ddelta[t * dim + d] = ddt;
+      }
+      if (dD) dD[d] += dDd;
+      if (dh0)
+        for (int64_t s = 0; s < N; ++s) dh0[d * N + s] = g[s];
+    }
+  }
+  for (int64_t i = 0; i < n * N; ++i) {
+    T b = 0, c = 0;
+    for (int t = 0; t < threads; ++t) {
+      b += dB_t[t][i];
+      c += dC_t[t][i];
+    }
+    dB[i] = b;
+    dC[i] = c;
+  }
+}
+
+template <typename T>
+void SiluForward(const T* x, int64_t count, T* y) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] / (T(1) + std::exp(-x[i]));
+}
+
+template <typename T>
+void SiluBackward(const T* dy, const T* x, int64_t count, T* dx) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) {
+    const T s = T(1) / (T(1) + std::exp(-x[i]));
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+// softplus as in torch (threshold 20: identity above it).
+template <typename T>
+void SoftplusForward(const T* x, int64_t count, T* y) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] > T(20) ? x[i] : std::log1p(std::exp(x[i]));
+}
+
+template <typename T>
+void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) dx[i] = x[i] > T(20) ? dy[i] : dy[i] / (T(1) + std::exp(-x[i]));
+}
+
+#define SG_INSTANTIATE(T)                                                                                        \
+  template void Conv1dForward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, T*, T*);     \
+  template void Conv1dBackward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
+                                  T*, T*, T*, T*);                                                               \
+  template void SelectiveScanForward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*,    \
+                                        int64_t, int64_t, int64_t, T*, T*);                                      \
+  template void SelectiveScanBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
+                                         const T*, const T*, int64_t, int64_t, int64_t, T*, T*, T*, T*, T*, T*,  \
+                                         T*);                                                                    \
+  template void SiluForward<T>(const T*, int64_t, T*);                                                           \
+  template void SiluBackward<T>(const T*, const T*, int64_t, T*);                                                \
+  template void SoftplusForward<T>(const T*, int64_t, T*);                                                       \
+  template void SoftplusBackward<T>(const T*, const T*, int64_t, T*);
+SG_INSTANTIATE(float)
+SG_INSTANTIATE(double)
+#undef SG_INSTANTIATE
+
+}  // namespace sg::cpu

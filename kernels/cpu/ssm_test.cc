@@ -1,0 +1,189 @@
+// The state-space ops (kernels/cpu/ssm.cc) against central finite differences in fp64, including the carried
+// conv tail and scan state, and a sequence split into chunks against the sequence in one piece.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace sg {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec Random(size_t n, uint64_t seed, double scale = 1.0, double mean = 0.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(mean, scale);
+  Vec v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Max error of the analytic gradient against central differences, relative to the largest numeric entry.
+double FdError(const std::function<double()>& f, Vec& x, const Vec& analytic) {
+  const double h = 1e-6;
+  double max_err = 0, max_ref = 1e-12;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double up = f();
+    x[i] = saved - h;
+    const double down = f();
+    x[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    max_err = std::max(max_err, std::abs(numeric - analytic[i]));
+    max_ref = std::max(max_ref, std::abs(numeric));
+  }
+  return max_err / max_ref;
+}
+
+double MaxDiff(const Vec& a, const Vec& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+constexpr double kTol = 1e-7;
+const OpTable<double>& ops = CpuOps<double>();
+
+// n < k - 1 makes the output tail reach back into the input tail.
+class Conv1dTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(Conv1dTest, GradientsIncludingTails) {
+  const int64_t n = GetParam(), ch = 3, k = 4;
+  Vec x = Random(n * ch, 1), tail = Random((k - 1) * ch, 2), w = Random(ch * k, 3), b = Random(ch, 4);
+  const Vec r = Random(n * ch, 5), rt = Random((k - 1) * ch, 6);
+  auto f = [&] {
+    Vec y(n * ch), tail_out((k - 1) * ch);
+    ops.conv1d_forward(x.data(), tail.data(), w.data(), b.data(), n, ch, k, y.data(), tail_out.data());
+    return Dot(y, r) + Dot(tail_out, rt);
+  };
+  Vec dx(n * ch), dtail((k - 1) * ch), dw(ch * k, 0.0), db(ch, 0.0);
+  ops.conv1d_backward(r.data(), rt.data(), x.data(), tail.data(), w.data(), n, ch, k, dx.data(), dtail.data(),
+                      dw.data(), db.data());
+  EXPECT_LT(FdError(f, x, dx), kTol);
+  EXPECT_LT(FdError(f, tail, dtail), kTol);
+  EXPECT_LT(FdError(f, w, dw), kTol);
+  EXPECT_LT(FdError(f, b, db), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(ChunkSizes, Conv1dTest, ::testing::Values(1, 2, 3, 7));
+
+TEST(Conv1dTest, ChunksWithTailEqualWholeSequence) {
+  const int64_t n = 9, ch = 5, k = 4, split = 2;
+  const Vec x = Random(n * ch, 7), w = Random(ch * k, 8);
+  Vec whole(n * ch), parts(n * ch), tail((k - 1) * ch);
+  ops.conv1d_forward(x.data(), nullptr, w.data(), nullptr, n, ch, k, whole.data(), nullptr);
+  ops.conv1d_forward(x.data(), nullptr, w.data(), nullptr, split, ch, k, parts.data(), tail.data());
+  ops.conv1d_forward(x.data() + split * ch, tail.data(), w.data(), nullptr, n - split, ch, k,
+                     parts.data() + split * ch, nullptr);
+  EXPECT_LT(MaxDiff(whole, parts), 1e-14);
+}
+
+struct ScanInputs {
+  int64_t n, dim, N;
+  Vec u, delta, A, B, C, D, h0;
+  ScanInputs(int64_t n, int64_t dim, int64_t N, uint64_t seed)
+      : n(n), dim(dim), N(N), u(Random(n * dim, seed)), delta(Random(n * dim, seed + 1, 0.2, 0.5)),
+        A(Random(dim * N, seed + 2, 0.3, -1.0)), B(Random(n * N, seed + 3)), C(Random(n * N, seed + 4)),
+        D(Random(dim, seed + 5)), h0(Random(dim * N, seed + 6)) {}
+};
+
+class ScanTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ScanTest, GradientsIncludingStates) {
+  ScanInputs in(GetParam(), 3, 4, 11);
+  const Vec r = Random(in.n * in.dim, 20), rh = Random(in.dim * in.N, 21);
+  auto f = [&] {
+    Vec y(in.n * in.dim), hf(in.dim * in.N);
+    ops.selective_scan_forward(in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(),
+                               in.h0.data(), in.n, in.dim, in.N, y.data(), hf.data());
+    return Dot(y, r) + Dot(hf, rh);
+  };
+  Vec du(in.u.size()), ddelta(in.delta.size()), dA(in.A.size(), 0.0), dB(in.B.size()), dC(in.C.size()),
+      dD(in.D.size(), 0.0), dh0(in.h0.size());
+  ops.selective_scan_backward(r.data(), rh.data(), in.u.data(), in.delta.data(), in.A.data(), in.B.data(),
+                              in.C.data(), in.D.data(), in.h0.data(), in.n, in.dim, in.N, du.data(), ddelta.data(),
+                              dA.data(), dB.data(), dC.data(), dD.data(), dh0.data());
+  EXPECT_LT(FdError(f, in.u, du), kTol);
+  EXPECT_LT(FdError(f, in.delta, ddelta), kTol);
+  EXPECT_LT(FdError(f, in.A, dA), kTol);
+  EXPECT_LT(FdError(f, in.B, dB), kTol);
+  EXPECT_LT(FdError(f, in.C, dC), kTol);
+  EXPECT_LT(FdError(f, in.D, dD), kTol);
+  EXPECT_LT(FdError(f, in.h0, dh0), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(ChunkSizes, ScanTest, ::testing::Values(1, 2, 7));
+
+// Large enough for the threaded path: two chunks, the state carried forward and its gradient relayed backward,
+// give the one-chunk outputs and gradients.
+TEST(ScanTest, ChunksWithCarriedStateEqualWholeSequence) {
+  const int64_t n = 48, split = 19, dim = 64, N = 8;
+  ScanInputs in(n, dim, N, 31);
+  const Vec dy = Random(n * dim, 40);
+  Vec y(n * dim), du(n * dim), ddelta(n * dim), dA(dim * N, 0.0), dB(n * N), dC(n * N), dD(dim, 0.0);
+  ops.selective_scan_forward(in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(),
+                             nullptr, n, dim, N, y.data(), nullptr);
+  ops.selective_scan_backward(dy.data(), nullptr, in.u.data(), in.delta.data(), in.A.data(), in.B.data(),
+                              in.C.data(), in.D.data(), nullptr, n, dim, N, du.data(), ddelta.data(), dA.data(),
+                              dB.data(), dC.data(), dD.data(), nullptr);
+
+  Vec y2(n * dim), h(dim * N), du2(n * dim), ddelta2(n * dim), dA2(dim * N, 0.0), dB2(n * N), dC2(n * N),
+      dD2(dim, 0.0), dh(dim * N);
+  const int64_t m = n - split;
+  auto at = [](const Vec& v, int64_t row, int64_t width) { return v.data() + row * width; };
+  auto at_mut = [](Vec& v, int64_t row, int64_t width) { return v.data() + row * width; };
+  ops.selective_scan_forward(in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(),
+                             nullptr, split, dim, N, y2.data(), h.data());
+  ops.selective_scan_forward(at(in.u, split, dim), at(in.delta, split, dim), in.A.data(), at(in.B, split, N),
+                             at(in.C, split, N), in.D.data(), h.data(), m, dim, N, at_mut(y2, split, dim), nullptr);
+  EXPECT_LT(MaxDiff(y, y2), 1e-12);
+  ops.selective_scan_backward(at(dy, split, dim), nullptr, at(in.u, split, dim), at(in.delta, split, dim),
+                              in.A.data(), at(in.B, split, N), at(in.C, split, N), in.D.data(), h.data(), m, dim, N,
+                              at_mut(du2, split, dim), at_mut(ddelta2, split, dim), dA2.data(), at_mut(dB2, split, N),
+                              at_mut(dC2, split, N), dD2.data(), dh.data());
+  ops.selective_scan_backward(dy.data(), dh.data(), in.u.data(), in.delta.data(), in.A.data(), in.B.data(),
+                              in.C.data(), in.D.data(), nullptr, split, dim, N, du2.data(), ddelta2.data(),
+                              dA2.data(), dB2.data(), dC2.data(), dD2.data(), nullptr);
+  EXPECT_LT(MaxDiff(du, du2), 1e-12);
+  EXPECT_LT(MaxDiff(ddelta, ddelta2), 1e-12);
+  EXPECT_LT(MaxDiff(dA, dA2), 1e-11);
+  EXPECT_LT(MaxDiff(dB, dB2), 1e-11);
+  EXPECT_LT(MaxDiff(dC, dC2), 1e-11);
+  EXPECT_LT(MaxDiff(dD, dD2), 1e-11);
+}
+
+TEST(PointwiseSsmTest, SiluAndSoftplus) {
+  const int64_t count = 9;
+  Vec x = Random(count, 50, 3.0);
+  x[0] = 25;  // softplus above its threshold
+  const Vec r = Random(count, 51);
+  auto f_silu = [&] {
+    Vec y(count);
+    ops.silu_forward(x.data(), count, y.data());
+    return Dot(y, r);
+  };
+  auto f_softplus = [&] {
+    Vec y(count);
+    ops.softplus_forward(x.data(), count, y.data());
+    return Dot(y, r);
+  };
+  Vec dx(count);
+  ops.silu_backward(r.data(), x.data(), count, dx.data());
+  EXPECT_LT(FdError(f_silu, x, dx), kTol);
+  ops.softplus_backward(r.data(), x.data(), count, dx.data());
+  EXPECT_LT(FdError(f_softplus, x, dx), kTol);
+}
+
+}  // namespace
+}  // namespace sg
