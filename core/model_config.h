@@ -34,3 +34,18 @@ struct TransformerConfig {
 };
 
 }  // namespace sg
+
+// Mamba-1 state-space model (HF MambaForCausalLM, model_type "mamba").
+struct MambaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // d_model
+  int64_t state_size = 16;        // N, the scan state per channel
+  int64_t num_layers = 0;         // num_hidden_layers
+  int64_t intermediate_size = 0;  // d_inner = expand * hidden_size
+  int64_t conv_kernel = 4;
+  int64_t time_step_rank = 0;     // dt_rank; "auto" = ceil(hidden_size / 16)
+  bool use_bias = false;          // in_proj / out_proj biases
+  bool use_conv_bias = true;
+  double layer_norm_epsilon = 1e-5;
+  bool tie_word_embeddings = true;
+};

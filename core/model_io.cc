@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -20,7 +21,9 @@ bool IsDirectory(const std::string& path) {
 }
 }  // namespace
 
-absl::Status LoadWeights(TransformerModel& model, const std::string& dir) {
+// Every parameter by name, checking shapes; tensors the model does not use are an error. A tied head may be
+// stored anyway.
+static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, const std::string& architecture) {
   absl::StatusOr<io::ShardedSafetensors> files = io::ShardedSafetensors::OpenDir(dir);
   if (!files.ok()) return files.status();
   std::set<std::string> expected;
@@ -35,14 +38,53 @@ absl::Status LoadWeights(TransformerModel& model, const std::string& dir) {
     if (expected.count(name)) continue;
     // Buffers some exporters keep, and the duplicate head of tied checkpoints, carry no parameters of ours.
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
-    if (name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
+    if (name == "lm_head.weight" && tied) continue;
     unknown.push_back(name);
   }
   if (!unknown.empty())
     return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ",
-                                                   model.config().architecture, " model: ",
-                                                   absl::StrJoin(unknown, ", ")));
+                                                   architecture, " model: ", absl::StrJoin(unknown, ", ")));
   return absl::OkStatus();
+}
+
+absl::Status LoadWeights(TransformerModel& model, const std::string& dir) {
+  return LoadParams(model, dir, model.config().tie_word_embeddings, model.config().architecture);
+}
+
+absl::Status LoadWeights(MambaModel& model, const std::string& dir) {
+  return LoadParams(model, dir, model.config().tie_word_embeddings, "mamba");
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed) {
+  std::optional<MambaConfig> config;
+  if (!IsDirectory(spec)) {
+    if (absl::StatusOr<MambaConfig> preset = MambaPreset(spec); preset.ok()) config = *preset;
+  } else {
+    absl::StatusOr<std::pair<std::string, std::string>> text = io::ReadConfigJson(spec);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::string> family = io::ConfigFamily(text->first, text->second);
+    if (!family.ok()) return family.status();
+    if (*family == "ssm") {
+      absl::StatusOr<MambaConfig> parsed = io::ParseMambaConfig(text->first, text->second);
+      if (!parsed.ok()) return parsed.status();
+      config = *parsed;
+    }
+  }
+  if (!config) {
+    absl::StatusOr<std::unique_ptr<TransformerModel>> t = LoadModel(spec, dtype, seed);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Model>(std::move(*t));
+  }
+  absl::StatusOr<std::unique_ptr<MambaModel>> model = CreateMamba(*config, dtype);
+  if (!model.ok()) return model.status();
+  if (IsDirectory(spec)) {
+    if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;
+  } else {
+    InitOptions init;
+    init.seed = seed;
+    InitRandom(**model, init);
+  }
+  return std::unique_ptr<Model>(std::move(*model));
 }
 
 absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed) {
@@ -65,19 +107,25 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
   return model;
 }
 
-absl::Status SaveModel(TransformerModel& model, const std::string& dir) {
+absl::Status SaveModel(Model& model, const std::string& dir) {
+  auto* transformer = dynamic_cast<TransformerModel*>(&model);
+  auto* mamba = dynamic_cast<MambaModel*>(&model);
+  if (!transformer && !mamba)
+    return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
+  const bool tied = transformer ? transformer->config().tie_word_embeddings : mamba->config().tie_word_embeddings;
   if (!IsDirectory(dir) && mkdir(dir.c_str(), 0755) != 0)
     return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
   std::vector<io::TensorToWrite> tensors;
   for (Param& p : model.params()) {
-    if (model.config().tie_word_embeddings && p.name == "lm_head.weight") continue;
+    if (tied && p.name == "lm_head.weight") continue;
     tensors.push_back({p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
   }
   if (absl::Status s = io::WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;
   const std::string config_path = dir + "/config.json";
   std::ofstream out(config_path);
-  out << io::TransformerConfigToHFJson(model.config());
+  out << (transformer ? io::TransformerConfigToHFJson(transformer->config())
+                      : io::MambaConfigToHFJson(mamba->config()));
   out.close();
   if (!out) return absl::InternalError(absl::StrCat(config_path, ": write failed"));
   return absl::OkStatus();

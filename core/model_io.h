@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/mamba.h"
 #include "core/transformer.h"
 
 namespace sg {
@@ -13,10 +14,16 @@ namespace sg {
 // or model.safetensors.index.json. Relative paths are taken as given (callers resolve them).
 absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed);
 
+// Any family: a transformer or Mamba preset, or a directory whose config.json model_type is llama, qwen2 or mamba
+// (MambaForCausalLM). LoadModel above takes transformers only.
+absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed);
+
 // Loads HF weights into an existing model by parameter name, checking every shape.
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
+absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
 // Writes config.json and model.safetensors (in the model's dtype) that Hugging Face transformers can load.
-absl::Status SaveModel(TransformerModel& model, const std::string& dir);
+// Transformers and Mamba models alike.
+absl::Status SaveModel(Model& model, const std::string& dir);
 
 }  // namespace sg

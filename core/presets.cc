@@ -39,9 +39,36 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
   if (name == "bench-cpu") return Llama(512, 256, 4, 4, 2, 688);
+  std::vector<std::string> names = TransformerPresetNames();
+  for (const std::string& m : MambaPresetNames()) names.push_back(m);
   return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (",
-                                          absl::StrJoin(TransformerPresetNames(), ", "),
+                                          absl::StrJoin(names, ", "),
                                           ") nor a directory with config.json"));
+}
+
+std::vector<std::string> MambaPresetNames() { return {"tiny-ssm", "bench-ssm"}; }
+
+absl::StatusOr<MambaConfig> MambaPreset(const std::string& name) {
+  MambaConfig c;
+  if (name == "tiny-ssm") {
+    c.vocab_size = 97;
+    c.hidden_size = 16;
+    c.state_size = 4;
+    c.num_layers = 3;
+    c.time_step_rank = 2;
+  } else if (name == "bench-ssm") {
+    c.vocab_size = 512;
+    c.hidden_size = 256;
+    c.state_size = 16;
+    c.num_layers = 4;
+    c.time_step_rank = 16;
+  } else {
+    return absl::NotFoundError(absl::StrCat("'", name, "' is not a Mamba preset (",
+                                            absl::StrJoin(MambaPresetNames(), ", "), ")"));
+  }
+  c.intermediate_size = 2 * c.hidden_size;
+  c.conv_kernel = 4;
+  return c;
 }
 
 }  // namespace sg

@@ -14,4 +14,9 @@ namespace sg {
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name);
 std::vector<std::string> TransformerPresetNames();
 
+// Mamba-1 presets: "tiny-ssm" (vocab 97, d 16, state 4, 3 layers, expand 2, conv 4, dt_rank 2; tests and gradcheck),
+// "bench-ssm" (vocab 512, d 256, state 16, 4 layers, expand 2, conv 4; a few MB, for benchmarks).
+absl::StatusOr<MambaConfig> MambaPreset(const std::string& name);
+std::vector<std::string> MambaPresetNames();
+
 }  // namespace sg

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/presets.h"
 
-ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu) or a Hugging Face model directory");
+ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
@@ -36,7 +36,7 @@ std::string ResolveUserPath(const std::string& path) {
 
 std::string ModelSpec() {
   const std::string m = absl::GetFlag(FLAGS_model);
-  if (TransformerPreset(m).ok()) return m;
+  if (TransformerPreset(m).ok() || MambaPreset(m).ok()) return m;
   return ResolveUserPath(m);
 }
 

@@ -28,7 +28,7 @@ int Main() {
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError("--seq_len must be positive"), "flags");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
 
   const ObjectiveOptions objective = tools::ObjectiveFromFlags();

@@ -273,7 +273,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   return config;
 }
 
-absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path) {
+absl::StatusOr<std::pair<std::string, std::string>> ReadConfigJson(const std::string& path) {
   struct stat info;
   std::string file = path;
   if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
@@ -281,7 +281,103 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
   }
   absl::StatusOr<std::string> text = internal::ReadFileToString(file);
   if (!text.ok()) return text.status();
-  return ParseTransformerConfig(*text, file);
+  return std::make_pair(*std::move(text), file);
+}
+
+absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path) {
+  absl::StatusOr<std::pair<std::string, std::string>> text = ReadConfigJson(path);
+  if (!text.ok()) return text.status();
+  return ParseTransformerConfig(text->first, text->second);
+}
+
+absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std::string& source_name) {
+  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
+  if (!parsed->is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
+  const FieldReader fields(*parsed, source_name);
+  std::optional<std::string> model_type;
+  SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
+  if (model_type && *model_type == "mamba") return std::string("ssm");
+  if (!model_type) {
+    const json* architectures = fields.Get("architectures");
+    if (architectures && architectures->is_array())
+      for (const json& name : *architectures)
+        if (name == "MambaForCausalLM") return std::string("ssm");
+  }
+  return std::string("transformer");  // ParseTransformerConfig reports anything else
+}
+
+absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const std::string& source_name) {
+  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
+  if (!parsed->is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
+  const FieldReader fields(*parsed, source_name);
+  std::optional<std::string> model_type;
+  SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
+  if (model_type && *model_type != "mamba")
+    return fields.Error("model_type", absl::StrCat("is '", *model_type, "'; only 'mamba' (Mamba-1) is supported"));
+  MambaConfig config;
+  SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
+  SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
+  SG_IO_ASSIGN_OR_RETURN(config.state_size, fields.PositiveInt("state_size", 16));
+  SG_IO_ASSIGN_OR_RETURN(config.num_layers, fields.PositiveInt("num_hidden_layers"));
+  SG_IO_ASSIGN_OR_RETURN(config.conv_kernel, fields.PositiveInt("conv_kernel", 4));
+  int64_t expand;
+  SG_IO_ASSIGN_OR_RETURN(expand, fields.PositiveInt("expand", 2));
+  config.intermediate_size = expand * config.hidden_size;
+  int64_t intermediate;
+  SG_IO_ASSIGN_OR_RETURN(intermediate, fields.PositiveInt("intermediate_size", config.intermediate_size));
+  if (intermediate != config.intermediate_size)
+    return fields.Error("intermediate_size", absl::StrCat("is ", intermediate, " but expand * hidden_size is ",
+                                                          config.intermediate_size));
+  const json* rank = fields.Get("time_step_rank");
+  if (rank == nullptr || (rank->is_string() && *rank == "auto")) {
+    config.time_step_rank = (config.hidden_size + 15) / 16;
+  } else {
+    SG_IO_ASSIGN_OR_RETURN(config.time_step_rank, fields.PositiveInt("time_step_rank"));
+  }
+  SG_IO_ASSIGN_OR_RETURN(config.use_bias, fields.Bool("use_bias", false));
+  SG_IO_ASSIGN_OR_RETURN(config.use_conv_bias, fields.Bool("use_conv_bias", true));
+  SG_IO_ASSIGN_OR_RETURN(config.layer_norm_epsilon, fields.PositiveNumber("layer_norm_epsilon", 1e-5));
+  SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", true));
+  std::optional<std::string> hidden_act;
+  SG_IO_ASSIGN_OR_RETURN(hidden_act, fields.String("hidden_act"));
+  if (hidden_act && *hidden_act != "silu")
+    return fields.Error("hidden_act", absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
+  return config;
+}
+
+absl::StatusOr<MambaConfig> LoadMambaConfig(const std::string& path) {
+  absl::StatusOr<std::pair<std::string, std::string>> text = ReadConfigJson(path);
+  if (!text.ok()) return text.status();
+  return ParseMambaConfig(text->first, text->second);
+}
+
+std::string MambaConfigToHFJson(const MambaConfig& config) {
+  nlohmann::ordered_json out;
+  out["architectures"] = {"MambaForCausalLM"};
+  out["model_type"] = "mamba";
+  out["torch_dtype"] = "float32";
+  out["hidden_act"] = "silu";
+  out["vocab_size"] = config.vocab_size;
+  out["hidden_size"] = config.hidden_size;
+  out["state_size"] = config.state_size;
+  out["num_hidden_layers"] = config.num_layers;
+  out["expand"] = config.intermediate_size / config.hidden_size;
+  out["intermediate_size"] = config.intermediate_size;
+  out["conv_kernel"] = config.conv_kernel;
+  out["time_step_rank"] = config.time_step_rank;
+  out["use_bias"] = config.use_bias;
+  out["use_conv_bias"] = config.use_conv_bias;
+  out["layer_norm_epsilon"] = config.layer_norm_epsilon;
+  out["tie_word_embeddings"] = config.tie_word_embeddings;
+  out["residual_in_fp32"] = true;
+  out["use_cache"] = false;
+  return out.dump(2) + "\n";
 }
 
 std::string TransformerConfigToHFJson(const TransformerConfig& config) {

@@ -75,7 +75,7 @@ absl::Status Run() {
   opts.seed = absl::GetFlag(FLAGS_seed);
   if (absl::Status s = ValidateStrategyOptions(opts); !s.ok()) return s;
 
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(model_dir, DType::kF64, 0);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, DType::kF64, 0);
   if (!model.ok()) return model.status();
   const int64_t vocab = (*model)->vocab_size();
   Batch batch;

@@ -436,14 +436,14 @@ def forward_logits(hf, W, ids, apply_rope_scaling=True):
     return rms_norm(x, W["model.norm.weight"], eps) @ head.T
 
 
-def reference(hf, weights, batch, apply_rope_scaling=True):
-    """Returns (mean token loss, {name: gradient}) in float64."""
+def reference(hf, weights, batch, apply_rope_scaling=True, logits_fn=None):
+    """Returns (mean token loss, {name: gradient}) in float64. logits_fn(hf, W, ids): another model family."""
     W = leaf_weights(weights)
     loss_sum = torch.zeros((), dtype=torch.float64)
     valid = 0
     for ids, labels in batch:
         labels_t = torch.tensor(labels, dtype=torch.long)
-        logits = forward_logits(hf, W, ids, apply_rope_scaling)
+        logits = logits_fn(hf, W, ids) if logits_fn else forward_logits(hf, W, ids, apply_rope_scaling)
         loss_sum = loss_sum + F.cross_entropy(logits[:-1], labels_t[1:], ignore_index=-100, reduction="sum")
         valid += int((labels_t[1:] != -100).sum())
     loss = loss_sum / valid
@@ -866,3 +866,109 @@ if __name__ == "__main__":
         else:
             args.append(a)
     sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-s", "-p", "no:cacheprovider"] + args))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Mamba-1 (MambaForCausalLM): a plain-torch reference with a sequential scan, as HF's slow path
+# ----------------------------------------------------------------------------------------------------------------
+
+MAMBA_CONFIGS = {
+    "mamba_tied": {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "vocab_size": 61, "hidden_size": 12,
+                   "state_size": 4, "num_hidden_layers": 2, "expand": 2, "conv_kernel": 4, "time_step_rank": "auto",
+                   "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-5,
+                   "tie_word_embeddings": True, "hidden_act": "silu", "residual_in_fp32": True},
+    "mamba_untied_bias": {"architectures": ["MambaForCausalLM"], "model_type": "mamba", "vocab_size": 53,
+                          "hidden_size": 20, "state_size": 3, "num_hidden_layers": 3, "expand": 2, "conv_kernel": 3,
+                          "time_step_rank": 2, "use_bias": True, "use_conv_bias": True, "layer_norm_epsilon": 1e-6,
+                          "tie_word_embeddings": False, "hidden_act": "silu"},
+}
+# (strategy, chunk): chunks shorter than the conv tail, ragged, and one chunk.
+MAMBA_RUNS = [("full", 512), ("ckpt", 512), ("seco", 1), ("seco", 4), ("seco", 7), ("streambp", 3),
+              ("streambp", 16)]
+
+
+def mamba_dims(hf):
+    d, N = hf["hidden_size"], hf["state_size"]
+    rank = hf["time_step_rank"]
+    R = math.ceil(d / 16) if rank == "auto" else rank
+    return d, hf["expand"] * d, N, R, hf["conv_kernel"]
+
+
+def make_mamba_weights(hf, seed):
+    rng = np.random.default_rng(seed)
+    d, E, N, R, K = mamba_dims(hf)
+    V = hf["vocab_size"]
+
+    def mat(out, inp, scale=1.0):
+        return rng.normal(0.0, scale / math.sqrt(inp), size=(out, inp))
+
+    def small(*shape):
+        return 0.1 * rng.normal(size=shape)
+
+    w = {"backbone.embeddings.weight": rng.normal(0.0, 0.7, size=(V, d))}
+    for i in range(hf["num_hidden_layers"]):
+        p = f"backbone.layers.{i}."
+        w[p + "norm.weight"] = 1.0 + small(d)
+        w[p + "mixer.in_proj.weight"] = mat(2 * E, d, 1.5)
+        w[p + "mixer.conv1d.weight"] = rng.normal(0.0, 0.5, size=(E, 1, K))
+        w[p + "mixer.conv1d.bias"] = small(E)
+        w[p + "mixer.x_proj.weight"] = mat(R + 2 * N, E, 1.5)
+        w[p + "mixer.dt_proj.weight"] = mat(E, R)
+        w[p + "mixer.dt_proj.bias"] = small(E) - 1.0
+        w[p + "mixer.A_log"] = np.log(np.arange(1, N + 1))[None, :] + small(E, N)
+        w[p + "mixer.D"] = 1.0 + small(E)
+        w[p + "mixer.out_proj.weight"] = mat(d, E)
+        if hf["use_bias"]:
+            w[p + "mixer.in_proj.bias"] = small(2 * E)
+            w[p + "mixer.out_proj.bias"] = small(d)
+    w["backbone.norm_f.weight"] = 1.0 + small(d)
+    if not hf["tie_word_embeddings"]:
+        w["lm_head.weight"] = mat(V, d, 2.0)
+    return w
+
+
+def mamba_logits(hf, W, ids):
+    d, E, N, R, K = mamba_dims(hf)
+    eps = float(hf["layer_norm_epsilon"])
+    T = len(ids)
+    x = W["backbone.embeddings.weight"][torch.tensor(ids, dtype=torch.long)]
+    for i in range(hf["num_hidden_layers"]):
+        p = f"backbone.layers.{i}.mixer."
+        xz = rms_norm(x, W[f"backbone.layers.{i}.norm.weight"], eps) @ W[p + "in_proj.weight"].T
+        if hf["use_bias"]:
+            xz = xz + W[p + "in_proj.bias"]
+        xi, z = xz[:, :E], xz[:, E:]
+        conv = F.conv1d(xi.T[None], W[p + "conv1d.weight"], W[p + "conv1d.bias"], padding=K - 1, groups=E)
+        u = F.silu(conv[0, :, :T].T)
+        dt, B, C = torch.split(u @ W[p + "x_proj.weight"].T, [R, N, N], dim=-1)
+        delta = F.softplus(dt @ W[p + "dt_proj.weight"].T + W[p + "dt_proj.bias"])
+        A = -torch.exp(W[p + "A_log"])
+        h = torch.zeros(E, N, dtype=torch.float64)
+        ys = []
+        for t in range(T):
+            h = torch.exp(delta[t][:, None] * A) * h + delta[t][:, None] * B[t][None, :] * u[t][:, None]
+            ys.append(h @ C[t] + W[p + "D"] * u[t])
+        out = (torch.stack(ys) * F.silu(z)) @ W[p + "out_proj.weight"].T
+        x = x + (out + W[p + "out_proj.bias"] if hf["use_bias"] else out)
+    head = W["backbone.embeddings.weight"] if hf["tie_word_embeddings"] else W["lm_head.weight"]
+    return rms_norm(x, W["backbone.norm_f.weight"], eps) @ head.T
+
+
+@pytest.mark.parametrize("config", sorted(MAMBA_CONFIGS))
+def test_mamba_gradients_match_torch(config):
+    hf = MAMBA_CONFIGS[config]
+    root = scratch_dir(f"torch_ref_{config}_")
+    weights = make_mamba_weights(hf, 5)
+    batch = make_batch(hf, [29, 17], 5)
+    model_dir = os.path.join(root, "model")
+    write_model_dir(model_dir, hf, weights)
+    jsonl = os.path.join(root, "batch.jsonl")
+    write_jsonl(jsonl, batch)
+    ref = reference(hf, weights, batch, logits_fn=mamba_logits)
+    summary = []
+    for strategy, chunk in MAMBA_RUNS:
+        out = os.path.join(root, "grads.safetensors")
+        engine = run_grad_dump(model_dir, jsonl, out, strategy, page_size=16, lm_chunk=7, chunk=chunk)
+        worst = compare(engine, ref, f"{config}/{strategy} chunk={chunk}")
+        summary.append(f"{config}/{strategy} chunk={chunk}: max rel err {worst[0]:.2e} ({worst[1]})")
+    print("\n".join(["SUMMARY"] + summary))

@@ -1,0 +1,360 @@
+#include "core/mamba.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/lm_head.h"
+#include "kernels/backend.h"
+
+namespace sg {
+namespace {
+
+// The scan state h and conv tail at one chunk boundary (or their gradients).
+struct BoundaryState {
+  Tensor h;     // [d_inner][state_size]
+  Tensor tail;  // [conv_kernel - 1][d_inner]
+};
+
+// Per layer, the states at chunk boundaries b > 0 (the state of positions < b; boundary 0 is the zero state and
+// is never stored), and the gradients relayed to them by later chunks.
+class MambaState final : public SequenceState {
+ public:
+  explicit MambaState(const StateOptions& o) : opts(o) {}
+  // A boundary b belongs to position b - 1: positions >= from own the boundaries b > from.
+  void Release(int layer, int64_t from) override {
+    for (auto* m : {&cache, &grad})
+      if (layer < static_cast<int>(m->size())) {
+        auto& layer_map = (*m)[layer];
+        layer_map.erase(layer_map.upper_bound(from), layer_map.end());
+      }
+  }
+  // What later chunks relayed to c is the gradient of c's output state.
+  void ScaleGrad(int layer, Chunk c, double factor) override {
+    if (BoundaryState* g = Find(grad, layer, c.end)) {
+      Scale(g->h, factor);
+      Scale(g->tail, factor);
+    }
+  }
+  static BoundaryState* Find(std::vector<std::map<int64_t, BoundaryState>>& m, int layer, int64_t b) {
+    if (layer >= static_cast<int>(m.size())) return nullptr;
+    auto it = m[layer].find(b);
+    return it == m[layer].end() ? nullptr : &it->second;
+  }
+  // Where boundary b of `layer` is stored; enforces how many layers may hold states at once.
+  BoundaryState& Slot(std::vector<std::map<int64_t, BoundaryState>>& m, int layer, int64_t b, int resident,
+                      const char* what) {
+    if (layer >= static_cast<int>(m.size())) m.resize(layer + 1);
+    if (m[layer].empty()) {
+      int held = 0;
+      for (const auto& other : m) held += other.empty() ? 0 : 1;
+      if (held >= resident)
+        throw std::runtime_error(absl::StrCat("scan ", what, ": layer ", layer, " would be the ", held + 1,
+                                              "th layer held at once (resident: ", resident, ")"));
+    }
+    return m[layer][b];
+  }
+  static void Scale(Tensor& t, double f) {
+    if (!t.defined()) return;
+    if (t.dtype() == DType::kF64)
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= f;
+    else
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(f);
+  }
+  StateOptions opts;
+  std::vector<std::map<int64_t, BoundaryState>> cache, grad;
+};
+
+struct LayerParams {
+  int norm, in_proj, in_bias, conv_w, conv_b, x_proj, dt_w, dt_b, a_log, d, out_proj, out_bias;
+};
+
+// Order of LayerSaved::tensors.
+enum Saved { kX, kXn, kRstd, kXin, kZ, kXc, kU, kDtr, kB, kC, kDtPre, kDelta, kY, kGated, kH0, kTail0, kNumSaved };
+
+template <typename T>
+class Mamba final : public MambaModel {
+ public:
+  explicit Mamba(const MambaConfig& c) : cfg_(c), ops_(CpuOps<T>()) {
+    const int64_t d = c.hidden_size, E = c.intermediate_size, N = c.state_size, R = c.time_step_rank;
+    embed_ = Add("backbone.embeddings.weight", {c.vocab_size, d});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = absl::StrCat("backbone.layers.", i, ".");
+      LayerParams L;
+      L.norm = Add(p + "norm.weight", {d});
+      L.in_proj = Add(p + "mixer.in_proj.weight", {2 * E, d});
+      L.in_bias = c.use_bias ? Add(p + "mixer.in_proj.bias", {2 * E}) : -1;
+      L.conv_w = Add(p + "mixer.conv1d.weight", {E, 1, c.conv_kernel});
+      L.conv_b = c.use_conv_bias ? Add(p + "mixer.conv1d.bias", {E}) : -1;
+      L.x_proj = Add(p + "mixer.x_proj.weight", {R + 2 * N, E});
+      L.dt_w = Add(p + "mixer.dt_proj.weight", {E, R});
+      L.dt_b = Add(p + "mixer.dt_proj.bias", {E});
+      L.a_log = Add(p + "mixer.A_log", {E, N});
+      L.d = Add(p + "mixer.D", {E});
+      L.out_proj = Add(p + "mixer.out_proj.weight", {d, E});
+      L.out_bias = c.use_bias ? Add(p + "mixer.out_proj.bias", {d}) : -1;
+      layers_.push_back(L);
+      std::fill_n(W(L.norm), d, T(1));
+      std::fill_n(W(L.d), E, T(1));
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t s = 0; s < N; ++s) W(L.a_log)[e * N + s] = static_cast<T>(std::log(s + 1.0));
+    }
+    final_norm_ = Add("backbone.norm_f.weight", {d});
+    std::fill_n(W(final_norm_), d, T(1));
+    head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
+  }
+
+  std::string family() const override { return "ssm"; }
+  DType dtype() const override { return std::is_same_v<T, double> ? DType::kF64 : DType::kF32; }
+  int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t hidden_size() const override { return cfg_.hidden_size; }
+  std::vector<Param>& params() override { return params_; }
+  MemoryTracker& memory() override { return mem_; }
+  const MambaConfig& config() const override { return cfg_; }
+  void set_lm_chunk(int64_t rows) override { lm_chunk_ = std::max<int64_t>(1, rows); }
+  // The carried state does not grow with the sequence.
+  int64_t StateBytesPerToken() const override { return 0; }
+
+  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override { return std::make_unique<MambaState>(o); }
+
+  Tensor Embed(const int32_t* ids, Chunk c) override {
+    Tensor x = New(MemCategory::kActivations, {c.size(), cfg_.hidden_size});
+    ops_.embedding_forward(ids + c.begin, c.size(), W(embed_), cfg_.hidden_size, x.data<T>());
+    return x;
+  }
+
+  void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
+    if (T* g = G(embed_)) ops_.embedding_backward(ids + c.begin, c.size(), dx.data<T>(), cfg_.hidden_size, g);
+  }
+
+  Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
+    auto& state = static_cast<MambaState&>(state_base);
+    const LayerParams& L = layers_[l];
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = cfg_.intermediate_size, N = cfg_.state_size;
+    const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
+    const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
+
+    Tensor xn = New(act, {n, d}), rstd = New(act, {n});
+    ops_.rmsnorm_forward(x_in.data<T>(), W(L.norm), n, d, cfg_.layer_norm_epsilon, xn.data<T>(), rstd.data<T>());
+    // in_proj rows [0, E) give the scan input, rows [E, 2E) the gate.
+    Tensor xin = New(act, {n, E}), z = New(act, {n, E});
+    Linear(xn.data<T>(), n, d, W(L.in_proj), L.in_bias, 0, xin.data<T>(), E);
+    Linear(xn.data<T>(), n, d, W(L.in_proj) + E * d, L.in_bias, E, z.data<T>(), E);
+
+    // The input state: zeros at the sequence start, else what the previous chunk left.
+    const BoundaryState* in = c.begin > 0 ? MambaState::Find(state.cache, l, c.begin) : nullptr;
+    if (c.begin > 0 && !in)
+      throw std::logic_error(absl::StrCat("mamba layer ", l, ": no scan state at position ", c.begin));
+    Tensor h0 = New(act, {E, N}), tail0 = New(act, {K - 1, E});
+    CopyOrZero(in ? &in->h : nullptr, h0);
+    CopyOrZero(in ? &in->tail : nullptr, tail0);
+    const bool keep_out = KeepsOutputState(state, c);
+    BoundaryState* out = keep_out ? &state.Slot(state.cache, l, c.end, state.opts.resident_layers, "states") : nullptr;
+    if (out && !out->h.defined()) {
+      out->h = New(MemCategory::kKVCache, {E, N});
+      out->tail = New(MemCategory::kKVCache, {K - 1, E});
+    }
+
+    Tensor xc = New(act, {n, E}), u = New(act, {n, E});
+    ops_.conv1d_forward(xin.data<T>(), tail0.data<T>(), W(L.conv_w), L.conv_b >= 0 ? W(L.conv_b) : nullptr, n, E, K,
+                        xc.data<T>(), out ? out->tail.data<T>() : nullptr);
+    ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
+    // x_proj rows: [0, R) time step, [R, R + N) B, [R + N, R + 2N) C.
+    Tensor dtr = New(act, {n, R}), B = New(act, {n, N}), C = New(act, {n, N});
+    const T* wx = W(L.x_proj);
+    Linear(u.data<T>(), n, E, wx, -1, 0, dtr.data<T>(), R);
+    Linear(u.data<T>(), n, E, wx + R * E, -1, 0, B.data<T>(), N);
+    Linear(u.data<T>(), n, E, wx + (R + N) * E, -1, 0, C.data<T>(), N);
+    Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
+    Linear(dtr.data<T>(), n, R, W(L.dt_w), L.dt_b, 0, dtpre.data<T>(), E);
+    ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
+    std::vector<T> A = NegExp(L.a_log);
+    Tensor y = New(act, {n, E});
+    ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data(), B.data<T>(), C.data<T>(), W(L.d),
+                                h0.data<T>(), n, E, N, y.data<T>(), out ? out->h.data<T>() : nullptr);
+    Tensor gated = New(act, {n, E});
+    ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
+    Tensor res = New(MemCategory::kActivations, {n, d});
+    std::memcpy(res.data<T>(), x_in.data<T>(), n * d * sizeof(T));
+    ops_.gemm(false, true, n, d, E, T(1), gated.data<T>(), E, W(L.out_proj), E, T(1), res.data<T>(), d);
+    if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
+
+    if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
+    return res;
+  }
+
+  Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
+    auto& state = static_cast<MambaState&>(state_base);
+    const LayerParams& L = layers_[l];
+    const std::vector<Tensor>& s = saved.tensors;
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = cfg_.intermediate_size, N = cfg_.state_size;
+    const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
+    const T* dy = dy_in.data<T>();
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+
+    // out = x + out_proj(y * silu(z))
+    Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
+    ops_.gemm(false, false, n, E, d, T(1), dy, d, W(L.out_proj), E, T(0), dgated.data<T>(), E);
+    if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, s[kGated].data<T>(), E, T(1), g, E);
+    if (L.out_bias >= 0)
+      if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
+    ops_.swiglu_backward(dgated.data<T>(), s[kZ].data<T>(), s[kY].data<T>(), n * E, dz.data<T>(), dyscan.data<T>());
+
+    // The gradient of c's output state is complete (later chunks ran their backward first); c leaves the gradient
+    // of its input state for the previous chunk (none at the sequence start: the zero state is a constant).
+    const BoundaryState* gout = MambaState::Find(state.grad, l, c.end);
+    BoundaryState* gin = nullptr;
+    if (c.begin > 0) {
+      gin = &state.Slot(state.grad, l, c.begin, state.opts.resident_grad_layers, "state gradients");
+      if (!gin->h.defined()) {
+        gin->h = New(MemCategory::kKVGrad, {E, N});
+        gin->tail = New(MemCategory::kKVGrad, {K - 1, E});
+      }
+    }
+
+    Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E}), dB = New(ws, {n, N}), dC = New(ws, {n, N});
+    std::vector<T> A = NegExp(L.a_log), dA(E * N, T(0));
+    ops_.selective_scan_backward(dyscan.data<T>(), gout ? gout->h.data<T>() : nullptr, s[kU].data<T>(),
+                                 s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(), W(L.d),
+                                 s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data(), dB.data<T>(),
+                                 dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
+    if (T* g = G(L.a_log))  // A = -exp(A_log): dA_log = dA * A
+      for (int64_t i = 0; i < E * N; ++i) g[i] += dA[i] * A[i];
+
+    // delta = softplus(dt_proj(dtr) + bias)
+    Tensor ddtpre = New(ws, {n, E}), ddtr = New(ws, {n, R});
+    ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
+    LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, W(L.dt_w), G(L.dt_w), G(L.dt_b), ddtr.data<T>(),
+                   T(0));
+    // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
+    const T* wx = W(L.x_proj);
+    T* gx = G(L.x_proj);
+    const T* u = s[kU].data<T>();
+    LinearBackward(ddtr.data<T>(), R, u, n, E, wx, gx, nullptr, du.data<T>(), T(1));
+    LinearBackward(dB.data<T>(), N, u, n, E, wx + R * E, gx ? gx + R * E : nullptr, nullptr, du.data<T>(), T(1));
+    LinearBackward(dC.data<T>(), N, u, n, E, wx + (R + N) * E, gx ? gx + (R + N) * E : nullptr, nullptr,
+                   du.data<T>(), T(1));
+
+    // u = silu(conv(xin))
+    Tensor dxc = New(ws, {n, E}), dxin = New(ws, {n, E});
+    ops_.silu_backward(du.data<T>(), s[kXc].data<T>(), n * E, dxc.data<T>());
+    ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, s[kXin].data<T>(),
+                         s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(),
+                         gin ? gin->tail.data<T>() : nullptr, GradOrScratch(L.conv_w),
+                         L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
+
+    // (xin, z) = in_proj(xn)
+    Tensor dxn = New(ws, {n, d});
+    const T* xn = s[kXn].data<T>();
+    T* gin_w = G(L.in_proj);
+    T* gin_b = L.in_bias >= 0 ? G(L.in_bias) : nullptr;
+    LinearBackward(dxin.data<T>(), E, xn, n, d, W(L.in_proj), gin_w, gin_b, dxn.data<T>(), T(0));
+    LinearBackward(dz.data<T>(), E, xn, n, d, W(L.in_proj) + E * d, gin_w ? gin_w + E * d : nullptr,
+                   gin_b ? gin_b + E : nullptr, dxn.data<T>(), T(1));
+
+    Tensor dx = New(MemCategory::kActivations, {n, d});
+    std::memcpy(dx.data<T>(), dy, n * d * sizeof(T));
+    ops_.rmsnorm_backward(dxn.data<T>(), s[kX].data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
+                          GradOrScratch(L.norm), true);
+    return dx;
+  }
+
+  HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
+                      double grad_scale, bool need_grad) override {
+    LmHeadWeights<T> w;
+    w.norm = W(final_norm_);
+    w.norm_grad = need_grad ? GradOrScratch(final_norm_) : nullptr;
+    w.head = W(head_);
+    w.head_grad = G(head_);
+    w.eps = cfg_.layer_norm_epsilon;
+    w.d = cfg_.hidden_size;
+    w.vocab = cfg_.vocab_size;
+    w.lm_chunk = lm_chunk_;
+    return LmHeadLoss<T>(ops_, mem_, dtype(), w, c, h, labels, objective, grad_scale, need_grad);
+  }
+
+ private:
+  int Add(const std::string& name, std::vector<int64_t> shape) {
+    Param p;
+    p.name = name;
+    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, dtype(), shape);
+    p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, dtype(), shape);
+    params_.push_back(std::move(p));
+    return static_cast<int>(params_.size()) - 1;
+  }
+  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, dtype(), shape); }
+  T* W(int idx) const { return params_[idx].value.template data<T>(); }
+  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
+  // Frozen parameters still need somewhere for a kernel to write their gradient.
+  T* GradOrScratch(int idx) {
+    if (T* g = G(idx)) return g;
+    std::vector<T>& buf = scratch_[idx];
+    buf.assign(params_[idx].value.numel(), T(0));
+    return buf.data();
+  }
+  // Later positions read the output state of c, unless c ends the sequence.
+  static bool KeepsOutputState(const MambaState& state, Chunk c) {
+    return state.opts.seq_len <= 0 || c.end < state.opts.seq_len;
+  }
+  static void CopyOrZero(const Tensor* src, Tensor& dst) {
+    if (src) std::memcpy(dst.raw(), src->raw(), dst.nbytes());
+    else dst.SetZero();
+  }
+  std::vector<T> NegExp(int a_log) const {
+    const int64_t count = params_[a_log].value.numel();
+    std::vector<T> A(count);
+    for (int64_t i = 0; i < count; ++i) A[i] = -std::exp(W(a_log)[i]);
+    return A;
+  }
+  // y[n][out] = x[n][in] w[out][in]^T (+ bias rows [b_off, b_off + out) of parameter b)
+  void Linear(const T* x, int64_t n, int64_t in, const T* w, int b, int64_t b_off, T* y, int64_t out) {
+    ops_.gemm(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
+    if (b >= 0) ops_.add_bias(y, W(b) + b_off, n, out);
+  }
+  // dx (+)= dy w; dw += dy^T x; db += colsum(dy)
+  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int64_t in, const T* w, T* dw, T* db, T* dx,
+                      T beta) {
+    ops_.gemm(false, false, n, in, out, T(1), dy, out, w, in, beta, dx, in);
+    if (dw) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
+    if (db) ops_.bias_backward(dy, n, out, db);
+  }
+
+  MambaConfig cfg_;
+  const OpTable<T>& ops_;
+  MemoryTracker mem_;
+  std::vector<Param> params_;
+  std::vector<LayerParams> layers_;
+  int embed_ = -1, final_norm_ = -1, head_ = -1;
+  int64_t lm_chunk_ = 256;
+  std::map<int, std::vector<T>> scratch_;
+};
+
+absl::Status ValidateMamba(const MambaConfig& c) {
+  for (auto [field, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                          {"hidden_size", c.hidden_size},
+                          {"state_size", c.state_size},
+                          {"num_hidden_layers", c.num_layers},
+                          {"intermediate_size", c.intermediate_size},
+                          {"conv_kernel", c.conv_kernel},
+                          {"time_step_rank", c.time_step_rank}}) {
+    if (v <= 0) return absl::InvalidArgumentError(absl::StrCat("config field '", field, "' must be positive, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype) {
+  if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
+  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config));
+  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config));
+  return absl::InvalidArgumentError(
+      absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
+}
+
+}  // namespace sg

@@ -1,0 +1,23 @@
+// Mamba-1 state-space model (HF MambaForCausalLM) on the per-layer chunk primitives. The state a chunk carries to
+// the next is, per layer, the scan state h [d_inner][state_size] and the conv tail (the last conv_kernel - 1 conv
+// inputs) at the chunk boundary; its gradient is relayed back the same way, so full, ckpt, seco and streambp work
+// unchanged.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/model.h"
+#include "core/model_config.h"
+
+namespace sg {
+
+class MambaModel : public Model {
+ public:
+  virtual const MambaConfig& config() const = 0;
+};
+
+// Validates the config (errors name the HF field) and allocates zero-initialised parameters (f32 or f64).
+absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype);
+
+}  // namespace sg
