@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/kv_pages.h"
+#include "core/lm_head.h"
 #include "core/objective.h"
 #include "kernels/backend.h"
 
@@ -238,47 +239,18 @@ class Transformer final : public TransformerModel {
     return dx;
   }
 
-  HeadResult HeadLoss(Chunk c, const Tensor& h_in, const int32_t* labels_all, const TokenObjective* objective,
+  HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
                       double grad_scale, bool need_grad) override {
-    const int64_t n = c.size(), d = cfg_.hidden_size, V = cfg_.vocab_size;
-    const int32_t* labels = labels_all + c.begin;
-    HeadResult r;
-    Tensor hn = New(MemCategory::kWorkspace, {n, d}), rstd = New(MemCategory::kWorkspace, {n});
-    ops_.rmsnorm_forward(h_in.data<T>(), W(final_norm_), n, d, cfg_.rms_norm_eps, hn.data<T>(), rstd.data<T>());
-    Tensor dhn;
-    if (need_grad) dhn = Tensor::Zeros(&mem_, MemCategory::kWorkspace, dtype(), {n, d});
-    const int64_t rows = std::min(lm_chunk_, n);
-    Tensor logits = New(MemCategory::kLogits, {rows, V});
-    std::vector<double> logprobs(rows), row_scale(rows);
-    for (int64_t i0 = 0; i0 < n; i0 += rows) {
-      const int64_t m = std::min(rows, n - i0);
-      const int64_t valid = std::count_if(labels + i0, labels + i0 + m, [](int32_t t) { return t >= 0; });
-      if (valid == 0) continue;
-      r.tokens += valid;
-      const T* hn_i = hn.data<T>() + i0 * d;
-      ops_.gemm(false, true, m, V, d, T(1), hn_i, d, W(head_), d, T(0), logits.data<T>(), V);
-      if (!need_grad || objective) {
-        ops_.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
-        for (int64_t j = 0; j < m; ++j) {
-          if (labels[i0 + j] < 0) continue;
-          double dloss = -1;
-          r.loss_sum += objective ? objective->Term(c.begin + i0 + j, logprobs[j], &dloss) : -logprobs[j];
-          row_scale[j] = -dloss;  // d f / d logits = f'(logp) (onehot - softmax)
-        }
-        if (!need_grad) continue;
-        ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
-      } else {
-        r.loss_sum += ops_.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale);
-      }
-      if (T* g = G(head_)) ops_.gemm(true, false, V, d, m, T(1), logits.data<T>(), V, hn_i, d, T(1), g, d);
-      ops_.gemm(false, false, m, d, V, T(1), logits.data<T>(), V, W(head_), d, T(0), dhn.data<T>() + i0 * d, d);
-    }
-    if (need_grad) {
-      r.dh = New(MemCategory::kActivations, {n, d});
-      ops_.rmsnorm_backward(dhn.data<T>(), h_in.data<T>(), W(final_norm_), rstd.data<T>(), n, d,
-                            r.dh.data<T>(), GradOrScratch(final_norm_), false);
-    }
-    return r;
+    LmHeadWeights<T> w;
+    w.norm = W(final_norm_);
+    w.norm_grad = need_grad ? GradOrScratch(final_norm_) : nullptr;
+    w.head = W(head_);
+    w.head_grad = G(head_);
+    w.eps = cfg_.rms_norm_eps;
+    w.d = cfg_.hidden_size;
+    w.vocab = cfg_.vocab_size;
+    w.lm_chunk = lm_chunk_;
+    return LmHeadLoss<T>(ops_, mem_, dtype(), w, c, h, labels, objective, grad_scale, need_grad);
   }
 
  private:
