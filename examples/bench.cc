@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -39,6 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/data.h"
+#include "core/mamba.h"
 #include "core/model_io.h"
 #include "core/trainer.h"
 #include "examples/common.h"
@@ -145,16 +147,58 @@ int64_t MatmulParams(const TransformerConfig& c) {
   const int64_t per_layer = qd * d + 2 * kvd * d + d * qd + 3 * c.intermediate_size * d;
   return c.num_layers * per_layer + c.vocab_size * d;
 }
+int64_t MatmulParams(const MambaConfig& c) {
+  const int64_t d = c.hidden_size, di = c.intermediate_size, r = c.time_step_rank, n = c.state_size;
+  const int64_t per_layer = 2 * di * d + (r + 2 * n) * di + di * r + d * di;  // in, x, dt, out projections
+  return c.num_layers * per_layer + c.vocab_size * d;
+}
 
-// Useful FLOPs of one gradient computation over T tokens (head_tokens with a label), the same for every strategy
-// (recomputation is not useful work): 6 x matmul params x tokens, plus causal attention, forward
-// 2 (QK^T, PV) x 2 x T^2/2 x heads x head_dim per layer, x3 for forward + backward.
-double UsefulFlops(const TransformerConfig& c, int64_t T, int64_t head_tokens) {
-  const double d = static_cast<double>(c.hidden_size);
-  const double layer_params = static_cast<double>(MatmulParams(c) - c.vocab_size * c.hidden_size);
-  const double dense = 6.0 * layer_params * T + 6.0 * static_cast<double>(c.vocab_size) * d * head_tokens;
-  const double attn_fwd = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c.num_heads * c.head_dim;
-  return dense + 3.0 * attn_fwd * c.num_layers;
+// The model as the bench reports it: a one-line description, its config as JSON, and the useful FLOPs of one
+// gradient computation over T tokens (head_tokens with a label), the same for every strategy (recomputation is
+// not useful work): 6 x matmul params x tokens, plus for transformers causal attention (forward 2 (QK^T, PV) x 2
+// x T^2/2 x heads x head_dim per layer, x3 for forward + backward) and for SSMs the scan and conv (forward about
+// 6 x d_inner x state + 2 x conv_kernel x d_inner per token and layer, x3).
+struct ModelFacts {
+  std::string description;
+  json config;
+  std::function<double(int64_t T, int64_t head_tokens)> useful_flops;
+};
+
+ModelFacts Describe(Model& model) {
+  ModelFacts f;
+  auto dense = [](int64_t matmul, int64_t vocab, int64_t d, int64_t T, int64_t head_tokens) {
+    return 6.0 * static_cast<double>(matmul - vocab * d) * T + 6.0 * static_cast<double>(vocab) * d * head_tokens;
+  };
+  if (auto* t = dynamic_cast<TransformerModel*>(&model)) {
+    const TransformerConfig c = t->config();
+    f.description = absl::StrFormat("%s, d=%d, layers=%d, heads=%d/%d kv, ffn=%d, vocab=%d", c.architecture,
+                                    c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size,
+                                    c.vocab_size);
+    f.config = {{"architecture", c.architecture}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                {"num_layers", c.num_layers}, {"num_heads", c.num_heads}, {"num_kv_heads", c.num_kv_heads},
+                {"head_dim", c.head_dim}, {"intermediate_size", c.intermediate_size},
+                {"matmul_params", MatmulParams(c)}};
+    f.useful_flops = [c, dense](int64_t T, int64_t head_tokens) {
+      const double attn_fwd = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c.num_heads * c.head_dim;
+      return dense(MatmulParams(c), c.vocab_size, c.hidden_size, T, head_tokens) + 3.0 * attn_fwd * c.num_layers;
+    };
+  } else if (auto* m = dynamic_cast<MambaModel*>(&model)) {
+    const MambaConfig c = m->config();
+    f.description = absl::StrFormat("mamba, d=%d, layers=%d, d_inner=%d, state=%d, conv=%d, dt_rank=%d, vocab=%d",
+                                    c.hidden_size, c.num_layers, c.intermediate_size, c.state_size, c.conv_kernel,
+                                    c.time_step_rank, c.vocab_size);
+    f.config = {{"architecture", "mamba"}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                {"num_layers", c.num_layers}, {"intermediate_size", c.intermediate_size},
+                {"state_size", c.state_size}, {"conv_kernel", c.conv_kernel}, {"time_step_rank", c.time_step_rank},
+                {"matmul_params", MatmulParams(c)}};
+    f.useful_flops = [c, dense](int64_t T, int64_t head_tokens) {
+      const double scan = 3.0 * (6.0 * c.state_size + 2.0 * c.conv_kernel) * c.intermediate_size * T;
+      return dense(MatmulParams(c), c.vocab_size, c.hidden_size, T, head_tokens) + scan * c.num_layers;
+    };
+  } else {
+    Fail("--model", absl::StrCat("the bench does not know the '", model.family(), "' family"));
+  }
+  return f;
 }
 
 // --- sequences --------------------------------------------------------------------------------------------------
@@ -196,7 +240,7 @@ struct Measurement {
 };
 
 // Times trainer.ComputeGradients, or with forward_only trainer.EvaluateLoss.
-absl::StatusOr<Measurement> Measure(TransformerModel& model, const StrategyOptions& so, bool forward_only,
+absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, bool forward_only,
                                     const Sequence& seq, int warmup, int repeats, bool rss) {
   Trainer trainer(model, so, OptimizerOptions{});
   const std::vector<Sequence> batch{seq};
@@ -290,7 +334,7 @@ StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t 
 // The longest T (doubling from t0 up to kBudgetCap, then bisection to within 1/16 of T, on multiples of
 // kBudgetQuantum) that runs under the engine's memory limit set to the budget: a probe that would pass it fails at
 // the allocation instead of running to the end. 0 when not even the smallest probe fits.
-json BudgetSearch(TransformerModel& model, const StrategyOptions& base, const std::string& name, double spaco_fraction,
+json BudgetSearch(Model& model, const StrategyOptions& base, const std::string& name, double spaco_fraction,
                   int64_t t0, int64_t budget, const std::string& task, uint64_t seed) {
   json probes = json::array();
   auto fits = [&](int64_t T) {
@@ -380,7 +424,7 @@ std::string TempRoot() {
 }
 
 // Runs bench_torch.py on the same model and sequences; returns its JSON (rows with engine "torch").
-json RunTorch(TransformerModel& model, const std::vector<std::string>& strategies,
+json RunTorch(Model& model, const std::vector<std::string>& strategies,
               const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype) {
   std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
   if (!mkdtemp(tmpl.data())) Fail("--compare_torch", absl::StrCat("cannot create a directory like ", tmpl));
@@ -581,26 +625,25 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool compare_torch = absl::GetFlag(FLAGS_compare_torch);
 
-  absl::StatusOr<std::unique_ptr<TransformerModel>> loaded = LoadModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(loaded.status(), "--model");
-  TransformerModel& model = **loaded;
-  const TransformerConfig& cfg = model.config();
+  Model& model = **loaded;
+  const ModelFacts facts = Describe(model);
+  if (compare_torch && model.family() != "transformer")
+    Fail("--compare_torch", "bench_torch.py implements the transformer family only");
   const int threads = omp_get_max_threads();
 
   const double sgemm = MeasureSgemmGflops();
-  std::printf("seqgrad bench: model=%s (%s, d=%lld, layers=%lld, heads=%lld/%lld kv, ffn=%lld, vocab=%lld) "
-              "dtype=%s threads=%d task=%s repeats=%d warmup=%d\n",
-              absl::GetFlag(FLAGS_model).c_str(), cfg.architecture.c_str(), static_cast<long long>(cfg.hidden_size),
-              static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.num_heads),
-              static_cast<long long>(cfg.num_kv_heads), static_cast<long long>(cfg.intermediate_size),
-              static_cast<long long>(cfg.vocab_size), DTypeName(*dtype), threads, task.c_str(), repeats, warmup);
+  std::printf("seqgrad bench: model=%s (%s) dtype=%s threads=%d task=%s repeats=%d warmup=%d\n",
+              absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), threads, task.c_str(),
+              repeats, warmup);
   std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;
   for (int64_t T : seq_lens) seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
 
-  const int64_t state_bytes_per_token = model.StateBytesPerToken() * cfg.num_layers;
+  const int64_t state_bytes_per_token = model.StateBytesPerToken() * model.num_layers();
   json rows = json::array();
   // Rounds interleave the strategies (A B C, A B C, ...) so that a slow spell of a shared machine hits all of
   // them alike; the first --warmup rounds are not timed. Every round is a fresh Trainer with its own sampling seed.
@@ -631,7 +674,7 @@ int Main() {
     for (int64_t T : seq_lens) {
       const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
       const Measurement& m = measured.at({name, T});
-      double flops = UsefulFlops(cfg, T, ValidLabels(seqs.at(T)));
+      double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
       if (name == kForwardOnly) flops /= 3;  // forward is a third of forward + backward
       json row = SeqgradRow(name, T, m, flops, sgemm, state_bytes_per_token);
       if (name == "spaco") {  // its useful work is random: no FLOP rate
@@ -659,7 +702,7 @@ int Main() {
       json t = RunTorch(model, torch_strategies, seqs, warmup, repeats, DTypeName(*dtype));
       for (json r : t["rows"]) {
         const int64_t T = r["seq_len"].get<int64_t>();
-        const double flops = UsefulFlops(cfg, T, ValidLabels(seqs.at(T)));
+        const double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
         const double secs = r["time_s"].get<double>();
         r["gflops"] = flops / 1e9;
         r["gflops_per_s"] = flops / 1e9 / secs;
@@ -723,15 +766,7 @@ int Main() {
     }
     json config;
     config["model"] = absl::GetFlag(FLAGS_model);
-    config["architecture"] = cfg.architecture;
-    config["vocab_size"] = cfg.vocab_size;
-    config["hidden_size"] = cfg.hidden_size;
-    config["num_layers"] = cfg.num_layers;
-    config["num_heads"] = cfg.num_heads;
-    config["num_kv_heads"] = cfg.num_kv_heads;
-    config["head_dim"] = cfg.head_dim;
-    config["intermediate_size"] = cfg.intermediate_size;
-    config["matmul_params"] = MatmulParams(cfg);
+    for (const auto& [k, v] : facts.config.items()) config[k] = v;
     config["dtype"] = DTypeName(*dtype);
     config["threads"] = threads;
     config["task"] = task;

@@ -34,11 +34,12 @@ std::string ResolveUserPath(const std::string& path) {
   return wd ? absl::StrCat(wd, "/", path) : path;
 }
 
-std::string ModelSpec() {
-  const std::string m = absl::GetFlag(FLAGS_model);
+std::string ModelSpecOf(const std::string& m) {
   if (TransformerPreset(m).ok() || MambaPreset(m).ok()) return m;
   return ResolveUserPath(m);
 }
+
+std::string ModelSpec() { return ModelSpecOf(absl::GetFlag(FLAGS_model)); }
 
 absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "f32") return DType::kF32;

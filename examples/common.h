@@ -27,7 +27,8 @@ namespace sg::tools {
 
 // Relative paths resolve against the directory the user ran the command from (bazel run changes the cwd).
 std::string ResolveUserPath(const std::string& path);
-// --model as a preset name or a user path.
+// A model flag's value as a preset name or a user path; ModelSpec() is --model's.
+std::string ModelSpecOf(const std::string& flag_value);
 std::string ModelSpec();
 absl::StatusOr<DType> ParseDType(const std::string& name);
 StrategyOptions StrategyFromFlags();

@@ -43,9 +43,6 @@ namespace {
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
-// --model / --ref_model: a preset name or a user path.
-std::string ModelSpecOf(const std::string& m) { return TransformerPreset(m).ok() ? m : tools::ResolveUserPath(m); }
-
 // Training data of any objective, handed out --batch records at a time, cycling.
 struct TrainData {
   std::vector<Sequence> sequences;  // sft from a file
@@ -141,13 +138,13 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = LoadModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
   const int64_t vocab = (*model)->vocab_size();
   // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
-  std::unique_ptr<TransformerModel> reference;
+  std::unique_ptr<Model> reference;
   if (!ref_model.empty()) {
-    absl::StatusOr<std::unique_ptr<TransformerModel>> r = LoadModel(ModelSpecOf(ref_model), *dtype, seed);
+    absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed);
     tools::ExitIfError(r.status(), "--ref_model");
     if ((*r)->vocab_size() != vocab)
       tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("vocabulary size ", (*r)->vocab_size(),
