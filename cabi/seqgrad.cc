@@ -24,8 +24,8 @@
 #include "core/objective.h"
 #include "core/presets.h"
 #include "core/strategy.h"
+#include "core/model.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 struct sg_status {
   int code;
@@ -85,7 +85,7 @@ sg_status* ParseDType(const char* fn, const char* name, sg::DType* out) {
 }  // namespace
 
 struct ModelCore {
-  std::unique_ptr<sg::TransformerModel> model;
+  std::unique_ptr<sg::Model> model;  // any family (transformer or ssm), only through the generic interface
   std::atomic<bool> busy{false};
 };
 
@@ -499,6 +499,13 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
   return Run(fn, t, call, true, out, check, [&] { return trainer.ComputeGradients(batch); });
 }
 
+// Every family's presets: transformers first, then Mamba.
+std::vector<std::string> AllPresetNames() {
+  std::vector<std::string> names = sg::TransformerPresetNames();
+  for (const std::string& n : sg::MambaPresetNames()) names.push_back(n);
+  return names;
+}
+
 }  // namespace
 
 extern "C" {
@@ -549,15 +556,22 @@ const char* sg_memory_category_name(int category) {
 }
 
 const char* const* sg_model_preset_names(void) {
-  static const char* const kNames[] = {"tiny", "tiny-qwen2", "demo", "bench-cpu", nullptr};
-  return kNames;
+  // Built once from the core's preset lists; the strings live as long as the library.
+  static const std::vector<std::string>* const kStrings = new std::vector<std::string>(AllPresetNames());
+  static const std::vector<const char*>* const kNames = [] {
+    auto* v = new std::vector<const char*>();
+    for (const std::string& n : *kStrings) v->push_back(n.c_str());
+    v->push_back(nullptr);
+    return v;
+  }();
+  return kNames->data();
 }
 
 static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
                               sg_model** out) {
   sg::DType dt = sg::DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
-  absl::StatusOr<std::unique_ptr<sg::TransformerModel>> m = sg::LoadModel(spec, dt, seed);
+  absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed);
   if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", m.status().message()));
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
@@ -571,9 +585,12 @@ sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
     if (!preset) return NullArg(fn, "preset");
-    if (!sg::TransformerPreset(preset).ok()) {
+    const std::vector<std::string> known = AllPresetNames();
+    bool found = false;
+    for (const std::string& n : known) found |= n == preset;
+    if (!found) {
       std::string names;
-      for (const std::string& n : sg::TransformerPresetNames()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+      for (const std::string& n : known) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
       return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
     }
     return CreateModel(fn, preset, dtype, seed, out);
@@ -606,7 +623,11 @@ sg_status* sg_model_save(sg_model* model, const char* dir) {
 
 void sg_model_free(sg_model* model) { delete model; }
 
-const char* sg_model_family(const sg_model* model) { return model ? "transformer" : ""; }
+const char* sg_model_family(const sg_model* model) {
+  if (!model) return "";
+  // Static strings: the C API promises them for the library's lifetime.
+  return model->core->model->family() == "ssm" ? "ssm" : "transformer";
+}
 int64_t sg_model_vocab_size(const sg_model* model) { return model ? model->core->model->vocab_size() : -1; }
 int64_t sg_model_num_layers(const sg_model* model) { return model ? model->core->model->num_layers() : -1; }
 int64_t sg_model_hidden_size(const sg_model* model) { return model ? model->core->model->hidden_size() : -1; }

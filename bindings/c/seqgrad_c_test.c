@@ -307,25 +307,29 @@ static void test_old_struct_sizes(void) {
   sg_model_free(m);
 }
 
-/* All gradients of the model concatenated (f32), malloc'ed; *n gets the count. */
-static float* copy_grads(sg_model* m, int64_t* n) {
+/* All gradients of the model concatenated (every parameter of `dtype`), malloc'ed; *n gets the count. */
+static void* copy_grads_of(sg_model* m, int dtype, size_t elem, int64_t* n) {
   sg_param_info p = sg_param_info_init();
   int64_t i, off = 0;
-  float* out;
+  char* out;
   *n = 0;
   for (i = 0; i < sg_model_num_params(m); ++i) {
     EXPECT_OK(sg_model_param_info(m, i, &p));
+    CHECK(p.dtype == dtype);
     if (p.grad) *n += p.numel;
   }
-  out = (float*)malloc((size_t)*n * sizeof(float));
+  out = (char*)malloc((size_t)*n * elem);
   for (i = 0; out && i < sg_model_num_params(m); ++i) {
     EXPECT_OK(sg_model_param_info(m, i, &p));
     if (!p.grad) continue;
-    memcpy(out + off, p.grad, (size_t)p.numel * sizeof(float));
+    memcpy(out + off * elem, p.grad, (size_t)p.numel * elem);
     off += p.numel;
   }
   return out;
 }
+
+/* All gradients of an f32 model concatenated, malloc'ed; *n gets the count. */
+static float* copy_grads(sg_model* m, int64_t* n) { return (float*)copy_grads_of(m, SG_DTYPE_F32, sizeof(float), n); }
 
 /* Gradients and metrics of one compute_gradients over the test batch (2 sequences of 3 chunks of 8). */
 static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
@@ -945,6 +949,112 @@ static void test_memory_limit(void) {
   sg_model_free(m);
 }
 
+/* ---- Mamba-1 SSMs through the same ABI ---- */
+
+/* Gradients (f64) and loss of one compute_gradients with `strategy` over the test batch (chunks of 8). */
+static double* ssm_grads(sg_model* m, const char* strategy, int64_t spaco_budget, double* loss, int64_t* n) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics met = sg_metrics_init();
+  double* g = NULL;
+  o.strategy = strategy;
+  o.chunk = 8;
+  o.page_size = 8;
+  o.spaco_budget = spaco_budget;
+  o.spaco_cap = 0;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  if (!t) return NULL;
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  *loss = met.loss;
+  g = (double*)copy_grads_of(m, SG_DTYPE_F64, sizeof(double), n);
+  sg_trainer_free(t);
+  return g;
+}
+
+static void test_ssm(void) {
+  static const char* const kStrategies[] = {"ckpt", "seco", "streambp", "spaco"};
+  const char* tmp = getenv("TEST_TMPDIR");
+  const char* const* names = sg_model_preset_names();
+  char dir[1024];
+  int found_tiny = 0, found_bench = 0, k, step;
+  sg_model *m = NULL, *loaded = NULL;
+  sg_trainer* t;
+  sg_metrics met = sg_metrics_init(), ev = sg_metrics_init(), ev2 = sg_metrics_init();
+  double *full, *g, full_loss = 0, loss = 0, first = 0;
+  int64_t n = 0, n2 = 0, i;
+
+  for (; *names; ++names) {
+    found_tiny |= strcmp(*names, "tiny-ssm") == 0;
+    found_bench |= strcmp(*names, "bench-ssm") == 0;
+  }
+  CHECK(found_tiny && found_bench);
+
+  /* f64: every exact strategy (and spaco with every chunk kept) gives full's gradients. */
+  EXPECT_OK(sg_model_create_preset("tiny-ssm", "f64", 3, &m));
+  if (!m) return;
+  CHECK(strcmp(sg_model_family(m), "ssm") == 0);
+  CHECK(sg_model_vocab_size(m) == 97 && sg_model_num_layers(m) == 3 && sg_model_hidden_size(m) == 16);
+  CHECK(sg_model_dtype(m) == SG_DTYPE_F64);
+  full = ssm_grads(m, "full", 8, &full_loss, &n);
+  CHECK(full && n > 0 && isfinite(full_loss));
+  for (k = 0; k < 4; ++k) {
+    g = ssm_grads(m, kStrategies[k], 3, &loss, &n2);
+    CHECK(g && n2 == n);
+    if (fabs(loss - full_loss) > 1e-9 * fabs(full_loss)) {
+      fprintf(stderr, "ssm %s: loss %.17g vs full %.17g\n", kStrategies[k], loss, full_loss);
+      ++g_failures;
+    }
+    for (i = 0; g && full && i < n; ++i) {
+      if (fabs(g[i] - full[i]) > 1e-9 * (fabs(full[i]) + 1e-3)) {
+        fprintf(stderr, "ssm %s vs full: gradient [%lld] = %.17g vs %.17g\n", kStrategies[k], (long long)i, g[i],
+                full[i]);
+        ++g_failures;
+        break;
+      }
+    }
+    free(g);
+  }
+  free(full);
+
+  /* save -> load (an HF Mamba directory) -> the same family and the same loss. */
+  sprintf(dir, "%s/tiny_ssm_saved", tmp ? tmp : "/tmp");
+  EXPECT_OK(sg_model_save(m, dir));
+  EXPECT_OK(sg_model_load(dir, "f64", &loaded));
+  if (loaded) {
+    CHECK(strcmp(sg_model_family(loaded), "ssm") == 0);
+    CHECK(sg_model_num_params(loaded) == sg_model_num_params(m));
+    t = new_trainer(m, "seco");
+    EXPECT_OK(sg_trainer_evaluate(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev));
+    sg_trainer_free(t);
+    t = new_trainer(loaded, "seco");
+    EXPECT_OK(sg_trainer_evaluate(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev2));
+    sg_trainer_free(t);
+    CHECK(isfinite(ev.loss) && ev.loss == ev2.loss);
+  }
+  sg_model_free(loaded);
+  sg_model_free(m);
+
+  /* f32: seco and streambp train. */
+  for (k = 1; k <= 2; ++k) {
+    m = NULL;
+    EXPECT_OK(sg_model_create_preset("tiny-ssm", "f32", 5, &m));
+    if (!m) continue;
+    t = new_trainer(m, kStrategies[k]);
+    for (step = 0; step < 5; ++step) {
+      EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+      CHECK(isfinite(met.loss));
+      if (step == 0) first = met.loss;
+    }
+    if (!(met.loss < first)) {
+      fprintf(stderr, "ssm %s: loss %g after 5 steps, %g at the first\n", kStrategies[k], met.loss, first);
+      ++g_failures;
+    }
+    CHECK(met.step == 5);
+    sg_trainer_free(t);
+    sg_model_free(m);
+  }
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -960,6 +1070,7 @@ int main(void) {
   test_reference_busy();
   test_grpo();
   test_memory_limit();
+  test_ssm();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -228,6 +228,15 @@ JNI_FN(jlong, modelVocabSize)(JNIEnv*, jclass, jlong h) { return sg_model_vocab_
 JNI_FN(jlong, modelNumParams)(JNIEnv*, jclass, jlong h) { return sg_model_num_params(M(h)); }
 JNI_FN(jlong, modelHiddenSize)(JNIEnv*, jclass, jlong h) { return sg_model_hidden_size(M(h)); }
 JNI_FN(jlong, modelNumLayers)(JNIEnv*, jclass, jlong h) { return sg_model_num_layers(M(h)); }
+JNI_FN(jstring, modelFamily)(JNIEnv* env, jclass, jlong h) { return env->NewStringUTF(sg_model_family(M(h))); }
+
+// The i-th built-in preset name; null past the end.
+JNI_FN(jstring, presetName)(JNIEnv* env, jclass, jint i) {
+  const char* const* names = sg_model_preset_names();
+  for (jint k = 0; k < i; ++k)
+    if (!names[k]) return nullptr;
+  return names[i] ? env->NewStringUTF(names[i]) : nullptr;
+}
 
 JNI_FN(jstring, paramName)(JNIEnv* env, jclass, jlong h, jlong i) {
   GUARD_BEGIN

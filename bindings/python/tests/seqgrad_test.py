@@ -436,5 +436,42 @@ def test_memory_limit(model):
         model.set_memory_limit(-1)
 
 
+def test_ssm_presets_strategies_and_save_load(tmp_path):
+    assert "tiny-ssm" in seqgrad.PRESETS and "bench-ssm" in seqgrad.PRESETS
+    with seqgrad.Model.from_preset("tiny-ssm", dtype="f64", seed=3) as model:
+        assert model.family == "ssm" and model.dtype == "f64"
+        assert model.vocab_size == 97 and model.num_layers == 3 and model.hidden_size == 16
+        with seqgrad.Trainer(model, strategy="full") as tr:
+            ref = tr.compute_gradients(BATCH)
+            ref_grads = _grads(model)
+        assert np.isfinite(ref["loss"]) and ref_grads
+        for strategy in ("ckpt", "seco", "streambp"):
+            with seqgrad.Trainer(model, strategy=strategy, chunk=8, page_size=8) as tr:
+                m = tr.compute_gradients(BATCH)
+                _assert_grads_close(_grads(model), ref_grads, 1e-9)
+                assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12) and m["tokens"] == ref["tokens"]
+        with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, spaco_budget=1, seed=7) as tr:
+            m = tr.compute_gradients(BATCH)
+            assert np.isfinite(m["loss"]) and m["chunks"] == 5
+        # save -> load through an HF (MambaForCausalLM) directory -> identical loss
+        model.save(tmp_path / "ssm")
+        with seqgrad.Model.load(tmp_path / "ssm", dtype="f64") as loaded:
+            assert loaded.family == "ssm"
+            a, b = model.parameters(), loaded.parameters()
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+            with seqgrad.Trainer(model) as t1, seqgrad.Trainer(loaded) as t2:
+                assert t1.evaluate(BATCH)["loss"] == t2.evaluate(BATCH)["loss"]
+
+
+@pytest.mark.parametrize("strategy", ["seco", "streambp"])
+def test_ssm_trains(strategy):
+    with seqgrad.Model.from_preset("tiny-ssm", seed=5) as model:
+        with seqgrad.Trainer(model, strategy=strategy, chunk=8, page_size=8, lr=3e-3) as tr:
+            losses = [tr.step(BATCH)["loss"] for _ in range(5)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))

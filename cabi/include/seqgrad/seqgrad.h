@@ -103,26 +103,31 @@ SG_API const char* sg_dtype_name(int dtype);
 
 /* Memory categories of the engine's allocator, in this order. */
 #define SG_NUM_MEMORY_CATEGORIES 8
-/* "weights", "grads", "optimizer", "activations", "kv_cache", "kv_grad", "logits", "workspace"; NULL out of range. */
+/* "weights", "grads", "optimizer", "activations", "kv_cache", "kv_grad", "logits", "workspace"; NULL out of range.
+ * "kv_cache"/"kv_grad" hold each model's sequence state and its gradient: the KV cache of a transformer, the scan
+ * state and conv tail at chunk boundaries of an SSM. */
 SG_API const char* sg_memory_category_name(int category);
 
 /* ---- Model --------------------------------------------------------------------------------------------------- */
 
 typedef struct sg_model sg_model;
 
-/* Names of the built-in presets, NULL-terminated static array ("tiny", "tiny-qwen2", "demo", "bench-cpu"). */
+/* Names of the built-in presets of every family, NULL-terminated static array: transformers ("tiny",
+ * "tiny-qwen2", "demo", "bench-cpu"), then Mamba-1 SSMs ("tiny-ssm", "bench-ssm"; since 0.3). */
 SG_API const char* const* sg_model_preset_names(void);
 
-/* A randomly initialised model from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"). */
+/* A randomly initialised model (any family) from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"). */
 SG_API sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out);
-/* A model from a Hugging Face directory (config.json + model.safetensors[.index.json]). dtype as above. */
+/* A model from a Hugging Face directory (config.json + model.safetensors[.index.json]) whose config.json
+ * model_type is "llama", "qwen2" or (since 0.3) "mamba" (MambaForCausalLM). dtype as above. */
 SG_API sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out);
-/* Writes config.json + model.safetensors into dir (created if missing). SG_ERR_BUSY while a step runs. */
+/* Writes config.json + model.safetensors into dir (created if missing), for either family, loadable by
+ * sg_model_load and by Hugging Face transformers. SG_ERR_BUSY while a step runs. */
 SG_API sg_status* sg_model_save(sg_model* model, const char* dir);
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
 
-/* Model family: "transformer" (SSM families come later). Static string; "" for NULL. */
+/* Model family: "transformer" (Llama/Qwen2) or "ssm" (Mamba-1; since 0.3). Static string; "" for NULL. */
 SG_API const char* sg_model_family(const sg_model* model);
 /* Vocabulary size, number of layers, hidden size, parameter count; -1 for a NULL model. */
 SG_API int64_t sg_model_vocab_size(const sg_model* model);
@@ -171,7 +176,7 @@ typedef struct sg_trainer_options {
   const char* strategy; /* "full" | "ckpt" | "seco" | "spaco" | "streambp" (since 0.3) (copied; NULL = "full") */
   int64_t chunk;        /* tokens per chunk for chunked strategies (seco, spaco), per partition inside a layer for
                            streambp (default 512) */
-  int64_t page_size;    /* KV page size in tokens (default 256) */
+  int64_t page_size;    /* KV page size in tokens (default 256; transformers only, ignored by SSMs) */
   int64_t lm_chunk;     /* LM-head rows at a time (default 256) */
   double lr;            /* AdamW learning rate (default 1e-3) */
   double beta1;         /* default 0.9 */

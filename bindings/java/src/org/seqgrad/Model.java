@@ -4,17 +4,19 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.function.IntFunction;
 
 /**
- * A seqgrad model (transformer). Parameter and gradient buffers are zero-copy direct ByteBuffers over the engine's
- * memory, valid while this model or one of its trainers is open. Trainers keep the native model alive.
+ * A seqgrad model of any family: a transformer (Llama/Qwen2) or a Mamba-1 SSM ({@link #family}). Parameter and
+ * gradient buffers are zero-copy direct ByteBuffers over the engine's memory, valid while this model or one of its
+ * trainers is open. Trainers keep the native model alive.
  */
 public final class Model extends NativeHandle {
   private Model(long h) {
     super(h, "Model");
   }
 
-  /** A randomly initialised model from a built-in preset ("tiny", "tiny-qwen2", "demo", "bench-cpu"). */
+  /** A randomly initialised model from a built-in preset ({@link #presetNames}: "tiny", ..., "tiny-ssm", ...). */
   public static Model fromPreset(String name, String dtype, long seed) {
     return new Model(NativeApi.modelCreatePreset(name, dtype, seed));
   }
@@ -23,9 +25,14 @@ public final class Model extends NativeHandle {
     return fromPreset(name, "f32", 0);
   }
 
-  /** A model from a Hugging Face directory (config.json + safetensors). */
+  /** A model from a Hugging Face directory (config.json + safetensors; model_type llama, qwen2 or mamba). */
   public static Model load(String dir, String dtype) {
     return new Model(NativeApi.modelLoad(dir, dtype));
+  }
+
+  /** Names of the built-in presets of every family: transformers, then SSMs ("tiny-ssm", "bench-ssm"). */
+  public static List<String> presetNames() {
+    return names(NativeApi::presetName);
   }
 
   public static String version() {
@@ -34,9 +41,14 @@ public final class Model extends NativeHandle {
 
   /** Names of the engine's memory categories, in the order of {@link Metrics#peakBytesByCategory}. */
   public static List<String> memoryCategories() {
+    return names(NativeApi::memoryCategoryName);
+  }
+
+  /** name(0), name(1), ... up to the first null. */
+  private static List<String> names(IntFunction<String> name) {
     List<String> out = new ArrayList<>();
-    for (int c = 0; ; ++c) {
-      String n = NativeApi.memoryCategoryName(c);
+    for (int i = 0; ; ++i) {
+      String n = name.apply(i);
       if (n == null) return out;
       out.add(n);
     }
@@ -55,6 +67,25 @@ public final class Model extends NativeHandle {
     long h = acquire();
     try {
       return NativeApi.modelVocabSize(h);
+    } finally {
+      release();
+    }
+  }
+
+  /** "transformer" or "ssm". */
+  public String family() {
+    long h = acquire();
+    try {
+      return NativeApi.modelFamily(h);
+    } finally {
+      release();
+    }
+  }
+
+  public long numLayers() {
+    long h = acquire();
+    try {
+      return NativeApi.modelNumLayers(h);
     } finally {
       release();
     }

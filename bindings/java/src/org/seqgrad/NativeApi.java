@@ -71,6 +71,8 @@ final class NativeApi {
   static native long modelNumParams(long h);
   static native long modelHiddenSize(long h);
   static native long modelNumLayers(long h);
+  static native String modelFamily(long h);
+  static native String presetName(int i);
   static native String paramName(long h, long i);
   static native long[] paramShape(long h, long i);
   static native String paramDType(long h, long i);

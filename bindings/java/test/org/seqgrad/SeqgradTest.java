@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.ByteBuffer;
+import java.nio.DoubleBuffer;
 import java.nio.FloatBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -508,6 +509,92 @@ class SeqgradTest {
       assertTrue(Double.isFinite(r.loss));
       InvalidArgumentException bad = assertThrows(InvalidArgumentException.class, () -> m.setMemoryLimit(-1));
       assertTrue(bad.getMessage().contains("'bytes' is -1"), bad.getMessage());
+    }
+  }
+
+  // ---- Mamba-1 SSMs through the same ABI ----
+
+  /** All gradients of an f64 model, concatenated. */
+  static double[] grads64(Model m) {
+    List<DoubleBuffer> parts = new ArrayList<>();
+    int total = 0;
+    for (int i = 0; i < m.numParams(); ++i) {
+      assertEquals("f64", m.paramDType(i));
+      ByteBuffer g = m.grad(i);
+      if (g == null) continue;
+      parts.add(g.asDoubleBuffer());
+      total += parts.get(parts.size() - 1).capacity();
+    }
+    double[] out = new double[total];
+    int off = 0;
+    for (DoubleBuffer d : parts) {
+      d.get(out, off, d.capacity());
+      off += d.capacity();
+    }
+    return out;
+  }
+
+  @Test
+  void ssmStrategiesMatchFullAndSaveLoadRoundTrips() throws Exception {
+    List<String> presets = Model.presetNames();
+    assertTrue(presets.containsAll(List.of("tiny", "tiny-ssm", "bench-ssm")), presets.toString());
+    int[] ids = new int[A.length + B.length];
+    System.arraycopy(A, 0, ids, 0, A.length);
+    System.arraycopy(B, 0, ids, A.length, B.length);
+    long[] lengths = {A.length, B.length};
+    try (Model m = Model.fromPreset("tiny-ssm", "f64", 3)) {
+      assertEquals("ssm", m.family());
+      assertEquals(97, m.vocabSize());
+      assertEquals(3, m.numLayers());
+      Metrics ref;
+      double[] full;
+      try (Trainer t = Trainer.create(m, new Trainer.Options())) {
+        ref = t.computeGradients(ids, null, lengths);
+        full = grads64(m);
+      }
+      assertTrue(Double.isFinite(ref.loss));
+      for (String strategy : List.of("ckpt", "seco", "streambp")) {
+        try (Trainer t = Trainer.create(m, new Trainer.Options().strategy(strategy).chunk(8).pageSize(8))) {
+          Metrics got = t.computeGradients(ids, null, lengths);
+          assertEquals(ref.loss, got.loss, 1e-12 * Math.abs(ref.loss), strategy);
+          double[] g = grads64(m);
+          assertEquals(full.length, g.length);
+          for (int i = 0; i < full.length; ++i) {
+            assertEquals(full[i], g[i], 1e-9 * (Math.abs(full[i]) + 1e-3), strategy + " vs full: gradient " + i);
+          }
+        }
+      }
+      try (Trainer t = Trainer.create(m, spaco(1).seed(7))) {
+        Metrics r = t.computeGradients(ids, null, lengths);
+        assertTrue(Double.isFinite(r.loss));
+        assertEquals(3 + 2, r.chunks);
+      }
+
+      Path dir = Files.createTempDirectory("seqgrad-java-ssm");
+      m.save(dir.resolve("ssm").toString());
+      try (Model loaded = Model.load(dir.resolve("ssm").toString(), "f64");
+           Trainer t1 = Trainer.create(m, new Trainer.Options());
+           Trainer t2 = Trainer.create(loaded, new Trainer.Options())) {
+        assertEquals("ssm", loaded.family());
+        assertEquals(m.numParams(), loaded.numParams());
+        assertEquals(t1.evaluate(ids, null, lengths).loss, t2.evaluate(ids, null, lengths).loss);
+      }
+    }
+  }
+
+  @Test
+  void ssmTrainsWithSecoAndStreambp() {
+    for (String strategy : List.of("seco", "streambp")) {
+      try (Model m = Model.fromPreset("tiny-ssm", "f32", 5);
+           Trainer t = Trainer.create(m, new Trainer.Options().strategy(strategy).chunk(8).pageSize(8).lr(3e-3))) {
+        assertEquals("ssm", m.family());
+        double first = t.step(List.of(A, B)).loss, last = first;
+        for (int i = 0; i < 4; ++i) {
+          last = t.step(List.of(A, B)).loss;
+          assertTrue(Double.isFinite(last), strategy);
+        }
+        assertTrue(last < first, strategy + ": " + first + " -> " + last);
+      }
     }
   }
 }
