@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/lm_head.h"
+#include "core/param_store.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -77,7 +77,16 @@ struct LayerParams {
 enum Saved { kX, kXn, kRstd, kXin, kZ, kXc, kU, kDtr, kB, kC, kDtPre, kDelta, kY, kGated, kH0, kTail0, kNumSaved };
 
 template <typename T>
-class Mamba final : public MambaModel {
+class Mamba final : public MambaModel, private ParamStore<T> {
+  using Store = ParamStore<T>;
+  using Store::Add;
+  using Store::G;
+  using Store::GradOrScratch;
+  using Store::New;
+  using Store::W;
+  using Store::mem_;
+  using Store::params_;
+
  public:
   explicit Mamba(const MambaConfig& c) : cfg_(c), ops_(CpuOps<T>()) {
     const int64_t d = c.hidden_size, E = c.intermediate_size, N = c.state_size, R = c.time_step_rank;
@@ -109,14 +118,14 @@ class Mamba final : public MambaModel {
   }
 
   std::string family() const override { return "ssm"; }
-  DType dtype() const override { return std::is_same_v<T, double> ? DType::kF64 : DType::kF32; }
+  DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t hidden_size() const override { return cfg_.hidden_size; }
   std::vector<Param>& params() override { return params_; }
   MemoryTracker& memory() override { return mem_; }
   const MambaConfig& config() const override { return cfg_; }
-  void set_lm_chunk(int64_t rows) override { lm_chunk_ = std::max<int64_t>(1, rows); }
+  void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   // The carried state does not grow with the sequence.
   int64_t StateBytesPerToken() const override { return 0; }
 
@@ -266,37 +275,11 @@ class Mamba final : public MambaModel {
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
                       double grad_scale, bool need_grad) override {
-    LmHeadWeights<T> w;
-    w.norm = W(final_norm_);
-    w.norm_grad = need_grad ? GradOrScratch(final_norm_) : nullptr;
-    w.head = W(head_);
-    w.head_grad = G(head_);
-    w.eps = cfg_.layer_norm_epsilon;
-    w.d = cfg_.hidden_size;
-    w.vocab = cfg_.vocab_size;
-    w.lm_chunk = lm_chunk_;
-    return LmHeadLoss<T>(ops_, mem_, dtype(), w, c, h, labels, objective, grad_scale, need_grad);
+    return Store::Head(ops_, final_norm_, head_, cfg_.layer_norm_epsilon, cfg_.hidden_size, cfg_.vocab_size, c, h, labels,
+                       objective, grad_scale, need_grad);
   }
 
  private:
-  int Add(const std::string& name, std::vector<int64_t> shape) {
-    Param p;
-    p.name = name;
-    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, dtype(), shape);
-    p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, dtype(), shape);
-    params_.push_back(std::move(p));
-    return static_cast<int>(params_.size()) - 1;
-  }
-  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, dtype(), shape); }
-  T* W(int idx) const { return params_[idx].value.template data<T>(); }
-  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
-  // Frozen parameters still need somewhere for a kernel to write their gradient.
-  T* GradOrScratch(int idx) {
-    if (T* g = G(idx)) return g;
-    std::vector<T>& buf = scratch_[idx];
-    buf.assign(params_[idx].value.numel(), T(0));
-    return buf.data();
-  }
   // Later positions read the output state of c, unless c ends the sequence.
   static bool KeepsOutputState(const MambaState& state, Chunk c) {
     return state.opts.seq_len <= 0 || c.end < state.opts.seq_len;
@@ -326,12 +309,8 @@ class Mamba final : public MambaModel {
 
   MambaConfig cfg_;
   const OpTable<T>& ops_;
-  MemoryTracker mem_;
-  std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
-  int64_t lm_chunk_ = 256;
-  std::map<int, std::vector<T>> scratch_;
 };
 
 absl::Status ValidateMamba(const MambaConfig& c) {

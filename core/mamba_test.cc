@@ -8,6 +8,7 @@
 #include "core/gradcheck.h"
 #include "core/mamba.h"
 #include "core/presets.h"
+#include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
 
@@ -29,20 +30,7 @@ std::unique_ptr<MambaModel> TinySsm(bool tied = true, bool biases = false) {
 }
 
 // Lengths 23 and 9, random tokens, some labels ignored.
-std::vector<Sequence> MakeBatch(int64_t vocab) {
-  std::vector<Sequence> batch;
-  uint64_t x = 999;
-  for (int64_t len : {23, 9}) {
-    Sequence s;
-    for (int64_t i = 0; i < len; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      s.ids.push_back(static_cast<int32_t>((x >> 33) % vocab));
-      s.labels.push_back(i % 5 == 3 ? -100 : static_cast<int32_t>((x >> 17) % vocab));
-    }
-    batch.push_back(s);
-  }
-  return batch;
-}
+std::vector<Sequence> MakeBatch(int64_t vocab) { return RaggedBatch(vocab, 999); }
 
 struct Case {
   std::string strategy;

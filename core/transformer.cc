@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/kv_pages.h"
-#include "core/lm_head.h"
+#include "core/param_store.h"
 #include "core/objective.h"
 #include "kernels/backend.h"
 
@@ -76,7 +76,16 @@ struct LayerParams {
 enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kNumSaved };
 
 template <typename T>
-class Transformer final : public TransformerModel {
+class Transformer final : public TransformerModel, private ParamStore<T> {
+  using Store = ParamStore<T>;
+  using Store::Add;
+  using Store::G;
+  using Store::GradOrScratch;
+  using Store::New;
+  using Store::W;
+  using Store::mem_;
+  using Store::params_;
+
  public:
   explicit Transformer(const TransformerConfig& c)
       : cfg_(c), ops_(CpuOps<T>()), inv_freq_(RopeInverseFrequencies(c)) {
@@ -107,14 +116,14 @@ class Transformer final : public TransformerModel {
   }
 
   std::string family() const override { return "transformer"; }
-  DType dtype() const override { return std::is_same_v<T, double> ? DType::kF64 : DType::kF32; }
+  DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t hidden_size() const override { return cfg_.hidden_size; }
   std::vector<Param>& params() override { return params_; }
   MemoryTracker& memory() override { return mem_; }
   const TransformerConfig& config() const override { return cfg_; }
-  void set_lm_chunk(int64_t rows) override { lm_chunk_ = std::max<int64_t>(1, rows); }
+  void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   int64_t StateBytesPerToken() const override {
     return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(sizeof(T));
   }
@@ -241,31 +250,11 @@ class Transformer final : public TransformerModel {
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
                       double grad_scale, bool need_grad) override {
-    LmHeadWeights<T> w;
-    w.norm = W(final_norm_);
-    w.norm_grad = need_grad ? GradOrScratch(final_norm_) : nullptr;
-    w.head = W(head_);
-    w.head_grad = G(head_);
-    w.eps = cfg_.rms_norm_eps;
-    w.d = cfg_.hidden_size;
-    w.vocab = cfg_.vocab_size;
-    w.lm_chunk = lm_chunk_;
-    return LmHeadLoss<T>(ops_, mem_, dtype(), w, c, h, labels, objective, grad_scale, need_grad);
+    return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, cfg_.vocab_size, c, h, labels,
+                       objective, grad_scale, need_grad);
   }
 
  private:
-  int Add(const std::string& name, std::vector<int64_t> shape) {
-    Param p;
-    p.name = name;
-    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, dtype(), shape);
-    p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, dtype(), shape);
-    params_.push_back(std::move(p));
-    return static_cast<int>(params_.size()) - 1;
-  }
-  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, dtype(), shape); }
-  T* W(int idx) const { return params_[idx].value.template data<T>(); }
-  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
-  // Frozen norm weights still need somewhere for the kernel to write dw.
   // K/V of chunk c from the normed input, roped and written into the layer's cache pages.
   void AppendKV(int l, Chunk c, const T* xn1, TransformerState& state) {
     const LayerParams& L = layers_[l];
@@ -277,12 +266,6 @@ class Transformer final : public TransformerModel {
     state.kv.Ensure(l, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
     state.MarkKV(l, c);
-  }
-
-  T* GradOrScratch(int idx) {
-    if (T* g = G(idx)) return g;
-    scratch_.resize(params_[idx].value.numel());
-    return scratch_.data();
   }
 
   AttentionShape Shape(Chunk c) const {
@@ -316,12 +299,8 @@ class Transformer final : public TransformerModel {
   TransformerConfig cfg_;
   const OpTable<T>& ops_;
   std::vector<double> inv_freq_;
-  MemoryTracker mem_;
-  std::vector<Param> params_;
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
-  int64_t lm_chunk_ = 256;
-  std::vector<T> scratch_;
 };
 
 absl::Status ValidateConfig(const TransformerConfig& c) {

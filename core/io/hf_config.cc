@@ -205,20 +205,23 @@ absl::Status CheckLayerTypes(const FieldReader& fields) {
   return absl::OkStatus();
 }
 
+// config.json text as a JSON object; errors name source_name.
+absl::StatusOr<json> ParseConfigObject(const std::string& json_text, const std::string& source_name) {
+  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
+  if (!parsed->is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
+  return parsed;
+}
+
 }  // namespace
 
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text,
                                                          const std::string& source_name) {
-  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
-  }
-  const json& root = *parsed;
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(root)));
-  }
-  const FieldReader fields(root, source_name);
+  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
+  if (!parsed.ok()) return parsed.status();
+  const FieldReader fields(*parsed, source_name);
   TransformerConfig config;
   SG_IO_ASSIGN_OR_RETURN(config.architecture, DetectArchitecture(fields, source_name));
   const bool is_qwen2 = config.architecture == "qwen2";
@@ -291,11 +294,8 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
 }
 
 absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
-  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
-  if (!parsed->is_object())
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
+  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
+  if (!parsed.ok()) return parsed.status();
   const FieldReader fields(*parsed, source_name);
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
@@ -310,11 +310,8 @@ absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std
 }
 
 absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
-  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
-  if (!parsed->is_object())
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
+  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
+  if (!parsed.ok()) return parsed.status();
   const FieldReader fields(*parsed, source_name);
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));

@@ -9,44 +9,16 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/finite_difference.h"
 #include "kernels/cpu/vexp.h"
 
 namespace sg {
 namespace {
 
-using Vec = std::vector<double>;
-
-Vec Random(size_t n, uint64_t seed, double scale = 1.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0.0, scale);
-  Vec v(n);
-  for (double& x : v) x = d(rng);
-  return v;
-}
-
-double Dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Max relative error between analytic d f / d x and central differences, over all entries of x.
-double FiniteDifferenceError(const std::function<double()>& f, Vec& x, const Vec& analytic) {
-  const double h = 1e-6;
-  double max_err = 0, max_ref = 1e-12;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f();
-    x[i] = saved - h;
-    const double down = f();
-    x[i] = saved;
-    const double numeric = (up - down) / (2 * h);
-    max_err = std::max(max_err, std::abs(numeric - analytic[i]));
-    max_ref = std::max(max_ref, std::abs(numeric));
-  }
-  return max_err / max_ref;
-}
+using testing_fd::Dot;
+using testing_fd::FiniteDifferenceError;
+using testing_fd::Random;
+using testing_fd::Vec;
 
 constexpr double kTol = 1e-7;
 const OpTable<double>& ops = CpuOps<double>();

@@ -8,43 +8,15 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/finite_difference.h"
 
 namespace sg {
 namespace {
 
-using Vec = std::vector<double>;
-
-Vec Random(size_t n, uint64_t seed, double scale = 1.0, double mean = 0.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(mean, scale);
-  Vec v(n);
-  for (double& x : v) x = d(rng);
-  return v;
-}
-
-double Dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Max error of the analytic gradient against central differences, relative to the largest numeric entry.
-double FdError(const std::function<double()>& f, Vec& x, const Vec& analytic) {
-  const double h = 1e-6;
-  double max_err = 0, max_ref = 1e-12;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + h;
-    const double up = f();
-    x[i] = saved - h;
-    const double down = f();
-    x[i] = saved;
-    const double numeric = (up - down) / (2 * h);
-    max_err = std::max(max_err, std::abs(numeric - analytic[i]));
-    max_ref = std::max(max_ref, std::abs(numeric));
-  }
-  return max_err / max_ref;
-}
+using testing_fd::Dot;
+using testing_fd::FiniteDifferenceError;
+using testing_fd::Random;
+using testing_fd::Vec;
 
 double MaxDiff(const Vec& a, const Vec& b) {
   double m = 0;
@@ -70,10 +42,10 @@ TEST_P(Conv1dTest, GradientsIncludingTails) {
   Vec dx(n * ch), dtail((k - 1) * ch), dw(ch * k, 0.0), db(ch, 0.0);
   ops.conv1d_backward(r.data(), rt.data(), x.data(), tail.data(), w.data(), n, ch, k, dx.data(), dtail.data(),
                       dw.data(), db.data());
-  EXPECT_LT(FdError(f, x, dx), kTol);
-  EXPECT_LT(FdError(f, tail, dtail), kTol);
-  EXPECT_LT(FdError(f, w, dw), kTol);
-  EXPECT_LT(FdError(f, b, db), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, x, dx), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, tail, dtail), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, w, dw), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, b, db), kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, Conv1dTest, ::testing::Values(1, 2, 3, 7));
@@ -114,13 +86,13 @@ TEST_P(ScanTest, GradientsIncludingStates) {
   ops.selective_scan_backward(r.data(), rh.data(), in.u.data(), in.delta.data(), in.A.data(), in.B.data(),
                               in.C.data(), in.D.data(), in.h0.data(), in.n, in.dim, in.N, du.data(), ddelta.data(),
                               dA.data(), dB.data(), dC.data(), dD.data(), dh0.data());
-  EXPECT_LT(FdError(f, in.u, du), kTol);
-  EXPECT_LT(FdError(f, in.delta, ddelta), kTol);
-  EXPECT_LT(FdError(f, in.A, dA), kTol);
-  EXPECT_LT(FdError(f, in.B, dB), kTol);
-  EXPECT_LT(FdError(f, in.C, dC), kTol);
-  EXPECT_LT(FdError(f, in.D, dD), kTol);
-  EXPECT_LT(FdError(f, in.h0, dh0), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.u, du), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.delta, ddelta), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.A, dA), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.B, dB), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.C, dC), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.D, dD), kTol);
+  EXPECT_LT(FiniteDifferenceError(f, in.h0, dh0), kTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkSizes, ScanTest, ::testing::Values(1, 2, 7));
@@ -180,9 +152,9 @@ TEST(PointwiseSsmTest, SiluAndSoftplus) {
   };
   Vec dx(count);
   ops.silu_backward(r.data(), x.data(), count, dx.data());
-  EXPECT_LT(FdError(f_silu, x, dx), kTol);
+  EXPECT_LT(FiniteDifferenceError(f_silu, x, dx), kTol);
   ops.softplus_backward(r.data(), x.data(), count, dx.data());
-  EXPECT_LT(FdError(f_softplus, x, dx), kTol);
+  EXPECT_LT(FiniteDifferenceError(f_softplus, x, dx), kTol);
 }
 
 }  // namespace

@@ -1,0 +1,48 @@
+// Test helpers for checking analytic gradients against central finite differences (fp64).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace sg::testing_fd {
+
+using Vec = std::vector<double>;
+
+inline Vec Random(size_t n, uint64_t seed, double scale = 1.0, double mean = 0.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(mean, scale);
+  Vec v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+inline double Dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Max error of the analytic gradient of f with respect to x against central differences, relative to the largest
+// numeric entry.
+inline double FiniteDifferenceError(const std::function<double()>& f, Vec& x, const Vec& analytic) {
+  const double h = 1e-6;
+  double max_err = 0, max_ref = 1e-12;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double up = f();
+    x[i] = saved - h;
+    const double down = f();
+    x[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    max_err = std::max(max_err, std::abs(numeric - analytic[i]));
+    max_ref = std::max(max_ref, std::abs(numeric));
+  }
+  return max_err / max_ref;
+}
+
+}  // namespace sg::testing_fd
