@@ -110,6 +110,7 @@ absl::StatusOr<GradCheckResult> CheckAgainstFull(Model& model, const Batch& batc
     absl::StatusOr<StepMetrics> got = trainer.ComputeGradients(batch);
     if (!got.ok()) return got.status();
     r.loss = got->loss;
+    r.adjoint_pairs = got->adjoint_pairs;
     const std::vector<std::vector<double>> g = CopyGrads(model);
     if (actual.empty()) actual.assign(g.size(), {});
     for (size_t i = 0; i < g.size(); ++i) {

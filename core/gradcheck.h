@@ -20,6 +20,7 @@ struct GradCheckResult {
   int64_t params_checked = 0;
   int64_t samples = 1;        // gradients averaged (stochastic strategies)
   double mean_rel_err = 0;    // |mean gradient - exact|_2 / |exact|_2 over all parameters together
+  int64_t adjoint_pairs = 0;  // adjoint: (t, i) vector-Jacobian products per channel, summed over layers and batch
 };
 
 // The strategy's gradient, averaged over `samples` independent calls (each spaco call samples afresh), against

@@ -1,5 +1,6 @@
 #include "core/mamba.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -20,6 +21,13 @@ struct BoundaryState {
   Tensor tail;  // [conv_kernel - 1][d_inner]
 };
 
+// Adjoint sharding relays, instead of the scan state gradient, what the pairs (t, i) of earlier chunks read: the
+// scan output cotangents, deltas and C of the adjoint_window - 1 tokens from `begin` on.
+struct LaterTokens {
+  int64_t begin = 0, rows = 0;
+  Tensor dy, delta, C;  // [rows][d_inner], [rows][d_inner], [rows][state_size]
+};
+
 // Per layer, the states at chunk boundaries b > 0 (the state of positions < b; boundary 0 is the zero state and
 // is never stored), and the gradients relayed to them by later chunks.
 class MambaState final : public SequenceState {
@@ -32,6 +40,8 @@ class MambaState final : public SequenceState {
         auto& layer_map = (*m)[layer];
         layer_map.erase(layer_map.upper_bound(from), layer_map.end());
       }
+    // Later tokens are read by positions before them (and trimmed by the backward); none are left before 0.
+    if (from == 0 && layer < static_cast<int>(later.size())) later[layer] = {};
   }
   // What later chunks relayed to c is the gradient of c's output state.
   void ScaleGrad(int layer, Chunk c, double factor) override {
@@ -65,8 +75,15 @@ class MambaState final : public SequenceState {
     else
       for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(f);
   }
+  int64_t AdjointPairs() const override { return pairs; }
+  LaterTokens& Later(int layer) {
+    if (layer >= static_cast<int>(later.size())) later.resize(layer + 1);
+    return later[layer];
+  }
   StateOptions opts;
   std::vector<std::map<int64_t, BoundaryState>> cache, grad;
+  std::vector<LaterTokens> later;  // per layer, with opts.adjoint_window > 0
+  int64_t pairs = 0;
 };
 
 struct LayerParams {
@@ -205,6 +222,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
     const T* dy = dy_in.data<T>();
     constexpr MemCategory ws = MemCategory::kWorkspace;
+    const bool adjoint = state.opts.adjoint_window > 0;
 
     // out = x + out_proj(y * silu(z))
     Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
@@ -220,18 +238,32 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     BoundaryState* gin = nullptr;
     if (c.begin > 0) {
       gin = &state.Slot(state.grad, l, c.begin, state.opts.resident_grad_layers, "state gradients");
-      if (!gin->h.defined()) {
-        gin->h = New(MemCategory::kKVGrad, {E, N});
+      if (!gin->tail.defined()) {
+        if (!adjoint) gin->h = New(MemCategory::kKVGrad, {E, N});
         gin->tail = New(MemCategory::kKVGrad, {K - 1, E});
       }
     }
 
     Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E}), dB = New(ws, {n, N}), dC = New(ws, {n, N});
     std::vector<T> A = NegExp(L.a_log), dA(E * N, T(0));
-    ops_.selective_scan_backward(dyscan.data<T>(), gout ? gout->h.data<T>() : nullptr, s[kU].data<T>(),
-                                 s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(), W(L.d),
-                                 s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data(), dB.data<T>(),
-                                 dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
+    if (adjoint) {
+      LaterTokens& later = state.Later(l);
+      if (later.rows > 0 && later.begin != c.end)
+        throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
+                                            ", not after the chunk ending at ", c.end));
+      state.pairs += ops_.selective_scan_backward_pairs(
+          dyscan.data<T>(), s[kU].data<T>(), s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(),
+          W(L.d), s[kH0].data<T>(), n, E, N, later.rows ? later.dy.data<T>() : nullptr,
+          later.rows ? later.delta.data<T>() : nullptr, later.rows ? later.C.data<T>() : nullptr, later.rows,
+          state.opts.adjoint_window, du.data<T>(), ddelta.data<T>(), dA.data(), dB.data<T>(), dC.data<T>(),
+          GradOrScratch(L.d));
+      if (c.begin > 0) later = PrependTokens(c, dyscan, s[kDelta], s[kC], later, state.opts.adjoint_window - 1);
+    } else {
+      ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
+                                   s[kU].data<T>(), s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(),
+                                   W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data(),
+                                   dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
+    }
     if (T* g = G(L.a_log))  // A = -exp(A_log): dA_log = dA * A
       for (int64_t i = 0; i < E * N; ++i) g[i] += dA[i] * A[i];
 
@@ -283,6 +315,26 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   // Later positions read the output state of c, unless c ends the sequence.
   static bool KeepsOutputState(const MambaState& state, Chunk c) {
     return state.opts.seq_len <= 0 || c.end < state.opts.seq_len;
+  }
+  // c's scan cotangents, deltas and C followed by those of the tokens after c, cut to the first `keep` rows: what
+  // the chunks before c read.
+  LaterTokens PrependTokens(Chunk c, const Tensor& dy, const Tensor& delta, const Tensor& C, const LaterTokens& after,
+                            int64_t keep) {
+    LaterTokens out;
+    out.begin = c.begin;
+    out.rows = std::min(keep, c.size() + after.rows);
+    if (out.rows == 0) return out;
+    const int64_t from_c = std::min(out.rows, c.size()), from_after = out.rows - from_c;
+    auto join = [&](const Tensor& here, const Tensor& there, int64_t width) {
+      Tensor t = New(MemCategory::kKVGrad, {out.rows, width});
+      std::memcpy(t.data<T>(), here.data<T>(), from_c * width * sizeof(T));
+      if (from_after) std::memcpy(t.data<T>() + from_c * width, there.data<T>(), from_after * width * sizeof(T));
+      return t;
+    };
+    out.dy = join(dy, after.dy, cfg_.intermediate_size);
+    out.delta = join(delta, after.delta, cfg_.intermediate_size);
+    out.C = join(C, after.C, cfg_.state_size);
+    return out;
   }
   static void CopyOrZero(const Tensor* src, Tensor& dst) {
     if (src) std::memcpy(dst.raw(), src->raw(), dst.nbytes());

@@ -1,8 +1,12 @@
 // Mamba-1 (tiny-ssm, fp64): every exact strategy against full backprop with ragged chunks, full backprop against
-// finite differences of the loss, and an objective through HeadLoss.
+// finite differences of the loss, an objective through HeadLoss, and adjoint sharding (forms, window, the paper's
+// multi-layer defect, bad options).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "core/data.h"
 #include "core/gradcheck.h"
@@ -60,7 +64,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"ckpt", 512, true}, Case{"ckpt", 512, false}, Case{"seco", 1, true},
                       Case{"seco", 2, false}, Case{"seco", 7, true}, Case{"seco", 23, true},
                       Case{"streambp", 1, true}, Case{"streambp", 2, true}, Case{"streambp", 7, false},
-                      Case{"streambp", 5, true}),
+                      Case{"streambp", 5, true}, Case{"adjoint", 1, true}, Case{"adjoint", 2, false},
+                      Case{"adjoint", 7, true}, Case{"adjoint", 23, false}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + (info.param.tied ? "_tied" : "_untied");
     });
@@ -108,6 +113,99 @@ TEST(MambaObjectiveTest, DpoStrategiesMatchFull) {
     EXPECT_NEAR(r->loss, r->reference_loss, 1e-12) << strategy;
     EXPECT_LE(r->max_rel_err, 1e-10) << strategy << ", worst: " << r->worst_param;
   }
+}
+
+StrategyOptions Adjoint(const std::string& form, int64_t chunk, int64_t window = StrategyOptions::kNoAdjointWindow) {
+  StrategyOptions o;
+  o.name = "adjoint";
+  o.adjoint_form = form;
+  o.chunk = chunk;
+  o.adjoint_window = window;
+  return o;
+}
+
+// Pairs (t, i) of one layer and channel for a sequence of T tokens, window w (the paper: T̄T - T̄(T̄-1)/2).
+int64_t PairsPerLayer(int64_t T, int64_t w) {
+  w = std::min(w, T);
+  return w * T - w * (w - 1) / 2;
+}
+
+// Adjoint sharding over (t, i) pairs and the reverse scan give the same exact gradient, whatever the chunking;
+// a window >= the sequence is no truncation; the pairs counted are the paper's.
+TEST(MambaAdjointTest, FormsAndFullWindowAreExact) {
+  auto model = TinySsm();
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
+  const int64_t layers = model->num_layers();
+  for (const StrategyOptions& o : {Adjoint("pairs", 4), Adjoint("scan", 4), Adjoint("pairs", 5, 23),
+                                   Adjoint("pairs", 3, 1000)}) {
+    absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, batch, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LE(r->max_rel_err, 1e-10) << o.adjoint_form << " window " << o.adjoint_window << ": " << r->worst_param;
+    const int64_t pairs = o.adjoint_form == "scan" ? 0 : layers * (PairsPerLayer(23, o.adjoint_window) +
+                                                                   PairsPerLayer(9, o.adjoint_window));
+    EXPECT_EQ(r->adjoint_pairs, pairs);
+  }
+}
+
+// Truncation drops pairs and changes the gradient, less as the window grows; chunking does not matter.
+TEST(MambaAdjointTest, TruncatedWindowCountsPairsAndErrorShrinks) {
+  auto model = TinySsm();
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
+  double previous = 1e300;
+  for (int64_t w : {1, 4, 12}) {
+    absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, batch, Adjoint("pairs", 5, w));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->adjoint_pairs, model->num_layers() * (PairsPerLayer(23, w) + PairsPerLayer(9, w)));
+    EXPECT_GT(r->mean_rel_err, 1e-8) << "window " << w;
+    EXPECT_LT(r->mean_rel_err, previous) << "window " << w;
+    previous = r->mean_rel_err;
+    absl::StatusOr<GradCheckResult> other = CheckAgainstFull(*model, batch, Adjoint("pairs", 23, w));
+    ASSERT_TRUE(other.ok()) << other.status();
+    EXPECT_NEAR(other->mean_rel_err, r->mean_rel_err, 1e-12) << "window " << w;
+  }
+}
+
+// The paper's multi-layer formula (every layer gets the head's cotangent) is exact for one layer and wrong for
+// more: the defect ../shared/notes/adjoint-sharding.md describes.
+TEST(MambaAdjointTest, PaperFormIsExactForOneLayerOnly) {
+  for (int64_t layers : {1, 3}) {
+    MambaConfig config = *MambaPreset("tiny-ssm");
+    config.num_layers = layers;
+    auto model = CreateMamba(config, DType::kF64);
+    ASSERT_TRUE(model.ok());
+    InitOptions init;
+    init.seed = 3;
+    init.stddev = 0.3;
+    init.perturb_norms_and_biases = true;
+    InitRandom(**model, init);
+    absl::StatusOr<GradCheckResult> r =
+        CheckAgainstFull(**model, MakeBatch((*model)->vocab_size()), Adjoint("paper", 6));
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (layers == 1) EXPECT_LE(r->max_rel_err, 1e-10) << r->worst_param;
+    else EXPECT_GT(r->max_rel_err, 1e-2) << r->worst_param;
+  }
+}
+
+TEST(MambaAdjointTest, BadOptionsNameTheFlag) {
+  auto model = TinySsm();
+  const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
+  auto error = [&](const StrategyOptions& o) {
+    Trainer trainer(*model, o, {});
+    absl::StatusOr<StepMetrics> r = trainer.ComputeGradients(batch);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  EXPECT_THAT(error(Adjoint("pairs", 4, 0)), ::testing::HasSubstr("--adjoint_window must be a positive"));
+  EXPECT_THAT(error(Adjoint("pairs", 4, -3)), ::testing::HasSubstr("got -3"));
+  EXPECT_THAT(error(Adjoint("scan", 4, 8)), ::testing::HasSubstr("--adjoint_form=scan is exact and has no window"));
+  EXPECT_THAT(error(Adjoint("reverse", 4)), ::testing::HasSubstr("--adjoint_form: unknown form 'reverse'"));
+
+  auto transformer = CreateTransformer(*TransformerPreset("tiny"), DType::kF64);
+  ASSERT_TRUE(transformer.ok());
+  Trainer trainer(**transformer, Adjoint("pairs", 4), {});
+  absl::StatusOr<StepMetrics> r = trainer.ComputeGradients(batch);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("needs a state-space model"));
 }
 
 // State memory does not grow with the sequence, and a layer beyond the resident ones is refused.

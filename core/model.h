@@ -41,6 +41,10 @@ struct StateOptions {
   int64_t page_size = 256;
   int resident_layers = 0;       // layers whose cache (KV pages / scan states) is held at once
   int resident_grad_layers = 0;  // layers whose state gradients are held at once
+  // SSMs: > 0 computes scan gradients by adjoint sharding over the pairs (t, i) with t - i < adjoint_window, and
+  // relays to earlier chunks the cotangents of the next adjoint_window - 1 tokens instead of the state gradient
+  // (strategies/adjoint.cc); 0 relays the state gradient (one reverse scan).
+  int64_t adjoint_window = 0;
 };
 
 // State carried along the sequence (KV cache pages for attention, scan states for SSMs) and its gradient.
@@ -54,6 +58,8 @@ class SequenceState {
   // The state gradient of c's positions will never be read (spaco does not backpropagate c): backward may skip
   // computing it. Call before any backward.
   virtual void SkipGrad(Chunk c) {}
+  // Adjoint sharding's vector-Jacobian products so far: (t, i) pairs per channel, summed over layers.
+  virtual int64_t AdjointPairs() const { return 0; }
 };
 
 struct HeadResult {

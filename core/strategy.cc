@@ -15,6 +15,7 @@ const std::map<std::string, StrategyFn>& Registry() {
       {"seco", ChunkedBackprop},
       {"spaco", SparseChunkedBackprop},
       {"streambp", StreamBackprop},
+      {"adjoint", AdjointBackprop},
   };
   return *registry;
 }
@@ -49,6 +50,26 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
       return absl::InvalidArgumentError(
           absl::StrCat("--spaco_cap must be 0 (no cap) or at least 1, got ", o.spaco_cap));
   }
+  if (o.name == "adjoint") {
+    if (o.adjoint_form != "pairs" && o.adjoint_form != "scan" && o.adjoint_form != "paper")
+      return absl::InvalidArgumentError(
+          absl::StrCat("--adjoint_form: unknown form '", o.adjoint_form, "' (known: pairs, scan, paper)"));
+    if (o.adjoint_window <= 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--adjoint_window must be a positive number of tokens, got ", o.adjoint_window));
+    if (o.adjoint_form == "scan" && o.adjoint_window != StrategyOptions::kNoAdjointWindow)
+      return absl::InvalidArgumentError(
+          "--adjoint_window truncates the (t, i) pairs of --adjoint_form=pairs or paper; the reverse scan of "
+          "--adjoint_form=scan is exact and has no window");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStrategyForModel(const StrategyOptions& o, const Model& m) {
+  if (o.name == "adjoint" && m.family() != "ssm")
+    return absl::InvalidArgumentError(absl::StrCat("--strategy=adjoint needs a state-space model (family 'ssm', e.g. "
+                                                   "--model=tiny-ssm); this model's family is '",
+                                                   m.family(), "'"));
   return absl::OkStatus();
 }
 

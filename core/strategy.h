@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,7 @@
 namespace sg {
 
 struct StrategyOptions {
-  std::string name = "full";  // full | ckpt | seco | spaco | streambp
+  std::string name = "full";  // full | ckpt | seco | spaco | streambp | adjoint
   // tokens per chunk (seco, spaco) or per partition inside a layer (streambp); >= seq_len means one
   int64_t chunk = 512;
   int64_t page_size = 256;    // KV page size in tokens
@@ -26,6 +27,13 @@ struct StrategyOptions {
   int64_t spaco_budget = 8;
   double spaco_cap = 2.0;     // cap on the compensation of relayed state gradients; 0 = none (exactly unbiased)
   uint64_t seed = 0;          // sampling seed (spaco); the Trainer derives one per call and sequence
+  // adjoint (state-space models, strategies/adjoint.cc): how each layer's scan gradient is formed.
+  //   pairs: adjoint sharding, independent vector-Jacobian products over (t, i) with exact per-layer cotangents;
+  //   scan:  one reverse scan per chunk seeded from the relayed state gradient (the cheap exact form);
+  //   paper: the paper's multi-layer formula, the head's cotangent for every layer (exact only for one layer).
+  std::string adjoint_form = "pairs";
+  int64_t adjoint_window = kNoAdjointWindow;  // truncation T̄: only pairs with t - i < T̄ (pairs, paper)
+  static constexpr int64_t kNoAdjointWindow = std::numeric_limits<int64_t>::max();
   // Set from another thread to stop a step early; checked between layers and chunks.
   const std::atomic<bool>* cancel = nullptr;
 };
@@ -51,6 +59,7 @@ struct GradResult {
   int64_t tokens = 0;                // valid labels seen
   int64_t chunks = 1;                // chunks the sequence was split into
   int64_t chunks_backpropagated = 1;  // of which were backpropagated (spaco: a random subset)
+  int64_t adjoint_pairs = 0;  // adjoint: vector-Jacobian products (t, i) per channel, summed over layers
 };
 
 // Accumulates grad_scale * d(sum of token losses)/d(params) into the model's gradients.
@@ -70,6 +79,10 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
 GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
 GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+GradResult AdjointBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o);
+
+// Strategies that need a model family (adjoint: an SSM) say so by name.
+absl::Status ValidateStrategyForModel(const StrategyOptions& o, const Model& m);
 
 // The loss of a sequence without gradients (evaluation; the forward-only baseline of benchmarks): chunks of
 // o.chunk tokens forward in order, keeping only the state, as the first stage of seco.

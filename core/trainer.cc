@@ -30,6 +30,7 @@ Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimi
 
 absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients) const {
   if (absl::Status s = ValidateStrategyOptions(strategy_options_); !s.ok()) return s;
+  if (absl::Status s = ValidateStrategyForModel(strategy_options_, model_); !s.ok()) return s;
   if (batch.empty()) return absl::InvalidArgumentError("batch is empty");
   int64_t valid = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -97,6 +98,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
       m.tokens += r.tokens;
       m.chunks += r.chunks;
       m.chunks_backpropagated += r.chunks_backpropagated;
+      m.adjoint_pairs += r.adjoint_pairs;
     }
   } catch (const Cancelled&) {
     return absl::CancelledError(absl::StrCat("step ", step_ + 1, " cancelled"));

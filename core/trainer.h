@@ -26,6 +26,7 @@ struct StepMetrics {
   double grad_norm = 0;   // before clipping
   int64_t chunks = 0;                 // chunks over the batch's sequences
   int64_t chunks_backpropagated = 0;  // of which were backpropagated (fewer only for spaco)
+  int64_t adjoint_pairs = 0;          // adjoint: (t, i) vector-Jacobian products per channel, over layers
 };
 
 class Trainer {

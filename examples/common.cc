@@ -7,12 +7,13 @@
 #include <fstream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/presets.h"
 
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
-ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp");
+ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
 ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
@@ -20,6 +21,11 @@ ABSL_FLAG(int64_t, spaco_budget, 8,
           "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
 ABSL_FLAG(double, spaco_cap, 2.0,
           "spaco: cap on the compensation of relayed state gradients (paper: 2); 0 = none, exactly unbiased");
+ABSL_FLAG(std::string, adjoint_form, "pairs",
+          "adjoint: pairs (adjoint sharding, exact per-layer cotangents) | scan (one reverse scan per chunk, the "
+          "cheap exact form) | paper (the paper's multi-layer formula: exact for one layer only)");
+ABSL_FLAG(std::string, adjoint_window, "none",
+          "adjoint: truncation window T̄ in tokens (only pairs with t - i < T̄), or none");
 ABSL_FLAG(std::string, objective, "sft", "sft | dpo | grpo (dpo and grpo read their JSONL formats from --data)");
 ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
@@ -56,7 +62,20 @@ StrategyOptions StrategyFromFlags() {
   o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.adjoint_form = absl::GetFlag(FLAGS_adjoint_form);
+  absl::StatusOr<int64_t> window = ParseAdjointWindow(absl::GetFlag(FLAGS_adjoint_window));
+  ExitIfError(window.status(), "flags");
+  o.adjoint_window = *window;
   return o;
+}
+
+absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text) {
+  if (text == "none") return StrategyOptions::kNoAdjointWindow;
+  int64_t w = 0;
+  if (!absl::SimpleAtoi(text, &w) || w <= 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--adjoint_window must be a positive number of tokens or 'none', got '", text, "'"));
+  return w;
 }
 
 ObjectiveOptions ObjectiveFromFlags() {

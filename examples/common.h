@@ -32,6 +32,8 @@ std::string ModelSpecOf(const std::string& flag_value);
 std::string ModelSpec();
 absl::StatusOr<DType> ParseDType(const std::string& name);
 StrategyOptions StrategyFromFlags();
+// --adjoint_window: a positive token count or "none" (no truncation).
+absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text);
 ObjectiveOptions ObjectiveFromFlags();
 // Writes text to a user path (atomically: temporary file + rename).
 absl::Status WriteTextFile(const std::string& path, const std::string& text);

@@ -1,18 +1,25 @@
 // Compares a strategy's gradients with full backprop on a model (preset or HF directory), in f64 by default.
 // Prints and writes {"strategy", "max_rel_err", "max_abs_err", "params_checked", "samples", "mean_rel_err", ...}.
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <random>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/gradcheck.h"
 #include "core/model_io.h"
 #include "examples/common.h"
 
 ABSL_FLAG(std::string, json, "", "write the result here");
 ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many calls (spaco: independent samples)");
+ABSL_FLAG(std::string, adjoint_windows, "",
+          "adjoint: comma-separated truncation windows T̄ (or none) to sweep; prints the gradient error against "
+          "exact and the vector-Jacobian products per layer and channel for each");
 ABSL_FLAG(int64_t, seq_len, 61,
           "length of the longest test sequence (sft: a second of a third of it makes the batch ragged; dpo/grpo: "
           "prompt + response, see MakeCheckBatch in core/gradcheck.h)");
@@ -35,17 +42,39 @@ int Main() {
   tools::ExitIfError(ValidateObjectiveOptions(objective), "flags");
   absl::StatusOr<Batch> batch = MakeCheckBatch(**model, objective, seq_len, seed);
   tools::ExitIfError(batch.status(), "gradcheck batch");
-  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, *batch, strategy, objective, absl::GetFlag(FLAGS_samples));
-  tools::ExitIfError(r.status(), "gradcheck");
-  const std::string json = absl::StrFormat(
-      "{\"model\": \"%s\", \"strategy\": \"%s\", \"objective\": \"%s\", \"dtype\": \"%s\", \"chunk\": %d, \"seq_len\": %d, "
-      "\"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, \"worst_param\": \"%s\", "
-      "\"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, \"mean_rel_err\": %.6e, "
-      "\"spaco_budget\": %d, \"spaco_cap\": %g}",
-      absl::GetFlag(FLAGS_model), strategy.name, objective.name, absl::GetFlag(FLAGS_dtype), strategy.chunk, seq_len,
-      r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
-      r->mean_rel_err, strategy.spaco_budget, strategy.spaco_cap);
-  std::printf("%s\n", json.c_str());
+
+  std::vector<StrategyOptions> runs = {strategy};
+  if (const std::string list = absl::GetFlag(FLAGS_adjoint_windows); !list.empty()) {
+    if (strategy.name != "adjoint")
+      tools::ExitIfError(absl::InvalidArgumentError("--adjoint_windows needs --strategy=adjoint"), "flags");
+    runs.clear();
+    for (absl::string_view w : absl::StrSplit(list, ',')) {
+      absl::StatusOr<int64_t> window = tools::ParseAdjointWindow(std::string(w));
+      tools::ExitIfError(window.status(), "--adjoint_windows");
+      runs.push_back(strategy);
+      runs.back().adjoint_window = *window;
+      tools::ExitIfError(ValidateStrategyOptions(runs.back()), "--adjoint_windows");
+    }
+  }
+  const int64_t layers = (*model)->num_layers();
+  std::vector<std::string> rows;
+  for (const StrategyOptions& run : runs) {
+    absl::StatusOr<GradCheckResult> r = CheckAgainstFull(**model, *batch, run, objective, absl::GetFlag(FLAGS_samples));
+    tools::ExitIfError(r.status(), "gradcheck");
+    const std::string window =
+        run.adjoint_window == StrategyOptions::kNoAdjointWindow ? "null" : absl::StrCat(run.adjoint_window);
+    rows.push_back(absl::StrFormat(
+        "{\"model\": \"%s\", \"strategy\": \"%s\", \"objective\": \"%s\", \"dtype\": \"%s\", \"chunk\": %d, "
+        "\"seq_len\": %d, \"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, "
+        "\"worst_param\": \"%s\", \"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, "
+        "\"mean_rel_err\": %.6e, \"spaco_budget\": %d, \"spaco_cap\": %g, \"adjoint_form\": \"%s\", "
+        "\"adjoint_window\": %s, \"adjoint_pairs_per_layer\": %d}",
+        absl::GetFlag(FLAGS_model), run.name, objective.name, absl::GetFlag(FLAGS_dtype), run.chunk, seq_len,
+        r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
+        r->mean_rel_err, run.spaco_budget, run.spaco_cap, run.adjoint_form, window, r->adjoint_pairs / layers));
+    std::printf("%s\n", rows.back().c_str());
+  }
+  const std::string json = rows.size() == 1 ? rows[0] : absl::StrCat("[", absl::StrJoin(rows, ",\n "), "]");
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty())
     tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(path), json + "\n"), "--json");
   return 0;

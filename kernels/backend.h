@@ -109,6 +109,15 @@ struct OpTable {
   void (*selective_scan_backward)(const T* dy, const T* dh_final, const T* u, const T* delta, const T* A,
                                   const T* B, const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N,
                                   T* du, T* ddelta, T* dA, T* dB, T* dC, T* dD, T* dh0);
+  // The same gradients by adjoint sharding (arXiv 2501.00692): dh_i assembled from independent vector-Jacobian
+  // products over pairs (t, i), i <= t < i + window (window >= the tokens left: exact), with adjoint states
+  // lambda^{t,i} = C_t exp(A (delta_{i+1} + ... + delta_t)). The pairs with t past the chunk read later_dy,
+  // later_delta [later][dim] and later_C [later][N]: the tokens right after the chunk. No dh0: what earlier chunks
+  // need are these cotangents. du, ddelta, dB, dC assigned; dA, dD accumulated. Returns the pairs per channel.
+  int64_t (*selective_scan_backward_pairs)(const T* dy, const T* u, const T* delta, const T* A, const T* B,
+                                           const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N,
+                                           const T* later_dy, const T* later_delta, const T* later_C, int64_t later,
+                                           int64_t window, T* du, T* ddelta, T* dA, T* dB, T* dC, T* dD);
   // y = silu(x), y = softplus(x) (torch's, threshold 20); backward assigns dx.
   void (*silu_forward)(const T* x, int64_t count, T* y);
   void (*silu_backward)(const T* dy, const T* x, int64_t count, T* dx);

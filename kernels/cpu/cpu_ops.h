@@ -54,6 +54,11 @@ template <typename T>
 void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* delta, const T* A, const T* B,
                            const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, T* du, T* ddelta,
                            T* dA, T* dB, T* dC, T* dD, T* dh0);
+template <typename T>
+int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, const T* A, const T* B, const T* C,
+                                   const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, const T* later_dy,
+                                   const T* later_delta, const T* later_C, int64_t later, int64_t window, T* du,
+                                   T* ddelta, T* dA, T* dB, T* dC, T* dD);
 template <typename T> void SiluForward(const T* x, int64_t count, T* y);
 template <typename T> void SiluBackward(const T* dy, const T* x, int64_t count, T* dx);
 template <typename T> void SoftplusForward(const T* x, int64_t count, T* y);

@@ -156,6 +156,93 @@ void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* 
   }
 }
 
+// Adjoint sharding: the state gradient of position i is the sum of independent vector-Jacobian products over the
+// pairs (t, i), i <= t < i + window, dh_i = sum_t dy_t lambda^{t,i} with lambda^{t,i} = C_t exp(A sum_{i<j<=t}
+// delta_j), accumulated from lambda^{t,t} = C_t one factor exp(delta_j A) at a time. Positions t past the chunk
+// come from later_* (the cotangents, deltas and C of the `later` tokens right after it). Per channel, the states
+// h_{i-1} are recomputed forward from h0, so every pair needs one state vector and nothing grows with the sequence.
+template <typename T>
+int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, const T* A, const T* B, const T* C,
+                                   const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, const T* later_dy,
+                                   const T* later_delta, const T* later_C, int64_t later, int64_t window, T* du,
+                                   T* ddelta, T* dA, T* dB, T* dC, T* dD) {
+  const int64_t span = std::min(n + later, n - 1 + window);  // positions any pair of this chunk reads
+  auto row = [&](const T* here, const T* after, int64_t t, int64_t width, int64_t col) {
+    return t < n ? here[t * width + col] : after[(t - n) * width + col];
+  };
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < n; ++i) pairs += std::min(span, i + window) - i;
+  const int threads = (pairs * dim * N > 16384) ? omp_get_max_threads() : 1;
+  std::vector<std::vector<T>> dB_t(threads), dC_t(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num();
+    std::vector<T>& dBl = dB_t[tid];
+    std::vector<T>& dCl = dC_t[tid];
+    dBl.assign(n * N, T(0));
+    dCl.assign(n * N, T(0));
+    std::vector<T> decay(span * N), g(span), h(N), prev(N), lambda(N), dh(N);
+#pragma omp for schedule(static)
+    for (int64_t d = 0; d < dim; ++d) {
+      const T* Ad = A + d * N;
+      T* dAd = dA + d * N;
+      for (int64_t t = 0; t < span; ++t) {
+        g[t] = row(dy, later_dy, t, dim, d);
+        const T dt = row(delta, later_delta, t, dim, d);
+        for (int64_t s = 0; s < N; ++s) decay[t * N + s] = std::exp(dt * Ad[s]);
+      }
+      for (int64_t s = 0; s < N; ++s) h[s] = h0 ? h0[d * N + s] : T(0);
+      const T Dd = D ? D[d] : T(0);
+      T dDd = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const T dt = delta[i * dim + d], ut = u[i * dim + d];
+        const T* Bi = B + i * N;
+        const T* ei = decay.data() + i * N;
+        for (int64_t s = 0; s < N; ++s) {
+          prev[s] = h[s];
+          h[s] = ei[s] * h[s] + dt * Bi[s] * ut;
+          dCl[i * N + s] += g[i] * h[s];  // the C term is local: y_i reads h_i only
+        }
+        // The pairs (t, i): lambda starts at C_i and picks up one decay per step of t.
+        std::fill(dh.begin(), dh.end(), T(0));
+        std::fill(lambda.begin(), lambda.end(), T(1));
+        const int64_t t_end = std::min(span, i + window);
+        for (int64_t t = i; t < t_end; ++t) {
+          const T* et = decay.data() + t * N;
+          const T* Ct = t < n ? C + t * N : later_C + (t - n) * N;
+          const T gt = g[t];
+          for (int64_t s = 0; s < N; ++s) {
+            if (t > i) lambda[s] *= et[s];
+            dh[s] += gt * Ct[s] * lambda[s];
+          }
+        }
+        // The VJP of step i with cotangent dh_i: h_i = exp(delta_i A) h_{i-1} + delta_i B_i u_i.
+        T du_i = Dd * g[i], ddt = 0;
+        dDd += g[i] * ut;
+        for (int64_t s = 0; s < N; ++s) {
+          dBl[i * N + s] += dh[s] * dt * ut;
+          du_i += dh[s] * dt * Bi[s];
+          ddt += dh[s] * (Bi[s] * ut + Ad[s] * ei[s] * prev[s]);
+          dAd[s] += dh[s] * dt * ei[s] * prev[s];
+        }
+        du[i * dim + d] = du_i;
+        ddelta[i * dim + d] = ddt;
+      }
+      if (dD) dD[d] += dDd;
+    }
+  }
+  for (int64_t k = 0; k < n * N; ++k) {
+    T b = 0, c = 0;
+    for (int t = 0; t < threads; ++t) {
+      b += dB_t[t][k];
+      c += dC_t[t][k];
+    }
+    dB[k] = b;
+    dC[k] = c;
+  }
+  return pairs;
+}
+
 template <typename T>
 void SiluForward(const T* x, int64_t count, T* y) {
 #pragma omp parallel for if (count > 65536)
@@ -193,6 +280,9 @@ void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
   template void SelectiveScanBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*,   \
                                          const T*, const T*, int64_t, int64_t, int64_t, T*, T*, T*, T*, T*, T*,  \
                                          T*);                                                                    \
+  template int64_t SelectiveScanBackwardPairs<T>(const T*, const T*, const T*, const T*, const T*, const T*,     \
+                                                 const T*, const T*, int64_t, int64_t, int64_t, const T*,        \
+                                                 const T*, const T*, int64_t, int64_t, T*, T*, T*, T*, T*, T*);  \
   template void SiluForward<T>(const T*, int64_t, T*);                                                           \
   template void SiluBackward<T>(const T*, const T*, int64_t, T*);                                                \
   template void SoftplusForward<T>(const T*, int64_t, T*);                                                       \

@@ -135,6 +135,75 @@ TEST(ScanTest, ChunksWithCarriedStateEqualWholeSequence) {
   EXPECT_LT(MaxDiff(dD, dD2), 1e-11);
 }
 
+// Adjoint sharding with every pair (window >= the tokens left), the later tokens' cotangents handed to the first
+// chunk, gives the reverse-scan gradients; the pair counts are those of the paper (sum over i of T - i).
+TEST(ScanPairsTest, PairsOverChunksEqualReverseScan) {
+  const int64_t n = 48, split = 19, dim = 64, N = 8, m = n - split, all = 1 << 20;
+  ScanInputs in(n, dim, N, 31);
+  const Vec dy = Random(n * dim, 40);
+  Vec du(n * dim), ddelta(n * dim), dA(dim * N, 0.0), dB(n * N), dC(n * N), dD(dim, 0.0);
+  ops.selective_scan_backward(dy.data(), nullptr, in.u.data(), in.delta.data(), in.A.data(), in.B.data(),
+                              in.C.data(), in.D.data(), nullptr, n, dim, N, du.data(), ddelta.data(), dA.data(),
+                              dB.data(), dC.data(), dD.data(), nullptr);
+
+  Vec h(dim * N), du2(n * dim), ddelta2(n * dim), dA2(dim * N, 0.0), dB2(n * N), dC2(n * N), dD2(dim, 0.0);
+  auto at = [](const Vec& v, int64_t row, int64_t width) { return v.data() + row * width; };
+  auto at_mut = [](Vec& v, int64_t row, int64_t width) { return v.data() + row * width; };
+  ops.selective_scan_forward(in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(),
+                             nullptr, split, dim, N, nullptr, h.data());
+  const int64_t pairs_late = ops.selective_scan_backward_pairs(
+      at(dy, split, dim), at(in.u, split, dim), at(in.delta, split, dim), in.A.data(), at(in.B, split, N),
+      at(in.C, split, N), in.D.data(), h.data(), m, dim, N, nullptr, nullptr, nullptr, 0, all,
+      at_mut(du2, split, dim), at_mut(ddelta2, split, dim), dA2.data(), at_mut(dB2, split, N), at_mut(dC2, split, N),
+      dD2.data());
+  const int64_t pairs_early = ops.selective_scan_backward_pairs(
+      dy.data(), in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(), nullptr, split,
+      dim, N, at(dy, split, dim), at(in.delta, split, dim), at(in.C, split, N), m, all, du2.data(), ddelta2.data(),
+      dA2.data(), dB2.data(), dC2.data(), dD2.data());
+  EXPECT_EQ(pairs_late, m * (m + 1) / 2);
+  EXPECT_EQ(pairs_late + pairs_early, n * (n + 1) / 2);
+  EXPECT_LT(MaxDiff(du, du2), 1e-12);
+  EXPECT_LT(MaxDiff(ddelta, ddelta2), 1e-12);
+  EXPECT_LT(MaxDiff(dA, dA2), 1e-11);
+  EXPECT_LT(MaxDiff(dB, dB2), 1e-11);
+  EXPECT_LT(MaxDiff(dC, dC2), 1e-11);
+  EXPECT_LT(MaxDiff(dD, dD2), 1e-11);
+}
+
+// A truncated window keeps the pairs with t - i < window only: dB and dA against the definition, with the adjoint
+// states written as exp(A * (sum of deltas)) instead of running products; T̄T - T̄(T̄-1)/2 pairs per channel.
+TEST(ScanPairsTest, TruncatedWindowMatchesDefinition) {
+  const int64_t n = 23, dim = 5, N = 3, window = 6;
+  ScanInputs in(n, dim, N, 7);
+  const Vec dy = Random(n * dim, 8);
+  Vec du(n * dim), ddelta(n * dim), dA(dim * N, 0.0), dB(n * N), dC(n * N), dD(dim, 0.0);
+  const int64_t pairs = ops.selective_scan_backward_pairs(
+      dy.data(), in.u.data(), in.delta.data(), in.A.data(), in.B.data(), in.C.data(), in.D.data(), in.h0.data(), n,
+      dim, N, nullptr, nullptr, nullptr, 0, window, du.data(), ddelta.data(), dA.data(), dB.data(), dC.data(),
+      dD.data());
+  EXPECT_EQ(pairs, window * n - window * (window - 1) / 2);
+
+  Vec dB_ref(n * N, 0.0), dA_ref(dim * N, 0.0);
+  for (int64_t d = 0; d < dim; ++d)
+    for (int64_t s = 0; s < N; ++s) {
+      const double a = in.A[d * N + s];
+      double h = in.h0[d * N + s];
+      for (int64_t i = 0; i < n; ++i) {
+        const double dt = in.delta[i * dim + d], prev = h;
+        h = std::exp(dt * a) * h + dt * in.B[i * N + s] * in.u[i * dim + d];
+        double dh = 0, sum = 0;
+        for (int64_t t = i; t < std::min(n, i + window); ++t) {
+          if (t > i) sum += in.delta[t * dim + d];
+          dh += dy[t * dim + d] * in.C[t * N + s] * std::exp(a * sum);
+        }
+        dB_ref[i * N + s] += dh * dt * in.u[i * dim + d];
+        dA_ref[d * N + s] += dh * dt * std::exp(dt * a) * prev;
+      }
+    }
+  EXPECT_LT(MaxDiff(dB, dB_ref), 1e-12);
+  EXPECT_LT(MaxDiff(dA, dA_ref), 1e-12);
+}
+
 TEST(PointwiseSsmTest, SiluAndSoftplus) {
   const int64_t count = 9;
   Vec x = Random(count, 50, 3.0);

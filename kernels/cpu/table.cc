@@ -26,6 +26,7 @@ static OpTable<T> MakeCpuTable() {
   t.conv1d_backward = cpu::Conv1dBackward<T>;
   t.selective_scan_forward = cpu::SelectiveScanForward<T>;
   t.selective_scan_backward = cpu::SelectiveScanBackward<T>;
+  t.selective_scan_backward_pairs = cpu::SelectiveScanBackwardPairs<T>;
   t.silu_forward = cpu::SiluForward<T>;
   t.silu_backward = cpu::SiluBackward<T>;
   t.softplus_forward = cpu::SoftplusForward<T>;
