@@ -5,6 +5,9 @@
 //   ./bazelw run //examples:bench -- --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096
 //       --compare_torch --json=/tmp/bench.json
 //
+// adjoint (SSMs) takes variants in --strategies: "adjoint" (pairs, no window), "adjoint:256" (pairs, window 256),
+// "adjoint:scan" (the reverse-scan form), "adjoint:paper".
+//
 // "forward" in --strategies times the loss alone (chunked forward, no gradients): the floor that spaco's time
 // approaches. spaco samples different chunks on every run, so its time is the mean over the timed runs, not the
 // best; every other row reports the best run. Runs of the strategies are interleaved, round by round.
@@ -48,6 +51,9 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, strategies, "full,ckpt", "comma-separated strategies to benchmark");
+ABSL_FLAG(double, skip_after_s, 0,
+          "skip the longer sequences of a strategy once one of its runs took longer than this (seconds; 0 = never): "
+          "for adjoint's quadratic pair form");
 ABSL_FLAG(std::string, seq_lens, "1024,2048,4096", "comma-separated sequence lengths (tokens)");
 ABSL_FLAG(int32_t, repeats, 3, "timed rounds per length (each runs every strategy once); the best is reported");
 ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
@@ -235,6 +241,7 @@ struct Measurement {
   double loss = 0;
   double chunks = 0;                 // mean over timed runs
   double chunks_backpropagated = 0;  // mean over timed runs
+  int64_t adjoint_pairs = 0;         // adjoint: (t, i) pairs per channel over all layers
   MemorySnapshot mem;          // of the first timed run (the schedule is deterministic)
   int64_t rss_delta = -1;      // max over timed runs; -1 = unavailable
 };
@@ -266,6 +273,7 @@ absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, boo
     r.loss = m->loss;
     r.chunks += static_cast<double>(m->chunks) / runs;
     r.chunks_backpropagated += static_cast<double>(m->chunks_backpropagated) / runs;
+    r.adjoint_pairs = m->adjoint_pairs;
     if (base >= 0 && top >= 0) r.rss_delta = std::max(r.rss_delta, top - base);
   }
   return r;
@@ -319,9 +327,21 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   return row;
 }
 
-// The options of one (strategy, T) cell: forward runs chunked like seco; spaco's budget follows --spaco_fraction.
+// The options of one (strategy, T) cell: forward runs chunked like seco; spaco's budget follows --spaco_fraction;
+// adjoint:<form or window> picks adjoint's variant.
 StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t T, double spaco_fraction) {
   so.name = name == kForwardOnly ? "seco" : name;
+  if (absl::StartsWith(name, "adjoint:")) {
+    so.name = "adjoint";
+    const std::string variant = name.substr(8);
+    if (variant == "pairs" || variant == "scan" || variant == "paper") {
+      so.adjoint_form = variant;
+    } else {
+      absl::StatusOr<int64_t> window = tools::ParseAdjointWindow(variant);
+      tools::ExitIfError(window.status(), absl::StrCat("--strategies (", name, ")").c_str());
+      so.adjoint_window = *window;
+    }
+  }
   if (name == "spaco" && spaco_fraction > 0) {
     const int64_t k = (T + so.chunk - 1) / so.chunk;
     so.spaco_budget = std::clamp<int64_t>(std::llround(spaco_fraction * static_cast<double>(k)), 1, k);
@@ -479,11 +499,11 @@ std::string Cell(const json& row, const char* key, const char* fmt, double scale
 }
 
 void PrintTable(const json& rows) {
-  std::printf("%-8s %-8s %7s %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s", "tok/s",
+  std::printf("%-8s %-12s %7s %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s", "tok/s",
               "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
   for (const json& r : rows) {
     const double mib = 1.0 / 1048576.0;
-    std::printf("%-8s %-8s %7lld %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
+    std::printf("%-8s %-12s %7lld %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
                 r["strategy"].get<std::string>().c_str(), static_cast<long long>(r["seq_len"].get<int64_t>()),
                 Cell(r, "time_s", "%.4f").c_str(), Cell(r, "tokens_per_s", "%.0f").c_str(),
                 Cell(r, "gflops_per_s", "%.1f").c_str(), Cell(r, "sgemm_fraction", "%.1f%%", 100).c_str(),
@@ -539,7 +559,8 @@ const json* FindRow(const json& rows, const std::string& strategy, int64_t T) {
 
 // The claims the chunked strategies make, checked on this run's rows: time ratios at each T, and for seco how
 // activation memory and total memory grow with T (activations flat; total by the state and its gradient).
-json PrintChecks(const json& rows, const std::vector<int64_t>& seq_lens, int64_t state_bytes_per_token) {
+json PrintChecks(const json& rows, const std::vector<std::string>& strategies, const std::vector<int64_t>& seq_lens,
+                 int64_t state_bytes_per_token) {
   json out;
   json ratios = json::array();
   std::printf("\ntime ratios in this run:\n%7s %12s %15s %16s %15s\n", "T", "seco/full", "spaco/forward",
@@ -565,17 +586,23 @@ json PrintChecks(const json& rows, const std::vector<int64_t>& seq_lens, int64_t
   }
   out["time_ratios"] = ratios;
 
-  const int64_t t_lo = *std::min_element(seq_lens.begin(), seq_lens.end());
-  const int64_t t_hi = *std::max_element(seq_lens.begin(), seq_lens.end());
-  const json* lo = FindRow(rows, "seco", t_lo);
-  const json* hi = FindRow(rows, "seco", t_hi);
-  if (lo && hi && t_hi > t_lo) {
-    const double act_lo = (*lo)["activation_peak_bytes"].get<double>();
-    const double act_hi = (*hi)["activation_peak_bytes"].get<double>();
+  // How memory grows with T for the strategies that chunk the sequence (activations should not).
+  json growth_by_strategy = json::object();
+  for (const std::string& name : strategies) {
+    if (name != "seco" && !absl::StartsWith(name, "adjoint")) continue;
+    std::vector<int64_t> ts;
+    for (int64_t T : seq_lens)
+      if (FindRow(rows, name, T)) ts.push_back(T);
+    if (ts.size() < 2) continue;
+    const int64_t t_lo = *std::min_element(ts.begin(), ts.end()), t_hi = *std::max_element(ts.begin(), ts.end());
+    const json& lo = *FindRow(rows, name, t_lo);
+    const json& hi = *FindRow(rows, name, t_hi);
+    const double act_lo = lo["activation_peak_bytes"].get<double>();
+    const double act_hi = hi["activation_peak_bytes"].get<double>();
     const double dT = static_cast<double>(t_hi - t_lo);
-    const double growth = ((*hi)["peak_bytes"].get<double>() - (*lo)["peak_bytes"].get<double>()) / dT;
-    const double kv_growth = ((*hi)["kv_cache_bytes"].get<double>() - (*lo)["kv_cache_bytes"].get<double>()) / dT;
-    const double grad_growth = ((*hi)["kv_grad_bytes"].get<double>() - (*lo)["kv_grad_bytes"].get<double>()) / dT;
+    auto per_token = [&](const char* key) { return (hi[key].get<double>() - lo[key].get<double>()) / dT; };
+    const double growth = per_token("peak_bytes"), kv_growth = per_token("kv_cache_bytes");
+    const double grad_growth = per_token("kv_grad_bytes");
     json m;
     m["t_lo"] = t_lo;
     m["t_hi"] = t_hi;
@@ -584,15 +611,43 @@ json PrintChecks(const json& rows, const std::vector<int64_t>& seq_lens, int64_t
     m["kv_cache_growth_bytes_per_token"] = kv_growth;
     m["kv_grad_growth_bytes_per_token"] = grad_growth;
     m["state_bytes_per_token"] = state_bytes_per_token;
-    std::printf("\nseco memory, T=%lld -> %lld:\n", static_cast<long long>(t_lo), static_cast<long long>(t_hi));
+    std::printf("\n%s memory, T=%lld -> %lld:\n", name.c_str(), static_cast<long long>(t_lo),
+                static_cast<long long>(t_hi));
     std::printf("  activation peak (activations + workspace + logits at the peak): %.2f -> %.2f MiB (%+.2f%%)\n",
                 Mib(act_lo), Mib(act_hi), 100 * (act_hi / act_lo - 1));
-    std::printf("  peak growth per token: %.1f bytes = KV cache %.1f + KV grad %.1f + other %.1f "
-                "(K+V of one token over all layers: %lld bytes)\n",
+    std::printf("  peak growth per token: %.1f bytes = state (KV cache) %.1f + state gradient (KV grad) %.1f + "
+                "other %.1f (K+V of one token over all layers: %lld bytes)\n",
                 growth, kv_growth, grad_growth, growth - kv_growth - grad_growth,
                 static_cast<long long>(state_bytes_per_token));
-    out["seco_memory"] = m;
+    growth_by_strategy[name] = m;
+    if (name == "seco") out["seco_memory"] = m;
   }
+  out["memory_growth"] = growth_by_strategy;
+
+  // Time vs T as a power law between consecutive lengths: ~1 linear, ~2 quadratic.
+  json exponents = json::object();
+  std::printf("\ntime exponent d log(time) / d log(T) between consecutive lengths:\n");
+  for (const std::string& name : strategies) {
+    json e = json::array();
+    std::string line;
+    const json* prev = nullptr;
+    for (int64_t T : seq_lens) {
+      const json* r = FindRow(rows, name, T);
+      if (!r) continue;
+      if (prev) {
+        const double x = std::log(static_cast<double>(T) / (*prev)["seq_len"].get<double>());
+        const double k = std::log((*r)["time_s"].get<double>() / (*prev)["time_s"].get<double>()) / x;
+        e.push_back({{"from", (*prev)["seq_len"]}, {"to", T}, {"exponent", k}});
+        absl::StrAppendFormat(&line, "  %lld->%lld: %.2f", (*prev)["seq_len"].get<long long>(),
+                              static_cast<long long>(T), k);
+      }
+      prev = r;
+    }
+    if (e.empty()) continue;
+    exponents[name] = e;
+    std::printf("  %-12s%s\n", name.c_str(), line.c_str());
+  }
+  out["time_exponents"] = exponents;
   return out;
 }
 
@@ -603,8 +658,7 @@ int Main() {
   if (strategies.empty()) Fail("--strategies", "empty");
   StrategyOptions base = tools::StrategyFromFlags();
   for (const std::string& s : strategies) {
-    base.name = s == kForwardOnly ? "seco" : s;  // forward uses the chunked options
-    tools::ExitIfError(ValidateStrategyOptions(base), "--strategies");
+    tools::ExitIfError(ValidateStrategyOptions(OptionsFor(base, s, 1, 0)), "--strategies");
   }
   const double spaco_fraction = absl::GetFlag(FLAGS_spaco_fraction);
   if (!(spaco_fraction >= 0 && spaco_fraction <= 1)) Fail("--spaco_fraction", "must be in [0, 1]");
@@ -648,13 +702,26 @@ int Main() {
   // Rounds interleave the strategies (A B C, A B C, ...) so that a slow spell of a shared machine hits all of
   // them alike; the first --warmup rounds are not timed. Every round is a fresh Trainer with its own sampling seed.
   std::map<std::pair<std::string, int64_t>, Measurement> measured;
+  std::map<std::string, std::string> skipped;  // strategy -> why its longer sequences were not run
+  const double skip_after_s = absl::GetFlag(FLAGS_skip_after_s);
+  json skipped_rows = json::array();
   for (int64_t T : seq_lens) {
     for (int round = 0; round < warmup + repeats; ++round) {
       for (const std::string& name : strategies) {
+        if (skipped.count(name)) {
+          if (round == 0) {
+            std::fprintf(stderr, "skipping %s T=%lld: %s\n", name.c_str(), static_cast<long long>(T),
+                         skipped[name].c_str());
+            skipped_rows.push_back({{"strategy", name}, {"seq_len", T}, {"reason", skipped[name]}});
+          }
+          continue;
+        }
         StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
         so.seed += static_cast<uint64_t>(round);
         absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seqs.at(T), 0, 1, /*rss=*/true);
         tools::ExitIfError(m.status(), absl::StrCat("strategy ", name, " T=", T).c_str());
+        if (skip_after_s > 0 && m->best_s > skip_after_s)
+          skipped[name] = absl::StrFormat("T=%d took %.1f s > --skip_after_s=%g", T, m->best_s, skip_after_s);
         if (round < warmup) continue;
         auto [it, first] = measured.try_emplace({name, T}, *m);
         Measurement& acc = it->second;
@@ -673,6 +740,7 @@ int Main() {
   for (const std::string& name : strategies) {
     for (int64_t T : seq_lens) {
       const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
+      if (!measured.count({name, T})) continue;  // skipped
       const Measurement& m = measured.at({name, T});
       double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
       if (name == kForwardOnly) flops /= 3;  // forward is a third of forward + backward
@@ -682,6 +750,12 @@ int Main() {
         row["spaco_cap"] = so.spaco_cap;
         for (const char* k : {"gflops", "gflops_per_s", "sgemm_fraction"}) row[k] = nullptr;
       }
+      if (so.name == "adjoint") {
+        row["adjoint_form"] = so.adjoint_form;
+        row["adjoint_window"] =
+            so.adjoint_window == StrategyOptions::kNoAdjointWindow ? json(nullptr) : json(so.adjoint_window);
+        row["adjoint_pairs_per_layer"] = m.adjoint_pairs / model.num_layers();
+      }
       std::fprintf(stderr, "seqgrad %8s T=%6lld: %.4f s  %.0f tok/s  peak %.1f MiB  loss %.5f  chunks %.1f/%.1f\n",
                    name.c_str(), static_cast<long long>(T), row["time_s"].get<double>(),
                    row["tokens_per_s"].get<double>(), Mib(m.mem.total_peak), m.loss, m.chunks_backpropagated,
@@ -689,7 +763,7 @@ int Main() {
       rows.push_back(row);
     }
   }
-  const json checks = PrintChecks(rows, seq_lens, state_bytes_per_token);
+  const json checks = PrintChecks(rows, strategies, seq_lens, state_bytes_per_token);
 
   json torch_info;
   if (compare_torch) {
@@ -779,6 +853,7 @@ int Main() {
     config["page_size"] = base.page_size;
     config["lm_chunk"] = base.lm_chunk;
     config["seed"] = seed;
+    config["skip_after_s"] = skip_after_s;
     config["memory_budget"] = budget;
     config["compare_torch"] = compare_torch;
     json out;
@@ -790,6 +865,7 @@ int Main() {
       out["torch"] = torch_info;
     }
     if (budget > 0) out["budget"] = budget_rows;
+    if (!skipped_rows.empty()) out["skipped"] = skipped_rows;
     out["checks"] = checks;
     tools::ExitIfError(tools::WriteTextFile(path, out.dump(2) + "\n"), "--json");
     const std::string svg_path = SvgPathFor(path);

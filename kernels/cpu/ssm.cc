@@ -156,6 +156,67 @@ void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* 
   }
 }
 
+// The pair steps t in [t0, t1) of a block of kBlock positions that are all active, with the decay products and
+// state gradients in registers: kN (the state size) fixed at compile time, compiled for AVX2 + FMA where the CPU
+// has them (dispatch by feature, as in vexp.cc).
+constexpr int kBlock = 4;
+
+template <typename T, int kN>
+inline __attribute__((always_inline)) void SweepBlockBody(const T* decay, const T* g, const T* C, const T* later_C,
+                                                          int64_t n, int64_t t0, int64_t t1, T* prod, T* dh) {
+  T p[kBlock][kN], q[kBlock][kN];
+  for (int k = 0; k < kBlock; ++k)
+    for (int s = 0; s < kN; ++s) {
+      p[k][s] = prod[k * kN + s];
+      q[k][s] = dh[k * kN + s];
+    }
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* et = decay + t * kN;
+    const T* Ct = t < n ? C + t * kN : later_C + (t - n) * kN;
+    T gc[kN];
+    for (int s = 0; s < kN; ++s) gc[s] = g[t] * Ct[s];
+    for (int k = 0; k < kBlock; ++k)
+      for (int s = 0; s < kN; ++s) {
+        p[k][s] *= et[s];
+        q[k][s] += gc[s] * p[k][s];
+      }
+  }
+  for (int k = 0; k < kBlock; ++k)
+    for (int s = 0; s < kN; ++s) {
+      prod[k * kN + s] = p[k][s];
+      dh[k * kN + s] = q[k][s];
+    }
+}
+
+template <typename T, int kN>
+__attribute__((target("avx2,fma"))) void SweepBlockAvx2(const T* decay, const T* g, const T* C, const T* later_C,
+                                                        int64_t n, int64_t t0, int64_t t1, T* prod, T* dh) {
+  SweepBlockBody<T, kN>(decay, g, C, later_C, n, t0, t1, prod, dh);
+}
+
+template <typename T, int kN>
+void SweepBlockBase(const T* decay, const T* g, const T* C, const T* later_C, int64_t n, int64_t t0, int64_t t1,
+                    T* prod, T* dh) {
+  SweepBlockBody<T, kN>(decay, g, C, later_C, n, t0, t1, prod, dh);
+}
+
+// False when N has no compiled sweep: the caller steps pair by pair.
+template <typename T>
+bool SweepBlock(int64_t N, const T* decay, const T* g, const T* C, const T* later_C, int64_t n, int64_t t0,
+                int64_t t1, T* prod, T* dh) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (N) {
+    case 16:
+      (avx2 ? SweepBlockAvx2<T, 16> : SweepBlockBase<T, 16>)(decay, g, C, later_C, n, t0, t1, prod, dh);
+      return true;
+    case 8:
+      (avx2 ? SweepBlockAvx2<T, 8> : SweepBlockBase<T, 8>)(decay, g, C, later_C, n, t0, t1, prod, dh);
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Adjoint sharding: the state gradient of position i is the sum of independent vector-Jacobian products over the
 // pairs (t, i), i <= t < i + window, dh_i = sum_t dy_t lambda^{t,i} with lambda^{t,i} = C_t exp(A sum_{i<j<=t}
 // delta_j), accumulated from lambda^{t,t} = C_t one factor exp(delta_j A) at a time. Positions t past the chunk
@@ -181,7 +242,9 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
     std::vector<T>& dCl = dC_t[tid];
     dBl.assign(n * N, T(0));
     dCl.assign(n * N, T(0));
-    std::vector<T> decay(span * N), g(span), h(N), prev(N), lambda(N), dh(N);
+    // Positions go in blocks of kBlock: their pair loops over t are independent chains (the decay products),
+    // which the CPU overlaps; one chain alone waits on its multiply latency.
+    std::vector<T> decay(span * N), g(span), h(N), prev(kBlock * N), prod(kBlock * N), dh(kBlock * N);
 #pragma omp for schedule(static)
     for (int64_t d = 0; d < dim; ++d) {
       const T* Ad = A + d * N;
@@ -194,39 +257,71 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
       for (int64_t s = 0; s < N; ++s) h[s] = h0 ? h0[d * N + s] : T(0);
       const T Dd = D ? D[d] : T(0);
       T dDd = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T dt = delta[i * dim + d], ut = u[i * dim + d];
-        const T* Bi = B + i * N;
-        const T* ei = decay.data() + i * N;
+      // One step of pair (t, i_k): the product picks up exp(delta_t A), and dy_t C_t (product) joins dh_{i_k}.
+      auto pair = [&](int k, int64_t t) {
+        T* __restrict pk = prod.data() + k * N;
+        T* __restrict dk = dh.data() + k * N;
+        const T* __restrict et = decay.data() + t * N;
+        const T* __restrict Ct = t < n ? C + t * N : later_C + (t - n) * N;
+        const T gt = g[t];
         for (int64_t s = 0; s < N; ++s) {
-          prev[s] = h[s];
-          h[s] = ei[s] * h[s] + dt * Bi[s] * ut;
-          dCl[i * N + s] += g[i] * h[s];  // the C term is local: y_i reads h_i only
+          pk[s] *= et[s];
+          dk[s] += gt * Ct[s] * pk[s];
         }
-        // The pairs (t, i): lambda starts at C_i and picks up one decay per step of t.
-        std::fill(dh.begin(), dh.end(), T(0));
-        std::fill(lambda.begin(), lambda.end(), T(1));
-        const int64_t t_end = std::min(span, i + window);
-        for (int64_t t = i; t < t_end; ++t) {
-          const T* et = decay.data() + t * N;
-          const T* Ct = t < n ? C + t * N : later_C + (t - n) * N;
-          const T gt = g[t];
+      };
+      for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+        const int block = static_cast<int>(std::min<int64_t>(kBlock, n - i0));
+        int64_t end[kBlock];
+        for (int k = 0; k < block; ++k) {
+          const int64_t i = i0 + k;
+          const T dt = delta[i * dim + d], ut = u[i * dim + d];
+          const T* Bi = B + i * N;
+          const T* ei = decay.data() + i * N;
+          const T* Ci = C + i * N;
           for (int64_t s = 0; s < N; ++s) {
-            if (t > i) lambda[s] *= et[s];
-            dh[s] += gt * Ct[s] * lambda[s];
+            prev[k * N + s] = h[s];
+            h[s] = ei[s] * h[s] + dt * Bi[s] * ut;
+            dCl[i * N + s] += g[i] * h[s];  // the C term is local: y_i reads h_i only
+            prod[k * N + s] = T(1);         // lambda^{i,i} = C_i
+            dh[k * N + s] = g[i] * Ci[s];
           }
+          end[k] = std::min(span, i + window);
         }
+        // The pairs (t, i_k), t in (i_k, end_k), t increasing for each k: while the block's later positions start,
+        // then all of the block together (end_0 is the earliest end), then the longer windows of the later ones.
+        const int64_t together = i0 + block;
+        for (int64_t t = i0 + 1; t < together; ++t)
+          for (int k = 0; k < block; ++k)
+            if (i0 + k < t && t < end[k]) pair(k, t);
+        if (block == kBlock) {
+          if (!SweepBlock(N, decay.data(), g.data(), C, later_C, n, together, end[0], prod.data(), dh.data()))
+            for (int64_t t = together; t < end[0]; ++t)
+              for (int k = 0; k < kBlock; ++k) pair(k, t);
+        } else {
+          for (int64_t t = together; t < end[0]; ++t)
+            for (int k = 0; k < block; ++k) pair(k, t);
+        }
+        for (int k = 1; k < block; ++k)
+          for (int64_t t = std::max(together, end[0]); t < end[k]; ++t) pair(k, t);
         // The VJP of step i with cotangent dh_i: h_i = exp(delta_i A) h_{i-1} + delta_i B_i u_i.
-        T du_i = Dd * g[i], ddt = 0;
-        dDd += g[i] * ut;
-        for (int64_t s = 0; s < N; ++s) {
-          dBl[i * N + s] += dh[s] * dt * ut;
-          du_i += dh[s] * dt * Bi[s];
-          ddt += dh[s] * (Bi[s] * ut + Ad[s] * ei[s] * prev[s]);
-          dAd[s] += dh[s] * dt * ei[s] * prev[s];
+        for (int k = 0; k < block; ++k) {
+          const int64_t i = i0 + k;
+          const T dt = delta[i * dim + d], ut = u[i * dim + d];
+          const T* Bi = B + i * N;
+          const T* ei = decay.data() + i * N;
+          const T* dk = dh.data() + k * N;
+          const T* pv = prev.data() + k * N;
+          T du_i = Dd * g[i], ddt = 0;
+          dDd += g[i] * ut;
+          for (int64_t s = 0; s < N; ++s) {
+            dBl[i * N + s] += dk[s] * dt * ut;
+            du_i += dk[s] * dt * Bi[s];
+            ddt += dk[s] * (Bi[s] * ut + Ad[s] * ei[s] * pv[s]);
+            dAd[s] += dk[s] * dt * ei[s] * pv[s];
+          }
+          du[i * dim + d] = du_i;
+          ddelta[i * dim + d] = ddt;
         }
-        du[i * dim + d] = du_i;
-        ddelta[i * dim + d] = ddt;
       }
       if (dD) dD[d] += dDd;
     }

@@ -204,6 +204,37 @@ TEST(ScanPairsTest, TruncatedWindowMatchesDefinition) {
   EXPECT_LT(MaxDiff(dA, dA_ref), 1e-12);
 }
 
+// f32 with state size 16 takes the register-blocked sweep (AVX2 where available): same gradients as the scan.
+TEST(ScanPairsTest, CompiledSweepInF32MatchesReverseScan) {
+  const int64_t n = 37, dim = 8, N = 16;
+  ScanInputs in(n, dim, N, 5);
+  auto f32 = [](const Vec& v) { return std::vector<float>(v.begin(), v.end()); };
+  const std::vector<float> u = f32(in.u), delta = f32(in.delta), A = f32(in.A), B = f32(in.B), C = f32(in.C),
+                           D = f32(in.D), dy = f32(Random(n * dim, 6));
+  const OpTable<float>& ops32 = CpuOps<float>();
+  std::vector<std::vector<float>> out;
+  for (bool pairs : {false, true}) {
+    std::vector<float> du(n * dim), ddelta(n * dim), dA(dim * N, 0.f), dB(n * N), dC(n * N), dD(dim, 0.f);
+    if (pairs)
+      ops32.selective_scan_backward_pairs(dy.data(), u.data(), delta.data(), A.data(), B.data(), C.data(), D.data(),
+                                          nullptr, n, dim, N, nullptr, nullptr, nullptr, 0, n, du.data(),
+                                          ddelta.data(), dA.data(), dB.data(), dC.data(), dD.data());
+    else
+      ops32.selective_scan_backward(dy.data(), nullptr, u.data(), delta.data(), A.data(), B.data(), C.data(),
+                                    D.data(), nullptr, n, dim, N, du.data(), ddelta.data(), dA.data(), dB.data(),
+                                    dC.data(), dD.data(), nullptr);
+    for (auto* v : {&du, &ddelta, &dA, &dB}) out.push_back(*v);
+  }
+  for (size_t k = 0; k < 4; ++k) {
+    float scale = 0, err = 0;
+    for (size_t i = 0; i < out[k].size(); ++i) {
+      scale = std::max(scale, std::abs(out[k][i]));
+      err = std::max(err, std::abs(out[k][i] - out[k + 4][i]));
+    }
+    EXPECT_LT(err, 1e-5f * scale) << "output " << k;
+  }
+}
+
 TEST(PointwiseSsmTest, SiluAndSoftplus) {
   const int64_t count = 9;
   Vec x = Random(count, 50, 3.0);
