@@ -34,7 +34,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.3.0";
+constexpr char kVersion[] = "0.4.0";
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {
@@ -129,13 +129,17 @@ sg_status* Busy(const char* fn) {
 }
 
 // Sizes of the size-versioned structs in older headers: programs built against them pass these. Their layouts are
-// frozen; later fields are appended. (sg_metrics did not change in 0.3: its 0.2 size is this library's.)
+// frozen; later fields are appended. (sg_metrics did not change in 0.3: its 0.2 size is also the 0.3 size.)
 constexpr size_t kTrainerOptionsSize0_1 = offsetof(sg_trainer_options, spaco_budget);
 constexpr size_t kTrainerOptionsSize0_2 = offsetof(sg_trainer_options, objective);
+constexpr size_t kTrainerOptionsSize0_3 = offsetof(sg_trainer_options, adjoint_form);
 constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
+constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = the 0.2 size
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
-static_assert(kTrainerOptionsSize0_2 == 240 && sizeof(sg_metrics) == 200,
-              "the 0.2 (LP64) layouts changed: append only");
+static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
+static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
+static_assert(sizeof(sg_trainer_options) == 288 && sizeof(sg_metrics) == 208,
+              "the 0.4 (LP64) layouts changed: append only");
 
 struct PublishedSize {
   const char* version;
@@ -157,7 +161,8 @@ sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t w
 
 sg_status* CheckMetrics(const char* fn, const sg_metrics* out) {
   if (!out) return nullptr;
-  return CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics), {{"0.1", kMetricsSize0_1}});
+  return CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics),
+                         {{"0.1", kMetricsSize0_1}, {"0.3", kMetricsSize0_3}});
 }
 
 void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
@@ -177,6 +182,7 @@ void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapsho
     out->chunks = m.chunks;
     out->chunks_backpropagated = m.chunks_backpropagated;
   }
+  if (out->struct_size > kMetricsSize0_3) out->adjoint_pairs = m.adjoint_pairs;
 }
 
 void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
@@ -692,6 +698,9 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.spaco_budget = so.spaco_budget;
   o.spaco_cap = so.spaco_cap;
   o.seed = so.seed;
+  o.adjoint_form = "pairs";
+  o.adjoint_window = so.adjoint_window;
+  static_assert(sg::StrategyOptions::kNoAdjointWindow == INT64_MAX, "the C API documents INT64_MAX as no window");
   const sg::ObjectiveOptions obj;
   o.objective = "sft";
   o.dpo_beta = obj.dpo_beta;
@@ -714,7 +723,8 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (!model) return NullArg(fn, "model");
     if (!options) return NullArg(fn, "options");
     if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
-                                       {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2}}))
+                                       {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
+                                        {"0.3", kTrainerOptionsSize0_3}}))
       return s;
     for (uint64_t r : options->reserved)
       if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -728,10 +738,23 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
       so.spaco_cap = options->spaco_cap;
       so.seed = options->seed;
     }
+    if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
+      so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
+      so.adjoint_window = options->adjoint_window;
+    }
     if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
       return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));
+    // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
+    if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
+      return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
+                                  "'; known forms: pairs, scan, paper"));
+    if (so.adjoint_window <= 0)
+      return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
+                                  "; need a positive number of tokens (INT64_MAX = no window)"));
     if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
       return Invalid(absl::StrCat(fn, ": options: ", s.message()));
+    if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
+      return Invalid(absl::StrCat(fn, ": options->strategy: ", s.message()));
     sg::ObjectiveOptions obj;
     if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
       obj.name = options->objective ? options->objective : "sft";

@@ -242,7 +242,7 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "lr");
   met.struct_size = 4;
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
-  met.struct_size = sizeof(met) - 8;
+  met.struct_size = sizeof(met) - 4; /* between the published sizes */
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
   p.struct_size = 0;
   EXPECT_STATUS(sg_model_param_info(m, 0, &p), SG_ERR_INVALID_ARGUMENT, "struct_size");
@@ -265,8 +265,8 @@ static void test_errors(void) {
   sg_model_free(m);
 }
 
-/* Programs built against the 0.1 header (options and metrics end before the 0.2 fields) or the 0.2 one (options end
- * before the 0.3 fields) keep working. */
+/* Programs built against the 0.1 header (options and metrics end before the 0.2 fields), the 0.2 one (options end
+ * before the 0.3 fields) or the 0.3 one (options and metrics end before the 0.4 fields) keep working. */
 static void test_old_struct_sizes(void) {
   sg_model* m = tiny_model();
   sg_trainer* t = NULL;
@@ -304,6 +304,33 @@ static void test_old_struct_sizes(void) {
   o.struct_size = offsetof(sg_trainer_options, objective) + 8; /* neither a published size nor this library's */
   EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "0.2 size 240");
   CHECK(t == NULL);
+  /* 0.3 size: the objective fields are read, the 0.4 adjoint fields are not (a window of 0 beyond the caller's struct
+   * would be rejected); metrics of the 0.3 size leave adjoint_pairs alone. */
+  o = sg_trainer_default_options();
+  o.struct_size = offsetof(sg_trainer_options, adjoint_form);
+  o.chunk = 8;
+  o.page_size = 8;
+  o.objective = "ppo";
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->objective is 'ppo'");
+  o.objective = "sft";
+  o.adjoint_form = "reverse";
+  o.adjoint_window = 0;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  met = sg_metrics_init();
+  met.struct_size = offsetof(sg_metrics, adjoint_pairs);
+  met.adjoint_pairs = -7;
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.chunks == 2 && met.adjoint_pairs == -7); /* full: one chunk per sequence */
+  sg_trainer_free(t);
+  t = NULL;
+  o.struct_size = offsetof(sg_trainer_options, adjoint_form) + 8;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "0.3 size 272");
+  CHECK(t == NULL);
+  met.struct_size = offsetof(sg_metrics, adjoint_pairs) + 4;
+  t = new_trainer(m, "full");
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met), SG_ERR_INVALID_ARGUMENT,
+                "0.3 size 200");
+  sg_trainer_free(t);
   sg_model_free(m);
 }
 
@@ -1055,6 +1082,148 @@ static void test_ssm(void) {
   }
 }
 
+/* ---- 0.4: adjoint (adjoint sharding for SSMs) ---- */
+
+/* (t, i) pairs per channel summed over layers for the test batch (two sequences of SEQ tokens), window w. */
+static int64_t adjoint_pairs(int64_t layers, int64_t w) {
+  if (w > SEQ) w = SEQ;
+  return 2 * layers * (w * SEQ - w * (w - 1) / 2);
+}
+
+/* Gradients (f64) of one compute_gradients with strategy "adjoint" over the test batch (chunks of `chunk`). */
+static double* adjoint_grads(sg_model* m, const char* form, int64_t window, int64_t chunk, sg_metrics* met,
+                             int64_t* n) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  double* g = NULL;
+  o.strategy = "adjoint";
+  o.chunk = chunk;
+  o.page_size = 8;
+  o.adjoint_form = form;
+  o.adjoint_window = window;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  if (!t) return NULL;
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, met));
+  g = (double*)copy_grads_of(m, SG_DTYPE_F64, sizeof(double), n);
+  sg_trainer_free(t);
+  return g;
+}
+
+/* Over the parameters of m (gradients a and b concatenated as copy_grads_of does): the largest max |a - b| of a
+ * parameter relative to its max |b|. The scan parameters' gradients are small next to the embeddings'. */
+static double max_param_rel_diff(sg_model* m, const double* a, const double* b) {
+  sg_param_info p = sg_param_info_init();
+  double worst = 0, diff, scale;
+  int64_t i, j, off = 0;
+  for (i = 0; i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    if (!p.grad) continue;
+    diff = scale = 0;
+    for (j = off; j < off + p.numel; ++j) {
+      if (fabs(a[j] - b[j]) > diff) diff = fabs(a[j] - b[j]);
+      if (fabs(b[j]) > scale) scale = fabs(b[j]);
+    }
+    if (scale > 0 && diff / scale > worst) worst = diff / scale;
+    off += p.numel;
+  }
+  return worst;
+}
+
+static void test_adjoint(void) {
+  struct {
+    const char* form;
+    int64_t window, chunk;
+  } exact[] = {{NULL, INT64_MAX, 8}, {"pairs", INT64_MAX, 5}, {"pairs", SEQ, 8}, {"pairs", 1000, 8},
+               {"scan", INT64_MAX, 8}};
+  sg_model *m = NULL, *tr = NULL;
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics met = sg_metrics_init(), ref = sg_metrics_init();
+  double *full = NULL, *g, err;
+  int64_t n = 0, n2 = 0, i, layers;
+  size_t k;
+
+  CHECK(o.adjoint_form && strcmp(o.adjoint_form, "pairs") == 0 && o.adjoint_window == INT64_MAX);
+  EXPECT_OK(sg_model_create_preset("tiny-ssm", "f64", 3, &m));
+  if (!m) return;
+  layers = sg_model_num_layers(m);
+  CHECK(adjoint_pairs(layers, INT64_MAX) == 3 * 2 * (SEQ * (SEQ + 1) / 2));
+
+  /* full as the reference: exact forms and windows at least the sequence give its gradients. */
+  o.chunk = 8;
+  o.page_size = 8;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  if (t) {
+    EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ref));
+    full = (double*)copy_grads_of(m, SG_DTYPE_F64, sizeof(double), &n);
+    CHECK(ref.adjoint_pairs == 0);
+  }
+  sg_trainer_free(t);
+  t = NULL;
+  for (k = 0; full && k < sizeof(exact) / sizeof(exact[0]); ++k) {
+    met = sg_metrics_init();
+    g = adjoint_grads(m, exact[k].form, exact[k].window, exact[k].chunk, &met, &n2);
+    CHECK(g && n2 == n);
+    if (fabs(met.loss - ref.loss) > 1e-12 * fabs(ref.loss)) {
+      fprintf(stderr, "adjoint case %d: loss %.17g vs full %.17g\n", (int)k, met.loss, ref.loss);
+      ++g_failures;
+    }
+    for (i = 0; g && i < n; ++i) {
+      if (fabs(g[i] - full[i]) > 1e-10 * (fabs(full[i]) + 1e-3)) {
+        fprintf(stderr, "adjoint case %d vs full: gradient [%lld] = %.17g vs %.17g\n", (int)k, (long long)i, g[i],
+                full[i]);
+        ++g_failures;
+        break;
+      }
+    }
+    if (exact[k].form && strcmp(exact[k].form, "scan") == 0) CHECK(met.adjoint_pairs == 0);
+    else CHECK(met.adjoint_pairs == adjoint_pairs(layers, INT64_MAX));
+    free(g);
+  }
+
+  /* A truncated window drops pairs and changes the gradient (the loss, a forward quantity, stays). */
+  met = sg_metrics_init();
+  g = adjoint_grads(m, "pairs", 4, 8, &met, &n2);
+  CHECK(g && n2 == n);
+  CHECK(met.adjoint_pairs == adjoint_pairs(layers, 4) && met.adjoint_pairs == 2 * 3 * (4 * SEQ - 6));
+  CHECK(fabs(met.loss - ref.loss) <= 1e-12 * fabs(ref.loss));
+  if (g && full) {
+    err = max_param_rel_diff(m, g, full);
+    if (!(err > 1e-3)) {
+      fprintf(stderr, "adjoint window 4: gradient equals full's (max rel diff %g)\n", err);
+      ++g_failures;
+    }
+  }
+  free(g);
+  free(full);
+
+  /* Bad options: SG_ERR_INVALID_ARGUMENT naming the option, nothing created. */
+  o = sg_trainer_default_options();
+  o.strategy = "adjoint";
+  o.adjoint_window = 0;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->adjoint_window is 0");
+  CHECK(t == NULL);
+  o.adjoint_window = -3;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "adjoint_window is -3");
+  o.strategy = "full"; /* checked whatever the strategy */
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "adjoint_window");
+  o.strategy = "adjoint";
+  o.adjoint_window = INT64_MAX;
+  o.adjoint_form = "reverse";
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "adjoint_form is 'reverse'");
+  o.adjoint_form = "scan";
+  o.adjoint_window = 8;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "scan is exact and has no window");
+  CHECK(t == NULL);
+  EXPECT_OK(sg_model_create_preset("tiny", "f64", 3, &tr));
+  o = sg_trainer_default_options();
+  o.strategy = "adjoint";
+  EXPECT_STATUS(sg_trainer_create(tr, &o, &t), SG_ERR_INVALID_ARGUMENT, "needs a state-space model");
+  CHECK(t == NULL);
+  sg_model_free(tr);
+  sg_model_free(m);
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -1071,6 +1240,7 @@ int main(void) {
   test_grpo();
   test_memory_limit();
   test_ssm();
+  test_adjoint();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

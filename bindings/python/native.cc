@@ -100,6 +100,7 @@ py::dict MetricsDict(const sg_metrics& m) {
   d["seconds"] = m.seconds;
   d["chunks"] = m.chunks;
   d["chunks_backpropagated"] = m.chunks_backpropagated;
+  d["adjoint_pairs"] = m.adjoint_pairs;
   return d;
 }
 
@@ -318,7 +319,8 @@ PYBIND11_MODULE(_native, mod) {
       .def(py::init([](NativeModel& model, const std::string& strategy, int64_t chunk, int64_t page_size,
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
-                       const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta) {
+                       const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
+                       const std::string& adjoint_form, int64_t adjoint_window) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -337,6 +339,8 @@ PYBIND11_MODULE(_native, mod) {
              o.dpo_beta = dpo_beta;
              o.grpo_clip_eps = grpo_clip_eps;
              o.grpo_kl_beta = grpo_kl_beta;
+             o.adjoint_form = adjoint_form.c_str();
+             o.adjoint_window = adjoint_window;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -347,7 +351,8 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("model"), py::arg("strategy"), py::arg("chunk"), py::arg("page_size"), py::arg("lm_chunk"),
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
            py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
-           py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"))
+           py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
+           py::arg("adjoint_form"), py::arg("adjoint_window"))
       .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
                       py::array lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,

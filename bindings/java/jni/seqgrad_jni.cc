@@ -79,11 +79,11 @@ void OnProgress(void* user, const sg_progress* p) {
 }
 
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
-  // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, peak_by_category x8,
-  //  at_peak_by_category x8] (Metrics.java reads this layout)
+  // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs,
+  //  peak_by_category x8, at_peak_by_category x8] (Metrics.java reads this layout)
   std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
                             static_cast<double>(m.peak_bytes), m.seconds, static_cast<double>(m.chunks),
-                            static_cast<double>(m.chunks_backpropagated)};
+                            static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
   jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
@@ -281,9 +281,9 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
-                             jdouble grpo_kl_beta) {
+                             jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window) {
   GUARD_BEGIN
-  const std::string s = Str(env, strategy), obj = Str(env, objective);
+  const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
   sg_trainer_options o = sg_trainer_default_options();
   o.strategy = strategy ? s.c_str() : nullptr;
   o.chunk = chunk;
@@ -302,6 +302,8 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.dpo_beta = dpo_beta;
   o.grpo_clip_eps = grpo_clip_eps;
   o.grpo_kl_beta = grpo_kl_beta;
+  o.adjoint_form = adjoint_form ? form.c_str() : nullptr;  // null: "pairs"
+  o.adjoint_window = adjoint_window;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;

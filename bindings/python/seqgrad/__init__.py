@@ -31,6 +31,7 @@ __all__ = [
 __version__ = "%d.%d.%d" % (_native.VERSION_MAJOR, _native.VERSION_MINOR, _native.VERSION_PATCH)
 MEMORY_CATEGORIES = tuple(_native.memory_category_names())
 PRESETS = tuple(_native.preset_names())
+_NO_ADJOINT_WINDOW = 2**63 - 1  # the C API's INT64_MAX: adjoint_window=None
 
 
 def version():
@@ -207,13 +208,20 @@ def _pair_sequence(value, what):
 
 
 class Trainer:
-    """Computes gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp") for an objective ("sft",
-    "dpo", "grpo") and applies AdamW. A context manager.
+    """Computes gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint") for an objective
+    ("sft", "dpo", "grpo") and applies AdamW. A context manager.
 
     spaco backpropagates each of a sequence's k chunks with probability spaco_budget / k (1 <= spaco_budget <= k)
     and compensates the kept ones so the gradient is unbiased; spaco_cap caps the compensation of relayed state
     gradients (0 = no cap, else >= 1) and seed seeds the sampling. streambp backpropagates each layer in partitions
     of `chunk` tokens. Metrics count "chunks" and "chunks_backpropagated".
+
+    adjoint (state-space models only; InvalidArgumentError on a transformer) is adjoint sharding: each layer's scan
+    gradient as independent vector-Jacobian products over the pairs (t, i), i <= t, in chunks of `chunk` tokens.
+    adjoint_form: "pairs" (the default), "scan" (one reverse scan per chunk, exact, no window) or "paper" (the paper's
+    multi-layer formula, exact for one layer only). adjoint_window: None (no truncation) or a number of tokens > 0
+    that keeps only the pairs with t - i < adjoint_window. Metrics count "adjoint_pairs": the (t, i) products per
+    channel, summed over layers and sequences (w*T - w*(w-1)/2 per layer for a sequence of T tokens and window w).
 
     objective "sft" trains with step()/compute_gradients(), "dpo" with step_dpo()/compute_gradients_dpo() (dpo_beta),
     "grpo" with step_grpo()/compute_gradients_grpo() (grpo_clip_eps, grpo_kl_beta); the other calls raise
@@ -228,15 +236,25 @@ class Trainer:
 
     def __init__(self, model, strategy="full", chunk=512, page_size=256, lm_chunk=256, lr=1e-3, betas=(0.9, 0.95),
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
-                 seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None):
+                 seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
+                 adjoint_form="pairs", adjoint_window=None):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
+        if adjoint_window is None:
+            adjoint_window = _NO_ADJOINT_WINDOW
+        elif isinstance(adjoint_window, bool) or not isinstance(adjoint_window, (int, np.integer)):
+            raise InvalidArgumentError("adjoint_window must be None (no window) or a positive number of tokens, got %r"
+                                       % (adjoint_window,))
+        elif not -_NO_ADJOINT_WINDOW <= adjoint_window <= _NO_ADJOINT_WINDOW:  # in int64; the C API checks > 0
+            raise InvalidArgumentError("adjoint_window is %d; need a positive number of tokens up to 2**63 - 1 (None = "
+                                       "no window)" % adjoint_window)
         self.model = model
         self.reference = None
         self._native = _native.Trainer(model._get(), strategy, chunk, page_size, lm_chunk, lr, betas[0], betas[1],
                                        eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed,
                                        "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
-                                       grpo_kl_beta)
+                                       grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
+                                       int(adjoint_window))
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:

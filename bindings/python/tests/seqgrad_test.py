@@ -473,5 +473,93 @@ def test_ssm_trains(strategy):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
+# ---- 0.4: adjoint (adjoint sharding for SSMs) ----
+
+def _adjoint_pairs(lengths, layers, window=None):
+    """(t, i) pairs per channel summed over layers: w*T - w*(w-1)/2 per layer and sequence (window w <= T)."""
+    total = 0
+    for T in lengths:
+        w = T if window is None else min(window, T)
+        total += layers * (w * T - w * (w - 1) // 2)
+    return total
+
+
+def test_adjoint_matches_full_on_ssm():
+    lengths = [len(s) for s in BATCH]
+    with seqgrad.Model.from_preset("tiny-ssm", dtype="f64", seed=3) as model:
+        with seqgrad.Trainer(model, strategy="full") as tr:
+            ref = tr.compute_gradients(BATCH)
+            ref_grads = _grads(model)
+        assert ref["adjoint_pairs"] == 0
+        no_window = _adjoint_pairs(lengths, model.num_layers)
+        assert no_window == 3 * (24 * 25 // 2 + 16 * 17 // 2)
+        cases = [dict(chunk=8), dict(chunk=5, adjoint_form="pairs", adjoint_window=None),
+                 dict(chunk=8, adjoint_window=24), dict(chunk=8, adjoint_window=1000),
+                 dict(chunk=8, adjoint_form="scan")]
+        for kw in cases:  # exact whatever the chunking; a window >= the sequence is no truncation
+            with seqgrad.Trainer(model, strategy="adjoint", page_size=8, **kw) as tr:
+                m = tr.compute_gradients(BATCH)
+                _assert_grads_close(_grads(model), ref_grads, 1e-10)
+                assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12) and m["tokens"] == ref["tokens"], kw
+                assert m["adjoint_pairs"] == (0 if kw.get("adjoint_form") == "scan" else no_window), kw
+                assert m["chunks"] == m["chunks_backpropagated"] == sum(-(-T // kw["chunk"]) for T in lengths)
+                assert tr.evaluate(BATCH)["adjoint_pairs"] == 0
+        with seqgrad.Trainer(model, strategy="adjoint", chunk=8, page_size=8) as tr:
+            tr.compute_gradients(BATCH)
+            m = tr.optimizer_step()  # reports the last compute_gradients' count
+            assert m["adjoint_pairs"] == no_window and m["step"] == 1
+
+
+def test_adjoint_truncated_window_and_training():
+    lengths = [len(s) for s in BATCH]
+    with seqgrad.Model.from_preset("tiny-ssm", dtype="f64", seed=3) as model:
+        with seqgrad.Trainer(model, strategy="full") as tr:
+            ref = tr.compute_gradients(BATCH)
+            ref_grads = _grads(model)
+        errors = []
+        for w in (1, 4, 12):
+            with seqgrad.Trainer(model, strategy="adjoint", chunk=8, page_size=8, adjoint_window=w) as tr:
+                m = tr.compute_gradients(BATCH)
+                grads = _grads(model)
+            assert m["adjoint_pairs"] == _adjoint_pairs(lengths, model.num_layers, w) == \
+                model.num_layers * sum(w * T - w * (w - 1) // 2 for T in lengths)
+            assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12)  # the forward pass is not truncated
+            err = max(np.max(np.abs(grads[k] - ref_grads[k])) / (np.max(np.abs(ref_grads[k])) + 1e-30)
+                      for k in ref_grads)
+            assert err > 1e-8, w  # truncation changes the gradient
+            errors.append(err)
+        assert errors[-1] < errors[0]  # less as the window grows
+        with seqgrad.Trainer(model, strategy="adjoint", adjoint_form="paper", chunk=8, page_size=8,
+                             adjoint_window=4) as tr:
+            assert tr.compute_gradients(BATCH)["adjoint_pairs"] == _adjoint_pairs(lengths, model.num_layers, 4)
+    with seqgrad.Model.from_preset("tiny-ssm", seed=5) as model:
+        with seqgrad.Trainer(model, strategy="adjoint", chunk=8, page_size=8, lr=3e-3, adjoint_window=8) as tr:
+            losses = [tr.step(BATCH)["loss"] for _ in range(5)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_adjoint_errors(model):
+    with seqgrad.Model.from_preset("tiny-ssm", seed=3) as ssm:
+        for w in (0, -3):
+            with pytest.raises(seqgrad.InvalidArgumentError, match="adjoint_window is %d" % w) as e:
+                seqgrad.Trainer(ssm, strategy="adjoint", adjoint_window=w)
+            assert e.value.code == 3
+        with pytest.raises(seqgrad.InvalidArgumentError, match="adjoint_window"):
+            seqgrad.Trainer(ssm, strategy="full", adjoint_window=0)  # checked whatever the strategy
+        with pytest.raises(seqgrad.InvalidArgumentError, match="adjoint_window"):
+            seqgrad.Trainer(ssm, strategy="adjoint", adjoint_window=2.5)
+        with pytest.raises(seqgrad.InvalidArgumentError, match="adjoint_window"):
+            seqgrad.Trainer(ssm, strategy="adjoint", adjoint_window=2**63)
+        with pytest.raises(seqgrad.InvalidArgumentError, match="adjoint_form is 'reverse'"):
+            seqgrad.Trainer(ssm, strategy="adjoint", adjoint_form="reverse")
+        with pytest.raises(seqgrad.InvalidArgumentError, match="scan is exact and has no window"):
+            seqgrad.Trainer(ssm, strategy="adjoint", adjoint_form="scan", adjoint_window=8)
+        with seqgrad.Trainer(ssm, strategy="adjoint", adjoint_form=None, adjoint_window=2**63 - 1) as tr:
+            assert tr.compute_gradients(BATCH)["adjoint_pairs"] > 0  # None = "pairs"; INT64_MAX = no window
+    with pytest.raises(seqgrad.InvalidArgumentError, match="needs a state-space model") as e:
+        seqgrad.Trainer(model, strategy="adjoint")  # `model` is the "tiny" transformer
+    assert e.value.code == 3 and "transformer" in str(e.value)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))

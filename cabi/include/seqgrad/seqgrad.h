@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 3
+#define SG_VERSION_MINOR 4
 #define SG_VERSION_PATCH 0
 
 /* "MAJOR.MINOR.PATCH" of the loaded library (may differ from the macros of the header you compiled with). */
@@ -173,7 +173,8 @@ typedef struct sg_trainer sg_trainer;
 
 typedef struct sg_trainer_options {
   size_t struct_size;   /* sizeof(sg_trainer_options) of the header the caller compiled with */
-  const char* strategy; /* "full" | "ckpt" | "seco" | "spaco" | "streambp" (since 0.3) (copied; NULL = "full") */
+  const char* strategy; /* "full" | "ckpt" | "seco" | "spaco" | "streambp" (since 0.3) | "adjoint" (since 0.4; SSM
+                           models only: SG_ERR_INVALID_ARGUMENT on a transformer) (copied; NULL = "full") */
   int64_t chunk;        /* tokens per chunk for chunked strategies (seco, spaco), per partition inside a layer for
                            streambp (default 512) */
   int64_t page_size;    /* KV page size in tokens (default 256; transformers only, ignored by SSMs) */
@@ -201,11 +202,23 @@ typedef struct sg_trainer_options {
                             (default 0.2) */
   double grpo_kl_beta;   /* grpo: weight of the k3 KL penalty to the reference (e^x - x - 1, x = ref_t - logp_t); >= 0,
                             0 = no penalty and no reference needed (default 0.04) */
+  /* Since 0.4: strategy "adjoint" (adjoint sharding for state-space models): each layer's scan gradient as independent
+   * vector-Jacobian products over the pairs (t, i), i <= t, with exact per-layer cotangents; chunks of `chunk`
+   * tokens. Both fields are checked whatever the strategy and used only by "adjoint". */
+  const char* adjoint_form; /* "pairs" (adjoint sharding over (t, i) pairs) | "scan" (one reverse scan per chunk, the
+                               cheap exact form; takes no window) | "paper" (the paper's multi-layer formula, exact for
+                               one layer only) (copied; NULL = "pairs") */
+  int64_t adjoint_window;   /* truncation: only the pairs with t - i < adjoint_window (pairs, paper), i.e.
+                               w T - w (w - 1) / 2 pairs per layer and channel for a sequence of T tokens instead of
+                               T (T + 1) / 2; must be > 0; INT64_MAX = no truncation (the default); "scan" needs
+                               INT64_MAX */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
 
-/* A trainer over `model` (which it keeps alive). Validates the options (strategy and objective names, sizes, lr...). */
+/* A trainer over `model` (which it keeps alive). Validates the options (strategy and objective names, sizes, lr...)
+ * and that the strategy suits the model's family ("adjoint": SSMs only); errors are SG_ERR_INVALID_ARGUMENT naming
+ * the option. */
 SG_API sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options, sg_trainer** out);
 /* NULL is ignored. Must not be called while another thread uses the trainer (undefined). */
 SG_API void sg_trainer_free(sg_trainer* trainer);
@@ -223,6 +236,9 @@ typedef struct sg_metrics {
   /* Since 0.2. */
   int64_t chunks;    /* chunks the batch's sequences were split into (full/ckpt: one per sequence) */
   int64_t chunks_backpropagated; /* of which were backpropagated: fewer than chunks only for spaco */
+  /* Since 0.4. */
+  int64_t adjoint_pairs; /* strategy "adjoint" (forms pairs, paper): the vector-Jacobian products (t, i) per channel,
+                            summed over layers and sequences; 0 for the other strategies and for sg_trainer_evaluate */
 } sg_metrics;
 
 /* A zeroed sg_metrics with struct_size set. */

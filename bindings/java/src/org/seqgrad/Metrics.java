@@ -12,6 +12,11 @@ public final class Metrics {
   public final long chunks;
   /** Of which were backpropagated: fewer than {@link #chunks} only for spaco. */
   public final long chunksBackpropagated;
+  /**
+   * adjoint (forms "pairs", "paper"): the vector-Jacobian products (t, i) per channel, summed over layers and
+   * sequences; 0 for the other strategies and for evaluate.
+   */
+  public final long adjointPairs;
   /** Each memory category's own peak, in the order of {@link Model#memoryCategories()}. */
   public final long[] peakBytesByCategory;
   /** The split of peakBytes over the categories. */
@@ -26,7 +31,8 @@ public final class Metrics {
     seconds = a[5];
     chunks = (long) a[6];
     chunksBackpropagated = (long) a[7];
-    final int head = 8;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
+    adjointPairs = (long) a[8];
+    final int head = 9;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
     int n = (a.length - head) / 2;
     peakBytesByCategory = new long[n];
     bytesAtPeakByCategory = new long[n];

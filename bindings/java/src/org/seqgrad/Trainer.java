@@ -3,12 +3,12 @@ package org.seqgrad;
 import java.util.List;
 
 /**
- * Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp") for an objective ("sft", "dpo", "grpo") and
- * AdamW steps. sft trains with {@link #step}/{@link #computeGradients}, dpo with {@link #stepDpo}/{@link
- * #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link #computeGradientsGrpo}; the other calls throw {@link
- * FailedPreconditionException}. One step at a time: a step while another thread's step runs throws SeqgradException
- * with code BUSY. {@link #cancel()} may be called from any thread. A step past the model's memory limit throws {@link
- * ResourceExhaustedException}.
+ * Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only, see {@link
+ * Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link #step}/{@link
+ * #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link
+ * #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a time: a step while
+ * another thread's step runs throws SeqgradException with code BUSY. {@link #cancel()} may be called from any thread.
+ * A step past the model's memory limit throws {@link ResourceExhaustedException}.
  */
 public final class Trainer extends NativeHandle {
   /** Progress events, called on the stepping thread (phase 0 = gradients computed, 1 = optimizer step done). */
@@ -18,6 +18,9 @@ public final class Trainer extends NativeHandle {
 
   /** Trainer options (defaults as in the C API's sg_trainer_default_options). */
   public static final class Options {
+    /** {@link #adjointWindow} of no truncation (the C API's INT64_MAX). */
+    public static final long NO_ADJOINT_WINDOW = Long.MAX_VALUE;
+
     public String strategy = "full";
     public long chunk = 512;
     public long pageSize = 256;
@@ -44,6 +47,17 @@ public final class Trainer extends NativeHandle {
     public double grpoKlBeta = 0.04;
     /** dpo/grpo: the frozen reference model (another model with the same vocabulary), or null. */
     public Model reference = null;
+    /**
+     * adjoint (state-space models only; a transformer throws {@link InvalidArgumentException}): "pairs" (adjoint
+     * sharding over the (t, i) pairs), "scan" (one reverse scan per chunk, exact, takes no window) or "paper" (the
+     * paper's multi-layer formula, exact for one layer only); null = "pairs".
+     */
+    public String adjointForm = "pairs";
+    /**
+     * adjoint: keeps only the pairs with t - i < adjointWindow tokens (w T - w (w - 1) / 2 per layer and channel for a
+     * sequence of T tokens); must be > 0; {@link #NO_ADJOINT_WINDOW} (the default) = no truncation.
+     */
+    public long adjointWindow = NO_ADJOINT_WINDOW;
 
     public Options strategy(String s) { strategy = s; return this; }
     public Options chunk(long c) { chunk = c; return this; }
@@ -57,6 +71,8 @@ public final class Trainer extends NativeHandle {
     public Options grpoClipEps(double e) { grpoClipEps = e; return this; }
     public Options grpoKlBeta(double b) { grpoKlBeta = b; return this; }
     public Options reference(Model m) { reference = m; return this; }
+    public Options adjointForm(String f) { adjointForm = f; return this; }
+    public Options adjointWindow(long w) { adjointWindow = w; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -71,7 +87,7 @@ public final class Trainer extends NativeHandle {
       Holder holder = new Holder();
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
-          o.grpoClipEps, o.grpoKlBeta);
+          o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow);
       Trainer t = holder.bind(new Trainer(h));
       if (o.reference != null) {
         try {

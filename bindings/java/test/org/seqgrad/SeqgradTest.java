@@ -32,7 +32,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.3.0", Model.version());
+    assertEquals("0.4.0", Model.version());
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -594,6 +594,152 @@ class SeqgradTest {
           assertTrue(Double.isFinite(last), strategy);
         }
         assertTrue(last < first, strategy + ": " + first + " -> " + last);
+      }
+    }
+  }
+
+  // ---- 0.4: adjoint (adjoint sharding for SSMs) ----
+
+  /** (t, i) pairs per channel summed over layers: w T - w (w - 1) / 2 per layer and sequence (window w <= T). */
+  static long adjointPairs(long[] lengths, long layers, long window) {
+    long total = 0;
+    for (long t : lengths) {
+      long w = Math.min(window, t);
+      total += layers * (w * t - w * (w - 1) / 2);
+    }
+    return total;
+  }
+
+  static Trainer.Options adjoint(long chunk) {
+    return new Trainer.Options().strategy("adjoint").chunk(chunk).pageSize(8);
+  }
+
+  /**
+   * Over the parameters of m (gradients concatenated as {@link #grads64} does): the largest max |got - want| of a
+   * parameter relative to its max |want|. The scan parameters' gradients are small next to the embeddings'.
+   */
+  static double relErr(Model m, double[] got, double[] want) {
+    double worst = 0;
+    int off = 0;
+    for (int p = 0; p < m.numParams(); ++p) {
+      ByteBuffer g = m.grad(p);
+      if (g == null) continue;
+      int n = g.asDoubleBuffer().capacity();
+      double diff = 0, scale = 0;
+      for (int i = off; i < off + n; ++i) {
+        diff = Math.max(diff, Math.abs(got[i] - want[i]));
+        scale = Math.max(scale, Math.abs(want[i]));
+      }
+      if (scale > 0) worst = Math.max(worst, diff / scale);
+      off += n;
+    }
+    return worst;
+  }
+
+  @Test
+  void adjointMatchesFullOnSsm() {
+    int[] ids = new int[A.length + B.length];
+    System.arraycopy(A, 0, ids, 0, A.length);
+    System.arraycopy(B, 0, ids, A.length, B.length);
+    long[] lengths = {A.length, B.length};
+    try (Model m = Model.fromPreset("tiny-ssm", "f64", 3)) {
+      Metrics ref;
+      double[] full;
+      try (Trainer t = Trainer.create(m, new Trainer.Options())) {
+        ref = t.computeGradients(ids, null, lengths);
+        full = grads64(m);
+      }
+      assertEquals(0, ref.adjointPairs);
+      long noWindow = adjointPairs(lengths, m.numLayers(), Long.MAX_VALUE);
+      assertEquals(3 * (24 * 25 / 2 + 16 * 17 / 2), noWindow);
+      List<Trainer.Options> exact = List.of(adjoint(8), adjoint(5).adjointForm("pairs"), adjoint(8).adjointWindow(24),
+          adjoint(8).adjointWindow(1000), adjoint(8).adjointForm(null), adjoint(8).adjointForm("scan"));
+      for (Trainer.Options o : exact) {
+        String what = o.adjointForm + " chunk " + o.chunk + " window " + o.adjointWindow;
+        try (Trainer t = Trainer.create(m, o)) {
+          Metrics got = t.computeGradients(ids, null, lengths);
+          assertEquals(ref.loss, got.loss, 1e-12 * Math.abs(ref.loss), what);
+          assertEquals(ref.tokens, got.tokens, what);
+          assertEquals("scan".equals(o.adjointForm) ? 0 : noWindow, got.adjointPairs, what);
+          double[] g = grads64(m);
+          assertEquals(full.length, g.length);
+          for (int i = 0; i < full.length; ++i) {
+            assertEquals(full[i], g[i], 1e-10 * (Math.abs(full[i]) + 1e-3), what + " vs full: gradient " + i);
+          }
+          assertEquals(0, t.evaluate(ids, null, lengths).adjointPairs, what);
+        }
+      }
+      try (Trainer t = Trainer.create(m, adjoint(8))) {
+        t.computeGradients(ids, null, lengths);
+        Metrics r = t.optimizerStep();  // the last compute_gradients' count
+        assertEquals(noWindow, r.adjointPairs);
+        assertEquals(1, r.step);
+      }
+    }
+  }
+
+  @Test
+  void adjointWindowTruncatesAndTrains() {
+    int[] ids = new int[A.length + B.length];
+    System.arraycopy(A, 0, ids, 0, A.length);
+    System.arraycopy(B, 0, ids, A.length, B.length);
+    long[] lengths = {A.length, B.length};
+    try (Model m = Model.fromPreset("tiny-ssm", "f64", 3)) {
+      Metrics ref;
+      double[] full;
+      try (Trainer t = Trainer.create(m, new Trainer.Options())) {
+        ref = t.computeGradients(ids, null, lengths);
+        full = grads64(m);
+      }
+      double first = 0, err = 0;
+      for (long w : new long[] {1, 4, 12}) {
+        try (Trainer t = Trainer.create(m, adjoint(8).adjointWindow(w))) {
+          Metrics got = t.computeGradients(ids, null, lengths);
+          assertEquals(3 * ((w * 24 - w * (w - 1) / 2) + (w * 16 - w * (w - 1) / 2)), got.adjointPairs, "window " + w);
+          assertEquals(adjointPairs(lengths, m.numLayers(), w), got.adjointPairs);
+          assertEquals(ref.loss, got.loss, 1e-12 * Math.abs(ref.loss), "the forward pass is not truncated");
+          err = relErr(m, grads64(m), full);
+          assertTrue(err > 1e-3, "window " + w + " changes the gradient: " + err);
+          if (w == 1) first = err;
+        }
+      }
+      assertTrue(err < first, "the error shrinks as the window grows: " + first + " -> " + err);
+      try (Trainer t = Trainer.create(m, adjoint(8).adjointForm("paper").adjointWindow(4))) {
+        assertEquals(adjointPairs(lengths, m.numLayers(), 4), t.computeGradients(ids, null, lengths).adjointPairs);
+      }
+    }
+    try (Model m = Model.fromPreset("tiny-ssm", "f32", 5);
+         Trainer t = Trainer.create(m, adjoint(8).adjointWindow(8).lr(3e-3))) {
+      double first = t.step(List.of(A, B)).loss, last = first;
+      for (int i = 0; i < 4; ++i) {
+        last = t.step(List.of(A, B)).loss;
+        assertTrue(Double.isFinite(last));
+      }
+      assertTrue(last < first, first + " -> " + last);
+    }
+  }
+
+  @Test
+  void adjointBadOptionsAreTyped() {
+    try (Model ssm = Model.fromPreset("tiny-ssm", "f32", 3); Model transformer = Model.fromPreset("tiny")) {
+      for (long w : new long[] {0, -3}) {
+        InvalidArgumentException e =
+            assertThrows(InvalidArgumentException.class, () -> Trainer.create(ssm, adjoint(8).adjointWindow(w)));
+        assertEquals(SeqgradException.INVALID_ARGUMENT, e.getCode());
+        assertTrue(e.getMessage().contains("adjoint_window is " + w), e.getMessage());
+      }
+      InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(ssm, new Trainer.Options().adjointWindow(0)));  // checked whatever the strategy
+      assertTrue(e.getMessage().contains("adjoint_window"), e.getMessage());
+      e = assertThrows(InvalidArgumentException.class, () -> Trainer.create(ssm, adjoint(8).adjointForm("reverse")));
+      assertTrue(e.getMessage().contains("adjoint_form is 'reverse'"), e.getMessage());
+      e = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(ssm, adjoint(8).adjointForm("scan").adjointWindow(8)));
+      assertTrue(e.getMessage().contains("scan is exact and has no window"), e.getMessage());
+      e = assertThrows(InvalidArgumentException.class, () -> Trainer.create(transformer, adjoint(8)));
+      assertTrue(e.getMessage().contains("needs a state-space model"), e.getMessage());
+      try (Trainer t = Trainer.create(ssm, adjoint(8).adjointWindow(Trainer.Options.NO_ADJOINT_WINDOW))) {
+        assertTrue(t.step(List.of(A)).adjointPairs == adjointPairs(new long[] {A.length}, 3, Long.MAX_VALUE));
       }
     }
   }
