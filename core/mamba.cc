@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/param_store.h"
 #include "kernels/backend.h"
@@ -379,6 +381,34 @@ absl::Status ValidateMamba(const MambaConfig& c) {
 }
 
 }  // namespace
+
+void InitMambaScan(MambaModel& model, uint64_t seed) {
+  const MambaConfig& c = model.config();
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const double dt_min = 1e-3, dt_max = 1e-1, dt_floor = 1e-4, dt_std = 1.0 / std::sqrt(c.time_step_rank);
+  auto set = [&](Param& p, auto value) {
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      const double v = value(i);
+      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      else p.value.data<float>()[i] = static_cast<float>(v);
+    }
+  };
+  for (Param& p : model.params()) {
+    if (absl::EndsWith(p.name, "mixer.A_log")) {
+      set(p, [&](int64_t i) { return std::log(static_cast<double>(i % c.state_size + 1)); });
+    } else if (absl::EndsWith(p.name, "mixer.D")) {
+      set(p, [](int64_t) { return 1.0; });
+    } else if (absl::EndsWith(p.name, "mixer.dt_proj.weight")) {
+      set(p, [&](int64_t) { return dt_std * (2 * unit(rng) - 1); });
+    } else if (absl::EndsWith(p.name, "mixer.dt_proj.bias")) {
+      set(p, [&](int64_t) {  // softplus(bias) = dt, log-uniform in [dt_min, dt_max]
+        const double dt = std::max(dt_floor, std::exp(std::log(dt_min) + unit(rng) * std::log(dt_max / dt_min)));
+        return dt + std::log(-std::expm1(-dt));
+      });
+    }
+  }
+}
 
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;

@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
     InitOptions init;
     init.seed = seed;
     InitRandom(**model, init);
+    InitMambaScan(**model, seed);
   }
   return std::unique_ptr<Model>(std::move(*model));
 }
