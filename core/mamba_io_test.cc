@@ -72,8 +72,11 @@ TEST(MambaIoTest, ConfigFieldsAndErrors) {
   EXPECT_NE(act.message().find("hidden_act"), std::string::npos) << act;
 }
 
-// A checkpoint whose dt_rank differs from its config: the mismatching tensor is named.
-TEST(MambaIoTest, WrongShapeIsNamed) {
+// A checkpoint whose dt_rank or state size differs from its config: the mismatching tensor is named.
+class MambaWrongShapeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MambaWrongShapeTest, WrongShapeIsNamed) {
+  const std::string bad = GetParam();
   auto model = LoadAnyModel("tiny-ssm", DType::kF32, 3);
   ASSERT_TRUE(model.ok());
   const std::string dir = TempDir("mamba_bad_shape");
@@ -82,7 +85,7 @@ TEST(MambaIoTest, WrongShapeIsNamed) {
   std::vector<float> wide(64 * 3, 0.f);
   for (Param& p : (*model)->params()) {
     io::TensorToWrite t{p.name, p.value.dtype(), p.value.shape(), p.value.raw()};
-    if (p.name == "backbone.layers.1.mixer.dt_proj.weight") {
+    if (p.name == bad) {
       t.shape = {p.value.dim(0), 3};
       t.data = wide.data();
     }
@@ -91,8 +94,11 @@ TEST(MambaIoTest, WrongShapeIsNamed) {
   ASSERT_TRUE(io::WriteSafetensors(dir + "/model.safetensors", tensors).ok());
   absl::Status s = LoadAnyModel(dir, DType::kF32, 0).status();
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("backbone.layers.1.mixer.dt_proj.weight"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(bad), std::string::npos) << s;
 }
+
+INSTANTIATE_TEST_SUITE_P(Tensors, MambaWrongShapeTest,
+                         ::testing::Values("backbone.layers.1.mixer.dt_proj.weight", "backbone.layers.0.mixer.A_log"));
 
 }  // namespace
 }  // namespace sg
