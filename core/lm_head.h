@@ -36,6 +36,8 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   const int64_t rows = std::min(w.lm_chunk, n);
   Tensor logits = Tensor::Empty(&mem, MemCategory::kLogits, dtype, {rows, V});
   std::vector<double> logprobs(rows), row_scale(rows);
+  const bool argmax = objective && objective->wants_argmax();
+  std::vector<int32_t> argmax_ids(argmax ? rows : 0);
   for (int64_t i0 = 0; i0 < n; i0 += rows) {
     const int64_t m = std::min(rows, n - i0);
     const int64_t valid = std::count_if(labels + i0, labels + i0 + m, [](int32_t t) { return t >= 0; });
@@ -43,6 +45,11 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     r.tokens += valid;
     const T* hn_i = hn.data<T>() + i0 * d;
     ops.gemm(false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
+    if (argmax) {
+      ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
+      for (int64_t j = 0; j < m; ++j)
+        if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
+    }
     if (!need_grad || objective) {
       ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
       for (int64_t j = 0; j < m; ++j) {

@@ -52,12 +52,39 @@ void MemoryTracker::Add(MemCategory c, int64_t bytes) {
     s_.total_peak = s_.total_current;
     s_.at_total_peak = s_.current;
   }
+  if (s_.current[i] > s_.window_peak[i]) s_.window_peak[i] = s_.current[i];
+  if (s_.total_current > s_.window_total_peak) s_.window_total_peak = s_.total_current;
+  if (timeline_on_) RecordLocked();
 }
 
 void MemoryTracker::Sub(MemCategory c, int64_t bytes) {
   SpinGuard g(lock_);
   s_.current[static_cast<int>(c)] -= bytes;
   s_.total_current -= bytes;
+  if (timeline_on_) RecordLocked();
+}
+
+void MemoryTracker::RecordLocked() {
+  const int64_t index = timeline_events_++;
+  if (static_cast<int64_t>(timeline_.size()) < timeline_max_) timeline_.push_back({index, s_.current});
+}
+
+void MemoryTracker::StartTimeline(int64_t max_events) {
+  SpinGuard g(lock_);
+  timeline_.clear();
+  timeline_max_ = max_events < 1 ? 1 : max_events;
+  timeline_events_ = 0;
+  timeline_on_ = true;
+  RecordLocked();  // index 0: the state at the start
+}
+
+std::vector<MemoryEvent> MemoryTracker::StopTimeline(int64_t* dropped) {
+  SpinGuard g(lock_);
+  timeline_on_ = false;
+  if (dropped) *dropped = timeline_events_ - static_cast<int64_t>(timeline_.size());
+  std::vector<MemoryEvent> out;
+  out.swap(timeline_);
+  return out;
 }
 
 MemorySnapshot MemoryTracker::Snapshot() const {
@@ -70,6 +97,12 @@ void MemoryTracker::ResetPeak() {
   s_.peak = s_.current;
   s_.total_peak = s_.total_current;
   s_.at_total_peak = s_.current;
+}
+
+void MemoryTracker::ResetWindow() {
+  SpinGuard g(lock_);
+  s_.window_peak = s_.current;
+  s_.window_total_peak = s_.total_current;
 }
 
 Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape,

@@ -28,6 +28,17 @@ struct MemorySnapshot {
   int64_t total_peak = 0;  // peak of the sum (not the sum of per-category peaks)
   // Per-category bytes at the moment total_peak was reached.
   std::array<int64_t, kNumMemCategories> at_total_peak{};
+  // The same peaks since the last MemoryTracker::ResetWindow() (e.g. of one training step), independent of
+  // ResetPeak: a report can follow per-step peaks while total_peak stays the run's.
+  std::array<int64_t, kNumMemCategories> window_peak{};
+  int64_t window_total_peak = 0;
+};
+
+// One point of a memory timeline: the bytes in use per category right after the index-th allocation or release
+// since the timeline started.
+struct MemoryEvent {
+  int64_t index = 0;
+  std::array<int64_t, kNumMemCategories> current{};
 };
 
 // Thrown when an allocation would take the tracked total past MemoryTracker's limit.
@@ -44,14 +55,26 @@ class MemoryTracker {
   MemorySnapshot Snapshot() const;
   // Restart peak tracking from the current state (e.g. at the start of a benchmark step).
   void ResetPeak();
+  // Restarts the window peaks (MemorySnapshot::window_peak) from the current state.
+  void ResetWindow();
   // Caps the tracked total in bytes (0 = no cap): a step that would need more fails instead of allocating.
   void set_limit(int64_t bytes) { limit_ = bytes; }
   int64_t limit() const { return limit_; }
 
+  // Timeline: while on, every Add/Sub appends a MemoryEvent (a point before the first, index 0, holds the state
+  // at the start); past max_events further events are counted but not kept. Off (the default) costs one branch.
+  void StartTimeline(int64_t max_events = 1 << 18);
+  // Stops recording and returns the events; *dropped (if not null) gets how many were not kept.
+  std::vector<MemoryEvent> StopTimeline(int64_t* dropped = nullptr);
+
  private:
+  void RecordLocked();
   mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   MemorySnapshot s_;
   int64_t limit_ = 0;
+  bool timeline_on_ = false;
+  int64_t timeline_max_ = 0, timeline_events_ = 0;
+  std::vector<MemoryEvent> timeline_;
 };
 
 // A dense, row-major tensor whose storage is owned (shared) and counted by a MemoryTracker.

@@ -25,6 +25,10 @@ class TokenObjective {
  public:
   virtual ~TokenObjective() = default;
   virtual double Term(int64_t t, double logp, double* dloss) const = 0;
+  // Evaluation: an objective that returns true here also gets, for every labelled position t, the arg max of its
+  // logits over the vocabulary (the lowest id among ties) through Argmax, before Term (core/eval.h's accuracy).
+  virtual bool wants_argmax() const { return false; }
+  virtual void Argmax(int64_t t, int32_t token) const {}
 };
 
 struct ObjectiveOptions {

@@ -88,6 +88,9 @@ struct OpTable {
                                            const double* row_scale, double grad_scale);
   // Per-row log-probabilities of labels only (no gradient); rows with label < 0 get 0.
   void (*token_logprobs)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
+  // Per-row arg max of the logits over the vocabulary (the lowest id among ties; NaN entries never win), for
+  // rows with label >= 0; rows with label < 0 get -1. Evaluation's accuracy (core/eval.h).
+  void (*token_argmax)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 
   // State-space ops (Mamba-1), kernels/cpu/ssm.cc. Channels are the last (contiguous) dimension.
   // Causal depthwise conv1d over a chunk: with xx = tail_in[k-1][ch] ++ x[n][ch] (tail_in: the inputs of the k-1

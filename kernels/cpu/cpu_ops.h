@@ -40,6 +40,8 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
                                    double grad_scale);
 template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
+template <typename T>
+void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 
 template <typename T>
 void Conv1dForward(const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k, T* y,

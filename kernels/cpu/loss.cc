@@ -45,9 +45,27 @@ void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vo
   }
 }
 
+template <typename T>
+void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = logits + i * vocab;
+    if (labels[i] < 0) {
+      out[i] = -1;
+      continue;
+    }
+    int64_t best = 0;
+    for (int64_t j = 1; j < vocab; ++j)
+      if (row[j] > row[best] || (row[best] != row[best] && row[j] == row[j])) best = j;  // NaN never wins
+    out[i] = static_cast<int32_t>(best);
+  }
+}
+
 template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double);
 template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double);
 template void TokenLogprobs<float>(const float*, const int32_t*, int64_t, int64_t, double*);
 template void TokenLogprobs<double>(const double*, const int32_t*, int64_t, int64_t, double*);
+template void TokenArgmax<float>(const float*, const int32_t*, int64_t, int64_t, int32_t*);
+template void TokenArgmax<double>(const double*, const int32_t*, int64_t, int64_t, int32_t*);
 
 }  // namespace sg::cpu

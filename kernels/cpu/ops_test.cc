@@ -100,6 +100,20 @@ TEST(OpsTest, CrossEntropyIgnoresLabels) {
   EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
 }
 
+// Arg max per labelled row: the lowest id among ties, NaN never wins, unlabelled rows get -1.
+TEST(OpsTest, TokenArgmax) {
+  const int64_t n = 4, vocab = 5;
+  const double nan = std::nan("");
+  const Vec logits = {0.1, 2.0, -1.0, 2.0, 0.5,     // tie: 1
+                      nan, -3.0, -2.0, nan, -2.5,   // NaN skipped: 2
+                      9.0, 0.0, 0.0, 0.0, 0.0,      // unlabelled
+                      -1.0, -1.0, -1.0, -1.0, 4.0};
+  const std::vector<int32_t> labels = {0, 3, -100, 4};
+  std::vector<int32_t> out(n, 7);
+  ops.token_argmax(logits.data(), labels.data(), n, vocab, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, -1, 4}));
+}
+
 // Per-row scales turn the cross-entropy gradient into that of sum_i s_i (-logp_i): checked by finite differences.
 TEST(OpsTest, CrossEntropyRowScales) {
   const int64_t n = 3, vocab = 5;

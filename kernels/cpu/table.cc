@@ -22,6 +22,7 @@ static OpTable<T> MakeCpuTable() {
   t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
   t.cross_entropy_forward_backward = cpu::CrossEntropyForwardBackward<T>;
   t.token_logprobs = cpu::TokenLogprobs<T>;
+  t.token_argmax = cpu::TokenArgmax<T>;
   t.conv1d_forward = cpu::Conv1dForward<T>;
   t.conv1d_backward = cpu::Conv1dBackward<T>;
   t.selective_scan_forward = cpu::SelectiveScanForward<T>;
