@@ -145,14 +145,50 @@ std::string Palette(int i) {
 }
 
 std::string LineChart::RenderGroup(double x0, double y0) const {
-  const double pw = std::max(10.0, width_ - kMarginLeft - kMarginRight);
+  // Legend entries and size (drawn last, inside the plot area at the top left, or right of it).
+  std::vector<size_t> shown;
+  for (size_t i = 0; i < series_.size(); ++i)
+    if (!series_[i].name.empty()) shown.push_back(i);
+  size_t longest = 0;
+  for (size_t i : shown) longest = std::max(longest, series_[i].name.size());
+  const double lw = 40 + 6.5 * static_cast<double>(longest), lh = 8 + 17.0 * static_cast<double>(shown.size());
+  if (stacked_) std::reverse(shown.begin(), shown.end());
+  const double legend_room = legend_ == Legend::kOutsideRight && !shown.empty() ? lw + 12 : 0;
+  const double pw = std::max(10.0, width_ - kMarginLeft - kMarginRight - legend_room);
   const double ph = std::max(10.0, height_ - kMarginTop - kMarginBottom);
   const double px = kMarginLeft, py = kMarginTop;  // plot area origin within the group
+
+  // Stacked: every series becomes the band between the running total before it (lower) and after it (its points),
+  // over the union of the series' x values.
+  std::vector<Series> drawn = series_;
+  std::vector<std::vector<std::pair<double, double>>> lower(series_.size());
+  if (stacked_) {
+    std::vector<double> xs;
+    for (const Series& s : series_)
+      for (const auto& [x, y] : s.points)
+        if (std::isfinite(x) && std::isfinite(y)) xs.push_back(x);
+    std::sort(xs.begin(), xs.end());
+    xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+    std::vector<double> total(xs.size(), 0.0);
+    for (size_t i = 0; i < series_.size(); ++i) {
+      std::vector<double> y(xs.size(), 0.0);
+      for (const auto& [xv, yv] : series_[i].points) {
+        if (!std::isfinite(xv) || !std::isfinite(yv)) continue;
+        y[std::lower_bound(xs.begin(), xs.end(), xv) - xs.begin()] = yv;
+      }
+      drawn[i].points.clear();
+      for (size_t k = 0; k < xs.size(); ++k) {
+        lower[i].emplace_back(xs[k], total[k]);
+        total[k] += y[k];
+        drawn[i].points.emplace_back(xs[k], total[k]);
+      }
+    }
+  }
 
   // Data ranges.
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   bool any = false;
-  for (const Series& s : series_)
+  for (const Series& s : drawn)
     for (const auto& [x, y] : s.points) {
       if (!Usable(x, y, log2_x_, log_y_)) continue;
       any = true;
@@ -162,6 +198,10 @@ std::string LineChart::RenderGroup(double x0, double y0) const {
       ymax = std::max(ymax, y);
     }
   if (!any) xmin = log2_x_ ? 1 : 0, xmax = log2_x_ ? 2 : 1, ymin = log_y_ ? 1 : 0, ymax = log_y_ ? 10 : 1;
+  if (y_lo_ < y_hi_ && (!log_y_ || y_lo_ > 0)) {
+    ymin = any ? std::min(ymin, y_lo_) : y_lo_;
+    ymax = any ? std::max(ymax, y_hi_) : y_hi_;
+  }
   const Axis ax = log2_x_ ? Log2Axis(xmin, xmax) : LinearAxis(xmin, xmax, false);
   const Axis ay = log_y_ ? Log10Axis(ymin, ymax) : LinearAxis(ymin, ymax, y_from_zero_);
   auto X = [&](double v) { return px + ax.Frac(v) * pw; };
@@ -215,7 +255,18 @@ std::string LineChart::RenderGroup(double x0, double y0) const {
   std::vector<std::string> colors;
   int next_color = 0;
   for (const Series& s : series_) colors.push_back(s.color.empty() ? Palette(next_color++) : s.color);
-  for (size_t i = 0; i < series_.size(); ++i) {
+  if (stacked_) {
+    for (size_t i = 0; i < drawn.size(); ++i) {
+      const std::vector<std::pair<double, double>>& up = drawn[i].points;
+      if (up.empty()) continue;
+      o += "<polygon fill=\"" + XmlEscape(colors[i]) + "\" fill-opacity=\"0.8\" stroke=\"" + XmlEscape(colors[i]) +
+           "\" stroke-width=\"1\" points=\"";
+      for (size_t k = 0; k < up.size(); ++k) o += (k ? " " : "") + Num(X(up[k].first)) + "," + Num(Y(up[k].second));
+      for (size_t k = lower[i].size(); k-- > 0;) o += " " + Num(X(lower[i][k].first)) + "," + Num(Y(lower[i][k].second));
+      o += "\"/>\n";
+    }
+  }
+  for (size_t i = 0; i < series_.size() && !stacked_; ++i) {
     const Series& s = series_[i];
     std::vector<std::pair<double, double>> pts;
     for (const auto& [x, y] : s.points)
@@ -235,24 +286,25 @@ std::string LineChart::RenderGroup(double x0, double y0) const {
         o += "<circle cx=\"" + Num(X(x)) + "\" cy=\"" + Num(Y(y)) + "\" r=\"3\" fill=\"" + XmlEscape(c) + "\"/>\n";
   }
 
-  // Legend (top left inside the plot area).
-  std::vector<size_t> shown;
-  for (size_t i = 0; i < series_.size(); ++i)
-    if (!series_[i].name.empty()) shown.push_back(i);
+  // Legend (top left inside the plot area, or right of it).
   if (!shown.empty()) {
-    size_t longest = 0;
-    for (size_t i : shown) longest = std::max(longest, series_[i].name.size());
-    const double lw = 40 + 6.5 * static_cast<double>(longest), lh = 8 + 17.0 * static_cast<double>(shown.size());
-    const double lx = px + 8, ly = py + 8;
+    const double lx = legend_ == Legend::kOutsideRight ? px + pw + 12
+                      : legend_ == Legend::kTopRight    ? px + pw - 8 - lw
+                                                        : px + 8;
+    const double ly = legend_ == Legend::kOutsideRight ? py : py + 8;
     o += "<g class=\"legend\">\n";
     o += "<rect x=\"" + Num(lx) + "\" y=\"" + Num(ly) + "\" width=\"" + Num(lw) + "\" height=\"" + Num(lh) +
          "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n";
     for (size_t k = 0; k < shown.size(); ++k) {
       const Series& s = series_[shown[k]];
       const double yy = ly + 13 + 17.0 * static_cast<double>(k);
-      o += "<line x1=\"" + Num(lx + 6) + "\" y1=\"" + Num(yy - 4) + "\" x2=\"" + Num(lx + 30) + "\" y2=\"" +
-           Num(yy - 4) + "\" stroke=\"" + XmlEscape(colors[shown[k]]) + "\" stroke-width=\"2\"" +
-           (s.dashed ? " stroke-dasharray=\"6,4\"" : "") + "/>\n";
+      if (stacked_)
+        o += "<rect x=\"" + Num(lx + 10) + "\" y=\"" + Num(yy - 10) + "\" width=\"16\" height=\"11\" fill=\"" +
+             XmlEscape(colors[shown[k]]) + "\" fill-opacity=\"0.8\"/>\n";
+      else
+        o += "<line x1=\"" + Num(lx + 6) + "\" y1=\"" + Num(yy - 4) + "\" x2=\"" + Num(lx + 30) + "\" y2=\"" +
+             Num(yy - 4) + "\" stroke=\"" + XmlEscape(colors[shown[k]]) + "\" stroke-width=\"2\"" +
+             (s.dashed ? " stroke-dasharray=\"6,4\"" : "") + "/>\n";
       o += "<text x=\"" + Num(lx + 36) + "\" y=\"" + Num(yy) + "\" font-size=\"11\" " + kFont + ">" +
            XmlEscape(s.name) + "</text>\n";
     }

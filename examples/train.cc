@@ -22,6 +22,7 @@
 #include "core/presets.h"
 #include "core/trainer.h"
 #include "examples/common.h"
+#include "examples/report.h"
 
 ABSL_FLAG(std::string, data, "",
           "sft: token data, headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task. dpo, grpo: the "
@@ -186,7 +187,11 @@ int Main() {
   opt.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   Trainer trainer(**model, strategy, opt, objective, reference.get());
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  const bool tty = isatty(fileno(stderr));
+  // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
+  tools::TrainMonitor monitor(trainer, steps);
+  tools::ExitIfError(monitor.SetUpEval(objective.name, sft && data.empty() ? &train_data.task : nullptr, seed, seq_len,
+                                       absl::GetFlag(FLAGS_data_dtype)),
+                     "evaluation");
   std::fprintf(stderr,
                "seqgrad train: model=%s objective=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s%s\n",
                absl::GetFlag(FLAGS_model).c_str(), objective.name.c_str(), strategy.name.c_str(),
@@ -200,26 +205,24 @@ int Main() {
   for (int64_t step = 1; step <= steps; ++step) {
     int64_t batch_tokens = 0;
     const Batch batch = train_data.Next(objective.name, absl::GetFlag(FLAGS_batch), seed, &batch_tokens);
+    monitor.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<StepMetrics> m = sft ? trainer.Step(batch.sequences) : trainer.Step(batch);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds += step_seconds;
     tools::ExitIfError(m.status(), absl::StrCat("step ", step).c_str());
     tokens += batch_tokens;
     losses.push_back(m->loss);
-    const MemorySnapshot mem = (*model)->memory().Snapshot();
-    const std::string line = absl::StrFormat("step %lld/%lld  loss %.4f  %.0f tok/s  peak %s", step, steps, m->loss,
-                                             tokens / seconds, Mib(mem.total_peak));
-    if (tty) std::fprintf(stderr, "\r%s   ", line.c_str());
-    else if (step == 1 || step == steps || step % std::max<int64_t>(1, steps / 10) == 0)
-      std::fprintf(stderr, "%s\n", line.c_str());
+    monitor.EndStep(step, *m, opt.lr, batch_tokens, step_seconds, tokens / seconds);
   }
-  if (tty) std::fprintf(stderr, "\n");
+  monitor.FinishProgress();
 
   const MemorySnapshot mem = (*model)->memory().Snapshot();
   std::printf("done: %lld steps, %s loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(steps),
               objective.name.c_str(), losses.front(), losses.back(), tokens / seconds, Mib(mem.total_peak).c_str());
   for (int i = 0; i < kNumMemCategories; ++i)
     std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
+  monitor.PrintEvalSummary(stdout);
 
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty())
     tools::ExitIfError(SaveModel(**model, tools::ResolveUserPath(save)), "--save");
@@ -232,7 +235,7 @@ int Main() {
         "\"peak_bytes_by_category\": %s, \"losses\": [%s]}\n",
         absl::GetFlag(FLAGS_model), objective.name, strategy.name, report_seq_len, strategy.chunk, steps,
         losses.front(), losses.back(), tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), losses_json);
-    tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(report), json), "--report");
+    tools::ExitIfError(monitor.WriteReport(tools::ResolveUserPath(report), json), "--report");
   }
   return 0;
 }
