@@ -147,6 +147,13 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   // The carried state does not grow with the sequence.
   int64_t StateBytesPerToken() const override { return 0; }
+  absl::Status EnableLora(const LoraOptions& o) override {
+    std::vector<int> linears;
+    for (const LayerParams& L : layers_)
+      for (int w : {L.in_proj, L.x_proj, L.dt_w, L.out_proj}) linears.push_back(w);
+    return Store::EnableLoraOn(o, family(), linears);
+  }
+  const LoraInfo* lora() const override { return Store::LoraState(); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override { return std::make_unique<MambaState>(o); }
 
@@ -173,6 +180,11 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Tensor xin = New(act, {n, E}), z = New(act, {n, E});
     Linear(xn.data<T>(), n, d, W(L.in_proj), L.in_bias, 0, xin.data<T>(), E);
     Linear(xn.data<T>(), n, d, W(L.in_proj) + E * d, L.in_bias, E, z.data<T>(), E);
+    {
+      typename Store::LoraAct a = Store::LoraIn(ops_, L.in_proj, xn.data<T>(), c, state.opts);
+      Store::LoraOut(ops_, a, 0, E, xin.data<T>(), E);
+      Store::LoraOut(ops_, a, E, E, z.data<T>(), E);
+    }
 
     // The input state: zeros at the sequence start, else what the previous chunk left.
     const BoundaryState* in = c.begin > 0 ? MambaState::Find(state.cache, l, c.begin) : nullptr;
@@ -198,8 +210,15 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Linear(u.data<T>(), n, E, wx, -1, 0, dtr.data<T>(), R);
     Linear(u.data<T>(), n, E, wx + R * E, -1, 0, B.data<T>(), N);
     Linear(u.data<T>(), n, E, wx + (R + N) * E, -1, 0, C.data<T>(), N);
+    {
+      typename Store::LoraAct a = Store::LoraIn(ops_, L.x_proj, u.data<T>(), c, state.opts);
+      Store::LoraOut(ops_, a, 0, R, dtr.data<T>(), R);
+      Store::LoraOut(ops_, a, R, N, B.data<T>(), N);
+      Store::LoraOut(ops_, a, R + N, N, C.data<T>(), N);
+    }
     Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
     Linear(dtr.data<T>(), n, R, W(L.dt_w), L.dt_b, 0, dtpre.data<T>(), E);
+    LoraAdd(L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
     ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
     std::vector<T> A = NegExp(L.a_log);
     Tensor y = New(act, {n, E});
@@ -211,6 +230,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     std::memcpy(res.data<T>(), x_in.data<T>(), n * d * sizeof(T));
     ops_.gemm(false, true, n, d, E, T(1), gated.data<T>(), E, W(L.out_proj), E, T(1), res.data<T>(), d);
     if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
+    LoraAdd(L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
     return res;
@@ -230,6 +250,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
     ops_.gemm(false, false, n, E, d, T(1), dy, d, W(L.out_proj), E, T(0), dgated.data<T>(), E);
     if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, s[kGated].data<T>(), E, T(1), g, E);
+    LoraBackward(L.out_proj, s[kGated].data<T>(), dy, d, dgated.data<T>(), c, state.opts);
     if (L.out_bias >= 0)
       if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
     ops_.swiglu_backward(dgated.data<T>(), s[kZ].data<T>(), s[kY].data<T>(), n * E, dz.data<T>(), dyscan.data<T>());
@@ -274,6 +295,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
     LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, W(L.dt_w), G(L.dt_w), G(L.dt_b), ddtr.data<T>(),
                    T(0));
+    LoraBackward(L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
     // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
     const T* wx = W(L.x_proj);
     T* gx = G(L.x_proj);
@@ -282,6 +304,13 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     LinearBackward(dB.data<T>(), N, u, n, E, wx + R * E, gx ? gx + R * E : nullptr, nullptr, du.data<T>(), T(1));
     LinearBackward(dC.data<T>(), N, u, n, E, wx + (R + N) * E, gx ? gx + (R + N) * E : nullptr, nullptr,
                    du.data<T>(), T(1));
+    {
+      typename Store::LoraAct a = Store::LoraIn(ops_, L.x_proj, u, c, state.opts);
+      Store::LoraOutBackward(ops_, a, 0, R, ddtr.data<T>(), R);
+      Store::LoraOutBackward(ops_, a, R, N, dB.data<T>(), N);
+      Store::LoraOutBackward(ops_, a, R + N, N, dC.data<T>(), N);
+      Store::LoraInBackward(ops_, a, du.data<T>(), c, state.opts);
+    }
 
     // u = silu(conv(xin))
     Tensor dxc = New(ws, {n, E}), dxin = New(ws, {n, E});
@@ -299,6 +328,12 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     LinearBackward(dxin.data<T>(), E, xn, n, d, W(L.in_proj), gin_w, gin_b, dxn.data<T>(), T(0));
     LinearBackward(dz.data<T>(), E, xn, n, d, W(L.in_proj) + E * d, gin_w ? gin_w + E * d : nullptr,
                    gin_b ? gin_b + E : nullptr, dxn.data<T>(), T(1));
+    {
+      typename Store::LoraAct a = Store::LoraIn(ops_, L.in_proj, xn, c, state.opts);
+      Store::LoraOutBackward(ops_, a, 0, E, dxin.data<T>(), E);
+      Store::LoraOutBackward(ops_, a, E, E, dz.data<T>(), E);
+      Store::LoraInBackward(ops_, a, dxn.data<T>(), c, state.opts);
+    }
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     std::memcpy(dx.data<T>(), dy, n * d * sizeof(T));
@@ -352,6 +387,18 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   void Linear(const T* x, int64_t n, int64_t in, const T* w, int b, int64_t b_off, T* y, int64_t out) {
     ops_.gemm(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b) + b_off, n, out);
+  }
+  // LoRA of base weight w (no-ops without an adapter): y[n][out] += its output for input x over chunk c; backward
+  // (recomputing t from x): dA, dB and dx[n][in] += its input gradient.
+  void LoraAdd(int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {
+    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
+    Store::LoraOut(ops_, a, 0, out, y, out);
+  }
+  void LoraBackward(int w, const T* x, const T* dy, int64_t out, T* dx, Chunk c, const StateOptions& st) {
+    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
+    if (!a.ad) return;
+    Store::LoraOutBackward(ops_, a, 0, out, dy, out);
+    Store::LoraInBackward(ops_, a, dx, c, st);
   }
   // dx (+)= dy w; dw += dy^T x; db += colsum(dy)
   void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int64_t in, const T* w, T* dw, T* db, T* dx,

@@ -14,6 +14,8 @@
 namespace sg {
 
 class TokenObjective;  // core/objective.h
+struct LoraOptions;    // core/lora.h
+struct LoraInfo;
 
 // A contiguous range of token positions [begin, end) of one sequence.
 struct Chunk {
@@ -45,6 +47,16 @@ struct StateOptions {
   // relays to earlier chunks the cotangents of the next adjoint_window - 1 tokens instead of the state gradient
   // (strategies/adjoint.cc); 0 relays the state gradient (one reverse scan).
   int64_t adjoint_window = 0;
+  // Passes that compute gradients (Training(seed)): random masks (LoRA dropout) are on, drawn from `seed` per
+  // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
+  bool training = false;
+  uint64_t seed = 0;
+  StateOptions Training(uint64_t sequence_seed) const {
+    StateOptions o = *this;
+    o.training = true;
+    o.seed = sequence_seed;
+    return o;
+  }
 };
 
 // State carried along the sequence (KV cache pages for attention, scan states for SSMs) and its gradient.
@@ -107,6 +119,11 @@ class Model {
 
   // Bytes of state (cache) and state gradient per token per layer, for memory planning and reports.
   virtual int64_t StateBytesPerToken() const = 0;
+
+  // LoRA (core/lora.h; use sg::EnableLora): adds adapters to the target modules and freezes the base parameters.
+  virtual absl::Status EnableLora(const LoraOptions& options);
+  // The adapters; null while LoRA is off.
+  virtual const LoraInfo* lora() const { return nullptr; }
 };
 
 // Zeroes every defined gradient.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
+#include "core/lora.h"
 #include "core/presets.h"
 
 namespace sg {
@@ -27,7 +28,10 @@ static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, 
   absl::StatusOr<io::ShardedSafetensors> files = io::ShardedSafetensors::OpenDir(dir);
   if (!files.ok()) return files.status();
   std::set<std::string> expected;
-  for (Param& p : model.params()) {
+  const LoraInfo* lora = model.lora();
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    Param& p = model.params()[i];
+    if (lora && lora->AdapterOfParam(static_cast<int>(i))) continue;  // adapters are no part of an HF model
     expected.insert(p.name);
     if (!files->Find(p.name))
       return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", p.name, "' is missing"));
@@ -117,9 +121,23 @@ absl::Status SaveModel(Model& model, const std::string& dir) {
   if (!IsDirectory(dir) && mkdir(dir.c_str(), 0755) != 0)
     return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
   std::vector<io::TensorToWrite> tensors;
-  for (Param& p : model.params()) {
+  // A LoRA model is written merged: W + (alpha / r) B A for adapted weights, no adapter tensors.
+  const LoraInfo* lora = model.lora();
+  std::vector<std::vector<char>> merged;
+  merged.reserve(model.params().size());
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    Param& p = model.params()[i];
     if (tied && p.name == "lm_head.weight") continue;
-    tensors.push_back({p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
+    const void* data = p.value.raw();
+    if (lora) {
+      if (lora->AdapterOfParam(static_cast<int>(i))) continue;
+      if (const LoraAdapter* ad = lora->AdapterOfWeight(static_cast<int>(i))) {
+        merged.emplace_back(p.value.nbytes());
+        MergedWeight(model, *ad, merged.back().data());
+        data = merged.back().data();
+      }
+    }
+    tensors.push_back({p.name, p.value.dtype(), p.value.shape(), data});
   }
   if (absl::Status s = io::WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;

@@ -23,7 +23,8 @@ absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
 absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
 // Writes config.json and model.safetensors (in the model's dtype) that Hugging Face transformers can load.
-// Transformers and Mamba models alike.
+// Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
+// plain HF model; core/lora_io.h writes the adapters themselves.
 absl::Status SaveModel(Model& model, const std::string& dir);
 
 }  // namespace sg

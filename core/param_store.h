@@ -1,15 +1,23 @@
 // What every model family keeps the same way: parameters under their Hugging Face names (with gradients), the
 // tracker their memory is counted by, tensor allocation, and the chunked LM head over a final norm and a head
-// matrix. A model class derives from Model's family interface and from ParamStore<T>.
+// matrix. A model class derives from Model's family interface and from ParamStore<T>. LoRA adapters (core/lora.h)
+// are parameters of the store too, applied by the Lora* helpers inside a model's linear ops.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/lm_head.h"
+#include "core/lora.h"
 
 namespace sg {
 
@@ -55,10 +63,125 @@ class ParamStore {
     return LmHeadLoss<T>(ops, mem_, kDType, w, c, h, labels, objective, grad_scale, need_grad);
   }
 
+  // ---- LoRA ----
+  // Adds adapters to the linear weights (parameter indices, [out][in]) whose module name is in o.targets, then
+  // freezes every other parameter (releases its gradient).
+  absl::Status EnableLoraOn(const LoraOptions& o, const std::string& family, const std::vector<int>& linear_weights) {
+    if (lora_) return absl::FailedPreconditionError("LoRA is already enabled on this model");
+    if (absl::Status s = ValidateLoraOptions(o, family); !s.ok()) return s;
+    const std::set<std::string> targets(o.targets.begin(), o.targets.end());
+    std::vector<int> chosen;
+    for (int w : linear_weights) {
+      const std::string& name = params_[w].name;  // "<module>.weight"
+      const std::string module = name.substr(0, name.size() - 7);
+      if (targets.count(module.substr(module.rfind('.') + 1))) chosen.push_back(w);
+    }
+    if (chosen.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: no module of this model is named ",
+                                                     absl::StrJoin(o.targets, " or ")));
+    for (Param& p : params_) p.grad.Reset();
+    auto info = std::make_unique<LoraInfo>();
+    info->options = o;
+    adapter_of_.assign(params_.size(), -1);
+    std::mt19937_64 rng(o.seed ^ 0x6C6F7261496E6974ull);
+    for (int w : chosen) {
+      LoraAdapter ad;
+      ad.module = params_[w].name.substr(0, params_[w].name.size() - 7);
+      ad.weight = w;
+      ad.out = params_[w].value.dim(0);
+      ad.in = params_[w].value.numel() / ad.out;
+      ad.a = Add(ad.module + ".lora_A.weight", {o.rank, ad.in});
+      ad.b = Add(ad.module + ".lora_B.weight", {ad.out, o.rank});
+      // PEFT: kaiming_uniform_(a=sqrt(5)) on [r][in], i.e. uniform in +-1/sqrt(in); B = 0.
+      std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
+                                                     1.0 / std::sqrt(static_cast<double>(ad.in)));
+      for (int64_t i = 0; i < o.rank * ad.in; ++i) W(ad.a)[i] = static_cast<T>(uniform(rng));
+      adapter_of_[w] = static_cast<int>(info->adapters.size());
+      info->adapters.push_back(ad);
+    }
+    adapter_of_.resize(params_.size(), -1);
+    lora_ = std::move(info);
+    mem_.ResetPeak();
+    return absl::OkStatus();
+  }
+  const LoraInfo* LoraState() const { return lora_.get(); }
+
+  // One adapted linear op on a chunk: the adapter's input (x, or x with the dropout mask) and t = input A^T.
+  struct LoraAct {
+    const LoraAdapter* ad = nullptr;  // null: the weight has no adapter (every helper is then a no-op)
+    const T* x = nullptr;             // the adapter's input [n][in]
+    Tensor dropped, t;                // x after dropout (when on); t [n][rank]
+    Tensor dt;                        // backward: the gradient of t
+    int64_t n = 0;
+  };
+  // t = dropout(x) A^T for the adapter of base weight w over chunk c (x: [c.size()][in]).
+  LoraAct LoraIn(const OpTable<T>& ops, int w, const T* x, Chunk c, const StateOptions& st) {
+    LoraAct a;
+    if (!lora_ || w < 0 || adapter_of_[w] < 0) return a;
+    a.ad = &lora_->adapters[adapter_of_[w]];
+    a.n = c.size();
+    a.x = x;
+    const int64_t n = a.n, in = a.ad->in, r = lora_->options.rank;
+    const double p = lora_->options.dropout;
+    if (st.training && p > 0) {
+      a.dropped = New(MemCategory::kWorkspace, {n, in});
+      T* xd = a.dropped.template data<T>();
+      const T keep = static_cast<T>(1.0 / (1.0 - p));
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
+        for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? x[i * in + j] * keep : T(0);
+      }
+      a.x = xd;
+    }
+    a.t = New(MemCategory::kWorkspace, {n, r});
+    ops.gemm(false, true, n, r, in, T(1), a.x, in, W(a.ad->a), in, T(0), a.t.template data<T>(), r);
+    return a;
+  }
+  // y[n][rows] (row stride ldy) += (alpha / r) t B[row0, row0 + rows)^T: the adapter's output rows row0.. of the
+  // module (a model that splits one weight into row blocks calls this once per block).
+  void LoraOut(const OpTable<T>& ops, const LoraAct& a, int64_t row0, int64_t rows, T* y, int64_t ldy) {
+    if (!a.ad) return;
+    const int64_t r = lora_->options.rank;
+    ops.gemm(false, true, a.n, rows, r, static_cast<T>(lora_->scale()), a.t.template data<T>(), r,
+             W(a.ad->b) + row0 * r, r, T(1), y, ldy);
+  }
+  // Backward of LoraOut given dy of the rows block: accumulates dB of those rows and the gradient of t.
+  void LoraOutBackward(const OpTable<T>& ops, LoraAct& a, int64_t row0, int64_t rows, const T* dy, int64_t lddy) {
+    if (!a.ad) return;
+    const int64_t r = lora_->options.rank;
+    const T s = static_cast<T>(lora_->scale());
+    if (!a.dt.defined()) a.dt = Tensor::Zeros(&mem_, MemCategory::kWorkspace, kDType, {a.n, r});
+    ops.gemm(false, false, a.n, r, rows, s, dy, lddy, W(a.ad->b) + row0 * r, r, T(1), a.dt.template data<T>(), r);
+    if (T* g = G(a.ad->b)) ops.gemm(true, false, rows, r, a.n, s, dy, lddy, a.t.template data<T>(), r, T(1), g + row0 * r, r);
+  }
+  // Accumulates dA and adds the adapter's input gradient to dx [n][in] (through the same dropout mask).
+  void LoraInBackward(const OpTable<T>& ops, const LoraAct& a, T* dx, Chunk c, const StateOptions& st) {
+    if (!a.ad || !a.dt.defined()) return;
+    const int64_t n = a.n, in = a.ad->in, r = lora_->options.rank;
+    const T* dt = a.dt.template data<T>();
+    if (T* g = G(a.ad->a)) ops.gemm(true, false, r, in, n, T(1), dt, r, a.x, in, T(1), g, in);
+    if (!a.dropped.defined()) {
+      ops.gemm(false, false, n, in, r, T(1), dt, r, W(a.ad->a), in, T(1), dx, in);
+      return;
+    }
+    Tensor dxd = New(MemCategory::kWorkspace, {n, in});
+    ops.gemm(false, false, n, in, r, T(1), dt, r, W(a.ad->a), in, T(0), dxd.template data<T>(), in);
+    const double p = lora_->options.dropout;
+    const T keep = static_cast<T>(1.0 / (1.0 - p));
+    const T* d = dxd.template data<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
+      for (int64_t j = 0; j < in; ++j)
+        if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;
+    }
+  }
+
   MemoryTracker mem_;
   std::vector<Param> params_;
   int64_t lm_chunk_ = 256;
   std::map<int, std::vector<T>> scratch_;
+  std::unique_ptr<LoraInfo> lora_;
+  std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
 };
 
 }  // namespace sg

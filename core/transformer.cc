@@ -45,8 +45,8 @@ namespace {
 
 class TransformerState final : public SequenceState {
  public:
-  TransformerState(PagePool kv, PagePool grad, int64_t seq_len)
-      : kv(std::move(kv)), grad(std::move(grad)), seq_len(seq_len) {}
+  TransformerState(PagePool kv, PagePool grad, const StateOptions& opts)
+      : kv(std::move(kv)), grad(std::move(grad)), seq_len(opts.seq_len), opts(opts) {}
   void Release(int layer, int64_t from) override {
     kv.Release(layer, from);
     grad.Release(layer, from);
@@ -64,6 +64,7 @@ class TransformerState final : public SequenceState {
   PagePool kv;
   PagePool grad;
   int64_t seq_len;
+  StateOptions opts;
   std::vector<int64_t> kv_end;
 };
 
@@ -127,6 +128,13 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   int64_t StateBytesPerToken() const override {
     return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(sizeof(T));
   }
+  absl::Status EnableLora(const LoraOptions& o) override {
+    std::vector<int> linears;
+    for (const LayerParams& L : layers_)
+      for (int w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) linears.push_back(w);
+    return Store::EnableLoraOn(o, family(), linears);
+  }
+  const LoraInfo* lora() const override { return Store::LoraState(); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
@@ -135,7 +143,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
                  cfg_.num_kv_heads, cfg_.head_dim),
         PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * o.resident_grad_layers, o.page_size,
                  cfg_.num_kv_heads, cfg_.head_dim),
-        o.seq_len);
+        o);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override {
@@ -159,7 +167,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor xn1 = New(act, {n, d}), rstd1 = New(act, {n});
     ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
     Tensor q = New(act, {n, qd});
-    Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd);
+    Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
     Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
@@ -171,16 +179,20 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor h = New(act, {n, d});
     std::memcpy(h.data<T>(), x, n * d * sizeof(T));
     ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
+    LoraAdd(L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
     Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
     Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
     ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.gate), d, T(0), gate.data<T>(), f);
     ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.up), d, T(0), up.data<T>(), f);
+    LoraAdd(L.gate, xn2.data<T>(), c, state.opts, gate.data<T>(), f);
+    LoraAdd(L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     std::memcpy(y.data<T>(), h.data<T>(), n * d * sizeof(T));
     ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
+    LoraAdd(L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
     return y;
@@ -209,6 +221,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
       ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
       if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
+      LoraBackward(L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
       ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
                            dup.data<T>());
       ops_.gemm(false, false, n, d, f, T(1), dgate.data<T>(), f, W(L.gate), d, T(0), dxn2.data<T>(), d);
@@ -216,6 +229,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       const T* xn2 = s[kXn2].data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
+      LoraBackward(L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
+      LoraBackward(L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
       std::memcpy(dh.data<T>(), dy, n * d * sizeof(T));
       NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
     }
@@ -225,6 +240,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor dattn = New(ws, {n, qd});
       ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
+      LoraBackward(L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       state.grad.Ensure(l, c.end, /*zero_new=*/true);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
@@ -238,9 +254,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     ops_.rope(dk.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), true);
     Tensor dxn1 = New(ws, {n, d});
     const T* xn1 = s[kXn1].data<T>();
-    LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0));
-    LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1));
-    LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1));
+    LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0), c, state.opts);
+    LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1), c, state.opts);
+    LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     std::memcpy(dx.data<T>(), dh.data<T>(), n * d * sizeof(T));
@@ -260,8 +276,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     const LayerParams& L = layers_[l];
     const int64_t n = c.size(), d = cfg_.hidden_size, kvd = cfg_.num_kv_heads * cfg_.head_dim;
     Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
-    Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd);
-    Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd);
+    Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
+    Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd, c, state.opts);
     ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
     state.kv.Ensure(l, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
@@ -279,18 +295,33 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     return s;
   }
 
-  // y[n][out] = x[n][in] W[out][in]^T (+ b)
-  void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out) {
+  // y[n][out] = x[n][in] W[out][in]^T (+ b) (+ the LoRA adapter of W)
+  void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
     ops_.gemm(false, true, n, out, in, T(1), x, in, W(w), in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b), n, out);
+    LoraAdd(w, x, c, st, y, out);
   }
-  // dx (+)= dy W; dW += dy^T x; db += colsum(dy)
-  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta) {
+  // dx (+)= dy W; dW += dy^T x; db += colsum(dy) (+ the adapter's gradients)
+  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta, Chunk c,
+                      const StateOptions& st) {
     const int64_t in = cfg_.hidden_size;
     ops_.gemm(false, false, n, in, out, T(1), dy, out, W(w), in, beta, dx, in);
     if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
     if (b >= 0)
       if (T* g = G(b)) ops_.bias_backward(dy, n, out, g);
+    LoraBackward(w, x, dy, out, dx, c, st);
+  }
+  // LoRA of base weight w (no-ops without an adapter): y[n][out] += its output for input x over chunk c; backward
+  // (recomputing t from x): dA, dB and dx[n][in] += its input gradient.
+  void LoraAdd(int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {
+    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
+    Store::LoraOut(ops_, a, 0, out, y, out);
+  }
+  void LoraBackward(int w, const T* x, const T* dy, int64_t out, T* dx, Chunk c, const StateOptions& st) {
+    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
+    if (!a.ad) return;
+    Store::LoraOutBackward(ops_, a, 0, out, dy, out);
+    Store::LoraInBackward(ops_, a, dx, c, st);
   }
   void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
     ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);

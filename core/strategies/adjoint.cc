@@ -46,7 +46,7 @@ GradResult AdjointBackprop(Model& m, const Sequence& s, double grad_scale, const
   const std::vector<Chunk> chunks = SplitIntoChunks(T, o.chunk);
   StateOptions state_options{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L};
   state_options.adjoint_window = o.adjoint_form == "scan" ? 0 : std::min(o.adjoint_window, T);
-  auto state = m.NewState(state_options);
+  auto state = m.NewState(state_options.Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {

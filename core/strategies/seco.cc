@@ -11,7 +11,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
   const std::vector<Chunk> chunks = SplitIntoChunks(T, o.chunk);
-  auto state = m.NewState({T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L});
+  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}.Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {

@@ -1,0 +1,111 @@
+#include "core/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/model.h"
+
+namespace sg {
+
+absl::Status Model::EnableLora(const LoraOptions&) {
+  return absl::UnimplementedError(absl::StrCat("LoRA is not supported for '", family(), "' models"));
+}
+
+const LoraAdapter* LoraInfo::AdapterOfParam(int index) const {
+  for (const LoraAdapter& a : adapters)
+    if (a.a == index || a.b == index) return &a;
+  return nullptr;
+}
+
+const LoraAdapter* LoraInfo::AdapterOfWeight(int index) const {
+  for (const LoraAdapter& a : adapters)
+    if (a.weight == index) return &a;
+  return nullptr;
+}
+
+std::vector<std::string> LoraTargetModules(const std::string& family) {
+  if (family == "ssm") return {"in_proj", "x_proj", "dt_proj", "out_proj"};
+  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+}
+
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family) {
+  if (text == "all") return LoraTargetModules(family);
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const std::string name(absl::StripAsciiWhitespace(part));
+    if (name.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: empty module name in '", text, "'"));
+    out.push_back(name);
+  }
+  LoraOptions o;
+  o.rank = 1;
+  o.targets = out;
+  if (absl::Status s = ValidateLoraOptions(o, family); !s.ok()) return s;
+  return out;
+}
+
+absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family) {
+  if (o.rank <= 0) return absl::InvalidArgumentError(absl::StrCat("--lora_rank must be positive, got ", o.rank));
+  if (!(o.alpha > 0) || !std::isfinite(o.alpha))
+    return absl::InvalidArgumentError(absl::StrCat("--lora_alpha must be a positive number, got ", o.alpha));
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    return absl::InvalidArgumentError(absl::StrCat("--lora_dropout must be in [0, 1), got ", o.dropout));
+  if (o.targets.empty()) return absl::InvalidArgumentError("--lora_targets is empty");
+  const std::vector<std::string> known = LoraTargetModules(family);
+  std::set<std::string> seen;
+  for (const std::string& t : o.targets) {
+    if (std::find(known.begin(), known.end(), t) == known.end())
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not a linear module of a ",
+                                                     family == "ssm" ? "Mamba" : "Llama/Qwen2", " model (known: ",
+                                                     absl::StrJoin(known, ", "), ")"));
+    if (!seen.insert(t).second)
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is listed twice"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnableLora(Model& model, const LoraOptions& o) { return model.EnableLora(o); }
+
+namespace {
+template <typename T>
+void Merge(Model& model, const LoraAdapter& ad, T* dst) {
+  const std::vector<Param>& params = model.params();
+  const T* w = params[ad.weight].value.data<T>();
+  const T* a = params[ad.a].value.data<T>();
+  const T* b = params[ad.b].value.data<T>();
+  const int64_t r = model.lora()->options.rank;
+  const double s = model.lora()->scale();
+  for (int64_t o = 0; o < ad.out; ++o)
+    for (int64_t i = 0; i < ad.in; ++i) {
+      double ba = 0;
+      for (int64_t k = 0; k < r; ++k) ba += static_cast<double>(b[o * r + k]) * a[k * ad.in + i];
+      dst[o * ad.in + i] = static_cast<T>(w[o * ad.in + i] + s * ba);
+    }
+}
+}  // namespace
+
+void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst) {
+  if (model.dtype() == DType::kF64) Merge<double>(model, adapter, static_cast<double*>(dst));
+  else Merge<float>(model, adapter, static_cast<float*>(dst));
+}
+
+void RandomizeLoraB(Model& model, uint64_t seed, double stddev) {
+  if (!model.lora()) return;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, stddev);
+  for (const LoraAdapter& ad : model.lora()->adapters) {
+    Param& p = model.params()[ad.b];
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      if (model.dtype() == DType::kF64) p.value.data<double>()[i] = normal(rng);
+      else p.value.data<float>()[i] = static_cast<float>(normal(rng));
+    }
+  }
+}
+
+}  // namespace sg

@@ -1,0 +1,96 @@
+// LoRA (Hu et al. 2021) on the linear layers of either model family, in Hugging Face PEFT's convention: a module
+// with weight W [out][in] computes y = x W^T + (alpha / r) * dropout(x) A^T B^T with lora_A.weight A [r][in]
+// (Kaiming-uniform, bound 1/sqrt(in), as PEFT) and lora_B.weight B [out][r] (zeros). The adapters are ordinary
+// parameters of the model (named "<module>.lora_A.weight", e.g. "model.layers.0.self_attn.q_proj.lora_A.weight")
+// and live inside the layers' linear ops, so every strategy trains them unchanged. Enabling LoRA freezes every base
+// parameter: their gradients are released, so the engine's grads category and the optimizer's moments hold the
+// adapters only.
+//
+// Dropout acts on the adapter's input only. Its mask is a hash of (the sequence's seed, the module, the absolute
+// position, the feature): every pass over the same position of the same sequence (seco's and streambp's
+// recomputation, ckpt's replay) draws the same mask, so chunked strategies stay exact against full backprop. The
+// seed is StrategyOptions::seed, which the Trainer derives per step and sequence; passes without gradients
+// (evaluation, log-prob passes) use no dropout.
+//
+// Files: core/lora_io.h saves and loads adapters as PEFT files; SaveModel (core/model_io.h) writes the merged
+// weights W + (alpha / r) B A of a LoRA model, i.e. a plain HF model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sg {
+
+class Model;
+
+struct LoraOptions {
+  int64_t rank = 0;       // r; 0 = LoRA off
+  double alpha = 16;      // lora_alpha: the adapter's output is scaled by alpha / r
+  double dropout = 0;     // lora_dropout, in [0, 1)
+  // HF module names (the last component of the module path): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+  // down_proj (Llama, Qwen2); in_proj, x_proj, dt_proj, out_proj (Mamba).
+  std::vector<std::string> targets = {"q_proj", "v_proj"};
+  uint64_t seed = 0;      // initialisation of A
+};
+
+// One adapted linear layer.
+struct LoraAdapter {
+  std::string module;  // HF module path, e.g. "model.layers.0.self_attn.q_proj"
+  int weight = -1;     // index of "<module>.weight" in Model::params()
+  int a = -1, b = -1;  // indices of "<module>.lora_A.weight" [rank][in] and "<module>.lora_B.weight" [out][rank]
+  int64_t in = 0, out = 0;
+};
+
+// A model's adapters (Model::lora()).
+struct LoraInfo {
+  LoraOptions options;
+  std::vector<LoraAdapter> adapters;  // in the order of the model's modules
+  double scale() const { return options.alpha / static_cast<double>(options.rank); }
+  // The adapter whose lora_A or lora_B is parameter `index`, or null.
+  const LoraAdapter* AdapterOfParam(int index) const;
+  // The adapter of base weight `index`, or null.
+  const LoraAdapter* AdapterOfWeight(int index) const;
+};
+
+// The module names LoRA can target in a model of this family ("transformer" or "ssm").
+std::vector<std::string> LoraTargetModules(const std::string& family);
+// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the family. Errors name --lora_targets.
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family);
+// Checks rank > 0, alpha finite and > 0, dropout in [0, 1), targets non-empty, known to the family and not
+// repeated; errors name the flag (--lora_rank, ...).
+absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family);
+
+// Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per
+// model. Restarts the memory tracker's peaks (the released base gradients are no part of what training needs).
+absl::Status EnableLora(Model& model, const LoraOptions& o);
+
+// The merged weight W + (alpha / r) B A of an adapted module, in the model's dtype, into dst (numel of W
+// elements). The model is not changed.
+void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst);
+
+// Tests and gradient checks: B starts at zero, which makes every gradient of A zero; this draws B from
+// normal(0, stddev) so that both are exercised.
+void RandomizeLoraB(Model& model, uint64_t seed, double stddev);
+
+// The dropout mask: element (position, feature) of a module's adapter input is kept when a hash of (seed, module,
+// position, feature), as a uniform number in [0, 1), is >= p; kept elements are scaled by 1 / (1 - p).
+inline uint64_t LoraMix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline uint64_t LoraRowKey(uint64_t seed, uint64_t module, int64_t position) {
+  return LoraMix(LoraMix(LoraMix(seed ^ 0x4C6F524144726F70ull) + module) + static_cast<uint64_t>(position));
+}
+inline bool LoraKeep(uint64_t row_key, int64_t feature, double p) {
+  const uint64_t h = LoraMix(row_key + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(feature + 1));
+  return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;
+}
+
+}  // namespace sg

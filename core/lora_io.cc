@@ -1,0 +1,180 @@
+#include "core/lora_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "core/io/peft.h"
+#include "core/io/safetensors.h"
+
+namespace sg {
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+// Writes text to path atomically: a temporary file beside it, flushed to disk, renamed over it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": cannot create ", tmp));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n <= 0) {
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat(path, ": write failed"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path, ": flush failed"));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path, ": cannot rename ", tmp, " over it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::string& base_model_name_or_path) {
+  const LoraInfo* lora = model.lora();
+  if (!lora) return absl::FailedPreconditionError("cannot save LoRA adapters: LoRA is not enabled on this model");
+  if (absl::Status s = MakeDirectory(dir); !s.ok()) return s;
+  std::vector<io::TensorToWrite> tensors;
+  for (const LoraAdapter& ad : lora->adapters)
+    for (int idx : {ad.a, ad.b}) {
+      const Param& p = model.params()[idx];
+      tensors.push_back({io::kPeftTensorPrefix + p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
+    }
+  if (absl::Status s = io::WriteSafetensors(absl::StrCat(dir, "/", io::kPeftWeightsFile), tensors, {{"format", "pt"}});
+      !s.ok())
+    return s;
+  io::PeftLoraConfig config;
+  config.r = lora->options.rank;
+  config.lora_alpha = lora->options.alpha;
+  config.lora_dropout = lora->options.dropout;
+  config.target_modules = lora->options.targets;
+  config.base_model_name_or_path = base_model_name_or_path;
+  return WriteFileAtomically(absl::StrCat(dir, "/", io::kPeftConfigFile), io::PeftLoraConfigToJson(config));
+}
+
+absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const std::string& family) {
+  const std::string path = absl::StrCat(dir, "/", io::kPeftConfigFile);
+  absl::StatusOr<io::PeftLoraConfig> config = io::ReadPeftLoraConfig(path);
+  if (!config.ok()) return config.status();
+  LoraOptions o;
+  o.rank = config->r;
+  o.alpha = config->lora_alpha;
+  o.dropout = config->lora_dropout;
+  o.targets = config->target_modules;
+  if (absl::Status s = ValidateLoraOptions(o, family); !s.ok())
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", absl::StrReplaceAll(s.message(), {{"--lora_targets", "target_modules"}})));
+  return o;
+}
+
+absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
+  absl::StatusOr<LoraOptions> options = ReadLoraAdapterConfig(dir, model.family());
+  if (!options.ok()) return options.status();
+  const std::string config_path = absl::StrCat(dir, "/", io::kPeftConfigFile);
+  const std::string weights_path = absl::StrCat(dir, "/", io::kPeftWeightsFile);
+  if (const LoraInfo* on = model.lora()) {
+    const LoraOptions& m = on->options;
+    std::vector<std::string> differ;
+    if (m.rank != options->rank) differ.push_back(absl::StrCat("r ", options->rank, " vs ", m.rank));
+    if (m.alpha != options->alpha) differ.push_back(absl::StrCat("lora_alpha ", options->alpha, " vs ", m.alpha));
+    if (m.targets != options->targets)
+      differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(options->targets, ", "), "] vs [",
+                                    absl::StrJoin(m.targets, ", "), "]"));
+    if (!differ.empty())
+      return absl::InvalidArgumentError(absl::StrCat(config_path, ": the adapter differs from the model's LoRA (",
+                                                     absl::StrJoin(differ, "; "), ", file vs model)"));
+  }
+  absl::StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::Open(weights_path);
+  if (!file.ok()) return file.status();
+
+  // The adapter tensors this model has (or would have with the adapter's options), by PEFT name: the A and B of
+  // every "<module>.weight" whose module name is a target.
+  struct Wanted {
+    std::string param;
+    std::vector<int64_t> shape;
+  };
+  std::map<std::string, Wanted> wanted;
+  for (const Param& p : model.params()) {
+    if (!absl::EndsWith(p.name, ".weight") || p.value.shape().size() < 2) continue;
+    const std::string module = p.name.substr(0, p.name.size() - 7);
+    const std::string leaf = module.substr(module.rfind('.') + 1);
+    if (std::find(options->targets.begin(), options->targets.end(), leaf) == options->targets.end()) continue;
+    const int64_t out = p.value.dim(0), in = p.value.numel() / out;
+    wanted[absl::StrCat(io::kPeftTensorPrefix, module, ".lora_A.weight")] = {module + ".lora_A.weight",
+                                                                               {options->rank, in}};
+    wanted[absl::StrCat(io::kPeftTensorPrefix, module, ".lora_B.weight")] = {module + ".lora_B.weight",
+                                                                               {out, options->rank}};
+  }
+  for (const io::TensorInfo& t : file->tensors()) {
+    auto it = wanted.find(t.name);
+    if (it == wanted.end())
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": tensor '", t.name, "' ", ShapeString(t.shape),
+          absl::StartsWith(t.name, io::kPeftTensorPrefix)
+              ? " is no LoRA adapter of this model's target modules (an adapter for a different base model?)"
+              : absl::StrCat(" is not a PEFT adapter tensor (names start with '", io::kPeftTensorPrefix, "')")));
+    if (t.shape != it->second.shape)
+      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": tensor '", t.name, "' has shape ",
+                                                     ShapeString(t.shape), " but this model needs ",
+                                                     ShapeString(it->second.shape),
+                                                     " (an adapter for a different base model?)"));
+  }
+  std::vector<std::string> missing;
+  for (const auto& [name, w] : wanted)
+    if (!file->Find(name)) missing.push_back(name);
+  if (!missing.empty())
+    return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", missing.size(), " adapter tensor",
+                                                   missing.size() > 1 ? "s are" : " is", " missing: ",
+                                                   absl::StrJoin(missing, ", ")));
+  // Read into temporaries first, so that a tensor failing to convert leaves the model as it was.
+  const DType dtype = model.dtype();
+  std::map<std::string, std::vector<char>> values;
+  for (const auto& [name, w] : wanted) {
+    int64_t numel = 1;
+    for (int64_t dim : w.shape) numel *= dim;
+    std::vector<char>& v = values[w.param];
+    v.resize(static_cast<size_t>(numel) * DTypeSize(dtype));
+    if (absl::Status s = file->ReadInto(name, w.shape, dtype, v.data()); !s.ok()) return s;
+  }
+  if (!model.lora())
+    if (absl::Status s = model.EnableLora(*options); !s.ok())
+      return absl::Status(s.code(), absl::StrCat(config_path, ": ", s.message()));
+  for (const LoraAdapter& ad : model.lora()->adapters)
+    for (int idx : {ad.a, ad.b}) {
+      Param& p = model.params()[idx];
+      const std::vector<char>& v = values.at(p.name);
+      std::copy(v.begin(), v.end(), static_cast<char*>(p.value.raw()));
+    }
+  return absl::OkStatus();
+}
+
+}  // namespace sg

@@ -1,0 +1,545 @@
+// LoRA (core/lora.h, core/lora_io.h), f64 on the tiny presets of both families: every exact strategy's adapter
+// gradients against full backprop (with and without dropout), full backprop against finite differences, frozen
+// base weights with no gradient or optimizer memory, the PEFT round trip and file layout, the merged export, and
+// bad adapter files.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "core/gradcheck.h"
+#include "core/io/peft.h"
+#include "core/io/safetensors.h"
+#include "core/lora.h"
+#include "core/lora_io.h"
+#include "core/model_io.h"
+#include "core/presets.h"
+#include "core/test_batches.h"
+#include "core/trainer.h"
+#include "nlohmann/json.hpp"
+
+namespace sg {
+namespace {
+
+std::unique_ptr<Model> Base(const std::string& preset, uint64_t seed = 7) {
+  std::unique_ptr<Model> model;
+  if (absl::StatusOr<TransformerConfig> t = TransformerPreset(preset); t.ok()) {
+    auto m = CreateTransformer(*t, DType::kF64);
+    EXPECT_TRUE(m.ok()) << m.status();
+    model = std::move(*m);
+  } else {
+    MambaConfig c = *MambaPreset(preset);
+    c.use_bias = true;  // in_proj / out_proj biases: the adapters must leave them frozen
+    auto m = CreateMamba(c, DType::kF64);
+    EXPECT_TRUE(m.ok()) << m.status();
+    model = std::move(*m);
+  }
+  InitOptions init;
+  init.seed = seed;
+  init.stddev = 0.3;
+  init.perturb_norms_and_biases = true;
+  InitRandom(*model, init);
+  return model;
+}
+
+LoraOptions Options(const Model& m, int64_t rank, double dropout, bool all = true) {
+  LoraOptions o;
+  o.rank = rank;
+  o.alpha = 2.0 * rank;
+  o.dropout = dropout;
+  o.seed = 3;
+  o.targets = all ? LoraTargetModules(m.family()) : std::vector<std::string>{"q_proj", "v_proj"};
+  return o;
+}
+
+// A model with LoRA on every module of its family and random B (so that both A and B have gradients).
+std::unique_ptr<Model> WithLora(const std::string& preset, int64_t rank = 3, double dropout = 0) {
+  std::unique_ptr<Model> model = Base(preset);
+  absl::Status s = EnableLora(*model, Options(*model, rank, dropout));
+  EXPECT_TRUE(s.ok()) << s;
+  RandomizeLoraB(*model, 5, 0.3);
+  return model;
+}
+
+std::vector<Sequence> Batch(const Model& m) { return RaggedBatch(m.vocab_size(), 4242); }
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return std::string(base ? base : "/tmp") + "/" + name;
+}
+
+double Loss(Model& m, const std::vector<Sequence>& batch) {
+  Trainer t(m, StrategyOptions{}, {});
+  absl::StatusOr<StepMetrics> r = t.EvaluateLoss(batch);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->loss : NAN;
+}
+
+int64_t AdapterBytes(Model& m) {
+  int64_t bytes = 0;
+  for (const LoraAdapter& ad : m.lora()->adapters)
+    bytes += m.params()[ad.a].value.nbytes() + m.params()[ad.b].value.nbytes();
+  return bytes;
+}
+
+// ---- gradients ----
+
+struct Case {
+  std::string preset, strategy;
+  int64_t chunk;
+  double dropout;
+  std::string form = "pairs";
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.preset << " " << c.strategy << " chunk " << c.chunk << " dropout " << c.dropout;
+}
+
+class LoraStrategyTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LoraStrategyTest, AdapterGradientsMatchFullBackprop) {
+  const Case& c = GetParam();
+  auto model = WithLora(c.preset, 3, c.dropout);
+  StrategyOptions o;
+  o.name = c.strategy;
+  o.chunk = c.chunk;
+  o.page_size = 3;
+  o.lm_chunk = 5;
+  o.adjoint_form = c.form;
+  o.spaco_budget = 1000;  // spaco below: every chunk kept (exact); set to the chunk count
+  o.spaco_cap = 0;
+  std::vector<Sequence> batch = Batch(*model);
+  if (c.strategy == "spaco") {
+    batch.resize(1);
+    o.spaco_budget = (static_cast<int64_t>(batch[0].ids.size()) + c.chunk - 1) / c.chunk;
+  }
+  absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, batch, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params_checked, 2 * static_cast<int64_t>(model->lora()->adapters.size()));
+  EXPECT_NEAR(r->loss, r->reference_loss, 1e-12);
+  EXPECT_LE(r->max_rel_err, 1e-10) << "worst: " << r->worst_param;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Exact, LoraStrategyTest,
+    ::testing::Values(Case{"tiny", "ckpt", 512, 0}, Case{"tiny", "seco", 4, 0}, Case{"tiny", "streambp", 5, 0},
+                      Case{"tiny", "seco", 4, 0.3}, Case{"tiny", "streambp", 4, 0.3}, Case{"tiny", "ckpt", 512, 0.3},
+                      Case{"tiny", "spaco", 6, 0.3}, Case{"tiny-qwen2", "seco", 3, 0.25},
+                      Case{"tiny-qwen2", "streambp", 7, 0.25}, Case{"tiny-ssm", "ckpt", 512, 0},
+                      Case{"tiny-ssm", "seco", 4, 0}, Case{"tiny-ssm", "seco", 5, 0.3},
+                      Case{"tiny-ssm", "streambp", 4, 0.3}, Case{"tiny-ssm", "adjoint", 4, 0.3},
+                      Case{"tiny-ssm", "adjoint", 6, 0, "scan"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string preset = info.param.preset;
+      for (char& ch : preset)
+        if (ch == '-') ch = '_';
+      return preset + "_" + info.param.strategy + (info.param.form != "pairs" ? "_" + info.param.form : "") +
+             "_chunk" + std::to_string(info.param.chunk) + (info.param.dropout > 0 ? "_dropout" : "");
+    });
+
+// Central differences of the batch loss on every adapter tensor, with and without dropout (a fresh Trainer per
+// evaluation draws the same masks: they depend on the sequence seed, not on the weights).
+TEST(LoraFiniteDifferencesTest, FullBackpropMatches) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"})
+    for (double dropout : {0.0, 0.4}) {
+      auto model = WithLora(preset, 2, dropout);
+      const std::vector<Sequence> batch = Batch(*model);
+      auto loss = [&] {
+        Trainer t(*model, StrategyOptions{}, {});
+        return t.ComputeGradients(batch)->loss;
+      };
+      Trainer trainer(*model, StrategyOptions{}, {});
+      ASSERT_TRUE(trainer.ComputeGradients(batch).ok());
+      std::vector<std::vector<double>> analytic;
+      for (const LoraAdapter& ad : model->lora()->adapters)
+        for (int idx : {ad.a, ad.b}) {
+          const Tensor& g = model->params()[idx].grad;
+          analytic.emplace_back(g.data<double>(), g.data<double>() + g.numel());
+        }
+      size_t k = 0;
+      for (const LoraAdapter& ad : model->lora()->adapters)
+        for (int idx : {ad.a, ad.b}) {
+          Param& p = model->params()[idx];
+          double* w = p.value.data<double>();
+          for (int64_t i = 0; i < p.value.numel(); i += std::max<int64_t>(1, p.value.numel() / 3)) {
+            const double saved = w[i], h = 1e-5;
+            w[i] = saved + h;
+            const double up = loss();
+            w[i] = saved - h;
+            const double down = loss();
+            w[i] = saved;
+            EXPECT_NEAR(analytic[k][i], (up - down) / (2 * h), 1e-7 * std::max(1.0, std::abs(analytic[k][i])))
+                << preset << " dropout " << dropout << " " << p.name << "[" << i << "]";
+          }
+          ++k;
+        }
+    }
+}
+
+// Dropout is on in gradient passes only, changes the loss there, and draws a new mask per step.
+TEST(LoraDropoutTest, TrainingOnlyAndFreshEachStep) {
+  auto plain = WithLora("tiny", 3, 0.0);
+  auto dropped = WithLora("tiny", 3, 0.5);
+  const std::vector<Sequence> batch = Batch(*plain);
+  EXPECT_DOUBLE_EQ(Loss(*plain, batch), Loss(*dropped, batch));  // evaluation: no dropout
+  Trainer a(*plain, StrategyOptions{}, {}), b(*dropped, StrategyOptions{}, {});
+  const double plain_loss = a.ComputeGradients(batch)->loss;
+  const double first = b.ComputeGradients(batch)->loss, second = b.ComputeGradients(batch)->loss;
+  EXPECT_NEAR(plain_loss, Loss(*plain, batch), 1e-12);
+  EXPECT_GT(std::abs(first - plain_loss), 1e-6);
+  EXPECT_GT(std::abs(second - first), 1e-6);
+  // The mask keeps a fraction 1 - p of the elements.
+  int64_t kept = 0, total = 0;
+  for (int64_t pos = 0; pos < 200; ++pos) {
+    const uint64_t key = LoraRowKey(99, 4, pos);
+    for (int64_t f = 0; f < 100; ++f, ++total) kept += LoraKeep(key, f, 0.3);
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / total, 0.7, 0.02);
+}
+
+// ---- frozen base, memory ----
+
+TEST(LoraFreezeTest, BaseFrozenAndOnlyAdapterMemory) {
+  for (const std::string preset : {"tiny", "tiny-ssm"}) {
+    auto model = Base(preset);
+    std::vector<std::vector<double>> before;
+    for (Param& p : model->params()) before.emplace_back(p.value.data<double>(), p.value.data<double>() + p.value.numel());
+    const size_t base_params = model->params().size();
+    ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0.1)).ok());
+    EXPECT_EQ(model->params().size(), base_params + 2 * model->lora()->adapters.size());
+    for (size_t i = 0; i < base_params; ++i)
+      EXPECT_FALSE(model->params()[i].grad.defined()) << model->params()[i].name;
+    for (const LoraAdapter& ad : model->lora()->adapters) {
+      EXPECT_TRUE(model->params()[ad.a].grad.defined());
+      // B starts at zero (PEFT), A is uniform in +-1/sqrt(in).
+      const Tensor& b = model->params()[ad.b].value;
+      for (int64_t i = 0; i < b.numel(); ++i) ASSERT_EQ(b.data<double>()[i], 0.0);
+      const Tensor& a = model->params()[ad.a].value;
+      double amax = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) amax = std::max(amax, std::abs(a.data<double>()[i]));
+      EXPECT_LE(amax, 1 / std::sqrt(static_cast<double>(ad.in)));
+      EXPECT_GT(amax, 0.5 / std::sqrt(static_cast<double>(ad.in)));
+    }
+    // The zero B leaves the model's function unchanged.
+    std::unique_ptr<Model> plain = Base(preset);
+    EXPECT_DOUBLE_EQ(Loss(*model, Batch(*model)), Loss(*plain, Batch(*model)));
+
+    const int64_t adapter_bytes = AdapterBytes(*model);
+    StrategyOptions o;
+    o.name = "seco";
+    o.chunk = 5;
+    OptimizerOptions opt;
+    opt.lr = 1e-2;
+    Trainer trainer(*model, o, opt);
+    for (int step = 0; step < 3; ++step) ASSERT_TRUE(trainer.Step(Batch(*model)).ok());
+    const MemorySnapshot mem = model->memory().Snapshot();
+    EXPECT_EQ(mem.peak[static_cast<int>(MemCategory::kGrads)], adapter_bytes) << preset;
+    EXPECT_EQ(mem.current[static_cast<int>(MemCategory::kOptimizer)], 2 * adapter_bytes) << preset;
+    for (size_t i = 0; i < base_params; ++i) {
+      const Param& p = model->params()[i];
+      for (int64_t j = 0; j < p.value.numel(); ++j)
+        ASSERT_EQ(p.value.data<double>()[j], before[i][j]) << preset << " " << p.name << " changed";
+    }
+    double bmax = 0;
+    for (const LoraAdapter& ad : model->lora()->adapters)
+      for (int64_t j = 0; j < model->params()[ad.b].value.numel(); ++j)
+        bmax = std::max(bmax, std::abs(model->params()[ad.b].value.data<double>()[j]));
+    EXPECT_GT(bmax, 1e-3) << preset << ": the adapters did not train";
+  }
+}
+
+TEST(LoraOptionsTest, BadOptions) {
+  auto model = Base("tiny");
+  auto error = [&](LoraOptions o) {
+    absl::Status s = EnableLora(*model, o);
+    EXPECT_FALSE(s.ok());
+    return std::string(s.message());
+  };
+  LoraOptions o = Options(*model, 4, 0);
+  o.rank = 0;
+  EXPECT_NE(error(o).find("--lora_rank must be positive"), std::string::npos);
+  o = Options(*model, 4, 0);
+  o.alpha = -1;
+  EXPECT_NE(error(o).find("--lora_alpha"), std::string::npos);
+  o = Options(*model, 4, 0);
+  o.dropout = 1;
+  EXPECT_NE(error(o).find("--lora_dropout must be in [0, 1)"), std::string::npos);
+  o = Options(*model, 4, 0);
+  o.targets = {"q_proj", "in_proj"};
+  EXPECT_NE(error(o).find("'in_proj' is not a linear module of a Llama/Qwen2 model"), std::string::npos)
+      << error(o);
+  o.targets = {"q_proj", "q_proj"};
+  EXPECT_NE(error(o).find("listed twice"), std::string::npos);
+  EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj", "transformer").ok());
+  EXPECT_EQ(*ParseLoraTargets("q_proj, v_proj", "transformer"), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(ParseLoraTargets("all", "ssm")->size(), 4u);
+  ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0)).ok());
+  EXPECT_NE(error(Options(*model, 4, 0)).find("already enabled"), std::string::npos);
+}
+
+// ---- files ----
+
+TEST(LoraFilesTest, RoundTripGivesIdenticalOutputs) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    auto model = WithLora(preset, 3, 0.1);
+    const std::vector<Sequence> batch = Batch(*model);
+    const std::string dir = TempDir("adapter_" + preset);
+    ASSERT_TRUE(SaveLoraAdapter(*model, dir, "base/" + preset).ok());
+
+    auto loaded = Base(preset);  // the same base weights
+    absl::Status s = LoadLoraAdapter(*loaded, dir);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_NE(loaded->lora(), nullptr);
+    EXPECT_EQ(loaded->lora()->options.rank, 3);
+    EXPECT_EQ(loaded->lora()->options.alpha, 6.0);
+    EXPECT_EQ(loaded->lora()->options.dropout, 0.1);
+    EXPECT_EQ(loaded->lora()->options.targets, model->lora()->options.targets);
+    ASSERT_EQ(loaded->params().size(), model->params().size());
+    for (size_t i = 0; i < model->params().size(); ++i) {
+      const Tensor &x = model->params()[i].value, &y = loaded->params()[i].value;
+      ASSERT_EQ(model->params()[i].name, loaded->params()[i].name);
+      for (int64_t j = 0; j < x.numel(); ++j) ASSERT_EQ(x.data<double>()[j], y.data<double>()[j]) << model->params()[i].name;
+    }
+    EXPECT_EQ(Loss(*model, batch), Loss(*loaded, batch));
+    // Training passes too (same dropout masks): identical gradients.
+    Trainer ta(*model, StrategyOptions{}, {}), tb(*loaded, StrategyOptions{}, {});
+    EXPECT_EQ(ta.ComputeGradients(batch)->loss, tb.ComputeGradients(batch)->loss);
+    Trainer la(*model, StrategyOptions{}, {}), lb(*loaded, StrategyOptions{}, {});
+    const std::vector<double> lp_a = *la.TokenLogprobs(*model, batch[0]), lp_b = *lb.TokenLogprobs(*loaded, batch[0]);
+    ASSERT_EQ(lp_a.size(), lp_b.size());
+    for (size_t t = 0; t < lp_a.size(); ++t)
+      if (!std::isnan(lp_a[t])) {
+        EXPECT_EQ(lp_a[t], lp_b[t]) << preset << " position " << t;
+      }
+
+    // Loading into a model whose LoRA is already on (same rank, alpha, targets) replaces the adapter weights.
+    auto again = Base(preset);
+    ASSERT_TRUE(EnableLora(*again, Options(*again, 3, 0.0)).ok());
+    ASSERT_TRUE(LoadLoraAdapter(*again, dir).ok());
+    EXPECT_EQ(Loss(*model, batch), Loss(*again, batch));
+  }
+}
+
+// The layout HF PEFT documents and loads (PeftModel.from_pretrained): adapter_config.json with peft_type LORA, r,
+// lora_alpha, lora_dropout, target_modules, bias "none", fan_in_fan_out false, task_type CAUSAL_LM,
+// base_model_name_or_path; adapter_model.safetensors with "base_model.model.<module>.lora_A.weight" [r, in] and
+// "....lora_B.weight" [out, r] for every targeted module and nothing else.
+TEST(LoraFilesTest, PeftLayout) {
+  auto model = Base("tiny");
+  LoraOptions o = Options(*model, 4, 0.05, /*all=*/false);
+  ASSERT_TRUE(EnableLora(*model, o).ok());
+  const std::string dir = TempDir("adapter_layout");
+  ASSERT_TRUE(SaveLoraAdapter(*model, dir, "meta-llama/Llama-3.2-1B").ok());
+  std::ifstream in(dir + "/adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["task_type"], "CAUSAL_LM");
+  EXPECT_TRUE(config["r"].is_number_integer());
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8.0);
+  EXPECT_EQ(config["lora_dropout"], 0.05);
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj", "v_proj"}));
+  EXPECT_EQ(config["bias"], "none");
+  EXPECT_EQ(config["fan_in_fan_out"], false);
+  EXPECT_EQ(config["use_rslora"], false);
+  EXPECT_EQ(config["use_dora"], false);
+  EXPECT_EQ(config["base_model_name_or_path"], "meta-llama/Llama-3.2-1B");
+  EXPECT_TRUE(config["modules_to_save"].is_null());
+
+  absl::StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("format"), "pt");
+  std::set<std::string> names;
+  for (const io::TensorInfo& t : file->tensors()) names.insert(t.name);
+  std::set<std::string> expected;
+  for (int l = 0; l < model->num_layers(); ++l)
+    for (const char* m : {"q_proj", "v_proj"})
+      for (const char* ab : {"A", "B"})
+        expected.insert("base_model.model.model.layers." + std::to_string(l) + ".self_attn." + m + ".lora_" + ab +
+                        ".weight");
+  EXPECT_EQ(names, expected);
+  const TransformerConfig& c = static_cast<TransformerModel&>(*model).config();
+  const io::TensorInfo* a = file->Find("base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight");
+  const io::TensorInfo* b = file->Find("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight");
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{4, c.hidden_size}));
+  EXPECT_EQ(b->shape, (std::vector<int64_t>{c.num_kv_heads * c.head_dim, 4}));
+  EXPECT_EQ(a->dtype, io::StDType::kF64);
+
+  // A config as PEFT itself writes it (extra keys, integer lora_alpha) parses.
+  absl::StatusOr<io::PeftLoraConfig> peft = io::ParsePeftLoraConfig(
+      R"({"alpha_pattern": {}, "auto_mapping": null, "base_model_name_or_path": "x", "bias": "none",
+          "corda_config": null, "eva_config": null, "exclude_modules": null, "fan_in_fan_out": false,
+          "inference_mode": true, "init_lora_weights": true, "layer_replication": null, "layers_pattern": null,
+          "layers_to_transform": null, "loftq_config": {}, "lora_alpha": 16, "lora_bias": false,
+          "lora_dropout": 0.05, "megatron_config": null, "megatron_core": "megatron.core", "modules_to_save": null,
+          "peft_type": "LORA", "r": 8, "rank_pattern": {}, "revision": null, "target_modules": ["v_proj", "q_proj"],
+          "task_type": "CAUSAL_LM", "trainable_token_indices": null, "use_dora": false, "use_rslora": false})",
+      "adapter_config.json");
+  ASSERT_TRUE(peft.ok()) << peft.status();
+  EXPECT_EQ(peft->r, 8);
+  EXPECT_EQ(peft->lora_alpha, 16);
+  EXPECT_EQ(peft->target_modules, (std::vector<std::string>{"v_proj", "q_proj"}));
+}
+
+// SaveModel of a LoRA model writes W + alpha/r B A and no adapter tensors: a plain HF model whose loss equals the
+// adapter model's.
+TEST(LoraFilesTest, MergedExportEqualsAdapterForward) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    auto model = WithLora(preset, 3, 0.2);
+    const std::vector<Sequence> batch = Batch(*model);
+    const std::string dir = TempDir("merged_" + preset);
+    ASSERT_TRUE(SaveModel(*model, dir).ok());
+    absl::StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::Open(dir + "/model.safetensors");
+    ASSERT_TRUE(file.ok());
+    for (const io::TensorInfo& t : file->tensors()) EXPECT_EQ(t.name.find("lora_"), std::string::npos) << t.name;
+    absl::StatusOr<std::unique_ptr<Model>> merged = LoadAnyModel(dir, DType::kF64, 0);
+    ASSERT_TRUE(merged.ok()) << merged.status();
+    EXPECT_EQ((*merged)->lora(), nullptr);
+    const double adapter_loss = Loss(*model, batch), merged_loss = Loss(**merged, batch);
+    EXPECT_NEAR(adapter_loss, merged_loss, 1e-12) << preset;
+    EXPECT_GT(std::abs(adapter_loss - Loss(*Base(preset), batch)), 1e-4) << preset << ": the adapters do nothing";
+    // The live model is not changed by the export.
+    EXPECT_EQ(Loss(*model, batch), adapter_loss);
+  }
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(LoraFilesTest, BadAdapters) {
+  auto source = WithLora("tiny", 3);
+  const std::string good = TempDir("adapter_good");
+  ASSERT_TRUE(SaveLoraAdapter(*source, good, "tiny").ok());
+  auto load_error = [](Model& m, const std::string& dir) {
+    absl::Status s = LoadLoraAdapter(m, dir);
+    EXPECT_FALSE(s.ok()) << dir;
+    return std::string(s.message());
+  };
+  auto copy = [&](const std::string& name) {
+    const std::string dir = TempDir(name);
+    mkdir(dir.c_str(), 0755);
+    for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+      WriteBytes(dir + "/" + f, ReadBytes(good + "/" + f));
+    return dir;
+  };
+
+  // A different base model: tiny-qwen2 has one KV head (k_proj / v_proj are [8, 32], not [16, 32]) and 2 layers.
+  {
+    auto other = Base("tiny-qwen2");
+    const std::string e = load_error(*other, good);
+    EXPECT_NE(e.find("adapter_model.safetensors: tensor 'base_model.model.model.layers."), std::string::npos) << e;
+    EXPECT_TRUE(e.find("has shape [16, 3] but this model needs [8, 3]") != std::string::npos ||
+                e.find("is no LoRA adapter of this model") != std::string::npos)
+        << e;
+    EXPECT_EQ(other->lora(), nullptr) << "a failed load must not enable LoRA";
+  }
+  {  // only the shapes differ: a tiny config with wider MLP
+    TransformerConfig c = *TransformerPreset("tiny");
+    c.intermediate_size = 40;
+    auto other = CreateTransformer(c, DType::kF64);
+    const std::string e = load_error(**other, good);
+    EXPECT_NE(e.find("mlp."), std::string::npos) << e;
+    EXPECT_NE(e.find("but this model needs"), std::string::npos) << e;
+    EXPECT_NE(e.find("[48, 3]"), std::string::npos) << e;
+    EXPECT_NE(e.find("[40, 3]"), std::string::npos) << e;
+  }
+  {  // a Mamba adapter on a Llama
+    auto ssm = WithLora("tiny-ssm", 2);
+    const std::string dir = TempDir("adapter_ssm");
+    ASSERT_TRUE(SaveLoraAdapter(*ssm, dir, "tiny-ssm").ok());
+    auto llama = Base("tiny");
+    const std::string e = load_error(*llama, dir);
+    EXPECT_NE(e.find("adapter_config.json: target_modules: 'in_proj' is not a linear module"), std::string::npos) << e;
+  }
+  {  // the model's LoRA differs from the file's
+    auto other = Base("tiny");
+    ASSERT_TRUE(EnableLora(*other, Options(*other, 5, 0)).ok());
+    const std::string e = load_error(*other, good);
+    EXPECT_NE(e.find("r 3 vs 5"), std::string::npos) << e;
+  }
+  {  // truncated weights
+    const std::string dir = copy("adapter_truncated");
+    const std::string bytes = ReadBytes(dir + "/adapter_model.safetensors");
+    WriteBytes(dir + "/adapter_model.safetensors", bytes.substr(0, bytes.size() - 100));
+    auto m = Base("tiny");
+    const std::string e = load_error(*m, dir);
+    EXPECT_NE(e.find(dir + "/adapter_model.safetensors"), std::string::npos) << e;
+    EXPECT_EQ(m->lora(), nullptr);
+  }
+  {  // garbage header
+    const std::string dir = copy("adapter_garbage");
+    WriteBytes(dir + "/adapter_model.safetensors", "not a safetensors file at all");
+    auto m = Base("tiny");
+    EXPECT_NE(load_error(*m, dir).find(dir + "/adapter_model.safetensors"), std::string::npos);
+  }
+  {  // truncated / invalid JSON, missing files, unsupported features
+    const std::string dir = copy("adapter_badjson");
+    const std::string json = ReadBytes(dir + "/adapter_config.json");
+    WriteBytes(dir + "/adapter_config.json", json.substr(0, json.size() / 2));
+    auto m = Base("tiny");
+    EXPECT_NE(load_error(*m, dir).find(dir + "/adapter_config.json"), std::string::npos);
+    std::remove((dir + "/adapter_config.json").c_str());
+    EXPECT_NE(load_error(*m, dir).find(dir + "/adapter_config.json"), std::string::npos);
+    const std::string dir2 = copy("adapter_noweights");
+    std::remove((dir2 + "/adapter_model.safetensors").c_str());
+    EXPECT_NE(load_error(*m, dir2).find(dir2 + "/adapter_model.safetensors"), std::string::npos);
+    for (const auto& [from, to, what] :
+         std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"\"bias\": \"none\"", "\"bias\": \"all\"", "field 'bias' is 'all'"},
+             {"\"use_dora\": false", "\"use_dora\": true", "field 'use_dora' is true"},
+             {"\"peft_type\": \"LORA\"", "\"peft_type\": \"IA3\"", "only LORA adapters"},
+             {"\"r\": 3", "\"r\": 0", "field 'r' must be a positive integer"},
+             {"\"lora_dropout\": 0.0", "\"lora_dropout\": 1.5", "field 'lora_dropout'"}}) {
+      const std::string d = copy("adapter_field");
+      std::string text = ReadBytes(d + "/adapter_config.json");
+      const size_t at = text.find(from);
+      ASSERT_NE(at, std::string::npos) << from << " in " << text;
+      text.replace(at, from.size(), to);
+      WriteBytes(d + "/adapter_config.json", text);
+      const std::string e = load_error(*m, d);
+      EXPECT_NE(e.find(what), std::string::npos) << e;
+    }
+    EXPECT_EQ(m->lora(), nullptr);
+  }
+  {  // a missing adapter tensor and a foreign one
+    const std::string dir = copy("adapter_missing");
+    absl::StatusOr<io::SafetensorsFile> file = io::SafetensorsFile::Open(good + "/adapter_model.safetensors");
+    std::vector<io::TensorToWrite> tensors;
+    std::vector<std::vector<double>> data;
+    data.reserve(file->tensors().size());
+    for (const io::TensorInfo& t : file->tensors()) {
+      if (t.name.find("layers.2.mlp.down_proj.lora_B") != std::string::npos) continue;
+      data.emplace_back(t.numel);
+      ASSERT_TRUE(file->ReadAs(t.name, DType::kF64, data.back().data(), t.numel).ok());
+      tensors.push_back({t.name, DType::kF64, t.shape, data.back().data()});
+    }
+    ASSERT_TRUE(io::WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
+    auto m = Base("tiny");
+    std::string e = load_error(*m, dir);
+    EXPECT_NE(e.find("1 adapter tensor is missing: base_model.model.model.layers.2.mlp.down_proj.lora_B.weight"),
+              std::string::npos)
+        << e;
+    std::vector<double> extra(3 * 32);
+    tensors.push_back({"base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", DType::kF64, {3, 32},
+                       extra.data()});
+    ASSERT_TRUE(io::WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
+    e = load_error(*m, dir);
+    EXPECT_NE(e.find("tensor 'base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight' [3, 32] is no LoRA "
+                     "adapter of this model"),
+              std::string::npos)
+        << e;
+  }
+}
+
+}  // namespace
+}  // namespace sg
