@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/data.h"
-#include "kernels/backend.h"
+#include "core/lr_schedule.h"
 
 namespace sg {
 
@@ -69,30 +69,118 @@ absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& b
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
-  absl::StatusOr<int64_t> valid = ValidateBatch(batch);
-  if (!valid.ok()) return valid.status();
-  absl::StatusOr<StepMetrics> m = Backprop(batch, 1.0 / static_cast<double>(*valid));
-  if (!m.ok()) return m;
-  m->loss /= static_cast<double>(*valid);
-  if (!std::isfinite(m->loss)) return absl::InternalError(absl::StrCat("loss is ", m->loss, " at step ", step_ + 1));
-  return m;
+  pending_micro_batches_ = 0;  // gradients start afresh: a pending accumulation is dropped
+  Pass pass{calls_++, 0, true};
+  return SftGradients(batch, 0, &pass, nullptr);
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const Batch& batch) {
   if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
-  if (objective_.name == "dpo") return DpoGradients(batch.pairs);
-  if (objective_.name == "grpo") return GrpoGradients(batch.groups);
-  return ComputeGradients(batch.sequences);
+  pending_micro_batches_ = 0;
+  Pass pass{calls_++, 0, true};
+  return Gradients(batch, 0, &pass, nullptr);
 }
 
-absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs, double grad_scale) {
+absl::StatusOr<StepMetrics> Trainer::Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count) {
+  if (objective_.name == "dpo") {
+    if (count) *count = static_cast<int64_t>(batch.pairs.size());
+    return DpoGradients(batch.pairs, norm, pass);
+  }
+  if (objective_.name == "grpo") {
+    if (count) *count = static_cast<int64_t>(batch.groups.size());
+    return GrpoGradients(batch.groups, norm, pass);
+  }
+  return SftGradients(batch.sequences, norm, pass, count);
+}
+
+absl::StatusOr<StepMetrics> Trainer::SftGradients(const std::vector<Sequence>& batch, double norm, Pass* pass,
+                                                  int64_t* count) {
+  absl::StatusOr<int64_t> valid = ValidateBatch(batch);
+  if (!valid.ok()) return valid.status();
+  if (count) *count = *valid;
+  if (norm <= 0) norm = static_cast<double>(*valid);
+  absl::StatusOr<StepMetrics> m = Backprop(batch, 1.0 / norm, pass);
+  if (!m.ok()) return m;
+  m->loss /= norm;
+  if (!std::isfinite(m->loss))
+    return absl::InternalError(
+        absl::StrCat("loss is ", m->loss, " at step ", step() + 1, NonFiniteWeightsNote(model_)));
+  return m;
+}
+
+absl::StatusOr<int64_t> Trainer::CountUnits(const Batch& batch) const {
+  if (objective_.name == "dpo") {
+    if (batch.pairs.empty()) return absl::InvalidArgumentError("dpo: the batch has no pairs");
+    return static_cast<int64_t>(batch.pairs.size());
+  }
+  if (objective_.name == "grpo") {
+    if (batch.groups.empty()) return absl::InvalidArgumentError("grpo: the batch has no groups");
+    return static_cast<int64_t>(batch.groups.size());
+  }
+  return ValidateBatch(batch.sequences);
+}
+
+absl::StatusOr<StepMetrics> Trainer::AccumulateGradients(const Batch& micro_batch) {
+  if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  Pass pass{calls_++, 0, pending_micro_batches_ == 0};
+  int64_t count = 0;
+  absl::StatusOr<StepMetrics> m = Gradients(micro_batch, 1.0, &pass, &count);
+  if (!m.ok()) {
+    pending_micro_batches_ = 0;  // the gradients are partial: the next accumulation starts afresh
+    return m;
+  }
+  if (pending_micro_batches_ == 0) {
+    pending_ = StepMetrics{};
+    pending_units_ = 0;
+  }
+  ++pending_micro_batches_;
+  pending_units_ += count;
+  pending_.loss += m->loss;
+  pending_.tokens += m->tokens;
+  pending_.chunks += m->chunks;
+  pending_.chunks_backpropagated += m->chunks_backpropagated;
+  pending_.adjoint_pairs += m->adjoint_pairs;
+  m->loss /= static_cast<double>(count);
+  return m;
+}
+
+absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batches) {
+  if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  if (micro_batches.empty()) return absl::InvalidArgumentError("no micro-batches for the step");
+  // Validate every micro-batch and count the units of all of them before any gradient.
+  int64_t total = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    absl::StatusOr<int64_t> n = CountUnits(micro_batches[i]);
+    if (!n.ok())
+      return absl::Status(n.status().code(), absl::StrCat("micro-batch ", i, ": ", n.status().message()));
+    total += *n;
+  }
+  pending_micro_batches_ = 0;
+  Pass pass{calls_++, 0, true};
+  StepMetrics sum;
+  sum.micro_batches = static_cast<int64_t>(micro_batches.size());
+  for (const Batch& b : micro_batches) {
+    absl::StatusOr<StepMetrics> m = Gradients(b, static_cast<double>(total), &pass, nullptr);
+    if (!m.ok()) return m.status();
+    sum.loss += m->loss;
+    sum.tokens += m->tokens;
+    sum.chunks += m->chunks;
+    sum.chunks_backpropagated += m->chunks_backpropagated;
+    sum.adjoint_pairs += m->adjoint_pairs;
+  }
+  if (absl::Status s = OptimizerStep(&sum); !s.ok()) return s;
+  return sum;
+}
+
+absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass) {
   StepMetrics m;
-  ZeroGrads(model_);
-  const uint64_t call = calls_++;
+  if (pass->zero) ZeroGrads(model_);
+  pass->zero = false;
+  const uint64_t call = pass->call;
   try {
     for (size_t i = 0; i < seqs.size(); ++i) {
       StrategyOptions o = strategy_options_;
-      o.seed = SequenceSeed(strategy_options_.seed, call, i);
+      o.seed = SequenceSeed(strategy_options_.seed, call, pass->next_index++);
       GradResult r = strategy_(model_, seqs[i], grad_scale, o);
       m.loss += r.loss_sum;
       m.tokens += r.tokens;
@@ -101,7 +189,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
       m.adjoint_pairs += r.adjoint_pairs;
     }
   } catch (const Cancelled&) {
-    return absl::CancelledError(absl::StrCat("step ", step_ + 1, " cancelled"));
+    return absl::CancelledError(absl::StrCat("step ", step() + 1, " cancelled"));
   } catch (const MemoryLimitExceeded& e) {
     return absl::ResourceExhaustedError(e.what());
   } catch (const std::exception& e) {
@@ -136,7 +224,7 @@ double Sigmoid(double z) { return z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) 
 
 // DPO in two passes (StreamBP eq. 8-10): the first accumulates each response's log-prob sum chunk by chunk; the
 // pair's sigmoid factor then makes the loss linear in the token log-probs for the backward pass.
-absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pairs) {
+absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pairs, double norm, Pass* pass) {
   if (pairs.empty()) return absl::InvalidArgumentError("dpo: the batch has no pairs");
   std::vector<Sequence> all;
   for (size_t i = 0; i < pairs.size(); ++i) {
@@ -150,7 +238,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
           "dpo: pair ", i, " has no reference log-probs (ref_chosen_logp, ref_rejected_logp) and no reference model "
           "was given"));
   }
-  const double beta = objective_.dpo_beta, P = static_cast<double>(pairs.size());
+  const double beta = objective_.dpo_beta, P = norm > 0 ? norm : static_cast<double>(pairs.size());
   StepMetrics metrics;
   for (const DpoPair& p : pairs) {
     double pi[2], ref[2] = {p.ref_chosen_logp, p.ref_rejected_logp};
@@ -171,17 +259,20 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
     all.push_back({p.chosen.ids, p.chosen.labels, LinearObjective(c)});
     all.push_back({p.rejected.ids, p.rejected.labels, LinearObjective(-c)});
   }
-  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0);
+  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0, pass);
   if (!m.ok()) return m;
   m->loss = metrics.loss;
-  if (!std::isfinite(m->loss)) return absl::InternalError(absl::StrCat("dpo loss is ", m->loss, " at step ", step_ + 1));
+  if (!std::isfinite(m->loss))
+    return absl::InternalError(
+        absl::StrCat("dpo loss is ", m->loss, " at step ", step() + 1, NonFiniteWeightsNote(model_)));
   return m;
 }
 
-absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>& groups) {
+absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>& groups, double norm,
+                                                   Pass* pass) {
   if (groups.empty()) return absl::InvalidArgumentError("grpo: the batch has no groups");
   std::vector<Sequence> all;
-  const double B = static_cast<double>(groups.size());
+  const double B = norm > 0 ? norm : static_cast<double>(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::vector<GrpoCompletion>& cs = groups[g].completions;
     if (cs.empty()) return absl::InvalidArgumentError(absl::StrCat("grpo: group ", g, " has no completions (G = 0)"));
@@ -210,82 +301,42 @@ absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>&
       all.push_back({c.seq.ids, c.seq.labels, GrpoObjective(c, std::move(ref), objective_, scale)});
     }
   }
-  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0);
+  absl::StatusOr<StepMetrics> m = Backprop(all, 1.0, pass);
   if (m.ok() && !std::isfinite(m->loss))
-    return absl::InternalError(absl::StrCat("grpo loss is ", m->loss, " at step ", step_ + 1));
+    return absl::InternalError(
+        absl::StrCat("grpo loss is ", m->loss, " at step ", step() + 1, NonFiniteWeightsNote(model_)));
   return m;
 }
 
-namespace {
-template <typename T>
-double SumSquares(const Tensor& t) {
-  double s = 0;
-  const T* p = t.data<T>();
-  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-  return s;
+void Trainer::set_state(const TrainerState& s) {
+  adam_.set_step(s.step);
+  calls_ = s.sampling_calls;
+  pending_micro_batches_ = 0;
 }
-template <typename T>
-void Scale(Tensor& t, double f) {
-  T* p = t.data<T>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
-}
-template <typename T>
-void Adam(const OptimizerOptions& o, std::vector<Param>& params, std::vector<Tensor>& m, std::vector<Tensor>& v,
-          int64_t step) {
-  const OpTable<T>& ops = CpuOps<T>();
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    if (!p.grad.defined()) continue;
-    // Norm weights and biases are not decayed.
-    const double wd = p.value.shape().size() >= 2 ? o.weight_decay : 0.0;
-    ops.adamw(p.value.data<T>(), p.grad.data<T>(), m[i].data<T>(), v[i].data<T>(), p.value.numel(), o.lr, o.beta1,
-              o.beta2, o.eps, wd, step);
-  }
-}
-}  // namespace
 
 absl::Status Trainer::OptimizerStep(StepMetrics* metrics) {
-  std::vector<Param>& params = model_.params();
-  const bool f64 = model_.dtype() == DType::kF64;
-  double sq = 0;
-  for (Param& p : params) {
-    if (!p.grad.defined()) continue;
-    const double s = f64 ? SumSquares<double>(p.grad) : SumSquares<float>(p.grad);
-    if (!std::isfinite(s))
-      return absl::InternalError(absl::StrCat("gradient of '", p.name, "' is not finite at step ", step_ + 1));
-    sq += s;
+  if (absl::Status s = ValidateOptimizerOptions(opt_); !s.ok()) return s;
+  const std::string when = absl::StrCat("at step ", step() + 1);
+  if (pending_micro_batches_ > 0) {  // streaming accumulation: the sum becomes the mean over all micro-batches
+    const double units = static_cast<double>(pending_units_);
+    if (!std::isfinite(pending_.loss))
+      return absl::InternalError(absl::StrCat("loss is ", pending_.loss, " ", when, NonFiniteWeightsNote(model_)));
+    ScaleGrads(model_, 1.0 / units);
+    if (metrics) {
+      *metrics = pending_;
+      metrics->loss = pending_.loss / units;
+      metrics->micro_batches = pending_micro_batches_;
+    }
+    pending_micro_batches_ = 0;
   }
-  const double norm = std::sqrt(sq);
+  absl::StatusOr<double> sq = GradSquaredNorm(model_, when);
+  if (!sq.ok()) return sq.status();
+  const double norm = std::sqrt(*sq);
   if (metrics) metrics->grad_norm = norm;
-  if (opt_.clip_grad_norm > 0 && norm > opt_.clip_grad_norm) {
-    for (Param& p : params) {
-      if (!p.grad.defined()) continue;
-      if (f64) Scale<double>(p.grad, opt_.clip_grad_norm / norm);
-      else Scale<float>(p.grad, opt_.clip_grad_norm / norm);
-    }
-  }
-  if (m_.empty()) {  // all moments or none: a failed allocation (memory limit) leaves the trainer as it was
-    std::vector<Tensor> m, v;
-    try {
-      for (Param& p : params) {
-        if (!p.grad.defined()) {
-          m.emplace_back();
-          v.emplace_back();
-          continue;
-        }
-        m.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
-        v.push_back(Tensor::Zeros(&model_.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
-      }
-    } catch (const MemoryLimitExceeded& e) {
-      return absl::ResourceExhaustedError(absl::StrCat("optimizer state: ", e.what()));
-    }
-    m_ = std::move(m);
-    v_ = std::move(v);
-  }
-  ++step_;
-  if (f64) Adam<double>(opt_, params, m_, v_, step_);
-  else Adam<float>(opt_, params, m_, v_, step_);
-  return absl::OkStatus();
+  if (opt_.clip_grad_norm > 0 && norm > opt_.clip_grad_norm) ScaleGrads(model_, opt_.clip_grad_norm / norm);
+  const double lr = ScheduledLr(opt_, step() + 1);
+  if (metrics) metrics->lr = lr;
+  return adam_.Step(model_, opt_, lr);
 }
 
 absl::StatusOr<StepMetrics> Trainer::Step(const Batch& batch) {

@@ -1,4 +1,5 @@
-// Training loop pieces: gradients of a batch through a strategy, then an AdamW step.
+// Training loop pieces: gradients of a batch (or of micro-batches accumulated) through a strategy, then an AdamW
+// step at the scheduled learning rate (core/optimizer.h, core/lr_schedule.h).
 #pragma once
 
 #include <cstdint>
@@ -7,18 +8,10 @@
 #include "absl/status/statusor.h"
 #include "core/model.h"
 #include "core/objective.h"
+#include "core/optimizer.h"
 #include "core/strategy.h"
 
 namespace sg {
-
-struct OptimizerOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  double clip_grad_norm = 1.0;  // 0 = no clipping
-};
 
 struct StepMetrics {
   double loss = 0;        // mean token loss of the batch
@@ -27,6 +20,14 @@ struct StepMetrics {
   int64_t chunks = 0;                 // chunks over the batch's sequences
   int64_t chunks_backpropagated = 0;  // of which were backpropagated (fewer only for spaco)
   int64_t adjoint_pairs = 0;          // adjoint: (t, i) vector-Jacobian products per channel, over layers
+  double lr = 0;                      // learning rate of the optimizer step (set by OptimizerStep)
+  int64_t micro_batches = 1;          // batches whose gradients this step accumulated
+};
+
+// What a checkpoint needs of a trainer besides the model and the optimizer moments.
+struct TrainerState {
+  int64_t step = 0;             // optimizer steps taken
+  uint64_t sampling_calls = 0;  // gradient passes so far: spaco's sampling stream (with the strategy seed)
 };
 
 class Trainer {
@@ -42,19 +43,37 @@ class Trainer {
   absl::StatusOr<StepMetrics> ComputeGradients(const Batch& batch);
   // The batch's mean token loss without gradients (chunked forward, see EvaluateLoss in strategy.h).
   absl::StatusOr<StepMetrics> EvaluateLoss(const std::vector<Sequence>& batch);
-  // Clips by global norm and applies AdamW to every parameter with a gradient.
+  // Gradient accumulation, streaming: adds the micro-batch's gradient of the objective's sum (token losses for
+  // sft, pair losses for dpo, group losses for grpo), zeroing gradients first when no accumulation is pending;
+  // OptimizerStep then divides by the total count (valid tokens, pairs, groups) so that the step equals one on a
+  // batch holding every micro-batch's sequences. The returned loss is the micro-batch's mean.
+  absl::StatusOr<StepMetrics> AccumulateGradients(const Batch& micro_batch);
+  // Fails with a NaN/Inf gradient naming the parameter; otherwise divides an accumulated gradient by its count,
+  // clips by global norm and applies AdamW at ScheduledLr(optimizer, step + 1) to every parameter with a gradient.
+  // After accumulation, metrics (if not null) gets the step's loss, tokens and chunk counts over the micro-batches.
   absl::Status OptimizerStep(StepMetrics* metrics);
-  // Both of the above.
+  // Gradients then the optimizer step.
   absl::StatusOr<StepMetrics> Step(const std::vector<Sequence>& batch);
   absl::StatusOr<StepMetrics> Step(const Batch& batch);
+  // One optimizer step over micro-batches whose gradients accumulate one micro-batch at a time (all of them are
+  // validated first). Loss and gradient equal those of one batch of all their sequences (same normalisation,
+  // same spaco sampling), whatever the split.
+  absl::StatusOr<StepMetrics> Step(const std::vector<Batch>& micro_batches);
   // Per position, log p(label) under `model` (NaN where the label is ignored), by a chunked forward pass.
   absl::StatusOr<std::vector<double>> TokenLogprobs(Model& model, const Sequence& s);
 
   Model& model() { return model_; }
   // Sets, changes or clears (nullptr) the frozen reference model of dpo/grpo; it must outlive its use.
   void set_reference(Model* reference) { reference_ = reference; }
-  int64_t step() const { return step_; }
+  int64_t step() const { return adam_.step(); }
   const StrategyOptions& strategy() const { return strategy_options_; }
+  const OptimizerOptions& optimizer_options() const { return opt_; }
+  const ObjectiveOptions& objective() const { return objective_; }
+  // The AdamW moments and step (checkpoints read and restore them).
+  AdamW& optimizer() { return adam_; }
+  TrainerState state() const { return {adam_.step(), calls_}; }
+  // Restores the step counter and the sampling stream (checkpoint resume); drops a pending accumulation.
+  void set_state(const TrainerState& s);
   // Another thread may set *flag to stop the running step (it returns absl::CancelledError).
   void set_cancel_flag(const std::atomic<bool>* flag) { strategy_options_.cancel = flag; }
 
@@ -62,18 +81,36 @@ class Trainer {
   Model& model_;
   // Checks options and batch; returns the number of valid labels.
   absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients = true) const;
-  // Runs the strategy over sequences (each with its objective) after zeroing gradients.
-  absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale);
-  absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs);
-  absl::StatusOr<StepMetrics> GrpoGradients(const std::vector<GrpoGroup>& groups);
+  // Where a gradient pass stands: its sampling call, the index of its next sequence (spaco seeds), and whether
+  // gradients are still to be zeroed.
+  struct Pass {
+    uint64_t call = 0;
+    uint64_t next_index = 0;
+    bool zero = true;
+  };
+  // The objective's gradient of `batch` scaled by 1/norm (norm 0: the batch's own count of valid tokens, pairs or
+  // groups, i.e. its mean), added to the gradients (zeroed first when pass->zero); loss is the sum over 'norm'.
+  // *count (if not null) gets the batch's own count.
+  absl::StatusOr<StepMetrics> Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count);
+  absl::StatusOr<StepMetrics> SftGradients(const std::vector<Sequence>& seqs, double norm, Pass* pass,
+                                           int64_t* count);
+  // Runs the strategy over sequences (each with its objective).
+  absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass);
+  absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs, double norm, Pass* pass);
+  absl::StatusOr<StepMetrics> GrpoGradients(const std::vector<GrpoGroup>& groups, double norm, Pass* pass);
+  // The batch's count of normalising units (after validating it).
+  absl::StatusOr<int64_t> CountUnits(const Batch& batch) const;
   StrategyOptions strategy_options_;
   OptimizerOptions opt_;
   ObjectiveOptions objective_;
   Model* reference_;
   StrategyFn strategy_;
-  std::vector<Tensor> m_, v_;
-  int64_t step_ = 0;
-  uint64_t calls_ = 0;  // ComputeGradients calls: every call samples afresh (spaco)
+  AdamW adam_;
+  uint64_t calls_ = 0;  // gradient passes: every pass samples afresh (spaco)
+  // Streaming accumulation not yet applied by OptimizerStep.
+  int64_t pending_micro_batches_ = 0;
+  int64_t pending_units_ = 0;
+  StepMetrics pending_;  // sums over the pending micro-batches (loss: sum, not mean)
 };
 
 }  // namespace sg

@@ -1,0 +1,144 @@
+#include "core/optimizer.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/lr_schedule.h"
+#include "kernels/backend.h"
+
+namespace sg {
+
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
+  auto bad = [](const char* field, double v, const char* need) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", v, "; need ", need));
+  };
+  if (!(o.lr > 0 && std::isfinite(o.lr))) return bad("lr", o.lr, "a finite value > 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) return bad("beta1", o.beta1, "[0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) return bad("beta2", o.beta2, "[0, 1)");
+  if (!(o.eps > 0 && std::isfinite(o.eps))) return bad("eps", o.eps, "a finite value > 0");
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) return bad("weight_decay", o.weight_decay, ">= 0");
+  if (!(o.clip_grad_norm >= 0 && std::isfinite(o.clip_grad_norm)))
+    return bad("clip_grad_norm", o.clip_grad_norm, ">= 0 (0 = no clipping)");
+  if (o.grad_accum < 1)
+    return absl::InvalidArgumentError(absl::StrCat("grad_accum is ", o.grad_accum, "; need >= 1 micro-batch"));
+  return ValidateLrSchedule(o);
+}
+
+namespace {
+template <typename T>
+double SumSquares(const Tensor& t) {
+  double s = 0;
+  const T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+template <typename T>
+int64_t FirstNonFinite(const Tensor& t, double* value) {
+  const T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(static_cast<double>(p[i]))) {
+      *value = static_cast<double>(p[i]);
+      return i;
+    }
+  return -1;
+}
+template <typename T>
+void Scale(Tensor& t, double f) {
+  T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
+}
+template <typename T>
+void Adam(const OptimizerOptions& o, double lr, std::vector<Param>& params, std::vector<Tensor>& m,
+          std::vector<Tensor>& v, int64_t step) {
+  const OpTable<T>& ops = CpuOps<T>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    if (!p.grad.defined()) continue;
+    // Norm weights and biases are not decayed.
+    const double wd = p.value.shape().size() >= 2 ? o.weight_decay : 0.0;
+    ops.adamw(p.value.data<T>(), p.grad.data<T>(), m[i].data<T>(), v[i].data<T>(), p.value.numel(), lr, o.beta1,
+              o.beta2, o.eps, wd, step);
+  }
+}
+}  // namespace
+
+absl::StatusOr<double> GradSquaredNorm(Model& model, const std::string& when) {
+  const bool f64 = model.dtype() == DType::kF64;
+  double sq = 0;
+  for (Param& p : model.params()) {
+    if (!p.grad.defined()) continue;
+    const double s = f64 ? SumSquares<double>(p.grad) : SumSquares<float>(p.grad);
+    if (!std::isfinite(s)) {
+      double value = 0;
+      const int64_t at = f64 ? FirstNonFinite<double>(p.grad, &value) : FirstNonFinite<float>(p.grad, &value);
+      if (at < 0)  // finite elements whose squares overflow
+        return absl::InternalError(absl::StrCat("gradient of '", p.name, "' overflows (sum of squares ", s, ") ",
+                                                  when));
+      return absl::InternalError(absl::StrCat("gradient of '", p.name, "' is not finite ", when, ": element ", at,
+                                                " of ", p.grad.numel(), " is ", value));
+    }
+    sq += s;
+  }
+  return sq;
+}
+
+std::string NonFiniteWeightsNote(Model& model) {
+  const bool f64 = model.dtype() == DType::kF64;
+  for (Param& p : model.params()) {
+    double value = 0;
+    const int64_t at = f64 ? FirstNonFinite<double>(p.value, &value) : FirstNonFinite<float>(p.value, &value);
+    if (at >= 0) return absl::StrCat("; parameter '", p.name, "' holds ", value, " at element ", at);
+  }
+  return "";
+}
+
+void ScaleGrads(Model& model, double factor) {
+  const bool f64 = model.dtype() == DType::kF64;
+  for (Param& p : model.params()) {
+    if (!p.grad.defined()) continue;
+    if (f64) Scale<double>(p.grad, factor);
+    else Scale<float>(p.grad, factor);
+  }
+}
+
+int64_t AdamW::StateBytes(Model& model) {
+  int64_t bytes = 0;
+  for (Param& p : model.params())
+    if (p.grad.defined()) bytes += 2 * static_cast<int64_t>(p.value.nbytes());
+  return bytes;
+}
+
+absl::Status AdamW::EnsureMoments(Model& model) {
+  if (!m_.empty()) return absl::OkStatus();
+  std::vector<Tensor> m, v;  // all moments or none: a failed allocation leaves the state as it was
+  try {
+    for (Param& p : model.params()) {
+      if (!p.grad.defined()) {
+        m.emplace_back();
+        v.emplace_back();
+        continue;
+      }
+      m.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+      v.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+    }
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("optimizer state: ", e.what()));
+  }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  return absl::OkStatus();
+}
+
+absl::Status AdamW::Step(Model& model, const OptimizerOptions& o, double lr) {
+  if (absl::Status s = EnsureMoments(model); !s.ok()) return s;
+  std::vector<Param>& params = model.params();
+  if (params.size() != m_.size())
+    return absl::FailedPreconditionError(absl::StrCat("optimizer state holds ", m_.size(),
+                                                      " parameters but the model has ", params.size()));
+  ++step_;
+  if (model.dtype() == DType::kF64) Adam<double>(o, lr, params, m_, v_, step_);
+  else Adam<float>(o, lr, params, m_, v_, step_);
+  return absl::OkStatus();
+}
+
+}  // namespace sg
