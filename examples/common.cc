@@ -4,11 +4,17 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/lora.h"
+#include "core/lora_io.h"
+#include "core/model_io.h"
 #include "core/presets.h"
 
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
@@ -31,6 +37,19 @@ ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the KL penalty against the reference (0 = none)");
 ABSL_FLAG(uint64_t, seed, 1, "random seed (init, data and spaco's sampling)");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "LoRA rank r: train low-rank adapters on --lora_targets with the base weights frozen; 0 = off (full "
+          "fine-tuning)");
+ABSL_FLAG(double, lora_alpha, 0, "LoRA alpha: the adapters' output is scaled by alpha / r; 0 = 2 x rank");
+ABSL_FLAG(double, lora_dropout, -1,
+          "LoRA dropout on the adapters' input, in [0, 1) (training passes only); default 0, or the adapter's with "
+          "--lora_init");
+ABSL_FLAG(std::string, lora_targets, "",
+          "LoRA target modules by HF name, comma-separated, or all. Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, "
+          "gate_proj, up_proj, down_proj (default q_proj,v_proj); Mamba: in_proj, x_proj, dt_proj, out_proj (default "
+          "in_proj,x_proj,out_proj)");
+ABSL_FLAG(std::string, lora_init, "",
+          "start LoRA from a saved PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");
 
 namespace sg::tools {
 
@@ -103,6 +122,83 @@ std::string PeakByCategoryJson(const MemorySnapshot& s) {
   for (int i = 0; i < kNumMemCategories; ++i)
     absl::StrAppend(&out, i ? ", " : "", "\"", MemCategoryName(static_cast<MemCategory>(i)), "\": ", s.peak[i]);
   return out + "}";
+}
+
+std::string ApplyLoraFlags(Model& model) {
+  const int64_t rank = absl::GetFlag(FLAGS_lora_rank);
+  const double alpha = absl::GetFlag(FLAGS_lora_alpha), dropout = absl::GetFlag(FLAGS_lora_dropout);
+  const std::string targets = absl::GetFlag(FLAGS_lora_targets), init = ResolveUserPath(absl::GetFlag(FLAGS_lora_init));
+  if (rank == 0 && init.empty()) {
+    if (alpha != 0 || dropout != -1 || !targets.empty())
+      ExitIfError(absl::InvalidArgumentError("--lora_alpha, --lora_dropout and --lora_targets need --lora_rank "
+                                             "(or --lora_init)"),
+                  "flags");
+    return "";
+  }
+  LoraOptions o;
+  o.seed = absl::GetFlag(FLAGS_seed);
+  if (!init.empty()) {
+    absl::StatusOr<LoraOptions> file = ReadLoraAdapterConfig(init, model.family());
+    ExitIfError(file.status(), "--lora_init");
+    std::vector<std::string> differ;
+    if (rank != 0 && rank != file->rank) differ.push_back(absl::StrCat("--lora_rank=", rank, " vs r ", file->rank));
+    if (alpha != 0 && alpha != file->alpha)
+      differ.push_back(absl::StrCat("--lora_alpha=", alpha, " vs lora_alpha ", file->alpha));
+    if (!targets.empty()) {
+      absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(targets, model.family());
+      ExitIfError(t.status(), "flags");
+      if (*t != file->targets) differ.push_back(absl::StrCat("--lora_targets=", targets, " vs target_modules"));
+    }
+    if (!differ.empty())
+      ExitIfError(absl::InvalidArgumentError(absl::StrCat("the adapter in ", init, " differs from the flags (",
+                                                          absl::StrJoin(differ, "; "),
+                                                          "): leave those flags out to take the adapter's")),
+                  "--lora_init");
+    o.rank = file->rank;
+    o.alpha = file->alpha;
+    o.targets = file->targets;
+    o.dropout = dropout >= 0 ? dropout : file->dropout;
+  } else {
+    o.rank = rank;
+    o.alpha = alpha != 0 ? alpha : 2.0 * rank;
+    o.dropout = dropout == -1 ? 0.0 : dropout;
+    absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(
+        targets.empty() ? (model.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj") : targets,
+        model.family());
+    ExitIfError(t.status(), "flags");
+    o.targets = *t;
+  }
+  ExitIfError(EnableLora(model, o), "flags");
+  if (!init.empty()) ExitIfError(LoadLoraAdapter(model, init), "--lora_init");
+  int64_t trainable = 0, total = 0;
+  for (const Param& p : model.params()) {
+    total += p.value.numel();
+    if (p.grad.defined()) trainable += p.value.numel();
+  }
+  const int64_t frozen = total - trainable;
+  return absl::StrFormat("LoRA r=%d alpha=%g dropout=%g on %s (%d modules%s): %d trainable parameters, %.2f%% of the "
+                         "%d frozen base parameters",
+                         o.rank, o.alpha, o.dropout, absl::StrJoin(o.targets, ","), model.lora()->adapters.size(),
+                         init.empty() ? "" : absl::StrCat(", from ", init), trainable,
+                         100.0 * trainable / std::max<int64_t>(1, frozen), frozen);
+}
+
+std::string LoraJson(Model& model) {
+  const LoraInfo* lora = model.lora();
+  if (!lora) return "null";
+  int64_t trainable = 0;
+  for (const Param& p : model.params())
+    if (p.grad.defined()) trainable += p.value.numel();
+  return absl::StrFormat(
+      "{\"rank\": %d, \"alpha\": %g, \"dropout\": %g, \"targets\": [\"%s\"], \"adapters\": %d, "
+      "\"trainable_params\": %d}",
+      lora->options.rank, lora->options.alpha, lora->options.dropout, absl::StrJoin(lora->options.targets, "\", \""),
+      lora->adapters.size(), trainable);
+}
+
+absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge) {
+  if (model.lora() && !merge) return SaveLoraAdapter(model, dir, base);
+  return SaveModel(model, dir);
 }
 
 void ExitIfError(const absl::Status& s, const char* what) {

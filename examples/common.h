@@ -6,6 +6,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "core/memory.h"
+#include "core/model.h"
 #include "core/objective.h"
 #include "core/strategy.h"
 
@@ -22,6 +23,11 @@ ABSL_DECLARE_FLAG(double, dpo_beta);
 ABSL_DECLARE_FLAG(double, grpo_clip_eps);
 ABSL_DECLARE_FLAG(double, grpo_kl_beta);
 ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(int64_t, lora_rank);
+ABSL_DECLARE_FLAG(double, lora_alpha);
+ABSL_DECLARE_FLAG(double, lora_dropout);
+ABSL_DECLARE_FLAG(std::string, lora_targets);
+ABSL_DECLARE_FLAG(std::string, lora_init);
 
 namespace sg::tools {
 
@@ -39,6 +45,18 @@ ObjectiveOptions ObjectiveFromFlags();
 absl::Status WriteTextFile(const std::string& path, const std::string& text);
 // {"weights": bytes, ...} for a snapshot's per-category peaks, as a JSON object string.
 std::string PeakByCategoryJson(const MemorySnapshot& s);
+// LoRA from --lora_rank, --lora_alpha, --lora_dropout, --lora_targets and --lora_init on a freshly loaded model
+// (core/lora.h): nothing when neither --lora_rank nor --lora_init is given. --lora_init loads a PEFT adapter
+// directory (its rank, alpha and targets; flags given as well must agree, --lora_dropout overrides). Exits naming
+// the flag on error. Returns a one-line description ("" when LoRA is off).
+std::string ApplyLoraFlags(Model& model);
+// The trained model into `dir`: HF config.json + model.safetensors; with LoRA on, the PEFT adapter files
+// (adapter_config.json + adapter_model.safetensors, base_model_name_or_path = base) unless merge, which writes the
+// merged weights as a plain HF model instead.
+absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge);
+// {"rank", "alpha", "dropout", "targets", "adapters", "trainable_params"} of the model's LoRA, or null.
+std::string LoraJson(Model& model);
+
 // Exits with the status message (and code 1) when not ok.
 void ExitIfError(const absl::Status& s, const char* what);
 

@@ -1,5 +1,7 @@
 // Compares a strategy's gradients with full backprop on a model (preset or HF directory), in f64 by default.
 // Prints and writes {"strategy", "max_rel_err", "max_abs_err", "params_checked", "samples", "mean_rel_err", ...}.
+// With --lora_rank (or --lora_init) only the adapters are trainable, so only their gradients are checked; fresh
+// adapters get a random B (PEFT's zero B would make every gradient of A zero).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/gradcheck.h"
+#include "core/lora.h"
 #include "core/model_io.h"
 #include "examples/common.h"
 
@@ -37,6 +40,9 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
+  const std::string lora = tools::ApplyLoraFlags(**model);
+  if (!lora.empty() && absl::GetFlag(FLAGS_lora_init).empty()) RandomizeLoraB(**model, seed + 1, 0.3);
+  if (!lora.empty()) std::fprintf(stderr, "%s\n", lora.c_str());
 
   const ObjectiveOptions objective = tools::ObjectiveFromFlags();
   tools::ExitIfError(ValidateObjectiveOptions(objective), "flags");
@@ -68,10 +74,11 @@ int Main() {
         "\"seq_len\": %d, \"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, "
         "\"worst_param\": \"%s\", \"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, "
         "\"mean_rel_err\": %.6e, \"spaco_budget\": %d, \"spaco_cap\": %g, \"adjoint_form\": \"%s\", "
-        "\"adjoint_window\": %s, \"adjoint_pairs_per_layer\": %d}",
+        "\"adjoint_window\": %s, \"adjoint_pairs_per_layer\": %d, \"lora\": %s}",
         absl::GetFlag(FLAGS_model), run.name, objective.name, absl::GetFlag(FLAGS_dtype), run.chunk, seq_len,
         r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
-        r->mean_rel_err, run.spaco_budget, run.spaco_cap, run.adjoint_form, window, r->adjoint_pairs / layers));
+        r->mean_rel_err, run.spaco_budget, run.spaco_cap, run.adjoint_form, window, r->adjoint_pairs / layers,
+        tools::LoraJson(**model)));
     std::printf("%s\n", rows.back().c_str());
   }
   const std::string json = rows.size() == 1 ? rows[0] : absl::StrCat("[", absl::StrJoin(rows, ",\n "), "]");

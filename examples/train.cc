@@ -37,7 +37,12 @@ ABSL_FLAG(std::string, ref_model, "",
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(std::string, report, "", "write a JSON report here");
-ABSL_FLAG(std::string, save, "", "save the trained model (HF config.json + model.safetensors) to this directory");
+ABSL_FLAG(std::string, save, "",
+          "save the trained model (HF config.json + model.safetensors) to this directory; with LoRA, the PEFT adapter "
+          "(adapter_config.json + adapter_model.safetensors) unless --merge_lora");
+ABSL_FLAG(bool, merge_lora, false,
+          "with LoRA: save the base model with the adapters merged (W + alpha/r B A), a plain HF model, instead of "
+          "the adapter files");
 
 namespace sg {
 namespace {
@@ -141,6 +146,9 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
   tools::ExitIfError(model.status(), "--model");
+  const std::string lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
+  if (lora.empty() && absl::GetFlag(FLAGS_merge_lora))
+    tools::ExitIfError(absl::InvalidArgumentError("--merge_lora needs LoRA (--lora_rank or --lora_init)"), "flags");
   const int64_t vocab = (*model)->vocab_size();
   // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
   std::unique_ptr<Model> reference;
@@ -198,6 +206,7 @@ int Main() {
                static_cast<long long>(report_seq_len), static_cast<long long>(strategy.chunk),
                static_cast<long long>(steps), data_what.c_str(),
                ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
+  if (!lora.empty()) std::fprintf(stderr, "%s\n", lora.c_str());
 
   std::vector<double> losses;
   int64_t tokens = 0;
@@ -225,16 +234,19 @@ int Main() {
   monitor.PrintEvalSummary(stdout);
 
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty())
-    tools::ExitIfError(SaveModel(**model, tools::ResolveUserPath(save)), "--save");
+    tools::ExitIfError(tools::SaveTrained(**model, tools::ResolveUserPath(save), tools::ModelSpec(),
+                                          absl::GetFlag(FLAGS_merge_lora)),
+                       "--save");
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
     std::string losses_json;
     for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.6f", losses[i]));
     const std::string json = absl::StrFormat(
         "{\"model\": \"%s\", \"objective\": \"%s\", \"strategy\": \"%s\", \"seq_len\": %d, \"chunk\": %d, "
         "\"steps\": %d, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, \"peak_bytes\": %d, "
-        "\"peak_bytes_by_category\": %s, \"losses\": [%s]}\n",
+        "\"peak_bytes_by_category\": %s, \"lora\": %s, \"losses\": [%s]}\n",
         absl::GetFlag(FLAGS_model), objective.name, strategy.name, report_seq_len, strategy.chunk, steps,
-        losses.front(), losses.back(), tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), losses_json);
+        losses.front(), losses.back(), tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), tools::LoraJson(**model),
+        losses_json);
     tools::ExitIfError(monitor.WriteReport(tools::ResolveUserPath(report), json), "--report");
   }
   return 0;
