@@ -10,6 +10,10 @@
 // The output holds one f64 tensor per parameter, named like the parameter (Hugging Face names), and the
 // objective's loss of the batch in the metadata ("loss", printed with %.17g so it round-trips exactly; sft: mean
 // token loss), with "tokens", "chunks" and "chunks_backpropagated" from the step's metrics.
+//
+// LoRA (tests/torch_ref/lora_peft_test.py): --lora_init=DIR loads a PEFT adapter (the base is then frozen and only
+// the adapters' gradients are written), --lora_save=DIR writes it back as the engine saves adapters, and
+// --merged_out=DIR writes the merged model (SaveModel).
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -25,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "core/data.h"
 #include "core/io/safetensors.h"
+#include "core/lora_io.h"
 #include "core/model_io.h"
 #include "core/objective.h"
 #include "core/trainer.h"
@@ -44,6 +49,9 @@ ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the k3 KL term");
 ABSL_FLAG(std::string, out, "", "output safetensors file (f64 gradients, loss in the metadata)");
+ABSL_FLAG(std::string, lora_init, "", "PEFT adapter directory to load (LoRA: only adapter gradients are written)");
+ABSL_FLAG(std::string, lora_save, "", "with --lora_init: write the adapter back (SaveLoraAdapter) to this directory");
+ABSL_FLAG(std::string, merged_out, "", "with --lora_init: write the merged model (SaveModel) to this directory");
 
 namespace sg {
 namespace {
@@ -78,6 +86,14 @@ absl::Status Run() {
   absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, DType::kF64, 0);
   if (!model.ok()) return model.status();
   const int64_t vocab = (*model)->vocab_size();
+  const std::string lora_init = absl::GetFlag(FLAGS_lora_init);
+  if (!lora_init.empty()) {
+    if (absl::Status s = LoadLoraAdapter(**model, lora_init); !s.ok()) return s;
+    if (const std::string dir = absl::GetFlag(FLAGS_lora_save); !dir.empty())
+      if (absl::Status s = SaveLoraAdapter(**model, dir, model_dir); !s.ok()) return s;
+    if (const std::string dir = absl::GetFlag(FLAGS_merged_out); !dir.empty())
+      if (absl::Status s = SaveModel(**model, dir); !s.ok()) return s;
+  }
   Batch batch;
   if (objective.name == "dpo") {
     absl::StatusOr<std::vector<DpoPair>> pairs = LoadDpoJsonl(input, vocab);
@@ -99,6 +115,7 @@ absl::Status Run() {
 
   std::vector<io::TensorToWrite> tensors;
   for (Param& p : (*model)->params()) {
+    if (!p.grad.defined() && (*model)->lora()) continue;  // frozen base
     if (!p.grad.defined()) return absl::InternalError(absl::StrCat("parameter '", p.name, "' has no gradient"));
     if (p.grad.dtype() != DType::kF64)
       return absl::InternalError(absl::StrCat("gradient of '", p.name, "' is ", DTypeName(p.grad.dtype())));
