@@ -15,7 +15,9 @@ W + s B A, the rest is unchanged, and no adapter tensor is left.
 
 When `peft` and `transformers` import (not the case with the pinned /usr/bin/python3 of this repository; `pip
 install peft` provides both), the engine-written adapter is also loaded with PeftModel.from_pretrained onto the base
-model read by transformers, and its loss on the batch and its merge_and_unload() weights must match the engine's.
+model read by transformers: its loss on the batch must match the engine's to 1e-6 (transformers computes RMSNorm in
+float32 even in a float64 model; the base model shows the same gap), as must transformers' loss on the engine's
+merged export, and merge_and_unload() must equal that export to 1e-12.
 Otherwise that part is reported as skipped (the format and the math are still checked as above).
 """
 import importlib.util
@@ -160,14 +162,7 @@ def peft_available():
     return importlib.util.find_spec("peft") is not None and importlib.util.find_spec("transformers") is not None
 
 
-def check_with_peft(case, model_dir, adapter_dir, merged_dir, batch, engine_loss):
-    import peft  # noqa: F401
-    import transformers
-    from peft import PeftModel
-
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float64)
-    model = PeftModel.from_pretrained(base, adapter_dir)
-    model.eval()
+def hf_loss(model, batch):
     loss_sum, valid = 0.0, 0
     with torch.no_grad():
         for ids, labels in batch:
@@ -175,13 +170,36 @@ def check_with_peft(case, model_dir, adapter_dir, merged_dir, batch, engine_loss
             labels_t = torch.tensor(labels, dtype=torch.long)
             loss_sum += F.cross_entropy(logits[:-1], labels_t[1:], ignore_index=-100, reduction="sum").item()
             valid += int((labels_t[1:] != -100).sum())
-    peft_loss = loss_sum / valid
-    assert abs(peft_loss - engine_loss) <= 1e-9 * abs(engine_loss), (peft_loss, engine_loss)
+    return loss_sum / valid
+
+
+# transformers runs RMSNorm (and RoPE's cos/sin) in float32 even for a float64 model, so its losses agree with a
+# float64 computation to about 1e-7 only: the same gap separates the engine from transformers on the base model.
+PEFT_TOLERANCE = 1e-6
+
+
+def check_with_peft(case, model_dir, adapter_dir, merged_dir, batch, engine_loss, engine_base_loss):
+    import peft
+    import transformers
+    from peft import PeftModel
+
+    load = lambda path: transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float64).eval()
+    base_loss = hf_loss(load(model_dir), batch)
+    model = PeftModel.from_pretrained(load(model_dir), adapter_dir).eval()
+    peft_loss = hf_loss(model, batch)
+    merged_loss = hf_loss(load(merged_dir), batch)
+    print(f"PEFT {peft.__version__} / transformers {transformers.__version__}: base loss {base_loss:.15f} (engine "
+          f"{engine_base_loss:.15f}); PeftModel.from_pretrained(engine adapter) loss {peft_loss:.15f} (engine "
+          f"{engine_loss:.15f}); engine's merged export in transformers {merged_loss:.15f}")
+    assert abs(base_loss - engine_base_loss) <= PEFT_TOLERANCE * abs(engine_base_loss)
+    assert abs(peft_loss - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (peft_loss, engine_loss)
+    assert abs(merged_loss - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (merged_loss, engine_loss)
+    assert abs(peft_loss - base_loss) > 1e3 * PEFT_TOLERANCE * abs(base_loss), "the adapter changes nothing"
     merged = model.merge_and_unload().state_dict()
     tensors, _, _ = ref.read_safetensors(os.path.join(merged_dir, "model.safetensors"))
     for name, value in tensors.items():
         assert np.allclose(merged[name].numpy(), value, rtol=0, atol=1e-12), name
-    print(f"PEFT {peft.__version__}: loss {peft_loss:.15f} (engine {engine_loss:.15f}); merge_and_unload matches")
+    print("merge_and_unload() equals the engine's merged export to 1e-12")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -213,10 +231,12 @@ def test_lora_adapter_matches_torch_and_peft_format(name):
         ref.compare((loss, grads), expected, f"{name} LoRA {strategy} chunk={chunk}")
         engine_loss = engine_loss if engine_loss is not None else loss
 
+    base_loss, _, _ = ref.grad_dump(model_dir, jsonl, os.path.join(root, "base.safetensors"), "full", page_size=5,
+                                    lm_chunk=7)
     check_peft_layout(adapter_out, adapter, targets, model_dir)
     check_merged(merged_out, weights, adapter)
     if peft_available():
-        check_with_peft(case, model_dir, adapter_out, merged_out, batch, engine_loss)
+        check_with_peft(case, model_dir, adapter_out, merged_out, batch, engine_loss, base_loss)
     else:
         print(f"{name}: peft/transformers not importable here: PEFT itself not run; the adapter layout was checked "
               "against PEFT's documented format and the LoRA math against plain torch")
