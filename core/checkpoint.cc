@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
+#include "core/lora.h"
 #include "core/mamba.h"
 #include "core/transformer.h"
 #include "nlohmann/json.hpp"
@@ -269,6 +270,12 @@ RunConfig TrainerRunConfig(Trainer& trainer) {
     if (j.is_object())
       for (auto it = j.begin(); it != j.end(); ++it)
         if (it.key() != "torch_dtype") FlattenJson(it.value(), absl::StrCat("model.", it.key()), &c);
+  }
+  if (const LoraInfo* lora = model.lora()) {
+    c["lora.rank"] = absl::StrCat(lora->options.rank);
+    c["lora.alpha"] = DoubleStr(lora->options.alpha);
+    c["lora.dropout"] = DoubleStr(lora->options.dropout);
+    c["lora.targets"] = absl::StrJoin(lora->options.targets, ",");
   }
   const StrategyOptions& s = trainer.strategy();
   c["strategy.name"] = s.name;
@@ -559,7 +566,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
     if (!diff.empty())
       return absl::FailedPreconditionError(
           absl::StrCat(dir, " was written by a run with a different configuration (", diff.size(),
-                       diff.size() == 1 ? " field" : " fields", " differ):\n  ", absl::StrJoin(diff, "\n  ")));
+                       diff.size() == 1 ? " field differs" : " fields differ", "):\n  ", absl::StrJoin(diff, "\n  ")));
   }
   Model& model = trainer.model();
   // Check every tensor against the model before anything is written into it.

@@ -37,9 +37,9 @@ struct CheckpointMeta {
   bool has_optimizer_state = false;  // set by ReadCheckpoint
 };
 
-// The model's configuration ("model.family", "model.dtype", "model.<HF config field>", parameter counts) and the
-// trainer's strategy, optimizer and objective options ("strategy.*", "optimizer.*", "objective.*"). Tools add
-// their own fields (data, seq_len, ...).
+// The model's configuration ("model.family", "model.dtype", "model.<HF config field>", parameter counts, LoRA's
+// "lora.*") and the trainer's strategy, optimizer and objective options ("strategy.*", "optimizer.*",
+// "objective.*"). Tools add their own fields (data, seq_len, ...).
 RunConfig TrainerRunConfig(Trainer& trainer);
 
 // Writes <out_dir>/checkpoint-<meta.trainer.step> (out_dir is created if missing; an existing checkpoint of that

@@ -1,5 +1,6 @@
 #include "core/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 
@@ -162,7 +163,7 @@ absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batche
   for (const Batch& b : micro_batches) {
     absl::StatusOr<StepMetrics> m = Gradients(b, static_cast<double>(total), &pass, nullptr);
     if (!m.ok()) return m.status();
-    sum.loss += m->loss;
+    sum.loss = m->loss;  // a running value over the micro-batches so far (Pass::loss), in one batch's order
     sum.tokens += m->tokens;
     sum.chunks += m->chunks;
     sum.chunks_backpropagated += m->chunks_backpropagated;
@@ -174,6 +175,7 @@ absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batche
 
 absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass) {
   StepMetrics m;
+  m.loss = pass->loss_sum;
   if (pass->zero) ZeroGrads(model_);
   pass->zero = false;
   const uint64_t call = pass->call;
@@ -188,6 +190,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
       m.chunks_backpropagated += r.chunks_backpropagated;
       m.adjoint_pairs += r.adjoint_pairs;
     }
+    pass->loss_sum = m.loss;
   } catch (const Cancelled&) {
     return absl::CancelledError(absl::StrCat("step ", step() + 1, " cancelled"));
   } catch (const MemoryLimitExceeded& e) {
@@ -240,6 +243,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
   }
   const double beta = objective_.dpo_beta, P = norm > 0 ? norm : static_cast<double>(pairs.size());
   StepMetrics metrics;
+  metrics.loss = pass->dpo_loss;
   for (const DpoPair& p : pairs) {
     double pi[2], ref[2] = {p.ref_chosen_logp, p.ref_rejected_logp};
     const Sequence* seq[2] = {&p.chosen, &p.rejected};
@@ -255,6 +259,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
     }
     const double z = beta * ((pi[0] - ref[0]) - (pi[1] - ref[1]));
     metrics.loss -= LogSigmoid(z) / P;
+    pass->dpo_loss = metrics.loss;
     const double c = -beta * Sigmoid(-z) / P;  // dL/dpi_chosen; dL/dpi_rejected = -c
     all.push_back({p.chosen.ids, p.chosen.labels, LinearObjective(c)});
     all.push_back({p.rejected.ids, p.rejected.labels, LinearObjective(-c)});
@@ -351,6 +356,83 @@ absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Sequence>& batch) {
   if (!m.ok()) return m.status();
   if (absl::Status s = OptimizerStep(&*m); !s.ok()) return s;
   return m;
+}
+
+}  // namespace sg
+
+namespace sg {
+
+absl::StatusOr<BudgetFit> FitMemoryBudget(Model& model, const StrategyOptions& strategy, const Sequence& probe,
+                                          int64_t budget, int64_t reserved) {
+  if (budget <= 0) return absl::InvalidArgumentError(absl::StrCat("the memory budget must be positive, got ", budget));
+  const int64_t resting = model.memory().Snapshot().total_current;
+  if (resting + reserved >= budget)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the budget of ", budget, " bytes is below what the model holds before any step: ", resting,
+        " bytes (weights, gradients) + ", reserved, " bytes of optimizer state = ", resting + reserved, " bytes"));
+  BudgetFit fit;
+  const std::string& name = strategy.name;
+  fit.chunked = name == "seco" || name == "spaco" || name == "adjoint" || name == "streambp";
+  const int64_t length = static_cast<int64_t>(probe.ids.size());
+  std::vector<int64_t> candidates;
+  if (!fit.chunked) {
+    candidates.push_back(strategy.chunk);
+  } else {
+    const int64_t smallest = std::min<int64_t>(16, length);
+    for (int64_t c = length; c >= smallest;) {
+      const int64_t chunks = (length + c - 1) / c;
+      if (name != "spaco" || chunks >= strategy.spaco_budget) candidates.push_back(c);
+      int64_t next = 1;
+      while (next * 2 < c) next *= 2;  // the largest power of two below c
+      if (next >= c || c == smallest) break;
+      c = std::max(next, smallest);
+    }
+    if (candidates.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--spaco_budget=", strategy.spaco_budget,
+                                                     " needs at least that many chunks, but the longest sequence has ",
+                                                     length, " tokens"));
+  }
+  MemoryTracker& mem = model.memory();
+  const int64_t previous_limit = mem.limit();
+  // One gradient pass at `chunk` under `limit`: its peak plus reserved, or -1 when the limit stops it.
+  auto run = [&](int64_t chunk, int64_t limit) -> absl::StatusOr<int64_t> {
+    StrategyOptions o = strategy;
+    o.chunk = chunk;
+    Trainer probe_trainer(model, o, OptimizerOptions{});  // its own sampling stream: the run's is untouched
+    mem.ResetPeak();
+    mem.set_limit(limit);
+    absl::StatusOr<StepMetrics> m = probe_trainer.ComputeGradients(std::vector<Sequence>{probe});
+    mem.set_limit(previous_limit);
+    const int64_t peak = mem.Snapshot().total_peak;
+    mem.ResetPeak();
+    ZeroGrads(model);
+    if (!m.ok()) {
+      if (m.status().code() == absl::StatusCode::kResourceExhausted) return -1;
+      return m.status();
+    }
+    return peak + reserved;
+  };
+  for (int64_t chunk : candidates) {
+    absl::StatusOr<int64_t> peak = run(chunk, budget - reserved);
+    if (!peak.ok()) return peak.status();
+    fit.probes.push_back({chunk, *peak});
+    if (*peak >= 0) {
+      fit.chunk = chunk;
+      fit.peak_bytes = *peak;
+      return fit;
+    }
+  }
+  const int64_t smallest = candidates.back();
+  absl::StatusOr<int64_t> need = run(smallest, 16 * budget - reserved);
+  if (!need.ok()) return need.status();
+  const std::string what =
+      fit.chunked ? absl::StrCat("--strategy=", name, " with the smallest --chunk tried (", smallest, ")")
+                  : absl::StrCat("--strategy=", name);
+  const std::string needs = *need >= 0 ? absl::StrCat("needs ", *need, " bytes")
+                                       : absl::StrCat("needs more than ", 16 * budget, " bytes (16 x the budget)");
+  return absl::ResourceExhaustedError(absl::StrCat(what, " on a sequence of ", length, " tokens ", needs,
+                                                   " (optimizer state included) but the budget is ", budget,
+                                                   " bytes"));
 }
 
 }  // namespace sg

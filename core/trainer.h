@@ -81,15 +81,19 @@ class Trainer {
   Model& model_;
   // Checks options and batch; returns the number of valid labels.
   absl::StatusOr<int64_t> ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients = true) const;
-  // Where a gradient pass stands: its sampling call, the index of its next sequence (spaco seeds), and whether
-  // gradients are still to be zeroed.
+  // Where a gradient pass stands: its sampling call, the index of its next sequence (spaco seeds), whether
+  // gradients are still to be zeroed, and the running loss sums (so that micro-batches add up their losses in the
+  // order one batch of all their sequences would).
   struct Pass {
     uint64_t call = 0;
     uint64_t next_index = 0;
     bool zero = true;
+    double loss_sum = 0;  // token losses (sft, grpo)
+    double dpo_loss = 0;  // sum over pairs of the pair loss / norm
   };
   // The objective's gradient of `batch` scaled by 1/norm (norm 0: the batch's own count of valid tokens, pairs or
-  // groups, i.e. its mean), added to the gradients (zeroed first when pass->zero); loss is the sum over 'norm'.
+  // groups, i.e. its mean), added to the gradients (zeroed first when pass->zero); loss is the pass's running sum
+  // (this batch's and the earlier ones') over 'norm'.
   // *count (if not null) gets the batch's own count.
   absl::StatusOr<StepMetrics> Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count);
   absl::StatusOr<StepMetrics> SftGradients(const std::vector<Sequence>& seqs, double norm, Pass* pass,
@@ -112,5 +116,20 @@ class Trainer {
   int64_t pending_units_ = 0;
   StepMetrics pending_;  // sums over the pending micro-batches (loss: sum, not mean)
 };
+
+// --memory_budget: the largest chunk (seco, spaco, adjoint) or partition (streambp) whose gradient pass on `probe`
+// (the longest sequence a run will see) fits the budget, probed with the engine's memory limit set to the budget
+// minus `reserved` (e.g. optimizer moments not allocated yet). Candidates: the whole sequence, then powers of two
+// below it down to 16 (spaco: only those giving at least spaco_budget chunks). Strategies without a chunk (full,
+// ckpt) are probed as they are. ResourceExhausted when nothing fits, with the bytes the smallest candidate needs
+// (measured under a limit of 16 x the budget) against the budget.
+struct BudgetFit {
+  bool chunked = false;    // the strategy has a chunk to pick
+  int64_t chunk = 0;       // the chosen chunk (chunked strategies)
+  int64_t peak_bytes = 0;  // the gradient pass's peak at that chunk plus `reserved`
+  std::vector<std::pair<int64_t, int64_t>> probes;  // chunk -> peak bytes + reserved, or -1: over the budget
+};
+absl::StatusOr<BudgetFit> FitMemoryBudget(Model& model, const StrategyOptions& strategy, const Sequence& probe,
+                                          int64_t budget, int64_t reserved);
 
 }  // namespace sg

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checkpoint.h"
 #include "core/data.h"
+#include "core/lr_schedule.h"
 #include "core/model_io.h"
 #include "core/presets.h"
 #include "core/trainer.h"
@@ -43,11 +46,53 @@ ABSL_FLAG(std::string, save, "",
 ABSL_FLAG(bool, merge_lora, false,
           "with LoRA: save the base model with the adapters merged (W + alpha/r B A), a plain HF model, instead of "
           "the adapter files");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "learning rate after --warmup_steps: constant (--lr), or cosine / linear decay from --lr to --min_lr at "
+          "--steps");
+ABSL_FLAG(int64_t, warmup_steps, 0, "linear learning-rate warmup from lr/warmup_steps to --lr over this many steps");
+ABSL_FLAG(double, min_lr, 0.0, "cosine, linear: the learning rate at --steps");
+ABSL_FLAG(int64_t, grad_accum, 1,
+          "micro-batches of --batch whose gradients accumulate into each optimizer step (the step equals one on "
+          "batch x grad_accum records)");
+ABSL_FLAG(std::string, out_dir, "",
+          "write checkpoints here (checkpoint-<step>/: every --save_every steps and after the last step) and the "
+          "final model (like --save)");
+ABSL_FLAG(int64_t, save_every, 0, "with --out_dir: also save a checkpoint every N steps (0 = only after the last)");
+ABSL_FLAG(bool, resume, false,
+          "continue from the newest complete checkpoint in --out_dir; refused when the run's configuration differs");
+ABSL_FLAG(int64_t, keep_checkpoints, 2, "checkpoints kept in --out_dir: the newest N (0 = all)");
+ABSL_FLAG(int64_t, stop_at_step, 0,
+          "stop after this step as if interrupted (a checkpoint is saved there with --out_dir; continue with "
+          "--resume): time-limited jobs; the schedule still ends at --steps. 0 = run to --steps");
+ABSL_FLAG(int64_t, memory_budget, 0,
+          "bytes: before starting, pick the largest --chunk (seco, spaco, adjoint) or partition (streambp) whose "
+          "step fits, probed with the engine's memory limit, or refuse with the numbers (0 = no budget)");
 
 namespace sg {
 namespace {
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+// --lr, --weight_decay, --lr_schedule, --warmup_steps, --min_lr, --grad_accum; the decay ends at --steps.
+OptimizerOptions OptimizerFromFlags() {
+  OptimizerOptions o;
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
+  o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  o.min_lr = absl::GetFlag(FLAGS_min_lr);
+  o.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  o.total_steps = absl::GetFlag(FLAGS_steps);
+  if (o.lr_schedule != "constant" && o.total_steps <= o.warmup_steps)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--lr_schedule=", o.lr_schedule, " decays after --warmup_steps=",
+                                                               o.warmup_steps, " until --steps=", o.total_steps,
+                                                               ": --steps must be larger")),
+                       "flags");
+  if (absl::Status s = ValidateOptimizerOptions(o); !s.ok())  // messages start with the option's name
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--", s.message())), "flags");
+  return o;
+}
+
 
 // Training data of any objective, handed out --batch records at a time, cycling.
 struct TrainData {
@@ -76,6 +121,27 @@ struct TrainData {
     return b;
   }
 };
+
+// --memory_budget's probe: the longest sequence the run will see.
+Sequence LongestSequence(const TrainData& d, const std::string& objective, uint64_t seed) {
+  const Sequence* best = nullptr;
+  auto consider = [&](const Sequence& s) {
+    if (!best || s.ids.size() > best->ids.size()) best = &s;
+  };
+  if (objective == "dpo") {
+    for (const DpoPair& p : d.pairs) {
+      consider(p.chosen);
+      consider(p.rejected);
+    }
+  } else if (objective == "grpo") {
+    for (const GrpoGroup& g : d.groups)
+      for (const GrpoCompletion& c : g.completions) consider(c.seq);
+  } else {
+    for (const Sequence& s : d.sequences) consider(s);
+  }
+  if (!best) return d.task.Make(seed, 0);  // the synthetic task: every sequence has seq_len tokens
+  return Sequence{best->ids, best->labels, nullptr};
+}
 
 // dpo / grpo: loads --data and checks that every reference log-prob the trainer will need is in the data or can
 // come from the reference model. Returns the longest sequence and a description of the data.
@@ -127,10 +193,32 @@ int Main() {
   if (absl::GetFlag(FLAGS_batch) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--batch must be positive"), "flags");
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
-  const StrategyOptions strategy = tools::StrategyFromFlags();
+  StrategyOptions strategy = tools::StrategyFromFlags();
   tools::ExitIfError(ValidateStrategyOptions(strategy), "flags");
   const ObjectiveOptions objective = tools::ObjectiveFromFlags();
   tools::ExitIfError(ValidateObjectiveOptions(objective), "flags");
+  const OptimizerOptions opt = OptimizerFromFlags();
+  // Checkpoints and the memory budget.
+  const std::string out_dir = tools::ResolveUserPath(absl::GetFlag(FLAGS_out_dir));
+  const int64_t save_every = absl::GetFlag(FLAGS_save_every), keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  const bool resume = absl::GetFlag(FLAGS_resume);
+  const int64_t memory_budget = absl::GetFlag(FLAGS_memory_budget);
+  const int64_t stop_at_step = absl::GetFlag(FLAGS_stop_at_step);
+  if (stop_at_step < 0)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--stop_at_step must be >= 0, got ", stop_at_step)),
+                       "flags");
+  if (save_every < 0)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--save_every must be >= 0, got ", save_every)), "flags");
+  if (keep < 0 || keep > 1000000)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--keep_checkpoints must be >= 0 (0 = all), got ", keep)),
+                       "flags");
+  if (out_dir.empty() && (save_every > 0 || resume))
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(resume ? "--resume" : "--save_every",
+                                                               " needs --out_dir (where checkpoints live)")),
+                       "flags");
+  if (memory_budget < 0)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--memory_budget must be >= 0 bytes, got ", memory_budget)),
+                       "flags");
   const bool sft = objective.name == "sft";
   const std::string data = absl::GetFlag(FLAGS_data);
   const std::string ref_model = absl::GetFlag(FLAGS_ref_model);
@@ -190,11 +278,31 @@ int Main() {
     tools::ExitIfError(train_data.task.Validate(), "synthetic task");
   }
 
-  OptimizerOptions opt;
-  opt.lr = absl::GetFlag(FLAGS_lr);
-  opt.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  // --memory_budget: the largest chunk / partition whose step fits (weights, gradients and optimizer state
+  // included), before anything is trained.
+  if (memory_budget > 0) {
+    const Sequence probe = LongestSequence(train_data, objective.name, seed);
+    absl::StatusOr<BudgetFit> fit =
+        FitMemoryBudget(**model, strategy, probe, memory_budget, AdamW::StateBytes(**model));
+    tools::ExitIfError(fit.status(), "--memory_budget");
+    if (fit->chunked) strategy.chunk = fit->chunk;
+    std::string tried;
+    for (const auto& [chunk, peak] : fit->probes)
+      absl::StrAppend(&tried, tried.empty() ? "" : ", ", chunk, peak < 0 ? " over" : absl::StrCat(" ", Mib(peak)));
+    std::fprintf(stderr, "memory budget %s: %s (peak %s; tried %s)\n", Mib(memory_budget).c_str(),
+                 fit->chunked ? absl::StrCat("--chunk=", fit->chunk).c_str() : "fits",
+                 Mib(fit->peak_bytes).c_str(), tried.c_str());
+  }
+
   Trainer trainer(**model, strategy, opt, objective, reference.get());
   const int64_t steps = absl::GetFlag(FLAGS_steps);
+  // What a resume must match (core/checkpoint.h): model, LoRA, strategy, optimizer, objective, and the data.
+  RunConfig run_config = TrainerRunConfig(trainer);
+  run_config["data"] = data.empty() ? "synthetic retrieval" : tools::ResolveUserPath(data);
+  if (sft) run_config["seq_len"] = absl::StrCat(seq_len);
+  if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
+  run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
+  if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
   // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
   tools::TrainMonitor monitor(trainer, steps);
   tools::ExitIfError(monitor.SetUpEval(objective.name, sft && data.empty() ? &train_data.task : nullptr, seed, seq_len,
@@ -208,27 +316,108 @@ int Main() {
                ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
   if (!lora.empty()) std::fprintf(stderr, "%s\n", lora.c_str());
 
-  std::vector<double> losses;
+  // Per-step series (kept in checkpoints, so that a resumed run reports its whole curve).
+  std::map<std::string, std::vector<double>> history;
+  int64_t first_step = 1;
+  if (!out_dir.empty()) {
+    const std::vector<std::pair<int64_t, std::string>> existing = ListCheckpoints(out_dir);
+    if (!resume && !existing.empty())
+      tools::ExitIfError(absl::AlreadyExistsError(absl::StrCat(
+                             out_dir, " already holds ", existing.front().second,
+                             ": pass --resume to continue from its newest checkpoint, or choose another --out_dir")),
+                         "--out_dir");
+    if (resume) {
+      std::vector<std::string> skipped;
+      absl::StatusOr<std::string> latest = FindLatestCheckpoint(out_dir, &skipped);
+      for (const std::string& why : skipped) std::fprintf(stderr, "warning: --resume: skipping %s\n", why.c_str());
+      if (latest.ok()) {
+        absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(*latest, trainer, &run_config);
+        tools::ExitIfError(meta.status(), "--resume");
+        const int64_t done = meta->trainer.step;
+        if (static_cast<int64_t>(meta->history["loss"].size()) != done)
+          tools::ExitIfError(absl::DataLossError(absl::StrCat(*latest, ": its loss history has ",
+                                                              meta->history["loss"].size(), " steps, not ", done)),
+                             "--resume");
+        train_data.next = meta->data_position;
+        history = meta->history;
+        first_step = done + 1;
+        // The report's per-step records of the steps before the resume (their timings are not known).
+        for (int64_t i = 0; i < done; ++i) {
+          tools::StepRecord r;
+          r.step = i + 1;
+          auto at = [&](const char* key) {
+            const std::vector<double>& v = history[key];
+            return i < static_cast<int64_t>(v.size()) ? v[i] : std::nan("");
+          };
+          r.loss = at("loss");
+          r.lr = at("lr");
+          r.grad_norm = at("grad_norm");
+          r.tokens = std::isnan(at("tokens")) ? 0 : static_cast<int64_t>(at("tokens"));
+          monitor.report().AddStep(r);
+        }
+        std::fprintf(stderr, "resumed from %s: step %lld of %lld\n", latest->c_str(), static_cast<long long>(done),
+                     static_cast<long long>(steps));
+      } else if (latest.status().code() == absl::StatusCode::kNotFound) {
+        std::fprintf(stderr, "--resume: no checkpoint in %s yet: starting at step 1\n", out_dir.c_str());
+      } else {
+        tools::ExitIfError(latest.status(), "--resume");
+      }
+    }
+  }
+  tools::Progress notes = tools::Progress::ForStdout();  // checkpoint notes above the progress line
+  auto save_checkpoint = [&]() {
+    CheckpointMeta meta;
+    meta.trainer = trainer.state();
+    meta.seed = seed;
+    meta.data_position = train_data.next;
+    meta.history = history;
+    meta.run_config = run_config;
+    absl::StatusOr<std::string> path = SaveCheckpoint(out_dir, trainer, meta, static_cast<int>(keep));
+    tools::ExitIfError(path.status(), "--out_dir");
+    const std::string line = absl::StrCat("saved ", *path);
+    if (notes.tty()) notes.Note(line);
+    else std::fprintf(stderr, "%s\n", line.c_str());
+  };
+
+  std::vector<double>& losses = history["loss"];
   int64_t tokens = 0;
   double seconds = 0;
-  for (int64_t step = 1; step <= steps; ++step) {
+  const int64_t last_step = stop_at_step > 0 ? std::min(steps, stop_at_step) : steps;
+  for (int64_t step = first_step; step <= last_step; ++step) {
     int64_t batch_tokens = 0;
-    const Batch batch = train_data.Next(objective.name, absl::GetFlag(FLAGS_batch), seed, &batch_tokens);
+    std::vector<Batch> micro_batches;  // --grad_accum micro-batches of --batch records each
+    for (int64_t i = 0; i < opt.grad_accum; ++i) {
+      int64_t t = 0;
+      micro_batches.push_back(train_data.Next(objective.name, absl::GetFlag(FLAGS_batch), seed, &t));
+      batch_tokens += t;
+    }
     monitor.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<StepMetrics> m = sft ? trainer.Step(batch.sequences) : trainer.Step(batch);
+    absl::StatusOr<StepMetrics> m = trainer.Step(micro_batches);
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     seconds += step_seconds;
     tools::ExitIfError(m.status(), absl::StrCat("step ", step).c_str());
     tokens += batch_tokens;
     losses.push_back(m->loss);
-    monitor.EndStep(step, *m, opt.lr, batch_tokens, step_seconds, tokens / seconds);
+    history["lr"].push_back(m->lr);
+    history["grad_norm"].push_back(m->grad_norm);
+    history["tokens"].push_back(static_cast<double>(batch_tokens));
+    monitor.EndStep(step, *m, m->lr, batch_tokens, step_seconds, tokens / seconds);
+    if (!out_dir.empty() && ((save_every > 0 && step % save_every == 0) || step == last_step)) save_checkpoint();
   }
   monitor.FinishProgress();
+  if (first_step > last_step)
+    std::fprintf(stderr, "the checkpoint already has %lld steps (%s=%lld): nothing to train\n",
+                 static_cast<long long>(first_step - 1), last_step < steps ? "--stop_at_step" : "--steps",
+                 static_cast<long long>(last_step));
+  const bool finished = static_cast<int64_t>(losses.size()) >= steps;  // else stopped by --stop_at_step
+  if (losses.empty())
+    tools::ExitIfError(absl::FailedPreconditionError("no step was trained"), "--stop_at_step");
+  const double tokens_per_s = seconds > 0 ? tokens / seconds : 0;
 
   const MemorySnapshot mem = (*model)->memory().Snapshot();
-  std::printf("done: %lld steps, %s loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(steps),
-              objective.name.c_str(), losses.front(), losses.back(), tokens / seconds, Mib(mem.total_peak).c_str());
+  std::printf("done: %lld steps, %s loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(losses.size()),
+              objective.name.c_str(), losses.front(), losses.back(), tokens_per_s, Mib(mem.total_peak).c_str());
   for (int i = 0; i < kNumMemCategories; ++i)
     std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
   monitor.PrintEvalSummary(stdout);
@@ -237,15 +426,20 @@ int Main() {
     tools::ExitIfError(tools::SaveTrained(**model, tools::ResolveUserPath(save), tools::ModelSpec(),
                                           absl::GetFlag(FLAGS_merge_lora)),
                        "--save");
+  if (!out_dir.empty() && finished)  // the final model next to the checkpoints, as --save writes it
+    tools::ExitIfError(tools::SaveTrained(**model, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora)),
+                       "--out_dir");
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
     std::string losses_json;
-    for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.6f", losses[i]));
+    // Every digit (%.17g): a resumed run's losses compare exactly with an uninterrupted run's.
+    for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.17g", losses[i]));
     const std::string json = absl::StrFormat(
         "{\"model\": \"%s\", \"objective\": \"%s\", \"strategy\": \"%s\", \"seq_len\": %d, \"chunk\": %d, "
-        "\"steps\": %d, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, \"peak_bytes\": %d, "
+        "\"steps\": %d, \"resumed_from_step\": %d, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
+        "\"peak_bytes\": %d, "
         "\"peak_bytes_by_category\": %s, \"lora\": %s, \"losses\": [%s]}\n",
         absl::GetFlag(FLAGS_model), objective.name, strategy.name, report_seq_len, strategy.chunk, steps,
-        losses.front(), losses.back(), tokens / seconds, mem.total_peak, tools::PeakByCategoryJson(mem), tools::LoraJson(**model),
+        first_step - 1, losses.front(), losses.back(), tokens_per_s, mem.total_peak, tools::PeakByCategoryJson(mem), tools::LoraJson(**model),
         losses_json);
     tools::ExitIfError(monitor.WriteReport(tools::ResolveUserPath(report), json), "--report");
   }
