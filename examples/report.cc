@@ -294,7 +294,7 @@ std::string EvalLine(const EvalResult& r) {
 // ---- TrainMonitor ----
 
 TrainMonitor::TrainMonitor(Trainer& trainer, int64_t steps, Progress progress)
-    : trainer_(trainer), steps_(steps), progress_(progress) {}
+    : trainer_(trainer), steps_(steps), last_step_(steps), progress_(progress) {}
 
 absl::Status TrainMonitor::SetUpEval(const std::string& objective, const RetrievalTask* task, uint64_t seed,
                                      int64_t seq_len, const std::string& data_dtype) {
@@ -337,13 +337,13 @@ absl::Status TrainMonitor::SetUpEval(const std::string& objective, const Retriev
 void TrainMonitor::BeginStep(int64_t step) {
   MemoryTracker& mem = trainer_.model().memory();
   mem.ResetWindow();
-  if (step == steps_) mem.StartTimeline();
+  if (step == last_step_) mem.StartTimeline();
 }
 
 void TrainMonitor::EndStep(int64_t step, const StepMetrics& m, double lr, int64_t batch_tokens, double step_seconds,
                            double mean_tokens_per_s) {
   MemoryTracker& mem = trainer_.model().memory();
-  if (step == steps_) {
+  if (step == last_step_) {
     MemoryTimeline t;
     t.step = step;
     t.events = mem.StopTimeline(&t.dropped);
@@ -368,7 +368,7 @@ void TrainMonitor::EndStep(int64_t step, const StepMetrics& m, double lr, int64_
   if (!report_.evals().empty())
     absl::StrAppend(&line, absl::StrFormat("  eval %.4f", report_.evals().back().result.loss()));
   progress_.Update(line);
-  if (eval_enabled() && (step == steps_ || (eval_every_ > 0 && step % eval_every_ == 0))) RunEval(step);
+  if (eval_enabled() && (step == last_step_ || (eval_every_ > 0 && step % eval_every_ == 0))) RunEval(step);
 }
 
 void TrainMonitor::RunEval(int64_t step) {

@@ -133,8 +133,11 @@ class TrainMonitor {
                          const std::string& data_dtype);
   void SetEvalSet(EvalSet set, int64_t every) { eval_set_ = std::move(set); eval_every_ = every; }
   bool eval_enabled() const { return !eval_set_.sequences.empty(); }
+  // The step the run stops at when that is before `steps` (e.g. --stop_at_step): the memory timeline and the final
+  // evaluation happen there.
+  void set_last_step(int64_t step) { last_step_ = step; }
 
-  // Before the trainer's step: restarts the memory window; records the timeline on the last step.
+  // Before the trainer's step: restarts the memory window; records the allocation timeline on the last step.
   void BeginStep(int64_t step);
   // After it: records the step, updates the progress line, evaluates when due (exits on an evaluation error).
   void EndStep(int64_t step, const StepMetrics& m, double lr, int64_t batch_tokens, double step_seconds,
@@ -150,7 +153,7 @@ class TrainMonitor {
  private:
   void RunEval(int64_t step);
   Trainer& trainer_;
-  int64_t steps_;
+  int64_t steps_, last_step_;
   Progress progress_;
   RunReport report_;
   EvalSet eval_set_;

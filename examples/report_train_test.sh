@@ -30,7 +30,10 @@ tmp = sys.argv[1]
 r = json.load(open(os.path.join(tmp, "run.json")))
 summary = ["model", "objective", "strategy", "seq_len", "chunk", "steps", "loss_first", "loss_last", "tokens_per_s",
            "peak_bytes", "peak_bytes_by_category", "losses"]
-assert list(r)[:len(summary)] == summary, list(r)
+keys = list(r)
+assert all(k in keys for k in summary), keys  # the summary's fields, in their order, before what reports add
+assert [k for k in keys if k in summary] == summary, keys
+assert keys.index("losses") < keys.index("metrics"), keys
 assert r["model"] == "tiny" and r["strategy"] == "seco" and r["steps"] == 5 and len(r["losses"]) == 5, r
 m = r["metrics"]
 assert [x["step"] for x in m] == [1, 2, 3, 4, 5], m
@@ -99,6 +102,17 @@ r = json.load(open(sys.argv[1]))
 e = r["evals"][-1]
 assert e["step"] == 5 and e["tokens"] == 256 and math.isfinite(e["loss"]) and e["accuracy_by_distance"], e
 print("tiny-ssm eval OK:", e["loss"], e["accuracy"])
+PY
+
+# Stopped early (--stop_at_step): the final evaluation and the memory timeline are those of the step it stops at.
+"$train" --model=tiny "${common[@]}" --stop_at_step=3 --report="$tmp/stop.json" >"$tmp/stop.out" 2>&1 ||
+  { cat "$tmp/stop.out"; fail "--stop_at_step"; }
+/usr/bin/python3 - "$tmp/stop.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert [e["step"] for e in r["evals"]] == [2, 3], r["evals"]
+assert r["memory_timeline"]["step"] == 3 and len(r["metrics"]) == 3, r["memory_timeline"]["step"]
+print("stop_at_step OK")
 PY
 
 # --eval_data: a held-out JSONL file (evaluated after the last step even without --eval_every).

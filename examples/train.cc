@@ -383,6 +383,7 @@ int Main() {
   int64_t tokens = 0;
   double seconds = 0;
   const int64_t last_step = stop_at_step > 0 ? std::min(steps, stop_at_step) : steps;
+  monitor.set_last_step(last_step);
   for (int64_t step = first_step; step <= last_step; ++step) {
     int64_t batch_tokens = 0;
     std::vector<Batch> micro_batches;  // --grad_accum micro-batches of --batch records each
