@@ -233,3 +233,54 @@ TEST(GuardTest, NonFiniteLossNamesStepAndParameter) {
 
 }  // namespace
 }  // namespace sg
+
+namespace sg {
+namespace {
+
+// --memory_budget's search: the chunk it picks runs within the budget and the next larger candidate does not;
+// a budget below the smallest candidate's need is refused with both numbers.
+TEST(MemoryBudgetTest, PicksLargestChunkThatFitsOrRefuses) {
+  auto model = Tiny();
+  Sequence probe = RaggedBatch(model->vocab_size(), 4)[0];
+  while (probe.ids.size() < 200) {  // 23 tokens -> 207: candidates 207, 128, 64, 32, 16
+    probe.ids.insert(probe.ids.end(), probe.ids.begin(), probe.ids.begin() + 23);
+    probe.labels.insert(probe.labels.end(), probe.labels.begin(), probe.labels.begin() + 23);
+  }
+  StrategyOptions so;
+  so.name = "seco";
+  so.page_size = 8;
+  const int64_t reserved = AdamW::StateBytes(*model);
+  absl::StatusOr<BudgetFit> unlimited = FitMemoryBudget(*model, so, probe, int64_t{1} << 40, reserved);
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status();
+  EXPECT_EQ(unlimited->chunk, static_cast<int64_t>(probe.ids.size()));  // everything fits: one chunk
+  const int64_t whole = unlimited->peak_bytes;
+
+  absl::StatusOr<BudgetFit> fit = FitMemoryBudget(*model, so, probe, whole - 1, reserved);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_TRUE(fit->chunked);
+  EXPECT_LT(fit->chunk, static_cast<int64_t>(probe.ids.size()));
+  EXPECT_LE(fit->peak_bytes, whole - 1);
+  ASSERT_GE(fit->probes.size(), 2u);
+  EXPECT_EQ(fit->probes.front().second, -1);  // the whole sequence is over
+  // The pick really runs under the limit.
+  so.chunk = fit->chunk;
+  model->memory().set_limit(whole - 1 - reserved);
+  Trainer trainer(*model, so, {});
+  EXPECT_TRUE(trainer.ComputeGradients(std::vector<Sequence>{probe}).ok());
+  model->memory().set_limit(0);
+
+  const int64_t resting = model->memory().Snapshot().total_current;
+  absl::StatusOr<BudgetFit> none = FitMemoryBudget(*model, so, probe, resting + reserved + 1000, reserved);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("with the smallest --chunk tried (16) on a sequence of 207 tokens needs "),
+            std::string::npos)
+      << none.status();
+  absl::StatusOr<BudgetFit> below = FitMemoryBudget(*model, so, probe, 1000, reserved);
+  ASSERT_FALSE(below.ok());
+  EXPECT_NE(below.status().message().find("is below what the model holds before any step"), std::string::npos);
+  EXPECT_EQ(model->memory().limit(), 0);
+}
+
+}  // namespace
+}  // namespace sg
