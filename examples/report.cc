@@ -62,6 +62,9 @@ OJson EvalJson(const EvalResult& r) {
   return j;
 }
 
+// Accuracy plots leave out buckets with fewer labels than this (their accuracy is mostly noise); the JSON has all.
+constexpr int64_t kMinBucketLabels = 10;
+
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 std::string BucketName(const DistanceBucketStats& b) {
@@ -196,11 +199,26 @@ absl::StatusOr<std::string> RunReport::Json(const std::string& summary_json, con
 }
 
 std::string RunReport::LossSvg(const std::string& title) const {
-  svg::Series train{"train (per step)", {}, svg::Palette(0), false, false};
-  for (const StepRecord& r : steps_) train.points.emplace_back(static_cast<double>(r.step), r.loss);
   svg::LineChart chart;
   chart.set_title(absl::StrCat("Loss: ", title)).set_x_label("step").set_y_label("loss (nats per label)");
-  chart.set_size(720, 420).set_y_from_zero(false).set_legend(svg::LineChart::Legend::kTopRight).AddSeries(train);
+  chart.set_size(720, 420).set_y_from_zero(false).set_legend(svg::LineChart::Legend::kTopRight);
+  // Long runs: every step in a light colour under the mean of the last `window` steps.
+  const int64_t window = static_cast<int64_t>(steps_.size()) >= 100 ? static_cast<int64_t>(steps_.size()) / 50 : 1;
+  svg::Series train{window > 1 ? "train (every step)" : "train", {}, window > 1 ? "#9ecae1" : svg::Palette(0), false,
+                    false};
+  for (const StepRecord& r : steps_) train.points.emplace_back(static_cast<double>(r.step), r.loss);
+  chart.AddSeries(train);
+  if (window > 1) {
+    svg::Series mean{absl::StrCat("train (mean of ", window, " steps)"), {}, svg::Palette(0), false, false};
+    double sum = 0;
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      sum += steps_[i].loss;
+      if (i >= static_cast<size_t>(window)) sum -= steps_[i - window].loss;
+      if (i + 1 >= static_cast<size_t>(window))
+        mean.points.emplace_back(static_cast<double>(steps_[i].step), sum / static_cast<double>(window));
+    }
+    chart.AddSeries(mean);
+  }
   if (!evals_.empty()) {
     svg::Series eval{"held-out eval", {}, svg::Palette(1), false, true};
     for (const EvalRecord& e : evals_) eval.points.emplace_back(static_cast<double>(e.step), e.result.loss());
@@ -212,7 +230,8 @@ std::string RunReport::LossSvg(const std::string& title) const {
 std::string RunReport::AccuracySvg(const std::string& title) const {
   svg::LineChart chart;
   chart.set_title(absl::StrCat("Retrieval accuracy vs key-query distance: ", title))
-      .set_x_label("distance between the key's pair token and the query (tokens, log2 buckets)")
+      .set_x_label(absl::StrCat("distance from the key's pair token to the query (tokens; buckets [2^k, 2^(k+1)) with >= ",
+                                kMinBucketLabels, " labels)"))
       .set_y_label("accuracy (arg max = value)")
       .set_log2_x(true)
       .set_y_range(0, 1)
@@ -233,13 +252,13 @@ std::string RunReport::AccuracySvg(const std::string& title) const {
     svg::Series s{absl::StrFormat("step %d (overall %.3f)", e.step, e.result.accuracy()), {}, svg::Palette(color++),
                   false, true};
     for (const DistanceBucketStats& b : e.result.by_distance)
-      if (b.count > 0) s.points.emplace_back(static_cast<double>(b.lo), b.accuracy());
+      if (b.count >= kMinBucketLabels) s.points.emplace_back(static_cast<double>(b.lo), b.accuracy());
     chart.AddSeries(s);
   }
   if (std::isfinite(chance_) && !picked.empty()) {
     double lo = 0, hi = 0;
     for (const DistanceBucketStats& b : evals_[picked.back()].result.by_distance)
-      if (b.count > 0) {
+      if (b.count >= kMinBucketLabels) {
         if (lo == 0) lo = static_cast<double>(b.lo);
         hi = static_cast<double>(b.lo);
       }

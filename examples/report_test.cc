@@ -62,10 +62,11 @@ TEST(ProgressTest, RewritesOneLineOnATerminal) {
 EvalResult SomeEval(double loss_sum, int64_t correct) {
   EvalResult r;
   r.sequences = 2;
-  r.tokens = 10;
+  r.tokens = 105;
   r.loss_sum = loss_sum;
   r.correct = correct;
-  r.by_distance = {{1, 2, 0, 0, 0.0}, {2, 4, 4, 3, 2.0}, {4, 8, 6, 1, 9.0}};
+  // [1, 2) empty, [8, 16) too small to plot
+  r.by_distance = {{1, 2, 0, 0, 0.0}, {2, 4, 40, 30, 20.0}, {4, 8, 60, 10, 90.0}, {8, 16, 5, 5, 1.0}};
   return r;
 }
 
@@ -84,8 +85,8 @@ RunReport ThreeSteps() {
     r.peak_bytes_by_category[static_cast<int>(MemCategory::kActivations)] = 600 + s;
     rep.AddStep(r);
   }
-  rep.AddEval(2, SomeEval(12.0, 4));
-  rep.AddEval(3, SomeEval(11.0, 5));
+  rep.AddEval(2, SomeEval(126.0, 42));
+  rep.AddEval(3, SomeEval(115.5, 63));
   MemoryTimeline t;
   t.step = 3;
   for (int64_t i = 0; i < 50; ++i) {
@@ -136,9 +137,10 @@ TEST(RunReportTest, JsonKeepsTheSummaryAndAddsMetrics) {
   ASSERT_TRUE(m[1].contains("eval"));
   EXPECT_DOUBLE_EQ(m[1]["eval"]["loss"].get<double>(), 1.2);
   EXPECT_DOUBLE_EQ(m[1]["eval"]["perplexity"].get<double>(), std::exp(1.2));
-  EXPECT_DOUBLE_EQ(m[2]["eval"]["accuracy"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(m[2]["eval"]["loss"].get<double>(), 1.1);
+  EXPECT_DOUBLE_EQ(m[2]["eval"]["accuracy"].get<double>(), 0.6);
   const auto& buckets = m[2]["eval"]["accuracy_by_distance"];
-  ASSERT_EQ(buckets.size(), 2u);  // the empty bucket is left out
+  ASSERT_EQ(buckets.size(), 3u);  // the empty bucket is left out
   EXPECT_EQ(buckets[0]["distance_min"], 2);
   EXPECT_EQ(buckets[0]["distance_max"], 3);
   EXPECT_DOUBLE_EQ(buckets[0]["accuracy"].get<double>(), 0.75);
@@ -146,7 +148,7 @@ TEST(RunReportTest, JsonKeepsTheSummaryAndAddsMetrics) {
 
   ASSERT_EQ(j["evals"].size(), 2u);
   EXPECT_EQ(j["evals"][0]["step"], 2);
-  EXPECT_EQ(j["evals"][1]["tokens"], 10);
+  EXPECT_EQ(j["evals"][1]["tokens"], 105);
   const auto& t = j["memory_timeline"];
   EXPECT_EQ(t["step"], 3);
   EXPECT_EQ(t["events"], 50);
@@ -204,13 +206,30 @@ TEST(RunReportTest, Plots) {
   EXPECT_NE(loss.find("Loss: tiny, seco, seq_len 600"), std::string::npos);
   EXPECT_NE(loss.find("held-out eval"), std::string::npos);
   EXPECT_EQ(Count(loss, "<polyline"), 2);
+  EXPECT_EQ(loss.find("mean of"), std::string::npos);  // short runs: no running mean
+
+  RunReport long_run;
+  for (int64_t s = 1; s <= 200; ++s) {
+    StepRecord r;
+    r.step = s;
+    r.loss = 1 + (s % 2);
+    long_run.AddStep(r);
+  }
+  const std::string smooth = long_run.LossSvg("t");
+  ExpectBalanced(smooth);
+  EXPECT_NE(smooth.find("train (mean of 4 steps)"), std::string::npos);
+  EXPECT_NE(smooth.find("train (every step)"), std::string::npos);
 
   ASSERT_TRUE(rep.has_distances());
   const std::string acc = rep.AccuracySvg("t");
   ExpectBalanced(acc);
   EXPECT_NE(acc.find("Retrieval accuracy vs key-query distance: t"), std::string::npos);
-  EXPECT_NE(acc.find("step 3 (overall 0.500)"), std::string::npos);
+  EXPECT_NE(acc.find("step 2 (overall 0.400)"), std::string::npos);
+  EXPECT_NE(acc.find("step 3 (overall 0.600)"), std::string::npos);
   EXPECT_NE(acc.find("value prior only (0.25)"), std::string::npos);
+  // Per evaluation a line through the two buckets with >= 10 labels (the 5-label one is left out); the prior.
+  EXPECT_EQ(Count(acc, "<polyline"), 3);
+  EXPECT_EQ(Count(acc, "<circle"), 4);
 
   const std::string mem = rep.MemorySvg("t");
   ExpectBalanced(mem);
