@@ -127,6 +127,7 @@ class ParamStore {
       a.dropped = New(MemCategory::kWorkspace, {n, in});
       T* xd = a.dropped.template data<T>();
       const T keep = static_cast<T>(1.0 / (1.0 - p));
+#pragma omp parallel for if (n * in >= (1 << 16))
       for (int64_t i = 0; i < n; ++i) {
         const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
         for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? x[i * in + j] * keep : T(0);
@@ -169,6 +170,7 @@ class ParamStore {
     const double p = lora_->options.dropout;
     const T keep = static_cast<T>(1.0 / (1.0 - p));
     const T* d = dxd.template data<T>();
+#pragma omp parallel for if (n * in >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
       const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
       for (int64_t j = 0; j < in; ++j)
