@@ -218,7 +218,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     }
     Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
     Linear(dtr.data<T>(), n, R, W(L.dt_w), L.dt_b, 0, dtpre.data<T>(), E);
-    LoraAdd(L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
+    Store::LoraAdd(ops_, L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
     ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
     std::vector<T> A = NegExp(L.a_log);
     Tensor y = New(act, {n, E});
@@ -230,7 +230,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     std::memcpy(res.data<T>(), x_in.data<T>(), n * d * sizeof(T));
     ops_.gemm(false, true, n, d, E, T(1), gated.data<T>(), E, W(L.out_proj), E, T(1), res.data<T>(), d);
     if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
-    LoraAdd(L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
+    Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
     return res;
@@ -250,7 +250,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
     ops_.gemm(false, false, n, E, d, T(1), dy, d, W(L.out_proj), E, T(0), dgated.data<T>(), E);
     if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, s[kGated].data<T>(), E, T(1), g, E);
-    LoraBackward(L.out_proj, s[kGated].data<T>(), dy, d, dgated.data<T>(), c, state.opts);
+    Store::LoraBackward(ops_, L.out_proj, s[kGated].data<T>(), dy, d, dgated.data<T>(), c, state.opts);
     if (L.out_bias >= 0)
       if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
     ops_.swiglu_backward(dgated.data<T>(), s[kZ].data<T>(), s[kY].data<T>(), n * E, dz.data<T>(), dyscan.data<T>());
@@ -295,7 +295,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
     LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, W(L.dt_w), G(L.dt_w), G(L.dt_b), ddtr.data<T>(),
                    T(0));
-    LoraBackward(L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
+    Store::LoraBackward(ops_, L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
     // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
     const T* wx = W(L.x_proj);
     T* gx = G(L.x_proj);
@@ -387,18 +387,6 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   void Linear(const T* x, int64_t n, int64_t in, const T* w, int b, int64_t b_off, T* y, int64_t out) {
     ops_.gemm(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b) + b_off, n, out);
-  }
-  // LoRA of base weight w (no-ops without an adapter): y[n][out] += its output for input x over chunk c; backward
-  // (recomputing t from x): dA, dB and dx[n][in] += its input gradient.
-  void LoraAdd(int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {
-    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
-    Store::LoraOut(ops_, a, 0, out, y, out);
-  }
-  void LoraBackward(int w, const T* x, const T* dy, int64_t out, T* dx, Chunk c, const StateOptions& st) {
-    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
-    if (!a.ad) return;
-    Store::LoraOutBackward(ops_, a, 0, out, dy, out);
-    Store::LoraInBackward(ops_, a, dx, c, st);
   }
   // dx (+)= dy w; dw += dy^T x; db += colsum(dy)
   void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int64_t in, const T* w, T* dw, T* db, T* dx,

@@ -177,6 +177,19 @@ class ParamStore {
         if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;
     }
   }
+  // A whole adapter on one linear op: y[n][out] += its output for input x over chunk c (no-op without an adapter);
+  // backward (recomputing from x): dA, dB accumulated and dx[n][in] += its input gradient.
+  void LoraAdd(const OpTable<T>& ops, int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {
+    LoraAct a = LoraIn(ops, w, x, c, st);
+    LoraOut(ops, a, 0, out, y, out);
+  }
+  void LoraBackward(const OpTable<T>& ops, int w, const T* x, const T* dy, int64_t out, T* dx, Chunk c,
+                    const StateOptions& st) {
+    LoraAct a = LoraIn(ops, w, x, c, st);
+    if (!a.ad) return;
+    LoraOutBackward(ops, a, 0, out, dy, out);
+    LoraInBackward(ops, a, dx, c, st);
+  }
 
   MemoryTracker mem_;
   std::vector<Param> params_;

@@ -179,20 +179,20 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor h = New(act, {n, d});
     std::memcpy(h.data<T>(), x, n * d * sizeof(T));
     ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
-    LoraAdd(L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
+    Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
     Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
     Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
     ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.gate), d, T(0), gate.data<T>(), f);
     ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.up), d, T(0), up.data<T>(), f);
-    LoraAdd(L.gate, xn2.data<T>(), c, state.opts, gate.data<T>(), f);
-    LoraAdd(L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
+    Store::LoraAdd(ops_, L.gate, xn2.data<T>(), c, state.opts, gate.data<T>(), f);
+    Store::LoraAdd(ops_, L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     std::memcpy(y.data<T>(), h.data<T>(), n * d * sizeof(T));
     ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
-    LoraAdd(L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
+    Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
     return y;
@@ -221,7 +221,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
       ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
       if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
-      LoraBackward(L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
+      Store::LoraBackward(ops_, L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
       ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
                            dup.data<T>());
       ops_.gemm(false, false, n, d, f, T(1), dgate.data<T>(), f, W(L.gate), d, T(0), dxn2.data<T>(), d);
@@ -229,8 +229,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       const T* xn2 = s[kXn2].data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
-      LoraBackward(L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
-      LoraBackward(L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
+      Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
+      Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
       std::memcpy(dh.data<T>(), dy, n * d * sizeof(T));
       NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
     }
@@ -240,7 +240,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor dattn = New(ws, {n, qd});
       ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
-      LoraBackward(L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
+      Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       state.grad.Ensure(l, c.end, /*zero_new=*/true);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
@@ -299,7 +299,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
     ops_.gemm(false, true, n, out, in, T(1), x, in, W(w), in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b), n, out);
-    LoraAdd(w, x, c, st, y, out);
+    Store::LoraAdd(ops_, w, x, c, st, y, out);
   }
   // dx (+)= dy W; dW += dy^T x; db += colsum(dy) (+ the adapter's gradients)
   void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta, Chunk c,
@@ -309,19 +309,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
     if (b >= 0)
       if (T* g = G(b)) ops_.bias_backward(dy, n, out, g);
-    LoraBackward(w, x, dy, out, dx, c, st);
-  }
-  // LoRA of base weight w (no-ops without an adapter): y[n][out] += its output for input x over chunk c; backward
-  // (recomputing t from x): dA, dB and dx[n][in] += its input gradient.
-  void LoraAdd(int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {
-    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
-    Store::LoraOut(ops_, a, 0, out, y, out);
-  }
-  void LoraBackward(int w, const T* x, const T* dy, int64_t out, T* dx, Chunk c, const StateOptions& st) {
-    typename Store::LoraAct a = Store::LoraIn(ops_, w, x, c, st);
-    if (!a.ad) return;
-    Store::LoraOutBackward(ops_, a, 0, out, dy, out);
-    Store::LoraInBackward(ops_, a, dx, c, st);
+    Store::LoraBackward(ops_, w, x, dy, out, dx, c, st);
   }
   void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
     ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);

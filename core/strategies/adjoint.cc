@@ -16,55 +16,16 @@
 #include "core/strategies/chunk_steps.h"
 
 namespace sg {
-namespace {
-
-// The paper's Prop. 3 for one chunk: every layer backpropagates the head's cotangent as if it were its own.
-HeadResult BackpropChunkPaperForm(Model& m, const Sequence& s, Chunk c, SequenceState& state, double loss_scale) {
-  const int L = m.num_layers();
-  std::vector<LayerSaved> saved(L);
-  Tensor x = m.Embed(s.ids.data(), c);
-  for (int l = 0; l < L; ++l) x = m.LayerForward(l, c, x, state, &saved[l]);
-  HeadResult head = m.HeadLoss(c, x, s.labels.data(), s.objective.get(), loss_scale, /*need_grad=*/true);
-  x.Reset();
-  Tensor dx;
-  for (int l = L - 1; l >= 0; --l) {
-    dx = m.LayerBackward(l, c, head.dh, saved[l], state);
-    saved[l].Clear();
-  }
-  m.EmbedBackward(s.ids.data(), c, dx);
-  ReleaseFrom(m, state, c.begin);
-  return head;
-}
-
-}  // namespace
 
 GradResult AdjointBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
   if (absl::Status valid = ValidateStrategyForModel(o, m); !valid.ok())
     throw std::invalid_argument(std::string(valid.message()));
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
-  const std::vector<Chunk> chunks = SplitIntoChunks(T, o.chunk);
-  StateOptions state_options{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L};
-  state_options.adjoint_window = o.adjoint_form == "scan" ? 0 : std::min(o.adjoint_window, T);
-  auto state = m.NewState(state_options.Training(o.seed));
-  m.set_lm_chunk(o.lm_chunk);
-
-  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
-    ThrowIfCancelled(o);
-    ForwardChunk(m, s, chunks[i], *state, /*with_loss=*/false);
-  }
-
-  GradResult result;
-  result.chunks = result.chunks_backpropagated = static_cast<int64_t>(chunks.size());
-  for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
-    ThrowIfCancelled(o);
-    const HeadResult head = o.adjoint_form == "paper" ? BackpropChunkPaperForm(m, s, *c, *state, grad_scale)
-                                                      : BackpropChunk(m, s, *c, *state, grad_scale);
-    result.loss_sum += head.loss_sum;
-    result.tokens += head.tokens;
-  }
-  result.adjoint_pairs = state->AdjointPairs();
-  return result;
+  StateOptions state{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L};
+  state.adjoint_window = o.adjoint_form == "scan" ? 0 : std::min(o.adjoint_window, T);
+  return SecoSchedule(m, s, grad_scale, o, state.Training(o.seed),
+                      o.adjoint_form == "paper" ? LayerCotangent::kHeadForEveryLayer : LayerCotangent::kOwn);
 }
 
 }  // namespace sg

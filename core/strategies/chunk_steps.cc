@@ -16,7 +16,8 @@ HeadResult ForwardChunk(Model& m, const Sequence& s, Chunk c, SequenceState& sta
   return m.HeadLoss(c, x, s.labels.data(), s.objective.get(), /*grad_scale=*/0, /*need_grad=*/false);
 }
 
-HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& state, double loss_scale) {
+HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& state, double loss_scale,
+                         LayerCotangent cotangent) {
   const int L = m.num_layers();
   std::vector<LayerSaved> saved(L);
   Tensor x = m.Embed(s.ids.data(), c);
@@ -25,8 +26,9 @@ HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& st
   x.Reset();
 
   Tensor dx = std::move(head.dh);
+  const Tensor top = cotangent == LayerCotangent::kOwn ? Tensor() : dx;
   for (int l = L - 1; l >= 0; --l) {
-    dx = m.LayerBackward(l, c, dx, saved[l], state);
+    dx = m.LayerBackward(l, c, cotangent == LayerCotangent::kOwn ? dx : top, saved[l], state);
     saved[l].Clear();
   }
   m.EmbedBackward(s.ids.data(), c, dx);

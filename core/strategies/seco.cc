@@ -7,11 +7,10 @@
 
 namespace sg {
 
-GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
-  const int64_t T = static_cast<int64_t>(s.ids.size());
-  const int L = m.num_layers();
-  const std::vector<Chunk> chunks = SplitIntoChunks(T, o.chunk);
-  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}.Training(o.seed));
+GradResult SecoSchedule(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o,
+                        const StateOptions& state_options, LayerCotangent cotangent) {
+  const std::vector<Chunk> chunks = SplitIntoChunks(static_cast<int64_t>(s.ids.size()), o.chunk);
+  auto state = m.NewState(state_options);
   m.set_lm_chunk(o.lm_chunk);
 
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {
@@ -23,11 +22,19 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   result.chunks = result.chunks_backpropagated = static_cast<int64_t>(chunks.size());
   for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
     ThrowIfCancelled(o);
-    const HeadResult head = BackpropChunk(m, s, *c, *state, grad_scale);
+    const HeadResult head = BackpropChunk(m, s, *c, *state, grad_scale, cotangent);
     result.loss_sum += head.loss_sum;
     result.tokens += head.tokens;
   }
+  result.adjoint_pairs = state->AdjointPairs();
   return result;
+}
+
+GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
+  const int64_t T = static_cast<int64_t>(s.ids.size());
+  const int L = m.num_layers();
+  return SecoSchedule(m, s, grad_scale, o,
+                      StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}.Training(o.seed));
 }
 
 }  // namespace sg

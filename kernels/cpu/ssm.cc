@@ -64,6 +64,18 @@ void Conv1dBackward(const T* dy, const T* dtail_out, const T* x, const T* tail_i
   }
 }
 
+// out[count] = the sum of the threads' partial sums, added in thread order (deterministic); a thread the runtime
+// did not start left its partial empty.
+template <typename T>
+static void SumThreadPartials(const std::vector<std::vector<T>>& partials, int64_t count, T* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T sum = 0;
+    for (const std::vector<T>& p : partials)
+      if (!p.empty()) sum += p[i];
+    out[i] = sum;
+  }
+}
+
 // One channel's forward recurrence; writes h_t into hs[t][N] when hs is given.
 template <typename T>
 static void ScanChannel(const T* u, const T* delta, const T* A, const T* B, const T* C, const T* h0, int64_t n,
@@ -145,15 +157,8 @@ void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* 
         for (int64_t s = 0; s < N; ++s) dh0[d * N + s] = g[s];
     }
   }
-  for (int64_t i = 0; i < n * N; ++i) {
-    T b = 0, c = 0;
-    for (int t = 0; t < threads; ++t) {
-      b += dB_t[t][i];
-      c += dC_t[t][i];
-    }
-    dB[i] = b;
-    dC[i] = c;
-  }
+  SumThreadPartials(dB_t, n * N, dB);
+  SumThreadPartials(dC_t, n * N, dC);
 }
 
 // The pair steps t in [t0, t1) of a block of kBlock positions that are all active, with the decay products and
@@ -326,15 +331,8 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
       if (dD) dD[d] += dDd;
     }
   }
-  for (int64_t k = 0; k < n * N; ++k) {
-    T b = 0, c = 0;
-    for (int t = 0; t < threads; ++t) {
-      b += dB_t[t][k];
-      c += dC_t[t][k];
-    }
-    dB[k] = b;
-    dC[k] = c;
-  }
+  SumThreadPartials(dB_t, n * N, dB);
+  SumThreadPartials(dC_t, n * N, dC);
   return pairs;
 }
 
