@@ -80,6 +80,18 @@ for name, title in titles.items():
 print("report OK:", r["loss_first"], "->", r["loss_last"], "eval", [round(e["loss"], 4) for e in r["evals"]])
 PY
 
+# Evaluating does not change training: the same run without evaluations has the same losses, every digit.
+"$train" --model=tiny --strategy=seco --seq_len=600 --chunk=128 --steps=5 --report="$tmp/noeval.json" >/dev/null 2>&1 ||
+  fail "train without evaluation"
+/usr/bin/python3 - "$tmp/run.json" "$tmp/noeval.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert a["losses"] == b["losses"], (a["losses"], b["losses"])
+assert b["evals"] == [] and all("eval" not in m for m in b["metrics"]), b["evals"]
+assert b["plots"] == ["noeval.loss.svg", "noeval.memory.svg"], b["plots"]
+print("evaluation leaves training unchanged")
+PY
+
 # A terminal (script(1) gives the command a pseudo-terminal): the progress line is rewritten in place and the
 # evaluations print as lines of their own.
 if command -v script >/dev/null && script -qec true /dev/null >/dev/null 2>&1; then
