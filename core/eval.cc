@@ -48,15 +48,7 @@ absl::StatusOr<TokenPredictions> PredictTokens(Model& m, const Sequence& s, cons
   p.logp.assign(s.ids.size(), std::nan(""));
   p.argmax.assign(s.ids.size(), -1);
   Sequence recorded{s.ids, s.labels, std::make_shared<Predicting>(&p)};
-  try {
-    EvaluateLoss(m, recorded, o);
-  } catch (const Cancelled&) {
-    return absl::CancelledError("evaluation cancelled");
-  } catch (const MemoryLimitExceeded& e) {
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-  }
+  if (absl::Status st = CatchStrategyErrors("evaluation", [&] { EvaluateLoss(m, recorded, o); }); !st.ok()) return st;
   return p;
 }
 

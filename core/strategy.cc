@@ -83,6 +83,19 @@ absl::Status ValidateSpacoBudget(const StrategyOptions& o, int64_t seq_len, cons
   return absl::OkStatus();
 }
 
+absl::Status CatchStrategyErrors(const std::string& what, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Cancelled&) {
+    return absl::CancelledError(absl::StrCat(what, " cancelled"));
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(e.what());
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<Chunk> SplitIntoChunks(int64_t seq_len, int64_t chunk) {
   std::vector<Chunk> chunks;
   for (int64_t b = 0; b < seq_len; b += chunk) chunks.push_back({b, std::min(seq_len, b + chunk)});

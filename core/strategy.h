@@ -46,6 +46,10 @@ inline void ThrowIfCancelled(const StrategyOptions& o) {
   if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw Cancelled();
 }
 
+// Runs f and turns what strategies throw into a status: Cancelled -> CANCELLED "<what> cancelled",
+// MemoryLimitExceeded -> RESOURCE_EXHAUSTED, any other exception -> INTERNAL "<what> failed: <message>".
+absl::Status CatchStrategyErrors(const std::string& what, const std::function<void()>& f);
+
 // One training sequence: ids[i] is the input at position i, labels[i] its target (< 0: ignored).
 struct Sequence {
   std::vector<int32_t> ids;

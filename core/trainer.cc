@@ -51,20 +51,16 @@ absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& b
   absl::StatusOr<int64_t> valid = ValidateBatch(batch, /*for_gradients=*/false);
   if (!valid.ok()) return valid.status();
   StepMetrics m;
-  try {
-    for (const Sequence& seq : batch) {
-      const GradResult r = sg::EvaluateLoss(model_, seq, strategy_options_);
-      m.loss += r.loss_sum;
-      m.tokens += r.tokens;
-      m.chunks += r.chunks;
-    }
-  } catch (const Cancelled&) {
-    return absl::CancelledError("evaluation cancelled");
-  } catch (const MemoryLimitExceeded& e) {
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what()));
-  }
+  if (absl::Status s = CatchStrategyErrors("evaluation", [&] {
+        for (const Sequence& seq : batch) {
+          const GradResult r = sg::EvaluateLoss(model_, seq, strategy_options_);
+          m.loss += r.loss_sum;
+          m.tokens += r.tokens;
+          m.chunks += r.chunks;
+        }
+      });
+      !s.ok())
+    return s;
   m.loss /= static_cast<double>(*valid);
   return m;
 }
@@ -179,38 +175,32 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
   if (pass->zero) ZeroGrads(model_);
   pass->zero = false;
   const uint64_t call = pass->call;
-  try {
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      StrategyOptions o = strategy_options_;
-      o.seed = SequenceSeed(strategy_options_.seed, call, pass->next_index++);
-      GradResult r = strategy_(model_, seqs[i], grad_scale, o);
-      m.loss += r.loss_sum;
-      m.tokens += r.tokens;
-      m.chunks += r.chunks;
-      m.chunks_backpropagated += r.chunks_backpropagated;
-      m.adjoint_pairs += r.adjoint_pairs;
-    }
-    pass->loss_sum = m.loss;
-  } catch (const Cancelled&) {
-    return absl::CancelledError(absl::StrCat("step ", step() + 1, " cancelled"));
-  } catch (const MemoryLimitExceeded& e) {
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("strategy '", strategy_options_.name, "' failed: ", e.what()));
-  }
+  if (absl::Status s = CatchStrategyErrors(
+          absl::StrCat("step ", step() + 1, " (strategy '", strategy_options_.name, "')"),
+          [&] {
+            for (size_t i = 0; i < seqs.size(); ++i) {
+              StrategyOptions o = strategy_options_;
+              o.seed = SequenceSeed(strategy_options_.seed, call, pass->next_index++);
+              GradResult r = strategy_(model_, seqs[i], grad_scale, o);
+              m.loss += r.loss_sum;
+              m.tokens += r.tokens;
+              m.chunks += r.chunks;
+              m.chunks_backpropagated += r.chunks_backpropagated;
+              m.adjoint_pairs += r.adjoint_pairs;
+            }
+            pass->loss_sum = m.loss;
+          });
+      !s.ok())
+    return s;
   return m;
 }
 
 absl::StatusOr<std::vector<double>> Trainer::TokenLogprobs(Model& model, const Sequence& s) {
   std::vector<double> logp(s.ids.size(), std::nan(""));
   Sequence recorded{s.ids, s.labels, RecordingObjective(&logp)};
-  try {
-    sg::EvaluateLoss(model, recorded, strategy_options_);
-  } catch (const MemoryLimitExceeded& e) {
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("log-prob pass failed: ", e.what()));
-  }
+  if (absl::Status s = CatchStrategyErrors("log-prob pass", [&] { sg::EvaluateLoss(model, recorded, strategy_options_); });
+      !s.ok())
+    return s;
   return logp;
 }
 

@@ -64,17 +64,30 @@ void Conv1dBackward(const T* dy, const T* dtail_out, const T* x, const T* tail_i
   }
 }
 
-// out[count] = the sum of the threads' partial sums, added in thread order (deterministic); a thread the runtime
-// did not start left its partial empty.
+// Per-thread partial sums of an array of `count` (dB and dC sum over channels): each thread accumulates into its
+// own, and SumInto adds them in thread order (deterministic); a thread the runtime did not start adds nothing.
 template <typename T>
-static void SumThreadPartials(const std::vector<std::vector<T>>& partials, int64_t count, T* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    T sum = 0;
-    for (const std::vector<T>& p : partials)
-      if (!p.empty()) sum += p[i];
-    out[i] = sum;
+class ThreadPartials {
+ public:
+  ThreadPartials(int threads, int64_t count) : parts_(threads), count_(count) {}
+  std::vector<T>& Mine() {
+    std::vector<T>& p = parts_[omp_get_thread_num()];
+    p.assign(count_, T(0));
+    return p;
   }
-}
+  void SumInto(T* out) const {
+    for (int64_t i = 0; i < count_; ++i) {
+      T sum = 0;
+      for (const std::vector<T>& p : parts_)
+        if (!p.empty()) sum += p[i];
+      out[i] = sum;
+    }
+  }
+
+ private:
+  std::vector<std::vector<T>> parts_;
+  int64_t count_;
+};
 
 // One channel's forward recurrence; writes h_t into hs[t][N] when hs is given.
 template <typename T>
@@ -114,14 +127,11 @@ void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* 
                            T* dA, T* dB, T* dC, T* dD, T* dh0) {
   // dB and dC sum over channels: each thread keeps its own and they are added in thread order (deterministic).
   const int threads = (n * dim * N > 16384) ? omp_get_max_threads() : 1;
-  std::vector<std::vector<T>> dB_t(threads), dC_t(threads);
+  ThreadPartials<T> dB_t(threads, n * N), dC_t(threads, n * N);
 #pragma omp parallel num_threads(threads)
   {
-    const int tid = omp_get_thread_num();
-    std::vector<T>& dBl = dB_t[tid];
-    std::vector<T>& dCl = dC_t[tid];
-    dBl.assign(n * N, T(0));
-    dCl.assign(n * N, T(0));
+    std::vector<T>& dBl = dB_t.Mine();
+    std::vector<T>& dCl = dC_t.Mine();
     std::vector<T> h(N), hs(n * N), g(N);
 #pragma omp for schedule(static)
     for (int64_t d = 0; d < dim; ++d) {
@@ -157,8 +167,8 @@ void SelectiveScanBackward(const T* dy, const T* dh_final, const T* u, const T* 
         for (int64_t s = 0; s < N; ++s) dh0[d * N + s] = g[s];
     }
   }
-  SumThreadPartials(dB_t, n * N, dB);
-  SumThreadPartials(dC_t, n * N, dC);
+  dB_t.SumInto(dB);
+  dC_t.SumInto(dC);
 }
 
 // The pair steps t in [t0, t1) of a block of kBlock positions that are all active, with the decay products and
@@ -239,14 +249,11 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
   int64_t pairs = 0;
   for (int64_t i = 0; i < n; ++i) pairs += std::min(span, i + window) - i;
   const int threads = (pairs * dim * N > 16384) ? omp_get_max_threads() : 1;
-  std::vector<std::vector<T>> dB_t(threads), dC_t(threads);
+  ThreadPartials<T> dB_t(threads, n * N), dC_t(threads, n * N);
 #pragma omp parallel num_threads(threads)
   {
-    const int tid = omp_get_thread_num();
-    std::vector<T>& dBl = dB_t[tid];
-    std::vector<T>& dCl = dC_t[tid];
-    dBl.assign(n * N, T(0));
-    dCl.assign(n * N, T(0));
+    std::vector<T>& dBl = dB_t.Mine();
+    std::vector<T>& dCl = dC_t.Mine();
     // Positions go in blocks of kBlock: their pair loops over t are independent chains (the decay products),
     // which the CPU overlaps; one chain alone waits on its multiply latency.
     std::vector<T> decay(span * N), g(span), h(N), prev(kBlock * N), prod(kBlock * N), dh(kBlock * N);
@@ -331,8 +338,8 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
       if (dD) dD[d] += dDd;
     }
   }
-  SumThreadPartials(dB_t, n * N, dB);
-  SumThreadPartials(dC_t, n * N, dC);
+  dB_t.SumInto(dB);
+  dC_t.SumInto(dC);
   return pairs;
 }
 
