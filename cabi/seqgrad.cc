@@ -4,13 +4,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -19,6 +22,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "core/checkpoint.h"
+#include "core/eval.h"
+#include "core/lora.h"
+#include "core/lora_io.h"
 #include "core/memory.h"
 #include "core/model_io.h"
 #include "core/objective.h"
@@ -34,7 +43,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.4.0";
+constexpr char kVersion[] = "0.5.0";
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {
@@ -53,6 +62,11 @@ sg_status* Invalid(std::string message) { return MakeStatus(SG_ERR_INVALID_ARGUM
 sg_status* FromAbsl(const absl::Status& s) {
   if (s.ok()) return nullptr;
   return MakeStatus(static_cast<int>(s.code()), std::string(s.message()));
+}
+// A core status with the C function's name in front.
+sg_status* FromAbslIn(const char* fn, const absl::Status& s) {
+  if (s.ok()) return nullptr;
+  return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", s.message()));
 }
 sg_status* NullArg(const char* fn, const char* arg) {
   return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
@@ -87,6 +101,11 @@ sg_status* ParseDType(const char* fn, const char* name, sg::DType* out) {
 struct ModelCore {
   std::unique_ptr<sg::Model> model;  // any family (transformer or ssm), only through the generic interface
   std::atomic<bool> busy{false};
+  // Trainers of this model (sg_trainer_create .. sg_trainer_free): LoRA cannot be enabled under them. Guarded by mu,
+  // which also orders a trainer's creation against enabling LoRA.
+  std::mutex mu;
+  int trainers = 0;
+  std::string lora_targets;  // sg_model_lora's targets string (joined once LoRA is on)
 };
 
 struct sg_model {
@@ -102,6 +121,11 @@ struct sg_trainer {
   sg_progress_fn progress = nullptr;
   void* progress_user = nullptr;
   sg::StepMetrics last;  // loss/tokens of the last compute_gradients, reported by optimizer_step
+  ~sg_trainer() {
+    if (!trainer) return;
+    std::lock_guard<std::mutex> lock(core->mu);
+    --core->trainers;
+  }
 };
 
 namespace {
@@ -133,13 +157,17 @@ sg_status* Busy(const char* fn) {
 constexpr size_t kTrainerOptionsSize0_1 = offsetof(sg_trainer_options, spaco_budget);
 constexpr size_t kTrainerOptionsSize0_2 = offsetof(sg_trainer_options, objective);
 constexpr size_t kTrainerOptionsSize0_3 = offsetof(sg_trainer_options, adjoint_form);
+constexpr size_t kTrainerOptionsSize0_4 = offsetof(sg_trainer_options, lr_schedule);
 constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
 constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = the 0.2 size
+constexpr size_t kMetricsSize0_4 = offsetof(sg_metrics, lr);
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
-static_assert(sizeof(sg_trainer_options) == 288 && sizeof(sg_metrics) == 208,
-              "the 0.4 (LP64) layouts changed: append only");
+static_assert(kTrainerOptionsSize0_4 == 288 && kMetricsSize0_4 == 208, "the 0.4 (LP64) layouts changed: append only");
+static_assert(sizeof(sg_trainer_options) == 328 && sizeof(sg_metrics) == 224 && sizeof(sg_lora_options) == 48 &&
+                  sizeof(sg_eval_result) == 1616,
+              "the 0.5 (LP64) layouts changed: append only");
 
 struct PublishedSize {
   const char* version;
@@ -162,7 +190,7 @@ sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t w
 sg_status* CheckMetrics(const char* fn, const sg_metrics* out) {
   if (!out) return nullptr;
   return CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics),
-                         {{"0.1", kMetricsSize0_1}, {"0.3", kMetricsSize0_3}});
+                         {{"0.1", kMetricsSize0_1}, {"0.3", kMetricsSize0_3}, {"0.4", kMetricsSize0_4}});
 }
 
 void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
@@ -183,6 +211,10 @@ void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapsho
     out->chunks_backpropagated = m.chunks_backpropagated;
   }
   if (out->struct_size > kMetricsSize0_3) out->adjoint_pairs = m.adjoint_pairs;
+  if (out->struct_size > kMetricsSize0_4) {
+    out->lr = m.lr;
+    out->micro_batches = m.micro_batches;
+  }
 }
 
 void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
@@ -245,7 +277,7 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
   return nullptr;
 }
 
-enum class Call { kGradients, kStep, kEvaluate };
+enum class Call { kGradients, kStep, kEvaluate, kAccumulate };
 
 sg_status* WrongObjective(const char* fn, const sg_trainer* t, const char* needs, const char* use) {
   return MakeStatus(SG_ERR_FAILED_PRECONDITION,
@@ -302,13 +334,16 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
     if (sg_status* s = CheckOptimizerMemory(fn, t)) return s;
     if (absl::Status s = t->trainer->OptimizerStep(&*m); !s.ok()) return FromAbsl(s);
     Report(t, *m, 1);
+  } else {  // no optimizer step in this call
+    m->lr = 0;
+    m->micro_batches = 0;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   FillMetrics(*m, t->trainer->step(), core.model->memory().Snapshot(), secs, out);
   return nullptr;
 }
 
-// Shared body of compute_gradients / step / evaluate.
+// Shared body of compute_gradients / step / evaluate / accumulate_gradients.
 sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                    const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call) {
   if (!t) return NullArg(fn, "trainer");
@@ -321,9 +356,16 @@ sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int3
                                 &batch))
     return s;
   sg::Trainer& trainer = *t->trainer;
-  return Run(
-      fn, t, call, false, out, [] { return static_cast<sg_status*>(nullptr); },
-      [&] { return call == Call::kEvaluate ? trainer.EvaluateLoss(batch) : trainer.ComputeGradients(batch); });
+  return Run(fn, t, call, false, out, [] { return static_cast<sg_status*>(nullptr); },
+             [&]() -> absl::StatusOr<sg::StepMetrics> {
+               if (call == Call::kEvaluate) return trainer.EvaluateLoss(batch);
+               if (call == Call::kAccumulate) {
+                 sg::Batch micro;
+                 micro.sequences = std::move(batch);
+                 return trainer.AccumulateGradients(micro);
+               }
+               return trainer.ComputeGradients(batch);
+             });
 }
 
 // Sequence i of pointer arrays (ids[i], labels[i] of lengths[i] tokens), checked; the names are the C arguments'.
@@ -421,7 +463,9 @@ sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_id
     return nullptr;
   };
   sg::Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check, [&] { return trainer.ComputeGradients(batch); });
+  return Run(fn, t, call, true, out, check, [&] {
+    return call == Call::kAccumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
+  });
 }
 
 sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
@@ -502,7 +546,43 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
     return nullptr;
   };
   sg::Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check, [&] { return trainer.ComputeGradients(batch); });
+  return Run(fn, t, call, true, out, check, [&] {
+    return call == Call::kAccumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
+  });
+}
+
+// The family's default LoRA targets (as examples:train's --lora_targets default).
+std::string DefaultLoraTargets(const sg::Model& m) {
+  return m.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj";
+}
+
+// The core names LoRA options by the tools' flags (--lora_rank, ...): the C API's names are the option fields.
+std::string LoraMessage(const absl::Status& s) {
+  return absl::StrReplaceAll(s.message(), {{"--lora_", "options->"}});
+}
+
+// Under core.mu: LoRA changes the parameters, which the optimizer state of an existing trainer would not match.
+sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
+  if (core.model->lora())
+    return MakeStatus(SG_ERR_FAILED_PRECONDITION, absl::StrCat(fn, ": LoRA is already enabled on this model"));
+  if (core.trainers > 0)
+    return MakeStatus(SG_ERR_FAILED_PRECONDITION,
+                      absl::StrCat(fn, ": the model has ", core.trainers, core.trainers == 1 ? " trainer" : " trainers",
+                                   "; enable LoRA before creating trainers (their optimizer state would not match "
+                                   "the adapters)"));
+  return nullptr;
+}
+
+// Loads a checkpoint directory into the trainer (its busy guard held), refusing a differing run configuration.
+sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* step, int64_t* data_position) {
+  sg::Trainer& trainer = *t->trainer;
+  const sg::RunConfig expected = sg::TrainerRunConfig(trainer);
+  absl::StatusOr<sg::CheckpointMeta> meta = sg::LoadCheckpoint(dir, trainer, &expected);
+  if (!meta.ok()) return FromAbslIn(fn, meta.status());
+  t->last = sg::StepMetrics{};
+  if (step) *step = meta->trainer.step;
+  if (data_position) *data_position = meta->data_position;
+  return nullptr;
 }
 
 // Every family's presets: transformers first, then Mamba.
@@ -712,6 +792,11 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.eps = oo.eps;
   o.weight_decay = oo.weight_decay;
   o.clip_grad_norm = oo.clip_grad_norm;
+  o.lr_schedule = "constant";
+  o.warmup_steps = oo.warmup_steps;
+  o.min_lr = oo.min_lr;
+  o.total_steps = oo.total_steps;
+  o.grad_accum = oo.grad_accum;
   return o;
 }
 
@@ -724,7 +809,7 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (!options) return NullArg(fn, "options");
     if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
                                        {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
-                                        {"0.3", kTrainerOptionsSize0_3}}))
+                                        {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4}}))
       return s;
     for (uint64_t r : options->reserved)
       if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -790,11 +875,22 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     oo.eps = options->eps;
     oo.weight_decay = options->weight_decay;
     oo.clip_grad_norm = options->clip_grad_norm;
+    if (options->struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
+      oo.lr_schedule = options->lr_schedule ? options->lr_schedule : "constant";
+      oo.warmup_steps = options->warmup_steps;
+      oo.min_lr = options->min_lr;
+      oo.total_steps = options->total_steps;
+      oo.grad_accum = options->grad_accum;
+    }
+    if (absl::Status s = sg::ValidateOptimizerOptions(oo); !s.ok())
+      return Invalid(absl::StrCat(fn, ": options->", s.message()));
     auto t = std::make_unique<sg_trainer>();
     t->core = model->core;
     t->objective = obj;
+    std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
     t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj);
     t->trainer->set_cancel_flag(&t->cancel);
+    ++t->core->trainers;
     *out = t.release();
     return nullptr;
   });
@@ -939,4 +1035,259 @@ sg_status* sg_trainer_set_progress_callback(sg_trainer* trainer, sg_progress_fn 
   });
 }
 
+// ---- 0.5: gradient accumulation ----
+
+sg_status* sg_trainer_accumulate_gradients(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                           int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                           sg_metrics* out) {
+  static const char fn[] = "sg_trainer_accumulate_gradients";
+  return Guard(fn, [&] {
+    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kAccumulate);
+  });
+}
+
+sg_status* sg_trainer_accumulate_gradients_dpo(sg_trainer* trainer, const int32_t* const* chosen_ids,
+                                               const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
+                                               const int32_t* const* rejected_ids,
+                                               const int32_t* const* rejected_labels,
+                                               const int64_t* rejected_lengths, const double* ref_chosen_logp,
+                                               const double* ref_rejected_logp, int64_t num_pairs, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_accumulate_gradients_dpo";
+  return Guard(fn, [&] {
+    return RunDpo(fn, trainer, chosen_ids, chosen_labels, chosen_lengths, rejected_ids, rejected_labels,
+                  rejected_lengths, ref_chosen_logp, ref_rejected_logp, num_pairs, out, Call::kAccumulate);
+  });
+}
+
+sg_status* sg_trainer_accumulate_gradients_grpo(sg_trainer* trainer, const int32_t* const* ids,
+                                                const int32_t* const* labels, const int64_t* lengths,
+                                                const double* advantages, const double* const* old_logprobs,
+                                                const double* const* ref_logprobs, int64_t num_completions,
+                                                const int64_t* group_offsets, int64_t num_groups, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_accumulate_gradients_grpo";
+  return Guard(fn, [&] {
+    return RunGrpo(fn, trainer, ids, labels, lengths, advantages, old_logprobs, ref_logprobs, num_completions,
+                   group_offsets, num_groups, out, Call::kAccumulate);
+  });
+}
+
+// ---- 0.5: LoRA ----
+
+sg_lora_options sg_lora_default_options(void) {
+  sg_lora_options o{};
+  o.struct_size = sizeof(sg_lora_options);
+  o.rank = 8;
+  o.alpha = 0;  // 2 * rank
+  o.dropout = 0;
+  o.targets = nullptr;  // the family's default
+  o.seed = 0;
+  return o;
+}
+
+sg_status* sg_model_enable_lora(sg_model* model, const sg_lora_options* options) {
+  static const char fn[] = "sg_model_enable_lora";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!options) return NullArg(fn, "options");
+    if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_lora_options))) return s;
+    sg::Model& m = *model->core->model;
+    if (options->rank < 1)
+      return Invalid(absl::StrCat(fn, ": options->rank is ", options->rank, "; need >= 1"));
+    const double alpha = options->alpha == 0 ? 2.0 * static_cast<double>(options->rank) : options->alpha;
+    if (!(alpha > 0 && std::isfinite(alpha)))
+      return Invalid(absl::StrCat(fn, ": options->alpha is ", options->alpha, "; need a finite value > 0 (0 = 2 * rank)"));
+    if (!(options->dropout >= 0 && options->dropout < 1))
+      return Invalid(absl::StrCat(fn, ": options->dropout is ", options->dropout, "; need [0, 1)"));
+    const std::string targets = options->targets ? options->targets : DefaultLoraTargets(m);
+    absl::StatusOr<std::vector<std::string>> parsed = sg::ParseLoraTargets(targets, m.family());
+    if (!parsed.ok()) return Invalid(absl::StrCat(fn, ": ", LoraMessage(parsed.status())));
+    sg::LoraOptions o;
+    o.rank = options->rank;
+    o.alpha = alpha;
+    o.dropout = options->dropout;
+    o.targets = *parsed;
+    o.seed = options->seed;
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    std::lock_guard<std::mutex> lock(model->core->mu);
+    if (sg_status* s = CheckLoraCanBeEnabled(fn, *model->core)) return s;
+    if (absl::Status s = sg::EnableLora(m, o); !s.ok())
+      return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", LoraMessage(s)));
+    model->core->lora_targets = absl::StrJoin(m.lora()->options.targets, ",");
+    return nullptr;
+  });
+}
+
+sg_status* sg_model_lora(const sg_model* model, sg_lora_options* out) {
+  static const char fn[] = "sg_model_lora";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!out) return NullArg(fn, "out");
+    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_lora_options))) return s;
+    const sg::LoraInfo* lora = model->core->model->lora();
+    out->rank = lora ? lora->options.rank : 0;
+    out->alpha = lora ? lora->options.alpha : 0;
+    out->dropout = lora ? lora->options.dropout : 0;
+    out->targets = lora ? model->core->lora_targets.c_str() : nullptr;
+    out->seed = lora ? lora->options.seed : 0;
+    return nullptr;
+  });
+}
+
+sg_status* sg_model_save_lora_adapter(sg_model* model, const char* dir, const char* base_model_name_or_path) {
+  static const char fn[] = "sg_model_save_lora_adapter";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!dir) return NullArg(fn, "dir");
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    return FromAbslIn(
+        fn, sg::SaveLoraAdapter(*model->core->model, dir, base_model_name_or_path ? base_model_name_or_path : ""));
+  });
+}
+
+sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir) {
+  static const char fn[] = "sg_model_load_lora_adapter";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!dir) return NullArg(fn, "dir");
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'dir' ('", dir, "') is not a directory"));
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    std::lock_guard<std::mutex> lock(model->core->mu);
+    sg::Model& m = *model->core->model;
+    if (!m.lora())  // enables LoRA with the adapter's options
+      if (sg_status* s = CheckLoraCanBeEnabled(fn, *model->core)) return s;
+    if (absl::Status s = sg::LoadLoraAdapter(m, dir); !s.ok()) return FromAbslIn(fn, s);
+    model->core->lora_targets = absl::StrJoin(m.lora()->options.targets, ",");
+    return nullptr;
+  });
+}
+
+// ---- 0.5: checkpoints ----
+
+sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, int64_t data_position, int64_t keep) {
+  static const char fn[] = "sg_trainer_save_checkpoint";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    if (!out_dir) return NullArg(fn, "out_dir");
+    if (data_position < 0)
+      return Invalid(absl::StrCat(fn, ": argument 'data_position' is ", data_position, "; need >= 0"));
+    if (keep < 0 || keep > INT32_MAX)
+      return Invalid(absl::StrCat(fn, ": argument 'keep' is ", keep, "; need >= 0 (0 = keep every checkpoint)"));
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    sg::Trainer& t = *trainer->trainer;
+    sg::CheckpointMeta meta;
+    meta.trainer = t.state();
+    meta.seed = t.strategy().seed;
+    meta.data_position = data_position;
+    meta.run_config = sg::TrainerRunConfig(t);
+    absl::StatusOr<std::string> path = sg::SaveCheckpoint(out_dir, t, meta, static_cast<int>(keep));
+    return FromAbslIn(fn, path.status());
+  });
+}
+
+sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoint_dir, int64_t* step,
+                                      int64_t* data_position) {
+  static const char fn[] = "sg_trainer_load_checkpoint";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    if (!checkpoint_dir) return NullArg(fn, "checkpoint_dir");
+    struct stat st;
+    if (stat(checkpoint_dir, &st) != 0 || !S_ISDIR(st.st_mode))
+      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'checkpoint_dir' ('", checkpoint_dir,
+                                                       "') is not a directory"));
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    return LoadInto(fn, trainer, checkpoint_dir, step, data_position);
+  });
+}
+
+sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* step, int64_t* data_position) {
+  static const char fn[] = "sg_trainer_resume";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    if (!out_dir) return NullArg(fn, "out_dir");
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    std::vector<std::string> skipped;
+    absl::StatusOr<std::string> latest = sg::FindLatestCheckpoint(out_dir, &skipped);
+    if (!latest.ok()) {
+      std::string msg = absl::StrCat(fn, ": ", latest.status().message());
+      if (!skipped.empty()) absl::StrAppend(&msg, "; skipped damaged: ", absl::StrJoin(skipped, "; "));
+      return MakeStatus(static_cast<int>(latest.status().code()), std::move(msg));
+    }
+    return LoadInto(fn, trainer, latest->c_str(), step, data_position);
+  });
+}
+
+// ---- 0.5: evaluation ----
+
+sg_eval_result sg_eval_result_init(void) {
+  sg_eval_result r{};
+  r.struct_size = sizeof(sg_eval_result);
+  return r;
+}
+
+sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                        int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                        const int64_t* distances, sg_eval_result* out) {
+  static const char fn[] = "sg_trainer_evaluate_detailed";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    if (!out) return NullArg(fn, "out");
+    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_eval_result))) return s;
+    sg::EvalSet set;
+    if (sg_status* s = BuildBatch(fn, trainer->core->model->vocab_size(), ids, labels, num_tokens, lengths,
+                                  num_sequences, &set.sequences))
+      return s;
+    if (distances) {
+      int64_t off = 0;
+      for (sg::Sequence& q : set.sequences) {
+        std::vector<int64_t>& d = set.distances.emplace_back();
+        for (size_t i = 0; i < q.labels.size(); ++i, ++off) {
+          if (q.labels[i] < 0) continue;
+          if (distances[off] < 1)
+            return Invalid(absl::StrCat(fn, ": distances[", off, "] is ", distances[off],
+                                        " where the label is ", q.labels[i], "; need a distance >= 1"));
+          d.push_back(distances[off]);
+        }
+      }
+    }
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    sg::Model& model = *trainer->core->model;
+    const auto t0 = std::chrono::steady_clock::now();
+    model.memory().ResetPeak();
+    absl::StatusOr<sg::EvalResult> r = sg::Evaluate(model, set, trainer->trainer->strategy());
+    if (!r.ok()) {
+      if (r.status().code() == absl::StatusCode::kCancelled) trainer->cancel.store(false);
+      return FromAbslIn(fn, r.status());
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out->sequences = r->sequences;
+    out->tokens = r->tokens;
+    out->loss = r->loss();
+    out->perplexity = r->perplexity();
+    out->correct = r->correct;
+    out->accuracy = r->accuracy();
+    out->peak_bytes = model.memory().Snapshot().total_peak;
+    out->seconds = secs;
+    const int64_t buckets = std::min<int64_t>(static_cast<int64_t>(r->by_distance.size()), SG_MAX_DISTANCE_BUCKETS);
+    out->num_buckets = buckets;
+    for (int64_t k = 0; k < SG_MAX_DISTANCE_BUCKETS; ++k) {
+      const bool in = k < buckets;
+      out->bucket_count[k] = in ? r->by_distance[k].count : 0;
+      out->bucket_correct[k] = in ? r->by_distance[k].correct : 0;
+      out->bucket_loss[k] = in ? r->by_distance[k].loss() : 0;
+    }
+    return nullptr;
+  });
+}
+
 }  // extern "C"
+

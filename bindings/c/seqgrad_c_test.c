@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "seqgrad/seqgrad.h"
 
@@ -1224,6 +1226,580 @@ static void test_adjoint(void) {
   sg_model_free(m);
 }
 
+/* ---- 0.5: learning-rate schedule, gradient accumulation, LoRA, checkpoints, detailed evaluation ---- */
+
+static sg_model* tiny_f64(uint64_t seed) {
+  sg_model* m = NULL;
+  EXPECT_OK(sg_model_create_preset("tiny", "f64", seed, &m));
+  return m;
+}
+
+/* Options of the 0.5 tests: f64-exact strategies, a cosine schedule. */
+static sg_trainer_options schedule_options(const char* strategy) {
+  sg_trainer_options o = sg_trainer_default_options();
+  o.strategy = strategy;
+  o.chunk = 8;
+  o.page_size = 8;
+  o.lr = 1e-2;
+  o.lr_schedule = "cosine";
+  o.warmup_steps = 2;
+  o.min_lr = 1e-3;
+  o.total_steps = 6;
+  return o;
+}
+
+static void test_lr_schedule(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = NULL;
+  sg_trainer_options o = schedule_options("seco");
+  sg_metrics met = sg_metrics_init();
+  /* warmup 1/2, 2/2 of lr; cosine from lr to min_lr over steps 3..6; min_lr after */
+  const double pi = 3.14159265358979323846;
+  double want[7];
+  int s;
+  for (s = 1; s <= 7; ++s) {
+    double p = s <= 2 ? 0 : (s - 2) / 4.0;
+    if (p > 1) p = 1;
+    want[s - 1] = s <= 2 ? 1e-2 * s / 2 : 1e-3 + (1e-2 - 1e-3) * 0.5 * (1 + cos(pi * p));
+  }
+  CHECK(strcmp(sg_trainer_default_options().lr_schedule, "constant") == 0);
+  CHECK(sg_trainer_default_options().grad_accum == 1 && sg_trainer_default_options().warmup_steps == 0);
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.lr == 0 && met.micro_batches == 0); /* no optimizer step */
+  for (s = 1; s <= 7; ++s) {
+    EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    CHECK(fabs(met.lr - want[s - 1]) <= 1e-15);
+    CHECK(met.micro_batches == 1 && met.step == s);
+  }
+  CHECK(met.lr == 1e-3);
+  sg_trainer_free(t);
+  t = NULL;
+  /* A constant schedule (NULL) with warmup. */
+  o = sg_trainer_default_options();
+  o.lr_schedule = NULL;
+  o.warmup_steps = 4;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, SEQ, g_lengths, 1, &met));
+  CHECK(fabs(met.lr - 0.25e-3) < 1e-18);
+  sg_trainer_free(t);
+  t = NULL;
+  /* Bad schedule options, each named. */
+  o = schedule_options("full");
+  o.lr_schedule = "exponential";
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->lr_schedule 'exponential'");
+  o = schedule_options("full");
+  o.total_steps = 2;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "total_steps must be larger");
+  o = schedule_options("full");
+  o.min_lr = 1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->min_lr is 1");
+  o = schedule_options("full");
+  o.warmup_steps = -1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->warmup_steps is -1");
+  o = schedule_options("full");
+  o.grad_accum = 0;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->grad_accum is 0");
+  CHECK(t == NULL);
+  /* Programs built against the 0.4 header: the schedule fields beyond their struct are not read (a constant lr), and
+   * 0.4-size metrics leave lr / micro_batches alone. */
+  o = schedule_options("full");
+  o.struct_size = offsetof(sg_trainer_options, lr_schedule);
+  o.lr_schedule = "exponential";
+  o.grad_accum = 0;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  met = sg_metrics_init();
+  met.struct_size = offsetof(sg_metrics, lr);
+  met.lr = -7;
+  met.micro_batches = -7;
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, SEQ, g_lengths, 1, &met));
+  CHECK(met.lr == -7 && met.micro_batches == -7 && met.adjoint_pairs == 0 && met.step == 1);
+  met.struct_size = offsetof(sg_metrics, lr) + 4;
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, SEQ, g_lengths, 1, &met), SG_ERR_INVALID_ARGUMENT, "0.4 size 208");
+  met = sg_metrics_init();
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, SEQ, g_lengths, 1, &met));
+  CHECK(met.lr == 1e-2); /* constant */
+  sg_trainer_free(t);
+  t = NULL;
+  o.struct_size = offsetof(sg_trainer_options, lr_schedule) + 8;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "0.4 size 288");
+  CHECK(t == NULL);
+  sg_model_free(m);
+}
+
+/* Every parameter of an f64 model concatenated, malloc'ed. */
+static double* copy_params_f64(sg_model* m, int64_t* n) {
+  sg_param_info p = sg_param_info_init();
+  int64_t i, off = 0;
+  double* out;
+  *n = 0;
+  for (i = 0; i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    *n += p.numel;
+  }
+  out = (double*)malloc((size_t)*n * sizeof(double));
+  for (i = 0; out && i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    memcpy(out + off, p.data, (size_t)p.numel * sizeof(double));
+    off += p.numel;
+  }
+  return out;
+}
+
+static double max_abs_diff(const double* a, const double* b, int64_t n) {
+  double d = 0;
+  int64_t i;
+  for (i = 0; i < n; ++i)
+    if (fabs(a[i] - b[i]) > d) d = fabs(a[i] - b[i]);
+  return d;
+}
+
+static void test_accumulate(void) {
+  sg_model* one = tiny_f64(3);
+  sg_model* acc = tiny_f64(3);
+  sg_trainer_options o = schedule_options("seco");
+  sg_trainer *t1 = NULL, *t2 = NULL;
+  sg_metrics m1 = sg_metrics_init(), m2 = sg_metrics_init(), micro = sg_metrics_init();
+  int64_t len1[1] = {SEQ}, n1 = 0, n2 = 0;
+  double *p1, *p2;
+  int step;
+  o.grad_accum = 2;
+  EXPECT_OK(sg_trainer_create(one, &o, &t1));
+  EXPECT_OK(sg_trainer_create(acc, &o, &t2));
+  /* Two micro-batches of one sequence each, accumulated, equal one step on both sequences. */
+  for (step = 1; step <= 3; ++step) {
+    EXPECT_OK(sg_trainer_step(t1, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m1));
+    EXPECT_OK(sg_trainer_accumulate_gradients(t2, g_ids, NULL, SEQ, len1, 1, &micro));
+    CHECK(micro.tokens == SEQ - 1 && micro.micro_batches == 0 && micro.lr == 0 && micro.step == step - 1);
+    EXPECT_OK(sg_trainer_accumulate_gradients(t2, g_ids + SEQ, NULL, SEQ, len1, 1, NULL));
+    CHECK(sg_trainer_step_count(t2) == step - 1);
+    EXPECT_OK(sg_trainer_optimizer_step(t2, &m2));
+    CHECK(m2.micro_batches == 2 && m2.tokens == m1.tokens && m2.step == step && m2.lr == m1.lr);
+    CHECK(fabs(m2.loss - m1.loss) <= 1e-12 * fabs(m1.loss));
+    CHECK(fabs(m2.grad_norm - m1.grad_norm) <= 1e-10 * m1.grad_norm);
+  }
+  p1 = copy_params_f64(one, &n1);
+  p2 = copy_params_f64(acc, &n2);
+  CHECK(n1 == n2 && p1 && p2 && max_abs_diff(p1, p2, n1) <= 1e-12);
+  free(p1);
+  free(p2);
+  /* compute_gradients drops a pending accumulation: the next optimizer step uses its batch alone. */
+  EXPECT_OK(sg_trainer_accumulate_gradients(t2, g_ids, NULL, SEQ, len1, 1, NULL));
+  EXPECT_OK(sg_trainer_compute_gradients(t2, g_ids + SEQ, NULL, SEQ, len1, 1, &micro));
+  EXPECT_OK(sg_trainer_optimizer_step(t2, &m2));
+  CHECK(m2.micro_batches == 1 && m2.tokens == SEQ - 1 && m2.loss == micro.loss);
+  /* Errors of the accumulate calls are those of compute_gradients. */
+  EXPECT_STATUS(sg_trainer_accumulate_gradients(NULL, g_ids, NULL, SEQ, len1, 1, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'trainer'");
+  EXPECT_STATUS(sg_trainer_accumulate_gradients(t2, NULL, NULL, SEQ, len1, 1, NULL), SG_ERR_INVALID_ARGUMENT,
+                "sg_trainer_accumulate_gradients: argument 'ids'");
+  EXPECT_STATUS(sg_trainer_accumulate_gradients(t2, g_ids, NULL, SEQ, len1, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'lengths'");
+  EXPECT_STATUS(sg_trainer_accumulate_gradients_dpo(t2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL),
+                SG_ERR_FAILED_PRECONDITION, "objective is 'sft'");
+  EXPECT_STATUS(sg_trainer_accumulate_gradients_grpo(t2, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL, 1, NULL),
+                SG_ERR_FAILED_PRECONDITION, "objective is 'sft'");
+  sg_trainer_free(t1);
+  sg_trainer_free(t2);
+  sg_model_free(one);
+  sg_model_free(acc);
+}
+
+/* DPO pairs accumulated one at a time equal one step on both (reference log-probs given). */
+static void test_accumulate_dpo(void) {
+  sg_model* one = tiny_f64(4);
+  sg_model* acc = tiny_f64(4);
+  sg_trainer *t1 = NULL, *t2 = NULL, *sft = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics m1 = sg_metrics_init(), m2 = sg_metrics_init();
+  int32_t c_ids[PAIRS][PR_MAX], c_lab[PAIRS][PR_MAX], r_ids[PAIRS][PR_MAX], r_lab[PAIRS][PR_MAX];
+  const int32_t *ci[PAIRS], *cl[PAIRS], *ri[PAIRS], *rl[PAIRS];
+  int64_t clen[PAIRS] = {20, 14}, rlen[PAIRS] = {12, 17};
+  double ref_c[PAIRS] = {-40.5, -30.25}, ref_r[PAIRS] = {-25.0, -35.75};
+  int i;
+  for (i = 0; i < PAIRS; ++i) {
+    prompt_response(c_ids[i], c_lab[i], (int)clen[i], 5, 2 * i + 1);
+    prompt_response(r_ids[i], r_lab[i], (int)rlen[i], 5, 2 * i + 2);
+    ci[i] = c_ids[i];
+    cl[i] = c_lab[i];
+    ri[i] = r_ids[i];
+    rl[i] = r_lab[i];
+  }
+  o.objective = "dpo";
+  o.strategy = "full";
+  EXPECT_OK(sg_trainer_create(one, &o, &t1));
+  EXPECT_OK(sg_trainer_create(acc, &o, &t2));
+  EXPECT_OK(sg_trainer_step_dpo(t1, ci, cl, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, &m1));
+  for (i = 0; i < PAIRS; ++i)
+    EXPECT_OK(sg_trainer_accumulate_gradients_dpo(t2, ci + i, cl + i, clen + i, ri + i, rl + i, rlen + i, ref_c + i,
+                                                  ref_r + i, 1, NULL));
+  EXPECT_OK(sg_trainer_optimizer_step(t2, &m2));
+  CHECK(m2.micro_batches == 2 && fabs(m2.loss - m1.loss) <= 1e-12 && fabs(m2.grad_norm - m1.grad_norm) <= 1e-10);
+  EXPECT_STATUS(sg_trainer_accumulate_gradients(t2, g_ids, NULL, SEQ, g_lengths, 1, NULL),
+                SG_ERR_FAILED_PRECONDITION, "objective is 'dpo'");
+  o = sg_trainer_default_options();
+  EXPECT_OK(sg_trainer_create(one, &o, &sft));
+  EXPECT_STATUS(sg_trainer_accumulate_gradients_dpo(sft, ci, cl, clen, ri, rl, rlen, ref_c, ref_r, PAIRS, NULL),
+                SG_ERR_FAILED_PRECONDITION, "objective is 'sft'");
+  sg_trainer_free(sft);
+  sg_trainer_free(t1);
+  sg_trainer_free(t2);
+  sg_model_free(one);
+  sg_model_free(acc);
+}
+
+static int file_exists(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return 0;
+  fclose(f);
+  return 1;
+}
+
+static void tmp_path(char* out, size_t size, const char* name) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  snprintf(out, size, "%s/%s", tmp ? tmp : "/tmp", name);
+}
+
+static void test_lora(void) {
+  sg_model* m = tiny_f64(5);
+  sg_model* fresh = NULL;
+  sg_model* other = NULL;
+  sg_model* merged = NULL;
+  sg_trainer* t = NULL;
+  sg_trainer* t2 = NULL;
+  sg_lora_options lo = sg_lora_default_options(), info = sg_lora_default_options();
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_param_info p = sg_param_info_init();
+  sg_metrics met = sg_metrics_init(), ev1 = sg_metrics_init(), ev2 = sg_metrics_init();
+  const int64_t base_params = sg_model_num_params(m);
+  char adapter[1024], file[1100], merged_dir[1024];
+  int64_t i, with_grad = 0;
+  int step;
+  FILE* f;
+  CHECK(lo.struct_size == sizeof(sg_lora_options) && lo.rank == 8 && lo.alpha == 0 && lo.targets == NULL);
+  EXPECT_OK(sg_model_lora(m, &info));
+  CHECK(info.rank == 0 && info.targets == NULL);
+  /* Bad options, named; the model stays without LoRA. */
+  lo.rank = 0;
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->rank is 0");
+  lo = sg_lora_default_options();
+  lo.dropout = 1;
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->dropout is 1");
+  lo = sg_lora_default_options();
+  lo.alpha = -2;
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->alpha is -2");
+  lo = sg_lora_default_options();
+  lo.targets = "q_proj,in_proj";
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->targets: 'in_proj'");
+  lo.targets = "q_proj,q_proj";
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "listed twice");
+  lo.struct_size = 8;
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "struct_size");
+  EXPECT_STATUS(sg_model_enable_lora(NULL, &lo), SG_ERR_INVALID_ARGUMENT, "'model'");
+  EXPECT_STATUS(sg_model_enable_lora(m, NULL), SG_ERR_INVALID_ARGUMENT, "'options'");
+  CHECK(sg_model_num_params(m) == base_params);
+  /* Not under a trainer (its optimizer state would not match). */
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  lo = sg_lora_default_options();
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_FAILED_PRECONDITION, "before creating trainers");
+  sg_trainer_free(t);
+  t = NULL;
+  EXPECT_STATUS(sg_model_save_lora_adapter(m, "/tmp/never", NULL), SG_ERR_FAILED_PRECONDITION, "not enabled");
+
+  lo.rank = 4;
+  lo.alpha = 8;
+  lo.dropout = 0.1;
+  lo.targets = "q_proj, v_proj,o_proj";
+  lo.seed = 9;
+  EXPECT_OK(sg_model_enable_lora(m, &lo));
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_FAILED_PRECONDITION, "already enabled");
+  EXPECT_OK(sg_model_lora(m, &info));
+  CHECK(info.rank == 4 && info.alpha == 8 && info.dropout == 0.1 && info.seed == 9);
+  CHECK(info.targets && strcmp(info.targets, "q_proj,v_proj,o_proj") == 0);
+  /* 3 layers x 3 modules x (A, B) adapters; base parameters frozen. */
+  CHECK(sg_model_num_params(m) == base_params + 18);
+  o = schedule_options("seco");
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  for (step = 0; step < 4; ++step) EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  for (i = 0; i < sg_model_num_params(m); ++i) {
+    EXPECT_OK(sg_model_param_info(m, i, &p));
+    CHECK((p.grad != NULL) == (strstr(p.name, ".lora_") != NULL));
+    with_grad += p.grad != NULL;
+    if (i == base_params) CHECK(strcmp(p.name, "model.layers.0.self_attn.q_proj.lora_A.weight") == 0);
+  }
+  CHECK(with_grad == 18);
+  CHECK(met.peak_bytes_by_category[2] > 0); /* AdamW moments of the adapters */
+
+  /* PEFT adapter files; loading them into a fresh copy of the base enables LoRA with the adapter's options and gives
+   * the same function. */
+  tmp_path(adapter, sizeof(adapter), "c_adapter");
+  EXPECT_OK(sg_model_save_lora_adapter(m, adapter, "seqgrad/tiny"));
+  snprintf(file, sizeof(file), "%s/adapter_config.json", adapter);
+  CHECK(file_exists(file));
+  snprintf(file, sizeof(file), "%s/adapter_model.safetensors", adapter);
+  CHECK(file_exists(file));
+  fresh = tiny_f64(5);
+  EXPECT_OK(sg_model_load_lora_adapter(fresh, adapter));
+  EXPECT_OK(sg_model_lora(fresh, &info));
+  CHECK(info.rank == 4 && info.alpha == 8 && strcmp(info.targets, "q_proj,v_proj,o_proj") == 0);
+  o = sg_trainer_default_options();
+  EXPECT_OK(sg_trainer_create(fresh, &o, &t2));
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev1));
+  EXPECT_OK(sg_trainer_evaluate(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev2));
+  CHECK(fabs(ev1.loss - ev2.loss) <= 1e-12); /* another chunking than t's: rounding only */
+  /* Loading again into a model with LoRA on (and a trainer): the values only. */
+  EXPECT_OK(sg_model_load_lora_adapter(fresh, adapter));
+  sg_trainer_free(t2);
+  t2 = NULL;
+
+  /* sg_model_save writes the merged weights: a plain HF model with the same function and no adapters. */
+  tmp_path(merged_dir, sizeof(merged_dir), "c_merged");
+  EXPECT_OK(sg_model_save(m, merged_dir));
+  EXPECT_OK(sg_model_load(merged_dir, "f64", &merged));
+  CHECK(sg_model_num_params(merged) == base_params);
+  EXPECT_OK(sg_trainer_create(merged, &o, &t2));
+  EXPECT_OK(sg_trainer_evaluate(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ev2));
+  CHECK(fabs(ev1.loss - ev2.loss) <= 1e-12);
+  sg_trainer_free(t2);
+  t2 = NULL;
+
+  /* Bad adapters: another base model's (shapes named), a missing directory, a truncated file, another rank. */
+  EXPECT_OK(sg_model_create_preset("demo", "f64", 0, &other));
+  EXPECT_STATUS(sg_model_load_lora_adapter(other, adapter), SG_ERR_INVALID_ARGUMENT, "different base model");
+  EXPECT_OK(sg_model_lora(other, &info));
+  CHECK(info.rank == 0);
+  EXPECT_STATUS(sg_model_load_lora_adapter(other, "/nonexistent/adapter"), SG_ERR_NOT_FOUND, "not a directory");
+  EXPECT_STATUS(sg_model_load_lora_adapter(other, NULL), SG_ERR_INVALID_ARGUMENT, "'dir'");
+  sg_model_free(other);
+  other = tiny_f64(5);
+  lo.rank = 2;
+  EXPECT_OK(sg_model_enable_lora(other, &lo));
+  EXPECT_STATUS(sg_model_load_lora_adapter(other, adapter), SG_ERR_INVALID_ARGUMENT, "r 4 vs 2");
+  sg_model_free(other);
+  snprintf(file, sizeof(file), "%s/adapter_model.safetensors", adapter);
+  f = fopen(file, "r+b");
+  CHECK(f != NULL);
+  if (f) {
+    fseek(f, 0, SEEK_END);
+    CHECK(ftruncate(fileno(f), ftell(f) / 2) == 0);
+    fclose(f);
+  }
+  other = tiny_f64(5);
+  EXPECT_STATUS(sg_model_load_lora_adapter(other, adapter), SG_ERR_INVALID_ARGUMENT, "adapter_model.safetensors");
+  sg_model_free(other);
+
+  sg_trainer_free(t);
+  sg_model_free(merged);
+  sg_model_free(fresh);
+  sg_model_free(m);
+}
+
+/* A trainer of the checkpoint tests: tiny f64 with LoRA (dropout), seco, a cosine schedule. */
+static sg_trainer* checkpoint_trainer(sg_model** model, int64_t chunk) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = schedule_options("seco");
+  sg_lora_options lo = sg_lora_default_options();
+  lo.rank = 4;
+  lo.dropout = 0.1;
+  *model = tiny_f64(6);
+  EXPECT_OK(sg_model_enable_lora(*model, &lo));
+  o.chunk = chunk;
+  o.total_steps = 8;
+  EXPECT_OK(sg_trainer_create(*model, &o, &t));
+  return t;
+}
+
+/* Batch `k` of the checkpoint tests: the test batch shifted by k tokens. */
+static void checkpoint_batch(int k, int32_t* ids) {
+  int i;
+  for (i = 0; i < 2 * SEQ; ++i) ids[i] = g_ids[(i + 5 * k) % (2 * SEQ)];
+}
+
+static void corrupt_byte(const char* path, long offset) {
+  FILE* f = fopen(path, "r+b");
+  int c;
+  CHECK(f != NULL);
+  if (!f) return;
+  fseek(f, offset, SEEK_SET);
+  c = fgetc(f);
+  fseek(f, offset, SEEK_SET);
+  fputc(c ^ 0x5A, f);
+  fclose(f);
+}
+
+static void test_checkpoint(void) {
+  char dir[1024], ckpt[1100], file[1200], empty[1024];
+  sg_model *m1, *m2, *m3;
+  sg_trainer *t1, *t2, *t3;
+  sg_metrics met = sg_metrics_init();
+  int32_t ids[2 * SEQ];
+  double uninterrupted[6];
+  int64_t step = -1, position = -1;
+  int k;
+  FILE* f;
+  struct stat st;
+  tmp_path(dir, sizeof(dir), "c_checkpoints");
+  tmp_path(empty, sizeof(empty), "c_no_checkpoints");
+  /* Uninterrupted: 6 steps. Interrupted: 3 steps, a checkpoint, then a new process (model, trainer) resumes. */
+  t1 = checkpoint_trainer(&m1, 8);
+  for (k = 0; k < 6; ++k) {
+    checkpoint_batch(k, ids);
+    EXPECT_OK(sg_trainer_step(t1, ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    uninterrupted[k] = met.loss;
+  }
+  t2 = checkpoint_trainer(&m2, 8);
+  for (k = 0; k < 3; ++k) {
+    checkpoint_batch(k, ids);
+    EXPECT_OK(sg_trainer_step(t2, ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    CHECK(met.loss == uninterrupted[k]);
+    if (k == 0) EXPECT_OK(sg_trainer_save_checkpoint(t2, dir, 1, 2));
+  }
+  EXPECT_OK(sg_trainer_save_checkpoint(t2, dir, 3, 2));
+  snprintf(ckpt, sizeof(ckpt), "%s/checkpoint-3", dir);
+  snprintf(file, sizeof(file), "%s/trainer_state.json", ckpt);
+  CHECK(file_exists(file));
+  sg_trainer_free(t2);
+  sg_model_free(m2);
+
+  t2 = checkpoint_trainer(&m2, 8);
+  EXPECT_OK(sg_trainer_resume(t2, dir, &step, &position));
+  CHECK(step == 3 && position == 3 && sg_trainer_step_count(t2) == 3);
+  for (k = (int)position; k < 6; ++k) {
+    checkpoint_batch(k, ids);
+    EXPECT_OK(sg_trainer_step(t2, ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    CHECK(met.loss == uninterrupted[k]); /* bit-identical */
+    CHECK(met.step == k + 1);
+  }
+  /* keep = 2: saving steps 1, 3 and 6 leaves 3 and 6. */
+  EXPECT_OK(sg_trainer_save_checkpoint(t2, dir, 6, 2));
+  snprintf(file, sizeof(file), "%s/checkpoint-1", dir);
+  CHECK(stat(file, &st) != 0);
+  snprintf(file, sizeof(file), "%s/checkpoint-6", dir);
+  CHECK(stat(file, &st) == 0);
+  /* load_checkpoint of a given one: back to step 3. */
+  EXPECT_OK(sg_trainer_load_checkpoint(t2, ckpt, &step, NULL));
+  CHECK(step == 3 && sg_trainer_step_count(t2) == 3);
+  EXPECT_OK(sg_trainer_load_checkpoint(t2, ckpt, NULL, NULL));
+
+  /* A differing run configuration is refused, listing the fields. */
+  t3 = checkpoint_trainer(&m3, 16);
+  EXPECT_STATUS(sg_trainer_resume(t3, dir, &step, NULL), SG_ERR_FAILED_PRECONDITION,
+                "strategy.chunk: checkpoint '8', now '16'");
+  CHECK(sg_trainer_step_count(t3) == 0);
+  sg_trainer_free(t3);
+  sg_model_free(m3);
+  /* Without LoRA the parameters differ too. */
+  {
+    sg_trainer_options o = schedule_options("seco");
+    o.total_steps = 8;
+    m3 = tiny_f64(6);
+    EXPECT_OK(sg_trainer_create(m3, &o, &t3));
+    EXPECT_STATUS(sg_trainer_load_checkpoint(t3, ckpt, NULL, NULL), SG_ERR_FAILED_PRECONDITION, "lora.rank");
+    sg_trainer_free(t3);
+    sg_model_free(m3);
+  }
+
+  /* Damaged checkpoints: DATA_LOSS naming the file; resume skips a damaged newest one. */
+  snprintf(file, sizeof(file), "%s/checkpoint-6/model.safetensors", dir);
+  corrupt_byte(file, 200);
+  snprintf(ckpt, sizeof(ckpt), "%s/checkpoint-6", dir);
+  EXPECT_STATUS(sg_trainer_load_checkpoint(t2, ckpt, NULL, NULL), SG_ERR_DATA_LOSS, "CRC-32 mismatch");
+  EXPECT_OK(sg_trainer_resume(t2, dir, &step, &position));
+  CHECK(step == 3 && position == 3);
+  snprintf(file, sizeof(file), "%s/checkpoint-3/optimizer.safetensors", dir);
+  f = fopen(file, "r+b");
+  CHECK(f != NULL);
+  if (f) {
+    CHECK(ftruncate(fileno(f), 100) == 0);
+    fclose(f);
+  }
+  snprintf(ckpt, sizeof(ckpt), "%s/checkpoint-3", dir);
+  EXPECT_STATUS(sg_trainer_load_checkpoint(t2, ckpt, NULL, NULL), SG_ERR_DATA_LOSS, "truncated");
+  EXPECT_STATUS(sg_trainer_resume(t2, dir, &step, NULL), SG_ERR_NOT_FOUND, "skipped damaged");
+  snprintf(file, sizeof(file), "%s/checkpoint-3/trainer_state.json", dir);
+  corrupt_byte(file, 30);
+  EXPECT_STATUS(sg_trainer_load_checkpoint(t2, ckpt, NULL, NULL), SG_ERR_DATA_LOSS, "trainer_state.json");
+  EXPECT_STATUS(sg_trainer_resume(t2, empty, &step, NULL), SG_ERR_NOT_FOUND, "no complete checkpoint");
+  EXPECT_STATUS(sg_trainer_load_checkpoint(t2, empty, NULL, NULL), SG_ERR_NOT_FOUND, "not a directory");
+
+  /* Arguments. */
+  EXPECT_STATUS(sg_trainer_save_checkpoint(NULL, dir, 0, 0), SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  EXPECT_STATUS(sg_trainer_save_checkpoint(t2, NULL, 0, 0), SG_ERR_INVALID_ARGUMENT, "'out_dir'");
+  EXPECT_STATUS(sg_trainer_save_checkpoint(t2, dir, -1, 0), SG_ERR_INVALID_ARGUMENT, "'data_position' is -1");
+  EXPECT_STATUS(sg_trainer_save_checkpoint(t2, dir, 0, -1), SG_ERR_INVALID_ARGUMENT, "'keep' is -1");
+  EXPECT_STATUS(sg_trainer_load_checkpoint(t2, NULL, NULL, NULL), SG_ERR_INVALID_ARGUMENT, "'checkpoint_dir'");
+  EXPECT_STATUS(sg_trainer_resume(NULL, dir, NULL, NULL), SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  EXPECT_STATUS(sg_trainer_resume(t2, NULL, NULL, NULL), SG_ERR_INVALID_ARGUMENT, "'out_dir'");
+  /* Still trains. */
+  EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  sg_trainer_free(t1);
+  sg_trainer_free(t2);
+  sg_model_free(m1);
+  sg_model_free(m2);
+}
+
+static void test_evaluate_detailed(void) {
+  sg_model* m = tiny_f64(7);
+  sg_trainer* t = new_trainer(m, "seco");
+  sg_eval_result r = sg_eval_result_init();
+  sg_metrics ev = sg_metrics_init();
+  int32_t labels[2 * SEQ];
+  int64_t distances[2 * SEQ];
+  int64_t sum = 0;
+  int i;
+  for (i = 0; i < 2 * SEQ; ++i) {
+    labels[i] = (i % 3 == 0) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
+    distances[i] = labels[i] >= 0 ? 1 + i % 11 : -5; /* ignored where the label is -100 */
+  }
+  CHECK(r.struct_size == sizeof(sg_eval_result));
+  EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r));
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &ev));
+  CHECK(r.sequences == 2 && r.tokens == 16 && r.tokens == ev.tokens);
+  CHECK(fabs(r.loss - ev.loss) <= 1e-12 && fabs(r.perplexity - exp(r.loss)) <= 1e-9 * r.perplexity);
+  CHECK(r.correct >= 0 && r.correct <= r.tokens && r.accuracy == (double)r.correct / (double)r.tokens);
+  CHECK(r.num_buckets == 4 && r.peak_bytes > 0 && r.seconds > 0); /* distances 1..11: buckets [1,2) .. [8,16) */
+  for (i = 0; i < r.num_buckets; ++i) {
+    sum += r.bucket_count[i];
+    CHECK(r.bucket_correct[i] <= r.bucket_count[i]);
+    CHECK(r.bucket_count[i] == 0 || r.bucket_loss[i] > 0);
+  }
+  CHECK(sum == r.tokens && r.bucket_count[4] == 0);
+  /* Without distances: no buckets; the training state is untouched. */
+  EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r));
+  CHECK(r.num_buckets == 0 && r.tokens == 2 * (SEQ - 1) && sg_trainer_step_count(t) == 0);
+  distances[3] = 0;
+  EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r),
+                SG_ERR_INVALID_ARGUMENT, "distances[3] is 0");
+  EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, NULL),
+                SG_ERR_INVALID_ARGUMENT, "'out'");
+  EXPECT_STATUS(sg_trainer_evaluate_detailed(NULL, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r),
+                SG_ERR_INVALID_ARGUMENT, "'trainer'");
+  r.struct_size = 16;
+  EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r),
+                SG_ERR_INVALID_ARGUMENT, "struct_size");
+  r = sg_eval_result_init();
+  sg_trainer_cancel(t);
+  EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r), SG_ERR_CANCELLED,
+                "cancelled");
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+/* NaN/Inf guard: a non-finite weight stops the step with the step and the tensor named. */
+static void test_nonfinite_guard(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = new_trainer(m, "full");
+  sg_param_info p = sg_param_info_init();
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  EXPECT_OK(sg_model_param_info(m, 1, &p));
+  ((float*)p.data)[2] = (float)NAN;
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INTERNAL, "at step 2");
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INTERNAL, p.name);
+  CHECK(sg_trainer_step_count(t) == 1);
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -1241,6 +1817,13 @@ int main(void) {
   test_memory_limit();
   test_ssm();
   test_adjoint();
+  test_lr_schedule();
+  test_accumulate();
+  test_accumulate_dpo();
+  test_lora();
+  test_checkpoint();
+  test_evaluate_detailed();
+  test_nonfinite_guard();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

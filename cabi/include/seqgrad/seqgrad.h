@@ -20,13 +20,18 @@
  *  - A trainer runs one step at a time: a second concurrent sg_trainer_step/compute_gradients/optimizer_step on the
  *    same trainer (or on another trainer of the same model, or sg_model_save of that model) returns SG_ERR_BUSY
  *    instead of racing; a dpo/grpo step also holds its reference model (sg_trainer_set_reference) the same way.
+ *    The same holds for the 0.5 calls: accumulate_gradients*, evaluate_detailed, save/load_checkpoint, resume, and
+ *    the model's LoRA calls (sg_model_enable_lora, sg_model_save/load_lora_adapter).
  *    sg_trainer_cancel may be called from any thread at any time.
  *  - Reading parameter/gradient memory (sg_model_param_info views) while a step runs gives torn values.
  *
  * Lifetimes
  *  - A trainer keeps its model (and its reference model, sg_trainer_set_reference) alive: sg_model_free() on a model
  *    that still has trainers only drops the caller's reference; the model is destroyed with its last trainer.
- *  - Pointers returned inside sg_param_info (name, data, grad) stay valid until the model is destroyed.
+ *  - Pointers returned inside sg_param_info (name, data, grad) stay valid until the model is destroyed, except that
+ *    enabling LoRA (sg_model_enable_lora, or sg_model_load_lora_adapter on a model without LoRA) adds parameters and
+ *    releases the base parameters' gradients: name and grad pointers obtained before it are invalid after it (data
+ *    pointers stay valid). Enable LoRA right after creating or loading the model.
  *  - Strings returned by sg_version(), sg_memory_category_name(), sg_dtype_name() are static.
  */
 #ifndef SEQGRAD_SEQGRAD_H_
@@ -46,7 +51,7 @@ extern "C" {
 #endif
 
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 4
+#define SG_VERSION_MINOR 5
 #define SG_VERSION_PATCH 0
 
 /* "MAJOR.MINOR.PATCH" of the loaded library (may differ from the macros of the header you compiled with). */
@@ -122,7 +127,9 @@ SG_API sg_status* sg_model_create_preset(const char* preset, const char* dtype, 
  * model_type is "llama", "qwen2" or (since 0.3) "mamba" (MambaForCausalLM). dtype as above. */
 SG_API sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out);
 /* Writes config.json + model.safetensors into dir (created if missing), for either family, loadable by
- * sg_model_load and by Hugging Face transformers. SG_ERR_BUSY while a step runs. */
+ * sg_model_load and by Hugging Face transformers. SG_ERR_BUSY while a step runs. A model with LoRA (since 0.5) is
+ * written merged: each adapted weight as W + (alpha / rank) B A, without adapter tensors, i.e. a plain HF model
+ * (sg_model_save_lora_adapter writes the adapters alone). */
 SG_API sg_status* sg_model_save(sg_model* model, const char* dir);
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
@@ -166,6 +173,54 @@ typedef struct sg_param_info {
 SG_API sg_param_info sg_param_info_init(void);
 /* Parameter `index` in [0, sg_model_num_params). out->struct_size must be set (sg_param_info_init). */
 SG_API sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_info* out);
+
+/* ---- LoRA (since 0.5) ------------------------------------------------------------------------------------------
+ *
+ * Low-rank adapters in Hugging Face PEFT's convention on the linear layers of either family: a module with weight
+ * W [out, in] computes y = x W^T + (alpha / rank) dropout(x) A^T B^T, A [rank, in] drawn uniformly in +-1/sqrt(in),
+ * B [out, rank] = 0 (training starts from the base model's function). The adapters are ordinary parameters
+ * ("<module>.lora_A.weight", "<module>.lora_B.weight", listed by sg_model_param_info after the base parameters);
+ * every base parameter is frozen (its gradient is released: sg_param_info.grad is NULL), so gradients and AdamW
+ * moments exist for the adapters only. Every strategy and objective trains them. Dropout acts on the adapters' input
+ * in gradient passes only (evaluation and reference log-prob passes use none); its mask is a function of the seed,
+ * step, sequence, module, position and feature, so checkpoints resume it exactly. */
+
+typedef struct sg_lora_options {
+  size_t struct_size;  /* sizeof(sg_lora_options) of the header the caller compiled with */
+  int64_t rank;        /* r >= 1 (default 8) */
+  double alpha;        /* lora_alpha: the adapters' output is scaled by alpha / rank; > 0, or 0 = 2 * rank (the
+                          default) */
+  double dropout;      /* lora_dropout on the adapters' input, in [0, 1) (default 0) */
+  const char* targets; /* comma-separated Hugging Face module names, or "all" (copied). Llama/Qwen2: q_proj, k_proj,
+                          v_proj, o_proj, gate_proj, up_proj, down_proj; Mamba: in_proj, x_proj, dt_proj, out_proj.
+                          NULL = the family's default: "q_proj,v_proj" (transformers), "in_proj,x_proj,out_proj" (SSMs) */
+  uint64_t seed;       /* initialisation of A (default 0) */
+} sg_lora_options;
+
+SG_API sg_lora_options sg_lora_default_options(void);
+
+/* Adds adapters to every module of the model named in options->targets and freezes every base parameter. Once per
+ * model, before any trainer of it is created (its optimizer state would not match): SG_ERR_FAILED_PRECONDITION when
+ * LoRA is already on or the model has a trainer. Errors: SG_ERR_INVALID_ARGUMENT naming the option (rank, alpha,
+ * dropout, an unknown or repeated target, a target no module of this model has), SG_ERR_BUSY while a step uses the
+ * model. */
+SG_API sg_status* sg_model_enable_lora(sg_model* model, const sg_lora_options* options);
+/* The model's LoRA options into *out (out->struct_size must be set: sg_lora_default_options()): rank 0 when LoRA is
+ * off. out->targets is the module list joined by commas, valid until the model is destroyed. */
+SG_API sg_status* sg_model_lora(const sg_model* model, sg_lora_options* out);
+/* Writes the adapters as Hugging Face PEFT files into dir (created if missing): adapter_model.safetensors (tensors
+ * "base_model.model.<module>.lora_A.weight" / ".lora_B.weight" in the model's dtype) and adapter_config.json
+ * (peft_type LORA, r, lora_alpha, lora_dropout, target_modules), each atomically, loadable by
+ * peft.PeftModel.from_pretrained(base, dir) and by sg_model_load_lora_adapter. base_model_name_or_path (may be NULL)
+ * goes into the config as PEFT records it. SG_ERR_FAILED_PRECONDITION without LoRA. */
+SG_API sg_status* sg_model_save_lora_adapter(sg_model* model, const char* dir, const char* base_model_name_or_path);
+/* Loads a PEFT adapter directory into the model. LoRA off: enables it with the adapter's rank, alpha, dropout and
+ * targets first (the rules of sg_model_enable_lora apply); LoRA on: rank, alpha and targets must equal the adapter's
+ * (dropout may differ: it is a training setting). Every tensor of the file must be an adapter of this model with the
+ * model's shape and every adapter of the model must be in the file: an adapter for a different base model is
+ * SG_ERR_INVALID_ARGUMENT naming the tensor and both shapes; a corrupt or truncated file SG_ERR_INVALID_ARGUMENT
+ * naming the file; a missing one SG_ERR_NOT_FOUND. On error the adapter weights are unchanged. */
+SG_API sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir);
 
 /* ---- Trainer ------------------------------------------------------------------------------------------------- */
 
@@ -212,6 +267,20 @@ typedef struct sg_trainer_options {
                                w T - w (w - 1) / 2 pairs per layer and channel for a sequence of T tokens instead of
                                T (T + 1) / 2; must be > 0; INT64_MAX = no truncation (the default); "scan" needs
                                INT64_MAX */
+  /* Since 0.5: the learning-rate schedule and gradient accumulation. The learning rate of optimizer step s (1-based),
+   * W = warmup_steps, S = total_steps: s <= W: lr * s / W (linear warmup); then "constant": lr; "cosine":
+   * min_lr + (lr - min_lr) (1 + cos(pi p)) / 2 and "linear": lr - (lr - min_lr) p, p = min(1, (s - W) / (S - W)),
+   * i.e. min_lr from step S on. sg_metrics.lr reports the learning rate each step used. */
+  const char* lr_schedule; /* "constant" | "cosine" | "linear" (copied; NULL = "constant") */
+  int64_t warmup_steps;    /* >= 0 (default 0: no warmup) */
+  double min_lr;           /* the floor the decaying schedules reach at total_steps; in [0, lr] (default 0) */
+  int64_t total_steps;     /* the decay's horizon in optimizer steps; cosine and linear need > warmup_steps; ignored by
+                              constant (default 0) */
+  int64_t grad_accum;      /* micro-batches per optimizer step, >= 1 (default 1). The library does not split batches:
+                              the caller feeds grad_accum micro-batches to sg_trainer_accumulate_gradients* and then
+                              calls sg_trainer_optimizer_step (metrics.micro_batches says how many a step used). It is
+                              part of the run configuration that checkpoints record, so a resume with another value is
+                              refused */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
@@ -239,6 +308,11 @@ typedef struct sg_metrics {
   /* Since 0.4. */
   int64_t adjoint_pairs; /* strategy "adjoint" (forms pairs, paper): the vector-Jacobian products (t, i) per channel,
                             summed over layers and sequences; 0 for the other strategies and for sg_trainer_evaluate */
+  /* Since 0.5. */
+  double lr;             /* the (scheduled) learning rate of this call's optimizer step; 0 when no optimizer step ran */
+  int64_t micro_batches; /* batches whose gradients this call's optimizer step used: 1 after compute_gradients, the
+                            number of sg_trainer_accumulate_gradients* calls since the last step after accumulation;
+                            0 when no optimizer step ran */
 } sg_metrics;
 
 /* A zeroed sg_metrics with struct_size set. */
@@ -368,6 +442,103 @@ typedef struct sg_progress {
  * a running step: set it while the trainer is idle. */
 typedef void (*sg_progress_fn)(void* user, const sg_progress* progress);
 SG_API sg_status* sg_trainer_set_progress_callback(sg_trainer* trainer, sg_progress_fn fn, void* user);
+
+/* ---- Gradient accumulation (since 0.5) -------------------------------------------------------------------------
+ *
+ * One optimizer step over micro-batches fed one at a time: each accumulate call adds its micro-batch's gradient
+ * (zeroing the gradients first when no accumulation is pending), and sg_trainer_optimizer_step divides the sum by
+ * the total count (valid tokens for sft, pairs for dpo, groups for grpo) before clipping and AdamW, so that the step
+ * equals one on a batch holding every micro-batch's sequences (spaco draws its chunks per call, so only its sampling
+ * differs). The optimizer step's metrics report the loss over all micro-batches and micro_batches. Each accumulate
+ * call's metrics report its own micro-batch's mean loss. compute_gradients*, step* and a failed accumulate call drop
+ * a pending accumulation; checkpoints do not hold one (save after an optimizer step). Arguments and errors are those
+ * of the matching compute_gradients call. */
+SG_API sg_status* sg_trainer_accumulate_gradients(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                                  int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                                  sg_metrics* out);
+SG_API sg_status* sg_trainer_accumulate_gradients_dpo(sg_trainer* trainer, const int32_t* const* chosen_ids,
+                                                      const int32_t* const* chosen_labels,
+                                                      const int64_t* chosen_lengths,
+                                                      const int32_t* const* rejected_ids,
+                                                      const int32_t* const* rejected_labels,
+                                                      const int64_t* rejected_lengths, const double* ref_chosen_logp,
+                                                      const double* ref_rejected_logp, int64_t num_pairs,
+                                                      sg_metrics* out);
+SG_API sg_status* sg_trainer_accumulate_gradients_grpo(sg_trainer* trainer, const int32_t* const* ids,
+                                                       const int32_t* const* labels, const int64_t* lengths,
+                                                       const double* advantages, const double* const* old_logprobs,
+                                                       const double* const* ref_logprobs, int64_t num_completions,
+                                                       const int64_t* group_offsets, int64_t num_groups,
+                                                       sg_metrics* out);
+
+/* ---- Checkpoints (since 0.5) -----------------------------------------------------------------------------------
+ *
+ * A checkpoint is a directory <out_dir>/checkpoint-<step> holding the model's parameters (LoRA adapters included,
+ * bit exact; with config.json it is a Hugging Face model directory), the AdamW moments, the step, spaco's and LoRA
+ * dropout's sampling counter, the caller's data position and the run configuration (the model's config and LoRA
+ * options, the strategy, optimizer (schedule, grad_accum) and objective options), each file with its size and
+ * CRC-32. It is written into a temporary directory, fsynced and renamed into place: a crash at any moment leaves the
+ * previous checkpoints intact. Loading one into a trainer built like the one that saved it (same model
+ * configuration and LoRA, same options) continues the run exactly: the next steps give bit-identical losses on CPU.
+ * Errors of loading, all before anything is restored:
+ *   SG_ERR_DATA_LOSS            a truncated, corrupt (CRC-32 mismatch) or incomplete checkpoint, naming the file;
+ *   SG_ERR_FAILED_PRECONDITION  a checkpoint written with another run configuration (the message lists every
+ *                               differing field, "strategy.chunk: checkpoint '512', now '256'"), or a tensor whose
+ *                               shape or dtype differs from the model's;
+ *   SG_ERR_NOT_FOUND            no checkpoint there;
+ *   SG_ERR_BUSY                 a step of the trainer's model runs. */
+
+/* Writes <out_dir>/checkpoint-<sg_trainer_step_count(trainer)> (out_dir is created if missing; an existing
+ * checkpoint of that step is replaced), then keeps it and the keep - 1 newest others (keep = 0: keep all).
+ * data_position (>= 0): where the caller is in its training data (e.g. records consumed), returned by load/resume.
+ * Errors: SG_ERR_INVALID_ARGUMENT (NULL, data_position < 0, keep < 0), SG_ERR_PERMISSION_DENIED or SG_ERR_DATA_LOSS
+ * (cannot create or write), SG_ERR_BUSY. */
+SG_API sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, int64_t data_position,
+                                             int64_t keep);
+/* Restores a checkpoint directory (a checkpoint-<step> written by sg_trainer_save_checkpoint) into the trainer: its
+ * model's parameters, the optimizer moments and step, and the sampling counter. step and data_position (each may be
+ * NULL) receive the checkpoint's. */
+SG_API sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoint_dir, int64_t* step,
+                                             int64_t* data_position);
+/* sg_trainer_load_checkpoint of the newest complete checkpoint in out_dir; newer ones that are damaged are skipped.
+ * SG_ERR_NOT_FOUND when out_dir holds none (its message names the damaged ones skipped): start from step 0. */
+SG_API sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* step, int64_t* data_position);
+
+/* ---- Evaluation (since 0.5) ------------------------------------------------------------------------------------ */
+
+/* Distances d between a query and its key are bucketed by powers of two: bucket k holds [2^k, 2^(k+1)). */
+#define SG_MAX_DISTANCE_BUCKETS 64
+
+typedef struct sg_eval_result {
+  size_t struct_size;  /* set by the caller (sg_eval_result_init) */
+  int64_t sequences;
+  int64_t tokens;      /* labelled positions */
+  double loss;         /* mean token loss (cross-entropy) over them */
+  double perplexity;   /* exp(loss) */
+  int64_t correct;     /* labelled positions whose arg max of the logits equals the label */
+  double accuracy;     /* correct / tokens */
+  int64_t peak_bytes;  /* peak of total engine memory during the call */
+  double seconds;      /* wall time of the call */
+  /* With distances: buckets 0 .. num_buckets - 1 (the largest seen; empty ones have count 0); 0 without. */
+  int64_t num_buckets;
+  int64_t bucket_count[SG_MAX_DISTANCE_BUCKETS];   /* labelled positions whose distance falls in bucket k */
+  int64_t bucket_correct[SG_MAX_DISTANCE_BUCKETS]; /* of which the arg max equals the label */
+  double bucket_loss[SG_MAX_DISTANCE_BUCKETS];     /* their mean token loss (0 for an empty bucket) */
+} sg_eval_result;
+
+/* A zeroed sg_eval_result with struct_size set. */
+SG_API sg_eval_result sg_eval_result_init(void);
+
+/* Held-out evaluation of a batch without gradients (one chunked forward pass per sequence: options.chunk tokens at a
+ * time, options.lm_chunk rows of logits; no dropout): loss, perplexity, next-token accuracy and, for a retrieval
+ * task, accuracy as a function of the distance between a query and its key. The batch as in
+ * sg_trainer_compute_gradients; distances: NULL, or num_tokens entries aligned with the labels: at every labelled
+ * position the distance (>= 1, in tokens) from the key the label is retrieved from, ignored where the label is -100.
+ * Gradients, the optimizer and the progress callback are left alone; any objective. out->struct_size must be set.
+ * Errors as sg_trainer_evaluate, and SG_ERR_INVALID_ARGUMENT for a distance < 1 at a labelled position. */
+SG_API sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                               int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                               const int64_t* distances, sg_eval_result* out);
 
 #ifdef __cplusplus
 }
