@@ -50,9 +50,35 @@ py::dtype NumpyDType(int dt) {
 // Owns one sg_model reference. Python arrays viewing its memory hold a reference to this object.
 struct NativeModel {
   sg_model* m = nullptr;
+  // Live numpy views of gradients (see GradViewBase): enabling LoRA releases the base parameters' gradients, so it
+  // is refused while any is alive. Changed with the GIL held.
+  int64_t grad_views = 0;
   explicit NativeModel(sg_model* m) : m(m) {}
   ~NativeModel() { sg_model_free(m); }
 };
+
+// The base object of a gradient view: keeps the model alive and counts the view (slices of the view share it).
+py::capsule GradViewBase(const std::shared_ptr<NativeModel>& model) {
+  struct Keeper {
+    std::shared_ptr<NativeModel> model;
+  };
+  auto* k = new Keeper{model};
+  ++model->grad_views;
+  return py::capsule(k, [](void* p) {
+    auto* k = static_cast<Keeper*>(p);
+    --k->model->grad_views;
+    delete k;
+  });
+}
+
+// LoRA releases the base parameters' gradients: refused while numpy views of them could still be read.
+void CheckNoGradViews(const NativeModel& self, const char* what) {
+  if (self.grad_views > 0)
+    RaiseCode(SG_ERR_FAILED_PRECONDITION,
+              std::string(what) + ": " + std::to_string(self.grad_views) +
+                  " numpy view(s) of the model's gradients are alive (Model.gradients()); LoRA releases the base "
+                  "parameters' gradients: drop the views (or enable LoRA before taking them)");
+}
 
 struct NativeTrainer {
   sg_trainer* t = nullptr;
@@ -101,6 +127,8 @@ py::dict MetricsDict(const sg_metrics& m) {
   d["chunks"] = m.chunks;
   d["chunks_backpropagated"] = m.chunks_backpropagated;
   d["adjoint_pairs"] = m.adjoint_pairs;
+  d["lr"] = m.lr;
+  d["micro_batches"] = m.micro_batches;
   return d;
 }
 
@@ -138,7 +166,7 @@ void CheckSize(py::ssize_t got, py::ssize_t want, const std::string& what, const
                                            std::to_string(want) + " tokens");
 }
 
-enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2 };
+enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2, kAccumulate = 3 };
 
 // ids, labels (or None), lengths: already int32/int32/int64 C-contiguous (the Python layer converts).
 py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj, Mode mode) {
@@ -155,7 +183,10 @@ py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, 
     labels_ptr = labels.data();
   }
   return CallTrainer(self, [&](sg_metrics* m) {
-    auto fn = mode == kStep ? sg_trainer_step : mode == kEvaluate ? sg_trainer_evaluate : sg_trainer_compute_gradients;
+    auto fn = mode == kStep         ? sg_trainer_step
+              : mode == kEvaluate   ? sg_trainer_evaluate
+              : mode == kAccumulate ? sg_trainer_accumulate_gradients
+                                    : sg_trainer_compute_gradients;
     return fn(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(), m);
   });
 }
@@ -209,7 +240,7 @@ struct PerToken {
 
 py::dict RunDpo(NativeTrainer& self, const py::list& chosen_ids, const py::list& chosen_labels,
                 const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen_obj,
-                py::array ref_rejected_obj, bool step) {
+                py::array ref_rejected_obj, int mode) {
   sg_trainer* t = self.get();
   Sequences chosen(chosen_ids, chosen_labels, "chosen"), rejected(rejected_ids, rejected_labels, "rejected");
   CheckSize(static_cast<py::ssize_t>(rejected.ids.size()), static_cast<py::ssize_t>(chosen.ids.size()),
@@ -219,14 +250,16 @@ py::dict RunDpo(NativeTrainer& self, const py::list& chosen_ids, const py::list&
   CheckSize(ref_chosen.size(), n, "ref_chosen_logp", "chosen (sequences)");
   CheckSize(ref_rejected.size(), n, "ref_rejected_logp", "chosen (sequences)");
   return CallTrainer(self, [&](sg_metrics* m) {
-    auto fn = step ? sg_trainer_step_dpo : sg_trainer_compute_gradients_dpo;
+    auto fn = mode == kStep         ? sg_trainer_step_dpo
+              : mode == kAccumulate ? sg_trainer_accumulate_gradients_dpo
+                                    : sg_trainer_compute_gradients_dpo;
     return fn(t, chosen.ids.data(), chosen.labels.data(), chosen.lengths.data(), rejected.ids.data(),
               rejected.labels.data(), rejected.lengths.data(), ref_chosen.data(), ref_rejected.data(), n, m);
   });
 }
 
 py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& labels, py::array advantages_obj,
-                 const py::list& old_logprobs, const py::list& ref_logprobs, py::array offsets_obj, bool step) {
+                 const py::list& old_logprobs, const py::list& ref_logprobs, py::array offsets_obj, int mode) {
   sg_trainer* t = self.get();
   Sequences seqs(ids, labels, "completions");
   F64Array advantages = py::cast<F64Array>(advantages_obj);
@@ -236,10 +269,82 @@ py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& label
   PerToken old_lp(old_logprobs, seqs, "old_logprobs"), ref_lp(ref_logprobs, seqs, "ref_logprobs");
   if (offsets.size() < 1) RaiseCode(SG_ERR_INVALID_ARGUMENT, "group_offsets is empty; need num_groups + 1 entries");
   return CallTrainer(self, [&](sg_metrics* m) {
-    auto fn = step ? sg_trainer_step_grpo : sg_trainer_compute_gradients_grpo;
+    auto fn = mode == kStep         ? sg_trainer_step_grpo
+              : mode == kAccumulate ? sg_trainer_accumulate_gradients_grpo
+                                    : sg_trainer_compute_gradients_grpo;
     return fn(t, seqs.ids.data(), seqs.labels.data(), seqs.lengths.data(), advantages.data(), old_lp.ptrs.data(),
               ref_lp.ptrs.data(), n, offsets.data(), offsets.size() - 1, m);
   });
+}
+
+// Held-out evaluation with the distance buckets as a list of dicts.
+py::dict EvaluateDetailed(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj,
+                          py::object distances_obj) {
+  sg_trainer* t = self.get();
+  IdArray ids = py::cast<IdArray>(ids_obj);
+  LenArray lengths = py::cast<LenArray>(lengths_obj);
+  IdArray labels;
+  LenArray distances;
+  const int32_t* labels_ptr = nullptr;
+  const int64_t* distances_ptr = nullptr;
+  if (!labels_obj.is_none()) {
+    labels = py::cast<IdArray>(labels_obj);
+    CheckSize(labels.size(), ids.size(), "labels", "ids");
+    labels_ptr = labels.data();
+  }
+  if (!distances_obj.is_none()) {
+    distances = py::cast<LenArray>(distances_obj);
+    CheckSize(distances.size(), ids.size(), "distances", "ids");
+    distances_ptr = distances.data();
+  }
+  sg_eval_result r = sg_eval_result_init();
+  sg_status* st;
+  self.inflight.fetch_add(1);
+  {
+    py::gil_scoped_release release;
+    st = sg_trainer_evaluate_detailed(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(),
+                                      distances_ptr, &r);
+  }
+  self.inflight.fetch_sub(1);
+  Check(st);
+  py::dict d;
+  d["sequences"] = r.sequences;
+  d["tokens"] = r.tokens;
+  d["loss"] = r.loss;
+  d["perplexity"] = r.perplexity;
+  d["correct"] = r.correct;
+  d["accuracy"] = r.accuracy;
+  d["peak_bytes"] = r.peak_bytes;
+  d["seconds"] = r.seconds;
+  py::list buckets;
+  for (int64_t k = 0; k < r.num_buckets; ++k) {
+    py::dict b;
+    b["lo"] = int64_t{1} << k;
+    b["hi"] = int64_t{1} << (k + 1);
+    b["count"] = r.bucket_count[k];
+    b["correct"] = r.bucket_correct[k];
+    b["accuracy"] = r.bucket_count[k] ? static_cast<double>(r.bucket_correct[k]) / r.bucket_count[k] : 0.0;
+    b["loss"] = r.bucket_loss[k];
+    buckets.append(b);
+  }
+  d["by_distance"] = buckets;
+  return d;
+}
+
+// Runs a checkpoint call (GIL released); returns (step, data_position).
+template <typename F>
+py::tuple CheckpointCall(NativeTrainer& self, F&& call) {
+  sg_trainer* t = self.get();
+  int64_t step = -1, position = -1;
+  sg_status* st;
+  self.inflight.fetch_add(1);
+  {
+    py::gil_scoped_release release;
+    st = call(t, &step, &position);
+  }
+  self.inflight.fetch_sub(1);
+  Check(st);
+  return py::make_tuple(step, position);
 }
 
 }  // namespace
@@ -302,6 +407,55 @@ PYBIND11_MODULE(_native, mod) {
       .def_property_readonly("dtype", [](NativeModel& s) { return std::string(sg_dtype_name(sg_model_dtype(s.m))); })
       .def("set_memory_limit", [](NativeModel& s, int64_t bytes) { Check(sg_model_set_memory_limit(s.m, bytes)); })
       .def_property_readonly("memory_limit", [](NativeModel& s) { return sg_model_memory_limit(s.m); })
+      // targets: comma-separated names, "all", or None (the family's default); alpha 0 = 2 * rank.
+      .def("enable_lora",
+           [](NativeModel& s, int64_t rank, double alpha, double dropout, py::object targets, uint64_t seed) {
+             CheckNoGradViews(s, "Model.enable_lora");
+             sg_lora_options o = sg_lora_default_options();
+             o.rank = rank;
+             o.alpha = alpha;
+             o.dropout = dropout;
+             std::string t = targets.is_none() ? std::string() : targets.cast<std::string>();
+             o.targets = targets.is_none() ? nullptr : t.c_str();
+             o.seed = seed;
+             Check(sg_model_enable_lora(s.m, &o));
+           })
+      // None without LoRA, else a dict of its options.
+      .def("lora",
+           [](NativeModel& s) -> py::object {
+             sg_lora_options o = sg_lora_default_options();
+             Check(sg_model_lora(s.m, &o));
+             if (o.rank == 0) return py::none();
+             py::dict d;
+             d["rank"] = o.rank;
+             d["alpha"] = o.alpha;
+             d["dropout"] = o.dropout;
+             d["targets"] = std::string(o.targets ? o.targets : "");
+             d["seed"] = o.seed;
+             return d;
+           })
+      .def("save_lora_adapter",
+           [](NativeModel& s, const std::string& dir, py::object base) {
+             std::string b = base.is_none() ? std::string() : base.cast<std::string>();
+             sg_status* st;
+             {
+               py::gil_scoped_release release;
+               st = sg_model_save_lora_adapter(s.m, dir.c_str(), base.is_none() ? nullptr : b.c_str());
+             }
+             Check(st);
+           })
+      .def("load_lora_adapter",
+           [](NativeModel& s, const std::string& dir) {
+             sg_lora_options o = sg_lora_default_options();
+             Check(sg_model_lora(s.m, &o));
+             if (o.rank == 0) CheckNoGradViews(s, "Model.load_lora_adapter");  // it enables LoRA
+             sg_status* st;
+             {
+               py::gil_scoped_release release;
+               st = sg_model_load_lora_adapter(s.m, dir.c_str());
+             }
+             Check(st);
+           })
       // (name, value array, grad array or None): arrays view the model's memory; their base keeps it alive.
       .def("param", [](py::object self_obj, int64_t i) {
         NativeModel& self = self_obj.cast<NativeModel&>();
@@ -311,7 +465,7 @@ PYBIND11_MODULE(_native, mod) {
         py::dtype dt = NumpyDType(p.dtype);
         py::array value(dt, shape, {}, p.data, self_obj);
         py::object grad = py::none();
-        if (p.grad) grad = py::array(dt, shape, {}, p.grad, self_obj);
+        if (p.grad) grad = py::array(dt, shape, {}, p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
         return py::make_tuple(std::string(p.name), value, grad);
       });
 
@@ -320,7 +474,8 @@ PYBIND11_MODULE(_native, mod) {
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
-                       const std::string& adjoint_form, int64_t adjoint_window) {
+                       const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
+                       int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -341,6 +496,11 @@ PYBIND11_MODULE(_native, mod) {
              o.grpo_kl_beta = grpo_kl_beta;
              o.adjoint_form = adjoint_form.c_str();
              o.adjoint_window = adjoint_window;
+             o.lr_schedule = lr_schedule.c_str();
+             o.warmup_steps = warmup_steps;
+             o.min_lr = min_lr;
+             o.total_steps = total_steps;
+             o.grad_accum = grad_accum;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -352,28 +512,52 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
            py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
            py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
-           py::arg("adjoint_form"), py::arg("adjoint_window"))
+           py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
+           py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"))
       .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
                       py::array lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,
                                    py::array lengths) { return RunStep(s, ids, labels, lengths, kGradients); })
       .def("evaluate", [](NativeTrainer& s, py::array ids, py::object labels,
                           py::array lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
+      .def("accumulate_gradients", [](NativeTrainer& s, py::array ids, py::object labels,
+                                      py::array lengths) { return RunStep(s, ids, labels, lengths, kAccumulate); })
+      // distances: None or int64 aligned with ids (used where the label is valid).
+      .def("evaluate_detailed", &EvaluateDetailed)
+      .def("save_checkpoint",
+           [](NativeTrainer& s, const std::string& out_dir, int64_t data_position, int64_t keep) {
+             CheckpointCall(s, [&](sg_trainer* t, int64_t*, int64_t*) {
+               return sg_trainer_save_checkpoint(t, out_dir.c_str(), data_position, keep);
+             });
+           })
+      .def("load_checkpoint",
+           [](NativeTrainer& s, const std::string& dir) {
+             return CheckpointCall(s, [&](sg_trainer* t, int64_t* step, int64_t* position) {
+               return sg_trainer_load_checkpoint(t, dir.c_str(), step, position);
+             });
+           })
+      .def("resume",
+           [](NativeTrainer& s, const std::string& out_dir) {
+             return CheckpointCall(s, [&](sg_trainer* t, int64_t* step, int64_t* position) {
+               return sg_trainer_resume(t, out_dir.c_str(), step, position);
+             });
+           })
       // chosen/rejected ids: lists of int32 arrays; labels: lists of int32 arrays or None; ref: float64 arrays (NaN =
       // the reference model's).
       .def("dpo",
            [](NativeTrainer& s, const py::list& chosen_ids, const py::list& chosen_labels,
               const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen,
-              py::array ref_rejected, bool step) {
+              py::array ref_rejected, int mode) {
              return RunDpo(s, chosen_ids, chosen_labels, rejected_ids, rejected_labels, ref_chosen, ref_rejected,
-                           step);
+                           mode);
            })
+      // mode: 0 = compute gradients, 1 = step, 3 = accumulate (Mode).
       // ids/labels as for dpo, one per completion; advantages float64; old/ref: lists of float64 arrays or None;
       // group_offsets int64 (num_groups + 1).
       .def("grpo",
            [](NativeTrainer& s, const py::list& ids, const py::list& labels, py::array advantages,
-              const py::list& old_logprobs, const py::list& ref_logprobs, py::array group_offsets, bool step) {
-             return RunGrpo(s, ids, labels, advantages, old_logprobs, ref_logprobs, group_offsets, step);
+              const py::list& old_logprobs, const py::list& ref_logprobs, py::array group_offsets, int mode) {
+             return RunGrpo(s, ids, labels, advantages, old_logprobs, ref_logprobs, group_offsets, mode);
            })
       .def("set_reference",
            [](NativeTrainer& s, py::object model) {

@@ -13,25 +13,43 @@ Preference and RL objectives (a Trainer's `objective`, with an optional frozen `
     with seqgrad.Trainer(policy, objective="grpo", grpo_kl_beta=0.0) as tr:
         tr.step_grpo([[{"ids": ids, "labels": labels, "advantage": 1.0}, ...], ...])   # groups of completions
 
+LoRA, a learning-rate schedule, gradient accumulation, checkpoints and held-out evaluation (since 0.5):
+
+    model.enable_lora(rank=8, targets="q_proj,v_proj")     # base frozen; model.save() writes the merged model
+    with seqgrad.Trainer(model, lr=2e-4, lr_schedule="cosine", warmup_steps=10, total_steps=1000) as tr:
+        state = tr.resume("run", missing_ok=True)           # None, or {"step", "data_position"}
+        tr.accumulate_gradients(micro_batch); tr.accumulate_gradients(micro_batch2); tr.optimizer_step()
+        tr.save_checkpoint("run", data_position=records_read, keep=3)
+        tr.evaluate_detailed(ids, labels, distances=d)     # loss, perplexity, accuracy, by_distance buckets
+    model.save_lora_adapter("adapter")                     # PEFT files
+
 Everything goes through the stable C API (libseqgrad.so); errors raise seqgrad.SeqgradError subclasses carrying
 `.code`. Training steps release the GIL; Trainer.cancel() may be called from any thread.
 """
+import os
+
 import numpy as np
 
 from . import _native
-from ._errors import (BusyError, CancelledError, ClosedError, FailedPreconditionError, InternalError,
-                      InvalidArgumentError, NotFoundError, OutOfRangeError, ResourceExhaustedError, SeqgradError)
+from ._errors import (BusyError, CancelledError, ClosedError, DataLossError, FailedPreconditionError, InternalError,
+                      InvalidArgumentError, NotFoundError, OutOfRangeError, PermissionDeniedError,
+                      ResourceExhaustedError, SeqgradError, UnimplementedError)
 
 __all__ = [
     "Model", "Trainer", "SeqgradError", "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "CancelledError",
-    "BusyError", "ResourceExhaustedError", "FailedPreconditionError", "InternalError", "ClosedError", "version",
-    "MEMORY_CATEGORIES", "PRESETS",
+    "BusyError", "ResourceExhaustedError", "FailedPreconditionError", "InternalError", "ClosedError", "DataLossError",
+    "PermissionDeniedError", "UnimplementedError", "version", "MEMORY_CATEGORIES", "PRESETS", "LORA_TARGETS",
 ]
 
 __version__ = "%d.%d.%d" % (_native.VERSION_MAJOR, _native.VERSION_MINOR, _native.VERSION_PATCH)
 MEMORY_CATEGORIES = tuple(_native.memory_category_names())
 PRESETS = tuple(_native.preset_names())
 _NO_ADJOINT_WINDOW = 2**63 - 1  # the C API's INT64_MAX: adjoint_window=None
+# The module names LoRA can target, per model family (Model.family).
+LORA_TARGETS = {
+    "transformer": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "ssm": ("in_proj", "x_proj", "dt_proj", "out_proj"),
+}
 
 
 def version():
@@ -63,7 +81,9 @@ class Model:
         return self._native
 
     def save(self, directory):
-        self._get().save(str(directory))
+        """config.json + model.safetensors that Hugging Face transformers loads; with LoRA the merged weights
+        W + (alpha / rank) B A (a plain model without adapters)."""
+        self._get().save(os.fspath(directory))
 
     @property
     def vocab_size(self):
@@ -98,6 +118,47 @@ class Model:
     def __len__(self):
         return self._get().num_params
 
+    def enable_lora(self, rank=8, alpha=None, dropout=0.0, targets=None, seed=0):
+        """Adds LoRA adapters (Hugging Face PEFT's convention) and freezes every base parameter.
+
+        rank: r >= 1; alpha: lora_alpha, the adapters' output is scaled by alpha / rank (None = 2 * rank);
+        dropout: on the adapters' input in [0, 1), training passes only; targets: module names as a list or a
+        comma-separated string, "all", or None for the family's default (q_proj,v_proj; Mamba in_proj,x_proj,out_proj),
+        see LORA_TARGETS; seed: initialisation of the A matrices. Once per model, before any Trainer of it exists
+        (FailedPreconditionError otherwise, or while numpy views of its gradients are alive: the base gradients are
+        released). Adapters appear in parameters()/gradients() as "<module>.lora_A.weight" / ".lora_B.weight"."""
+        if isinstance(targets, (list, tuple)):
+            if not all(isinstance(t, str) for t in targets):
+                raise InvalidArgumentError("targets must be module names (str), got %r" % (targets,))
+            targets = ",".join(targets)
+        elif targets is not None and not isinstance(targets, str):
+            raise InvalidArgumentError("targets must be None, a comma-separated str or a list of str, got %r" %
+                                       (targets,))
+        if alpha is None:
+            alpha = 0.0  # the C API's 2 * rank
+        elif _float(alpha, "alpha", False) == 0:
+            raise InvalidArgumentError("alpha is 0; need > 0 (None = 2 * rank)")
+        self._get().enable_lora(int(rank), float(alpha), float(dropout), targets, int(seed))
+
+    @property
+    def lora(self):
+        """None without LoRA, else dict(rank, alpha, dropout, targets (list), seed)."""
+        d = self._get().lora()
+        if d is not None:
+            d["targets"] = d["targets"].split(",")
+        return d
+
+    def save_lora_adapter(self, directory, base_model_name_or_path=None):
+        """Writes the adapters as PEFT files (adapter_config.json + adapter_model.safetensors) that
+        peft.PeftModel.from_pretrained(base, directory) loads. save() writes the merged model instead."""
+        self._get().save_lora_adapter(os.fspath(directory),
+                                      None if base_model_name_or_path is None else str(base_model_name_or_path))
+
+    def load_lora_adapter(self, directory):
+        """Loads a PEFT adapter directory; without LoRA it is enabled with the adapter's options first. An adapter
+        of another base model raises InvalidArgumentError naming the tensor and both shapes."""
+        self._get().load_lora_adapter(os.fspath(directory))
+
     def _params(self):
         n = self._get()
         return [n.param(i) for i in range(n.num_params)]
@@ -122,6 +183,10 @@ class Model:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# Modes of the native dpo/grpo calls.
+_GRADIENTS, _STEP, _ACCUMULATE = 0, 1, 3
 
 
 def _as_tokens(seq, what):
@@ -229,6 +294,13 @@ class Trainer:
     batch gives no reference log-probs; the trainer keeps it alive (set_reference changes it). evaluate() gives the
     token loss of a batch without gradients, for any objective.
 
+    Learning-rate schedule (optimizer step s, W = warmup_steps, S = total_steps): lr * s / W while s <= W, then
+    lr_schedule "constant" (lr), "cosine" or "linear" decay from lr to min_lr at step S; metrics report "lr".
+    Gradient accumulation: accumulate_gradients() (and _dpo/_grpo) add one micro-batch at a time, optimizer_step()
+    then steps as on one batch of all of them (metrics "micro_batches"); grad_accum is how many the caller feeds per
+    step, recorded in checkpoints. save_checkpoint()/load_checkpoint()/resume() continue a run exactly (same losses
+    on CPU); evaluate_detailed() gives loss, perplexity, accuracy and retrieval accuracy by key-query distance.
+
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError. A step past the model's memory limit
     (Model.set_memory_limit) raises ResourceExhaustedError.
@@ -237,7 +309,8 @@ class Trainer:
     def __init__(self, model, strategy="full", chunk=512, page_size=256, lm_chunk=256, lr=1e-3, betas=(0.9, 0.95),
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
-                 adjoint_form="pairs", adjoint_window=None):
+                 adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
+                 total_steps=0, grad_accum=1):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         if adjoint_window is None:
@@ -254,7 +327,8 @@ class Trainer:
                                        eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed,
                                        "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
                                        grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
-                                       int(adjoint_window))
+                                       int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
+                                       warmup_steps, min_lr, total_steps, grad_accum)
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:
@@ -290,7 +364,65 @@ class Trainer:
         return n.compute_gradients(*self._batch(ids, labels))
 
     def optimizer_step(self):
+        """Clipping + AdamW with the gradients held now (of compute_gradients*, or the accumulate_gradients* calls
+        since the last step, averaged as one batch)."""
         return self._get().optimizer_step()
+
+    def accumulate_gradients(self, ids, labels=None):
+        """Adds the gradient of one micro-batch (zeroing first when none is pending); optimizer_step() then steps
+        as on one batch holding every micro-batch. Returns the micro-batch's metrics (its own mean loss)."""
+        n = self._get()
+        return n.accumulate_gradients(*self._batch(ids, labels))
+
+    def evaluate_detailed(self, ids, labels=None, distances=None):
+        """Held-out evaluation without gradients: dict(sequences, tokens, loss, perplexity, correct, accuracy,
+        peak_bytes, seconds, by_distance). distances: None, or per sequence (the shape of ids) the distance >= 1 from
+        the key each labelled position retrieves (anything where the label is -100); by_distance then lists the
+        buckets [lo, hi) = [2^k, 2^(k+1)) up to the largest distance: dict(lo, hi, count, correct, accuracy, loss)."""
+        n = self._get()
+        flat, flat_labels, lengths = self._batch(ids, labels)
+        flat_distances = None
+        if distances is not None:
+            seqs = distances
+            if isinstance(seqs, np.ndarray) and seqs.ndim == 1:
+                seqs = [seqs]
+            if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__") or len(seqs) != len(lengths):
+                raise InvalidArgumentError("distances must hold one sequence per sequence of ids (%d)" % len(lengths))
+            parts = []
+            for i, d in enumerate(seqs):
+                a = np.asarray(d)
+                if a.ndim != 1 or a.size != lengths[i] or (a.size and a.dtype.kind not in "iu"):
+                    raise InvalidArgumentError("distances[%d] must be %d integers (one per position of ids[%d])" %
+                                               (i, lengths[i], i))
+                parts.append(a.astype(np.int64))
+            flat_distances = np.ascontiguousarray(np.concatenate(parts), dtype=np.int64)
+        return n.evaluate_detailed(flat, flat_labels, lengths, flat_distances)
+
+    def save_checkpoint(self, out_dir, data_position=0, keep=0):
+        """Writes out_dir/checkpoint-<step_count> atomically (weights and adapters, AdamW moments, step, sampling
+        counter, data_position, run configuration) and keeps the `keep` newest (0 = all). data_position: where
+        the caller is in its data, returned by load_checkpoint()/resume(). Returns the checkpoint's path."""
+        out_dir = os.fspath(out_dir)
+        self._get().save_checkpoint(out_dir, int(data_position), int(keep))
+        return os.path.join(out_dir, "checkpoint-%d" % self.step_count)
+
+    def load_checkpoint(self, checkpoint_dir):
+        """Restores a checkpoint-<step> directory into this trainer and its model; returns dict(step,
+        data_position). DataLossError: corrupt or truncated; FailedPreconditionError: written with another run
+        configuration (the message lists the differing fields) or tensors of other shapes; NotFoundError."""
+        step, position = self._get().load_checkpoint(os.fspath(checkpoint_dir))
+        return {"step": step, "data_position": position}
+
+    def resume(self, out_dir, missing_ok=False):
+        """load_checkpoint() of the newest complete checkpoint in out_dir (damaged newer ones are skipped).
+        None checkpoint: NotFoundError, or None with missing_ok=True."""
+        try:
+            step, position = self._get().resume(os.fspath(out_dir))
+        except NotFoundError:
+            if missing_ok:
+                return None
+            raise
+        return {"step": step, "data_position": position}
 
     def evaluate(self, ids, labels=None):
         """The batch's mean token loss without gradients (chunked forward), as a metrics dict; the batch as in
@@ -305,7 +437,7 @@ class Trainer:
         self._get().set_reference(None if model is None else model._get())
         self.reference = model
 
-    def _dpo(self, pairs, step):
+    def _dpo(self, pairs, mode):
         if isinstance(pairs, dict) or not isinstance(pairs, (list, tuple)):
             raise InvalidArgumentError("pairs must be a list of dicts")
         if not pairs:
@@ -321,7 +453,7 @@ class Trainer:
             for k, key in enumerate(("ref_chosen_logp", "ref_rejected_logp")):
                 cols[4 + k].append(_float(p.get(key), "%s['%s']" % (what, key), True))
         return self._get().dpo(cols[0], cols[1], cols[2], cols[3], np.array(cols[4], dtype=np.float64),
-                               np.array(cols[5], dtype=np.float64), step)
+                               np.array(cols[5], dtype=np.float64), mode)
 
     def step_dpo(self, pairs):
         """A DPO step (objective "dpo") on preference pairs, then AdamW. pairs: a list of dicts
@@ -331,13 +463,17 @@ class Trainer:
         token after position t), or None for next-token labels. ref_*_logp: the reference model's log-prob summed
         over the labelled tokens; None or absent = computed by the reference model (Trainer(reference=...)).
         Returns a metrics dict; "loss" is the mean over pairs of -log sigmoid(dpo_beta * margin)."""
-        return self._dpo(pairs, True)
+        return self._dpo(pairs, _STEP)
 
     def compute_gradients_dpo(self, pairs):
         """step_dpo() without the optimizer step."""
-        return self._dpo(pairs, False)
+        return self._dpo(pairs, _GRADIENTS)
 
-    def _grpo(self, groups, step):
+    def accumulate_gradients_dpo(self, pairs):
+        """accumulate_gradients() for objective "dpo": pairs as in step_dpo()."""
+        return self._dpo(pairs, _ACCUMULATE)
+
+    def _grpo(self, groups, mode):
         if isinstance(groups, dict) or not isinstance(groups, (list, tuple)):
             raise InvalidArgumentError("groups must be a list of lists of completion dicts")
         if not groups:
@@ -359,7 +495,7 @@ class Trainer:
                 ref.append(_logprobs(c.get("ref_logprobs"), what + "['ref_logprobs']", a.size))
             offsets.append(offsets[-1] + len(group))
         return self._get().grpo(ids, labels, np.array(adv, dtype=np.float64), old, ref,
-                                np.array(offsets, dtype=np.int64), step)
+                                np.array(offsets, dtype=np.int64), mode)
 
     def step_grpo(self, groups):
         """A GRPO step (objective "grpo"), then AdamW. groups: a list of groups (the G >= 1 completions of one
@@ -370,11 +506,15 @@ class Trainer:
         (log-prob of labels[t] under the sampling / reference policy; finite where the label is valid, NaN allowed
         where it is -100). old_logprobs None: the current policy (ratio 1); ref_logprobs None: the reference
         model's (needed unless grpo_kl_beta = 0). Returns a metrics dict; "loss" is the GRPO objective."""
-        return self._grpo(groups, True)
+        return self._grpo(groups, _STEP)
 
     def compute_gradients_grpo(self, groups):
         """step_grpo() without the optimizer step."""
-        return self._grpo(groups, False)
+        return self._grpo(groups, _GRADIENTS)
+
+    def accumulate_gradients_grpo(self, groups):
+        """accumulate_gradients() for objective "grpo": groups as in step_grpo()."""
+        return self._grpo(groups, _ACCUMULATE)
 
     def cancel(self):
         if self._native is not None:

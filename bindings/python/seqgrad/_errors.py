@@ -5,11 +5,13 @@ CANCELLED = 1
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
 NOT_FOUND = 5
+PERMISSION_DENIED = 7
 RESOURCE_EXHAUSTED = 8
 FAILED_PRECONDITION = 9
 OUT_OF_RANGE = 11
 UNIMPLEMENTED = 12
 INTERNAL = 13
+DATA_LOSS = 15
 BUSY = 100
 
 
@@ -64,7 +66,23 @@ class FailedPreconditionError(SeqgradError):
 
 
 class InternalError(SeqgradError):
+    """An internal failure, e.g. a NaN/Inf loss or gradient (the message names the step and the tensor)."""
+
     code = INTERNAL
+
+
+class DataLossError(SeqgradError):
+    """Unrecoverable data: a corrupt, truncated or incomplete checkpoint (the message names the file)."""
+
+    code = DATA_LOSS
+
+
+class PermissionDeniedError(SeqgradError, PermissionError):
+    code = PERMISSION_DENIED
+
+
+class UnimplementedError(SeqgradError, NotImplementedError):
+    code = UNIMPLEMENTED
 
 
 class ClosedError(FailedPreconditionError, ValueError):
@@ -76,7 +94,8 @@ class ClosedError(FailedPreconditionError, ValueError):
 _BY_CODE = {
     c.code: c
     for c in (InvalidArgumentError, NotFoundError, OutOfRangeError, CancelledError, BusyError,
-              ResourceExhaustedError, FailedPreconditionError, InternalError)
+              ResourceExhaustedError, FailedPreconditionError, InternalError, DataLossError, PermissionDeniedError,
+              UnimplementedError)
 }
 
 

@@ -561,5 +561,244 @@ def test_adjoint_errors(model):
     assert e.value.code == 3 and "transformer" in str(e.value)
 
 
+# ---- 0.5: LR schedule, gradient accumulation, LoRA, checkpoints, detailed evaluation ----
+
+def _retrieval_batch(rng, vocab, seq_len=48, num_pairs=4):
+    """Sequences of the retrieval task (examples/python/train_retrieval.py) with their key-query distances."""
+    ids, labels, distances = [], [], []
+    for _ in range(2):
+        a = rng.integers(20, vocab, size=seq_len).astype(np.int32)
+        lab = np.full(seq_len, -100, dtype=np.int32)
+        dist = np.zeros(seq_len, dtype=np.int64)
+        q0 = seq_len - 3 * num_pairs
+        slots = rng.choice(np.arange(0, q0 - 3, 3), size=num_pairs, replace=False)
+        for j, s in enumerate(slots):
+            key, value = 3 + j, 11 + j
+            a[s:s + 3] = (1, key, value)
+            p = q0 + 3 * j
+            a[p:p + 3] = (2, key, value)
+            lab[p + 1] = value
+            dist[p + 1] = p + 1 - (s + 1)
+        ids.append(a)
+        labels.append(lab)
+        distances.append(dist)
+    return ids, labels, distances
+
+
+def test_lr_schedule_and_metrics(model):
+    with seqgrad.Trainer(model, lr=1e-2, lr_schedule="linear", warmup_steps=2, min_lr=2e-3, total_steps=6) as tr:
+        assert tr.compute_gradients(BATCH)["lr"] == 0 and tr.compute_gradients(BATCH)["micro_batches"] == 0
+        lrs = [tr.step(BATCH) for _ in range(7)]
+    assert [m["micro_batches"] for m in lrs] == [1] * 7
+    want = [5e-3, 1e-2, 8e-3, 6e-3, 4e-3, 2e-3, 2e-3]
+    assert [m["lr"] for m in lrs] == pytest.approx(want, rel=1e-12)
+    with seqgrad.Trainer(model, lr=1e-2) as tr:
+        assert tr.step(BATCH)["lr"] == 1e-2  # constant by default
+    for kw, match in [(dict(lr_schedule="step"), "lr_schedule 'step'"),
+                      (dict(lr_schedule="cosine", total_steps=0), "total_steps must be larger"),
+                      (dict(min_lr=1.0), "min_lr is 1"), (dict(warmup_steps=-1), "warmup_steps is -1"),
+                      (dict(grad_accum=0), "grad_accum is 0")]:
+        with pytest.raises(seqgrad.InvalidArgumentError, match=match):
+            seqgrad.Trainer(model, **kw)
+
+
+def test_accumulate_equals_one_batch():
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=2) as a, \
+            seqgrad.Model.from_preset("tiny", dtype="f64", seed=2) as b:
+        kw = dict(strategy="seco", chunk=8, page_size=8, lr=1e-2, lr_schedule="cosine", warmup_steps=1,
+                  total_steps=5, grad_accum=2)
+        with seqgrad.Trainer(a, **kw) as one, seqgrad.Trainer(b, **kw) as acc:
+            for _ in range(3):
+                m1 = one.step(BATCH)
+                micro = acc.accumulate_gradients([BATCH[0]])
+                assert micro["micro_batches"] == 0 and micro["tokens"] == len(BATCH[0]) - 1
+                acc.accumulate_gradients(np.array([BATCH[1]]))
+                m2 = acc.optimizer_step()
+                assert m2["micro_batches"] == 2 and m2["tokens"] == m1["tokens"] and m2["lr"] == m1["lr"]
+                assert m2["loss"] == pytest.approx(m1["loss"], rel=1e-12)
+                assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-10)
+            pa, pb = a.parameters(), b.parameters()
+            for k in pa:
+                np.testing.assert_allclose(pb[k], pa[k], rtol=0, atol=1e-12)
+        with seqgrad.Trainer(a, objective="dpo") as dpo:
+            with pytest.raises(seqgrad.FailedPreconditionError, match="objective is 'dpo'"):
+                dpo.accumulate_gradients(BATCH)
+            pair = {"chosen": (BATCH[0], None), "rejected": (BATCH[1], None), "ref_chosen_logp": -60.0,
+                    "ref_rejected_logp": -50.0}
+            assert dpo.accumulate_gradients_dpo([pair])["tokens"] > 0
+            assert dpo.optimizer_step()["micro_batches"] == 1
+
+
+def test_lora_train_save_load(model, tmp_path):
+    base_names = set(model.parameters())
+    assert model.lora is None
+    model.enable_lora(rank=4, alpha=8, dropout=0.1, targets=["q_proj", "v_proj"], seed=3)
+    assert model.lora == {"rank": 4, "alpha": 8.0, "dropout": 0.1, "targets": ["q_proj", "v_proj"], "seed": 3}
+    names = set(model.parameters())
+    adapters = names - base_names
+    assert len(adapters) == 2 * 2 * model.num_layers
+    assert "model.layers.0.self_attn.q_proj.lora_A.weight" in adapters
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8, lr=1e-2) as tr:
+        losses = [tr.step(BATCH)["loss"] for _ in range(6)]
+        assert set(model.gradients()) == adapters  # the base is frozen
+        ev = tr.evaluate(BATCH)["loss"]
+    assert losses[-1] < losses[0]
+    with pytest.raises(seqgrad.FailedPreconditionError, match="already enabled"):
+        model.enable_lora()
+    model.save_lora_adapter(tmp_path / "adapter", base_model_name_or_path="seqgrad/tiny")
+    assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+    model.save(tmp_path / "merged")  # a plain model: the merged weights, no adapters
+    # Round trip: a fresh base with the adapter gives the same outputs (the same loss) as the trained model.
+    with seqgrad.Model.from_preset("tiny", seed=1) as fresh:
+        fresh.load_lora_adapter(tmp_path / "adapter")
+        assert fresh.lora["rank"] == 4 and fresh.lora["targets"] == ["q_proj", "v_proj"]
+        for k in adapters:
+            np.testing.assert_array_equal(fresh.parameters()[k], model.parameters()[k])
+        with seqgrad.Trainer(fresh, strategy="seco", chunk=8, page_size=8) as tr:
+            assert tr.evaluate(BATCH)["loss"] == ev
+    with seqgrad.Model.load(tmp_path / "merged") as merged:
+        assert merged.lora is None and set(merged.parameters()) == base_names
+        with seqgrad.Trainer(merged, strategy="seco", chunk=8, page_size=8) as tr:
+            assert tr.evaluate(BATCH)["loss"] == pytest.approx(ev, rel=1e-5)  # f32 merge rounding
+
+
+def test_lora_errors(model, tmp_path):
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->targets: 'in_proj'"):
+        model.enable_lora(targets="in_proj")
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->rank is 0"):
+        model.enable_lora(rank=0)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->dropout"):
+        model.enable_lora(dropout=1.5)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="alpha"):
+        model.enable_lora(alpha=0)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="targets"):
+        model.enable_lora(targets=3)
+    with pytest.raises(seqgrad.FailedPreconditionError, match="not enabled"):
+        model.save_lora_adapter(tmp_path / "x")
+    grads = model.gradients()  # views of the base gradients: LoRA would release their memory
+    with pytest.raises(seqgrad.FailedPreconditionError, match="numpy view"):
+        model.enable_lora()
+    del grads
+    with seqgrad.Trainer(model) as tr:
+        with pytest.raises(seqgrad.FailedPreconditionError, match="before creating trainers"):
+            model.enable_lora()
+    model.enable_lora(targets="all")
+    assert model.lora["targets"] == list(seqgrad.LORA_TARGETS["transformer"])
+    model.save_lora_adapter(tmp_path / "adapter")
+    with seqgrad.Model.from_preset("demo") as other:  # another base model: shapes named
+        with pytest.raises(seqgrad.InvalidArgumentError, match="different base model") as e:
+            other.load_lora_adapter(tmp_path / "adapter")
+        assert "shape" in str(e.value) and other.lora is None
+        with pytest.raises(seqgrad.NotFoundError):
+            other.load_lora_adapter(tmp_path / "missing")
+    st = tmp_path / "adapter" / "adapter_model.safetensors"
+    st.write_bytes(st.read_bytes()[:-64])  # truncated
+    with seqgrad.Model.from_preset("tiny", seed=1) as fresh:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="adapter_model.safetensors"):
+            fresh.load_lora_adapter(tmp_path / "adapter")
+        assert fresh.lora is None
+
+
+def _lora_run(out_dir, steps, stop_at=None, resume=False):
+    """A small LoRA training loop (f64, fixed seed, cosine schedule, dropout): losses of the steps it ran, and the
+    data position it started from. Checkpoints into out_dir every 2 steps."""
+    rng_seed = 11
+    losses = []
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=4) as model:
+        model.enable_lora(rank=4, dropout=0.1, targets="q_proj,k_proj,v_proj,o_proj", seed=4)
+        with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8, lr=2e-2, lr_schedule="cosine",
+                             warmup_steps=2, min_lr=1e-3, total_steps=steps, grad_accum=2) as tr:
+            state = tr.resume(out_dir, missing_ok=True) if resume else None
+            position = state["data_position"] if state else 0
+            start = position
+            rng = np.random.default_rng(rng_seed)
+            batches = [_retrieval_batch(rng, model.vocab_size) for _ in range(2 * steps)]  # the "dataset"
+            while tr.step_count < (stop_at or steps):
+                for _ in range(2):  # grad_accum micro-batches
+                    ids, labels, _ = batches[position]
+                    tr.accumulate_gradients(ids, labels)
+                    position += 1
+                losses.append(tr.optimizer_step()["loss"])
+                if tr.step_count % 2 == 0:
+                    tr.save_checkpoint(out_dir, data_position=position, keep=2)
+    return losses, start
+
+
+def test_checkpoint_resume_equals_uninterrupted(tmp_path):
+    full, _ = _lora_run(tmp_path / "a", 6)
+    first, _ = _lora_run(tmp_path / "b", 6, stop_at=3)  # "killed" after step 3: the newest checkpoint is step 2
+    assert sorted(os.listdir(tmp_path / "b")) == ["checkpoint-2"]
+    rest, start = _lora_run(tmp_path / "b", 6, resume=True)
+    assert start == 4  # 2 steps x 2 micro-batches
+    assert first == full[:3]
+    assert rest == full[2:]  # bit-identical from step 3 on
+    assert sorted(os.listdir(tmp_path / "b")) == ["checkpoint-4", "checkpoint-6"]  # keep=2
+
+
+def test_checkpoint_errors(model, tmp_path):
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        assert tr.resume(tmp_path / "none", missing_ok=True) is None
+        with pytest.raises(seqgrad.NotFoundError, match="no complete checkpoint"):
+            tr.resume(tmp_path / "none")
+        tr.step(BATCH)
+        path = tr.save_checkpoint(tmp_path / "run", data_position=7)
+        assert path == os.path.join(str(tmp_path / "run"), "checkpoint-1")
+        tr.step(BATCH)
+        assert tr.load_checkpoint(path) == {"step": 1, "data_position": 7} and tr.step_count == 1
+        with pytest.raises(seqgrad.InvalidArgumentError, match="data_position"):
+            tr.save_checkpoint(tmp_path / "run", data_position=-1)
+    with seqgrad.Trainer(model, strategy="seco", chunk=16, page_size=8) as tr:
+        with pytest.raises(seqgrad.FailedPreconditionError, match="strategy.chunk: checkpoint '8', now '16'"):
+            tr.resume(tmp_path / "run")
+        assert tr.step_count == 0
+    weights = os.path.join(path, "model.safetensors")
+    data = bytearray(open(weights, "rb").read())
+    data[300] ^= 0xFF
+    open(weights, "wb").write(bytes(data))
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        with pytest.raises(seqgrad.DataLossError, match="CRC-32 mismatch") as e:
+            tr.load_checkpoint(path)
+        assert e.value.code == 15 and e.value.code_name == "DATA_LOSS" and "model.safetensors" in str(e.value)
+        with pytest.raises(seqgrad.NotFoundError, match="skipped damaged"):
+            tr.resume(tmp_path / "run")
+        open(weights, "wb").write(bytes(data[:1000]))
+        with pytest.raises(seqgrad.DataLossError, match="truncated"):
+            tr.load_checkpoint(path)
+        assert tr.step_count == 0
+
+
+def test_evaluate_detailed(model):
+    rng = np.random.default_rng(0)
+    ids, labels, distances = _retrieval_batch(rng, model.vocab_size)
+    with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+        r = tr.evaluate_detailed(ids, labels, distances)
+        plain = tr.evaluate(ids, labels)
+        assert r["tokens"] == plain["tokens"] == 8 and r["sequences"] == 2
+        assert r["loss"] == pytest.approx(plain["loss"], rel=1e-12)
+        assert r["perplexity"] == pytest.approx(np.exp(r["loss"]), rel=1e-12)
+        assert r["accuracy"] == r["correct"] / r["tokens"]
+        b = r["by_distance"]
+        assert [x["lo"] for x in b] == [2**k for k in range(len(b))] and b[-1]["hi"] == 2 * b[-1]["lo"]
+        assert sum(x["count"] for x in b) == 8 and b[-1]["count"] > 0
+        top = max(int(d.max()) for d in distances)
+        assert b[-1]["lo"] <= top < b[-1]["hi"]
+        assert tr.evaluate_detailed(ids, labels)["by_distance"] == []
+        distances[0][labels[0] >= 0] = 0
+        with pytest.raises(seqgrad.InvalidArgumentError, match="distance >= 1"):
+            tr.evaluate_detailed(ids, labels, distances)
+        with pytest.raises(seqgrad.InvalidArgumentError, match="distances"):
+            tr.evaluate_detailed(ids, labels, distances[:1])
+        assert tr.step_count == 0
+
+
+def test_nonfinite_weights_raise_internal_error(model):
+    with seqgrad.Trainer(model) as tr:
+        tr.step(BATCH)
+        model.parameters()["model.norm.weight"][3] = np.nan
+        with pytest.raises(seqgrad.InternalError, match="at step 2") as e:
+            tr.step(BATCH)
+        assert "model.norm.weight" in str(e.value)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
