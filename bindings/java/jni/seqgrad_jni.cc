@@ -1,7 +1,7 @@
 // JNI glue for org.seqgrad.NativeApi over the seqgrad C ABI (seqgrad/seqgrad.h) only.
 // Failed statuses become org.seqgrad.SeqgradException(code, message), or its subclass for the code
-// (InvalidArgumentException, ResourceExhaustedException, FailedPreconditionException); no C++ exception leaves this
-// file.
+// (InvalidArgumentException, ResourceExhaustedException, FailedPreconditionException, NotFoundException,
+// DataLossException); no C++ exception leaves this file.
 #include <jni.h>
 
 #include <string>
@@ -19,6 +19,8 @@ const char* ExceptionClass(int code) {
     case SG_ERR_INVALID_ARGUMENT: return "org/seqgrad/InvalidArgumentException";
     case SG_ERR_RESOURCE_EXHAUSTED: return "org/seqgrad/ResourceExhaustedException";
     case SG_ERR_FAILED_PRECONDITION: return "org/seqgrad/FailedPreconditionException";
+    case SG_ERR_NOT_FOUND: return "org/seqgrad/NotFoundException";
+    case SG_ERR_DATA_LOSS: return "org/seqgrad/DataLossException";
   }
   return nullptr;
 }
@@ -79,11 +81,12 @@ void OnProgress(void* user, const sg_progress* p) {
 }
 
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
-  // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs,
-  //  peak_by_category x8, at_peak_by_category x8] (Metrics.java reads this layout)
+  // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs, lr,
+  //  micro_batches, peak_by_category x8, at_peak_by_category x8] (Metrics.java reads this layout)
   std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
                             static_cast<double>(m.peak_bytes), m.seconds, static_cast<double>(m.chunks),
-                            static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs)};
+                            static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs),
+                            m.lr, static_cast<double>(m.micro_batches)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
   jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
@@ -281,9 +284,11 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
-                             jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window) {
+                             jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
+                             jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum) {
   GUARD_BEGIN
   const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
+  const std::string schedule = Str(env, lr_schedule);
   sg_trainer_options o = sg_trainer_default_options();
   o.strategy = strategy ? s.c_str() : nullptr;
   o.chunk = chunk;
@@ -304,6 +309,11 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.grpo_kl_beta = grpo_kl_beta;
   o.adjoint_form = adjoint_form ? form.c_str() : nullptr;  // null: "pairs"
   o.adjoint_window = adjoint_window;
+  o.lr_schedule = lr_schedule ? schedule.c_str() : nullptr;  // null: "constant"
+  o.warmup_steps = warmup_steps;
+  o.min_lr = min_lr;
+  o.total_steps = total_steps;
+  o.grad_accum = grad_accum;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;
@@ -348,7 +358,8 @@ JNI_FN(void, trainerSetReference)(JNIEnv* env, jclass, jlong h, jlong model) {
   GUARD_END()
 }
 
-JNI_FN(jdoubleArray, trainerDpo)(JNIEnv* env, jclass, jlong h, jboolean step, jobjectArray chosen_ids,
+// mode 0 = compute gradients, 1 = step, 4 = accumulate (as trainerRun's).
+JNI_FN(jdoubleArray, trainerDpo)(JNIEnv* env, jclass, jlong h, jint mode, jobjectArray chosen_ids,
                                  jobjectArray chosen_labels, jobjectArray rejected_ids, jobjectArray rejected_labels,
                                  jdoubleArray ref_chosen, jdoubleArray ref_rejected) {
   GUARD_BEGIN
@@ -364,14 +375,16 @@ JNI_FN(jdoubleArray, trainerDpo)(JNIEnv* env, jclass, jlong h, jboolean step, jo
     return nullptr;
   }
   sg_metrics m = sg_metrics_init();
-  auto fn = step ? sg_trainer_step_dpo : sg_trainer_compute_gradients_dpo;
+  auto fn = mode == 1   ? sg_trainer_step_dpo
+            : mode == 4 ? sg_trainer_accumulate_gradients_dpo
+                        : sg_trainer_compute_gradients_dpo;
   sg_status* st = fn(jt ? jt->t : nullptr, ci.ptrs.data(), cl.ptrs.data(), ci.lengths.data(), ri.ptrs.data(),
                      rl.ptrs.data(), ri.lengths.data(), rc.data(), rr.data(), static_cast<int64_t>(n), &m);
   return Finish(env, jt, st, m);
   GUARD_END(nullptr)
 }
 
-JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jboolean step, jobjectArray ids, jobjectArray labels,
+JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jint mode, jobjectArray ids, jobjectArray labels,
                                   jdoubleArray advantages, jobjectArray old_logprobs, jobjectArray ref_logprobs,
                                   jlongArray group_offsets) {
   GUARD_BEGIN
@@ -391,7 +404,9 @@ JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jboolean step, j
     return nullptr;
   }
   sg_metrics m = sg_metrics_init();
-  auto fn = step ? sg_trainer_step_grpo : sg_trainer_compute_gradients_grpo;
+  auto fn = mode == 1   ? sg_trainer_step_grpo
+            : mode == 4 ? sg_trainer_accumulate_gradients_grpo
+                        : sg_trainer_compute_gradients_grpo;
   sg_status* st = fn(jt ? jt->t : nullptr, si.ptrs.data(), sl.ptrs.data(), si.lengths.data(), adv.data(),
                      old.ptrs.data(), ref.ptrs.data(), static_cast<int64_t>(si.ptrs.size()), offsets.data(),
                      static_cast<int64_t>(offsets.size()) - 1, &m);
@@ -399,8 +414,8 @@ JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jboolean step, j
   GUARD_END(nullptr)
 }
 
-// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate. ids/labels/lengths are copied before the
-// call.
+// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients. ids/labels/
+// lengths are copied before the call.
 JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintArray ids, jintArray labels,
                                  jlongArray lengths) {
   GUARD_BEGIN
@@ -436,9 +451,149 @@ JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintAr
   if (mode == 2) {
     st = sg_trainer_optimizer_step(t, &m);
   } else {
-    auto fn = mode == 1 ? sg_trainer_step : mode == 3 ? sg_trainer_evaluate : sg_trainer_compute_gradients;
+    auto fn = mode == 1   ? sg_trainer_step
+              : mode == 3 ? sg_trainer_evaluate
+              : mode == 4 ? sg_trainer_accumulate_gradients
+                          : sg_trainer_compute_gradients;
     st = fn(t, pids, plabels, static_cast<int64_t>(vids.size()), plen, static_cast<int64_t>(vlen.size()), &m);
   }
   return Finish(env, jt, st, m);
+  GUARD_END(nullptr)
+}
+
+// ---- 0.5: LoRA, checkpoints, detailed evaluation ----
+
+JNI_FN(void, modelEnableLora)(JNIEnv* env, jclass, jlong h, jlong rank, jdouble alpha, jdouble dropout,
+                              jstring targets, jlong seed) {
+  GUARD_BEGIN
+  const std::string t = Str(env, targets);
+  sg_lora_options o = sg_lora_default_options();
+  o.rank = rank;
+  o.alpha = alpha;
+  o.dropout = dropout;
+  o.targets = targets ? t.c_str() : nullptr;  // null: the family's default
+  o.seed = static_cast<uint64_t>(seed);
+  Failed(env, sg_model_enable_lora(M(h), &o));
+  GUARD_END()
+}
+
+// An org.seqgrad.LoraOptions of the model's LoRA, or null without LoRA.
+JNI_FN(jobject, modelLora)(JNIEnv* env, jclass, jlong h) {
+  GUARD_BEGIN
+  sg_lora_options o = sg_lora_default_options();
+  if (Failed(env, sg_model_lora(M(h), &o))) return nullptr;
+  if (o.rank == 0) return nullptr;
+  jclass cls = env->FindClass("org/seqgrad/LoraOptions");
+  if (!cls) return nullptr;
+  jmethodID ctor = env->GetMethodID(cls, "<init>", "(JDDLjava/lang/String;J)V");
+  if (!ctor) return nullptr;
+  jstring targets = env->NewStringUTF(o.targets ? o.targets : "");
+  return env->NewObject(cls, ctor, static_cast<jlong>(o.rank), o.alpha, o.dropout, targets,
+                        static_cast<jlong>(o.seed));
+  GUARD_END(nullptr)
+}
+
+JNI_FN(void, modelSaveLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir, jstring base) {
+  GUARD_BEGIN
+  const std::string d = Str(env, dir), b = Str(env, base);
+  Failed(env, sg_model_save_lora_adapter(M(h), dir ? d.c_str() : nullptr, base ? b.c_str() : nullptr));
+  GUARD_END()
+}
+
+JNI_FN(void, modelLoadLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir) {
+  GUARD_BEGIN
+  const std::string d = Str(env, dir);
+  Failed(env, sg_model_load_lora_adapter(M(h), dir ? d.c_str() : nullptr));
+  GUARD_END()
+}
+
+JNI_FN(void, trainerSaveCheckpoint)(JNIEnv* env, jclass, jlong h, jstring out_dir, jlong data_position, jlong keep) {
+  GUARD_BEGIN
+  const std::string d = Str(env, out_dir);
+  Failed(env, sg_trainer_save_checkpoint(T(h) ? T(h)->t : nullptr, out_dir ? d.c_str() : nullptr, data_position,
+                                         keep));
+  GUARD_END()
+}
+
+// {step, data_position} of a loaded checkpoint.
+static jlongArray StepAndPosition(JNIEnv* env, sg_status* st, int64_t step, int64_t position) {
+  if (Failed(env, st)) return nullptr;
+  jlong v[2] = {static_cast<jlong>(step), static_cast<jlong>(position)};
+  jlongArray a = env->NewLongArray(2);
+  if (a) env->SetLongArrayRegion(a, 0, 2, v);
+  return a;
+}
+
+JNI_FN(jlongArray, trainerLoadCheckpoint)(JNIEnv* env, jclass, jlong h, jstring dir) {
+  GUARD_BEGIN
+  const std::string d = Str(env, dir);
+  int64_t step = -1, position = -1;
+  sg_status* st = sg_trainer_load_checkpoint(T(h) ? T(h)->t : nullptr, dir ? d.c_str() : nullptr, &step, &position);
+  return StepAndPosition(env, st, step, position);
+  GUARD_END(nullptr)
+}
+
+JNI_FN(jlongArray, trainerResume)(JNIEnv* env, jclass, jlong h, jstring out_dir) {
+  GUARD_BEGIN
+  const std::string d = Str(env, out_dir);
+  int64_t step = -1, position = -1;
+  sg_status* st = sg_trainer_resume(T(h) ? T(h)->t : nullptr, out_dir ? d.c_str() : nullptr, &step, &position);
+  return StepAndPosition(env, st, step, position);
+  GUARD_END(nullptr)
+}
+
+// [sequences, tokens, loss, perplexity, correct, accuracy, peak_bytes, seconds, n, count x n, correct x n, loss x n]
+// (EvalResult.java reads this layout).
+JNI_FN(jdoubleArray, trainerEvaluateDetailed)(JNIEnv* env, jclass, jlong h, jintArray ids, jintArray labels,
+                                              jlongArray lengths, jlongArray distances) {
+  GUARD_BEGIN
+  std::vector<int32_t> vids, vlabels;
+  std::vector<int64_t> vlen, vdist;
+  if (ids) {
+    vids.resize(env->GetArrayLength(ids));
+    env->GetIntArrayRegion(ids, 0, static_cast<jsize>(vids.size()), reinterpret_cast<jint*>(vids.data()));
+  }
+  if (labels) {
+    vlabels.resize(env->GetArrayLength(labels));
+    if (vlabels.size() != vids.size()) {
+      ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
+                "labels has " + std::to_string(vlabels.size()) + " tokens but ids has " + std::to_string(vids.size()));
+      return nullptr;
+    }
+    env->GetIntArrayRegion(labels, 0, static_cast<jsize>(vlabels.size()), reinterpret_cast<jint*>(vlabels.data()));
+  }
+  if (lengths) {
+    vlen.resize(env->GetArrayLength(lengths));
+    env->GetLongArrayRegion(lengths, 0, static_cast<jsize>(vlen.size()), reinterpret_cast<jlong*>(vlen.data()));
+  }
+  if (distances) {
+    vdist.resize(env->GetArrayLength(distances));
+    if (vdist.size() != vids.size()) {
+      ThrowCode(env, SG_ERR_INVALID_ARGUMENT, "distances has " + std::to_string(vdist.size()) +
+                                                  " entries but ids has " + std::to_string(vids.size()));
+      return nullptr;
+    }
+    env->GetLongArrayRegion(distances, 0, static_cast<jsize>(vdist.size()), reinterpret_cast<jlong*>(vdist.data()));
+  }
+  static int32_t empty_ids[1];
+  static int64_t empty_len[1];
+  const int32_t* pids = !ids ? nullptr : vids.empty() ? empty_ids : vids.data();
+  const int32_t* plabels = labels ? (vlabels.empty() ? empty_ids : vlabels.data()) : nullptr;
+  const int64_t* plen = !lengths ? nullptr : vlen.empty() ? empty_len : vlen.data();
+  const int64_t* pdist = distances ? (vdist.empty() ? empty_len : vdist.data()) : nullptr;
+  sg_eval_result r = sg_eval_result_init();
+  if (Failed(env, sg_trainer_evaluate_detailed(T(h) ? T(h)->t : nullptr, pids, plabels,
+                                               static_cast<int64_t>(vids.size()), plen,
+                                               static_cast<int64_t>(vlen.size()), pdist, &r)))
+    return nullptr;
+  std::vector<jdouble> v = {static_cast<double>(r.sequences), static_cast<double>(r.tokens), r.loss, r.perplexity,
+                            static_cast<double>(r.correct), r.accuracy, static_cast<double>(r.peak_bytes), r.seconds,
+                            static_cast<double>(r.num_buckets)};
+  for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(static_cast<double>(r.bucket_count[k]));
+  for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(static_cast<double>(r.bucket_correct[k]));
+  for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(r.bucket_loss[k]);
+  jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
+  if (a) env->SetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
+  return a;
   GUARD_END(nullptr)
 }

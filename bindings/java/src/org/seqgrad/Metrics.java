@@ -17,6 +17,13 @@ public final class Metrics {
    * sequences; 0 for the other strategies and for evaluate.
    */
   public final long adjointPairs;
+  /** The (scheduled) learning rate of this call's optimizer step; 0 when none ran. */
+  public final double lr;
+  /**
+   * Batches whose gradients this call's optimizer step used: 1 after computeGradients/step, the number of
+   * accumulateGradients calls since the last step after accumulation; 0 when no optimizer step ran.
+   */
+  public final long microBatches;
   /** Each memory category's own peak, in the order of {@link Model#memoryCategories()}. */
   public final long[] peakBytesByCategory;
   /** The split of peakBytes over the categories. */
@@ -32,7 +39,9 @@ public final class Metrics {
     chunks = (long) a[6];
     chunksBackpropagated = (long) a[7];
     adjointPairs = (long) a[8];
-    final int head = 9;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
+    lr = a[9];
+    microBatches = (long) a[10];
+    final int head = 11;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
     int n = (a.length - head) / 2;
     peakBytesByCategory = new long[n];
     bytesAtPeakByCategory = new long[n];

@@ -9,7 +9,8 @@ import java.util.function.IntFunction;
 /**
  * A seqgrad model of any family: a transformer (Llama/Qwen2) or a Mamba-1 SSM ({@link #family}). Parameter and
  * gradient buffers are zero-copy direct ByteBuffers over the engine's memory, valid while this model or one of its
- * trainers is open. Trainers keep the native model alive.
+ * trainers is open (except that {@link #enableLora} releases the base parameters' gradients: {@link #grad} buffers
+ * taken before it must not be used after it). Trainers keep the native model alive.
  */
 public final class Model extends NativeHandle {
   private Model(long h) {
@@ -54,6 +55,10 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * Writes config.json + model.safetensors that Hugging Face transformers loads; with LoRA, the merged weights
+   * W + (alpha / rank) B A (a plain model without adapters; {@link #saveLoraAdapter} writes the adapters).
+   */
   public void save(String dir) {
     long h = acquire();
     try {
@@ -127,6 +132,58 @@ public final class Model extends NativeHandle {
     long h = acquire();
     try {
       return NativeApi.modelMemoryLimit(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Adds LoRA adapters to the modules named by {@code o.targets} and freezes every base parameter: only the adapters
+   * ("&lt;module&gt;.lora_A.weight", ".lora_B.weight", after the base parameters) get gradients and AdamW moments.
+   * Once per model, before any trainer of it is created ({@link FailedPreconditionException} otherwise); bad options
+   * throw {@link InvalidArgumentException} naming the option.
+   */
+  public void enableLora(LoraOptions o) {
+    long h = acquire();
+    try {
+      NativeApi.modelEnableLora(h, o.rank, o.alpha, o.dropout, o.targets, o.seed);
+    } finally {
+      release();
+    }
+  }
+
+  /** The model's LoRA options (targets as a comma-separated list), or null without LoRA. */
+  public LoraOptions lora() {
+    long h = acquire();
+    try {
+      return NativeApi.modelLora(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Writes the adapters as Hugging Face PEFT files (adapter_config.json + adapter_model.safetensors) that
+   * peft.PeftModel.from_pretrained(base, dir) loads; baseModelNameOrPath (may be null) is recorded in the config.
+   */
+  public void saveLoraAdapter(String dir, String baseModelNameOrPath) {
+    long h = acquire();
+    try {
+      NativeApi.modelSaveLoraAdapter(h, dir, baseModelNameOrPath);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Loads a PEFT adapter directory (without LoRA, enables it with the adapter's options first). An adapter of another
+   * base model throws {@link InvalidArgumentException} naming the tensor and both shapes; a missing directory {@link
+   * NotFoundException}.
+   */
+  public void loadLoraAdapter(String dir) {
+    long h = acquire();
+    try {
+      NativeApi.modelLoadLoraAdapter(h, dir);
     } finally {
       release();
     }

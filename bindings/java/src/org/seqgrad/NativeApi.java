@@ -79,21 +79,34 @@ final class NativeApi {
   static native ByteBuffer paramBuffer(long h, long i, boolean grad);
   static native void modelSetMemoryLimit(long h, long bytes);
   static native long modelMemoryLimit(long h);
+  static native void modelEnableLora(long h, long rank, double alpha, double dropout, String targets, long seed);
+  /** null without LoRA. */
+  static native LoraOptions modelLora(long h);
+  static native void modelSaveLoraAdapter(long h, String dir, String base);
+  static native void modelLoadLoraAdapter(long h, String dir);
 
   static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
       long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
       long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
-      double grpoKlBeta, String adjointForm, long adjointWindow);
+      double grpoKlBeta, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
+      long totalSteps, long gradAccum);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);
   static native void trainerSetReference(long h, long model);
-  /** mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate. */
+  /** mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients. */
   static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths);
   /** Label arrays may hold nulls (next-token labels); ref arrays hold NaN for the reference model's values. */
-  static native double[] trainerDpo(long h, boolean step, int[][] chosenIds, int[][] chosenLabels,
+  /** mode 0 = compute gradients, 1 = step, 4 = accumulate. */
+  static native double[] trainerDpo(long h, int mode, int[][] chosenIds, int[][] chosenLabels,
       int[][] rejectedIds, int[][] rejectedLabels, double[] refChosenLogp, double[] refRejectedLogp);
   /** One entry per completion (labels and log-prob arrays may hold nulls); groupOffsets: groups + 1 offsets. */
-  static native double[] trainerGrpo(long h, boolean step, int[][] ids, int[][] labels, double[] advantages,
+  static native double[] trainerGrpo(long h, int mode, int[][] ids, int[][] labels, double[] advantages,
       double[][] oldLogprobs, double[][] refLogprobs, long[] groupOffsets);
+  /** distances may be null; see EvalResult for the layout. */
+  static native double[] trainerEvaluateDetailed(long h, int[] ids, int[] labels, long[] lengths, long[] distances);
+  static native void trainerSaveCheckpoint(long h, String outDir, long dataPosition, long keep);
+  /** {step, dataPosition}. */
+  static native long[] trainerLoadCheckpoint(long h, String dir);
+  static native long[] trainerResume(long h, String outDir);
 }

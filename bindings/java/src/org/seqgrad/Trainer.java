@@ -3,7 +3,13 @@ package org.seqgrad;
 import java.util.List;
 
 /**
- * Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only, see {@link
+ * Since 0.5: a learning-rate schedule ({@link Options#lrSchedule}), gradient accumulation ({@link
+ * #accumulateGradients} then {@link #optimizerStep}), checkpoints ({@link #saveCheckpoint}, {@link #loadCheckpoint},
+ * {@link #resume}: a resumed run continues with the same losses on CPU; a damaged checkpoint throws {@link
+ * DataLossException}, one of another run configuration {@link FailedPreconditionException} listing the fields) and
+ * {@link #evaluateDetailed} (perplexity, accuracy, retrieval accuracy by key-query distance).
+ *
+ * <p>Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only, see {@link
  * Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link #step}/{@link
  * #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link
  * #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a time: a step while
@@ -58,6 +64,21 @@ public final class Trainer extends NativeHandle {
      * sequence of T tokens); must be > 0; {@link #NO_ADJOINT_WINDOW} (the default) = no truncation.
      */
     public long adjointWindow = NO_ADJOINT_WINDOW;
+    /**
+     * Learning-rate schedule after {@link #warmupSteps} steps of linear warmup: "constant" (lr), "cosine" or "linear"
+     * decay from lr to {@link #minLr} at {@link #totalSteps}; null = "constant".
+     */
+    public String lrSchedule = "constant";
+    public long warmupSteps = 0;
+    /** The floor of the decaying schedules, in [0, lr]. */
+    public double minLr = 0;
+    /** The decay's horizon in optimizer steps (cosine and linear need > warmupSteps). */
+    public long totalSteps = 0;
+    /**
+     * Micro-batches the caller accumulates per optimizer step ({@link Trainer#accumulateGradients}); >= 1. Recorded in
+     * checkpoints' run configuration; the library does not split batches.
+     */
+    public long gradAccum = 1;
 
     public Options strategy(String s) { strategy = s; return this; }
     public Options chunk(long c) { chunk = c; return this; }
@@ -73,6 +94,11 @@ public final class Trainer extends NativeHandle {
     public Options reference(Model m) { reference = m; return this; }
     public Options adjointForm(String f) { adjointForm = f; return this; }
     public Options adjointWindow(long w) { adjointWindow = w; return this; }
+    public Options lrSchedule(String s) { lrSchedule = s; return this; }
+    public Options warmupSteps(long w) { warmupSteps = w; return this; }
+    public Options minLr(double v) { minLr = v; return this; }
+    public Options totalSteps(long s) { totalSteps = s; return this; }
+    public Options gradAccum(long g) { gradAccum = g; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -87,7 +113,8 @@ public final class Trainer extends NativeHandle {
       Holder holder = new Holder();
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
-          o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow);
+          o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
+          o.totalSteps, o.gradAccum);
       Trainer t = holder.bind(new Trainer(h));
       if (o.reference != null) {
         try {
@@ -156,24 +183,113 @@ public final class Trainer extends NativeHandle {
     return run(3, ids, labels, lengths);
   }
 
+  /**
+   * Adds the gradient of one micro-batch (zeroing the gradients first when no accumulation is pending); {@link
+   * #optimizerStep} then steps as on one batch holding every micro-batch (its metrics report {@code microBatches}).
+   * Returns the micro-batch's metrics (its own mean loss).
+   */
+  public Metrics accumulateGradients(int[] ids, int[] labels, long[] lengths) {
+    return run(4, ids, labels, lengths);
+  }
+
+  /** {@link #accumulateGradients(int[], int[], long[])} of sequences with next-token labels. */
+  public Metrics accumulateGradients(List<int[]> sequences) {
+    Flat f = new Flat(sequences);
+    return accumulateGradients(f.ids, null, f.lengths);
+  }
+
   /** A DPO step (objective "dpo") on preference pairs, then AdamW; loss = mean over pairs of -log sigmoid(z). */
   public Metrics stepDpo(List<DpoPair> pairs) {
-    return dpo(true, pairs);
+    return dpo(1, pairs);
   }
 
   /** {@link #stepDpo} without the optimizer step. */
   public Metrics computeGradientsDpo(List<DpoPair> pairs) {
-    return dpo(false, pairs);
+    return dpo(0, pairs);
+  }
+
+  /** {@link #accumulateGradients(int[], int[], long[])} for objective "dpo". */
+  public Metrics accumulateGradientsDpo(List<DpoPair> pairs) {
+    return dpo(4, pairs);
   }
 
   /** A GRPO step (objective "grpo") on groups (the G >= 1 completions of one prompt each), then AdamW. */
   public Metrics stepGrpo(List<List<GrpoCompletion>> groups) {
-    return grpo(true, groups);
+    return grpo(1, groups);
   }
 
   /** {@link #stepGrpo} without the optimizer step. */
   public Metrics computeGradientsGrpo(List<List<GrpoCompletion>> groups) {
-    return grpo(false, groups);
+    return grpo(0, groups);
+  }
+
+  /** {@link #accumulateGradients(int[], int[], long[])} for objective "grpo". */
+  public Metrics accumulateGradientsGrpo(List<List<GrpoCompletion>> groups) {
+    return grpo(4, groups);
+  }
+
+  /**
+   * Held-out evaluation without gradients (the batch as in {@link #step(int[], int[], long[])}): loss, perplexity,
+   * accuracy and, when {@code distances} (aligned with ids; at every labelled position the distance >= 1 from the key
+   * the label is retrieved from, ignored elsewhere) is not null, accuracy per distance bucket.
+   */
+  public EvalResult evaluateDetailed(int[] ids, int[] labels, long[] lengths, long[] distances) {
+    if (distances != null && ids != null && distances.length != ids.length) {
+      throw new InvalidArgumentException("distances has " + distances.length + " entries but ids has " + ids.length);
+    }
+    long h = acquire();
+    try {
+      return new EvalResult(NativeApi.trainerEvaluateDetailed(h, ids, labels, lengths, distances));
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Writes outDir/checkpoint-&lt;stepCount&gt; atomically (weights and adapters, AdamW moments, step, sampling counter,
+   * dataPosition, run configuration) and keeps the {@code keep} newest (0 = all). dataPosition: where the caller is in
+   * its data, returned by {@link #loadCheckpoint}/{@link #resume}. Returns the checkpoint's directory.
+   */
+  public String saveCheckpoint(String outDir, long dataPosition, int keep) {
+    long h = acquire();
+    try {
+      NativeApi.trainerSaveCheckpoint(h, outDir, dataPosition, keep);
+      return outDir + "/checkpoint-" + NativeApi.trainerStepCount(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Restores a checkpoint-&lt;step&gt; directory into this trainer and its model. {@link DataLossException}: corrupt or
+   * truncated; {@link FailedPreconditionException}: another run configuration (the differing fields listed) or other
+   * shapes; {@link NotFoundException}: no such directory.
+   */
+  public CheckpointState loadCheckpoint(String checkpointDir) {
+    long h = acquire();
+    try {
+      long[] r = NativeApi.trainerLoadCheckpoint(h, checkpointDir);
+      return new CheckpointState(r[0], r[1]);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * {@link #loadCheckpoint} of the newest complete checkpoint in outDir (damaged newer ones are skipped). None there:
+   * null when {@code missingOk}, else {@link NotFoundException}.
+   */
+  public CheckpointState resume(String outDir, boolean missingOk) {
+    long h = acquire();
+    try {
+      long[] r = NativeApi.trainerResume(h, outDir);
+      return new CheckpointState(r[0], r[1]);
+    } catch (NotFoundException e) {
+      if (missingOk) return null;
+      throw e;
+    } finally {
+      release();
+    }
   }
 
   private static void checkSequence(int[] ids, int[] labels, String what, String idsName, String labelsName) {
@@ -191,7 +307,7 @@ public final class Trainer extends NativeHandle {
     }
   }
 
-  private Metrics dpo(boolean step, List<DpoPair> pairs) {
+  private Metrics dpo(int mode, List<DpoPair> pairs) {
     if (pairs == null || pairs.isEmpty()) throw new InvalidArgumentException("pairs is empty; need at least 1 pair");
     int n = pairs.size();
     int[][] ci = new int[n][], cl = new int[n][], ri = new int[n][], rl = new int[n][];
@@ -211,13 +327,13 @@ public final class Trainer extends NativeHandle {
     }
     long h = acquire();
     try {
-      return new Metrics(NativeApi.trainerDpo(h, step, ci, cl, ri, rl, rc, rr));
+      return new Metrics(NativeApi.trainerDpo(h, mode, ci, cl, ri, rl, rc, rr));
     } finally {
       release();
     }
   }
 
-  private Metrics grpo(boolean step, List<List<GrpoCompletion>> groups) {
+  private Metrics grpo(int mode, List<List<GrpoCompletion>> groups) {
     if (groups == null || groups.isEmpty()) {
       throw new InvalidArgumentException("groups is empty; need at least 1 group");
     }
@@ -253,26 +369,36 @@ public final class Trainer extends NativeHandle {
     }
     long h = acquire();
     try {
-      return new Metrics(NativeApi.trainerGrpo(h, step, ids, labels, advantages, old, ref, offsets));
+      return new Metrics(NativeApi.trainerGrpo(h, mode, ids, labels, advantages, old, ref, offsets));
     } finally {
       release();
     }
   }
 
+  /** Sequences concatenated, with their lengths. */
+  private static final class Flat {
+    final int[] ids;
+    final long[] lengths;
+
+    Flat(List<int[]> sequences) {
+      int total = 0;
+      for (int[] s : sequences) total += s.length;
+      ids = new int[total];
+      lengths = new long[sequences.size()];
+      int off = 0;
+      for (int i = 0; i < sequences.size(); ++i) {
+        int[] s = sequences.get(i);
+        System.arraycopy(s, 0, ids, off, s.length);
+        off += s.length;
+        lengths[i] = s.length;
+      }
+    }
+  }
+
   /** A batch of sequences with next-token labels. */
   public Metrics step(List<int[]> sequences) {
-    int total = 0;
-    for (int[] s : sequences) total += s.length;
-    int[] ids = new int[total];
-    long[] lengths = new long[sequences.size()];
-    int off = 0;
-    for (int i = 0; i < sequences.size(); ++i) {
-      int[] s = sequences.get(i);
-      System.arraycopy(s, 0, ids, off, s.length);
-      off += s.length;
-      lengths[i] = s.length;
-    }
-    return step(ids, null, lengths);
+    Flat f = new Flat(sequences);
+    return step(f.ids, null, f.lengths);
   }
 
   private Metrics run(int mode, int[] ids, int[] labels, long[] lengths) {

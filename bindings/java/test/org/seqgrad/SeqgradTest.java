@@ -32,7 +32,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.4.0", Model.version());
+    assertEquals("0.5.0", Model.version());
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -741,6 +741,242 @@ class SeqgradTest {
       try (Trainer t = Trainer.create(ssm, adjoint(8).adjointWindow(Trainer.Options.NO_ADJOINT_WINDOW))) {
         assertTrue(t.step(List.of(A)).adjointPairs == adjointPairs(new long[] {A.length}, 3, Long.MAX_VALUE));
       }
+    }
+  }
+
+  // ---- 0.5: LR schedule, gradient accumulation, LoRA, checkpoints, detailed evaluation ----
+
+  static Trainer.Options cosine(long totalSteps) {
+    return new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(2e-2).lrSchedule("cosine").warmupSteps(2)
+        .minLr(1e-3).totalSteps(totalSteps).gradAccum(2);
+  }
+
+  static LoraOptions lora() {
+    return new LoraOptions().rank(4).dropout(0.1).targets("q_proj,k_proj,v_proj,o_proj").seed(4);
+  }
+
+  /** Micro-batch k of the checkpoint tests: A and B rotated by k. */
+  static List<int[]> microBatch(int k) {
+    int[] a = new int[A.length], b = new int[B.length];
+    for (int i = 0; i < a.length; ++i) a[i] = A[(i + 3 * k) % a.length];
+    for (int i = 0; i < b.length; ++i) b[i] = B[(i + 5 * k) % b.length];
+    return List.of(a, b);
+  }
+
+  /**
+   * A LoRA training loop (f64, seed fixed, cosine, 2 micro-batches per step) checkpointing into outDir every 2 steps;
+   * resumes from outDir if asked. Returns the losses of the steps it ran.
+   */
+  static List<Double> loraRun(Path outDir, int steps, int stopAt, boolean resume) {
+    List<Double> losses = new ArrayList<>();
+    try (Model m = Model.fromPreset("tiny", "f64", 4)) {
+      m.enableLora(lora());
+      try (Trainer t = Trainer.create(m, cosine(steps))) {
+        long position = 0;
+        if (resume) {
+          CheckpointState s = t.resume(outDir.toString(), true);
+          if (s != null) position = s.dataPosition;
+        }
+        while (t.stepCount() < stopAt) {
+          for (int i = 0; i < 2; ++i) {
+            Metrics micro = t.accumulateGradients(microBatch((int) position++));
+            assertEquals(0, micro.microBatches);
+          }
+          Metrics r = t.optimizerStep();
+          assertEquals(2, r.microBatches);
+          assertTrue(r.lr > 0);
+          losses.add(r.loss);
+          if (r.step % 2 == 0) t.saveCheckpoint(outDir.toString(), position, 2);
+        }
+      }
+    }
+    return losses;
+  }
+
+  @Test
+  void loraCheckpointResumeGivesEqualLosses() throws Exception {
+    Path dir = Files.createTempDirectory("seqgrad-java-ckpt");
+    List<Double> full = loraRun(dir.resolve("a"), 6, 6, false);
+    List<Double> first = loraRun(dir.resolve("b"), 6, 3, false);  // stopped after step 3: newest checkpoint step 2
+    assertEquals(List.of("checkpoint-2"), list(dir.resolve("b")));
+    List<Double> rest = loraRun(dir.resolve("b"), 6, 6, true);
+    assertEquals(full.subList(0, 3), first);
+    assertEquals(full.subList(2, 6), rest);  // bit-identical from step 3 on
+    assertEquals(List.of("checkpoint-4", "checkpoint-6"), list(dir.resolve("b")));  // keep = 2
+  }
+
+  static List<String> list(Path dir) throws Exception {
+    List<String> names = new ArrayList<>();
+    try (var s = Files.list(dir)) {
+      s.forEach(p -> names.add(p.getFileName().toString()));
+    }
+    names.sort(null);
+    return names;
+  }
+
+  @Test
+  void loraStepAdaptersAndMergedSave() throws Exception {
+    Path dir = Files.createTempDirectory("seqgrad-java-lora");
+    try (Model m = Model.fromPreset("tiny", "f64", 1)) {
+      assertNull(m.lora());
+      int base = m.numParams();
+      m.enableLora(new LoraOptions().rank(4).alpha(8).targets(List.of("q_proj", "v_proj")).seed(3));
+      LoraOptions info = m.lora();
+      assertEquals(4, info.rank);
+      assertEquals(8.0, info.alpha);
+      assertEquals(List.of("q_proj", "v_proj"), info.targetList());
+      assertEquals(base + 12, m.numParams());  // 3 layers x 2 modules x (A, B)
+      assertEquals("model.layers.0.self_attn.q_proj.lora_A.weight", m.paramName(base));
+      FailedPreconditionException again = assertThrows(FailedPreconditionException.class, () -> m.enableLora(lora()));
+      assertTrue(again.getMessage().contains("already enabled"), again.getMessage());
+      double evaluated;
+      try (Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(1e-2))) {
+        double first = 0, last = 0;
+        for (int i = 0; i < 6; ++i) {
+          Metrics r = t.step(List.of(A, B));
+          if (i == 0) first = r.loss;
+          last = r.loss;
+          assertEquals(1, r.microBatches);
+          assertEquals(1e-2, r.lr);
+        }
+        assertTrue(last < first, first + " -> " + last);
+        for (int i = 0; i < m.numParams(); ++i) {
+          assertEquals(m.paramName(i).contains(".lora_"), m.grad(i) != null, m.paramName(i));  // base frozen
+        }
+        evaluated = t.evaluate(concat(A, B), null, new long[] {A.length, B.length}).loss;
+      }
+      m.saveLoraAdapter(dir.resolve("adapter").toString(), "seqgrad/tiny");
+      assertEquals(List.of("adapter_config.json", "adapter_model.safetensors"), list(dir.resolve("adapter")));
+      m.save(dir.resolve("merged").toString());
+      try (Model fresh = Model.fromPreset("tiny", "f64", 1)) {
+        fresh.loadLoraAdapter(dir.resolve("adapter").toString());  // enables LoRA with the adapter's options
+        assertEquals(4, fresh.lora().rank);
+        try (Trainer t = Trainer.create(fresh, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+          assertEquals(evaluated, t.evaluate(concat(A, B), null, new long[] {A.length, B.length}).loss);
+        }
+      }
+      try (Model merged = Model.load(dir.resolve("merged").toString(), "f64")) {
+        assertNull(merged.lora());
+        assertEquals(base, merged.numParams());
+        try (Trainer t = Trainer.create(merged, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+          assertEquals(evaluated, t.evaluate(concat(A, B), null, new long[] {A.length, B.length}).loss, 1e-12);
+        }
+      }
+      try (Model other = Model.fromPreset("demo", "f64", 0)) {
+        InvalidArgumentException e = assertThrows(InvalidArgumentException.class,
+            () -> other.loadLoraAdapter(dir.resolve("adapter").toString()));
+        assertTrue(e.getMessage().contains("different base model") && e.getMessage().contains("shape"),
+            e.getMessage());
+        assertThrows(NotFoundException.class, () -> other.loadLoraAdapter(dir.resolve("missing").toString()));
+      }
+    }
+    try (Model m = Model.fromPreset("tiny"); Trainer t = Trainer.create(m, new Trainer.Options())) {
+      FailedPreconditionException e = assertThrows(FailedPreconditionException.class, () -> m.enableLora(lora()));
+      assertTrue(e.getMessage().contains("before creating trainers"), e.getMessage());
+      assertThrows(FailedPreconditionException.class, () -> m.saveLoraAdapter("/tmp/never", null));
+    }
+    try (Model m = Model.fromPreset("tiny")) {
+      InvalidArgumentException e =
+          assertThrows(InvalidArgumentException.class, () -> m.enableLora(new LoraOptions().targets("in_proj")));
+      assertTrue(e.getMessage().contains("options->targets: 'in_proj'"), e.getMessage());
+      e = assertThrows(InvalidArgumentException.class, () -> m.enableLora(new LoraOptions().rank(0)));
+      assertTrue(e.getMessage().contains("options->rank is 0"), e.getMessage());
+      m.enableLora(new LoraOptions().targets("all"));
+      assertEquals(7, m.lora().targetList().size());
+    }
+  }
+
+  static int[] concat(int[] a, int[] b) {
+    int[] r = Arrays.copyOf(a, a.length + b.length);
+    System.arraycopy(b, 0, r, a.length, b.length);
+    return r;
+  }
+
+  @Test
+  void badCheckpointsThrowTypedExceptions() throws Exception {
+    Path dir = Files.createTempDirectory("seqgrad-java-bad");
+    String run = dir.resolve("run").toString();
+    String path;
+    try (Model m = Model.fromPreset("tiny", "f32", 1);
+         Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+      assertNull(t.resume(run, true));
+      NotFoundException nf = assertThrows(NotFoundException.class, () -> t.resume(run, false));
+      assertEquals(SeqgradException.NOT_FOUND, nf.getCode());
+      t.step(List.of(A, B));
+      path = t.saveCheckpoint(run, 7, 0);
+      assertEquals(run + "/checkpoint-1", path);
+      t.step(List.of(A, B));
+      CheckpointState s = t.loadCheckpoint(path);
+      assertEquals(1, s.step);
+      assertEquals(7, s.dataPosition);
+      assertEquals(1, t.stepCount());
+      assertThrows(InvalidArgumentException.class, () -> t.saveCheckpoint(run, -1, 0));
+    }
+    try (Model m = Model.fromPreset("tiny", "f32", 1);
+         Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(16).pageSize(8))) {
+      FailedPreconditionException e = assertThrows(FailedPreconditionException.class, () -> t.resume(run, false));
+      assertTrue(e.getMessage().contains("strategy.chunk: checkpoint '8', now '16'"), e.getMessage());
+    }
+    Path weights = Path.of(path, "model.safetensors");
+    byte[] bytes = Files.readAllBytes(weights);
+    bytes[300] ^= (byte) 0xFF;
+    Files.write(weights, bytes);
+    try (Model m = Model.fromPreset("tiny", "f32", 1);
+         Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+      DataLossException e = assertThrows(DataLossException.class, () -> t.loadCheckpoint(path));
+      assertEquals(SeqgradException.DATA_LOSS, e.getCode());
+      assertEquals("DATA_LOSS", e.getCodeName());
+      assertTrue(e.getMessage().contains("model.safetensors") && e.getMessage().contains("CRC-32"), e.getMessage());
+      Files.write(weights, Arrays.copyOf(bytes, 1000));
+      e = assertThrows(DataLossException.class, () -> t.loadCheckpoint(path));
+      assertTrue(e.getMessage().contains("truncated"), e.getMessage());
+      assertThrows(NotFoundException.class, () -> t.resume(run, false));  // the only checkpoint is damaged
+      assertEquals(0, t.stepCount());
+    }
+  }
+
+  @Test
+  void scheduleAccumulationAndDetailedEvaluation() {
+    try (Model one = Model.fromPreset("tiny", "f64", 2); Model acc = Model.fromPreset("tiny", "f64", 2);
+         Trainer t1 = Trainer.create(one, cosine(5)); Trainer t2 = Trainer.create(acc, cosine(5))) {
+      for (int step = 1; step <= 3; ++step) {
+        Metrics r1 = t1.step(List.of(A, B));
+        t2.accumulateGradients(List.of(A));
+        t2.accumulateGradients(B, null, new long[] {B.length});
+        Metrics r2 = t2.optimizerStep();
+        assertEquals(r1.loss, r2.loss, 1e-12 * r1.loss);
+        assertEquals(r1.lr, r2.lr);
+        assertEquals(step == 1 ? 1e-2 : step == 2 ? 2e-2 : 1e-3 + (2e-2 - 1e-3) * 0.5 * (1 + Math.cos(Math.PI / 3)),
+            r2.lr, 1e-15);
+        assertEquals(2, r2.microBatches);
+      }
+      // Retrieval-style labels: only some positions, each with the distance back to its key.
+      int[] ids = concat(A, B);
+      int[] labels = new int[ids.length];
+      long[] distances = new long[ids.length];
+      for (int i = 0; i < ids.length; ++i) {
+        labels[i] = i % 4 == 0 ? ids[(i + 1) % ids.length] : -100;
+        distances[i] = labels[i] >= 0 ? 1 + i : 0;
+      }
+      long[] lengths = {A.length, B.length};
+      EvalResult r = t2.evaluateDetailed(ids, labels, lengths, distances);
+      assertEquals(10, r.tokens);
+      assertEquals(t2.evaluate(ids, labels, lengths).loss, r.loss, 1e-12);
+      assertEquals(Math.exp(r.loss), r.perplexity, 1e-9 * r.perplexity);
+      assertEquals(6, r.bucketCount.length);  // distances 1 .. 37: buckets [1,2) .. [32,64)
+      assertEquals(10, Arrays.stream(r.bucketCount).sum());
+      assertEquals(32, EvalResult.bucketLow(5));
+      assertEquals(0, t2.evaluateDetailed(ids, labels, lengths, null).bucketCount.length);
+      distances[0] = 0;
+      InvalidArgumentException e =
+          assertThrows(InvalidArgumentException.class, () -> t2.evaluateDetailed(ids, labels, lengths, distances));
+      assertTrue(e.getMessage().contains("distances[0] is 0"), e.getMessage());
+      InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(one, new Trainer.Options().lrSchedule("cosine").totalSteps(0)));
+      assertTrue(bad.getMessage().contains("total_steps must be larger"), bad.getMessage());
+      bad = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(one, new Trainer.Options().gradAccum(0)));
+      assertTrue(bad.getMessage().contains("grad_accum is 0"), bad.getMessage());
     }
   }
 }

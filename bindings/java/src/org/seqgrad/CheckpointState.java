@@ -1,0 +1,17 @@
+package org.seqgrad;
+
+/** What a loaded checkpoint restored: its optimizer step and the caller's data position saved with it. */
+public final class CheckpointState {
+  public final long step;
+  public final long dataPosition;
+
+  CheckpointState(long step, long dataPosition) {
+    this.step = step;
+    this.dataPosition = dataPosition;
+  }
+
+  @Override
+  public String toString() {
+    return "step " + step + " data position " + dataPosition;
+  }
+}
