@@ -6,11 +6,15 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import java.util.stream.Stream;
+import org.seqgrad.CheckpointState;
+import org.seqgrad.LoraOptions;
 import org.seqgrad.Metrics;
 import org.seqgrad.Model;
 import org.seqgrad.Trainer;
@@ -19,7 +23,22 @@ import org.seqgrad.Trainer;
  * A JVM pipeline: streams a JSONL file of {"input_ids": [...]} lines, groups them into batches and trains a model
  * on them with next-token labels, printing the loss of every step.
  *
- * <p>usage: JsonlTrain FILE.jsonl [epochs=3] [batch=4] [preset=tiny] [strategy=seco]
+ * <p>usage: JsonlTrain FILE.jsonl [epochs=3] [batch=4] [preset=tiny] [strategy=seco] [--flag=value ...]
+ *
+ * <p>Flags (since 0.5):
+ *
+ * <ul>
+ *   <li>--lora-rank=R (0 = full fine-tuning), --lora-alpha=A (default 2R), --lora-dropout=P, --lora-targets=q_proj,...:
+ *       train LoRA adapters with the base frozen
+ *   <li>--lr=LR, --lr-schedule=constant|cosine|linear, --warmup-steps=W, --min-lr=M: the schedule decays over all the
+ *       run's steps
+ *   <li>--grad-accum=K: K micro-batches of `batch` records per optimizer step
+ *   <li>--out-dir=DIR, --save-every=N (steps; 0 = only the last), --keep=K (0 = all): checkpoints DIR/checkpoint-STEP
+ *       and, at the end, DIR/adapter (PEFT files, with LoRA) or DIR/model (a Hugging Face model)
+ *   <li>--resume: continue from the newest checkpoint in --out-dir (the records before its data position are
+ *       skipped), with the losses an uninterrupted run would print
+ *   <li>--stop-at-step=S: stop after step S (checkpointed), e.g. to resume later; --dtype=f32|f64; --seed=N
+ * </ul>
  */
 public final class JsonlTrain {
   private static final Pattern IDS = Pattern.compile("\"input_ids\"\\s*:\\s*\\[([^\\]]*)\\]");
@@ -35,36 +54,122 @@ public final class JsonlTrain {
     return ids;
   }
 
+  private static final List<String> FLAGS = List.of("lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lr",
+      "lr-schedule", "warmup-steps", "min-lr", "grad-accum", "out-dir", "save-every", "keep", "resume",
+      "stop-at-step", "dtype", "seed");
+
+  private static void usage(String error) {
+    System.err.println("error: " + error);
+    System.err.println("usage: JsonlTrain FILE.jsonl [epochs] [batch] [preset] [strategy] [--flag=value ...]; flags: --"
+        + String.join(", --", FLAGS));
+    System.exit(2);
+  }
+
+  /** The records of the file (lazily, one line at a time). */
+  static Stream<int[]> records(BufferedReader r) {
+    long[] lineNo = {0};
+    return r.lines().filter(l -> !l.isBlank()).map(l -> parseLine(l, ++lineNo[0]));
+  }
+
   public static void main(String[] args) throws IOException {
-    if (args.length < 1) {
-      System.err.println("usage: JsonlTrain FILE.jsonl [epochs] [batch] [preset] [strategy]");
-      System.exit(2);
+    List<String> positional = new ArrayList<>();
+    Map<String, String> flags = new HashMap<>();
+    for (String a : args) {
+      if (!a.startsWith("--")) {
+        positional.add(a);
+        continue;
+      }
+      int eq = a.indexOf('=');
+      String name = eq < 0 ? a.substring(2) : a.substring(2, eq);
+      if (!FLAGS.contains(name)) usage("unknown flag --" + name);
+      flags.put(name, eq < 0 ? "true" : a.substring(eq + 1));
     }
-    final int epochs = args.length > 1 ? Integer.parseInt(args[1]) : 3;
-    final int batchSize = args.length > 2 ? Integer.parseInt(args[2]) : 4;
-    final String preset = args.length > 3 ? args[3] : "tiny";
-    final String strategy = args.length > 4 ? args[4] : "seco";
+    if (positional.isEmpty()) usage("no FILE.jsonl");
+    final String file = positional.get(0);
+    final int epochs = positional.size() > 1 ? Integer.parseInt(positional.get(1)) : 3;
+    final int batchSize = positional.size() > 2 ? Integer.parseInt(positional.get(2)) : 4;
+    final String preset = positional.size() > 3 ? positional.get(3) : "tiny";
+    final String strategy = positional.size() > 4 ? positional.get(4) : "seco";
+    final long loraRank = Long.parseLong(flags.getOrDefault("lora-rank", "0"));
+    final long gradAccum = Long.parseLong(flags.getOrDefault("grad-accum", "1"));
+    final String outDir = flags.get("out-dir");
+    final long saveEvery = Long.parseLong(flags.getOrDefault("save-every", "0"));
+    final int keep = Integer.parseInt(flags.getOrDefault("keep", "0"));
+    final boolean resume = Boolean.parseBoolean(flags.getOrDefault("resume", "false"));
+    final long stopAtStep = Long.parseLong(flags.getOrDefault("stop-at-step", "0"));
+    if ((resume || saveEvery > 0) && outDir == null) usage("--resume and --save-every need --out-dir");
+
+    // The schedule's horizon: the steps of the whole run (one cheap pass counting the records).
+    long records;
+    try (BufferedReader r = Files.newBufferedReader(Paths.get(file), StandardCharsets.UTF_8);
+         Stream<int[]> s = records(r)) {
+      records = s.count();
+    }
+    final long microBatches = (records + batchSize - 1) / batchSize;
+    final long stepsPerEpoch = (microBatches + gradAccum - 1) / gradAccum;
+    final long totalSteps = epochs * stepsPerEpoch;
+    final long lastStep = stopAtStep > 0 ? Math.min(stopAtStep, totalSteps) : totalSteps;
+
     System.out.println("seqgrad " + Model.version() + ", preset " + preset + ", strategy " + strategy);
-    try (Model model = Model.fromPreset(preset, "f32", 0);
-         Trainer trainer = Trainer.create(model, new Trainer.Options().strategy(strategy).chunk(16).pageSize(16)
-             .lr(3e-3))) {
-      for (int epoch = 1; epoch <= epochs; ++epoch) {
-        long[] lineNo = {0};
-        // The file is read lazily, line by line; only one batch is held at a time.
-        try (BufferedReader r = Files.newBufferedReader(Paths.get(args[0]), StandardCharsets.UTF_8);
-             Stream<String> lines = r.lines()) {
-          Iterator<int[]> seqs = lines.filter(l -> !l.isBlank())
-              .map(l -> parseLine(l, ++lineNo[0])).iterator();
-          List<int[]> batch = new ArrayList<>();
-          while (seqs.hasNext()) {
-            batch.add(seqs.next());
-            if (batch.size() == batchSize || !seqs.hasNext()) {
-              Metrics m = trainer.step(batch);
-              System.out.printf("epoch %d step %d loss %.4f tokens %d peak %d bytes%n", epoch, m.step, m.loss,
-                  m.tokens, m.peakBytes);
+    try (Model model = Model.fromPreset(preset, flags.getOrDefault("dtype", "f32"),
+             Long.parseLong(flags.getOrDefault("seed", "0")))) {
+      if (loraRank > 0) {
+        LoraOptions lo = new LoraOptions().rank(loraRank)
+            .alpha(Double.parseDouble(flags.getOrDefault("lora-alpha", "0")))
+            .dropout(Double.parseDouble(flags.getOrDefault("lora-dropout", "0")))
+            .targets(flags.get("lora-targets"));
+        model.enableLora(lo);
+        System.out.println(model.lora() + " (" + model.numParams() + " parameters, the base frozen)");
+      }
+      Trainer.Options options = new Trainer.Options().strategy(strategy).chunk(16).pageSize(16)
+          .lr(Double.parseDouble(flags.getOrDefault("lr", "3e-3")))
+          .lrSchedule(flags.getOrDefault("lr-schedule", "constant"))
+          .warmupSteps(Long.parseLong(flags.getOrDefault("warmup-steps", "0")))
+          .minLr(Double.parseDouble(flags.getOrDefault("min-lr", "0")))
+          .totalSteps(totalSteps)
+          .gradAccum(gradAccum);
+      try (Trainer trainer = Trainer.create(model, options)) {
+        long position = 0;  // records consumed over all epochs
+        if (resume) {
+          CheckpointState s = trainer.resume(outDir, true);
+          if (s != null) {
+            position = s.dataPosition;
+            System.out.println("resumed from step " + s.step + " (record " + position + ")");
+          }
+        }
+        final long skip = position;
+        long seen = 0;  // records read so far, skipped ones included
+        for (int epoch = 1; epoch <= epochs && trainer.stepCount() < lastStep; ++epoch) {
+          // The file is read lazily, line by line; only one micro-batch is held at a time.
+          try (BufferedReader r = Files.newBufferedReader(Paths.get(file), StandardCharsets.UTF_8);
+               Stream<int[]> lines = records(r)) {
+            Iterator<int[]> seqs = lines.iterator();
+            List<int[]> batch = new ArrayList<>();
+            long accumulated = 0;
+            while (seqs.hasNext() && trainer.stepCount() < lastStep) {
+              int[] record = seqs.next();
+              if (seen++ < skip) continue;  // consumed before the checkpoint
+              batch.add(record);
+              if (batch.size() < batchSize && seqs.hasNext()) continue;
+              trainer.accumulateGradients(batch);
+              position += batch.size();
               batch.clear();
+              if (++accumulated < gradAccum && seqs.hasNext()) continue;
+              accumulated = 0;
+              Metrics m = trainer.optimizerStep();
+              System.out.printf("epoch %d step %d loss %.6f lr %.3e tokens %d peak %d bytes%n", epoch, m.step, m.loss,
+                  m.lr, m.tokens, m.peakBytes);
+              if (outDir != null && ((saveEvery > 0 && m.step % saveEvery == 0) || m.step == lastStep)) {
+                System.out.println("saved " + trainer.saveCheckpoint(outDir, position, keep));
+              }
             }
           }
+        }
+        if (outDir != null && trainer.stepCount() == totalSteps) {  // finished: the final adapter or model
+          String dir = Paths.get(outDir, loraRank > 0 ? "adapter" : "model").toString();
+          if (loraRank > 0) model.saveLoraAdapter(dir, preset);
+          else model.save(dir);
+          System.out.println("wrote " + dir);
         }
       }
     }
