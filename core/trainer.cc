@@ -78,6 +78,15 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const Batch& batch) {
   return Gradients(batch, 0, &pass, nullptr);
 }
 
+absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, double norm, uint64_t first_index) {
+  if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  if (!(norm > 0) || !std::isfinite(norm))
+    return absl::InvalidArgumentError(absl::StrCat("the normaliser of a shard's gradients must be positive, got ", norm));
+  pending_micro_batches_ = 0;
+  Pass pass{calls_++, first_index, true};
+  return Gradients(shard, norm, &pass, nullptr);
+}
+
 absl::StatusOr<StepMetrics> Trainer::Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count) {
   if (objective_.name == "dpo") {
     if (count) *count = static_cast<int64_t>(batch.pairs.size());

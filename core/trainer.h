@@ -52,6 +52,16 @@ class Trainer {
   // clips by global norm and applies AdamW at ScheduledLr(optimizer, step + 1) to every parameter with a gradient.
   // After accumulation, metrics (if not null) gets the step's loss, tokens and chunk counts over the micro-batches.
   absl::Status OptimizerStep(StepMetrics* metrics);
+  // Data parallelism (distributed/data_parallel.h): `shard` is one rank's part of a batch whose count of
+  // normalising units (valid tokens for sft, pairs for dpo, groups for grpo) over all ranks is `norm`. Zeroes
+  // gradients, then accumulates d(the objective's sum over the shard)/d(params) / norm, so that the sum over ranks
+  // is the gradient of the whole batch's mean. first_index is the position of the shard's first sequence as the
+  // strategy sees the whole batch (sft: sequences; dpo: 2 per pair; grpo: one per completion), so that spaco's
+  // sampling and LoRA dropout draw what one process on the whole batch would. StepMetrics::loss is the shard's
+  // share (its loss sum / norm). Call OptimizerStep after the gradients have been summed over ranks.
+  absl::StatusOr<StepMetrics> ComputeShardGradients(const Batch& shard, double norm, uint64_t first_index);
+  // The batch's count of normalising units (valid tokens, pairs, groups), after validating it.
+  absl::StatusOr<int64_t> CountUnits(const Batch& batch) const;
   // Gradients then the optimizer step.
   absl::StatusOr<StepMetrics> Step(const std::vector<Sequence>& batch);
   absl::StatusOr<StepMetrics> Step(const Batch& batch);
@@ -102,8 +112,6 @@ class Trainer {
   absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass);
   absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs, double norm, Pass* pass);
   absl::StatusOr<StepMetrics> GrpoGradients(const std::vector<GrpoGroup>& groups, double norm, Pass* pass);
-  // The batch's count of normalising units (after validating it).
-  absl::StatusOr<int64_t> CountUnits(const Batch& batch) const;
   StrategyOptions strategy_options_;
   OptimizerOptions opt_;
   ObjectiveOptions objective_;

@@ -1,0 +1,72 @@
+// Collective and point-to-point communication between the ranks of a distributed run, behind one interface with
+// real backends only: MPI (Debian OpenMPI, CPU; mpi_communicator.h). Every call returns a status; none throws.
+//
+// Failure model. A backend never waits forever: an operation that has not completed after the communicator's
+// timeout (MpiOptions::timeout_s) returns DEADLINE_EXCEEDED naming the operation and the rank, and the
+// communicator is then *broken*: its buffers may still be in use by the transport, every later call fails with
+// FAILED_PRECONDITION, and the process should report the error and end (Abort ends every rank). A rank that dies
+// is usually noticed sooner by the launcher (mpirun ends the job when a rank exits without finalising); the
+// timeout covers what it cannot see (a rank stuck or skipping a collective).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+
+namespace sg::dist {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi"
+
+  // Element types: kF32, kF64, kI32, kI64 (others are INVALID_ARGUMENT). Counts are elements, not bytes.
+  // In place: data (count elements) becomes the reduction over ranks of everyone's data.
+  virtual absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op = ReduceOp::kSum) = 0;
+  // send holds size() * recv_count elements; rank r receives the reduction over ranks of block r.
+  virtual absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                                     ReduceOp op = ReduceOp::kSum) = 0;
+  // recv (size() * send_count elements) gets every rank's send block in rank order.
+  virtual absl::Status AllGather(const void* send, void* recv, int64_t send_count, DType dtype) = 0;
+  // data of `root` is copied to every rank.
+  virtual absl::Status Broadcast(void* data, int64_t count, DType dtype, int root) = 0;
+  // Point to point; a Recv whose message has a different element count fails with DATA_LOSS.
+  virtual absl::Status Send(const void* data, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual absl::Status Recv(void* data, int64_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual absl::Status Barrier() = 0;
+  // Ends every rank of the job with `code` after printing `why` (MPI_Abort). Does not return.
+  [[noreturn]] virtual void Abort(int code, const std::string& why) = 0;
+
+  // Bytes this rank handed to the transport so far (payloads of collectives and sends), for reports.
+  int64_t bytes_communicated() const { return bytes_; }
+
+  // Typed conveniences.
+  absl::Status AllReduce(std::vector<double>& v, ReduceOp op = ReduceOp::kSum) {
+    return AllReduce(v.data(), static_cast<int64_t>(v.size()), DType::kF64, op);
+  }
+  absl::Status AllReduce(std::vector<int64_t>& v, ReduceOp op = ReduceOp::kSum) {
+    return AllReduce(v.data(), static_cast<int64_t>(v.size()), DType::kI64, op);
+  }
+
+ protected:
+  int64_t bytes_ = 0;
+};
+
+// A string -> string configuration (e.g. sg::TrainerRunConfig) hashed field by field (FNV-1a 64 over
+// "name=value\n" in name order).
+uint64_t ConfigHash(const std::map<std::string, std::string>& config);
+
+// Every rank calls it with its own configuration: OK when all hashes agree, otherwise FAILED_PRECONDITION on
+// every rank ("configuration differs across ranks ..."), listing each rank's hash and, on a rank that differs from
+// rank 0, the fields that differ (this rank's value against rank 0's).
+absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std::string>& config);
+
+}  // namespace sg::dist

@@ -1,0 +1,107 @@
+#include "distributed/data_parallel.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/checkpoint.h"
+
+namespace sg::dist {
+
+namespace {
+template <typename V>
+V Slice(const V& v, int rank, int size) {
+  const size_t n = v.size();
+  const size_t begin = n * rank / size, end = n * (rank + 1) / size;
+  return V(v.begin() + begin, v.begin() + end);
+}
+
+bool IsEmpty(const Batch& b) { return b.sequences.empty() && b.pairs.empty() && b.groups.empty(); }
+
+// Agrees on failure: every rank contributes `local` (OK or its error); when any rank failed, every rank returns an
+// error naming the lowest failed rank (its own message on that rank).
+absl::Status Agree(Communicator& comm, const absl::Status& local, const std::string& what) {
+  std::vector<int64_t> failed = {local.ok() ? int64_t{comm.size()} : int64_t{comm.rank()}};
+  if (absl::Status s = comm.AllReduce(failed, ReduceOp::kMin); !s.ok()) return s;
+  if (failed[0] == comm.size()) return absl::OkStatus();
+  if (!local.ok())
+    return absl::Status(local.code(), absl::StrCat("rank ", comm.rank(), ": ", what, ": ", local.message()));
+  return absl::AbortedError(absl::StrCat("rank ", comm.rank(), ": ", what, " failed on rank ", failed[0],
+                                         " (see its error); every rank stops"));
+}
+}  // namespace
+
+Batch ShardOf(const Batch& whole, int rank, int size, uint64_t* first_index) {
+  Batch shard;
+  shard.sequences = Slice(whole.sequences, rank, size);
+  shard.pairs = Slice(whole.pairs, rank, size);
+  shard.groups = Slice(whole.groups, rank, size);
+  if (first_index) {
+    uint64_t index = whole.sequences.size() * rank / size + 2 * (whole.pairs.size() * rank / size);
+    for (size_t g = 0; g < whole.groups.size() * rank / size; ++g) index += whole.groups[g].completions.size();
+    *first_index = index;
+  }
+  return shard;
+}
+
+absl::Status DataParallel::CheckConfig() { return CheckSameConfig(comm_, TrainerRunConfig(trainer_)); }
+
+absl::StatusOr<StepMetrics> DataParallel::ComputeGradients(const Batch& shard, uint64_t first_index) {
+  const int64_t bytes_before = comm_.bytes_communicated();
+  // 1. The whole batch's count of units.
+  int64_t units = 0;
+  absl::Status local = absl::OkStatus();
+  if (!IsEmpty(shard)) {
+    absl::StatusOr<int64_t> n = trainer_.CountUnits(shard);
+    if (n.ok()) units = *n;
+    else local = n.status();
+  }
+  if (absl::Status s = Agree(comm_, local, "validating the shard"); !s.ok()) return s;
+  std::vector<int64_t> total = {units};
+  if (absl::Status s = comm_.AllReduce(total); !s.ok()) return s;
+  if (total[0] <= 0)
+    return absl::InvalidArgumentError("the batch has nothing to normalise by over all ranks (no valid labels, "
+                                      "pairs or groups)");
+  // 2. This rank's share of the gradients: d(shard's sum)/d(params) / total.
+  StepMetrics m;
+  m.tokens = 0;
+  m.chunks = 0;
+  m.chunks_backpropagated = 0;
+  if (IsEmpty(shard)) {
+    ZeroGrads(trainer_.model());
+    // Keep the sampling stream in step with the ranks that ran a gradient pass.
+    const TrainerState st = trainer_.state();
+    trainer_.set_state({st.step, st.sampling_calls + 1});
+  } else {
+    absl::StatusOr<StepMetrics> r = trainer_.ComputeShardGradients(shard, static_cast<double>(total[0]), first_index);
+    if (r.ok()) m = *r;
+    else local = r.status();
+  }
+  if (absl::Status s = Agree(comm_, local, "computing the shard's gradients"); !s.ok()) return s;
+  // 3. Sum metrics and gradients over ranks (one all-reduce per parameter).
+  std::vector<double> sums = {m.loss, static_cast<double>(m.tokens), static_cast<double>(m.chunks),
+                              static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs)};
+  if (absl::Status s = comm_.AllReduce(sums); !s.ok()) return s;
+  m.loss = sums[0];
+  m.tokens = static_cast<int64_t>(std::llround(sums[1]));
+  m.chunks = static_cast<int64_t>(std::llround(sums[2]));
+  m.chunks_backpropagated = static_cast<int64_t>(std::llround(sums[3]));
+  m.adjoint_pairs = static_cast<int64_t>(std::llround(sums[4]));
+  m.micro_batches = 1;
+  for (Param& p : trainer_.model().params()) {
+    if (!p.grad.defined()) continue;
+    if (absl::Status s = comm_.AllReduce(p.grad.data<void>(), p.grad.numel(), p.grad.dtype(), ReduceOp::kSum); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("all-reducing the gradient of ", p.name, ": ", s.message()));
+  }
+  bytes_last_step_ = comm_.bytes_communicated() - bytes_before;
+  return m;
+}
+
+absl::StatusOr<StepMetrics> DataParallel::Step(const Batch& shard, uint64_t first_index) {
+  absl::StatusOr<StepMetrics> m = ComputeGradients(shard, first_index);
+  if (!m.ok()) return m;
+  // Identical gradients on every rank: the step (NaN check, clipping, AdamW) is identical too.
+  if (absl::Status s = trainer_.OptimizerStep(&*m); !s.ok()) return s;
+  return m;
+}
+
+}  // namespace sg::dist

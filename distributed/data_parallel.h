@@ -1,0 +1,50 @@
+// Data-parallel training over a Communicator: each rank computes the gradients of its shard of the batch with the
+// existing Trainer and strategy (no per-chunk or per-partition communication), the gradients are then all-reduced
+// once per parameter, and every rank applies the same optimizer step (clipping and AdamW see identical gradients,
+// so the ranks' weights stay identical).
+//
+// Normalisation: the objective's count of units (valid tokens for sft, pairs for dpo, groups for grpo) is summed
+// over ranks first, and each rank scales its shard's gradient by 1 / that total, so the sum over ranks is exactly
+// the gradient of the whole batch's mean loss, as one process on the whole batch computes it (the shard's
+// first_index keeps spaco's sampling and LoRA dropout those of the single process too).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "core/trainer.h"
+#include "distributed/communicator.h"
+
+namespace sg::dist {
+
+// Rank `rank`'s contiguous part of `whole`: records [n r / size, n (r+1) / size) of each of its lists (sequences,
+// pairs, groups). *first_index (if not null) gets the position of the shard's first strategy sequence in the whole
+// batch (sft: sequences before it; dpo: 2 per pair; grpo: one per completion), for ComputeShardGradients.
+Batch ShardOf(const Batch& whole, int rank, int size, uint64_t* first_index);
+
+class DataParallel {
+ public:
+  // Both must outlive this object. Call CheckConfig once before training.
+  DataParallel(Trainer& trainer, Communicator& comm) : trainer_(trainer), comm_(comm) {}
+
+  // The model configuration and the strategy, optimizer and objective options (sg::TrainerRunConfig) must be the
+  // same on every rank: a mismatch fails on every rank (CheckSameConfig).
+  absl::Status CheckConfig();
+
+  // The gradients of the whole batch's mean loss on every rank, from this rank's shard (which may be empty when
+  // the batch has fewer records than ranks). Metrics are those of the whole batch (loss, tokens, chunks summed
+  // over ranks). A failure on any rank (an invalid shard, a NaN loss) fails on every rank, naming the rank.
+  absl::StatusOr<StepMetrics> ComputeGradients(const Batch& shard, uint64_t first_index);
+  // ComputeGradients, then the optimizer step (Trainer::OptimizerStep) on every rank.
+  absl::StatusOr<StepMetrics> Step(const Batch& shard, uint64_t first_index);
+
+  // Bytes this rank sent in its last ComputeGradients (payloads of the all-reduces).
+  int64_t bytes_last_step() const { return bytes_last_step_; }
+
+ private:
+  Trainer& trainer_;
+  Communicator& comm_;
+  int64_t bytes_last_step_ = 0;
+};
+
+}  // namespace sg::dist
