@@ -24,6 +24,9 @@
 #include "core/model_io.h"
 #include "core/presets.h"
 #include "core/trainer.h"
+#include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
+#include "distributed/mpi_communicator.h"
 #include "examples/common.h"
 #include "examples/report.h"
 
@@ -64,6 +67,10 @@ ABSL_FLAG(int64_t, keep_checkpoints, 2, "checkpoints kept in --out_dir: the newe
 ABSL_FLAG(int64_t, stop_at_step, 0,
           "stop after this step as if interrupted (a checkpoint is saved there with --out_dir; continue with "
           "--resume): time-limited jobs; the schedule still ends at --steps. 0 = run to --steps");
+ABSL_FLAG(std::string, dist, "",
+          "data parallel across the ranks of an mpirun job: 'mpi' (each rank takes its share of every step's "
+          "records; gradients are all-reduced once per parameter; rank 0 prints, reports and saves). Empty: one "
+          "process");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: before starting, pick the largest --chunk (seco, spaco, adjoint) or partition (streambp) whose "
           "step fits, probed with the engine's memory limit, or refuse with the numbers (0 = no budget)");
@@ -187,6 +194,21 @@ void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& pat
 }
 
 int Main() {
+  // --dist=mpi: join the job first, so that every later error is a rank's own.
+  const std::string dist_flag = absl::GetFlag(FLAGS_dist);
+  std::unique_ptr<dist::Communicator> comm;
+  if (dist_flag == "mpi") {
+    absl::StatusOr<std::unique_ptr<dist::Communicator>> c = dist::CreateMpiCommunicator();
+    tools::ExitIfError(c.status(), "--dist=mpi");
+    comm = std::move(*c);
+    if (comm->rank() != 0) {  // rank 0 prints; the others keep stderr for their errors
+      if (!std::freopen("/dev/null", "w", stdout)) return 1;
+    }
+  } else if (!dist_flag.empty()) {
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--dist must be empty or mpi, got '", dist_flag, "'")),
+                       "flags");
+  }
+  const bool lead = !comm || comm->rank() == 0;  // prints, reports, saves
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
   if (absl::GetFlag(FLAGS_steps) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--steps must be positive"), "flags");
@@ -295,6 +317,8 @@ int Main() {
   }
 
   Trainer trainer(**model, strategy, opt, objective, reference.get());
+  std::unique_ptr<dist::DataParallel> data_parallel;
+  if (comm) data_parallel = std::make_unique<dist::DataParallel>(trainer, *comm);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   // What a resume must match (core/checkpoint.h): model, LoRA, strategy, optimizer, objective, and the data.
   RunConfig run_config = TrainerRunConfig(trainer);
@@ -303,18 +327,23 @@ int Main() {
   if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
   run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
   if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
+  if (comm) {  // every rank must train the same model the same way on the same data
+    tools::ExitIfError(dist::CheckSameConfig(*comm, run_config), "--dist=mpi");
+    run_config["dist"] = absl::StrCat("mpi x ", comm->size());
+  }
   // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
   tools::TrainMonitor monitor(trainer, steps);
   tools::ExitIfError(monitor.SetUpEval(objective.name, sft && data.empty() ? &train_data.task : nullptr, seed, seq_len,
                                        absl::GetFlag(FLAGS_data_dtype)),
                      "evaluation");
-  std::fprintf(stderr,
+  if (lead)
+    std::fprintf(stderr,
                "seqgrad train: model=%s objective=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s%s\n",
                absl::GetFlag(FLAGS_model).c_str(), objective.name.c_str(), strategy.name.c_str(),
                static_cast<long long>(report_seq_len), static_cast<long long>(strategy.chunk),
                static_cast<long long>(steps), data_what.c_str(),
                ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
-  if (!lora.empty()) std::fprintf(stderr, "%s\n", lora.c_str());
+  if (!lora.empty() && lead) std::fprintf(stderr, "%s\n", lora.c_str());
 
   // Per-step series (kept in checkpoints, so that a resumed run reports its whole curve).
   std::map<std::string, std::vector<double>> history;
@@ -364,8 +393,16 @@ int Main() {
       }
     }
   }
+  if (comm) {  // start from rank 0's weights, whatever each rank loaded
+    for (Param& p : (*model)->params())
+      tools::ExitIfError(comm->Broadcast(p.value.data<void>(), p.value.numel(), p.value.dtype(), 0), "--dist=mpi");
+    if (lead)
+      std::fprintf(stderr, "data parallel: %d ranks (mpi), each takes its share of the %lld records of a step\n",
+                   comm->size(), static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
+  }
   tools::Progress notes = tools::Progress::ForStdout();  // checkpoint notes above the progress line
   auto save_checkpoint = [&]() {
+    if (!lead) return;
     CheckpointMeta meta;
     meta.trainer = trainer.state();
     meta.seed = seed;
@@ -394,7 +431,21 @@ int Main() {
     }
     monitor.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<StepMetrics> m = trainer.Step(micro_batches);
+    absl::StatusOr<StepMetrics> m;
+    if (data_parallel) {  // one batch of all the micro-batches' records (what Step(micro_batches) equals)
+      Batch whole;
+      for (Batch& b : micro_batches) {
+        whole.sequences.insert(whole.sequences.end(), b.sequences.begin(), b.sequences.end());
+        whole.pairs.insert(whole.pairs.end(), b.pairs.begin(), b.pairs.end());
+        whole.groups.insert(whole.groups.end(), b.groups.begin(), b.groups.end());
+      }
+      uint64_t first = 0;
+      const Batch shard = dist::ShardOf(whole, comm->rank(), comm->size(), &first);
+      m = data_parallel->Step(shard, first);
+      if (m.ok()) m->micro_batches = opt.grad_accum;
+    } else {
+      m = trainer.Step(micro_batches);
+    }
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     seconds += step_seconds;
     tools::ExitIfError(m.status(), absl::StrCat("step ", step).c_str());
@@ -422,15 +473,18 @@ int Main() {
   for (int i = 0; i < kNumMemCategories; ++i)
     std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
   monitor.PrintEvalSummary(stdout);
+  if (comm)
+    std::printf("data parallel: %d ranks, %lld bytes all-reduced per rank per step\n", comm->size(),
+                static_cast<long long>(data_parallel->bytes_last_step()));
 
-  if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty())
+  if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty() && lead)
     tools::ExitIfError(tools::SaveTrained(**model, tools::ResolveUserPath(save), tools::ModelSpec(),
                                           absl::GetFlag(FLAGS_merge_lora)),
                        "--save");
-  if (!out_dir.empty() && finished)  // the final model next to the checkpoints, as --save writes it
+  if (!out_dir.empty() && finished && lead)  // the final model next to the checkpoints, as --save writes it
     tools::ExitIfError(tools::SaveTrained(**model, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora)),
                        "--out_dir");
-  if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
+  if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty() && lead) {
     std::string losses_json;
     // Every digit (%.17g): a resumed run's losses compare exactly with an uninterrupted run's.
     for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.17g", losses[i]));
