@@ -328,8 +328,8 @@ int Main() {
   run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
   if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
   if (comm) {  // every rank must train the same model the same way on the same data
+    // Not part of run_config: a data-parallel step equals one process's, so checkpoints resume across world sizes.
     tools::ExitIfError(dist::CheckSameConfig(*comm, run_config), "--dist=mpi");
-    run_config["dist"] = absl::StrCat("mpi x ", comm->size());
   }
   // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
   tools::TrainMonitor monitor(trainer, steps);

@@ -1,6 +1,6 @@
 #!/bin/bash
 # --dist=mpi: 2 ranks (mpirun on loopback) train with the per-step losses of one process on the same batches
-# (fp64, to 1e-10), and ranks started with different options stop at once with the configuration error.
+# (fp64, to 1e-10), a 2-rank checkpoint resumes in one process, and ranks started with different options stop at once with the configuration error.
 set -uo pipefail
 train="$(pwd)/$1"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
@@ -19,6 +19,17 @@ print("single", a); print("2 ranks", b)
 assert len(a) == len(b) == 3 and all(abs(x - y) <= 1e-10 * abs(x) for x, y in zip(a, b))
 PY
 done
+# A checkpoint written by 2 ranks resumes in one process with the uninterrupted run's losses.
+args=(--model=tiny --dtype=f64 --seq_len=560 --batch=3 --steps=4 --strategy=seco --chunk=128)
+"${mpi[@]}" -np 2 "$train" --dist=mpi "${args[@]}" --out_dir=ck --stop_at_step=2 >dist.log 2>&1 || { cat dist.log; fail "2-rank checkpoint"; }
+"$train" "${args[@]}" --out_dir=ck --resume --report=resumed.json >resume.log 2>&1 || { cat resume.log; fail "resume"; }
+"$train" "${args[@]}" --report=straight.json >single.log 2>&1 || fail "straight run"
+/usr/bin/python3 - <<'PY' || fail "resumed losses differ"
+import json
+a = json.load(open("straight.json"))["losses"]; b = json.load(open("resumed.json"))["losses"]
+print("straight", a); print("2 ranks + resume", b)
+assert len(a) == len(b) == 4 and all(abs(x - y) <= 1e-10 * abs(x) for x, y in zip(a, b))
+PY
 # Different --chunk on rank 1: both ranks refuse at start.
 out=$("${mpi[@]}" -np 1 "$train" --dist=mpi --model=tiny --seq_len=560 --steps=2 --strategy=seco --chunk=128 : \
       -np 1 "$train" --dist=mpi --model=tiny --seq_len=560 --steps=2 --strategy=seco --chunk=64 2>&1)
