@@ -1,9 +1,12 @@
 #include "distributed/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
+#include "core/lr_schedule.h"
+#include "core/optimizer.h"
 
 namespace sg::dist {
 
@@ -100,8 +103,56 @@ absl::StatusOr<StepMetrics> DataParallel::Step(const Batch& shard, uint64_t firs
   absl::StatusOr<StepMetrics> m = ComputeGradients(shard, first_index);
   if (!m.ok()) return m;
   // Identical gradients on every rank: the step (NaN check, clipping, AdamW) is identical too.
-  if (absl::Status s = trainer_.OptimizerStep(&*m); !s.ok()) return s;
+  if (absl::Status s = shard_optimizer_ ? ShardedOptimizerStep(&*m) : trainer_.OptimizerStep(&*m); !s.ok()) return s;
   return m;
+}
+
+std::vector<int> DataParallel::OptimizerOwners() {
+  std::vector<Param>& params = trainer_.model().params();
+  std::vector<int> owner(params.size(), -1);
+  double total = 0;
+  for (const Param& p : params)
+    if (p.grad.defined()) total += static_cast<double>(p.value.numel());
+  double before = 0;
+  const int W = comm_.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad.defined()) continue;
+    const double n = static_cast<double>(params[i].value.numel());
+    owner[i] = std::min(W - 1, static_cast<int>(W * (before + n / 2) / total));
+    before += n;
+  }
+  return owner;
+}
+
+absl::Status DataParallel::ShardedOptimizerStep(StepMetrics* metrics) {
+  const OptimizerOptions& opt = trainer_.optimizer_options();
+  if (absl::Status s = ValidateOptimizerOptions(opt); !s.ok()) return s;
+  Model& model = trainer_.model();
+  // The gradients are already the same on every rank: so are the norm and the clipping.
+  absl::StatusOr<double> sq = GradSquaredNorm(model, absl::StrCat("at step ", trainer_.step() + 1));
+  if (!sq.ok()) return sq.status();
+  const double norm = std::sqrt(*sq);
+  if (metrics) metrics->grad_norm = norm;
+  if (opt.clip_grad_norm > 0 && norm > opt.clip_grad_norm) ScaleGrads(model, opt.clip_grad_norm / norm);
+  const double lr = ScheduledLr(opt, trainer_.step() + 1);
+  if (metrics) metrics->lr = lr;
+  const std::vector<int> owner = OptimizerOwners();
+  std::vector<Param>& params = model.params();
+  // AdamW over this rank's parameters only: the others' gradients are hidden during the step (no moments for them).
+  std::vector<Tensor> hidden(params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    if (owner[i] >= 0 && owner[i] != comm_.rank()) std::swap(hidden[i], params[i].grad);
+  absl::Status stepped = trainer_.optimizer().Step(model, opt, lr);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (owner[i] >= 0 && owner[i] != comm_.rank()) std::swap(hidden[i], params[i].grad);
+  if (absl::Status s = Agree(comm_, stepped, "the sharded optimizer step"); !s.ok()) return s;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owner[i] < 0) continue;
+    Tensor& v = params[i].value;
+    if (absl::Status s = comm_.Broadcast(v.raw(), v.numel(), v.dtype(), owner[i]); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("broadcasting ", params[i].name, ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sg::dist

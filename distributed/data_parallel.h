@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/trainer.h"
@@ -41,7 +42,21 @@ class DataParallel {
   // Bytes this rank sent in its last ComputeGradients (payloads of the all-reduces).
   int64_t bytes_last_step() const { return bytes_last_step_; }
 
+  // ZeRO-1 (optimizer-state sharding), set before the first Step: every parameter with a gradient gets one owner
+  // rank (contiguous in model.params() order, balanced by element count: parameter i goes to rank
+  // floor(W (elements before i + half of its own) / all elements)), and Step then keeps AdamW moments only for the
+  // parameters this rank owns (optimizer memory ~1/W at parameter granularity), steps them after the same global
+  // norm clipping every rank computes from the all-reduced gradients, and broadcasts each updated parameter from its
+  // owner, so the weights equal those of the unsharded step. The trainer's moments of other parameters stay
+  // undefined: a checkpoint written from one rank holds only that rank's moments (examples:train does not use it).
+  void set_shard_optimizer(bool on) { shard_optimizer_ = on; }
+  bool shard_optimizer() const { return shard_optimizer_; }
+  // The owner rank of model.params()[i] under ZeRO-1 (-1 for parameters without a gradient).
+  std::vector<int> OptimizerOwners();
+
  private:
+  absl::Status ShardedOptimizerStep(StepMetrics* metrics);
+  bool shard_optimizer_ = false;
   Trainer& trainer_;
   Communicator& comm_;
   int64_t bytes_last_step_ = 0;
