@@ -26,6 +26,7 @@
 #include "core/trainer.h"
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
+#include "distributed/layer_sharded.h"
 #include "distributed/mpi_communicator.h"
 #include "examples/common.h"
 #include "examples/report.h"
@@ -71,6 +72,14 @@ ABSL_FLAG(std::string, dist, "",
           "data parallel across the ranks of an mpirun job: 'mpi' (each rank takes its share of every step's "
           "records; gradients are all-reduced once per parameter; rank 0 prints, reports and saves). Empty: one "
           "process");
+ABSL_FLAG(bool, dist_layers, false,
+          "with --dist=mpi and --strategy=adjoint (SSMs, sft): layer-sharded adjoint instead of data parallel: each "
+          "rank owns a contiguous block of layers and the chunks flow through the ranks as a pipeline "
+          "(distributed/layer_sharded.h); every rank sees every record. Not with --out_dir (each rank holds only its "
+          "own optimizer moments)");
+ABSL_FLAG(bool, dist_shard_optimizer, false,
+          "with --dist=mpi (data parallel): ZeRO-1, each rank keeps AdamW moments only for its share of the "
+          "parameters and broadcasts them after its step. Not with --out_dir");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: before starting, pick the largest --chunk (seco, spaco, adjoint) or partition (streambp) whose "
           "step fits, probed with the engine's memory limit, or refuse with the numbers (0 = no budget)");
@@ -318,7 +327,27 @@ int Main() {
 
   Trainer trainer(**model, strategy, opt, objective, reference.get());
   std::unique_ptr<dist::DataParallel> data_parallel;
-  if (comm) data_parallel = std::make_unique<dist::DataParallel>(trainer, *comm);
+  std::unique_ptr<dist::LayerShardedAdjoint> layer_sharded;
+  const bool dist_layers = absl::GetFlag(FLAGS_dist_layers), shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
+  const char* dist_what = dist_layers ? "--dist_layers" : "--dist_shard_optimizer";
+  if ((dist_layers || shard_optimizer) && !comm)
+    tools::ExitIfError(absl::InvalidArgumentError("needs --dist=mpi"), dist_what);
+  if ((dist_layers || shard_optimizer) && !out_dir.empty())
+    tools::ExitIfError(absl::InvalidArgumentError("checkpoints (--out_dir) would hold only rank 0's optimizer moments"),
+                       dist_what);
+  if (dist_layers && shard_optimizer)
+    tools::ExitIfError(absl::InvalidArgumentError("layer sharding already shards the optimizer by layer: drop "
+                                                  "--dist_shard_optimizer"), dist_what);
+  if (dist_layers) {
+    if (objective.name != "sft")
+      tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("trains sft only, not --objective=", objective.name)),
+                         dist_what);
+    layer_sharded = std::make_unique<dist::LayerShardedAdjoint>(**model, strategy, opt, *comm);
+    tools::ExitIfError(layer_sharded->Validate(), dist_what);
+  } else if (comm) {
+    data_parallel = std::make_unique<dist::DataParallel>(trainer, *comm);
+    data_parallel->set_shard_optimizer(shard_optimizer);
+  }
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   // What a resume must match (core/checkpoint.h): model, LoRA, strategy, optimizer, objective, and the data.
   RunConfig run_config = TrainerRunConfig(trainer);
@@ -396,9 +425,13 @@ int Main() {
   if (comm) {  // start from rank 0's weights, whatever each rank loaded
     for (Param& p : (*model)->params())
       tools::ExitIfError(comm->Broadcast(p.value.data<void>(), p.value.numel(), p.value.dtype(), 0), "--dist=mpi");
-    if (lead)
-      std::fprintf(stderr, "data parallel: %d ranks (mpi), each takes its share of the %lld records of a step\n",
-                   comm->size(), static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
+    if (lead && layer_sharded)
+      std::fprintf(stderr, "layer-sharded adjoint: %d ranks (mpi), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
+                   layer_sharded->block().begin, layer_sharded->block().end, (*model)->num_layers());
+    else if (lead)
+      std::fprintf(stderr, "data parallel: %d ranks (mpi)%s, each takes its share of the %lld records of a step\n",
+                   comm->size(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
+                   static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
   }
   tools::Progress notes = tools::Progress::ForStdout();  // checkpoint notes above the progress line
   auto save_checkpoint = [&]() {
@@ -432,7 +465,12 @@ int Main() {
     monitor.BeginStep(step);
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<StepMetrics> m;
-    if (data_parallel) {  // one batch of all the micro-batches' records (what Step(micro_batches) equals)
+    if (layer_sharded) {  // every rank runs every sequence through its own layers
+      std::vector<Sequence> all;
+      for (Batch& b : micro_batches) all.insert(all.end(), b.sequences.begin(), b.sequences.end());
+      m = layer_sharded->Step(all);
+      if (m.ok()) m->micro_batches = opt.grad_accum;
+    } else if (data_parallel) {  // one batch of all the micro-batches' records (what Step(micro_batches) equals)
       Batch whole;
       for (Batch& b : micro_batches) {
         whole.sequences.insert(whole.sequences.end(), b.sequences.begin(), b.sequences.end());
@@ -473,7 +511,10 @@ int Main() {
   for (int i = 0; i < kNumMemCategories; ++i)
     std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
   monitor.PrintEvalSummary(stdout);
-  if (comm)
+  if (layer_sharded)
+    std::printf("layer-sharded adjoint: %d ranks, %lld bytes sent by rank 0 in the last step\n", comm->size(),
+                static_cast<long long>(layer_sharded->bytes_last_step()));
+  else if (comm)
     std::printf("data parallel: %d ranks, %lld bytes all-reduced per rank per step\n", comm->size(),
                 static_cast<long long>(data_parallel->bytes_last_step()));
 

@@ -1,9 +1,14 @@
 #!/bin/bash
 # --dist=mpi: 2 ranks (mpirun on loopback) train with the per-step losses of one process on the same batches
-# (fp64, to 1e-10), a 2-rank checkpoint resumes in one process, and ranks started with different options stop at once with the configuration error.
+# (fp64, to 1e-10), also with --dist_layers and --dist_shard_optimizer, a 2-rank checkpoint resumes in one process, and ranks started with different options stop at once with the configuration error.
 set -uo pipefail
 train="$(pwd)/$1"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+# A private OpenMPI session and shared-memory directory: parallel test sandboxes share /tmp and /dev/shm and may
+# reuse PIDs (distributed/mpi_run_test.sh).
+mpi_dir="$(mktemp -d /tmp/sg-mpi.XXXXXX)"
+trap 'rm -rf "$mpi_dir"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$mpi_dir" OMPI_MCA_btl_vader_backing_directory="$mpi_dir"
 mpi=(timeout --signal=KILL 120 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader)
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -13,6 +18,22 @@ for strategy in full seco streambp; do
   "${mpi[@]}" -np 2 "$train" --dist=mpi "${args[@]}" --report=dist.json >dist.log 2>&1 || { cat dist.log; fail "$strategy: mpirun"; }
   grep -q "data parallel: 2 ranks" dist.log || { cat dist.log; fail "$strategy: no data-parallel summary"; }
   /usr/bin/python3 - <<'PY' || fail "$strategy: losses differ"
+import json
+a = json.load(open("single.json"))["losses"]; b = json.load(open("dist.json"))["losses"]
+print("single", a); print("2 ranks", b)
+assert len(a) == len(b) == 3 and all(abs(x - y) <= 1e-10 * abs(x) for x, y in zip(a, b))
+PY
+done
+# --dist_layers (layer-sharded adjoint, tiny-ssm: 3 layers on 2 ranks) and --dist_shard_optimizer (ZeRO-1): the
+# losses of one process.
+for extra in "--dist_layers --model=tiny-ssm --strategy=adjoint --adjoint_window=96" \
+             "--dist_shard_optimizer --model=tiny --strategy=seco"; do
+  read -r flag model strat window <<<"$extra"
+  args=(--dtype=f64 --seq_len=560 --batch=3 --steps=3 --chunk=128 $model $strat $window)
+  "$train" "${args[@]}" --report=single.json >single.log 2>&1 || { cat single.log; fail "$flag: single process"; }
+  "${mpi[@]}" -np 2 "$train" --dist=mpi $flag "${args[@]}" --report=dist.json >dist.log 2>&1 || { cat dist.log; fail "$flag: mpirun"; }
+  grep -Eq "layer-sharded adjoint: 2 ranks|optimizer state sharded" dist.log || { cat dist.log; fail "$flag: not used"; }
+  /usr/bin/python3 - <<'PY' || { cat dist.log; fail "$flag: losses differ"; }
 import json
 a = json.load(open("single.json"))["losses"]; b = json.load(open("dist.json"))["losses"]
 print("single", a); print("2 ranks", b)
