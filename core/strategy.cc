@@ -83,6 +83,16 @@ absl::Status ValidateSpacoBudget(const StrategyOptions& o, int64_t seq_len, cons
   return absl::OkStatus();
 }
 
+// splitmix-style mixing: a distinct, reproducible seed per (user seed, call, sequence).
+uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index) {
+  uint64_t h = seed ^ 0x243F6A8885A308D3ull;
+  for (uint64_t v : {call, index}) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+  }
+  return h;
+}
+
 absl::Status CatchStrategyErrors(const std::string& what, const std::function<void()>& f) {
   try {
     f();

@@ -46,6 +46,10 @@ inline void ThrowIfCancelled(const StrategyOptions& o) {
   if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw Cancelled();
 }
 
+// The sampling seed (spaco's chunks, LoRA dropout masks) of one sequence: the Trainer's `call`-th gradient call
+// over a batch, its `index`-th sequence. Distributed runs derive the same seeds, so ranks draw what one process would.
+uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index);
+
 // Runs f and turns what strategies throw into a status: Cancelled -> CANCELLED "<what> cancelled",
 // MemoryLimitExceeded -> RESOURCE_EXHAUSTED, any other exception -> INTERNAL "<what> failed: <message>".
 absl::Status CatchStrategyErrors(const std::string& what, const std::function<void()>& f);

@@ -10,18 +10,6 @@
 
 namespace sg {
 
-namespace {
-// A distinct, reproducible sampling seed per (user seed, call, sequence).
-uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index) {
-  uint64_t h = seed ^ 0x243F6A8885A308D3ull;
-  for (uint64_t v : {call, index}) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0xBF58476D1CE4E5B9ull;
-  }
-  return h;
-}
-}  // namespace
-
 Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer, ObjectiveOptions objective,
                  Model* reference)
     : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer), objective_(std::move(objective)),

@@ -14,16 +14,6 @@ namespace sg::dist {
 
 namespace {
 
-// The Trainer's per-sequence sampling seed (core/trainer.cc), so that LoRA dropout draws what one process would.
-uint64_t SequenceSeed(uint64_t seed, uint64_t call, uint64_t index) {
-  uint64_t h = seed ^ 0x243F6A8885A308D3ull;
-  for (uint64_t v : {call, index}) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0xBF58476D1CE4E5B9ull;
-  }
-  return h;
-}
-
 constexpr int kForwardTag = 0;   // boundary activations, rank r -> r + 1
 constexpr int kBackwardTag = 1;  // cotangents dx, rank r + 1 -> r
 constexpr int kTiedTag = 2;      // the head's part of a tied embedding's gradient, last rank -> rank 0
