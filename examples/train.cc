@@ -26,6 +26,7 @@
 #include "core/trainer.h"
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
+#include "distributed/host_staged_nccl.h"
 #include "distributed/layer_sharded.h"
 #include "distributed/mpi_communicator.h"
 #include "examples/common.h"
@@ -70,8 +71,9 @@ ABSL_FLAG(int64_t, stop_at_step, 0,
           "--resume): time-limited jobs; the schedule still ends at --steps. 0 = run to --steps");
 ABSL_FLAG(std::string, dist, "",
           "data parallel across the ranks of an mpirun job: 'mpi' (each rank takes its share of every step's "
-          "records; gradients are all-reduced once per parameter; rank 0 prints, reports and saves). Empty: one "
-          "process");
+          "records; gradients are all-reduced once per parameter; rank 0 prints, reports and saves) or 'nccl' (the "
+          "same over NCCL, one GPU per rank, host buffers staged through the GPU; needs a --config=cuda build). "
+          "Empty: one process");
 ABSL_FLAG(bool, dist_layers, false,
           "with --dist=mpi and --strategy=adjoint (SSMs, sft): layer-sharded adjoint instead of data parallel: each "
           "rank owns a contiguous block of layers and the chunks flow through the ranks as a pipeline "
@@ -206,15 +208,17 @@ int Main() {
   // --dist=mpi: join the job first, so that every later error is a rank's own.
   const std::string dist_flag = absl::GetFlag(FLAGS_dist);
   std::unique_ptr<dist::Communicator> comm;
-  if (dist_flag == "mpi") {
-    absl::StatusOr<std::unique_ptr<dist::Communicator>> c = dist::CreateMpiCommunicator();
-    tools::ExitIfError(c.status(), "--dist=mpi");
+  const std::string dist_what_flag = absl::StrCat("--dist=", dist_flag);
+  if (dist_flag == "mpi" || dist_flag == "nccl") {
+    absl::StatusOr<std::unique_ptr<dist::Communicator>> c =
+        dist_flag == "mpi" ? dist::CreateMpiCommunicator() : dist::CreateHostStagedNcclCommunicator();
+    tools::ExitIfError(c.status(), dist_what_flag.c_str());
     comm = std::move(*c);
     if (comm->rank() != 0) {  // rank 0 prints; the others keep stderr for their errors
       if (!std::freopen("/dev/null", "w", stdout)) return 1;
     }
   } else if (!dist_flag.empty()) {
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--dist must be empty or mpi, got '", dist_flag, "'")),
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--dist must be empty, mpi or nccl, got '", dist_flag, "'")),
                        "flags");
   }
   const bool lead = !comm || comm->rank() == 0;  // prints, reports, saves
@@ -331,7 +335,7 @@ int Main() {
   const bool dist_layers = absl::GetFlag(FLAGS_dist_layers), shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
   const char* dist_what = dist_layers ? "--dist_layers" : "--dist_shard_optimizer";
   if ((dist_layers || shard_optimizer) && !comm)
-    tools::ExitIfError(absl::InvalidArgumentError("needs --dist=mpi"), dist_what);
+    tools::ExitIfError(absl::InvalidArgumentError("needs --dist=mpi or --dist=nccl"), dist_what);
   if ((dist_layers || shard_optimizer) && !out_dir.empty())
     tools::ExitIfError(absl::InvalidArgumentError("checkpoints (--out_dir) would hold only rank 0's optimizer moments"),
                        dist_what);
@@ -358,7 +362,7 @@ int Main() {
   if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
   if (comm) {  // every rank must train the same model the same way on the same data
     // Not part of run_config: a data-parallel step equals one process's, so checkpoints resume across world sizes.
-    tools::ExitIfError(dist::CheckSameConfig(*comm, run_config), "--dist=mpi");
+    tools::ExitIfError(dist::CheckSameConfig(*comm, run_config), dist_what_flag.c_str());
   }
   // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
   tools::TrainMonitor monitor(trainer, steps);
@@ -424,13 +428,14 @@ int Main() {
   }
   if (comm) {  // start from rank 0's weights, whatever each rank loaded
     for (Param& p : (*model)->params())
-      tools::ExitIfError(comm->Broadcast(p.value.data<void>(), p.value.numel(), p.value.dtype(), 0), "--dist=mpi");
+      tools::ExitIfError(comm->Broadcast(p.value.data<void>(), p.value.numel(), p.value.dtype(), 0), dist_what_flag.c_str());
     if (lead && layer_sharded)
-      std::fprintf(stderr, "layer-sharded adjoint: %d ranks (mpi), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
+      std::fprintf(stderr, "layer-sharded adjoint: %d ranks (%s), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
+                   comm->backend().c_str(),
                    layer_sharded->block().begin, layer_sharded->block().end, (*model)->num_layers());
     else if (lead)
-      std::fprintf(stderr, "data parallel: %d ranks (mpi)%s, each takes its share of the %lld records of a step\n",
-                   comm->size(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
+      std::fprintf(stderr, "data parallel: %d ranks (%s)%s, each takes its share of the %lld records of a step\n",
+                   comm->size(), comm->backend().c_str(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
                    static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
   }
   tools::Progress notes = tools::Progress::ForStdout();  // checkpoint notes above the progress line

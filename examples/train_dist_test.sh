@@ -3,6 +3,7 @@
 # (fp64, to 1e-10), also with --dist_layers and --dist_shard_optimizer, a 2-rank checkpoint resumes in one process, and ranks started with different options stop at once with the configuration error.
 set -uo pipefail
 train="$(pwd)/$1"
+build="${2:-cpu}"  # cpu: --dist=nccl must be refused (built without --config=cuda); cuda: see train_nccl_gpu_test
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 # A private OpenMPI session and shared-memory directory: parallel test sandboxes share /tmp and /dev/shm and may
 # reuse PIDs (distributed/mpi_run_test.sh).
@@ -59,4 +60,13 @@ echo "$out" | head -20
 [[ $rc -ne 0 ]] || fail "mismatched ranks: the job succeeded"
 grep -q "configuration differs across ranks" <<<"$out" || fail "mismatched ranks: no configuration error"
 grep -q "strategy.chunk: rank 1 '64', rank 0 '128'" <<<"$out" || fail "mismatched ranks: the field is not named"
+# --dist=nccl in a build without --config=cuda: refused at once with an error that says so (no MPI needed).
+if [[ "$build" == cpu ]]; then
+  out=$(timeout --signal=KILL 60 "$train" --dist=nccl --model=tiny --seq_len=560 --steps=1 2>&1)
+  rc=$?
+  echo "$out" | head -5
+  [[ $rc -ne 0 ]] || fail "--dist=nccl without CUDA: succeeded"
+  grep -q "built without --config=cuda" <<<"$out" || fail "--dist=nccl without CUDA: no clear error"
+  grep -q -- "--dist=nccl" <<<"$out" || fail "--dist=nccl without CUDA: the flag is not named"
+fi
 echo PASS
