@@ -282,6 +282,7 @@ RunConfig TrainerRunConfig(Trainer& trainer) {
   c["strategy.chunk"] = absl::StrCat(s.chunk);
   c["strategy.page_size"] = absl::StrCat(s.page_size);
   c["strategy.lm_chunk"] = absl::StrCat(s.lm_chunk);
+  if (s.sparse_pages != 0) c["strategy.sparse_pages"] = absl::StrCat(s.sparse_pages);
   c["strategy.seed"] = absl::StrCat(s.seed);
   if (s.name == "spaco") {
     c["strategy.spaco_budget"] = absl::StrCat(s.spaco_budget);

@@ -47,6 +47,10 @@ struct StateOptions {
   // relays to earlier chunks the cotangents of the next adjoint_window - 1 tokens instead of the state gradient
   // (strategies/adjoint.cc); 0 relays the state gradient (one reverse scan).
   int64_t adjoint_window = 0;
+  // Page-level sparse attention (transformers): each query chunk attends, per layer, to the first page, the pages
+  // it overlaps plus the one before, and the sparse_pages other earlier pages of highest score (mean query of the
+  // chunk . mean key of the page). 0 = dense.
+  int64_t sparse_pages = 0;
   // Passes that compute gradients (Training(seed)): random masks (LoRA dropout) are on, drawn from `seed` per
   // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
   bool training = false;

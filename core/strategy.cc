@@ -42,6 +42,12 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--page_size must be positive, got ", o.page_size));
   if (o.lm_chunk <= 0)
     return absl::InvalidArgumentError(absl::StrCat("--lm_chunk must be positive, got ", o.lm_chunk));
+  if (o.sparse_pages < 0)
+    return absl::InvalidArgumentError(absl::StrCat("--sparse_pages must be 0 (dense) or positive, got ", o.sparse_pages));
+  if (o.sparse_pages > 0 && o.name != "seco" && o.name != "full")
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--sparse_pages is implemented for --strategy=seco (and full, whose single chunk attends densely), not '",
+        o.name, "'"));
   if (o.name == "spaco") {
     if (o.spaco_budget <= 0)
       return absl::InvalidArgumentError(

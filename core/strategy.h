@@ -22,6 +22,7 @@ struct StrategyOptions {
   int64_t chunk = 512;
   int64_t page_size = 256;    // KV page size in tokens
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
+  int64_t sparse_pages = 0;   // page-level sparse attention budget (StateOptions::sparse_pages); 0 = dense
   // spaco: each of a sequence's k chunks is backpropagated with probability spaco_budget / k (so spaco_budget
   // chunks on average), and its gradients are compensated so that the estimate is unbiased (strategies/spaco.cc).
   int64_t spaco_budget = 8;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +68,9 @@ class TransformerState final : public SequenceState {
   int64_t seq_len;
   StateOptions opts;
   std::vector<int64_t> kv_end;
+  // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
+  // pass without gradients) and reused unchanged by its recompute and backward.
+  std::map<std::pair<int, int64_t>, std::vector<uint8_t>> selection;
 };
 
 // Indices into params() for one decoder layer; -1 where a bias is absent.
@@ -174,7 +179,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     {
       const AttentionShape shape = Shape(c);
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      ops_.attention_forward(shape, q.data<T>(), state.kv.View<T>(l), attn.data<T>(), lse.data<T>(), ws.data<T>());
+      PagedKV<T> view = state.kv.View<T>(l);
+      view.page_mask = SelectPages(l, c, q.data<T>(), state);
+      ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
     }
     Tensor h = New(act, {n, d});
     std::memcpy(h.data<T>(), x, n * d * sizeof(T));
@@ -244,8 +251,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       state.grad.Ensure(l, c.end, /*zero_new=*/true);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      ops_.attention_backward(shape, s[kQ].data<T>(), state.kv.View<T>(l), s[kAttn].data<T>(), s[kLse].data<T>(),
-                              dattn.data<T>(), dq.data<T>(), state.grad.View<T>(l), wsp.data<T>());
+      PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
+      view.page_mask = grad_view.page_mask = SelectPages(l, c, s[kQ].data<T>(), state);
+      ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
+                              dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
@@ -282,6 +291,46 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     state.kv.Ensure(l, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
     state.MarkKV(l, c);
+  }
+
+  // Sparse attention's page mask for chunk c in layer l (null: dense). Made once per (layer, chunk) from the
+  // chunk's roped queries and the cached keys, then reused: the recompute and the backward read the stored mask.
+  // Always kept: page 0, the pages the chunk overlaps and the page before them; of the other earlier pages the
+  // sparse_pages ones with the highest score sum_h mean_q[h] . mean_k[page][group(h)] (ties: lower page).
+  const uint8_t* SelectPages(int l, Chunk c, const T* q, TransformerState& state) {
+    const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
+    if (k <= 0) return nullptr;
+    const int64_t first_local = c.begin / ps, pages = (c.end + ps - 1) / ps;
+    const int64_t candidates = std::max<int64_t>(0, first_local - 2);  // pages 1 .. first_local - 2
+    if (candidates <= k) return nullptr;  // everything selected: dense
+    auto key = std::make_pair(l, c.begin);
+    auto it = state.selection.find(key);
+    if (it != state.selection.end()) return it->second.data();
+    const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim, group = H / G, n = c.size();
+    std::vector<double> mq(H * hd, 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t e = 0; e < H * hd; ++e) mq[e] += static_cast<double>(q[i * H * hd + e]);
+    // per KV head: the sum over its query heads of the mean query
+    std::vector<double> gq(G * hd, 0.0);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t e = 0; e < hd; ++e) gq[(h / group) * hd + e] += mq[h * hd + e] / static_cast<double>(n);
+    const PagedKV<T> kv = state.kv.View<T>(l);
+    std::vector<double> score(candidates);
+    for (int64_t p = 1; p <= candidates; ++p) {
+      const T* K = kv.k_page(p);
+      double acc = 0;
+      for (int64_t r = 0; r < ps; ++r)
+        for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * static_cast<double>(K[r * G * hd + e]);
+      score[p - 1] = acc / static_cast<double>(ps);
+    }
+    std::vector<int64_t> order(candidates);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
+    std::vector<uint8_t> mask(pages, 0);
+    mask[0] = 1;
+    for (int64_t p = std::max<int64_t>(0, first_local - 1); p < pages; ++p) mask[p] = 1;
+    for (int64_t i = 0; i < k; ++i) mask[order[i] + 1] = 1;
+    return state.selection.emplace(key, std::move(mask)).first->second.data();
   }
 
   AttentionShape Shape(Chunk c) const {

@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp 
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
 ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
+ABSL_FLAG(int64_t, sparse_pages, 0,
+          "page-level sparse attention (seco): per query chunk and layer, the first page, the local window and the "
+          "top-k other earlier pages by mean-query . mean-key score; 0 = dense");
 ABSL_FLAG(int64_t, spaco_budget, 8,
           "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
 ABSL_FLAG(double, spaco_cap, 2.0,
@@ -78,6 +81,7 @@ StrategyOptions StrategyFromFlags() {
   o.chunk = absl::GetFlag(FLAGS_chunk);
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
+  o.sparse_pages = absl::GetFlag(FLAGS_sparse_pages);
   o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -10,6 +10,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -23,6 +25,9 @@ ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many c
 ABSL_FLAG(std::string, adjoint_windows, "",
           "adjoint: comma-separated truncation windows T̄ (or none) to sweep; prints the gradient error against "
           "exact and the vector-Jacobian products per layer and channel for each");
+ABSL_FLAG(std::string, sparse_sweep, "",
+          "comma-separated --sparse_pages budgets (seco): one row each, the loss and gradient deviation of the "
+          "sparse model from dense full backprop");
 ABSL_FLAG(int64_t, seq_len, 61,
           "length of the longest test sequence (sft: a second of a third of it makes the batch ragged; dpo/grpo: "
           "prompt + response, see MakeCheckBatch in core/gradcheck.h)");
@@ -62,6 +67,18 @@ int Main() {
       tools::ExitIfError(ValidateStrategyOptions(runs.back()), "--adjoint_windows");
     }
   }
+  if (const std::string list = absl::GetFlag(FLAGS_sparse_sweep); !list.empty()) {
+    if (!absl::GetFlag(FLAGS_adjoint_windows).empty())
+      tools::ExitIfError(absl::InvalidArgumentError("--sparse_sweep and --adjoint_windows exclude each other"), "flags");
+    runs.clear();
+    for (absl::string_view k : absl::StrSplit(list, ',')) {
+      runs.push_back(strategy);
+      if (!absl::SimpleAtoi(k, &runs.back().sparse_pages))
+        tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--sparse_sweep: '", k, "' is not a number")),
+                           "flags");
+      tools::ExitIfError(ValidateStrategyOptions(runs.back()), "--sparse_sweep");
+    }
+  }
   const int64_t layers = (*model)->num_layers();
   std::vector<std::string> rows;
   for (const StrategyOptions& run : runs) {
@@ -74,11 +91,11 @@ int Main() {
         "\"seq_len\": %d, \"max_rel_err\": %.3e, \"max_abs_err\": %.3e, \"params_checked\": %d, "
         "\"worst_param\": \"%s\", \"loss\": %.17g, \"reference_loss\": %.17g, \"samples\": %d, "
         "\"mean_rel_err\": %.6e, \"spaco_budget\": %d, \"spaco_cap\": %g, \"adjoint_form\": \"%s\", "
-        "\"adjoint_window\": %s, \"adjoint_pairs_per_layer\": %d, \"lora\": %s}",
+        "\"adjoint_window\": %s, \"adjoint_pairs_per_layer\": %d, \"sparse_pages\": %d, \"lora\": %s}",
         absl::GetFlag(FLAGS_model), run.name, objective.name, absl::GetFlag(FLAGS_dtype), run.chunk, seq_len,
         r->max_rel_err, r->max_abs_err, r->params_checked, r->worst_param, r->loss, r->reference_loss, r->samples,
         r->mean_rel_err, run.spaco_budget, run.spaco_cap, run.adjoint_form, window, r->adjoint_pairs / layers,
-        tools::LoraJson(**model)));
+        run.sparse_pages, tools::LoraJson(**model)));
     std::printf("%s\n", rows.back().c_str());
   }
   const std::string json = rows.size() == 1 ? rows[0] : absl::StrCat("[", absl::StrJoin(rows, ",\n "), "]");

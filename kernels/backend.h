@@ -27,6 +27,10 @@ struct PagedKV {
   T* k_page(int64_t logical) const { return k_pool + page_table[logical] * page_stride; }
   T* v_page(int64_t logical) const { return v_pool + page_table[logical] * page_stride; }
   bool has_page(int64_t logical) const { return page_table[logical] >= 0; }
+  // Page-level sparse attention (SeCOv2 §4.3): when set, attention reads (and backward writes dK/dV of) only
+  // the logical pages with page_mask[i] != 0; null = every page (dense).
+  const uint8_t* page_mask = nullptr;
+  bool selected(int64_t logical) const { return page_mask == nullptr || page_mask[logical] != 0; }
 };
 
 // Geometry of one attention call: a chunk of n queries at absolute positions [pos0, pos0 + n), causal over

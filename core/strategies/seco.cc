@@ -34,7 +34,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
   return SecoSchedule(m, s, grad_scale, o,
-                      StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}.Training(o.seed));
+                      StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L, /*adjoint_window=*/0, /*sparse_pages=*/o.sparse_pages}.Training(o.seed));
 }
 
 }  // namespace sg

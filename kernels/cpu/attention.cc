@@ -62,6 +62,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
       std::fill(Ob + r * ldq, Ob + r * ldq + hd, T(0));
     }
     for (int64_t lp = 0; lp * ps < kv_len; ++lp) {
+      if (!kv.selected(lp)) continue;
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
       const T* Kp = kv.k_page(lp) + g * hd;
       const T* Vp = kv.v_page(lp) + g * hd;
@@ -141,6 +142,7 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
           D[r] = acc;
         }
         for (int64_t lp = stripe; lp * ps < kv_len; lp += stripes) {
+          if (!kv.selected(lp)) continue;
           const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
           const T* Kp = kv.k_page(lp) + g * hd;
           const T* Vp = kv.v_page(lp) + g * hd;
