@@ -177,6 +177,18 @@ class ParamStore {
         if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;
     }
   }
+  // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
+  Tensor EmbedRows(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c) {
+    const int64_t d = params_[embed].value.dim(1);
+    Tensor x = New(MemCategory::kActivations, {c.size(), d});
+    ops.embedding_forward(ids + c.begin, c.size(), W(embed), d, x.template data<T>());
+    return x;
+  }
+  void EmbedRowsBackward(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c, const Tensor& dx) {
+    if (T* g = G(embed))
+      ops.embedding_backward(ids + c.begin, c.size(), dx.template data<T>(), params_[embed].value.dim(1), g);
+  }
+
   // A whole adapter on one linear op: y[n][out] += its output for input x over chunk c (no-op without an adapter);
   // backward (recomputing from x): dA, dB accumulated and dx[n][in] += its input gradient.
   void LoraAdd(const OpTable<T>& ops, int w, const T* x, Chunk c, const StateOptions& st, T* y, int64_t out) {

@@ -151,14 +151,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
         o);
   }
 
-  Tensor Embed(const int32_t* ids, Chunk c) override {
-    Tensor x = New(MemCategory::kActivations, {c.size(), cfg_.hidden_size});
-    ops_.embedding_forward(ids + c.begin, c.size(), W(embed_), cfg_.hidden_size, x.data<T>());
-    return x;
-  }
-
+  Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c); }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
-    if (T* g = G(embed_)) ops_.embedding_backward(ids + c.begin, c.size(), dx.data<T>(), cfg_.hidden_size, g);
+    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx);
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {

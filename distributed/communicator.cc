@@ -1,6 +1,7 @@
 #include "distributed/communicator.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -69,6 +70,16 @@ absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std
     absl::StrAppend(&msg, " (this rank, ", comm.rank(), ", agrees with rank 0; the differing ranks list the fields)");
   }
   return absl::FailedPreconditionError(msg);
+}
+
+absl::StatusOr<double> TimeoutSeconds(double default_s) {
+  const char* env = std::getenv("SEQGRAD_DIST_TIMEOUT_S");
+  if (!env || !*env) return default_s;
+  char* end = nullptr;
+  const double timeout = std::strtod(env, &end);
+  if (end == env || *end)
+    return absl::InvalidArgumentError(absl::StrCat("SEQGRAD_DIST_TIMEOUT_S='", env, "' is not a number"));
+  return timeout;
 }
 
 }  // namespace sg::dist

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 
 namespace sg::dist {
@@ -68,5 +69,9 @@ uint64_t ConfigHash(const std::map<std::string, std::string>& config);
 // every rank ("configuration differs across ranks ..."), listing each rank's hash and, on a rank that differs from
 // rank 0, the fields that differ (this rank's value against rank 0's).
 absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std::string>& config);
+
+// The per-call timeout of a backend: SEQGRAD_DIST_TIMEOUT_S (seconds) when set, else default_s; an error names
+// the variable when it is not a number.
+absl::StatusOr<double> TimeoutSeconds(double default_s);
 
 }  // namespace sg::dist

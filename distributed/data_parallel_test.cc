@@ -13,12 +13,10 @@
 #include "core/trainer.h"
 #include "core/transformer.h"
 #include "distributed/data_parallel.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/mpi_gtest_main.h"
 
 namespace sg::dist {
 namespace {
-
-Communicator* g_comm = nullptr;
 
 std::unique_ptr<Model> MakeModel(const std::string& preset) {
   InitOptions init;
@@ -311,19 +309,3 @@ TEST(Communicator, Collectives) {
 
 }  // namespace
 }  // namespace sg::dist
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  absl::StatusOr<std::unique_ptr<sg::dist::Communicator>> comm = sg::dist::CreateMpiCommunicator();
-  if (!comm.ok()) {
-    std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
-    return 1;
-  }
-  sg::dist::g_comm = comm->get();
-  if ((*comm)->size() < 2) std::fprintf(stderr, "warning: running on %d rank(s); launch with mpirun -np 2\n",
-                                        (*comm)->size());
-  int failed = RUN_ALL_TESTS() != 0;
-  (*comm)->AllReduce(&failed, 1, sg::DType::kI32, sg::dist::ReduceOp::kMax).IgnoreError();
-  comm->reset();
-  return failed;
-}

@@ -175,13 +175,9 @@ class MpiCommunicator : public Communicator {
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(const MpiOptions& options) {
   if (absl::Status s = EnsureMpi(); !s.ok()) return s;
-  double timeout = options.timeout_s;
-  if (const char* env = std::getenv("SEQGRAD_DIST_TIMEOUT_S"); env && *env) {
-    char* end = nullptr;
-    timeout = std::strtod(env, &end);
-    if (end == env || *end)
-      return absl::InvalidArgumentError(absl::StrCat("SEQGRAD_DIST_TIMEOUT_S='", env, "' is not a number"));
-  }
+  absl::StatusOr<double> timeout_or = TimeoutSeconds(options.timeout_s);
+  if (!timeout_or.ok()) return timeout_or.status();
+  const double timeout = *timeout_or;
   MPI_Comm comm;
   if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm); rc != MPI_SUCCESS)
     return absl::UnavailableError(absl::StrCat("MPI_Comm_dup failed with code ", rc));

@@ -156,13 +156,9 @@ class NcclCommunicator : public Communicator {
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Communicator* bootstrap,
                                                                      const NcclOptions& options) {
   const int rank = bootstrap ? bootstrap->rank() : 0, size = bootstrap ? bootstrap->size() : 1;
-  double timeout = options.timeout_s;
-  if (const char* env = std::getenv("SEQGRAD_DIST_TIMEOUT_S"); env && *env) {
-    char* end = nullptr;
-    timeout = std::strtod(env, &end);
-    if (end == env || *end)
-      return absl::InvalidArgumentError(absl::StrCat("SEQGRAD_DIST_TIMEOUT_S='", env, "' is not a number"));
-  }
+  absl::StatusOr<double> timeout_or = TimeoutSeconds(options.timeout_s);
+  if (!timeout_or.ok()) return timeout_or.status();
+  const double timeout = *timeout_or;
   int devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0)
     return absl::FailedPreconditionError(absl::StrCat(
