@@ -1,7 +1,6 @@
 #include "core/kv_pages.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -9,8 +8,8 @@ namespace sg {
 
 PagePool::PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
                    int64_t kv_heads, int64_t head_dim)
-    : capacity_(capacity), page_size_(page_size), kv_heads_(kv_heads), head_dim_(head_dim),
-      page_stride_(page_size * kv_heads * head_dim) {
+    : device_(tracker ? tracker->device() : Device::kCPU), capacity_(capacity), page_size_(page_size),
+      kv_heads_(kv_heads), head_dim_(head_dim), page_stride_(page_size * kv_heads * head_dim) {
   k_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
   v_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
   // Pop from the back: hand out low pool indices first.
@@ -38,7 +37,6 @@ void PagePool::SkipRows(int64_t begin, int64_t end, int64_t seq_len) {
 void PagePool::Ensure(int layer, int64_t end, bool zero_new) {
   std::vector<int32_t>& table = Table(layer);
   const int64_t needed = (end + page_size_ - 1) / page_size_;
-  const size_t elem = DTypeSize(k_.dtype());
   while (static_cast<int64_t>(table.size()) < needed) {
     const size_t logical = table.size();
     if (logical < skipped_rows_.size() && skipped_rows_[logical] >= page_size_) {
@@ -51,8 +49,8 @@ void PagePool::Ensure(int layer, int64_t end, bool zero_new) {
     const int32_t p = free_.back();
     free_.pop_back();
     if (zero_new) {
-      std::memset(static_cast<char*>(k_.raw()) + p * page_stride_ * elem, 0, page_stride_ * elem);
-      std::memset(static_cast<char*>(v_.raw()) + p * page_stride_ * elem, 0, page_stride_ * elem);
+      k_.Rows(p, p + 1).SetZero();
+      v_.Rows(p, p + 1).SetZero();
     }
     table.push_back(p);
   }
@@ -67,32 +65,43 @@ void PagePool::Release(int layer, int64_t from) {
   }
 }
 
+// Rows are copied one run per page with the device's copy op (the pools may live on a GPU).
 template <typename T>
 void PagePool::Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const {
   const std::vector<int32_t>& table = tables_.at(layer);
+  const OpTable<T>& ops = OpsFor<T>(device_);
   const int64_t row = kv_heads_ * head_dim_;
-  for (int64_t t = begin; t < end; ++t) {
+  for (int64_t t = begin; t < end;) {
+    const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
     const int32_t page = table[t / page_size_];
+    T* dk = k + (t - begin) * row;
+    T* dv = v + (t - begin) * row;
     if (page < 0) {
-      std::fill_n(k + (t - begin) * row, row, T(0));
-      std::fill_n(v + (t - begin) * row, row, T(0));
-      continue;
+      ops.fill(dk, run * row, T(0));
+      ops.fill(dv, run * row, T(0));
+    } else {
+      const int64_t off = page * page_stride_ + (t % page_size_) * row;
+      ops.copy(dk, k_.data<T>() + off, run * row);
+      ops.copy(dv, v_.data<T>() + off, run * row);
     }
-    const int64_t off = page * page_stride_ + (t % page_size_) * row;
-    std::memcpy(k + (t - begin) * row, k_.data<T>() + off, row * sizeof(T));
-    std::memcpy(v + (t - begin) * row, v_.data<T>() + off, row * sizeof(T));
+    t += run;
   }
 }
 
 template <typename T>
 void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v) {
   const std::vector<int32_t>& table = Table(layer);
+  const OpTable<T>& ops = OpsFor<T>(device_);
   const int64_t row = kv_heads_ * head_dim_;
-  for (int64_t t = begin; t < end; ++t) {
-    if (table[t / page_size_] < 0) continue;
-    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
-    std::memcpy(k_.data<T>() + off, k + (t - begin) * row, row * sizeof(T));
-    std::memcpy(v_.data<T>() + off, v + (t - begin) * row, row * sizeof(T));
+  for (int64_t t = begin; t < end;) {
+    const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
+    const int32_t page = table[t / page_size_];
+    if (page >= 0) {
+      const int64_t off = page * page_stride_ + (t % page_size_) * row;
+      ops.copy(k_.data<T>() + off, k + (t - begin) * row, run * row);
+      ops.copy(v_.data<T>() + off, v + (t - begin) * row, run * row);
+    }
+    t += run;
   }
 }
 
@@ -109,31 +118,26 @@ PagedKV<T> PagePool::View(int layer) const {
   return view;
 }
 
-namespace {
 template <typename T>
-void ScaleRows(T* k, T* v, int64_t n, double factor) {
-  for (int64_t i = 0; i < n; ++i) {
-    k[i] = static_cast<T>(k[i] * factor);
-    v[i] = static_cast<T>(v[i] * factor);
-  }
-}
-}  // namespace
-
-void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
+void PagePool::ScaleAs(int layer, int64_t begin, int64_t end, double factor) {
   const std::vector<int32_t>& table = Table(layer);
+  const OpTable<T>& ops = OpsFor<T>(device_);
   const int64_t row = kv_heads_ * head_dim_;
   end = std::min(end, static_cast<int64_t>(table.size()) * page_size_);
   for (int64_t t = begin; t < end;) {  // one run of rows per page
     const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
-    const int64_t off = table[t / page_size_] * page_stride_ + (t % page_size_) * row;
-    if (table[t / page_size_] < 0) {
-      t += run;
-      continue;
+    if (const int32_t page = table[t / page_size_]; page >= 0) {
+      const int64_t off = page * page_stride_ + (t % page_size_) * row;
+      ops.scale(k_.data<T>() + off, run * row, factor);
+      ops.scale(v_.data<T>() + off, run * row, factor);
     }
-    if (k_.dtype() == DType::kF64) ScaleRows(k_.data<double>() + off, v_.data<double>() + off, run * row, factor);
-    else ScaleRows(k_.data<float>() + off, v_.data<float>() + off, run * row, factor);
     t += run;
   }
+}
+
+void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
+  if (k_.dtype() == DType::kF64) ScaleAs<double>(layer, begin, end, factor);
+  else ScaleAs<float>(layer, begin, end, factor);
 }
 
 #define SG_INSTANTIATE(T)                                                                 \

@@ -40,6 +40,8 @@ class PagePool {
 
  private:
   std::vector<int32_t>& Table(int layer);
+  template <typename T> void ScaleAs(int layer, int64_t begin, int64_t end, double factor);
+  Device device_;
   Tensor k_, v_;
   int64_t capacity_, page_size_, kv_heads_, head_dim_, page_stride_;
   std::vector<int32_t> free_;

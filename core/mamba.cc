@@ -107,7 +107,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  explicit Mamba(const MambaConfig& c) : cfg_(c), ops_(CpuOps<T>()) {
+  Mamba(const MambaConfig& c, Device device) : cfg_(c), ops_(OpsFor<T>(device)) {
+    mem_.set_device(device);
     const int64_t d = c.hidden_size, E = c.intermediate_size, N = c.state_size, R = c.time_step_rank;
     embed_ = Add("backbone.embeddings.weight", {c.vocab_size, d});
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -126,13 +127,13 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       L.out_proj = Add(p + "mixer.out_proj.weight", {d, E});
       L.out_bias = c.use_bias ? Add(p + "mixer.out_proj.bias", {d}) : -1;
       layers_.push_back(L);
-      std::fill_n(W(L.norm), d, T(1));
-      std::fill_n(W(L.d), E, T(1));
+      ops_.fill(W(L.norm), d, T(1));
+      ops_.fill(W(L.d), E, T(1));
       for (int64_t e = 0; e < E; ++e)
         for (int64_t s = 0; s < N; ++s) W(L.a_log)[e * N + s] = static_cast<T>(std::log(s + 1.0));
     }
     final_norm_ = Add("backbone.norm_f.weight", {d});
-    std::fill_n(W(final_norm_), d, T(1));
+    ops_.fill(W(final_norm_), d, T(1));
     head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
   }
 
@@ -215,14 +216,14 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Linear(dtr.data<T>(), n, R, W(L.dt_w), L.dt_b, 0, dtpre.data<T>(), E);
     Store::LoraAdd(ops_, L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
     ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
-    std::vector<T> A = NegExp(L.a_log);
+    Tensor A = NegExp(L.a_log);
     Tensor y = New(act, {n, E});
-    ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data(), B.data<T>(), C.data<T>(), W(L.d),
+    ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d),
                                 h0.data<T>(), n, E, N, y.data<T>(), out ? out->h.data<T>() : nullptr);
     Tensor gated = New(act, {n, E});
     ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
     Tensor res = New(MemCategory::kActivations, {n, d});
-    std::memcpy(res.data<T>(), x_in.data<T>(), n * d * sizeof(T));
+    ops_.copy(res.data<T>(), x_in.data<T>(), n * d);
     ops_.gemm(false, true, n, d, E, T(1), gated.data<T>(), E, W(L.out_proj), E, T(1), res.data<T>(), d);
     if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
     Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
@@ -263,27 +264,27 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     }
 
     Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E}), dB = New(ws, {n, N}), dC = New(ws, {n, N});
-    std::vector<T> A = NegExp(L.a_log), dA(E * N, T(0));
+    Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
     if (adjoint) {
       LaterTokens& later = state.Later(l);
       if (later.rows > 0 && later.begin != c.end)
         throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
                                             ", not after the chunk ending at ", c.end));
       state.pairs += ops_.selective_scan_backward_pairs(
-          dyscan.data<T>(), s[kU].data<T>(), s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(),
+          dyscan.data<T>(), s[kU].data<T>(), s[kDelta].data<T>(), A.data<T>(), s[kB].data<T>(), s[kC].data<T>(),
           W(L.d), s[kH0].data<T>(), n, E, N, later.rows ? later.dy.data<T>() : nullptr,
           later.rows ? later.delta.data<T>() : nullptr, later.rows ? later.C.data<T>() : nullptr, later.rows,
-          state.opts.adjoint_window, du.data<T>(), ddelta.data<T>(), dA.data(), dB.data<T>(), dC.data<T>(),
+          state.opts.adjoint_window, du.data<T>(), ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(),
           GradOrScratch(L.d));
       if (c.begin > 0) later = PrependTokens(c, dyscan, s[kDelta], s[kC], later, state.opts.adjoint_window - 1);
     } else {
       ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
-                                   s[kU].data<T>(), s[kDelta].data<T>(), A.data(), s[kB].data<T>(), s[kC].data<T>(),
-                                   W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data(),
+                                   s[kU].data<T>(), s[kDelta].data<T>(), A.data<T>(), s[kB].data<T>(), s[kC].data<T>(),
+                                   W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
                                    dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
     if (T* g = G(L.a_log))  // A = -exp(A_log): dA_log = dA * A
-      for (int64_t i = 0; i < E * N; ++i) g[i] += dA[i] * A[i];
+      for (int64_t i = 0; i < E * N; ++i) g[i] += dA.data<T>()[i] * A.data<T>()[i];
 
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E}), ddtr = New(ws, {n, R});
@@ -331,7 +332,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     }
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
-    std::memcpy(dx.data<T>(), dy, n * d * sizeof(T));
+    ops_.copy(dx.data<T>(), dy, n * d);
     ops_.rmsnorm_backward(dxn.data<T>(), s[kX].data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
                           GradOrScratch(L.norm), true);
     return dx;
@@ -359,8 +360,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     const int64_t from_c = std::min(out.rows, c.size()), from_after = out.rows - from_c;
     auto join = [&](const Tensor& here, const Tensor& there, int64_t width) {
       Tensor t = New(MemCategory::kKVGrad, {out.rows, width});
-      std::memcpy(t.data<T>(), here.data<T>(), from_c * width * sizeof(T));
-      if (from_after) std::memcpy(t.data<T>() + from_c * width, there.data<T>(), from_after * width * sizeof(T));
+      ops_.copy(t.data<T>(), here.data<T>(), from_c * width);
+      if (from_after) ops_.copy(t.data<T>() + from_c * width, there.data<T>(), from_after * width);
       return t;
     };
     out.dy = join(dy, after.dy, cfg_.intermediate_size);
@@ -368,14 +369,16 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     out.C = join(C, after.C, cfg_.state_size);
     return out;
   }
-  static void CopyOrZero(const Tensor* src, Tensor& dst) {
-    if (src) std::memcpy(dst.raw(), src->raw(), dst.nbytes());
+  void CopyOrZero(const Tensor* src, Tensor& dst) const {
+    if (src) ops_.copy(dst.data<T>(), src->data<T>(), dst.numel());
     else dst.SetZero();
   }
-  std::vector<T> NegExp(int a_log) const {
+  // A = -exp(A_log), on the model's device.
+  Tensor NegExp(int a_log) {
     const int64_t count = params_[a_log].value.numel();
-    std::vector<T> A(count);
-    for (int64_t i = 0; i < count; ++i) A[i] = -std::exp(W(a_log)[i]);
+    Tensor A = New(MemCategory::kWorkspace, {count});
+    T* a = A.data<T>();
+    for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(W(a_log)[i]);
     return A;
   }
   // y[n][out] = x[n][in] w[out][in]^T (+ bias rows [b_off, b_off + out) of parameter b)
@@ -440,10 +443,11 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype) {
+absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config));
-  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config));
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device));
+  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

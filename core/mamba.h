@@ -18,7 +18,8 @@ class MambaModel : public Model {
 };
 
 // Validates the config (errors name the HF field) and allocates zero-initialised parameters (f32 or f64).
-absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype);
+absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype,
+                                                         Device device = Device::kCPU);
 
 // Mamba's initialisation of the scan (as HF MambaPreTrainedModel): A_log = log(1..state_size), D = 1, dt_proj
 // weights uniform in +-dt_rank^-1/2 and dt_proj biases such that softplus(bias) is log-uniform in [1e-3, 1e-1]: a

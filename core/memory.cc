@@ -105,8 +105,8 @@ void MemoryTracker::ResetWindow() {
   s_.window_total_peak = s_.total_current;
 }
 
-Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape,
-                     Device device) {
+Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape) {
+  const Device device = tracker ? tracker->device() : Device::kCPU;
   Tensor t;
   t.dtype_ = dtype;
   t.device_ = device;
@@ -116,7 +116,8 @@ Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::
   t.shape_ = std::move(shape);
   const int64_t bytes = t.numel_ * static_cast<int64_t>(DTypeSize(dtype));
   const DeviceAllocator& a = g_allocators[static_cast<int>(device)];
-  if (!a.alloc) throw std::bad_alloc();
+  if (!a.alloc)
+    throw std::runtime_error("no allocator for the model's device (this build lacks its backend: --config=cuda)");
   if (tracker) tracker->Add(cat, bytes);  // first: over the limit, nothing is allocated
   void* p;
   try {

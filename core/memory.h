@@ -59,6 +59,9 @@ class MemoryTracker {
   void ResetWindow();
   // Caps the tracked total in bytes (0 = no cap): a step that would need more fails instead of allocating.
   void set_limit(int64_t bytes) { limit_ = bytes; }
+  // Where the tensors counted by this tracker live (one model, one device); set before the first allocation.
+  void set_device(Device d) { device_ = d; }
+  Device device() const { return device_; }
   int64_t limit() const { return limit_; }
 
   // Timeline: while on, every Add/Sub appends a MemoryEvent (a point before the first, index 0, holds the state
@@ -72,6 +75,7 @@ class MemoryTracker {
   mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   MemorySnapshot s_;
   int64_t limit_ = 0;
+  Device device_ = Device::kCPU;
   bool timeline_on_ = false;
   int64_t timeline_max_ = 0, timeline_events_ = 0;
   std::vector<MemoryEvent> timeline_;
@@ -81,8 +85,8 @@ class MemoryTracker {
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape,
-                      Device device = Device::kCPU);
+  // On the tracker's device (CPU without a tracker).
+  static Tensor Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
   static Tensor Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
 
   bool defined() const { return static_cast<bool>(storage_); }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/memory.h"
 
@@ -132,5 +133,12 @@ class Model {
 
 // Zeroes every defined gradient.
 void ZeroGrads(Model& model);
+
+// OK when models can be placed on d: CPU always; CUDA when built with --config=cuda and a GPU is usable.
+// Otherwise FailedPrecondition saying why (no GPU, built without CUDA).
+absl::Status CheckDevice(Device d);
+// "cpu" or "cuda" (the --device flag); an error names the flag and the choices.
+absl::StatusOr<Device> ParseDevice(const std::string& name);
+const char* DeviceName(Device d);
 
 }  // namespace sg

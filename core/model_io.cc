@@ -59,7 +59,8 @@ absl::Status LoadWeights(MambaModel& model, const std::string& dir) {
   return LoadParams(model, dir, model.config().tie_word_embeddings, "mamba");
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
+                                                     Device device) {
   std::optional<MambaConfig> config;
   if (!IsDirectory(spec)) {
     if (absl::StatusOr<MambaConfig> preset = MambaPreset(spec); preset.ok()) config = *preset;
@@ -75,11 +76,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
     }
   }
   if (!config) {
-    absl::StatusOr<std::unique_ptr<TransformerModel>> t = LoadModel(spec, dtype, seed);
+    absl::StatusOr<std::unique_ptr<TransformerModel>> t = LoadModel(spec, dtype, seed, device);
     if (!t.ok()) return t.status();
     return std::unique_ptr<Model>(std::move(*t));
   }
-  absl::StatusOr<std::unique_ptr<MambaModel>> model = CreateMamba(*config, dtype);
+  absl::StatusOr<std::unique_ptr<MambaModel>> model = CreateMamba(*config, dtype, device);
   if (!model.ok()) return model.status();
   if (IsDirectory(spec)) {
     if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;
@@ -92,11 +93,12 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
   return std::unique_ptr<Model>(std::move(*model));
 }
 
-absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed,
+                                                            Device device) {
   if (!IsDirectory(spec)) {
     absl::StatusOr<TransformerConfig> preset = TransformerPreset(spec);
     if (!preset.ok()) return preset.status();
-    absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*preset, dtype);
+    absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*preset, dtype, device);
     if (!model.ok()) return model.status();
     InitOptions init;
     init.seed = seed;
@@ -105,7 +107,7 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
   }
   absl::StatusOr<TransformerConfig> config = io::LoadTransformerConfig(spec);
   if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*config, dtype);
+  absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*config, dtype, device);
   if (!model.ok())
     return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
   if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;

@@ -12,11 +12,14 @@ namespace sg {
 
 // `spec` is a preset name (random init from `seed`) or a directory holding config.json and model.safetensors
 // or model.safetensors.index.json. Relative paths are taken as given (callers resolve them).
-absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed);
+// The model lives on `device` (its tensors and ops; CUDA needs a --config=cuda build and a GPU).
+absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed,
+                                                            Device device = Device::kCPU);
 
 // Any family: a transformer or Mamba preset, or a directory whose config.json model_type is llama, qwen2 or mamba
 // (MambaForCausalLM). LoadModel above takes transformers only.
-absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed);
+absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
+                                                     Device device = Device::kCPU);
 
 // Loads HF weights into an existing model by parameter name, checking every shape.
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);

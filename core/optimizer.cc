@@ -48,9 +48,8 @@ void Scale(Tensor& t, double f) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
 }
 template <typename T>
-void Adam(const OptimizerOptions& o, double lr, std::vector<Param>& params, std::vector<Tensor>& m,
-          std::vector<Tensor>& v, int64_t step) {
-  const OpTable<T>& ops = CpuOps<T>();
+void Adam(const OpTable<T>& ops, const OptimizerOptions& o, double lr, std::vector<Param>& params,
+          std::vector<Tensor>& m, std::vector<Tensor>& v, int64_t step) {
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!p.grad.defined()) continue;
@@ -136,8 +135,9 @@ absl::Status AdamW::Step(Model& model, const OptimizerOptions& o, double lr) {
     return absl::FailedPreconditionError(absl::StrCat("optimizer state holds ", m_.size(),
                                                       " parameters but the model has ", params.size()));
   ++step_;
-  if (model.dtype() == DType::kF64) Adam<double>(o, lr, params, m_, v_, step_);
-  else Adam<float>(o, lr, params, m_, v_, step_);
+  const Device device = model.memory().device();
+  if (model.dtype() == DType::kF64) Adam<double>(OpsFor<double>(device), o, lr, params, m_, v_, step_);
+  else Adam<float>(OpsFor<float>(device), o, lr, params, m_, v_, step_);
   return absl::OkStatus();
 }
 

@@ -41,9 +41,10 @@ class ParamStore {
   // that two of them can be written by one call).
   T* GradOrScratch(int idx) {
     if (T* g = G(idx)) return g;
-    std::vector<T>& buf = scratch_[idx];
-    buf.assign(params_[idx].value.numel(), T(0));
-    return buf.data();
+    Tensor& buf = scratch_[idx];
+    if (!buf.defined()) buf = New(MemCategory::kWorkspace, params_[idx].value.shape());
+    buf.SetZero();
+    return buf.template data<T>();
   }
   void SetLmChunk(int64_t rows) { lm_chunk_ = std::max<int64_t>(1, rows); }
 
@@ -206,7 +207,7 @@ class ParamStore {
   MemoryTracker mem_;
   std::vector<Param> params_;
   int64_t lm_chunk_ = 256;
-  std::map<int, std::vector<T>> scratch_;
+  std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device
   std::unique_ptr<LoraInfo> lora_;
   std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
 };

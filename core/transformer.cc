@@ -38,6 +38,20 @@ std::vector<double> RopeInverseFrequencies(const TransformerConfig& c) {
   return inv;
 }
 
+absl::Status CheckDevice(Device d) {
+  const std::string why = DeviceUnavailableReason(d);
+  if (why.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("--device=", DeviceName(d), ": ", why));
+}
+
+absl::StatusOr<Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return Device::kCPU;
+  if (name == "cuda") return Device::kCUDA;
+  return absl::InvalidArgumentError(absl::StrCat("--device: unknown device '", name, "' (choose cpu or cuda)"));
+}
+
+const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
+
 void ZeroGrads(Model& model) {
   for (Param& p : model.params())
     if (p.grad.defined()) p.grad.SetZero();
@@ -93,8 +107,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  explicit Transformer(const TransformerConfig& c)
-      : cfg_(c), ops_(CpuOps<T>()), inv_freq_(RopeInverseFrequencies(c)) {
+  Transformer(const TransformerConfig& c, Device device)
+      : cfg_(c), ops_(OpsFor<T>(device)), inv_freq_(RopeInverseFrequencies(c)) {
+    mem_.set_device(device);
     const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
     embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -117,8 +132,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     final_norm_ = Add("model.norm.weight", {d});
     head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
     for (const LayerParams& L : layers_)
-      for (int idx : {L.norm1, L.norm2}) std::fill_n(W(idx), params_[idx].value.numel(), T(1));
-    std::fill_n(W(final_norm_), params_[final_norm_].value.numel(), T(1));
+      for (int idx : {L.norm1, L.norm2}) ops_.fill(W(idx), params_[idx].value.numel(), T(1));
+    ops_.fill(W(final_norm_), params_[final_norm_].value.numel(), T(1));
   }
 
   std::string family() const override { return "transformer"; }
@@ -179,7 +194,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
     }
     Tensor h = New(act, {n, d});
-    std::memcpy(h.data<T>(), x, n * d * sizeof(T));
+    ops_.copy(h.data<T>(), x, n * d);
     ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
     Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
@@ -192,7 +207,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Store::LoraAdd(ops_, L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
-    std::memcpy(y.data<T>(), h.data<T>(), n * d * sizeof(T));
+    ops_.copy(y.data<T>(), h.data<T>(), n * d);
     ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
     Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
@@ -233,7 +248,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
       Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
       Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
-      std::memcpy(dh.data<T>(), dy, n * d * sizeof(T));
+      ops_.copy(dh.data<T>(), dy, n * d);
       NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
     }
     // Attention: h = x + o(attn(rope(q(xn1)), cache)), xn1 = norm1(x)
@@ -263,7 +278,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
-    std::memcpy(dx.data<T>(), dh.data<T>(), n * d * sizeof(T));
+    ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
     NormBackward(dxn1.data<T>(), s[kX].data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
     return dx;
   }
@@ -394,10 +409,12 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype) {
+absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
+                                                                    Device device) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config));
-  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config));
+  if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device));
+  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

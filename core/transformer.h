@@ -24,7 +24,8 @@ class TransformerModel : public Model {
 };
 
 // Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU.
-absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype);
+absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
+                                                                    Device device = Device::kCPU);
 
 // Random initialisation (normal(0, stddev) matrices, unit norms, zero biases).
 void InitRandom(Model& model, const InitOptions& opts);

@@ -4,7 +4,9 @@
 // unless the name says "accumulate". Layouts are row-major; a token's heads are contiguous: [n][heads][head_dim].
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -72,8 +74,11 @@ struct OpTable {
   void (*swiglu_forward)(const T* gate, const T* up, int64_t count, T* out);
   void (*swiglu_backward)(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup);
 
-  // y += x (residual)
+  // y += x (residual); dst = src; x[:] = value; x *= factor (all on the backend's memory)
   void (*add_inplace)(T* y, const T* x, int64_t count);
+  void (*copy)(T* dst, const T* src, int64_t count);
+  void (*fill)(T* x, int64_t count, T value);
+  void (*scale)(T* x, int64_t count, double factor);
 
   // Causal GQA attention of q[n][heads][head_dim] against the paged cache. Saves lse[heads][n].
   // `workspace` holds attention_workspace_elems(s, page_size) elements (O(query block x page), not O(T)).
@@ -138,5 +143,35 @@ struct OpTable {
 
 template <typename T>
 const OpTable<T>& CpuOps();
+
+// Asynchronous copies between a device's memory and pinned host memory, in lanes (CUDA: a stream per lane; CPU:
+// a worker thread per lane), for KV offload. Copies issued to one lane run in order; wait(lane) returns once every
+// copy issued to it has finished.
+struct CopyEngine {
+  void* (*alloc_host)(size_t bytes) = nullptr;  // pinned on CUDA
+  void (*free_host)(void* p) = nullptr;
+  void (*copy_async)(void* dst, const void* src, size_t bytes, int lane) = nullptr;
+  void (*wait)(int lane) = nullptr;
+};
+
+// What a device backend registers (the CUDA library does so when linked in, built with --config=cuda).
+struct DeviceBackend {
+  const OpTable<float>* f32 = nullptr;
+  const OpTable<double>* f64 = nullptr;
+  // "" when a device is usable; otherwise why not (e.g. "no CUDA device: ...").
+  std::string (*probe)() = nullptr;
+  // Free and total device memory in bytes.
+  void (*memory_info)(int64_t* free_bytes, int64_t* total_bytes) = nullptr;
+  void (*synchronize)() = nullptr;
+  CopyEngine copies;
+};
+void RegisterBackend(Device d, const DeviceBackend& b);
+// The registered backend of d (CPU always is); null when none (CUDA in a build without --config=cuda).
+const DeviceBackend* FindBackend(Device d);
+// "" when d can run: CPU always; CUDA when the CUDA backend is linked in and a GPU is usable.
+std::string DeviceUnavailableReason(Device d);
+// The op table of d for T; throws std::runtime_error naming the device if it has none.
+template <typename T>
+const OpTable<T>& OpsFor(Device d);
 
 }  // namespace sg

@@ -27,6 +27,9 @@ template <typename T> void SwigluForward(const T* gate, const T* up, int64_t cou
 template <typename T>
 void SwigluBackward(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup);
 template <typename T> void AddInplace(T* y, const T* x, int64_t count);
+template <typename T> void Copy(T* dst, const T* src, int64_t count);
+template <typename T> void Fill(T* x, int64_t count, T value);
+template <typename T> void Scale(T* x, int64_t count, double factor);
 
 template <typename T>
 void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* workspace);
@@ -65,6 +68,9 @@ template <typename T> void SiluForward(const T* x, int64_t count, T* y);
 template <typename T> void SiluBackward(const T* dy, const T* x, int64_t count, T* dx);
 template <typename T> void SoftplusForward(const T* x, int64_t count, T* y);
 template <typename T> void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx);
+
+// Worker-thread lanes of memcpy (copy_engine.cc).
+CopyEngine HostCopyEngine();
 
 template <typename T>
 void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,

@@ -1,4 +1,6 @@
 // Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, residual add.
+#include <cstring>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -130,6 +132,22 @@ void AddInplace(T* y, const T* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
 
+template <typename T>
+void Copy(T* dst, const T* src, int64_t count) {
+  std::memcpy(dst, src, count * sizeof(T));
+}
+
+template <typename T>
+void Fill(T* x, int64_t count, T value) {
+  std::fill_n(x, count, value);
+}
+
+template <typename T>
+void Scale(T* x, int64_t count, double factor) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) x[i] = static_cast<T>(x[i] * factor);
+}
+
 #define SG_INSTANTIATE(T)                                                                                   \
   template void EmbeddingForward<T>(const int32_t*, int64_t, const T*, int64_t, T*);                         \
   template void EmbeddingBackward<T>(const int32_t*, int64_t, const T*, int64_t, T*);                        \
@@ -140,7 +158,10 @@ void AddInplace(T* y, const T* x, int64_t count) {
   template void BiasBackward<T>(const T*, int64_t, int64_t, T*);                                             \
   template void SwigluForward<T>(const T*, const T*, int64_t, T*);                                           \
   template void SwigluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                            \
-  template void AddInplace<T>(T*, const T*, int64_t);
+  template void AddInplace<T>(T*, const T*, int64_t);                                                       \
+  template void Copy<T>(T*, const T*, int64_t);                                                              \
+  template void Fill<T>(T*, int64_t, T);                                                                     \
+  template void Scale<T>(T*, int64_t, double);
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(double)
 #undef SG_INSTANTIATE

@@ -17,6 +17,9 @@ static OpTable<T> MakeCpuTable() {
   t.swiglu_forward = cpu::SwigluForward<T>;
   t.swiglu_backward = cpu::SwigluBackward<T>;
   t.add_inplace = cpu::AddInplace<T>;
+  t.copy = cpu::Copy<T>;
+  t.fill = cpu::Fill<T>;
+  t.scale = cpu::Scale<T>;
   t.attention_forward = cpu::AttentionForward<T>;
   t.attention_backward = cpu::AttentionBackward<T>;
   t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
