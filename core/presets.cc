@@ -24,7 +24,9 @@ TransformerConfig Llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads,
 
 }  // namespace
 
-std::vector<std::string> TransformerPresetNames() { return {"tiny", "tiny-qwen2", "demo", "bench-cpu"}; }
+std::vector<std::string> TransformerPresetNames() {
+  return {"tiny", "tiny-qwen2", "demo", "bench-cpu", "llama-1b-shape", "qwen2.5-7b-shape"};
+}
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "tiny") return Llama(97, 32, 3, 4, 2, 48);
@@ -39,6 +41,20 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
   if (name == "bench-cpu") return Llama(512, 256, 4, 4, 2, 688);
+  // GPU benchmark shapes (random weights): a 1B Llama (Llama-3.2-1B's layout, 32K vocabulary) and Qwen2.5-7B.
+  if (name == "llama-1b-shape") {
+    TransformerConfig c = Llama(32000, 2048, 16, 32, 8, 8192);
+    c.rope_theta = 500000.0;
+    return c;
+  }
+  if (name == "qwen2.5-7b-shape") {
+    TransformerConfig c = Llama(152064, 3584, 28, 28, 4, 18944);
+    c.architecture = "qwen2";
+    c.attention_bias = true;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    return c;
+  }
   std::vector<std::string> names = TransformerPresetNames();
   for (const std::string& m : MambaPresetNames()) names.push_back(m);
   return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (",

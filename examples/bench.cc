@@ -45,6 +45,7 @@
 #include "core/data.h"
 #include "core/mamba.h"
 #include "core/model_io.h"
+#include "kernels/backend.h"
 #include "core/trainer.h"
 #include "examples/common.h"
 #include "examples/svg_chart.h"
@@ -421,19 +422,20 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
-std::string FindTorchScript() {
+// bench_torch.py (CPU: plain torch ops) or bench_torch_gpu.py (GPU: HF transformers with SDPA).
+std::string FindTorchScript(const std::string& name) {
   if (std::string f = absl::GetFlag(FLAGS_torch_script); !f.empty()) return tools::ResolveUserPath(f);
-  const std::string rel = "seqgrad/examples/bench_torch.py";
+  const std::string rel = "seqgrad/examples/" + name;
   std::vector<std::string> candidates;
   for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"})
     if (const char* d = std::getenv(env); d && *d) candidates.push_back(absl::StrCat(d, "/", rel));
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back(exe.string() + ".runfiles/" + rel);
-  candidates.push_back("examples/bench_torch.py");  // bazel run's working directory is the runfiles root
+  candidates.push_back("examples/" + name);  // bazel run's working directory is the runfiles root
   for (const std::string& c : candidates)
     if (fs::exists(c, ec)) return c;
-  Fail("--compare_torch", absl::StrCat("cannot find bench_torch.py (tried ", absl::StrJoin(candidates, ", "),
+  Fail("--compare_torch", absl::StrCat("cannot find ", name, " (tried ", absl::StrJoin(candidates, ", "),
                                        "); pass --torch_script"));
 }
 
@@ -443,9 +445,10 @@ std::string TempRoot() {
   return "/tmp";
 }
 
-// Runs bench_torch.py on the same model and sequences; returns its JSON (rows with engine "torch").
+// Runs the PyTorch reference on the same model and sequences (bench_torch.py on the CPU, bench_torch_gpu.py on a
+// GPU); returns its JSON (rows with engine "torch").
 json RunTorch(Model& model, const std::vector<std::string>& strategies,
-              const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype) {
+              const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype, bool gpu) {
   std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
   if (!mkdtemp(tmpl.data())) Fail("--compare_torch", absl::StrCat("cannot create a directory like ", tmpl));
   const std::string dir = tmpl;
@@ -466,11 +469,13 @@ json RunTorch(Model& model, const std::vector<std::string>& strategies,
     if (!out) Fail("--compare_torch", "cannot write the token file");
     lens.push_back(absl::StrCat(T));
   }
+  const std::string script = gpu ? "bench_torch_gpu.py" : "bench_torch.py";
   const std::string cmd = absl::StrCat(
-      ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript()), " --model_dir=", ShellQuote(dir),
-      " --seq_dir=", ShellQuote(dir), " --strategies=", absl::StrJoin(strategies, ","),
+      ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript(script)), " --model_dir=",
+      ShellQuote(dir), " --seq_dir=", ShellQuote(dir), " --strategies=", absl::StrJoin(strategies, ","),
       " --seq_lens=", absl::StrJoin(lens, ","), " --repeats=", repeats, " --warmup=", warmup,
-      " --threads=", omp_get_max_threads(), " --dtype=", dtype);
+      gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))
+          : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype));
   std::fprintf(stderr, "running: %s\n", cmd.c_str());
   std::fflush(stderr);
   FILE* p = popen(cmd.c_str(), "r");
@@ -654,6 +659,7 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
 int Main() {
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
+  const Device device = tools::DeviceFromFlags();
   const std::vector<std::string> strategies = SplitList(absl::GetFlag(FLAGS_strategies));
   if (strategies.empty()) Fail("--strategies", "empty");
   StrategyOptions base = tools::StrategyFromFlags();
@@ -679,7 +685,7 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool compare_torch = absl::GetFlag(FLAGS_compare_torch);
 
-  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
   tools::ExitIfError(loaded.status(), "--model");
   Model& model = **loaded;
   const ModelFacts facts = Describe(model);
@@ -687,11 +693,20 @@ int Main() {
     Fail("--compare_torch", "bench_torch.py implements the transformer family only");
   const int threads = omp_get_max_threads();
 
-  const double sgemm = MeasureSgemmGflops();
-  std::printf("seqgrad bench: model=%s (%s) dtype=%s threads=%d task=%s repeats=%d warmup=%d\n",
-              absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), threads, task.c_str(),
-              repeats, warmup);
-  std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
+  // The yardstick FLOP rates are divided by: the CPU's measured sgemm rate, or on a GPU its peak dense matmul
+  // rate in the --matmul mode (the fraction is then the MFU).
+  const DeviceBackend* backend = FindBackend(device);
+  const bool gpu = device == Device::kCUDA;
+  const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : MeasureSgemmGflops();
+  if (gpu && !(sgemm > 0)) Fail("--device", "the peak FLOP rate of this GPU is unknown (sm_80 and sm_90 are)");
+  // Caps the tracker at the GPU's free memory: a length that does not fit fails clearly (and is reported as the
+  // end of that strategy's rows) instead of paging managed memory.
+  if (gpu) tools::ExitIfError(tools::CheckDeviceMemory(model, base, 0, 0), "--device");
+  std::printf("seqgrad bench: model=%s (%s) dtype=%s device=%s matmul=%s threads=%d task=%s repeats=%d warmup=%d\n",
+              absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),
+              absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup);
+  if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
+  else std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;
@@ -719,6 +734,12 @@ int Main() {
         StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
         so.seed += static_cast<uint64_t>(round);
         absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seqs.at(T), 0, 1, /*rss=*/true);
+        if (absl::IsResourceExhausted(m.status())) {  // the longest T that fits is the one before
+          skipped[name] = absl::StrCat("out of memory at T=", T, ": ", m.status().message());
+          skipped_rows.push_back({{"strategy", name}, {"seq_len", T}, {"reason", skipped[name]}});
+          std::fprintf(stderr, "%s T=%lld: %s\n", name.c_str(), static_cast<long long>(T), skipped[name].c_str());
+          continue;
+        }
         tools::ExitIfError(m.status(), absl::StrCat("strategy ", name, " T=", T).c_str());
         if (skip_after_s > 0 && m->best_s > skip_after_s)
           skipped[name] = absl::StrFormat("T=%d took %.1f s > --skip_after_s=%g", T, m->best_s, skip_after_s);
@@ -773,9 +794,14 @@ int Main() {
     if (torch_strategies.empty()) {
       std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
     } else {
-      json t = RunTorch(model, torch_strategies, seqs, warmup, repeats, DTypeName(*dtype));
+      json t = RunTorch(model, torch_strategies, seqs, warmup, repeats, DTypeName(*dtype), gpu);
       for (json r : t["rows"]) {
         const int64_t T = r["seq_len"].get<int64_t>();
+        if (!r["time_s"].is_number()) {  // out of GPU memory
+          skipped_rows.push_back({{"engine", "torch"}, {"strategy", r["strategy"]}, {"seq_len", T},
+                                  {"reason", "out of GPU memory"}});
+          continue;
+        }
         const double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
         const double secs = r["time_s"].get<double>();
         r["gflops"] = flops / 1e9;
@@ -842,6 +868,9 @@ int Main() {
     config["model"] = absl::GetFlag(FLAGS_model);
     for (const auto& [k, v] : facts.config.items()) config[k] = v;
     config["dtype"] = DTypeName(*dtype);
+    config["device"] = DeviceName(device);
+    config["matmul"] = absl::GetFlag(FLAGS_matmul);
+    if (gpu) config["gpu"] = backend->name();
     config["threads"] = threads;
     config["task"] = task;
     config["batch"] = 1;

@@ -16,9 +16,14 @@
 #include "core/lora_io.h"
 #include "core/model_io.h"
 #include "core/presets.h"
+#include "kernels/backend.h"
 
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
+ABSL_FLAG(std::string, matmul, "fp32",
+          "how f32 matmuls multiply on cuda: fp32 (exact), tf32, or bf16 (bf16 inputs, f32 accumulation)");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
@@ -73,6 +78,47 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "f32") return DType::kF32;
   if (name == "f64") return DType::kF64;
   return absl::InvalidArgumentError(absl::StrCat("--dtype: '", name, "' is not supported (f32, f64)"));
+}
+
+Device DeviceFromFlags() {
+  absl::StatusOr<Device> d = ParseDevice(absl::GetFlag(FLAGS_device));
+  ExitIfError(d.status(), "--device");
+  ExitIfError(CheckDevice(*d), "--device");
+  const std::string matmul = absl::GetFlag(FLAGS_matmul);
+  const DeviceBackend* b = FindBackend(*d);
+  std::string refused;
+  if (b->set_matmul) refused = b->set_matmul(matmul);
+  else if (matmul != "fp32") refused = absl::StrCat("the ", DeviceName(*d), " backend multiplies in fp32 only");
+  if (!refused.empty()) ExitIfError(absl::InvalidArgumentError(refused), "--matmul");
+  return *d;
+}
+
+absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len, int64_t optimizer_bytes) {
+  const Device d = model.memory().device();
+  const DeviceBackend* b = FindBackend(d);
+  if (d == Device::kCPU || !b || !b->memory_info) return absl::OkStatus();
+  int64_t free_bytes = 0, total_bytes = 0;
+  b->memory_info(&free_bytes, &total_bytes);
+  const MemorySnapshot now = model.memory().Snapshot();
+  // What the strategy keeps per token: the state of every layer (ckpt: one), and for the chunked strategies its
+  // gradient too. Activations come on top, so this is a lower bound.
+  const int64_t L = model.num_layers();
+  const int64_t state_layers = s.name == "ckpt" ? 1 : L;
+  const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? L : 0;
+  const int64_t state = seq_len * model.StateBytesPerToken() * (state_layers + grad_layers);
+  const int64_t needed = optimizer_bytes + state;  // weights and gradients are allocated already
+  const int64_t margin = 256ll << 20;               // cuBLAS workspace, scratch, fragmentation
+  if (needed + margin > free_bytes)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--seq_len=%d does not fit on the GPU: it needs at least %.1f MiB (optimizer %.1f MiB + %s state of %d "
+        "tokens %.1f MiB + 256 MiB margin) besides the %.1f MiB of weights and gradients already there, and %.1f "
+        "of %.1f MiB are free; try --strategy=seco with a smaller --chunk, or a shorter --seq_len",
+        seq_len, (needed + margin) / 1048576.0, optimizer_bytes / 1048576.0, s.name, seq_len, state / 1048576.0,
+        now.total_current / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0));
+  // Past the GPU's free memory managed allocations would page silently; fail clearly instead.
+  if (model.memory().limit() == 0 || model.memory().limit() > now.total_current + free_bytes - margin)
+    model.memory().set_limit(now.total_current + free_bytes - margin);
+  return absl::OkStatus();
 }
 
 StrategyOptions StrategyFromFlags() {

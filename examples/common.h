@@ -12,6 +12,8 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, matmul);
 ABSL_DECLARE_FLAG(std::string, strategy);
 ABSL_DECLARE_FLAG(int64_t, chunk);
 ABSL_DECLARE_FLAG(int64_t, page_size);
@@ -38,6 +40,14 @@ std::string ModelSpecOf(const std::string& flag_value);
 std::string ModelSpec();
 absl::StatusOr<DType> ParseDType(const std::string& name);
 StrategyOptions StrategyFromFlags();
+// --device and --matmul: the device models go on, with its matmul mode set. Exits naming the flag when the device
+// cannot run here (no GPU, a build without --config=cuda) or refuses the mode.
+Device DeviceFromFlags();
+// On a GPU: refuses, before any step, a run whose lower bound (optimizer state plus the KV cache, and for seco and
+// spaco its gradient, of seq_len tokens) does not fit in the free GPU memory, naming the numbers; then caps the
+// model's tracker at the free memory, so that a later overflow is RESOURCE_EXHAUSTED rather than managed memory
+// paging. OK on the CPU.
+absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len, int64_t optimizer_bytes);
 // --adjoint_window: a positive token count or "none" (no truncation).
 absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text);
 ObjectiveOptions ObjectiveFromFlags();

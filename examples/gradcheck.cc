@@ -38,12 +38,13 @@ namespace {
 int Main() {
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
+  const Device device = tools::DeviceFromFlags();
   const StrategyOptions strategy = tools::StrategyFromFlags();
   tools::ExitIfError(ValidateStrategyOptions(strategy), "flags");
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError("--seq_len must be positive"), "flags");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);
   if (!lora.empty() && absl::GetFlag(FLAGS_lora_init).empty()) RandomizeLoraB(**model, seed + 1, 0.3);

@@ -228,6 +228,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_batch) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--batch must be positive"), "flags");
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
+  const Device device = tools::DeviceFromFlags();
   StrategyOptions strategy = tools::StrategyFromFlags();
   tools::ExitIfError(ValidateStrategyOptions(strategy), "flags");
   const ObjectiveOptions objective = tools::ObjectiveFromFlags();
@@ -267,7 +268,7 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
   if (lora.empty() && absl::GetFlag(FLAGS_merge_lora))
@@ -276,7 +277,7 @@ int Main() {
   // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
   std::unique_ptr<Model> reference;
   if (!ref_model.empty()) {
-    absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed);
+    absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, device);
     tools::ExitIfError(r.status(), "--ref_model");
     if ((*r)->vocab_size() != vocab)
       tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("vocabulary size ", (*r)->vocab_size(),
@@ -311,6 +312,13 @@ int Main() {
     train_data.task.seq_len = seq_len;
     train_data.task.vocab = vocab;
     tools::ExitIfError(train_data.task.Validate(), "synthetic task");
+  }
+
+  {
+    const Sequence probe = LongestSequence(train_data, objective.name, seed);
+    tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size()),
+                                                AdamW::StateBytes(**model)),
+                       "--device");
   }
 
   // --memory_budget: the largest chunk / partition whose step fits (weights, gradients and optimizer state

@@ -163,6 +163,12 @@ struct DeviceBackend {
   // Free and total device memory in bytes.
   void (*memory_info)(int64_t* free_bytes, int64_t* total_bytes) = nullptr;
   void (*synchronize)() = nullptr;
+  // How f32 matmuls multiply: "fp32" (exact), "tf32" or "bf16" (tensor cores; bf16 inputs, f32 accumulation).
+  // Returns "" or why the mode is refused. Null: "fp32" only.
+  std::string (*set_matmul)(const std::string& mode) = nullptr;
+  // The device's name and its peak dense matmul FLOP/s in the current mode (the denominator of MFU; 0 = unknown).
+  std::string (*name)() = nullptr;
+  double (*peak_flops)(bool f64) = nullptr;
   CopyEngine copies;
 };
 void RegisterBackend(Device d, const DeviceBackend& b);

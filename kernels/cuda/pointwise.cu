@@ -1,0 +1,393 @@
+// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, residual add, copy, scale, SiLU,
+// softplus. Formulas follow kernels/cpu/pointwise.cc and ssm.cc (same precision of every intermediate).
+//
+// Determinism: no floating-point atomics anywhere. Sums over rows (dw of RMSNorm, bias gradients) go through
+// fixed per-chunk partials and a fixed-order reduction; the embedding gradient adds each id's tokens in token
+// order, exactly as the CPU does.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
+
+namespace sg::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;     // element-wise kernels
+constexpr int kRowThreads = 256;  // one block per row (RMSNorm)
+
+// Grid for one block per row; rows past the grid are covered by a loop in the kernel.
+inline unsigned RowBlocks(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535 * 16));
+}
+
+__device__ inline float Exp(float x) { return expf(x); }
+__device__ inline double Exp(double x) { return exp(x); }
+__device__ inline float Log1p(float x) { return log1pf(x); }
+__device__ inline double Log1p(double x) { return log1p(x); }
+
+template <typename T>
+__device__ inline T Sigmoid(T x) {
+  return T(1) / (T(1) + Exp(-x));
+}
+
+// ---- embedding ----
+
+template <typename T>
+__global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t n, const T* table, int64_t d, T* out) {
+  SG_CUDA_LOOP(e, n * d) {
+    const int64_t i = e / d, j = e - i * d;
+    out[e] = table[static_cast<int64_t>(ids[i]) * d + j];
+  }
+}
+
+// Block x: groups of tokens sharing an id (grid-stride); y: column chunks. Each thread adds its column of the
+// group's dout rows in token order onto the table row: the CPU's order, so the same bits.
+template <typename T>
+__global__ void EmbeddingBackwardKernel(const int64_t* order, const int64_t* starts, const int64_t* group_ids,
+                                        int64_t groups, const T* dout, int64_t d, T* dtable) {
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    T* row = dtable + group_ids[g] * d;
+    for (int64_t j = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < d;
+         j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+      T acc = row[j];
+      for (int64_t t = starts[g]; t < starts[g + 1]; ++t) acc += dout[order[t] * d + j];
+      row[j] = acc;
+    }
+  }
+}
+
+// ---- column sums (dw of RMSNorm, bias gradient) ----
+
+// partial[c][j] = sum over rows i of chunk c of a[i][j] (* b[i][j] * r[i] when b is given), in double.
+template <typename T>
+__global__ void ColumnPartialKernel(const T* a, const T* b, const T* r, int64_t n, int64_t d, int64_t rows_per_chunk,
+                                    double* partial) {
+  const int64_t c = blockIdx.y;
+  const int64_t i0 = c * rows_per_chunk, i1 = min(n, i0 + rows_per_chunk);
+  SG_CUDA_LOOP(j, d) {
+    double acc = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      double v = static_cast<double>(a[i * d + j]);
+      if (b) v = v * b[i * d + j] * r[i];
+      acc += v;
+    }
+    partial[c * d + j] = acc;
+  }
+}
+
+// out[j] += sum_c partial[c][j], chunks in order.
+template <typename T>
+__global__ void ColumnFinishKernel(const double* partial, int64_t chunks, int64_t d, T* out) {
+  SG_CUDA_LOOP(j, d) {
+    double acc = 0;
+    for (int64_t c = 0; c < chunks; ++c) acc += partial[c * d + j];
+    out[j] += static_cast<T>(acc);
+  }
+}
+
+// out[j] += sum_i a[i][j] (* b[i][j] * r[i]): fixed chunks of rows, so the result does not depend on scheduling.
+template <typename T>
+void ColumnSums(const T* a, const T* b, const T* r, int64_t n, int64_t d, T* out, const char* op) {
+  const int64_t rows_per_chunk = std::max<int64_t>(32, (n + 255) / 256);  // at most 256 chunks
+  const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
+  auto* partial = static_cast<double*>(Scratch(chunks * d * sizeof(double), kSlotWork0, op));
+  const dim3 grid(Blocks(d, kThreads), static_cast<unsigned>(chunks));
+  ColumnPartialKernel<T><<<grid, kThreads, 0, Stream()>>>(a, b, r, n, d, rows_per_chunk, partial);
+  ColumnFinishKernel<T><<<Blocks(d, kThreads), kThreads, 0, Stream()>>>(partial, chunks, d, out);
+}
+
+// ---- RMSNorm ----
+
+template <typename T>
+__global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd) {
+  __shared__ double shared[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const T* xi = x + i * d;
+    double ss = 0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += static_cast<double>(xi[j]) * xi[j];
+    ss = BlockSum(ss, shared);
+    const T r = static_cast<T>(1.0 / sqrt(ss / d + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y[i * d + j] = xi[j] * r * w[j];
+  }
+}
+
+// dx_j = r (w_j dy_j) - x_j r^3 / d * sum_k (w_k dy_k x_k)
+template <typename T>
+__global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t d, T* dx,
+                                      bool accumulate_dx) {
+  __shared__ double shared[32];
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const T* xi = x + i * d;
+    const T* dyi = dy + i * d;
+    const double r = rstd[i];
+    double dot = 0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dot += static_cast<double>(w[j]) * dyi[j] * xi[j];
+    dot = BlockSum(dot, shared);
+    const double c = dot * r * r * r / d;
+    T* dxi = dx + i * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const T g = static_cast<T>(r * w[j] * dyi[j] - c * xi[j]);
+      dxi[j] = accumulate_dx ? dxi[j] + g : g;
+    }
+  }
+}
+
+// ---- RoPE ----
+
+// One thread per (token, head, frequency) pair (v[f], v[f + half]); the angle in double as on the CPU.
+template <typename T>
+__global__ void RopeKernel(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
+                           double sign) {
+  const int64_t half = head_dim / 2;
+  SG_CUDA_LOOP(e, n * heads * half) {
+    const int64_t f = e % half, token_head = e / half, i = token_head / heads;
+    const double angle = static_cast<double>(pos0 + i) * inv_freq[f];
+    double s, c;
+    sincos(angle, &s, &c);
+    const T cs = static_cast<T>(c), sn = static_cast<T>(sign * s);
+    T* v = x + token_head * head_dim;
+    const T a = v[f], b = v[f + half];
+    v[f] = a * cs - b * sn;
+    v[f + half] = b * cs + a * sn;
+  }
+}
+
+// ---- element-wise ----
+
+template <typename T>
+__global__ void AddBiasKernel(T* y, const T* b, int64_t n, int64_t m) {
+  SG_CUDA_LOOP(e, n * m) y[e] += b[e % m];
+}
+
+template <typename T>
+__global__ void SwigluForwardKernel(const T* gate, const T* up, int64_t count, T* out) {
+  SG_CUDA_LOOP(i, count) out[i] = gate[i] * Sigmoid(gate[i]) * up[i];
+}
+
+template <typename T>
+__global__ void SwigluBackwardKernel(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup) {
+  SG_CUDA_LOOP(i, count) {
+    const T g = gate[i], s = Sigmoid(g);
+    const T silu = g * s;
+    const T go = dout[i], u = up[i];  // read before writing: dgate/dup may alias dout
+    dup[i] = go * silu;
+    dgate[i] = go * u * (s + g * s * (T(1) - s));
+  }
+}
+
+template <typename T>
+__global__ void AddInplaceKernel(T* y, const T* x, int64_t count) {
+  SG_CUDA_LOOP(i, count) y[i] += x[i];
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* x, int64_t count, double factor) {
+  SG_CUDA_LOOP(i, count) x[i] = static_cast<T>(x[i] * factor);
+}
+
+template <typename T>
+__global__ void FillKernel(T* x, int64_t count, T value) {
+  SG_CUDA_LOOP(i, count) x[i] = value;
+}
+
+template <typename T>
+__global__ void SiluForwardKernel(const T* x, int64_t count, T* y) {
+  SG_CUDA_LOOP(i, count) y[i] = x[i] / (T(1) + Exp(-x[i]));
+}
+
+template <typename T>
+__global__ void SiluBackwardKernel(const T* dy, const T* x, int64_t count, T* dx) {
+  SG_CUDA_LOOP(i, count) {
+    const T s = T(1) / (T(1) + Exp(-x[i]));
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+// torch's softplus: identity above the threshold 20.
+template <typename T>
+__global__ void SoftplusForwardKernel(const T* x, int64_t count, T* y) {
+  SG_CUDA_LOOP(i, count) y[i] = x[i] > T(20) ? x[i] : Log1p(Exp(x[i]));
+}
+
+template <typename T>
+__global__ void SoftplusBackwardKernel(const T* dy, const T* x, int64_t count, T* dx) {
+  SG_CUDA_LOOP(i, count) dx[i] = x[i] > T(20) ? dy[i] : dy[i] / (T(1) + Exp(-x[i]));
+}
+
+}  // namespace
+
+template <typename T>
+void EmbeddingForward(const int32_t* ids, int64_t n, const T* table, int64_t d, T* out) {
+  if (n <= 0 || d <= 0) return;
+  const int32_t* dids = Stage(ids, n, kSlotIds, "embedding_forward");
+  EmbeddingForwardKernel<T><<<Blocks(n * d, kThreads), kThreads, 0, Stream()>>>(dids, n, table, d, out);
+  End("embedding_forward");
+}
+
+template <typename T>
+void EmbeddingBackward(const int32_t* ids, int64_t n, const T* dout, int64_t d, T* dtable) {
+  if (n <= 0 || d <= 0) return;
+  const char* op = "embedding_backward";
+  // Group the tokens by id on the host (ids are host memory): a stable sort keeps each id's tokens in token
+  // order, so one thread per (id, column) adds them in the CPU's order without atomics.
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [ids](int64_t p, int64_t q) { return ids[p] < ids[q]; });
+  std::vector<int64_t> starts, group_ids;
+  for (int64_t t = 0; t < n; ++t) {
+    if (t == 0 || ids[order[t]] != ids[order[t - 1]]) {
+      starts.push_back(t);
+      group_ids.push_back(ids[order[t]]);
+    }
+  }
+  starts.push_back(n);
+  const int64_t groups = static_cast<int64_t>(group_ids.size());
+  const int64_t* dorder = Stage(order.data(), n, kSlotIds, op);
+  const int64_t* dstarts = Stage(starts.data(), groups + 1, kSlotWork1, op);
+  const int64_t* dgroup_ids = Stage(group_ids.data(), groups, kSlotWork2, op);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(groups, 65535 * 16)),
+                  static_cast<unsigned>(std::min<int64_t>((d + kThreads - 1) / kThreads, 65535)));
+  EmbeddingBackwardKernel<T><<<grid, kThreads, 0, Stream()>>>(dorder, dstarts, dgroup_ids, groups, dout, d, dtable);
+  End(op);  // also keeps the host vectors alive until the copies finished
+}
+
+template <typename T>
+void RmsNormForward(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd) {
+  if (n <= 0) return;
+  RmsNormForwardKernel<T><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(x, w, n, d, eps, y, rstd);
+  End("rmsnorm_forward");
+}
+
+template <typename T>
+void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t d, T* dx, T* dw,
+                     bool accumulate_dx) {
+  if (n <= 0 || d <= 0) return;
+  // dw_j += sum_i dy_ij x_ij r_i, first: then dx may even share dy's memory.
+  ColumnSums(dy, x, rstd, n, d, dw, "rmsnorm_backward");
+  RmsNormBackwardKernel<T><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(dy, x, w, rstd, n, d, dx, accumulate_dx);
+  End("rmsnorm_backward");
+}
+
+template <typename T>
+void Rope(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq, bool inverse) {
+  const int64_t half = head_dim / 2;
+  if (n <= 0 || heads <= 0 || half <= 0) return;
+  const double* dfreq = Stage(inv_freq, half, kSlotInvFreq, "rope");
+  RopeKernel<T><<<Blocks(n * heads * half, kThreads), kThreads, 0, Stream()>>>(x, n, heads, head_dim, pos0, dfreq,
+                                                                                 inverse ? -1.0 : 1.0);
+  End("rope");
+}
+
+template <typename T>
+void AddBias(T* y, const T* b, int64_t n, int64_t m) {
+  if (n <= 0 || m <= 0) return;
+  AddBiasKernel<T><<<Blocks(n * m, kThreads), kThreads, 0, Stream()>>>(y, b, n, m);
+  End("add_bias");
+}
+
+template <typename T>
+void BiasBackward(const T* dy, int64_t n, int64_t m, T* db) {
+  if (n <= 0 || m <= 0) return;
+  ColumnSums<T>(dy, nullptr, nullptr, n, m, db, "bias_backward");
+  End("bias_backward");
+}
+
+template <typename T>
+void SwigluForward(const T* gate, const T* up, int64_t count, T* out) {
+  if (count <= 0) return;
+  SwigluForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(gate, up, count, out);
+  End("swiglu_forward");
+}
+
+template <typename T>
+void SwigluBackward(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup) {
+  if (count <= 0) return;
+  SwigluBackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dout, gate, up, count, dgate, dup);
+  End("swiglu_backward");
+}
+
+template <typename T>
+void AddInplace(T* y, const T* x, int64_t count) {
+  if (count <= 0) return;
+  AddInplaceKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(y, x, count);
+  End("add_inplace");
+}
+
+template <typename T>
+void Copy(T* dst, const T* src, int64_t count) {
+  if (count <= 0 || dst == src) return;
+  // cudaMemcpyDefault: the pointers are managed memory; the runtime picks the direction.
+  Check(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, Stream()), "copy", "cudaMemcpyAsync");
+  End("copy");
+}
+
+template <typename T>
+void Fill(T* x, int64_t count, T value) {
+  if (count <= 0) return;
+  FillKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, value);
+  End("fill");
+}
+
+template <typename T>
+void Scale(T* x, int64_t count, double factor) {
+  if (count <= 0) return;
+  ScaleKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, factor);
+  End("scale");
+}
+
+template <typename T>
+void SiluForward(const T* x, int64_t count, T* y) {
+  if (count <= 0) return;
+  SiluForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, y);
+  End("silu_forward");
+}
+
+template <typename T>
+void SiluBackward(const T* dy, const T* x, int64_t count, T* dx) {
+  if (count <= 0) return;
+  SiluBackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dy, x, count, dx);
+  End("silu_backward");
+}
+
+template <typename T>
+void SoftplusForward(const T* x, int64_t count, T* y) {
+  if (count <= 0) return;
+  SoftplusForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, y);
+  End("softplus_forward");
+}
+
+template <typename T>
+void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
+  if (count <= 0) return;
+  SoftplusBackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dy, x, count, dx);
+  End("softplus_backward");
+}
+
+#define SG_INSTANTIATE(T)                                                                                   \
+  template void EmbeddingForward<T>(const int32_t*, int64_t, const T*, int64_t, T*);                         \
+  template void EmbeddingBackward<T>(const int32_t*, int64_t, const T*, int64_t, T*);                        \
+  template void RmsNormForward<T>(const T*, const T*, int64_t, int64_t, double, T*, T*);                     \
+  template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*, bool);  \
+  template void Rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const double*, bool);                        \
+  template void AddBias<T>(T*, const T*, int64_t, int64_t);                                                  \
+  template void BiasBackward<T>(const T*, int64_t, int64_t, T*);                                             \
+  template void SwigluForward<T>(const T*, const T*, int64_t, T*);                                           \
+  template void SwigluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                            \
+  template void AddInplace<T>(T*, const T*, int64_t);                                                        \
+  template void Copy<T>(T*, const T*, int64_t);                                                              \
+  template void Fill<T>(T*, int64_t, T);                                                                     \
+  template void Scale<T>(T*, int64_t, double);                                                               \
+  template void SiluForward<T>(const T*, int64_t, T*);                                                       \
+  template void SiluBackward<T>(const T*, const T*, int64_t, T*);                                            \
+  template void SoftplusForward<T>(const T*, int64_t, T*);                                                   \
+  template void SoftplusBackward<T>(const T*, const T*, int64_t, T*);
+SG_INSTANTIATE(float)
+SG_INSTANTIATE(double)
+#undef SG_INSTANTIATE
+
+}  // namespace sg::cuda

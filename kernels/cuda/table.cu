@@ -1,0 +1,60 @@
+// Fills the backend table with the CUDA kernels and registers the backend when the library is linked in.
+#include "kernels/cuda/cuda_ops.cuh"
+
+namespace sg {
+namespace cuda {
+void RegisterRuntime(DeviceBackend& b);  // runtime.cu
+}  // namespace cuda
+
+template <typename T>
+static OpTable<T> MakeCudaTable() {
+  OpTable<T> t;
+  t.gemm = cuda::Gemm<T>;
+  t.embedding_forward = cuda::EmbeddingForward<T>;
+  t.embedding_backward = cuda::EmbeddingBackward<T>;
+  t.rmsnorm_forward = cuda::RmsNormForward<T>;
+  t.rmsnorm_backward = cuda::RmsNormBackward<T>;
+  t.rope = cuda::Rope<T>;
+  t.add_bias = cuda::AddBias<T>;
+  t.bias_backward = cuda::BiasBackward<T>;
+  t.swiglu_forward = cuda::SwigluForward<T>;
+  t.swiglu_backward = cuda::SwigluBackward<T>;
+  t.add_inplace = cuda::AddInplace<T>;
+  t.copy = cuda::Copy<T>;
+  t.fill = cuda::Fill<T>;
+  t.scale = cuda::Scale<T>;
+  t.attention_forward = cuda::AttentionForward<T>;
+  t.attention_backward = cuda::AttentionBackward<T>;
+  t.attention_workspace_elems = cuda::AttentionWorkspaceElems;
+  t.cross_entropy_forward_backward = cuda::CrossEntropyForwardBackward<T>;
+  t.token_logprobs = cuda::TokenLogprobs<T>;
+  t.token_argmax = cuda::TokenArgmax<T>;
+  t.conv1d_forward = cuda::Conv1dForward<T>;
+  t.conv1d_backward = cuda::Conv1dBackward<T>;
+  t.selective_scan_forward = cuda::SelectiveScanForward<T>;
+  t.selective_scan_backward = cuda::SelectiveScanBackward<T>;
+  t.selective_scan_backward_pairs = cuda::SelectiveScanBackwardPairs<T>;
+  t.silu_forward = cuda::SiluForward<T>;
+  t.silu_backward = cuda::SiluBackward<T>;
+  t.softplus_forward = cuda::SoftplusForward<T>;
+  t.softplus_backward = cuda::SoftplusBackward<T>;
+  t.adamw = cuda::AdamW<T>;
+  return t;
+}
+
+namespace {
+// Static registration: linking //kernels/cuda (alwayslink) makes Device::kCUDA available. Nothing here touches
+// the GPU; the first op or allocation does.
+const bool registered = [] {
+  static const OpTable<float> f32 = MakeCudaTable<float>();
+  static const OpTable<double> f64 = MakeCudaTable<double>();
+  DeviceBackend b;
+  b.f32 = &f32;
+  b.f64 = &f64;
+  cuda::RegisterRuntime(b);
+  RegisterBackend(Device::kCUDA, b);
+  return true;
+}();
+}  // namespace
+
+}  // namespace sg
