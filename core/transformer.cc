@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/kv_offload.h"
 #include "core/kv_pages.h"
 #include "core/param_store.h"
 #include "core/objective.h"
@@ -41,7 +42,7 @@ std::vector<double> RopeInverseFrequencies(const TransformerConfig& c) {
 absl::Status CheckDevice(Device d) {
   const std::string why = DeviceUnavailableReason(d);
   if (why.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("--device=", DeviceName(d), ": ", why));
+  return absl::FailedPreconditionError(absl::StrCat("device '", DeviceName(d), "' cannot run: ", why));
 }
 
 absl::StatusOr<Device> ParseDevice(const std::string& name) {
@@ -61,30 +62,71 @@ namespace {
 
 class TransformerState final : public SequenceState {
  public:
-  TransformerState(PagePool kv, PagePool grad, const StateOptions& opts)
-      : kv(std::move(kv)), grad(std::move(grad)), seq_len(opts.seq_len), opts(opts) {}
+  // offload_copies: the device's copy engine when the pools hold only KvOffload::kSlots layers (StateOptions::offload).
+  TransformerState(PagePool kv_pool, PagePool grad_pool, const StateOptions& opts, int layers,
+                   const CopyEngine* offload_copies)
+      : kv(std::move(kv_pool)), grad(std::move(grad_pool)), seq_len(opts.seq_len), opts(opts), layers(layers) {
+    if (offload_copies)
+      offload = std::make_unique<KvOffload>(kv, opts.resident_grad_layers > 0 ? &grad : nullptr, *offload_copies,
+                                            layers, opts.seq_len);
+  }
   void Release(int layer, int64_t from) override {
+    if (offload) offload->Release(layer, from);
     kv.Release(layer, from);
     grad.Release(layer, from);
     if (layer < static_cast<int>(kv_end.size())) kv_end[layer] = std::min(kv_end[layer], from);
   }
   // K/V of positions [0, kv_end[layer]) are in the cache: a chunk inside it is recomputed (seco's stage 2,
   // streambp's partitions) without projecting its K/V again; the values would be bit-identical.
-  bool HoldsKV(int layer, Chunk c) const { return layer < static_cast<int>(kv_end.size()) && c.end <= kv_end[layer]; }
+  bool HoldsKV(int layer, Chunk c) const { return c.end <= KvEnd(layer); }
+  int64_t KvEnd(int layer) const { return layer < static_cast<int>(kv_end.size()) ? kv_end[layer] : 0; }
   void MarkKV(int layer, Chunk c) {
     if (layer >= static_cast<int>(kv_end.size())) kv_end.resize(layer + 1, 0);
     if (c.begin <= kv_end[layer]) kv_end[layer] = std::max(kv_end[layer], c.end);
   }
   void ScaleGrad(int layer, Chunk c, double factor) override { grad.Scale(layer, c.begin, c.end, factor); }
   void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
+  int64_t OffloadedBytes() const override { return offload ? offload->host_bytes() : 0; }
+
+  // How a layer is visited: forward without a graph (seco's stage 1), forward keeping what its backward needs
+  // (the recompute of stage 2), backward.
+  enum class Pass { kForward, kForwardForBackward, kBackward };
+  // With offload, before layer l runs `pass` on chunk c: makes its pages resident and prefetches the visit the
+  // chunked schedule makes next (forward l -> l + 1, the last layer -> layer 0 of the next chunk or, keeping the
+  // graph, its own backward; backward l -> l - 1).
+  void PrepareLayer(int l, Chunk c, Pass pass) {
+    if (!offload) return;
+    LayerAccess next;
+    if (pass == Pass::kBackward) {
+      if (l > 0) next = Access(l - 1, c, pass);
+    } else if (l + 1 < layers) {
+      next = Access(l + 1, c, pass);
+    } else {
+      next = pass == Pass::kForward ? Access(0, Chunk{c.end, c.end}, pass) : Access(l, c, Pass::kBackward);
+    }
+    offload->Visit(Access(l, c, pass), next);
+  }
+
   PagePool kv;
   PagePool grad;
   int64_t seq_len;
   StateOptions opts;
+  int layers;
   std::vector<int64_t> kv_end;
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
   // pass without gradients) and reused unchanged by its recompute and backward.
   std::map<std::pair<int, int64_t>, std::vector<uint8_t>> selection;
+  std::unique_ptr<KvOffload> offload;  // declared after the pools: destroyed (waiting for its copies) first
+
+ private:
+  LayerAccess Access(int l, Chunk c, Pass pass) const {
+    LayerAccess a;
+    a.layer = l;
+    a.kv_rows = std::min(c.end, KvEnd(l));
+    if (pass != Pass::kBackward && !HoldsKV(l, c)) a.kv_appended = c;
+    if (pass == Pass::kBackward) a.grad_rows = c.end;
+    return a;
+  }
 };
 
 // Indices into params() for one decoder layer; -1 where a bias is absent.
@@ -158,12 +200,22 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
+    // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
+    const int slots = std::min(num_layers(), KvOffload::kSlots);
+    const int kv_layers = o.offload ? std::min(o.resident_layers, slots) : o.resident_layers;
+    const int grad_layers = o.offload ? std::min(o.resident_grad_layers, slots) : o.resident_grad_layers;
+    const CopyEngine* copies = nullptr;
+    if (o.offload) {
+      const DeviceBackend* backend = FindBackend(mem_.device());
+      if (!backend) throw std::invalid_argument("--offload: no backend for the model's device");
+      copies = &backend->copies;
+    }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_layer * o.resident_layers, o.page_size,
-                 cfg_.num_kv_heads, cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * o.resident_grad_layers, o.page_size,
-                 cfg_.num_kv_heads, cfg_.head_dim),
-        o);
+        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_layer * kv_layers, o.page_size, cfg_.num_kv_heads,
+                 cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * grad_layers, o.page_size, cfg_.num_kv_heads,
+                 cfg_.head_dim),
+        o, num_layers(), copies);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c); }
@@ -173,6 +225,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
     auto& state = static_cast<TransformerState&>(state_base);
+    state.PrepareLayer(l, c, saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward);
     const LayerParams& L = layers_[l];
     const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
     const int64_t qd = cfg_.num_heads * cfg_.head_dim;
@@ -217,14 +270,17 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   // The layer's K/V of the chunk are all that later positions need of it: norm, K/V projections, rope.
   void LayerAppendState(int l, Chunk c, const Tensor& x, SequenceState& state_base) override {
+    auto& state = static_cast<TransformerState&>(state_base);
+    state.PrepareLayer(l, c, TransformerState::Pass::kForward);
     const int64_t n = c.size(), d = cfg_.hidden_size;
     Tensor xn1 = New(MemCategory::kWorkspace, {n, d}), rstd1 = New(MemCategory::kWorkspace, {n});
     ops_.rmsnorm_forward(x.data<T>(), W(layers_[l].norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
-    AppendKV(l, c, xn1.data<T>(), static_cast<TransformerState&>(state_base));
+    AppendKV(l, c, xn1.data<T>(), state);
   }
 
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
     auto& state = static_cast<TransformerState&>(state_base);
+    state.PrepareLayer(l, c, TransformerState::Pass::kBackward);
     const LayerParams& L = layers_[l];
     const std::vector<Tensor>& s = saved.tensors;
     const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;

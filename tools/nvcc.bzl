@@ -97,7 +97,8 @@ def _cuda_archive_impl(ctx):
     if not objs:
         fail("cuda_library %s: srcs contains no .cu file" % ctx.label)
 
-    archive = ctx.actions.declare_file("lib%s.a" % ctx.label.name)
+    # Bazel links a ".lo" archive whole (alwayslink); a ".a" only for the symbols something references.
+    archive = ctx.actions.declare_file("lib%s.%s" % (ctx.label.name, "lo" if ctx.attr.alwayslink else "a"))
     ar_args = ctx.actions.args()
     ar_args.add("rcsD")
     ar_args.add(archive)
@@ -124,6 +125,7 @@ _cuda_archive = rule(
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
         "defines": attr.string_list(),
+        "alwayslink": attr.bool(default = False),
         "_cc_toolchain": attr.label(
             default = Label("@bazel_tools//tools/cpp:current_cc_toolchain"),
         ),
@@ -164,6 +166,7 @@ def cuda_library(
         deps = all_deps,
         copts = copts,
         defines = defines,
+        alwayslink = alwayslink,
         testonly = kwargs.get("testonly", False),
         tags = kwargs.get("tags", []),
         visibility = ["//visibility:private"],
