@@ -21,6 +21,10 @@ std::vector<int32_t>& PagePool::Table(int layer) {
   return tables_[layer];
 }
 
+int64_t PagePool::pages(int layer) const {
+  return layer < static_cast<int>(tables_.size()) ? static_cast<int64_t>(tables_[layer].size()) : 0;
+}
+
 void PagePool::SkipRows(int64_t begin, int64_t end, int64_t seq_len) {
   const int64_t pages = (seq_len + page_size_ - 1) / page_size_;
   if (static_cast<int64_t>(skipped_rows_.size()) < pages) skipped_rows_.resize(pages, 0);

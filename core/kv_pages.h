@@ -38,8 +38,19 @@ class PagePool {
   int64_t pages_in_use() const { return capacity_ - static_cast<int64_t>(free_.size()); }
   int64_t capacity() const { return capacity_; }
 
+  // For copies between the pool and host memory (core/kv_offload.h): the layer's logical pages, the pool page
+  // behind one of them (-1: left out), and the address of a row of a pool page in K and in V.
+  int64_t pages(int layer) const;
+  int32_t pool_page(int layer, int64_t logical) const { return tables_[layer][logical]; }
+  char* k_row(int32_t pool_page, int64_t row) const { return RowAddress(k_, pool_page, row); }
+  char* v_row(int32_t pool_page, int64_t row) const { return RowAddress(v_, pool_page, row); }
+  int64_t row_bytes() const { return kv_heads_ * head_dim_ * static_cast<int64_t>(DTypeSize(k_.dtype())); }
+
  private:
   std::vector<int32_t>& Table(int layer);
+  char* RowAddress(const Tensor& t, int32_t pool_page, int64_t row) const {
+    return static_cast<char*>(t.raw()) + (pool_page * page_size_ + row) * row_bytes();
+  }
   template <typename T> void ScaleAs(int layer, int64_t begin, int64_t end, double factor);
   Device device_;
   Tensor k_, v_;

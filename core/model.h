@@ -52,6 +52,9 @@ struct StateOptions {
   // it overlaps plus the one before, and the sparse_pages other earlier pages of highest score (mean query of the
   // chunk . mean key of the page). 0 = dense.
   int64_t sparse_pages = 0;
+  // KV offload (transformers, SeCOv2 §4.2, core/kv_offload.h): every layer's KV and KV-gradient pages live in host
+  // memory and the device holds a few layers at a time, moved by the device's copy engine alongside compute.
+  bool offload = false;
   // Passes that compute gradients (Training(seed)): random masks (LoRA dropout) are on, drawn from `seed` per
   // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
   bool training = false;
@@ -77,6 +80,8 @@ class SequenceState {
   virtual void SkipGrad(Chunk c) {}
   // Adjoint sharding's vector-Jacobian products so far: (t, i) pairs per channel, summed over layers.
   virtual int64_t AdjointPairs() const { return 0; }
+  // Host memory holding offloaded state (StateOptions::offload); not counted by the model's MemoryTracker.
+  virtual int64_t OffloadedBytes() const { return 0; }
 };
 
 struct HeadResult {

@@ -48,6 +48,10 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--sparse_pages is implemented for --strategy=seco (and full, whose single chunk attends densely), not '",
         o.name, "'"));
+  if (o.offload && o.name != "seco")
+    return absl::InvalidArgumentError(
+        absl::StrCat("--offload is implemented for --strategy=seco (the chunked schedule it prefetches for), not '",
+                     o.name, "'"));
   if (o.name == "spaco") {
     if (o.spaco_budget <= 0)
       return absl::InvalidArgumentError(
@@ -75,6 +79,10 @@ absl::Status ValidateStrategyForModel(const StrategyOptions& o, const Model& m) 
   if (o.name == "adjoint" && m.family() != "ssm")
     return absl::InvalidArgumentError(absl::StrCat("--strategy=adjoint needs a state-space model (family 'ssm', e.g. "
                                                    "--model=tiny-ssm); this model's family is '",
+                                                   m.family(), "'"));
+  if (o.offload && m.family() != "transformer")
+    return absl::InvalidArgumentError(absl::StrCat("--offload moves KV-cache pages to host memory and needs a "
+                                                   "transformer; this model's family is '",
                                                    m.family(), "'"));
   return absl::OkStatus();
 }

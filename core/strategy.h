@@ -23,6 +23,7 @@ struct StrategyOptions {
   int64_t page_size = 256;    // KV page size in tokens
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
   int64_t sparse_pages = 0;   // page-level sparse attention budget (StateOptions::sparse_pages); 0 = dense
+  bool offload = false;       // seco on transformers: KV and KV-gradient pages live in host memory (StateOptions)
   // spaco: each of a sequence's k chunks is backpropagated with probability spaco_budget / k (so spaco_budget
   // chunks on average), and its gradients are compensated so that the estimate is unbiased (strategies/spaco.cc).
   int64_t spaco_budget = 8;
@@ -69,6 +70,7 @@ struct GradResult {
   int64_t chunks = 1;                // chunks the sequence was split into
   int64_t chunks_backpropagated = 1;  // of which were backpropagated (spaco: a random subset)
   int64_t adjoint_pairs = 0;  // adjoint: vector-Jacobian products (t, i) per channel, summed over layers
+  int64_t offloaded_bytes = 0;  // seco --offload: host memory that held the KV and KV-gradient pages
 };
 
 // Accumulates grad_scale * d(sum of token losses)/d(params) into the model's gradients.

@@ -134,6 +134,7 @@ absl::StatusOr<StepMetrics> Trainer::AccumulateGradients(const Batch& micro_batc
   pending_.chunks += m->chunks;
   pending_.chunks_backpropagated += m->chunks_backpropagated;
   pending_.adjoint_pairs += m->adjoint_pairs;
+  pending_.offloaded_bytes = std::max(pending_.offloaded_bytes, m->offloaded_bytes);
   m->loss /= static_cast<double>(count);
   return m;
 }
@@ -161,6 +162,7 @@ absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batche
     sum.chunks += m->chunks;
     sum.chunks_backpropagated += m->chunks_backpropagated;
     sum.adjoint_pairs += m->adjoint_pairs;
+    sum.offloaded_bytes = std::max(sum.offloaded_bytes, m->offloaded_bytes);
   }
   if (absl::Status s = OptimizerStep(&sum); !s.ok()) return s;
   return sum;
@@ -184,6 +186,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
               m.chunks += r.chunks;
               m.chunks_backpropagated += r.chunks_backpropagated;
               m.adjoint_pairs += r.adjoint_pairs;
+              m.offloaded_bytes = std::max(m.offloaded_bytes, r.offloaded_bytes);
             }
             pass->loss_sum = m.loss;
           });

@@ -27,14 +27,19 @@ GradResult SecoSchedule(Model& m, const Sequence& s, double grad_scale, const St
     result.tokens += head.tokens;
   }
   result.adjoint_pairs = state->AdjointPairs();
+  result.offloaded_bytes = state->OffloadedBytes();
   return result;
 }
 
 GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
+  if (absl::Status valid = ValidateStrategyForModel(o, m); !valid.ok())
+    throw std::invalid_argument(std::string(valid.message()));
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
-  return SecoSchedule(m, s, grad_scale, o,
-                      StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L, /*adjoint_window=*/0, /*sparse_pages=*/o.sparse_pages}.Training(o.seed));
+  StateOptions state{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L, /*adjoint_window=*/0,
+                     /*sparse_pages=*/o.sparse_pages};
+  state.offload = o.offload;  // the pools then hold a few layers (core/kv_offload.h)
+  return SecoSchedule(m, s, grad_scale, o, state.Training(o.seed));
 }
 
 }  // namespace sg

@@ -1,0 +1,163 @@
+#include "core/kv_offload.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace sg {
+
+KvOffload::KvOffload(PagePool& kv, PagePool* grad, const CopyEngine& copies, int layers, int64_t seq_len, int slots)
+    : kv_(kv), grad_(grad), copies_(copies), page_size_(kv.page_size()),
+      rows_per_layer_((seq_len + kv.page_size() - 1) / kv.page_size() * kv.page_size()), row_bytes_(kv.row_bytes()),
+      home_kv_rows_(layers, 0), home_grad_pages_(layers, 0), slots_(slots) {
+  if (slots < 2) throw std::invalid_argument("KV offload needs at least 2 slots");
+  if (!copies_.alloc_host || !copies_.copy_async || !copies_.wait)
+    throw std::invalid_argument("--offload: the device's backend has no copy engine");
+  kv_home_ = AllocHome();
+  if (grad_) grad_home_ = AllocHome();
+}
+
+KvOffload::~KvOffload() {
+  copies_.wait(kFetchLane);
+  copies_.wait(kWriteBackLane);
+  for (const Home& h : {kv_home_, grad_home_})
+    for (char* p : {h.k, h.v})
+      if (p) copies_.free_host(p);
+}
+
+KvOffload::Home KvOffload::AllocHome() {
+  const int64_t bytes = static_cast<int64_t>(home_kv_rows_.size()) * rows_per_layer_ * row_bytes_;
+  Home h;
+  h.k = static_cast<char*>(copies_.alloc_host(bytes));
+  h.v = static_cast<char*>(copies_.alloc_host(bytes));
+  host_bytes_ += 2 * bytes;
+  return h;
+}
+
+void KvOffload::Visit(const LayerAccess& now, const LayerAccess& next) {
+  ++clock_;
+  Slot& s = Fetch(now, /*keep=*/-1);
+  // The pages must have arrived, and no write-back may still be reading pages this visit may change.
+  if (s.fetching) Wait(kFetchLane);
+  if (s.writing_back) Wait(kWriteBackLane);
+  if (now.kv_appended.size() > 0) {
+    s.kv_dirty = s.kv_dirty.size() > 0 ? Chunk{std::min(s.kv_dirty.begin, now.kv_appended.begin),
+                                               std::max(s.kv_dirty.end, now.kv_appended.end)}
+                                       : now.kv_appended;
+    s.kv_rows = std::max(s.kv_rows, now.kv_appended.end);
+  }
+  if (now.grad_rows > 0) s.grad_dirty = true;
+  // Prefetch before the write-back is issued: an eviction for the prefetch then waits only for older write-backs.
+  if (next.layer >= 0) Fetch(next, /*keep=*/now.layer);
+  if (previous_ >= 0 && previous_ != now.layer)
+    if (const int p = FindSlot(previous_); p >= 0) WriteBack(slots_[p]);
+  previous_ = now.layer;
+}
+
+void KvOffload::Release(int layer, int64_t from) {
+  home_kv_rows_[layer] = std::min(home_kv_rows_[layer], from);
+  home_grad_pages_[layer] = std::min(home_grad_pages_[layer], (from + page_size_ - 1) / page_size_);
+  const int index = FindSlot(layer);
+  if (index < 0) return;
+  Slot& s = slots_[index];
+  // The pool is about to hand these pages out again.
+  if (s.writing_back) Wait(kWriteBackLane);
+  if (s.fetching) Wait(kFetchLane);
+  s.kv_rows = std::min(s.kv_rows, from);
+  s.kv_dirty.end = std::min(s.kv_dirty.end, from);
+  if (s.kv_dirty.size() <= 0) s.kv_dirty = {};
+}
+
+KvOffload::Slot& KvOffload::Fetch(const LayerAccess& a, int keep) {
+  int index = FindSlot(a.layer);
+  if (index < 0) {
+    for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
+      if (slots_[i].layer < 0) {  // a free slot
+        index = i;
+        break;
+      }
+      if (slots_[i].layer == keep) continue;
+      if (index < 0 || slots_[i].last_use < slots_[index].last_use) index = i;
+    }
+    if (slots_[index].layer >= 0) Evict(slots_[index]);
+    slots_[index].layer = a.layer;
+  }
+  Slot& s = slots_[index];
+  s.last_use = clock_;
+  // Rows past what home holds are on the device already (dirty) or not computed yet.
+  if (const int64_t kv_end = std::min(a.kv_rows, home_kv_rows_[a.layer]); kv_end > s.kv_rows) {
+    kv_.Ensure(a.layer, kv_end, /*zero_new=*/false);
+    CopyRows(kv_, kv_home_, a.layer, s.kv_rows, kv_end, /*to_device=*/true);
+    s.kv_rows = kv_end;
+    s.fetching = true;
+  }
+  if (grad_ && a.grad_rows > 0) {
+    // Whole pages; pages home does not hold are zeroed by the backward (PagePool::Ensure).
+    const int64_t pages = std::min((a.grad_rows + page_size_ - 1) / page_size_, home_grad_pages_[a.layer]);
+    if (const int64_t have = grad_->pages(a.layer); pages > have) {
+      grad_->Ensure(a.layer, pages * page_size_, /*zero_new=*/false);
+      CopyRows(*grad_, grad_home_, a.layer, have * page_size_, pages * page_size_, /*to_device=*/true);
+      s.fetching = true;
+    }
+  }
+  return s;
+}
+
+void KvOffload::WriteBack(Slot& s) {
+  if (s.kv_dirty.size() > 0) {
+    CopyRows(kv_, kv_home_, s.layer, s.kv_dirty.begin, s.kv_dirty.end, /*to_device=*/false);
+    // Rows are appended in order, so what home holds stays a prefix.
+    home_kv_rows_[s.layer] = std::max(home_kv_rows_[s.layer], s.kv_dirty.end);
+    s.kv_dirty = {};
+    s.writing_back = true;
+  }
+  if (s.grad_dirty) {  // a backward accumulates into every gradient page the layer has
+    const int64_t pages = grad_->pages(s.layer);
+    CopyRows(*grad_, grad_home_, s.layer, 0, pages * page_size_, /*to_device=*/false);
+    home_grad_pages_[s.layer] = pages;
+    s.grad_dirty = false;
+    s.writing_back = true;
+  }
+}
+
+void KvOffload::Evict(Slot& s) {
+  WriteBack(s);
+  if (s.writing_back) Wait(kWriteBackLane);
+  if (s.fetching) Wait(kFetchLane);
+  kv_.Release(s.layer, 0);
+  if (grad_) grad_->Release(s.layer, 0);
+  s = Slot{};
+}
+
+void KvOffload::Wait(int lane) {
+  copies_.wait(lane);
+  for (Slot& s : slots_) (lane == kFetchLane ? s.fetching : s.writing_back) = false;
+}
+
+int KvOffload::FindSlot(int layer) const {
+  for (int i = 0; i < static_cast<int>(slots_.size()); ++i)
+    if (slots_[i].layer == layer) return i;
+  return -1;
+}
+
+void KvOffload::CopyRows(PagePool& pool, const Home& home, int layer, int64_t begin, int64_t end, bool to_device) {
+  for (int64_t t = begin; t < end;) {
+    const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
+    if (const int32_t page = pool.pool_page(layer, t / page_size_); page >= 0) {
+      const int64_t at = (layer * rows_per_layer_ + t) * row_bytes_, bytes = run * row_bytes_;
+      char* device_k = pool.k_row(page, t % page_size_);
+      char* device_v = pool.v_row(page, t % page_size_);
+      if (to_device) {
+        copies_.copy_async(device_k, home.k + at, bytes, kFetchLane);
+        copies_.copy_async(device_v, home.v + at, bytes, kFetchLane);
+        fetched_bytes_ += 2 * bytes;
+      } else {
+        copies_.copy_async(home.k + at, device_k, bytes, kWriteBackLane);
+        copies_.copy_async(home.v + at, device_v, bytes, kWriteBackLane);
+        written_back_bytes_ += 2 * bytes;
+      }
+    }
+    t += run;
+  }
+}
+
+}  // namespace sg

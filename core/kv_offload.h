@@ -1,0 +1,88 @@
+// Asynchronous KV offload (SeCOv2 §4.2): every layer's KV pages and KV-gradient pages have their home in host
+// memory, and the device page pools hold only a few layers ("slots"): the layer being computed, the one the
+// schedule touches next (prefetched on one copy lane) and the one before (written back on another lane). Device
+// memory for the cache is then flat in the number of layers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/kv_pages.h"
+#include "core/model.h"
+#include "kernels/backend.h"
+
+namespace sg {
+
+// What one visit of a layer reads and writes, in token positions.
+struct LayerAccess {
+  int layer = -1;         // -1: no layer
+  int64_t kv_rows = 0;    // reads K/V rows [0, kv_rows)
+  Chunk kv_appended;      // writes (appends) these K/V rows; empty: none
+  int64_t grad_rows = 0;  // reads and accumulates into the gradient pages of rows [0, grad_rows); 0: none
+};
+
+class KvOffload {
+ public:
+  static constexpr int kSlots = 3;
+  static constexpr int kFetchLane = 0, kWriteBackLane = 1;
+
+  // kv and grad (null: the state has no gradient pages) hold `slots` layers of pages each; every layer's home
+  // holds seq_len rows (whole pages) of K and V, and of dK and dV.
+  KvOffload(PagePool& kv, PagePool* grad, const CopyEngine& copies, int layers, int64_t seq_len, int slots = kSlots);
+  ~KvOffload();  // waits for the copies in flight
+  KvOffload(const KvOffload&) = delete;
+  KvOffload& operator=(const KvOffload&) = delete;
+
+  // Before the layer of `now` runs: makes its pages resident (waiting for its prefetch, or fetching what is
+  // missing), prefetches `next` (the visit the schedule makes after this one; layer -1: none) and sends home
+  // what the previous visit, of another layer, wrote.
+  void Visit(const LayerAccess& now, const LayerAccess& next);
+  // Before the pools free the layer's pages of positions >= from: nothing of them is needed any more, at home
+  // or on the device; copies still reading or writing the layer's pages finish first.
+  void Release(int layer, int64_t from);
+
+  int64_t host_bytes() const { return host_bytes_; }
+  bool resident(int layer) const { return FindSlot(layer) >= 0; }
+  // Bytes copied so far, host to device and device to host.
+  int64_t fetched_bytes() const { return fetched_bytes_; }
+  int64_t written_back_bytes() const { return written_back_bytes_; }
+
+ private:
+  struct Home {  // K and V of every layer, [layers][rows_per_layer][row]
+    char* k = nullptr;
+    char* v = nullptr;
+  };
+  struct Slot {
+    int layer = -1;  // -1: free
+    int64_t kv_rows = 0;   // K/V rows [0, kv_rows) are on the device
+    Chunk kv_dirty;        // K/V rows written on the device and not yet sent home
+    bool grad_dirty = false;  // gradient pages on the device changed since they were last sent home
+    int64_t last_use = 0;     // visit that last fetched into or used the slot, for least-recently-used eviction
+    bool fetching = false, writing_back = false;  // copies issued and not yet waited for
+  };
+
+  // The slot holding access.layer with what the access reads, evicting the least recently used slot other than
+  // `keep` when the layer is not resident. Copies are issued, not waited for.
+  Slot& Fetch(const LayerAccess& access, int keep);
+  void WriteBack(Slot& s);
+  void Evict(Slot& s);
+  void Wait(int lane);
+  int FindSlot(int layer) const;
+  // Copies rows [begin, end) of `layer` between its home and its pages in `pool`, one run per page.
+  void CopyRows(PagePool& pool, const Home& home, int layer, int64_t begin, int64_t end, bool to_device);
+  Home AllocHome();
+
+  PagePool& kv_;
+  PagePool* grad_;
+  CopyEngine copies_;
+  int64_t page_size_, rows_per_layer_, row_bytes_;
+  Home kv_home_, grad_home_;
+  std::vector<int64_t> home_kv_rows_;    // per layer: K/V rows [0, n) are valid at home
+  std::vector<int64_t> home_grad_pages_;  // per layer: gradient pages [0, n) are valid at home
+  std::vector<Slot> slots_;
+  int previous_ = -1;  // layer of the previous visit
+  int64_t clock_ = 0;
+  int64_t host_bytes_ = 0, fetched_bytes_ = 0, written_back_bytes_ = 0;
+};
+
+}  // namespace sg

@@ -1,0 +1,299 @@
+// KV offload (StateOptions::offload, core/kv_offload.h) on the CPU backend, in fp64: the bookkeeping on its own
+// against a copy engine that delays every copy as long as it may, then seco --offload against seco.
+#include "core/kv_offload.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <iostream>
+
+#include "core/mamba.h"
+#include "core/presets.h"
+#include "core/test_batches.h"
+#include "core/trainer.h"
+#include "core/transformer.h"
+
+namespace sg {
+namespace {
+
+// A copy engine that runs a lane's copies only when the lane is waited for: a missing wait shows up as wrong or
+// missing data.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+std::deque<Copy> g_lanes[2];
+
+CopyEngine LazyCopyEngine() {
+  CopyEngine e;
+  e.alloc_host = [](size_t bytes) -> void* { return new char[bytes]; };
+  e.free_host = [](void* p) { delete[] static_cast<char*>(p); };
+  e.copy_async = [](void* dst, const void* src, size_t bytes, int lane) { g_lanes[lane].push_back({dst, src, bytes}); };
+  e.wait = [](int lane) {
+    for (const Copy& c : g_lanes[lane]) std::memcpy(c.dst, c.src, c.bytes);
+    g_lanes[lane].clear();
+  };
+  return e;
+}
+
+// A distinct value for each (layer, row, element, K or V).
+double Value(int layer, int64_t row, int64_t e, bool v) { return layer * 1000 + row * 10 + e + (v ? 0.5 : 0); }
+
+// Stage 1 of seco by hand over 6 layers, 3 slots: chunks [0, 4), [4, 8), [8, 10), each layer appending its rows.
+// Every layer's rows survive eviction, the device never holds more than 3 layers, and only what is needed moves:
+// each visit fetches the rows before its chunk once, and every appended row goes home once (but the last
+// visit's, still on the device).
+TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
+  constexpr int kLayers = 6;
+  constexpr int64_t kSeqLen = 10, kPage = 4, kHeadDim = 2;
+  const int64_t pages_per_layer = (kSeqLen + kPage - 1) / kPage;
+  PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 3 * pages_per_layer, kPage, /*kv_heads=*/1, kHeadDim);
+  KvOffload offload(kv, /*grad=*/nullptr, LazyCopyEngine(), kLayers, kSeqLen);
+  const std::vector<Chunk> chunks = SplitIntoChunks(kSeqLen, 4);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk c = chunks[i];
+    for (int l = 0; l < kLayers; ++l) {
+      LayerAccess now{l, c.begin, c, 0}, next;
+      if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0};
+      else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0};  // layer 0 of the next chunk
+      offload.Visit(now, next);
+      kv.Ensure(l, c.end, /*zero_new=*/false);
+      std::vector<double> k, v;
+      for (int64_t t = c.begin; t < c.end; ++t)
+        for (int64_t e = 0; e < kHeadDim; ++e) {
+          k.push_back(Value(l, t, e, false));
+          v.push_back(Value(l, t, e, true));
+        }
+      kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+      int resident = 0;
+      for (int j = 0; j < kLayers; ++j) resident += offload.resident(j);
+      EXPECT_LE(resident, 3);
+    }
+  }
+  const int64_t row_bytes = 2 * kHeadDim * sizeof(double);  // K and V
+  EXPECT_EQ(offload.fetched_bytes(), kLayers * (0 + 4 + 8) * row_bytes);
+  EXPECT_EQ(offload.written_back_bytes(), (kLayers * kSeqLen - 2) * row_bytes);
+  EXPECT_EQ(offload.host_bytes(), kLayers * pages_per_layer * kPage * row_bytes);
+
+  for (int l = 0; l < kLayers; ++l) {
+    offload.Visit({l, kSeqLen, {}, 0}, {});
+    std::vector<double> k(kSeqLen * kHeadDim), v(kSeqLen * kHeadDim);
+    kv.Gather<double>(l, 0, kSeqLen, k.data(), v.data());
+    for (int64_t t = 0; t < kSeqLen; ++t)
+      for (int64_t e = 0; e < kHeadDim; ++e) {
+        ASSERT_EQ(k[t * kHeadDim + e], Value(l, t, e, false)) << "layer " << l << " row " << t;
+        ASSERT_EQ(v[t * kHeadDim + e], Value(l, t, e, true)) << "layer " << l << " row " << t;
+      }
+  }
+}
+
+// seco's visits by hand over 6 layers and chunks [0, 4), [4, 8) (pages of 3 rows, not dividing the chunk):
+// stage 1 forward of the first chunk, then per chunk in reverse the forward with graph, the backward (each adds
+// layer + 1 to every gradient row of [0, chunk end)) and the release of the chunk. The gradients of the first
+// chunk's rows have both chunks' contributions, through evictions of K/V and gradient pages.
+TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
+  constexpr int kLayers = 6;
+  constexpr int64_t kSeqLen = 8, kPage = 3, kRow = 2;  // 1 KV head of 2 dims
+  const int64_t pages_per_layer = (kSeqLen + kPage - 1) / kPage;
+  PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
+  PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
+  KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
+  auto append = [&](int l, Chunk c) {
+    kv.Ensure(l, c.end, /*zero_new=*/false);
+    std::vector<double> k, v;
+    for (int64_t t = c.begin; t < c.end; ++t)
+      for (int64_t e = 0; e < kRow; ++e) {
+        k.push_back(Value(l, t, e, false));
+        v.push_back(Value(l, t, e, true));
+      }
+    kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+  };
+  const Chunk first{0, 4}, last{4, 8};
+  for (int l = 0; l < kLayers; ++l) {
+    offload.Visit({l, 0, first, 0}, {l + 1 < kLayers ? l + 1 : 0, l + 1 < kLayers ? 0 : first.end, {}, 0});
+    append(l, first);
+  }
+  for (const Chunk c : {last, first}) {
+    // The last chunk's K/V are appended by its recompute; the first chunk's are in the cache already.
+    const Chunk appended = c.begin == last.begin ? last : Chunk{};
+    const int64_t kv_rows = appended.size() > 0 ? c.begin : c.end;
+    for (int l = 0; l < kLayers; ++l) {
+      // After the last layer's forward comes its backward.
+      const LayerAccess next =
+          l + 1 < kLayers ? LayerAccess{l + 1, kv_rows, {}, 0} : LayerAccess{l, kv_rows, {}, c.end};
+      offload.Visit({l, kv_rows, appended, 0}, next);
+      if (appended.size() > 0) append(l, appended);
+      std::vector<double> k(c.end * kRow), v(c.end * kRow);
+      kv.Gather<double>(l, 0, c.end, k.data(), v.data());
+      for (int64_t t = 0; t < c.end; ++t) ASSERT_EQ(v[t * kRow + 1], Value(l, t, 1, true)) << l << " " << t;
+    }
+    for (int l = kLayers - 1; l >= 0; --l) {
+      offload.Visit({l, c.end, {}, c.end}, l > 0 ? LayerAccess{l - 1, c.end, {}, c.end} : LayerAccess{});
+      grad.Ensure(l, c.end, /*zero_new=*/true);
+      std::vector<double> dk(c.end * kRow), dv(c.end * kRow);
+      grad.Gather<double>(l, 0, c.end, dk.data(), dv.data());
+      for (double& x : dk) x += l + 1;
+      for (double& x : dv) x += l + 1;
+      grad.Scatter<double>(l, 0, c.end, dk.data(), dv.data());
+    }
+    if (c.begin == 0) break;  // keep the first chunk's gradients to read them back
+    for (int l = 0; l < kLayers; ++l) {
+      offload.Release(l, c.begin);
+      kv.Release(l, c.begin);
+      grad.Release(l, c.begin);
+    }
+  }
+  for (int l = 0; l < kLayers; ++l) {
+    offload.Visit({l, first.end, {}, first.end}, {});
+    std::vector<double> dk(first.end * kRow), dv(first.end * kRow);
+    grad.Gather<double>(l, 0, first.end, dk.data(), dv.data());
+    for (int64_t i = 0; i < first.end * kRow; ++i) {
+      ASSERT_EQ(dk[i], 2.0 * (l + 1)) << "layer " << l << " element " << i;
+      ASSERT_EQ(dv[i], 2.0 * (l + 1)) << "layer " << l << " element " << i;
+    }
+  }
+}
+
+std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config) {
+  auto model = CreateTransformer(config, DType::kF64);
+  EXPECT_TRUE(model.ok()) << model.status();
+  InitOptions init;
+  init.seed = 7;
+  init.stddev = 0.3;
+  init.perturb_norms_and_biases = true;
+  InitRandom(**model, init);
+  return std::move(*model);
+}
+
+// Llama with GQA (4 query heads on 2 KV heads) and `layers` layers.
+TransformerConfig Deep(int64_t layers) {
+  TransformerConfig c = *TransformerPreset("tiny");
+  c.num_layers = layers;
+  return c;
+}
+
+StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool offload) {
+  StrategyOptions o;
+  o.name = "seco";
+  o.chunk = chunk;
+  o.page_size = page;
+  o.lm_chunk = 5;
+  o.sparse_pages = sparse_pages;
+  o.offload = offload;
+  return o;
+}
+
+std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const std::vector<Sequence>& batch,
+                                       StepMetrics* metrics) {
+  Trainer t(m, o, {});
+  auto r = t.ComputeGradients(batch);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) *metrics = *r;
+  std::vector<std::vector<double>> g;
+  for (Param& p : m.params()) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+  return g;
+}
+
+struct Case {
+  std::string name;
+  TransformerConfig config;
+  int64_t chunk, page, sparse_pages;
+};
+
+class OffloadTest : public ::testing::TestWithParam<Case> {};
+
+// Offload only moves bytes: loss and gradients are bit-identical to seco's. The batch has sequences of 23 and 9
+// tokens, so the last chunk is ragged; no page size divides its chunk.
+TEST_P(OffloadTest, BitIdenticalToSeco) {
+  const Case& c = GetParam();
+  auto model = MakeModel(c.config);
+  const std::vector<Sequence> batch = RaggedBatch(model->vocab_size(), 12345);
+  StepMetrics plain, offloaded;
+  const auto expected = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, false), batch, &plain);
+  const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true), batch, &offloaded);
+  EXPECT_EQ(offloaded.loss, plain.loss);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(got[i], expected[i]) << model->params()[i].name;
+  EXPECT_EQ(plain.offloaded_bytes, 0);
+  EXPECT_GT(offloaded.offloaded_bytes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Exact, OffloadTest,
+    ::testing::Values(Case{"tiny_chunk4_page3", *TransformerPreset("tiny"), 4, 3, 0},
+                      Case{"tinyqwen_chunk5_page2", *TransformerPreset("tiny-qwen2"), 5, 2, 0},
+                      Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0},
+                      Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
+                      Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0},
+                      Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
+                      Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+struct StateBytes {
+  int64_t kv_cache = 0, kv_grad = 0, host = 0;
+};
+
+// Peak device bytes of the KV cache and KV gradient over one seco pass of a 64-token sequence, and the host bytes
+// offload used.
+StateBytes Measure(Model& m, bool offload) {
+  Sequence s = RaggedBatch(m.vocab_size(), 99)[0];
+  while (s.ids.size() < 64) {
+    s.ids.insert(s.ids.end(), s.ids.begin(), s.ids.end());
+    s.labels.insert(s.labels.end(), s.labels.begin(), s.labels.end());
+  }
+  s.ids.resize(64);
+  s.labels.resize(64);
+  m.memory().ResetPeak();
+  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, 0, offload));
+  const MemorySnapshot snap = m.memory().Snapshot();
+  return {snap.peak[static_cast<int>(MemCategory::kKVCache)], snap.peak[static_cast<int>(MemCategory::kKVGrad)],
+          r.offloaded_bytes};
+}
+
+// The device holds KvOffload::kSlots layers of pages: its KV memory is that of 3 layers whatever the depth, while
+// every layer's pages live in host memory outside the model's tracker.
+TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
+  StateBytes at4, at8;
+  for (int64_t layers : {4, 8}) {
+    auto model = MakeModel(Deep(layers));
+    const StateBytes plain = Measure(*model, false), offloaded = Measure(*model, true);
+    std::cout << layers << " layers, 64 tokens: device kv_cache + kv_grad peak " << plain.kv_cache << " + "
+              << plain.kv_grad << " B without offload, " << offloaded.kv_cache << " + " << offloaded.kv_grad
+              << " B with (host: " << offloaded.host << " B)\n";
+    const double bound = static_cast<double>(KvOffload::kSlots) / static_cast<double>(layers);
+    EXPECT_LE(offloaded.kv_cache, bound * plain.kv_cache);
+    EXPECT_LE(offloaded.kv_grad, bound * plain.kv_grad);
+    // K and V of 64 tokens x 2 KV heads x 8 dims in fp64, for the cache and for its gradient, per layer
+    EXPECT_EQ(offloaded.host, layers * 2 * 2 * 64 * 2 * 8 * 8);
+    (layers == 4 ? at4 : at8) = offloaded;
+  }
+  EXPECT_EQ(at4.kv_cache, at8.kv_cache);
+  EXPECT_EQ(at4.kv_grad, at8.kv_grad);
+}
+
+TEST(OffloadOptionsTest, OnlySecoOnTransformers) {
+  for (const std::string strategy : {"full", "streambp", "ckpt", "spaco"}) {
+    StrategyOptions o = Seco(4, 4, 0, true);
+    o.name = strategy;
+    const absl::Status s = ValidateStrategyOptions(o);
+    EXPECT_FALSE(s.ok()) << strategy;
+    EXPECT_NE(s.message().find("--offload"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(ValidateStrategyOptions(Seco(4, 4, 0, true)).ok());
+
+  auto ssm = CreateMamba(*MambaPreset("tiny-ssm"), DType::kF64);
+  ASSERT_TRUE(ssm.ok()) << ssm.status();
+  const absl::Status s = ValidateStrategyForModel(Seco(4, 4, 0, true), **ssm);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--offload"), std::string::npos) << s;
+  // The strategy refuses it too when called without validation.
+  EXPECT_THROW(ChunkedBackprop(**ssm, RaggedBatch((*ssm)->vocab_size(), 1)[0], 1.0, Seco(4, 4, 0, true)),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace sg
