@@ -1,0 +1,301 @@
+// The engine on the GPU: the tiny transformer and Mamba presets placed on Device::kCUDA with the same weights as on
+// the CPU; every exact strategy's gradients on the GPU against full backprop on the GPU, and the GPU's against the
+// CPU's (f32 and f64). Skipped ("no usable CUDA device: ...") without a GPU, where instead creating a model on the
+// GPU must be refused with FailedPrecondition naming the device.
+//
+// SG_STRATEGY_TEST_DEVICE=cpu runs the GPU side on the CPU (a check of the test itself on a machine without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/mamba.h"
+#include "core/presets.h"
+#include "core/test_batches.h"
+#include "core/trainer.h"
+#include "core/transformer.h"
+#include "kernels/backend.h"
+
+namespace sg {
+namespace {
+
+bool SelfCheck() {
+  const char* e = std::getenv("SG_STRATEGY_TEST_DEVICE");
+  return e != nullptr && std::string(e) == "cpu";
+}
+Device Gpu() { return SelfCheck() ? Device::kCPU : Device::kCUDA; }
+
+std::string SkipMessage(const std::string& why) {
+  const std::string prefix = "no usable CUDA device: ";
+  return why.compare(0, prefix.size(), prefix) == 0 ? why : prefix + why;
+}
+
+// Built with --config=cuda and //kernels/cuda linked in: the backend must be registered (its static registrar kept
+// by the linker); then the tests skip only when no GPU is usable.
+#define SG_REQUIRE_BACKEND()                                                                                  \
+  do {                                                                                                        \
+    if (FindBackend(Device::kCUDA) == nullptr)                                                                \
+      FAIL() << "the CUDA backend did not register although //kernels/cuda is linked in (its static "        \
+                "registrar was dropped by the linker: the cuda_library archive needs alwayslink): "          \
+             << DeviceUnavailableReason(Device::kCUDA);                                                       \
+  } while (0)
+
+#define SG_SKIP_WITHOUT_GPU()                                                      \
+  do {                                                                             \
+    if (SelfCheck()) break;                                                        \
+    SG_REQUIRE_BACKEND();                                                          \
+    const std::string sg_why = DeviceUnavailableReason(Device::kCUDA);             \
+    if (!sg_why.empty()) GTEST_SKIP() << SkipMessage(sg_why);                      \
+  } while (0)
+
+class CudaStrategyTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SG_SKIP_WITHOUT_GPU(); }
+};
+
+InitOptions Init(uint64_t seed) {
+  InitOptions init;
+  init.seed = seed;
+  init.stddev = 0.3;  // attention far from uniform, as in strategy_test
+  init.perturb_norms_and_biases = true;
+  return init;
+}
+
+// to's parameter values := from's (host copies: the GPU's tensors are managed memory).
+void CopyWeights(Model& from, Model& to) {
+  ASSERT_EQ(from.params().size(), to.params().size());
+  for (size_t i = 0; i < from.params().size(); ++i) {
+    const Param& a = from.params()[i];
+    Param& b = to.params()[i];
+    ASSERT_EQ(a.name, b.name);
+    ASSERT_EQ(a.value.dtype(), b.value.dtype()) << a.name;
+    ASSERT_EQ(a.value.numel(), b.value.numel()) << a.name;
+    std::memcpy(b.value.raw(), a.value.raw(), a.value.nbytes());
+  }
+}
+
+// A pair of models with identical weights: one on the CPU, one on the GPU.
+struct Pair {
+  std::unique_ptr<Model> cpu, gpu;
+};
+
+Pair Transformers(const std::string& preset, DType dtype) {
+  Pair p;
+  absl::StatusOr<TransformerConfig> config = TransformerPreset(preset);
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto cpu = CreateTransformer(*config, dtype, Device::kCPU);
+  auto gpu = CreateTransformer(*config, dtype, Gpu());
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!cpu.ok() || !gpu.ok()) return p;
+  p.cpu = std::move(*cpu);
+  p.gpu = std::move(*gpu);
+  InitRandom(*p.cpu, Init(7));
+  CopyWeights(*p.cpu, *p.gpu);
+  return p;
+}
+
+Pair Mambas(DType dtype) {
+  Pair p;
+  absl::StatusOr<MambaConfig> config = MambaPreset("tiny-ssm");
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto cpu = CreateMamba(*config, dtype, Device::kCPU);
+  auto gpu = CreateMamba(*config, dtype, Gpu());
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!cpu.ok() || !gpu.ok()) return p;
+  p.cpu = std::move(*cpu);
+  p.gpu = std::move(*gpu);
+  InitRandom(*p.cpu, Init(11));
+  CopyWeights(*p.cpu, *p.gpu);
+  return p;
+}
+
+struct Grads {
+  double loss = 0;
+  std::vector<std::string> names;
+  std::vector<std::vector<double>> g;
+};
+
+// The batch gradient of one strategy (the model's gradients are zeroed first by the Trainer).
+Grads Gradients(Model& model, const StrategyOptions& o, const std::vector<Sequence>& batch) {
+  Grads out;
+  Trainer trainer(model, o, {});
+  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+  EXPECT_TRUE(m.ok()) << o.name << ": " << m.status();
+  if (!m.ok()) return out;
+  out.loss = m->loss;
+  for (Param& p : model.params()) {
+    out.names.push_back(p.name);
+    std::vector<double> g(p.grad.defined() ? p.grad.numel() : 0);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = model.dtype() == DType::kF64 ? p.grad.data<double>()[i] : p.grad.data<float>()[i];
+    out.g.push_back(std::move(g));
+  }
+  return out;
+}
+
+// Per parameter ||g - ref||_2 / ||ref||_2 (||g||_2 where ref is all zero), and the loss, within tol.
+void ExpectClose(const Grads& got, const Grads& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.g.size(), ref.g.size()) << what;
+  ASSERT_FALSE(ref.g.empty()) << what;
+  EXPECT_NEAR(got.loss, ref.loss, tol * std::abs(ref.loss)) << what << ": loss";
+  double worst = 0;
+  std::string worst_name;
+  for (size_t k = 0; k < ref.g.size(); ++k) {
+    ASSERT_EQ(got.g[k].size(), ref.g[k].size()) << what << " " << ref.names[k];
+    double diff = 0, norm = 0;
+    bool finite = true;
+    for (size_t i = 0; i < ref.g[k].size(); ++i) {
+      finite = finite && std::isfinite(got.g[k][i]);
+      diff += (got.g[k][i] - ref.g[k][i]) * (got.g[k][i] - ref.g[k][i]);
+      norm += ref.g[k][i] * ref.g[k][i];
+    }
+    EXPECT_TRUE(finite) << what << ": non-finite gradient of " << ref.names[k];
+    const double err = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    EXPECT_LE(err, tol) << what << ": gradient of " << ref.names[k] << " off by " << err << " (relative, 2-norm)";
+    if (err > worst) worst = err, worst_name = ref.names[k];
+  }
+  std::cout << what << ": worst relative gradient error " << worst << " (" << worst_name << "), loss " << got.loss
+            << " vs " << ref.loss << "\n";
+}
+
+StrategyOptions Strategy(const std::string& name, int64_t chunk, int64_t page_size) {
+  StrategyOptions o;
+  o.name = name;
+  o.chunk = chunk;
+  o.page_size = page_size;
+  o.lm_chunk = 5;
+  return o;
+}
+
+// The exact strategies of the transformer family with chunks and pages that do and do not divide the 23- and
+// 9-token sequences (small pages: many pages per chunk, chunks that start mid-page).
+std::vector<StrategyOptions> TransformerStrategies() {
+  return {Strategy("seco", 4, 3), Strategy("seco", 5, 2), Strategy("seco", 12, 8), Strategy("streambp", 4, 3),
+          Strategy("streambp", 12, 5), Strategy("ckpt", 512, 4)};
+}
+
+std::string Describe(const StrategyOptions& o) {
+  return o.name + " chunk " + std::to_string(o.chunk) + " page " + std::to_string(o.page_size) +
+         (o.sparse_pages ? " sparse " + std::to_string(o.sparse_pages) : "");
+}
+
+// f32 on the GPU: every strategy against full backprop on the GPU, and the GPU's full backprop against the CPU's.
+TEST_F(CudaStrategyTest, TransformerF32StrategiesMatchFull) {
+  Pair p = Transformers("tiny", DType::kF32);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
+  const Grads gpu_full = Gradients(*p.gpu, Strategy("full", 512, 4), batch);
+  const Grads cpu_full = Gradients(*p.cpu, Strategy("full", 512, 4), batch);
+  ExpectClose(gpu_full, cpu_full, 1e-5, "f32 tiny: gpu full vs cpu full");
+  for (const StrategyOptions& o : TransformerStrategies())
+    ExpectClose(Gradients(*p.gpu, o, batch), gpu_full, 1e-5, "f32 tiny: gpu " + Describe(o) + " vs gpu full");
+}
+
+// f64: the GPU's gradients equal the CPU's to near rounding, for full backprop and every strategy, on both presets
+// (tiny-qwen2 adds biases and a tied head); also page-level sparse attention (seco --sparse_pages, page masks).
+TEST_F(CudaStrategyTest, TransformerF64MatchesCpu) {
+  for (const std::string preset : {"tiny", "tiny-qwen2"}) {
+    Pair p = Transformers(preset, DType::kF64);
+    ASSERT_TRUE(p.gpu && p.cpu);
+    const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
+    std::vector<StrategyOptions> all = TransformerStrategies();
+    all.insert(all.begin(), Strategy("full", 512, 4));
+    StrategyOptions sparse = Strategy("seco", 4, 2);
+    sparse.sparse_pages = 1;
+    all.push_back(sparse);
+    const Grads gpu_full = Gradients(*p.gpu, all[0], batch);
+    for (const StrategyOptions& o : all) {
+      const Grads gpu = Gradients(*p.gpu, o, batch), cpu = Gradients(*p.cpu, o, batch);
+      ExpectClose(gpu, cpu, 1e-10, "f64 " + preset + ": gpu " + Describe(o) + " vs cpu");
+      if (o.sparse_pages == 0) ExpectClose(gpu, gpu_full, 1e-10, "f64 " + preset + ": gpu " + Describe(o) + " vs gpu full");
+    }
+  }
+}
+
+// Mamba (tiny-ssm): seco and adjoint sharding (pairs and scan forms, a truncated window) on the GPU against the
+// same strategy on the CPU, and the exact ones against full backprop on the GPU; f32 and f64.
+TEST_F(CudaStrategyTest, MambaMatchesCpu) {
+  for (DType dtype : {DType::kF32, DType::kF64}) {
+    // f32: 2e-5, not 1e-5: dt_proj's gradient sums terms of both signs through the scan (on the CPU alone, seco vs
+    // full already differ by 4e-6 there).
+    const double tol = dtype == DType::kF64 ? 1e-10 : 2e-5;
+    const std::string type = DTypeName(dtype);
+    Pair p = Mambas(dtype);
+    ASSERT_TRUE(p.gpu && p.cpu);
+    const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 999);
+    StrategyOptions scan_form = Strategy("adjoint", 5, 4);
+    scan_form.adjoint_form = "scan";
+    StrategyOptions truncated = Strategy("adjoint", 7, 4);
+    truncated.adjoint_window = 3;  // not exact: compared with the CPU only
+    const std::vector<StrategyOptions> all = {Strategy("full", 512, 4), Strategy("seco", 2, 4), Strategy("seco", 7, 4),
+                                              Strategy("adjoint", 1, 4), Strategy("adjoint", 5, 4), scan_form,
+                                              Strategy("streambp", 5, 4), truncated};
+    const Grads gpu_full = Gradients(*p.gpu, all[0], batch);
+    for (const StrategyOptions& o : all) {
+      const std::string what = type + " tiny-ssm: gpu " + Describe(o) + (o.name == "adjoint" ? " " + o.adjoint_form : "") +
+                               (o.adjoint_window != StrategyOptions::kNoAdjointWindow
+                                    ? " window " + std::to_string(o.adjoint_window)
+                                    : "");
+      const Grads gpu = Gradients(*p.gpu, o, batch), cpu = Gradients(*p.cpu, o, batch);
+      ExpectClose(gpu, cpu, tol, what + " vs cpu");
+      if (o.adjoint_window == StrategyOptions::kNoAdjointWindow) ExpectClose(gpu, gpu_full, tol, what + " vs gpu full");
+    }
+  }
+}
+
+// A shape the CUDA kernels reject (head_dim 512 > the attention kernels' 256) is an error status naming the op,
+// not an abort: either creating the model on the GPU refuses it, or the step fails with the kernel's exception
+// turned into a status (CatchStrategyErrors); the process and the GPU stay usable.
+TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
+  if (SelfCheck()) GTEST_SKIP() << "a CUDA kernel limit";
+  absl::StatusOr<TransformerConfig> config = TransformerPreset("tiny");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->head_dim = 512;
+  auto model = CreateTransformer(*config, DType::kF32, Device::kCUDA);
+  if (!model.ok()) {
+    EXPECT_NE(std::string(model.status().message()).find("head_dim"), std::string::npos) << model.status();
+    std::cout << "refused when created: " << model.status() << "\n";
+  } else {
+    InitRandom(**model, Init(3));
+    Trainer trainer(**model, Strategy("seco", 4, 3), {});
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(RaggedBatch((*model)->vocab_size(), 5));
+    ASSERT_FALSE(m.ok()) << "head_dim 512 ran on the GPU";
+    EXPECT_NE(std::string(m.status().message()).find("attention"), std::string::npos) << m.status();
+    std::cout << "step failed: " << m.status() << "\n";
+  }
+  // Still usable: the tiny preset on the GPU gives the CPU's loss.
+  Pair p = Transformers("tiny", DType::kF64);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
+              1e-10, "f64 tiny after a failed step: gpu seco vs cpu");
+}
+
+// Without a GPU, a model cannot be created on it: FailedPrecondition naming the device and why (the probe's reason),
+// for both families. Skipped where a GPU is present.
+TEST(CudaDeviceTest, CreateWithoutGpuIsFailedPrecondition) {
+  SG_REQUIRE_BACKEND();
+  const std::string why = DeviceUnavailableReason(Device::kCUDA);
+  if (why.empty()) GTEST_SKIP() << "a usable CUDA device is present: this test checks the refusal without one";
+  const absl::Status check = CheckDevice(Device::kCUDA);
+  EXPECT_EQ(check.code(), absl::StatusCode::kFailedPrecondition) << check;
+  auto transformer = CreateTransformer(*TransformerPreset("tiny"), DType::kF32, Device::kCUDA);
+  ASSERT_FALSE(transformer.ok());
+  auto mamba = CreateMamba(*MambaPreset("tiny-ssm"), DType::kF64, Device::kCUDA);
+  ASSERT_FALSE(mamba.ok());
+  for (const absl::Status& s : {check, transformer.status(), mamba.status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    const std::string message(s.message());
+    EXPECT_NE(message.find("'cuda'"), std::string::npos) << message;  // "device 'cuda' cannot run: <why>"
+    EXPECT_NE(message.find(why), std::string::npos) << message;       // the probe's reason, not "built without"
+  }
+}
+
+}  // namespace
+}  // namespace sg

@@ -1,0 +1,1109 @@
+// Every op of the CUDA backend's table against the CPU table on the same random inputs, in f32 and f64, on shapes
+// that exercise the edge cases (transposes and padded leading dimensions, empty GEMMs, repeated ids, GQA, ragged
+// and shuffled KV pages, a query chunk starting mid-page, sparse page masks, gradient views with missing pages,
+// ignored labels, conv tails shorter than the kernel, null optional arguments), plus bf16 GEMM accuracy,
+// determinism and errors reported as exceptions.
+//
+// Every output buffer carries guard elements before and after it, set to a sentinel and checked after the op
+// (out-of-bounds writes); outputs the contract says are assigned start as NaN (an op that reads or accumulates
+// into them shows up as a mismatch).
+//
+// Without a usable GPU every test is skipped ("no usable CUDA device: ..."). SG_OPS_TEST_DEVICE=cpu runs the same
+// comparisons with the CPU table standing in for the device (a check of this harness on a machine without a GPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace sg {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Harness
+
+// The device under test: CUDA, or the CPU when SG_OPS_TEST_DEVICE=cpu (harness self-check).
+bool SelfCheck() {
+  const char* e = std::getenv("SG_OPS_TEST_DEVICE");
+  return e != nullptr && std::string(e) == "cpu";
+}
+Device Dut() { return SelfCheck() ? Device::kCPU : Device::kCUDA; }
+
+// "" when the device under test can run.
+std::string GpuUnavailable() {
+  if (SelfCheck()) return "";
+  static const std::string why = DeviceUnavailableReason(Device::kCUDA);
+  return why;
+}
+
+// The skip message: "no usable CUDA device: <why>" (without repeating the prefix when the probe says it already).
+std::string SkipMessage(const std::string& why) {
+  const std::string prefix = "no usable CUDA device: ";
+  return why.compare(0, prefix.size(), prefix) == 0 ? why : prefix + why;
+}
+
+// This test only builds with --config=cuda, linking //kernels/cuda: the backend must have registered itself (its
+// static registrar was kept by the linker) whether or not a GPU is present. Only then is "no GPU" a skip.
+#define SG_SKIP_WITHOUT_GPU()                                                                                   \
+  do {                                                                                                          \
+    if (!SelfCheck() && FindBackend(Device::kCUDA) == nullptr)                                                  \
+      FAIL() << "the CUDA backend did not register although //kernels/cuda is linked in (its static "          \
+                "registrar in table.cu was dropped by the linker: the cuda_library archive needs alwayslink): " \
+             << DeviceUnavailableReason(Device::kCUDA);                                                         \
+    const std::string sg_why = GpuUnavailable();                                                                \
+    if (!sg_why.empty()) GTEST_SKIP() << SkipMessage(sg_why);                                                   \
+  } while (0)
+
+// Every test of this file derives from this fixture (or starts with SG_SKIP_WITHOUT_GPU()).
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SG_SKIP_WITHOUT_GPU(); }
+};
+
+template <typename T> DType DTypeOf();
+template <> DType DTypeOf<float>() { return DType::kF32; }
+template <> DType DTypeOf<double>() { return DType::kF64; }
+
+MemoryTracker* TrackerFor(Device d) {
+  if (d == Device::kCPU) return nullptr;  // aligned host memory
+  static MemoryTracker* cuda = [] {
+    auto* t = new MemoryTracker;
+    t->set_device(Device::kCUDA);  // CUDA managed memory: host-writable, read back after the (synchronous) op
+    return t;
+  }();
+  return cuda;
+}
+
+constexpr int64_t kGuard = 67;  // elements on each side of every buffer
+
+template <typename T> T Sentinel() { return static_cast<T>(-7777.25); }
+template <typename T> T Nan() { return std::numeric_limits<T>::quiet_NaN(); }
+
+// n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones holding a sentinel.
+template <typename T>
+class Buf {
+ public:
+  Buf(Device d, int64_t n, T init, std::string name) : n_(n), name_(std::move(name)) {
+    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n + 2 * kGuard});
+    T* b = base();
+    for (int64_t i = 0; i < n + 2 * kGuard; ++i) b[i] = i < kGuard || i >= kGuard + n ? Sentinel<T>() : init;
+  }
+  Buf(Device d, const std::vector<T>& v, std::string name) : Buf(d, static_cast<int64_t>(v.size()), T(0), name) {
+    std::copy(v.begin(), v.end(), data());
+  }
+  T* data() const { return base() + kGuard; }
+  int64_t size() const { return n_; }
+  const std::string& name() const { return name_; }
+  // Fails the test (naming the buffer and the offset) if a guard element changed; returns whether all held.
+  bool GuardsIntact() const {
+    const T s = Sentinel<T>();
+    const T* b = base();
+    for (int64_t i = 0; i < n_ + 2 * kGuard; ++i) {
+      if (i >= kGuard && i < kGuard + n_) continue;
+      if (std::memcmp(&b[i], &s, sizeof(T)) != 0) {
+        const int64_t off = i < kGuard ? i - kGuard : i - kGuard - n_;
+        ADD_FAILURE() << name_ << ": out-of-bounds write at " << (off < 0 ? "" : "end + ") << off << " (value "
+                      << b[i] << ")";
+        return false;
+      }
+    }
+    return true;
+  }
+  std::vector<T> Raw() const {
+    GuardsIntact();
+    return std::vector<T>(data(), data() + n_);
+  }
+  std::vector<double> Values() const {
+    GuardsIntact();
+    return std::vector<double>(data(), data() + n_);
+  }
+
+ private:
+  T* base() const { return t_.data<T>(); }
+  Tensor t_;
+  int64_t n_;
+  std::string name_;
+};
+
+// Host arrays the table takes as host memory (token_logprobs / token_argmax outputs), with guards too.
+template <typename T>
+class HostBuf {
+ public:
+  HostBuf(int64_t n, T init, std::string name) : v_(n + 2 * kGuard, Sentinel<T>()), n_(n), name_(std::move(name)) {
+    std::fill(v_.begin() + kGuard, v_.begin() + kGuard + n, init);
+  }
+  T* data() { return v_.data() + kGuard; }
+  std::vector<T> Raw() const {
+    const T s = Sentinel<T>();
+    for (int64_t i = 0; i < n_ + 2 * kGuard; ++i)
+      if ((i < kGuard || i >= kGuard + n_) && std::memcmp(&v_[i], &s, sizeof(T)) != 0)
+        ADD_FAILURE() << name_ << ": out-of-bounds write at host element " << i - kGuard;
+    return std::vector<T>(v_.begin() + kGuard, v_.begin() + kGuard + n_);
+  }
+
+ private:
+  std::vector<T> v_;
+  int64_t n_;
+  std::string name_;
+};
+
+// Named outputs of one run, in the order the run lists them.
+struct Outs {
+  std::vector<std::pair<std::string, std::vector<double>>> v;
+  double scalar = 0;  // an op's return value, when it has one
+  template <typename T>
+  void Add(const Buf<T>& b) { v.emplace_back(b.name(), b.Values()); }
+  void Add(const std::string& name, std::vector<double> x) { v.emplace_back(name, std::move(x)); }
+};
+
+// max |got - ref| / max |ref|; NaN in exactly one of them counts as infinite.
+double RelErr(const std::vector<double>& got, const std::vector<double>& ref, size_t* worst) {
+  double err = 0, scale = 0;
+  *worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (std::isfinite(ref[i])) scale = std::max(scale, std::abs(ref[i]));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const bool gn = std::isnan(got[i]), rn = std::isnan(ref[i]);
+    double e;
+    if (gn || rn) e = gn && rn ? 0 : std::numeric_limits<double>::infinity();
+    else if (got[i] == ref[i]) e = 0;  // also equal infinities
+    else e = std::abs(got[i] - ref[i]);
+    if (e > err) {
+      err = e;
+      *worst = i;
+    }
+  }
+  if (err == 0) return 0;
+  return err / std::max(scale, std::numeric_limits<double>::min());
+}
+
+void ExpectClose(const std::vector<double>& got, const std::vector<double>& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t worst = 0;
+  const double err = RelErr(got, ref, &worst);
+  EXPECT_LE(err, tol) << what << ": max |cuda - cpu| / max |cpu| = " << err << ", worst at element " << worst
+                      << " (cuda " << got[worst] << ", cpu " << ref[worst] << ")";
+}
+
+// Every output of the device run against the CPU run's.
+void ExpectAllClose(const Outs& dut, const Outs& cpu, double tol, const std::string& what) {
+  ASSERT_EQ(dut.v.size(), cpu.v.size());
+  for (size_t i = 0; i < cpu.v.size(); ++i) ExpectClose(dut.v[i].second, cpu.v[i].second, tol, what + " " + cpu.v[i].first);
+}
+
+void ExpectAllEqual(const Outs& dut, const Outs& cpu, const std::string& what) {
+  ASSERT_EQ(dut.v.size(), cpu.v.size());
+  for (size_t i = 0; i < cpu.v.size(); ++i) {
+    const auto& g = dut.v[i].second;
+    const auto& r = cpu.v[i].second;
+    ASSERT_EQ(g.size(), r.size());
+    int64_t bad = 0;
+    size_t first = 0;
+    for (size_t j = 0; j < r.size(); ++j)
+      if (!(g[j] == r[j] || (std::isnan(g[j]) && std::isnan(r[j]))) && bad++ == 0) first = j;
+    EXPECT_EQ(bad, 0) << what << " " << cpu.v[i].first << ": " << bad << " elements differ, first at " << first
+                      << " (cuda " << g[first] << ", cpu " << r[first] << ")";
+  }
+}
+
+// Tolerances relative to the largest reference entry: f32 "tight" for short reductions and pointwise ops, "loose"
+// for long reductions (attention gradients, scans, sums over many rows); f64 near rounding either way.
+template <typename T> constexpr double kTight = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+template <typename T> constexpr double kLoose = std::is_same_v<T, float> ? 5e-5 : 1e-11;
+
+template <typename T>
+std::vector<T> Rand(int64_t n, uint64_t seed, double lo = -1, double hi = 1) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (T& x : v) x = static_cast<T>(d(rng));
+  return v;
+}
+template <typename T>
+std::vector<T> Normal(int64_t n, uint64_t seed, double stddev = 1) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0, stddev);
+  std::vector<T> v(n);
+  for (T& x : v) x = static_cast<T>(d(rng));
+  return v;
+}
+
+const char* TypeName(float) { return "f32"; }
+const char* TypeName(double) { return "f64"; }
+
+template <typename T>
+class CudaOpsTest : public GpuTest {};
+using Types = ::testing::Types<float, double>;
+class TypeNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) { return TypeName(T()); }
+};
+TYPED_TEST_SUITE(CudaOpsTest, Types, TypeNames);
+
+// Runs f(device) on the CPU and on the device under test.
+template <typename F>
+std::pair<Outs, Outs> RunBoth(F&& f) {
+  Outs cpu = f(Device::kCPU);
+  Outs dut = f(Dut());
+  return {std::move(dut), std::move(cpu)};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMM
+
+struct GemmShape {
+  int64_t m, n, k;
+};
+
+template <typename T>
+void CheckGemm(bool ta, bool tb, GemmShape g, T alpha, T beta, int64_t pad, uint64_t seed) {
+  // Row-major op(A)[m][k], op(B)[k][n], C[m][n], each row padded by `pad` (leading dimension > width).
+  const int64_t a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;
+  const int64_t b_rows = tb ? g.n : g.k, b_cols = tb ? g.k : g.n;
+  const int64_t lda = std::max<int64_t>(a_cols, 1) + pad, ldb = std::max<int64_t>(b_cols, 1) + pad,
+                ldc = std::max<int64_t>(g.n, 1) + pad;
+  const std::vector<T> a = Rand<T>(a_rows * lda, seed), b = Rand<T>(b_rows * ldb, seed + 1),
+                       c = Rand<T>(g.m * ldc, seed + 2);
+  auto [dut, cpu] = RunBoth([&](Device d) {
+    Buf<T> A(d, a, "A"), B(d, b, "B"), C(d, c, "C");
+    OpsFor<T>(d).gemm(ta, tb, g.m, g.n, g.k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+    Outs o;
+    o.Add(C);
+    // Inputs are const: unchanged (and their guards intact).
+    EXPECT_EQ(A.Raw(), a);
+    EXPECT_EQ(B.Raw(), b);
+    return o;
+  });
+  const std::string what = std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " m=" +
+                           std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                           " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
+  ExpectAllClose(dut, cpu, g.k > 256 ? kLoose<T> : kTight<T>, what);
+  // The padding columns of C (beyond n in each row) are not part of C.
+  const std::vector<double>& out = dut.v[0].second;
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = g.n; j < ldc; ++j)
+      ASSERT_EQ(out[i * ldc + j], static_cast<double>(c[i * ldc + j])) << what << ": padding of C row " << i << " written";
+}
+
+TYPED_TEST(CudaOpsTest, GemmAllTransposesAndShapes) {
+  using T = TypeParam;
+  const std::vector<GemmShape> shapes = {{37, 29, 53}, {1, 1, 1},  {64, 1, 33}, {1, 70, 19}, {5, 3, 1},
+                                         {0, 5, 3},    {5, 0, 3},  {4, 6, 0},   {0, 0, 0},   {130, 97, 300}};
+  uint64_t seed = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const GemmShape& g : shapes)
+        for (auto [alpha, beta] : {std::pair<T, T>(1, 0), std::pair<T, T>(T(0.7), T(-1.3))})
+          for (int64_t pad : {0, 3}) CheckGemm<T>(ta, tb, g, alpha, beta, pad, seed += 3);
+}
+
+// bf16 tensor-core GEMM (SetGemmMath(kBF16)): its error against an fp64 product of the f32 inputs must be at most
+// twice the error of an fp64 product of the inputs rounded to bf16 (the rounding the mode allows), plus a little.
+TEST(CudaGemmMathTest, Bf16ErrorWithinTwiceRoundedReference) {
+  SG_SKIP_WITHOUT_GPU();
+  if (SelfCheck()) GTEST_SKIP() << "GemmMath is a CUDA setting";
+  struct Restore {
+    ~Restore() { cuda::SetGemmMath(cuda::GemmMath::kF32); }
+  } restore;
+  const auto round_bf16 = [](float x) { return BF16ToF32(F32ToBF16(x)); };
+  const std::vector<GemmShape> shapes = {{64, 48, 256}, {33, 65, 1000}, {128, 128, 64}, {7, 300, 129}};
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const GemmShape& g : shapes) {
+        const int64_t lda = ta ? g.m : g.k, ldb = tb ? g.k : g.n, ldc = g.n;
+        const std::vector<float> a = Normal<float>(g.m * g.k, seed++), b = Normal<float>(g.k * g.n, seed++);
+        auto A = [&](const std::vector<float>& x, int64_t i, int64_t p) { return ta ? x[p * lda + i] : x[i * lda + p]; };
+        auto B = [&](const std::vector<float>& x, int64_t p, int64_t j) { return tb ? x[j * ldb + p] : x[p * ldb + j]; };
+        std::vector<double> exact(g.m * g.n), rounded(g.m * g.n);
+        for (int64_t i = 0; i < g.m; ++i)
+          for (int64_t j = 0; j < g.n; ++j) {
+            double s = 0, r = 0;
+            for (int64_t p = 0; p < g.k; ++p) {
+              s += static_cast<double>(A(a, i, p)) * B(b, p, j);
+              r += static_cast<double>(round_bf16(A(a, i, p))) * round_bf16(B(b, p, j));
+            }
+            exact[i * g.n + j] = s;
+            rounded[i * g.n + j] = r;
+          }
+        auto run = [&](cuda::GemmMath math) {
+          cuda::SetGemmMath(math);
+          Buf<float> da(Dut(), a, "A"), db(Dut(), b, "B"), dc(Dut(), g.m * ldc, Nan<float>(), "C");
+          OpsFor<float>(Dut()).gemm(ta, tb, g.m, g.n, g.k, 1.0f, da.data(), lda, db.data(), ldb, 0.0f, dc.data(), ldc);
+          cuda::SetGemmMath(cuda::GemmMath::kF32);
+          return dc.Values();
+        };
+        double scale = 0, rounded_err = 0, bf16_err = 0, f32_err = 0;
+        const std::vector<double> bf16 = run(cuda::GemmMath::kBF16), f32 = run(cuda::GemmMath::kF32);
+        for (size_t i = 0; i < exact.size(); ++i) {
+          scale = std::max(scale, std::abs(exact[i]));
+          rounded_err = std::max(rounded_err, std::abs(rounded[i] - exact[i]));
+          bf16_err = std::isnan(bf16[i]) ? INFINITY : std::max(bf16_err, std::abs(bf16[i] - exact[i]));
+          f32_err = std::isnan(f32[i]) ? INFINITY : std::max(f32_err, std::abs(f32[i] - exact[i]));
+        }
+        const std::string what = std::string("bf16 gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " +
+                                 std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
+        EXPECT_LE(bf16_err, 2 * rounded_err + 1e-5 * scale)
+            << what << ": cuda bf16 error " << bf16_err << ", bf16-rounded fp64 reference error " << rounded_err;
+        // Back in kF32, the product is f32-accurate again (the mode was restored).
+        EXPECT_LE(f32_err, 1e-5 * scale) << what << ": f32 after restoring kF32";
+        std::cout << what << ": max|C| " << scale << ", bf16 err " << bf16_err << ", rounded-input ref err "
+                  << rounded_err << ", f32 err " << f32_err << "\n";
+      }
+  EXPECT_EQ(cuda::GetGemmMath(), cuda::GemmMath::kF32);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Pointwise, norms, embedding
+
+TYPED_TEST(CudaOpsTest, EmbeddingForwardBackwardRepeatedIds) {
+  using T = TypeParam;
+  for (auto [vocab, d, n] : {std::tuple<int64_t, int64_t, int64_t>{11, 37, 50}, {5, 1, 9}, {300, 256, 700},
+                             {3, 130, 1}}) {
+    std::vector<int32_t> ids(n);
+    std::mt19937_64 rng(vocab * 7 + d);
+    for (int64_t i = 0; i < n; ++i) ids[i] = i % 3 == 0 ? 2 : static_cast<int32_t>(rng() % vocab);  // id 2 repeats
+    const std::vector<T> table = Rand<T>(vocab * d, 1 + d), dout = Rand<T>(n * d, 2 + d),
+                         dtable0 = Rand<T>(vocab * d, 3 + d);
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> tab(dev, table, "table"), out(dev, n * d, Nan<T>(), "out"), dy(dev, dout, "dout"),
+          dtab(dev, dtable0, "dtable");
+      ops.embedding_forward(ids.data(), n, tab.data(), d, out.data());
+      ops.embedding_backward(ids.data(), n, dy.data(), d, dtab.data());
+      Outs o;
+      o.Add(out);
+      o.Add(dtab);
+      return o;
+    });
+    const std::string what = "embedding vocab=" + std::to_string(vocab) + " d=" + std::to_string(d);
+    ExpectAllEqual(Outs{{dut.v[0]}}, Outs{{cpu.v[0]}}, what);  // a gather is exact
+    ExpectClose(dut.v[1].second, cpu.v[1].second, kTight<T>, what + " dtable");
+  }
+}
+
+TYPED_TEST(CudaOpsTest, RmsNormForwardBackward) {
+  using T = TypeParam;
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{13, 7}, {5, 100}, {3, 2048}, {64, 33}, {1, 1}}) {
+    for (bool accumulate : {false, true}) {
+      const std::vector<T> x = Rand<T>(n * d, 10 + d, -2, 2), w = Rand<T>(d, 11 + d, 0.5, 1.5),
+                           dy = Rand<T>(n * d, 12 + d), dx0 = Rand<T>(n * d, 13 + d), dw0 = Rand<T>(d, 14 + d);
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> X(dev, x, "x"), W(dev, w, "w"), Y(dev, n * d, Nan<T>(), "y"), R(dev, n, Nan<T>(), "rstd"),
+            DY(dev, dy, "dy"), DW(dev, dw0, "dw");
+        // dx assigned: starts as NaN; accumulated: starts as values.
+        Buf<T> DX = accumulate ? Buf<T>(dev, dx0, "dx") : Buf<T>(dev, n * d, Nan<T>(), "dx");
+        ops.rmsnorm_forward(X.data(), W.data(), n, d, 1e-5, Y.data(), R.data());
+        ops.rmsnorm_backward(DY.data(), X.data(), W.data(), R.data(), n, d, DX.data(), DW.data(), accumulate);
+        Outs o;
+        o.Add(Y);
+        o.Add(R);
+        o.Add(DX);
+        o.Add(DW);
+        return o;
+      });
+      ExpectAllClose(dut, cpu, n * d > 1000 ? kLoose<T> : kTight<T>,
+                     "rmsnorm n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                         (accumulate ? " accumulate" : " assign"));
+    }
+  }
+}
+
+TYPED_TEST(CudaOpsTest, RopeForwardAndInverse) {
+  using T = TypeParam;
+  for (auto [n, heads, hd, pos0] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{9, 3, 8, 13}, {5, 4, 64, 0},
+                                    {17, 2, 128, 1000}, {1, 1, 2, 7}}) {
+    std::vector<double> inv_freq(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / hd);
+    const std::vector<T> x = Rand<T>(n * heads * hd, 20 + hd);
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> fwd(dev, x, "rope"), inv(dev, x, "rope inverse"), round_trip(dev, x, "inverse(rope)");
+      ops.rope(fwd.data(), n, heads, hd, pos0, inv_freq.data(), false);
+      ops.rope(inv.data(), n, heads, hd, pos0, inv_freq.data(), true);
+      ops.rope(round_trip.data(), n, heads, hd, pos0, inv_freq.data(), false);
+      ops.rope(round_trip.data(), n, heads, hd, pos0, inv_freq.data(), true);
+      Outs o;
+      o.Add(fwd);
+      o.Add(inv);
+      o.Add(round_trip);
+      return o;
+    });
+    const std::string what = "rope hd=" + std::to_string(hd) + " pos0=" + std::to_string(pos0);
+    ExpectAllClose(dut, cpu, kTight<T>, what);
+    std::vector<double> xd(x.begin(), x.end());
+    ExpectClose(dut.v[2].second, xd, 10 * kTight<T>, what + " inverse undoes forward");
+  }
+}
+
+TYPED_TEST(CudaOpsTest, BiasForwardBackward) {
+  using T = TypeParam;
+  for (auto [n, m] : {std::pair<int64_t, int64_t>{33, 70}, {1, 5}, {2000, 3}, {7, 1025}}) {
+    const std::vector<T> y = Rand<T>(n * m, 30 + m), b = Rand<T>(m, 31 + m), dy = Rand<T>(n * m, 32 + m),
+                         db0 = Rand<T>(m, 33 + m);
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> Y(dev, y, "y"), B(dev, b, "b"), DY(dev, dy, "dy"), DB(dev, db0, "db");
+      ops.add_bias(Y.data(), B.data(), n, m);
+      ops.bias_backward(DY.data(), n, m, DB.data());
+      Outs o;
+      o.Add(Y);
+      o.Add(DB);
+      return o;
+    });
+    ExpectAllClose(dut, cpu, n > 100 ? kLoose<T> : kTight<T>, "bias n=" + std::to_string(n) + " m=" + std::to_string(m));
+  }
+}
+
+TYPED_TEST(CudaOpsTest, SwigluForwardBackward) {
+  using T = TypeParam;
+  for (int64_t count : {1, 1000, 4097}) {
+    std::vector<T> g = Rand<T>(count, 40 + count, -12, 12), u = Rand<T>(count, 41 + count, -3, 3);
+    const std::vector<T> dout = Rand<T>(count, 42 + count);
+    if (count > 4) g[0] = 30, g[1] = -30, g[2] = 0;  // saturated and exact-zero gates
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> G(dev, g, "gate"), U(dev, u, "up"), O(dev, count, Nan<T>(), "out"), DO(dev, dout, "dout"),
+          DG(dev, count, Nan<T>(), "dgate"), DU(dev, count, Nan<T>(), "dup");
+      ops.swiglu_forward(G.data(), U.data(), count, O.data());
+      ops.swiglu_backward(DO.data(), G.data(), U.data(), count, DG.data(), DU.data());
+      Outs o;
+      o.Add(O);
+      o.Add(DG);
+      o.Add(DU);
+      return o;
+    });
+    ExpectAllClose(dut, cpu, kTight<T>, "swiglu count=" + std::to_string(count));
+  }
+}
+
+TYPED_TEST(CudaOpsTest, AddInplaceCopyFillScale) {
+  using T = TypeParam;
+  for (int64_t count : {0, 1, 1001, 70000}) {
+    const std::vector<T> y = Rand<T>(count, 50), x = Rand<T>(count, 51);
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> Y(dev, y, "add_inplace"), X(dev, x, "x"), C(dev, count, Nan<T>(), "copy"), F(dev, y, "fill"),
+          S(dev, x, "scale");
+      ops.add_inplace(Y.data(), X.data(), count);
+      ops.copy(C.data(), X.data(), count);
+      ops.fill(F.data(), count, T(2.5));
+      ops.scale(S.data(), count, 0.37);
+      Outs o;
+      o.Add(Y);
+      o.Add(C);
+      o.Add(F);
+      o.Add(S);
+      EXPECT_EQ(X.Raw(), x);
+      return o;
+    });
+    ExpectAllEqual(dut, cpu, "count=" + std::to_string(count));  // one rounding each: exact
+  }
+}
+
+TYPED_TEST(CudaOpsTest, SiluSoftplusForwardBackward) {
+  using T = TypeParam;
+  const int64_t count = 2000;
+  std::vector<T> x = Rand<T>(count, 60, -30, 30);
+  x[0] = 20, x[1] = T(20.001), x[2] = T(19.999), x[3] = 25, x[4] = -25, x[5] = 0, x[6] = -90, x[7] = 90;
+  const std::vector<T> dy = Rand<T>(count, 61);
+  auto [dut, cpu] = RunBoth([&](Device dev) {
+    const OpTable<T>& ops = OpsFor<T>(dev);
+    Buf<T> X(dev, x, "x"), DY(dev, dy, "dy"), sy(dev, count, Nan<T>(), "silu"), sdx(dev, count, Nan<T>(), "dsilu"),
+        py(dev, count, Nan<T>(), "softplus"), pdx(dev, count, Nan<T>(), "dsoftplus");
+    ops.silu_forward(X.data(), count, sy.data());
+    ops.silu_backward(DY.data(), X.data(), count, sdx.data());
+    ops.softplus_forward(X.data(), count, py.data());
+    ops.softplus_backward(DY.data(), X.data(), count, pdx.data());
+    Outs o;
+    o.Add(sy);
+    o.Add(sdx);
+    o.Add(py);
+    o.Add(pdx);
+    return o;
+  });
+  ExpectAllClose(dut, cpu, kTight<T>, "silu/softplus");
+  // Elementwise relative error as well, so that tiny values (silu at -30) do not hide behind the max; not for
+  // dsilu, whose factor 1 + x (1 - s) cancels near x = -1.28. Subnormal results are compared absolutely.
+  for (size_t k : {0, 2, 3})
+    for (int64_t i = 0; i < count; ++i) {
+      const double g = dut.v[k].second[i], r = cpu.v[k].second[i];
+      EXPECT_LE(std::abs(g - r), 16 * std::numeric_limits<T>::epsilon() * std::abs(r) +
+                                     64 * static_cast<double>(std::numeric_limits<T>::min()))
+          << cpu.v[k].first << " at x=" << x[i] << ": cuda " << g << ", cpu " << r;
+    }
+}
+
+TYPED_TEST(CudaOpsTest, AdamW) {
+  using T = TypeParam;
+  const int64_t count = 3001;
+  const std::vector<T> p = Rand<T>(count, 70), g = Rand<T>(count, 71, -3, 3), m = Rand<T>(count, 72, -0.1, 0.1),
+                       v = Rand<T>(count, 73, 0, 0.1);
+  for (int64_t step : {1, 7}) {
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      Buf<T> P(dev, p, "p"), G(dev, g, "g"), M(dev, m, "m"), V(dev, v, "v");
+      if (step == 1) {
+        std::fill(M.data(), M.data() + count, T(0));
+        std::fill(V.data(), V.data() + count, T(0));
+      }
+      OpsFor<T>(dev).adamw(P.data(), G.data(), M.data(), V.data(), count, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
+      Outs o;
+      o.Add(P);
+      o.Add(M);
+      o.Add(V);
+      return o;
+    });
+    ExpectAllClose(dut, cpu, kTight<T>, "adamw step " + std::to_string(step));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Attention over pages
+
+struct AttnCase {
+  int64_t heads, kv_heads, head_dim, page_size, n, pos0;
+  bool shuffle;      // pool page order != logical order (and unused pool pages in between)
+  bool mask;         // page_mask with some pages unselected (page 0 always selected)
+  bool holes;        // gradient page table with -1 entries
+  int64_t stride_pad;  // page_stride beyond page_size * kv_heads * head_dim
+};
+
+std::string AttnName(const ::testing::TestParamInfo<AttnCase>& info) {
+  const AttnCase& c = info.param;
+  return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kv_heads) + "d" + std::to_string(c.head_dim) +
+         "_page" + std::to_string(c.page_size) + "_n" + std::to_string(c.n) + "_pos" + std::to_string(c.pos0) +
+         (c.shuffle ? "_shuffled" : "") + (c.mask ? "_masked" : "") + (c.holes ? "_holes" : "") +
+         (c.stride_pad ? "_padded" : "");
+}
+
+// The inputs of one attention case, shared by the CPU and device runs.
+template <typename T>
+struct AttnSetup {
+  AttentionShape s;
+  int64_t pages = 0, pool_pages = 0, stride = 0, page_size = 0;
+  std::vector<int32_t> table, grad_table;
+  std::vector<uint8_t> mask;
+  std::vector<T> q, k, v, dout, dk0, dv0;
+
+  explicit AttnSetup(const AttnCase& c, uint64_t seed) {
+    s.n = c.n;
+    s.pos0 = c.pos0;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    page_size = c.page_size;
+    pages = (c.pos0 + c.n + c.page_size - 1) / c.page_size;
+    pool_pages = c.shuffle ? pages + 3 : pages;
+    stride = c.page_size * c.kv_heads * c.head_dim + c.stride_pad;
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> pool(pool_pages);
+    std::iota(pool.begin(), pool.end(), 0);
+    if (c.shuffle) std::shuffle(pool.begin(), pool.end(), rng);
+    table.assign(pool.begin(), pool.begin() + pages);
+    mask.assign(pages, 1);
+    if (c.mask)
+      for (int64_t i = 1; i < pages; ++i) mask[i] = i % 3 == 1 ? 0 : 1;
+    grad_table = table;
+    if (c.holes)
+      for (int64_t i = 0; i < pages; ++i)
+        if (i % 4 == 2 || (pages > 1 && i == pages - 1 && pages % 2 == 0)) grad_table[i] = -1;
+    const int64_t qn = c.n * c.heads * c.head_dim;
+    q = Normal<T>(qn, seed + 1);
+    k = Normal<T>(pool_pages * stride, seed + 2);
+    v = Normal<T>(pool_pages * stride, seed + 3);
+    dout = Normal<T>(qn, seed + 4);
+    dk0 = Rand<T>(pool_pages * stride, seed + 5);
+    dv0 = Rand<T>(pool_pages * stride, seed + 6);
+  }
+
+  PagedKV<T> View(T* kp, T* vp, const std::vector<int32_t>& t) const {
+    PagedKV<T> p;
+    p.k_pool = kp;
+    p.v_pool = vp;
+    p.page_table = t.data();
+    p.page_size = page_size;
+    p.page_stride = stride;
+    p.kv_heads = s.kv_heads;
+    p.head_dim = s.head_dim;
+    p.page_mask = mask.empty() || std::all_of(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; })
+                      ? nullptr
+                      : mask.data();
+    return p;
+  }
+
+  // Forward and backward on device d: out, lse, dq, dk pool, dv pool.
+  Outs Run(Device d) const {
+    const OpTable<T>& ops = OpsFor<T>(d);
+    const int64_t qn = s.n * s.heads * s.head_dim;
+    Buf<T> Q(d, q, "q"), K(d, k, "k pool"), V(d, v, "v pool"), DO(d, dout, "dout"), out(d, qn, Nan<T>(), "out"),
+        lse(d, s.heads * s.n, Nan<T>(), "lse"), dq(d, qn, Nan<T>(), "dq"), dk(d, dk0, "dk pool"),
+        dv(d, dv0, "dv pool");
+    Buf<T> ws(d, std::max<int64_t>(1, ops.attention_workspace_elems(s, page_size)), T(0), "workspace");
+    ops.attention_forward(s, Q.data(), View(K.data(), V.data(), table), out.data(), lse.data(), ws.data());
+    ops.attention_backward(s, Q.data(), View(K.data(), V.data(), table), out.data(), lse.data(), DO.data(), dq.data(),
+                           View(dk.data(), dv.data(), grad_table), ws.data());
+    EXPECT_TRUE(ws.GuardsIntact()) << "the workspace overflowed attention_workspace_elems";
+    EXPECT_EQ(Q.Raw(), q);
+    EXPECT_EQ(K.Raw(), k);
+    EXPECT_EQ(V.Raw(), v);
+    Outs o;
+    o.Add(out);
+    o.Add(lse);
+    o.Add(dq);
+    o.Add(dk);
+    o.Add(dv);
+    return o;
+  }
+};
+
+class CudaAttentionTest : public GpuTest, public ::testing::WithParamInterface<AttnCase> {};
+
+template <typename T>
+void CheckAttention(const AttnCase& c) {
+  SCOPED_TRACE(TypeName(T()));
+  AttnSetup<T> setup(c, 1000 + c.n * 31 + c.head_dim);
+  const Outs cpu = setup.Run(Device::kCPU), dut = setup.Run(Dut());
+  ExpectClose(dut.v[0].second, cpu.v[0].second, kTight<T>, "out");
+  ExpectClose(dut.v[1].second, cpu.v[1].second, kTight<T>, "lse");
+  for (size_t i = 2; i < 5; ++i) ExpectClose(dut.v[i].second, cpu.v[i].second, kLoose<T>, cpu.v[i].first);
+  // Pool pages no gradient view names (unused, or logical pages marked -1) keep their values exactly; so do the
+  // gaps between pages (stride padding).
+  std::vector<bool> named(setup.pool_pages, false);
+  for (int32_t p : setup.grad_table)
+    if (p >= 0) named[p] = true;
+  const int64_t used = setup.page_size * c.kv_heads * c.head_dim;
+  for (size_t which : {3, 4}) {
+    const std::vector<T>& init = which == 3 ? setup.dk0 : setup.dv0;
+    const std::vector<double>& got = dut.v[which].second;
+    int64_t bad = 0;
+    for (int64_t p = 0; p < setup.pool_pages; ++p)
+      for (int64_t i = 0; i < setup.stride; ++i)
+        if ((!named[p] || i >= used) && got[p * setup.stride + i] != static_cast<double>(init[p * setup.stride + i])) ++bad;
+    EXPECT_EQ(bad, 0) << cpu.v[which].first << ": elements outside the gradient view's pages were written";
+  }
+  // Unselected pages get no dK/dV either.
+  if (c.mask)
+    for (int64_t l = 0; l < setup.pages; ++l) {
+      if (setup.mask[l] || setup.grad_table[l] < 0) continue;
+      const int64_t p = setup.grad_table[l];
+      for (int64_t i = 0; i < used; ++i)
+        ASSERT_EQ(dut.v[3].second[p * setup.stride + i], static_cast<double>(setup.dk0[p * setup.stride + i]))
+            << "dK written for unselected logical page " << l;
+    }
+}
+
+TEST_P(CudaAttentionTest, ForwardBackwardMatchesCpu) {
+  CheckAttention<float>(GetParam());
+  CheckAttention<double>(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paged, CudaAttentionTest,
+    ::testing::Values(
+        //       heads kv  hd  page   n   pos0 shuffle mask  holes pad
+        AttnCase{4, 4, 8, 3, 5, 3, true, false, false, 0},        // the CPU test's shape, MHA
+        AttnCase{4, 2, 8, 5, 1, 6, false, false, false, 0},       // one query, mid-page
+        AttnCase{4, 2, 8, 5, 2, 0, false, false, false, 0},       // the first positions (query 0 sees one key)
+        AttnCase{4, 2, 8, 1, 20, 5, true, true, true, 0},         // one-token pages
+        AttnCase{4, 2, 64, 16, 37, 21, true, true, true, 0},      // GQA 2, mid-page start, everything on
+        AttnCase{4, 1, 64, 7, 130, 0, true, false, false, 0},     // MQA, several query tiles
+        AttnCase{4, 1, 128, 8, 70, 13, true, true, false, 0},     // head_dim 128, sparse
+        AttnCase{4, 2, 128, 64, 100, 150, true, false, true, 0},  // long prefix, big pages
+        AttnCase{4, 2, 64, 16, 43, 21, true, true, true, 0},      // the last page exactly full
+        AttnCase{4, 2, 64, 16, 45, 200, true, true, true, 5},     // padded page stride
+        AttnCase{4, 4, 32, 300, 77, 250, false, false, false, 0}, // one page larger than all
+        AttnCase{4, 2, 100, 9, 33, 4, true, false, true, 0}),     // head_dim not a power of two
+    AttnName);
+
+// ---------------------------------------------------------------------------------------------------------------
+// Loss
+
+TYPED_TEST(CudaOpsTest, CrossEntropyAndTokenLogprobs) {
+  using T = TypeParam;
+  for (int64_t vocab : {7, 1000, 32003}) {
+    const int64_t n = 9;
+    std::vector<int32_t> labels(n);
+    for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7919 + 3) % vocab);
+    labels[2] = -100;
+    labels[5] = -1;
+    labels[n - 1] = static_cast<int32_t>(vocab - 1);
+    const std::vector<double> scales = {0.5, -2.0, 7.0, 1.0, 0.0, 3.0, -0.25, 1.5, 2.0};
+    std::vector<T> logits = Normal<T>(n * vocab, 80 + vocab, 3.0);
+    for (int64_t j = 0; j < vocab; ++j) logits[3 * vocab + j] += T(50);  // a large offset: needs the max shift
+    for (bool row_scale : {false, true}) {
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> grad(dev, logits, "dlogits"), L(dev, logits, "logits");
+        HostBuf<double> lp(n, Nan<double>(), "logprobs");
+        Outs o;
+        o.scalar = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab,
+                                                      row_scale ? scales.data() : nullptr, 0.37);
+        ops.token_logprobs(L.data(), labels.data(), n, vocab, lp.data());
+        o.Add(grad);
+        o.Add("logprobs", lp.Raw());
+        EXPECT_EQ(L.Raw(), logits);
+        return o;
+      });
+      const std::string what = "cross entropy vocab=" + std::to_string(vocab) + (row_scale ? " row_scale" : "");
+      ExpectAllClose(dut, cpu, kTight<T>, what);
+      EXPECT_NEAR(dut.scalar, cpu.scalar, kTight<T> * std::max(1.0, std::abs(cpu.scalar))) << what << " loss";
+      // Ignored rows: zero gradient, log-prob 0 exactly; the loss is minus the sum of the valid log-probs.
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (labels[i] < 0) {
+          EXPECT_EQ(dut.v[1].second[i], 0.0) << what << " row " << i;
+          for (int64_t j = 0; j < vocab; ++j) ASSERT_EQ(dut.v[0].second[i * vocab + j], 0.0) << what << " row " << i;
+        } else {
+          sum += dut.v[1].second[i];
+        }
+      }
+      EXPECT_NEAR(dut.scalar, -sum, kTight<T> * std::max(1.0, std::abs(sum))) << what;
+    }
+  }
+}
+
+TYPED_TEST(CudaOpsTest, TokenArgmaxTiesAndNaN) {
+  using T = TypeParam;
+  const T nan = Nan<T>();
+  for (int64_t vocab : {5, 1000, 40000}) {
+    const int64_t n = 8;
+    std::vector<T> logits = Rand<T>(n * vocab, 90 + vocab, -1, 1);
+    std::vector<int32_t> labels(n, 0), expected(n);
+    auto row = [&](int64_t i) { return logits.data() + i * vocab; };
+    // 0: a tie between the first and the last column -> the first.
+    row(0)[0] = 5, row(0)[vocab - 1] = 5, expected[0] = 0;
+    // 1: a tie between two columns far apart (different warps / blocks) -> the lower.
+    row(1)[vocab / 2] = 7, row(1)[vocab - 2] = 7, row(1)[vocab / 3 + 1] = 7, expected[1] = static_cast<int32_t>(vocab / 3 + 1);
+    // 2: NaN in the first column and elsewhere; the max among the rest wins.
+    row(2)[0] = nan, row(2)[vocab - 1] = nan, row(2)[1] = 3, expected[2] = 1;
+    // 3: unlabelled -> -1.
+    labels[3] = -100, expected[3] = -1;
+    // 4: every entry equal -> 0.
+    std::fill(row(4), row(4) + vocab, T(0.25)), expected[4] = 0;
+    // 5: the max at the last column.
+    row(5)[vocab - 1] = 9, expected[5] = static_cast<int32_t>(vocab - 1);
+    // 6: -inf everywhere but one; 7: +inf ties.
+    std::fill(row(6), row(6) + vocab, -std::numeric_limits<T>::infinity()), row(6)[vocab / 2] = -1e30,
+        expected[6] = static_cast<int32_t>(vocab / 2);
+    row(7)[2] = std::numeric_limits<T>::infinity(), row(7)[vocab - 1] = std::numeric_limits<T>::infinity(),
+        expected[7] = 2;
+    std::vector<std::vector<int32_t>> results;
+    for (Device dev : {Device::kCPU, Dut()}) {
+      Buf<T> L(dev, logits, "logits");
+      HostBuf<int32_t> out(n, 12345, "argmax");
+      OpsFor<T>(dev).token_argmax(L.data(), labels.data(), n, vocab, out.data());
+      results.push_back(out.Raw());
+    }
+    EXPECT_EQ(results[0], expected) << "cpu, vocab " << vocab;
+    EXPECT_EQ(results[1], expected) << "cuda, vocab " << vocab;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// State-space ops
+
+TYPED_TEST(CudaOpsTest, Conv1dForwardBackward) {
+  using T = TypeParam;
+  const int64_t ch = 37, k = 4;
+  for (int64_t n : {1, 2, 3, 7, 100}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool tails = variant & 1, bias = variant & 2;
+      const std::vector<T> x = Rand<T>(n * ch, 100 + n), tail = Rand<T>((k - 1) * ch, 101 + n),
+                           w = Rand<T>(ch * k, 102), b = Rand<T>(ch, 103), dy = Rand<T>(n * ch, 104 + n),
+                           dtail_out = Rand<T>((k - 1) * ch, 105 + n), dw0 = Rand<T>(ch * k, 106),
+                           db0 = Rand<T>(ch, 107);
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> X(dev, x, "x"), TI(dev, tail, "tail_in"), W(dev, w, "w"), B(dev, b, "b"), Y(dev, n * ch, Nan<T>(), "y"),
+            TO(dev, (k - 1) * ch, Nan<T>(), "tail_out"), DY(dev, dy, "dy"), DTO(dev, dtail_out, "dtail_out"),
+            DX(dev, n * ch, Nan<T>(), "dx"), DTI(dev, (k - 1) * ch, Nan<T>(), "dtail_in"), DW(dev, dw0, "dw"),
+            DB(dev, db0, "db");
+        ops.conv1d_forward(X.data(), tails ? TI.data() : nullptr, W.data(), bias ? B.data() : nullptr, n, ch, k,
+                           Y.data(), tails ? TO.data() : nullptr);
+        ops.conv1d_backward(DY.data(), tails ? DTO.data() : nullptr, X.data(), tails ? TI.data() : nullptr, W.data(),
+                            n, ch, k, DX.data(), tails ? DTI.data() : nullptr, DW.data(), bias ? DB.data() : nullptr);
+        Outs o;
+        o.Add(Y);
+        o.Add(TO);
+        o.Add(DX);
+        o.Add(DTI);
+        o.Add(DW);
+        o.Add(DB);
+        return o;
+      });
+      ExpectAllClose(dut, cpu, n > 50 ? kLoose<T> : kTight<T>,
+                     "conv1d n=" + std::to_string(n) + (tails ? " tails" : " no tails") + (bias ? " bias" : " no bias"));
+    }
+  }
+}
+
+// Selective-scan inputs of the CPU test (kernels/cpu/ssm_test.cc): positive steps, negative A.
+template <typename T>
+struct Scan {
+  int64_t n, dim, N;
+  std::vector<T> u, delta, A, B, C, D, h0;
+  Scan(int64_t n, int64_t dim, int64_t N, uint64_t seed)
+      : n(n), dim(dim), N(N), u(Normal<T>(n * dim, seed)), delta(Rand<T>(n * dim, seed + 1, 0.05, 0.6)),
+        A(Rand<T>(dim * N, seed + 2, -1.5, -0.1)), B(Normal<T>(n * N, seed + 3)), C(Normal<T>(n * N, seed + 4)),
+        D(Normal<T>(dim, seed + 5)), h0(Normal<T>(dim * N, seed + 6)) {}
+};
+
+struct ScanCase {
+  int64_t n, dim, N;
+};
+
+TYPED_TEST(CudaOpsTest, SelectiveScanForwardBackward) {
+  using T = TypeParam;
+  for (ScanCase c : {ScanCase{1, 5, 4}, ScanCase{7, 37, 16}, ScanCase{64, 64, 16}, ScanCase{300, 24, 8},
+                     ScanCase{19, 3, 33}, ScanCase{5, 2, 256}}) {
+    const Scan<T> in(c.n, c.dim, c.N, 200 + c.n + c.N);
+    const std::vector<T> dy = Normal<T>(c.n * c.dim, 210 + c.n), dh_final = Normal<T>(c.dim * c.N, 211 + c.n),
+                         dA0 = Rand<T>(c.dim * c.N, 212), dD0 = Rand<T>(c.dim, 213);
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool with_h0 = variant & 1, with_dh = variant & 2, with_d = variant & 4;
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> U(dev, in.u, "u"), DT(dev, in.delta, "delta"), A(dev, in.A, "A"), B(dev, in.B, "B"), C(dev, in.C, "C"),
+            D(dev, in.D, "D"), H0(dev, in.h0, "h0"), Y(dev, c.n * c.dim, Nan<T>(), "y"),
+            HF(dev, c.dim * c.N, Nan<T>(), "h_final"), DY(dev, dy, "dy"), DHF(dev, dh_final, "dh_final"),
+            DU(dev, c.n * c.dim, Nan<T>(), "du"), DDT(dev, c.n * c.dim, Nan<T>(), "ddelta"), DA(dev, dA0, "dA"),
+            DB(dev, c.n * c.N, Nan<T>(), "dB"), DC(dev, c.n * c.N, Nan<T>(), "dC"), DD(dev, dD0, "dD"),
+            DH0(dev, c.dim * c.N, Nan<T>(), "dh0");
+        const T* h0 = with_h0 ? H0.data() : nullptr;
+        const T* Dp = with_d ? D.data() : nullptr;
+        ops.selective_scan_forward(U.data(), DT.data(), A.data(), B.data(), C.data(), Dp, h0, c.n, c.dim, c.N,
+                                   Y.data(), with_dh ? HF.data() : nullptr);
+        ops.selective_scan_backward(DY.data(), with_dh ? DHF.data() : nullptr, U.data(), DT.data(), A.data(),
+                                    B.data(), C.data(), Dp, h0, c.n, c.dim, c.N, DU.data(), DDT.data(), DA.data(),
+                                    DB.data(), DC.data(), with_d ? DD.data() : nullptr,
+                                    with_h0 ? DH0.data() : nullptr);
+        Outs o;
+        o.Add(Y);
+        o.Add(HF);
+        o.Add(DU);
+        o.Add(DDT);
+        o.Add(DA);
+        o.Add(DB);
+        o.Add(DC);
+        o.Add(DD);
+        o.Add(DH0);
+        EXPECT_EQ(U.Raw(), in.u);
+        EXPECT_EQ(DT.Raw(), in.delta);
+        return o;
+      });
+      const std::string what = "scan n=" + std::to_string(c.n) + " dim=" + std::to_string(c.dim) + " N=" +
+                               std::to_string(c.N) + (with_h0 ? " h0" : " no h0") + (with_dh ? " dh_final" : "") +
+                               (with_d ? " D" : " no D");
+      ExpectClose(dut.v[0].second, cpu.v[0].second, c.n > 50 ? kLoose<T> : kTight<T>, what + " y");
+      ExpectClose(dut.v[1].second, cpu.v[1].second, c.n > 50 ? kLoose<T> : kTight<T>, what + " h_final");
+      for (size_t i = 2; i < dut.v.size(); ++i)
+        ExpectClose(dut.v[i].second, cpu.v[i].second, kLoose<T>, what + " " + cpu.v[i].first);
+    }
+  }
+}
+
+TYPED_TEST(CudaOpsTest, SelectiveScanBackwardPairs) {
+  using T = TypeParam;
+  const int64_t n = 23, dim = 9, N = 4, later = 6;
+  const Scan<T> in(n + later, dim, N, 300);
+  // The chunk is the first n tokens; the later tokens are the next `later` ones.
+  const std::vector<T> dy = Normal<T>((n + later) * dim, 301), dA0 = Rand<T>(dim * N, 302), dD0 = Rand<T>(dim, 303);
+  for (int64_t window : {int64_t{1} << 40, int64_t{n + later}, int64_t{5}, int64_t{1}}) {
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool with_h0 = variant & 1, with_later = variant & 2, with_d = variant & 4;
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> U(dev, in.u, "u"), DT(dev, in.delta, "delta"), A(dev, in.A, "A"), B(dev, in.B, "B"), C(dev, in.C, "C"),
+            D(dev, in.D, "D"), H0(dev, in.h0, "h0"), DY(dev, dy, "dy"), DU(dev, n * dim, Nan<T>(), "du"),
+            DDT(dev, n * dim, Nan<T>(), "ddelta"), DA(dev, dA0, "dA"), DB(dev, n * N, Nan<T>(), "dB"),
+            DC(dev, n * N, Nan<T>(), "dC"), DD(dev, dD0, "dD");
+        // The later tokens' arrays as separate buffers (guarded, so reads past `later` rows stay in bounds).
+        Buf<T> LDY(dev, std::vector<T>(dy.begin() + n * dim, dy.end()), "later_dy"),
+            LDT(dev, std::vector<T>(in.delta.begin() + n * dim, in.delta.end()), "later_delta"),
+            LC(dev, std::vector<T>(in.C.begin() + n * N, in.C.end()), "later_C");
+        Outs o;
+        o.scalar = static_cast<double>(ops.selective_scan_backward_pairs(
+            DY.data(), U.data(), DT.data(), A.data(), B.data(), C.data(), with_d ? D.data() : nullptr,
+            with_h0 ? H0.data() : nullptr, n, dim, N, with_later ? LDY.data() : nullptr,
+            with_later ? LDT.data() : nullptr, with_later ? LC.data() : nullptr, with_later ? later : 0, window,
+            DU.data(), DDT.data(), DA.data(), DB.data(), DC.data(), with_d ? DD.data() : nullptr));
+        o.Add(DU);
+        o.Add(DDT);
+        o.Add(DA);
+        o.Add(DB);
+        o.Add(DC);
+        o.Add(DD);
+        return o;
+      });
+      const std::string what = "pairs window=" + std::to_string(window) + (with_h0 ? " h0" : "") +
+                               (with_later ? " later" : "") + (with_d ? " D" : "");
+      EXPECT_EQ(dut.scalar, cpu.scalar) << what << ": pair counts";
+      ExpectAllClose(dut, cpu, kLoose<T>, what);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Determinism: run twice, bitwise-identical results (no floating-point atomics in the order-sensitive sums).
+
+TEST_F(GpuTest, AttentionBackwardIsDeterministic) {
+  for (const AttnCase& c : {AttnCase{4, 1, 64, 16, 200, 100, true, false, false, 0},
+                            AttnCase{4, 2, 128, 8, 97, 31, true, true, true, 0}}) {
+    AttnSetup<float> f(c, 7);
+    AttnSetup<double> d(c, 7);
+    const Outs f1 = f.Run(Dut()), f2 = f.Run(Dut()), d1 = d.Run(Dut()), d2 = d.Run(Dut());
+    for (size_t i = 0; i < f1.v.size(); ++i) {
+      EXPECT_TRUE(f1.v[i].second == f2.v[i].second) << "f32 " << f1.v[i].first << " differs between runs";
+      EXPECT_TRUE(d1.v[i].second == d2.v[i].second) << "f64 " << d1.v[i].first << " differs between runs";
+    }
+  }
+}
+
+TEST_F(GpuTest, EmbeddingBackwardIsDeterministic) {
+  const int64_t vocab = 7, d = 96, n = 20000;
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * i + 3 * i) % vocab);
+  const std::vector<float> dout = Normal<float>(n * d, 400);
+  std::vector<std::vector<float>> runs;
+  for (int r = 0; r < 3; ++r) {
+    Buf<float> dy(Dut(), dout, "dout"), dtab(Dut(), vocab * d, 0.0f, "dtable");
+    OpsFor<float>(Dut()).embedding_backward(ids.data(), n, dy.data(), d, dtab.data());
+    runs.push_back(dtab.Raw());
+  }
+  EXPECT_TRUE(runs[0] == runs[1]);
+  EXPECT_TRUE(runs[0] == runs[2]);
+}
+
+// The state-space backward passes sum over channels and time segments through scratch in a fixed order.
+TEST_F(GpuTest, SsmBackwardIsDeterministic) {
+  const int64_t n = 257, dim = 96, N = 16, ch = 96, k = 4;
+  const Scan<float> in(n, dim, N, 500);
+  const std::vector<float> dy = Normal<float>(n * dim, 501);
+  const OpTable<float>& ops = OpsFor<float>(Dut());
+  std::vector<std::vector<float>> runs;
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> U(Dut(), in.u, "u"), DT(Dut(), in.delta, "delta"), A(Dut(), in.A, "A"), B(Dut(), in.B, "B"),
+        C(Dut(), in.C, "C"), D(Dut(), in.D, "D"), DY(Dut(), dy, "dy"), DU(Dut(), n * dim, 0.f, "du"),
+        DDT(Dut(), n * dim, 0.f, "ddelta"), DA(Dut(), dim * N, 0.f, "dA"), DB(Dut(), n * N, 0.f, "dB"),
+        DC(Dut(), n * N, 0.f, "dC"), DD(Dut(), dim, 0.f, "dD"), W(Dut(), ch * k, 0.5f, "w"),
+        DX(Dut(), n * ch, 0.f, "dx"), DW(Dut(), ch * k, 0.f, "dw"), DBias(Dut(), ch, 0.f, "db");
+    ops.selective_scan_backward(DY.data(), nullptr, U.data(), DT.data(), A.data(), B.data(), C.data(), D.data(),
+                                nullptr, n, dim, N, DU.data(), DDT.data(), DA.data(), DB.data(), DC.data(), DD.data(),
+                                nullptr);
+    std::vector<float> all;
+    for (const Buf<float>* b : {&DU, &DDT, &DA, &DB, &DC, &DD}) {
+      const std::vector<float> v = b->Raw();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    DA = Buf<float>(Dut(), dim * N, 0.f, "dA");
+    DD = Buf<float>(Dut(), dim, 0.f, "dD");
+    ops.selective_scan_backward_pairs(DY.data(), U.data(), DT.data(), A.data(), B.data(), C.data(), D.data(), nullptr,
+                                      n, dim, N, nullptr, nullptr, nullptr, 0, 32, DU.data(), DDT.data(), DA.data(),
+                                      DB.data(), DC.data(), DD.data());
+    for (const Buf<float>* b : {&DU, &DDT, &DA, &DB, &DC, &DD}) {
+      const std::vector<float> v = b->Raw();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    ops.conv1d_backward(DY.data(), nullptr, U.data(), nullptr, W.data(), n, ch, k, DX.data(), nullptr, DW.data(),
+                        DBias.data());
+    for (const Buf<float>* b : {&DX, &DW, &DBias}) {
+      const std::vector<float> v = b->Raw();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    runs.push_back(std::move(all));
+  }
+  EXPECT_TRUE(runs[0] == runs[1]) << "scan / pairs / conv1d backward differ between runs";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Errors: an argument the kernels cannot take is an exception naming the op (the engine turns it into a status),
+// not an abort; the backend stays usable afterwards.
+
+// The dynamic type's (mangled) name: sg::cuda::CudaError is defined in a CUDA header this C++ test cannot include.
+std::string TypeOf(const std::exception& e) { return typeid(e).name(); }
+
+TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
+  if (SelfCheck()) GTEST_SKIP() << "CUDA argument checks";
+  const OpTable<float>& ops = OpsFor<float>(Device::kCUDA);
+  Buf<float> a(Device::kCUDA, 64, 1.0f, "A"), b(Device::kCUDA, 64, 1.0f, "B"), c(Device::kCUDA, 64, 0.0f, "C");
+  // A leading dimension past cuBLAS's int range.
+  const int64_t huge = static_cast<int64_t>(INT_MAX) + 1;
+  try {
+    ops.gemm(false, false, 2, 2, 2, 1.0f, a.data(), huge, b.data(), 2, 0.0f, c.data(), 2);
+    ADD_FAILURE() << "gemm with lda = " << huge << " did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lda"), std::string::npos) << e.what();
+    EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
+  }
+  EXPECT_EQ(c.Raw(), std::vector<float>(64, 0.0f));
+  // A state size past the scan kernels' limit.
+  {
+    const int64_t n = 2, dim = 1, N = 100000;
+    Buf<float> u(Device::kCUDA, n * dim, 0.1f, "u"), dt(Device::kCUDA, n * dim, 0.1f, "delta"),
+        A(Device::kCUDA, dim * N, -1.0f, "A"), B(Device::kCUDA, n * N, 0.1f, "B"), C(Device::kCUDA, n * N, 0.1f, "C"),
+        y(Device::kCUDA, n * dim, 0.0f, "y");
+    try {
+      ops.selective_scan_forward(u.data(), dt.data(), A.data(), B.data(), C.data(), nullptr, nullptr, n, dim, N,
+                                 y.data(), nullptr);
+      ADD_FAILURE() << "selective_scan_forward with N = " << N << " did not throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos) << e.what();
+      EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
+    }
+  }
+  // A head_dim past the attention kernels' limit (an exception naming the op; any std::exception is a status to
+  // the engine's CatchStrategyErrors).
+  {
+    AttentionShape s;
+    s.n = 1;
+    s.heads = 1;
+    s.kv_heads = 1;
+    s.head_dim = 4096;
+    s.scale = 1.0 / 64;
+    const std::vector<int32_t> table = {0};
+    Buf<float> q(Device::kCUDA, 4096, 0.1f, "q"), kv(Device::kCUDA, 4096, 0.1f, "kv"), out(Device::kCUDA, 4096, 0.0f, "out"),
+        lse(Device::kCUDA, 1, 0.0f, "lse"), ws(Device::kCUDA, 64, 0.0f, "ws");
+    PagedKV<float> view;
+    view.k_pool = kv.data();
+    view.v_pool = kv.data();
+    view.page_table = table.data();
+    view.page_size = 1;
+    view.page_stride = 4096;
+    view.kv_heads = 1;
+    view.head_dim = 4096;
+    try {
+      ops.attention_forward(s, q.data(), view, out.data(), lse.data(), ws.data());
+      ADD_FAILURE() << "attention_forward with head_dim 4096 did not throw";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
+    }
+  }
+  // Still usable: a small GEMM after the failures.
+  std::vector<float> av = {1, 2, 3, 4}, bv = {5, 6, 7, 8};
+  Buf<float> A(Device::kCUDA, av, "A"), B(Device::kCUDA, bv, "B"), C(Device::kCUDA, 4, Nan<float>(), "C");
+  ops.gemm(false, false, 2, 2, 2, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2);
+  EXPECT_EQ(C.Raw(), (std::vector<float>{19, 22, 43, 50}));
+}
+
+}  // namespace
+}  // namespace sg
