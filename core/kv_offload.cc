@@ -8,8 +8,9 @@ namespace sg {
 KvOffload::KvOffload(PagePool& kv, PagePool* grad, const CopyEngine& copies, int layers, int64_t seq_len, int slots)
     : kv_(kv), grad_(grad), copies_(copies), page_size_(kv.page_size()),
       rows_per_layer_((seq_len + kv.page_size() - 1) / kv.page_size() * kv.page_size()), row_bytes_(kv.row_bytes()),
-      home_kv_rows_(layers, 0), home_grad_pages_(layers, 0), slots_(slots) {
-  if (slots < 2) throw std::invalid_argument("KV offload needs at least 2 slots");
+      home_kv_rows_(layers, 0), home_grad_pages_(layers, 0), slots_(std::min(slots, layers)) {
+  // A prefetch that evicts must find a slot other than the current layer's.
+  if (slots < 2 && layers > 1) throw std::invalid_argument("KV offload needs at least 2 slots");
   if (!copies_.alloc_host || !copies_.copy_async || !copies_.wait)
     throw std::invalid_argument("--offload: the device's backend has no copy engine");
   kv_home_ = AllocHome();

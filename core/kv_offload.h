@@ -26,8 +26,8 @@ class KvOffload {
   static constexpr int kSlots = 3;
   static constexpr int kFetchLane = 0, kWriteBackLane = 1;
 
-  // kv and grad (null: the state has no gradient pages) hold `slots` layers of pages each; every layer's home
-  // holds seq_len rows (whole pages) of K and V, and of dK and dV.
+  // kv and grad (null: the state has no gradient pages) hold min(slots, layers) layers of pages each; every
+  // layer's home holds seq_len rows (whole pages) of K and V, and of dK and dV.
   KvOffload(PagePool& kv, PagePool* grad, const CopyEngine& copies, int layers, int64_t seq_len, int slots = kSlots);
   ~KvOffload();  // waits for the copies in flight
   KvOffload(const KvOffload&) = delete;

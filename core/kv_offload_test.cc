@@ -229,6 +229,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0},
                       Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
                       Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0},
+                      Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
                       Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
                       Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
