@@ -51,7 +51,8 @@
 #include "examples/svg_chart.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, strategies, "full,ckpt", "comma-separated strategies to benchmark");
+ABSL_FLAG(std::string, strategies, "full,ckpt",
+          "comma-separated strategies to benchmark (also forward, spaco, adjoint:scan|pairs|paper|<window>, seco:offload)");
 ABSL_FLAG(double, skip_after_s, 0,
           "skip the longer sequences of a strategy once one of its runs took longer than this (seconds; 0 = never): "
           "for adjoint's quadratic pair form");
@@ -243,6 +244,7 @@ struct Measurement {
   double chunks = 0;                 // mean over timed runs
   double chunks_backpropagated = 0;  // mean over timed runs
   int64_t adjoint_pairs = 0;         // adjoint: (t, i) pairs per channel over all layers
+  int64_t offloaded_bytes = 0;       // --offload: host memory holding the KV and KV-gradient pages
   MemorySnapshot mem;          // of the first timed run (the schedule is deterministic)
   int64_t rss_delta = -1;      // max over timed runs; -1 = unavailable
 };
@@ -275,6 +277,7 @@ absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, boo
     r.chunks += static_cast<double>(m->chunks) / runs;
     r.chunks_backpropagated += static_cast<double>(m->chunks_backpropagated) / runs;
     r.adjoint_pairs = m->adjoint_pairs;
+    r.offloaded_bytes = m->offloaded_bytes;
     if (base >= 0 && top >= 0) r.rss_delta = std::max(r.rss_delta, top - base);
   }
   return r;
@@ -299,6 +302,7 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   row["tokens_per_s"] = T / secs;
   row["chunks"] = m.chunks;
   row["chunks_backpropagated"] = m.chunks_backpropagated;
+  row["offloaded_bytes"] = m.offloaded_bytes;
   row["loss"] = m.loss;
   row["peak_bytes"] = s.total_peak;
   // Activations, workspace and logits at the moment the total peaked, and the (larger or equal) sum of their
@@ -332,6 +336,9 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
 // adjoint:<form or window> picks adjoint's variant.
 StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t T, double spaco_fraction) {
   so.name = name == kForwardOnly ? "seco" : name;
+  // seco:offload is seco with --offload (the flag itself applies to the seco rows only).
+  so.offload = (so.offload && name == "seco") || name == "seco:offload";
+  if (name == "seco:offload") so.name = "seco";
   if (absl::StartsWith(name, "adjoint:")) {
     so.name = "adjoint";
     const std::string variant = name.substr(8);
@@ -594,7 +601,7 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
   // How memory grows with T for the strategies that chunk the sequence (activations should not).
   json growth_by_strategy = json::object();
   for (const std::string& name : strategies) {
-    if (name != "seco" && !absl::StartsWith(name, "adjoint")) continue;
+    if (name != "seco" && name != "seco:offload" && !absl::StartsWith(name, "adjoint")) continue;
     std::vector<int64_t> ts;
     for (int64_t T : seq_lens)
       if (FindRow(rows, name, T)) ts.push_back(T);
@@ -624,6 +631,7 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
                 "other %.1f (K+V of one token over all layers: %lld bytes)\n",
                 growth, kv_growth, grad_growth, growth - kv_growth - grad_growth,
                 static_cast<long long>(state_bytes_per_token));
+    std::printf("  peak growth per 10K tokens: %.2f MB\n", growth * 1e4 / 1e6);
     growth_by_strategy[name] = m;
     if (name == "seco") out["seco_memory"] = m;
   }
@@ -880,6 +888,8 @@ int Main() {
     config["warmup"] = warmup;
     config["chunk"] = base.chunk;
     config["page_size"] = base.page_size;
+    config["sparse_pages"] = base.sparse_pages;
+    config["offload"] = base.offload;
     config["lm_chunk"] = base.lm_chunk;
     config["seed"] = seed;
     config["skip_after_s"] = skip_after_s;

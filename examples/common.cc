@@ -15,6 +15,7 @@
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
+#include "core/kv_offload.h"
 #include "core/presets.h"
 #include "kernels/backend.h"
 
@@ -31,6 +32,9 @@ ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
 ABSL_FLAG(int64_t, sparse_pages, 0,
           "page-level sparse attention (seco): per query chunk and layer, the first page, the local window and the "
           "top-k other earlier pages by mean-query . mean-key score; 0 = dense");
+ABSL_FLAG(bool, offload, false,
+          "seco on transformers: keep every layer's KV and KV-gradient pages in (pinned) host memory and only a "
+          "few layers on the device, prefetched and written back on copy streams (SeCOv2 4.2)");
 ABSL_FLAG(int64_t, spaco_budget, 8,
           "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
 ABSL_FLAG(double, spaco_cap, 2.0,
@@ -103,8 +107,10 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
   // What the strategy keeps per token: the state of every layer (ckpt: one), and for the chunked strategies its
   // gradient too. Activations come on top, so this is a lower bound.
   const int64_t L = model.num_layers();
-  const int64_t state_layers = s.name == "ckpt" ? 1 : L;
-  const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? L : 0;
+  // --offload keeps only a few layers' pages on the device.
+  const int64_t resident = s.offload ? std::min<int64_t>(L, KvOffload::kSlots) : L;
+  const int64_t state_layers = s.name == "ckpt" ? 1 : resident;
+  const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? resident : 0;
   const int64_t state = seq_len * model.StateBytesPerToken() * (state_layers + grad_layers);
   const int64_t needed = optimizer_bytes + state;  // weights and gradients are allocated already
   const int64_t margin = 256ll << 20;               // cuBLAS workspace, scratch, fragmentation
@@ -128,6 +134,7 @@ StrategyOptions StrategyFromFlags() {
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
   o.sparse_pages = absl::GetFlag(FLAGS_sparse_pages);
+  o.offload = absl::GetFlag(FLAGS_offload);
   o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   o.seed = absl::GetFlag(FLAGS_seed);

@@ -24,6 +24,9 @@ done
 step bench_1b "$bin/bench" --device=cuda --matmul=bf16 --model=llama-1b-shape --strategies=full,ckpt,seco \
   --seq_lens=8192,16384,32768,65536,131072 --chunk=4096 --page_size=256 --repeats=2 --warmup=1 \
   --compare_torch --torch_script="$here/scripts/bench_torch_gpu.py" --json="$out/bench_1b.json"
-# KV offload on the 7B shape: GPU memory growth per 10K tokens, with and without sparse pages.
-step bench_7b_offload "$bin/bench" --device=cuda --matmul=bf16 --model=qwen2.5-7b-shape --strategies=seco \
-  --offload --seq_lens=16384,32768,65536 --chunk=4096 --repeats=1 --warmup=0 --json="$out/bench_7b_offload.json"
+# KV offload on the 7B shape: GPU memory growth per 10K tokens against seco without offload (then with sparse pages).
+step bench_7b_offload "$bin/bench" --device=cuda --matmul=bf16 --model=qwen2.5-7b-shape --strategies=seco,seco:offload \
+  --seq_lens=16384,32768,65536,131072 --chunk=4096 --repeats=1 --warmup=0 --json="$out/bench_7b_offload.json"
+step bench_7b_offload_sparse "$bin/bench" --device=cuda --matmul=bf16 --model=qwen2.5-7b-shape \
+  --strategies=seco:offload --sparse_pages=8 --seq_lens=16384,32768,65536,131072 --chunk=4096 --repeats=1 \
+  --warmup=0 --json="$out/bench_7b_offload_sparse.json"
