@@ -8,7 +8,7 @@ namespace sg {
 KvOffload::KvOffload(PagePool& kv, PagePool* grad, const CopyEngine& copies, int layers, int64_t seq_len, int slots)
     : kv_(kv), grad_(grad), copies_(copies), page_size_(kv.page_size()),
       rows_per_layer_((seq_len + kv.page_size() - 1) / kv.page_size() * kv.page_size()), row_bytes_(kv.row_bytes()),
-      home_kv_rows_(layers, 0), home_grad_pages_(layers, 0), slots_(std::min(slots, layers)) {
+      home_kv_rows_(layers, 0), home_grad_pages_(layers), slots_(std::min(slots, layers)) {
   // A prefetch that evicts must find a slot other than the current layer's.
   if (slots < 2 && layers > 1) throw std::invalid_argument("KV offload needs at least 2 slots");
   if (!copies_.alloc_host || !copies_.copy_async || !copies_.wait)
@@ -36,39 +36,43 @@ KvOffload::Home KvOffload::AllocHome() {
 
 void KvOffload::Visit(const LayerAccess& now, const LayerAccess& next) {
   ++clock_;
-  Slot& s = Fetch(now, /*keep=*/-1);
+  Slot& s = Fetch(now, /*keep=*/-1, /*drop_unread=*/true);
   // The pages must have arrived, and no write-back may still be reading pages this visit may change.
   if (s.fetching) Wait(kFetchLane);
   if (s.writing_back) Wait(kWriteBackLane);
-  if (now.kv_appended.size() > 0) {
+  if (now.kv_appended.size() > 0)
     s.kv_dirty = s.kv_dirty.size() > 0 ? Chunk{std::min(s.kv_dirty.begin, now.kv_appended.begin),
                                                std::max(s.kv_dirty.end, now.kv_appended.end)}
                                        : now.kv_appended;
-    s.kv_rows = std::max(s.kv_rows, now.kv_appended.end);
-  }
   if (now.grad_rows > 0) s.grad_dirty = true;
   // Prefetch before the write-back is issued: an eviction for the prefetch then waits only for older write-backs.
-  if (next.layer >= 0) Fetch(next, /*keep=*/now.layer);
+  // (A prefetch for this same layer, e.g. its backward after its forward, must not drop pages this visit reads.)
+  if (next.layer >= 0) Fetch(next, /*keep=*/now.layer, /*drop_unread=*/next.layer != now.layer);
   if (previous_ >= 0 && previous_ != now.layer)
     if (const int p = FindSlot(previous_); p >= 0) WriteBack(slots_[p]);
   previous_ = now.layer;
 }
 
+void KvOffload::Require(const LayerAccess& access) {
+  Slot& s = Fetch(access, /*keep=*/-1, /*drop_unread=*/true);
+  if (s.fetching) Wait(kFetchLane);
+}
+
 void KvOffload::Release(int layer, int64_t from) {
   home_kv_rows_[layer] = std::min(home_kv_rows_[layer], from);
-  home_grad_pages_[layer] = std::min(home_grad_pages_[layer], (from + page_size_ - 1) / page_size_);
+  std::vector<uint8_t>& home_grad = home_grad_pages_[layer];
+  home_grad.resize(std::min<size_t>(home_grad.size(), (from + page_size_ - 1) / page_size_));
   const int index = FindSlot(layer);
   if (index < 0) return;
   Slot& s = slots_[index];
   // The pool is about to hand these pages out again.
   if (s.writing_back) Wait(kWriteBackLane);
   if (s.fetching) Wait(kFetchLane);
-  s.kv_rows = std::min(s.kv_rows, from);
   s.kv_dirty.end = std::min(s.kv_dirty.end, from);
   if (s.kv_dirty.size() <= 0) s.kv_dirty = {};
 }
 
-KvOffload::Slot& KvOffload::Fetch(const LayerAccess& a, int keep) {
+KvOffload::Slot& KvOffload::Fetch(const LayerAccess& a, int keep, bool drop_unread) {
   int index = FindSlot(a.layer);
   if (index < 0) {
     for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
@@ -84,23 +88,41 @@ KvOffload::Slot& KvOffload::Fetch(const LayerAccess& a, int keep) {
   }
   Slot& s = slots_[index];
   s.last_use = clock_;
-  // Rows past what home holds are on the device already (dirty) or not computed yet.
-  if (const int64_t kv_end = std::min(a.kv_rows, home_kv_rows_[a.layer]); kv_end > s.kv_rows) {
-    kv_.Ensure(a.layer, kv_end, /*zero_new=*/false);
-    CopyRows(kv_, kv_home_, a.layer, s.kv_rows, kv_end, /*to_device=*/true);
-    s.kv_rows = kv_end;
+  if (drop_unread && !a.pages.empty()) DropUnread(s, a);
+  // K/V: the pages read, with the rows home holds (rows past them are on the device already or not computed yet).
+  const int64_t kv_end = std::min(a.kv_rows, home_kv_rows_[a.layer]);
+  for (int64_t p = 0; p * page_size_ < kv_end; ++p) {
+    if (!a.reads(p) || (p < kv_.pages(a.layer) && kv_.pool_page(a.layer, p) >= 0)) continue;
+    kv_.Ensure(a.layer, p * page_size_, (p + 1) * page_size_, /*zero_new=*/false);
+    CopyRows(kv_, kv_home_, a.layer, p * page_size_, std::min(kv_end, (p + 1) * page_size_), /*to_device=*/true);
     s.fetching = true;
   }
+  // Gradients: whole pages that home holds; the backward creates the others zeroed.
   if (grad_ && a.grad_rows > 0) {
-    // Whole pages; pages home does not hold are zeroed by the backward (PagePool::Ensure).
-    const int64_t pages = std::min((a.grad_rows + page_size_ - 1) / page_size_, home_grad_pages_[a.layer]);
-    if (const int64_t have = grad_->pages(a.layer); pages > have) {
-      grad_->Ensure(a.layer, pages * page_size_, /*zero_new=*/false);
-      CopyRows(*grad_, grad_home_, a.layer, have * page_size_, pages * page_size_, /*to_device=*/true);
+    const std::vector<uint8_t>& home = home_grad_pages_[a.layer];
+    for (int64_t p = 0; p * page_size_ < a.grad_rows && p < static_cast<int64_t>(home.size()); ++p) {
+      if (!home[p] || !a.reads(p) || (p < grad_->pages(a.layer) && grad_->pool_page(a.layer, p) >= 0)) continue;
+      grad_->Ensure(a.layer, p * page_size_, (p + 1) * page_size_, /*zero_new=*/false);
+      CopyRows(*grad_, grad_home_, a.layer, p * page_size_, (p + 1) * page_size_, /*to_device=*/true);
       s.fetching = true;
     }
   }
   return s;
+}
+
+void KvOffload::DropUnread(Slot& s, const LayerAccess& a) {
+  auto unread = [&](const PagePool& pool, int64_t p) { return !a.reads(p) && pool.pool_page(s.layer, p) >= 0; };
+  std::vector<int64_t> kv_pages, grad_pages;
+  for (int64_t p = 0; p < kv_.pages(s.layer); ++p)
+    if (unread(kv_, p)) kv_pages.push_back(p);
+  for (int64_t p = 0; grad_ && p < grad_->pages(s.layer); ++p)
+    if (unread(*grad_, p)) grad_pages.push_back(p);
+  if (kv_pages.empty() && grad_pages.empty()) return;
+  WriteBack(s);
+  if (s.writing_back) Wait(kWriteBackLane);
+  if (s.fetching) Wait(kFetchLane);
+  for (int64_t p : kv_pages) kv_.ReleasePage(s.layer, p);
+  for (int64_t p : grad_pages) grad_->ReleasePage(s.layer, p);
 }
 
 void KvOffload::WriteBack(Slot& s) {
@@ -111,10 +133,15 @@ void KvOffload::WriteBack(Slot& s) {
     s.kv_dirty = {};
     s.writing_back = true;
   }
-  if (s.grad_dirty) {  // a backward accumulates into every gradient page the layer has
+  if (s.grad_dirty) {  // a backward accumulates into every gradient page the layer has on the device
     const int64_t pages = grad_->pages(s.layer);
-    CopyRows(*grad_, grad_home_, s.layer, 0, pages * page_size_, /*to_device=*/false);
-    home_grad_pages_[s.layer] = pages;
+    std::vector<uint8_t>& home = home_grad_pages_[s.layer];
+    if (static_cast<int64_t>(home.size()) < pages) home.resize(pages, 0);
+    for (int64_t p = 0; p < pages; ++p)
+      if (grad_->pool_page(s.layer, p) >= 0) {
+        CopyRows(*grad_, grad_home_, s.layer, p * page_size_, (p + 1) * page_size_, /*to_device=*/false);
+        home[p] = 1;
+      }
     s.grad_dirty = false;
     s.writing_back = true;
   }

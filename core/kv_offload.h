@@ -19,6 +19,10 @@ struct LayerAccess {
   int64_t kv_rows = 0;    // reads K/V rows [0, kv_rows)
   Chunk kv_appended;      // writes (appends) these K/V rows; empty: none
   int64_t grad_rows = 0;  // reads and accumulates into the gradient pages of rows [0, grad_rows); 0: none
+  // Sparse attention (SeCOv2 §4.3): of those rows, only the pages p with pages[p] != 0 (it covers every page the
+  // visit reads, and the appended rows' pages are among them); empty: all. The layer's other pages leave the device.
+  std::vector<uint8_t> pages;
+  bool reads(int64_t page) const { return pages.empty() || (page < static_cast<int64_t>(pages.size()) && pages[page]); }
 };
 
 class KvOffload {
@@ -37,6 +41,9 @@ class KvOffload {
   // missing), prefetches `next` (the visit the schedule makes after this one; layer -1: none) and sends home
   // what the previous visit, of another layer, wrote.
   void Visit(const LayerAccess& now, const LayerAccess& next);
+  // Makes the access's pages resident now, for a visit under way that learned more of what it reads (sparse
+  // attention's selection, made from the chunk's queries after the visit began).
+  void Require(const LayerAccess& access);
   // Before the pools free the layer's pages of positions >= from: nothing of them is needed any more, at home
   // or on the device; copies still reading or writing the layer's pages finish first.
   void Release(int layer, int64_t from);
@@ -52,19 +59,23 @@ class KvOffload {
     char* k = nullptr;
     char* v = nullptr;
   };
+  // A layer's pages are on the device where the pools' tables have them: a page made resident holds the rows
+  // home had, and rows written since.
   struct Slot {
     int layer = -1;  // -1: free
-    int64_t kv_rows = 0;   // K/V rows [0, kv_rows) are on the device
-    Chunk kv_dirty;        // K/V rows written on the device and not yet sent home
+    Chunk kv_dirty;  // K/V rows written on the device and not yet sent home
     bool grad_dirty = false;  // gradient pages on the device changed since they were last sent home
     int64_t last_use = 0;     // visit that last fetched into or used the slot, for least-recently-used eviction
     bool fetching = false, writing_back = false;  // copies issued and not yet waited for
   };
 
   // The slot holding access.layer with what the access reads, evicting the least recently used slot other than
-  // `keep` when the layer is not resident. Copies are issued, not waited for.
-  Slot& Fetch(const LayerAccess& access, int keep);
+  // `keep` when the layer is not resident, and (drop_unread) dropping its pages the access does not read. Copies
+  // are issued, not waited for.
+  Slot& Fetch(const LayerAccess& access, int keep, bool drop_unread);
   void WriteBack(Slot& s);
+  // Frees the slot's pages the access does not read (sending home what changed first).
+  void DropUnread(Slot& s, const LayerAccess& a);
   void Evict(Slot& s);
   void Wait(int lane);
   int FindSlot(int layer) const;
@@ -78,7 +89,7 @@ class KvOffload {
   int64_t page_size_, rows_per_layer_, row_bytes_;
   Home kv_home_, grad_home_;
   std::vector<int64_t> home_kv_rows_;    // per layer: K/V rows [0, n) are valid at home
-  std::vector<int64_t> home_grad_pages_;  // per layer: gradient pages [0, n) are valid at home
+  std::vector<std::vector<uint8_t>> home_grad_pages_;  // per layer and page: the gradient page is valid at home
   std::vector<Slot> slots_;
   int previous_ = -1;  // layer of the previous visit
   int64_t clock_ = 0;

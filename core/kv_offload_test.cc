@@ -56,11 +56,11 @@ TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk c = chunks[i];
     for (int l = 0; l < kLayers; ++l) {
-      LayerAccess now{l, c.begin, c, 0}, next;
-      if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0};
-      else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0};  // layer 0 of the next chunk
+      LayerAccess now{l, c.begin, c, 0, {}}, next;
+      if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0, {}};
+      else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0, {}};  // layer 0 of the next chunk
       offload.Visit(now, next);
-      kv.Ensure(l, c.end, /*zero_new=*/false);
+      kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
       std::vector<double> k, v;
       for (int64_t t = c.begin; t < c.end; ++t)
         for (int64_t e = 0; e < kHeadDim; ++e) {
@@ -79,7 +79,7 @@ TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
   EXPECT_EQ(offload.host_bytes(), kLayers * pages_per_layer * kPage * row_bytes);
 
   for (int l = 0; l < kLayers; ++l) {
-    offload.Visit({l, kSeqLen, {}, 0}, {});
+    offload.Visit({l, kSeqLen, {}, 0, {}}, {});
     std::vector<double> k(kSeqLen * kHeadDim), v(kSeqLen * kHeadDim);
     kv.Gather<double>(l, 0, kSeqLen, k.data(), v.data());
     for (int64_t t = 0; t < kSeqLen; ++t)
@@ -102,7 +102,7 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
   PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
   KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
   auto append = [&](int l, Chunk c) {
-    kv.Ensure(l, c.end, /*zero_new=*/false);
+    kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
     std::vector<double> k, v;
     for (int64_t t = c.begin; t < c.end; ++t)
       for (int64_t e = 0; e < kRow; ++e) {
@@ -113,7 +113,7 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
   };
   const Chunk first{0, 4}, last{4, 8};
   for (int l = 0; l < kLayers; ++l) {
-    offload.Visit({l, 0, first, 0}, {l + 1 < kLayers ? l + 1 : 0, l + 1 < kLayers ? 0 : first.end, {}, 0});
+    offload.Visit({l, 0, first, 0, {}}, {l + 1 < kLayers ? l + 1 : 0, l + 1 < kLayers ? 0 : first.end, {}, 0, {}});
     append(l, first);
   }
   for (const Chunk c : {last, first}) {
@@ -123,16 +123,16 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
     for (int l = 0; l < kLayers; ++l) {
       // After the last layer's forward comes its backward.
       const LayerAccess next =
-          l + 1 < kLayers ? LayerAccess{l + 1, kv_rows, {}, 0} : LayerAccess{l, kv_rows, {}, c.end};
-      offload.Visit({l, kv_rows, appended, 0}, next);
+          l + 1 < kLayers ? LayerAccess{l + 1, kv_rows, {}, 0, {}} : LayerAccess{l, kv_rows, {}, c.end, {}};
+      offload.Visit({l, kv_rows, appended, 0, {}}, next);
       if (appended.size() > 0) append(l, appended);
       std::vector<double> k(c.end * kRow), v(c.end * kRow);
       kv.Gather<double>(l, 0, c.end, k.data(), v.data());
       for (int64_t t = 0; t < c.end; ++t) ASSERT_EQ(v[t * kRow + 1], Value(l, t, 1, true)) << l << " " << t;
     }
     for (int l = kLayers - 1; l >= 0; --l) {
-      offload.Visit({l, c.end, {}, c.end}, l > 0 ? LayerAccess{l - 1, c.end, {}, c.end} : LayerAccess{});
-      grad.Ensure(l, c.end, /*zero_new=*/true);
+      offload.Visit({l, c.end, {}, c.end, {}}, l > 0 ? LayerAccess{l - 1, c.end, {}, c.end, {}} : LayerAccess{});
+      grad.Ensure(l, 0, c.end, /*zero_new=*/true);
       std::vector<double> dk(c.end * kRow), dv(c.end * kRow);
       grad.Gather<double>(l, 0, c.end, dk.data(), dv.data());
       for (double& x : dk) x += l + 1;
@@ -147,7 +147,7 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
     }
   }
   for (int l = 0; l < kLayers; ++l) {
-    offload.Visit({l, first.end, {}, first.end}, {});
+    offload.Visit({l, first.end, {}, first.end, {}}, {});
     std::vector<double> dk(first.end * kRow), dv(first.end * kRow);
     grad.Gather<double>(l, 0, first.end, dk.data(), dv.data());
     for (int64_t i = 0; i < first.end * kRow; ++i) {
@@ -155,6 +155,77 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
       ASSERT_EQ(dv[i], 2.0 * (l + 1)) << "layer " << l << " element " << i;
     }
   }
+}
+
+// Sparse attention's visits (LayerAccess::pages): only the selected pages move to the device, pages a visit does
+// not read leave it, and gradient pages come back only where home holds them.
+TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
+  constexpr int kLayers = 4;
+  constexpr int64_t kSeqLen = 16, kPage = 2, kRow = 2;  // 8 pages; 1 KV head of 2 dims
+  const int64_t row_bytes = 2 * kRow * sizeof(double);  // K and V
+  PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 3 * 8, kPage, 1, kRow);
+  PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 3 * 8, kPage, 1, kRow);
+  KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
+  for (int l = 0; l < kLayers; ++l) {  // every layer appends all its rows; the sweep leaves layer 0 at home only
+    offload.Visit({l, 0, {0, kSeqLen}, 0, {}}, l + 1 < kLayers ? LayerAccess{l + 1, 0, {}, 0, {}} : LayerAccess{});
+    kv.Ensure(l, 0, kSeqLen, /*zero_new=*/false);
+    std::vector<double> k, v;
+    for (int64_t t = 0; t < kSeqLen; ++t)
+      for (int64_t e = 0; e < kRow; ++e) {
+        k.push_back(Value(l, t, e, false));
+        v.push_back(Value(l, t, e, true));
+      }
+    kv.Scatter<double>(l, 0, kSeqLen, k.data(), v.data());
+  }
+  ASSERT_FALSE(offload.resident(0));
+  auto resident_pages = [](const PagePool& pool, int l) {
+    std::vector<int64_t> pages;
+    for (int64_t p = 0; p < pool.pages(l); ++p)
+      if (pool.pool_page(l, p) >= 0) pages.push_back(p);
+    return pages;
+  };
+  auto mask = [](std::initializer_list<int> pages) {
+    std::vector<uint8_t> m(8, 0);
+    for (int p : pages) m[p] = 1;
+    return m;
+  };
+  // Layer 0 reads pages 0, 3, 7 of its 16 rows (the last page, its chunk's, is always read): 3 pages move.
+  int64_t fetched = offload.fetched_bytes();
+  offload.Visit({0, kSeqLen, {}, 0, mask({0, 3, 7})}, {});
+  EXPECT_EQ(offload.fetched_bytes() - fetched, 3 * kPage * row_bytes);
+  EXPECT_EQ(resident_pages(kv, 0), (std::vector<int64_t>{0, 3, 7}));
+  std::vector<double> k(kSeqLen * kRow), v(kSeqLen * kRow);
+  kv.Gather<double>(0, 0, kSeqLen, k.data(), v.data());
+  for (int64_t t = 0; t < kSeqLen; ++t) {
+    const bool selected = t / kPage == 0 || t / kPage == 3 || t / kPage == 7;
+    EXPECT_EQ(v[t * kRow + 1], selected ? Value(0, t, 1, true) : 0.0) << "row " << t;
+  }
+  // Then pages 0, 5, 7: one page moves, page 3 leaves the device.
+  fetched = offload.fetched_bytes();
+  offload.Visit({0, kSeqLen, {}, 0, mask({0, 5, 7})}, {});
+  EXPECT_EQ(offload.fetched_bytes() - fetched, 1 * kPage * row_bytes);
+  EXPECT_EQ(resident_pages(kv, 0), (std::vector<int64_t>{0, 5, 7}));
+  // A backward over pages 0, 5, 7 creates (zeroed) and fills only those gradient pages...
+  offload.Visit({0, kSeqLen, {}, kSeqLen, mask({0, 5, 7})}, {});
+  const std::vector<uint8_t> selected = mask({0, 5, 7});
+  grad.Ensure(0, 0, kSeqLen, /*zero_new=*/true, selected.data());
+  EXPECT_EQ(resident_pages(grad, 0), (std::vector<int64_t>{0, 5, 7}));
+  std::vector<double> ones(kSeqLen * kRow, 1.0);
+  grad.Scatter<double>(0, 0, kSeqLen, ones.data(), ones.data());
+  // ... which go home when another layer is visited and come back only where they are selected again.
+  offload.Visit({1, kSeqLen, {}, 0, mask({0, 7})}, {});
+  offload.Visit({0, kSeqLen, {}, kSeqLen, mask({0, 3, 7})}, {});
+  EXPECT_EQ(resident_pages(grad, 0), (std::vector<int64_t>{0, 7}));  // page 3 has no gradient at home yet
+  grad.Ensure(0, 0, kSeqLen, /*zero_new=*/true, mask({0, 3, 7}).data());
+  std::vector<double> dk(kSeqLen * kRow), dv(kSeqLen * kRow);
+  grad.Gather<double>(0, 0, kSeqLen, dk.data(), dv.data());
+  for (int64_t t = 0; t < kSeqLen; ++t) EXPECT_EQ(dk[t * kRow], t / kPage == 0 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
+  // Page 5's gradient is at home, not lost: selecting it again brings it back.
+  offload.Visit({1, kSeqLen, {}, 0, mask({0, 7})}, {});
+  offload.Visit({0, kSeqLen, {}, kSeqLen, mask({0, 5, 7})}, {});
+  grad.Gather<double>(0, 0, kSeqLen, dk.data(), dv.data());
+  for (int64_t t = 0; t < kSeqLen; ++t)
+    EXPECT_EQ(dv[t * kRow], t / kPage == 0 || t / kPage == 5 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
 }
 
 std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config) {
@@ -231,25 +302,27 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0},
                       Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
                       Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
-                      Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3}),
+                      Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
+                      Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2},
+                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 struct StateBytes {
   int64_t kv_cache = 0, kv_grad = 0, host = 0;
 };
 
-// Peak device bytes of the KV cache and KV gradient over one seco pass of a 64-token sequence, and the host bytes
-// offload used.
-StateBytes Measure(Model& m, bool offload) {
+// Peak device bytes of the KV cache and KV gradient over one seco pass (chunk 8, pages of 4) of a sequence of
+// `tokens`, and the host bytes offload used.
+StateBytes Measure(Model& m, bool offload, int64_t tokens = 64, int64_t sparse_pages = 0) {
   Sequence s = RaggedBatch(m.vocab_size(), 99)[0];
-  while (s.ids.size() < 64) {
+  while (static_cast<int64_t>(s.ids.size()) < tokens) {
     s.ids.insert(s.ids.end(), s.ids.begin(), s.ids.end());
     s.labels.insert(s.labels.end(), s.labels.begin(), s.labels.end());
   }
-  s.ids.resize(64);
-  s.labels.resize(64);
+  s.ids.resize(tokens);
+  s.labels.resize(tokens);
   m.memory().ResetPeak();
-  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, 0, offload));
+  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, sparse_pages, offload));
   const MemorySnapshot snap = m.memory().Snapshot();
   return {snap.peak[static_cast<int>(MemCategory::kKVCache)], snap.peak[static_cast<int>(MemCategory::kKVGrad)],
           r.offloaded_bytes};
@@ -274,6 +347,21 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   }
   EXPECT_EQ(at4.kv_cache, at8.kv_cache);
   EXPECT_EQ(at4.kv_grad, at8.kv_grad);
+}
+
+// With sparse pages the device holds, per resident layer, only the pages a chunk reads (page 0, k selected, the
+// chunk's and the one before): device KV memory no longer grows with the sequence; host memory does.
+TEST(OffloadMemoryTest, SparseDeviceBytesFlatInTokens) {
+  auto model = MakeModel(Deep(4));
+  const StateBytes at64 = Measure(*model, true, 64, 2), at256 = Measure(*model, true, 256, 2);
+  const StateBytes dense = Measure(*model, true, 256, 0);
+  std::cout << "sparse_pages 2, offload: device kv_cache + kv_grad peak " << at64.kv_cache << " + " << at64.kv_grad
+            << " B at 64 tokens, " << at256.kv_cache << " + " << at256.kv_grad << " B at 256 (dense offload at 256: "
+            << dense.kv_cache << " + " << dense.kv_grad << " B); host " << at64.host << " -> " << at256.host << " B\n";
+  EXPECT_EQ(at64.kv_cache, at256.kv_cache);
+  EXPECT_EQ(at64.kv_grad, at256.kv_grad);
+  EXPECT_EQ(at256.host, 4 * at64.host);
+  EXPECT_LT(at256.kv_cache, dense.kv_cache / 4);
 }
 
 TEST(OffloadOptionsTest, OnlySecoOnTransformers) {

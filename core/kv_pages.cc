@@ -38,25 +38,23 @@ void PagePool::SkipRows(int64_t begin, int64_t end, int64_t seq_len) {
     skipped_rows_[pages - 1] += tail;
 }
 
-void PagePool::Ensure(int layer, int64_t end, bool zero_new) {
+void PagePool::Ensure(int layer, int64_t begin, int64_t end, bool zero_new, const uint8_t* mask) {
   std::vector<int32_t>& table = Table(layer);
-  const int64_t needed = (end + page_size_ - 1) / page_size_;
-  while (static_cast<int64_t>(table.size()) < needed) {
-    const size_t logical = table.size();
-    if (logical < skipped_rows_.size() && skipped_rows_[logical] >= page_size_) {
-      table.push_back(-1);
-      continue;
-    }
+  const int64_t last = (end + page_size_ - 1) / page_size_;
+  if (static_cast<int64_t>(table.size()) < last) table.resize(last, -1);
+  for (int64_t logical = begin / page_size_; logical < last; ++logical) {
+    int32_t& entry = table[logical];
+    if (entry >= 0 || (mask && !mask[logical])) continue;
+    if (logical < static_cast<int64_t>(skipped_rows_.size()) && skipped_rows_[logical] >= page_size_) continue;
     if (free_.empty())
       throw std::runtime_error("page pool exhausted: " + std::to_string(capacity_) + " pages of " +
                                std::to_string(page_size_) + " tokens (layer " + std::to_string(layer) + ")");
-    const int32_t p = free_.back();
+    entry = free_.back();
     free_.pop_back();
     if (zero_new) {
-      k_.Rows(p, p + 1).SetZero();
-      v_.Rows(p, p + 1).SetZero();
+      k_.Rows(entry, entry + 1).SetZero();
+      v_.Rows(entry, entry + 1).SetZero();
     }
-    table.push_back(p);
   }
 }
 
@@ -67,6 +65,13 @@ void PagePool::Release(int layer, int64_t from) {
     if (table.back() >= 0) free_.push_back(table.back());
     table.pop_back();
   }
+}
+
+void PagePool::ReleasePage(int layer, int64_t logical) {
+  std::vector<int32_t>& table = Table(layer);
+  if (logical >= static_cast<int64_t>(table.size()) || table[logical] < 0) return;
+  free_.push_back(table[logical]);
+  table[logical] = -1;
 }
 
 // Rows are copied one run per page with the device's copy op (the pools may live on a GPU).

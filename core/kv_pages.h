@@ -17,14 +17,17 @@ class PagePool {
   PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
            int64_t kv_heads, int64_t head_dim);
 
-  // Makes logical pages [0, ceil(end / page_size)) of `layer` exist; new pages are zeroed when zero_new. A page
-  // whose every row was passed to SkipRows gets no pool page: its table entry is -1.
-  void Ensure(int layer, int64_t end, bool zero_new);
+  // Makes the logical pages of `layer` that overlap rows [begin, end) exist (new ones zeroed when zero_new), except
+  // pages whose every row was passed to SkipRows and, given a mask over logical pages, unselected ones. The table
+  // grows to cover `end`; entries it leaves out are -1 (absent: reads give zeros, attention skips them).
+  void Ensure(int layer, int64_t begin, int64_t end, bool zero_new, const uint8_t* mask = nullptr);
   // Rows [begin, end) of a sequence of seq_len tokens will never be read (in any layer), e.g. the gradient of
   // positions whose chunk is not backpropagated: pages made only of such rows are left out.
   void SkipRows(int64_t begin, int64_t end, int64_t seq_len);
   // Returns the layer's pages that start at or after position `from` to the free list.
   void Release(int layer, int64_t from);
+  // Returns one logical page to the free list (its entry becomes -1); nothing if it is absent.
+  void ReleasePage(int layer, int64_t logical);
   // Rows [begin, end) of K and V for one layer, gathered into dense [n][kv_heads][head_dim] arrays (zeros for
   // rows of pages left out).
   template <typename T> void Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const;

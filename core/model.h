@@ -55,6 +55,9 @@ struct StateOptions {
   // KV offload (transformers, SeCOv2 §4.2, core/kv_offload.h): every layer's KV and KV-gradient pages live in host
   // memory and the device holds a few layers at a time, moved by the device's copy engine alongside compute.
   bool offload = false;
+  // Tokens per chunk (the chunked strategies): with offload and sparse pages, the device then holds a number of
+  // pages per layer that does not grow with seq_len.
+  int64_t chunk = 0;
   // Passes that compute gradients (Training(seed)): random masks (LoRA dropout) are on, drawn from `seed` per
   // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
   bool training = false;

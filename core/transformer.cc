@@ -106,6 +106,26 @@ class TransformerState final : public SequenceState {
     }
     offload->Visit(Access(l, c, pass), next);
   }
+  // With offload, after sparse attention selected chunk c's pages in layer l: brings them to the device.
+  void RequireSelected(int l, Chunk c, Pass pass) {
+    if (offload) offload->Require(Access(l, c, pass));
+  }
+  // Sparse attention's page mask of chunk c in layer l, as far as it is known before the chunk's queries are: the
+  // stored selection, else the pages always kept (page 0, the chunk's pages and the one before); empty: dense.
+  std::vector<uint8_t> KnownPages(int l, Chunk c) const {
+    if (auto it = selection.find({l, c.begin}); it != selection.end()) return it->second;
+    return KeptPages(c);
+  }
+  // Sparse attention's pages always kept for chunk c (empty: dense, when there are no more than sparse_pages
+  // candidates, the earlier pages 1 .. first_local - 2).
+  std::vector<uint8_t> KeptPages(Chunk c) const {
+    const int64_t ps = kv.page_size(), first_local = c.begin / ps, pages = (c.end + ps - 1) / ps;
+    if (opts.sparse_pages <= 0 || first_local - 2 <= opts.sparse_pages) return {};
+    std::vector<uint8_t> mask(pages, 0);
+    mask[0] = 1;
+    for (int64_t p = first_local - 1; p < pages; ++p) mask[p] = 1;
+    return mask;
+  }
 
   PagePool kv;
   PagePool grad;
@@ -116,6 +136,9 @@ class TransformerState final : public SequenceState {
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
   // pass without gradients) and reused unchanged by its recompute and backward.
   std::map<std::pair<int, int64_t>, std::vector<uint8_t>> selection;
+  // Sparse attention: per layer, [page][kv_heads * head_dim] sums of each complete page's cached keys, so that
+  // pages are scored without being on the device.
+  std::vector<std::vector<double>> key_sums;
   std::unique_ptr<KvOffload> offload;  // declared after the pools: destroyed (waiting for its copies) first
 
  private:
@@ -125,6 +148,7 @@ class TransformerState final : public SequenceState {
     a.kv_rows = std::min(c.end, KvEnd(l));
     if (pass != Pass::kBackward && !HoldsKV(l, c)) a.kv_appended = c;
     if (pass == Pass::kBackward) a.grad_rows = c.end;
+    a.pages = KnownPages(l, c);
     return a;
   }
 };
@@ -200,6 +224,12 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
+    // Offloaded sparse attention keeps on the device only the pages a chunk reads: page 0, the k selected, the
+    // pages the chunk overlaps and the one before (KvOffload drops the others).
+    const int64_t pages_per_slot =
+        o.offload && o.sparse_pages > 0 && o.chunk > 0
+            ? std::min(pages_per_layer, o.sparse_pages + (o.chunk + o.page_size - 1) / o.page_size + 3)
+            : pages_per_layer;
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
     const int slots = std::min(num_layers(), KvOffload::kSlots);
     const int kv_layers = o.offload ? std::min(o.resident_layers, slots) : o.resident_layers;
@@ -211,10 +241,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       copies = &backend->copies;
     }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_layer * kv_layers, o.page_size, cfg_.num_kv_heads,
-                 cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_layer * grad_layers, o.page_size, cfg_.num_kv_heads,
-                 cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_slot * kv_layers,
+                 o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_slot * grad_layers,
+                 o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
         o, num_layers(), copies);
   }
 
@@ -244,6 +274,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
       PagedKV<T> view = state.kv.View<T>(l);
       view.page_mask = SelectPages(l, c, q.data<T>(), state);
+      if (view.page_mask)
+        state.RequireSelected(l, c, saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward);
       ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
     }
     Tensor h = New(act, {n, d});
@@ -314,11 +346,13 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
       Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
-      state.grad.Ensure(l, c.end, /*zero_new=*/true);
+      // Only the selected pages receive gradients (and exist).
+      const uint8_t* selected = SelectPages(l, c, s[kQ].data<T>(), state);
+      state.grad.Ensure(l, 0, c.end, /*zero_new=*/true, selected);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
       PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
-      view.page_mask = grad_view.page_mask = SelectPages(l, c, s[kQ].data<T>(), state);
+      view.page_mask = grad_view.page_mask = selected;
       ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
                               dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
     }
@@ -354,9 +388,27 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
     Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd, c, state.opts);
     ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
-    state.kv.Ensure(l, c.end, /*zero_new=*/false);
+    state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
     state.MarkKV(l, c);
+    if (state.opts.sparse_pages > 0) SumPageKeys(l, c, state);
+  }
+
+  // Sparse attention's page summaries: the key sums of the pages chunk c completed (on the device: the chunk's
+  // pages and the one before are resident).
+  void SumPageKeys(int l, Chunk c, TransformerState& state) {
+    const int64_t ps = state.kv.page_size(), kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
+    std::vector<double>& sums = state.key_sums[l];
+    const PagedKV<T> kv = state.kv.View<T>(l);
+    for (int64_t p = c.begin / ps; (p + 1) * ps <= c.end; ++p) {
+      if (static_cast<int64_t>(sums.size()) < (p + 1) * kvd) sums.resize((p + 1) * kvd, 0.0);
+      double* sum = sums.data() + p * kvd;
+      std::fill(sum, sum + kvd, 0.0);
+      const T* K = kv.k_page(p);
+      for (int64_t r = 0; r < ps; ++r)
+        for (int64_t e = 0; e < kvd; ++e) sum[e] += static_cast<double>(K[r * kvd + e]);
+    }
   }
 
   // Sparse attention's page mask for chunk c in layer l (null: dense). Made once per (layer, chunk) from the
@@ -364,14 +416,12 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   // Always kept: page 0, the pages the chunk overlaps and the page before them; of the other earlier pages the
   // sparse_pages ones with the highest score sum_h mean_q[h] . mean_k[page][group(h)] (ties: lower page).
   const uint8_t* SelectPages(int l, Chunk c, const T* q, TransformerState& state) {
-    const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
-    if (k <= 0) return nullptr;
-    const int64_t first_local = c.begin / ps, pages = (c.end + ps - 1) / ps;
-    const int64_t candidates = std::max<int64_t>(0, first_local - 2);  // pages 1 .. first_local - 2
-    if (candidates <= k) return nullptr;  // everything selected: dense
     auto key = std::make_pair(l, c.begin);
-    auto it = state.selection.find(key);
-    if (it != state.selection.end()) return it->second.data();
+    if (auto it = state.selection.find(key); it != state.selection.end()) return it->second.data();
+    std::vector<uint8_t> mask = state.KeptPages(c);
+    if (mask.empty()) return nullptr;  // dense
+    const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
+    const int64_t candidates = c.begin / ps - 2;  // pages 1 .. first_local - 2
     const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim, group = H / G, n = c.size();
     std::vector<double> mq(H * hd, 0.0);
     for (int64_t i = 0; i < n; ++i)
@@ -380,21 +430,16 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     std::vector<double> gq(G * hd, 0.0);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t e = 0; e < hd; ++e) gq[(h / group) * hd + e] += mq[h * hd + e] / static_cast<double>(n);
-    const PagedKV<T> kv = state.kv.View<T>(l);
+    const double* sums = state.key_sums.at(l).data();  // the candidates are complete pages
     std::vector<double> score(candidates);
     for (int64_t p = 1; p <= candidates; ++p) {
-      const T* K = kv.k_page(p);
       double acc = 0;
-      for (int64_t r = 0; r < ps; ++r)
-        for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * static_cast<double>(K[r * G * hd + e]);
+      for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * sums[p * G * hd + e];
       score[p - 1] = acc / static_cast<double>(ps);
     }
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
-    std::vector<uint8_t> mask(pages, 0);
-    mask[0] = 1;
-    for (int64_t p = std::max<int64_t>(0, first_local - 1); p < pages; ++p) mask[p] = 1;
     for (int64_t i = 0; i < k; ++i) mask[order[i] + 1] = 1;
     return state.selection.emplace(key, std::move(mask)).first->second.data();
   }

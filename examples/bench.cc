@@ -774,10 +774,12 @@ int Main() {
       double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
       if (name == kForwardOnly) flops /= 3;  // forward is a third of forward + backward
       json row = SeqgradRow(name, T, m, flops, sgemm, state_bytes_per_token);
-      if (name == "spaco") {  // its useful work is random: no FLOP rate
+      // spaco's useful work is random, sparse attention's depends on the selection: no FLOP rate for them.
+      if (name == "spaco" || (so.sparse_pages > 0 && so.name == "seco"))
+        for (const char* k : {"gflops", "gflops_per_s", "sgemm_fraction"}) row[k] = nullptr;
+      if (name == "spaco") {
         row["spaco_budget"] = so.spaco_budget;
         row["spaco_cap"] = so.spaco_cap;
-        for (const char* k : {"gflops", "gflops_per_s", "sgemm_fraction"}) row[k] = nullptr;
       }
       if (so.name == "adjoint") {
         row["adjoint_form"] = so.adjoint_form;

@@ -111,15 +111,19 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
   const int64_t resident = s.offload ? std::min<int64_t>(L, KvOffload::kSlots) : L;
   const int64_t state_layers = s.name == "ckpt" ? 1 : resident;
   const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? resident : 0;
-  const int64_t state = seq_len * model.StateBytesPerToken() * (state_layers + grad_layers);
+  // With sparse pages too, a resident layer holds only the pages one chunk reads (core/transformer.cc NewState).
+  const int64_t sparse_tokens =
+      (s.sparse_pages + (s.chunk + s.page_size - 1) / s.page_size + 3) * s.page_size;
+  const int64_t tokens = s.offload && s.sparse_pages > 0 ? std::min(seq_len, sparse_tokens) : seq_len;
+  const int64_t state = tokens * model.StateBytesPerToken() * (state_layers + grad_layers);
   const int64_t needed = optimizer_bytes + state;  // weights and gradients are allocated already
   const int64_t margin = 256ll << 20;               // cuBLAS workspace, scratch, fragmentation
   if (needed + margin > free_bytes)
     return absl::ResourceExhaustedError(absl::StrFormat(
         "--seq_len=%d does not fit on the GPU: it needs at least %.1f MiB (optimizer %.1f MiB + %s state of %d "
-        "tokens %.1f MiB + 256 MiB margin) besides the %.1f MiB of weights and gradients already there, and %.1f "
+        "tokens on the device %.1f MiB + 256 MiB margin) besides the %.1f MiB of weights and gradients already there, and %.1f "
         "of %.1f MiB are free; try --strategy=seco with a smaller --chunk, or a shorter --seq_len",
-        seq_len, (needed + margin) / 1048576.0, optimizer_bytes / 1048576.0, s.name, seq_len, state / 1048576.0,
+        seq_len, (needed + margin) / 1048576.0, optimizer_bytes / 1048576.0, s.name, tokens, state / 1048576.0,
         now.total_current / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0));
   // Past the GPU's free memory managed allocations would page silently; fail clearly instead.
   if (model.memory().limit() == 0 || model.memory().limit() > now.total_current + free_bytes - margin)

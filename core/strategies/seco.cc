@@ -39,6 +39,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
   StateOptions state{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L, /*adjoint_window=*/0,
                      /*sparse_pages=*/o.sparse_pages};
   state.offload = o.offload;  // the pools then hold a few layers (core/kv_offload.h)
+  state.chunk = o.chunk;
   return SecoSchedule(m, s, grad_scale, o, state.Training(o.seed));
 }
 
