@@ -43,7 +43,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.5.0";
+constexpr char kVersion[] = "0.6.0";
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {
@@ -158,6 +158,7 @@ constexpr size_t kTrainerOptionsSize0_1 = offsetof(sg_trainer_options, spaco_bud
 constexpr size_t kTrainerOptionsSize0_2 = offsetof(sg_trainer_options, objective);
 constexpr size_t kTrainerOptionsSize0_3 = offsetof(sg_trainer_options, adjoint_form);
 constexpr size_t kTrainerOptionsSize0_4 = offsetof(sg_trainer_options, lr_schedule);
+constexpr size_t kTrainerOptionsSize0_5 = offsetof(sg_trainer_options, sparse_pages);
 constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
 constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = the 0.2 size
 constexpr size_t kMetricsSize0_4 = offsetof(sg_metrics, lr);
@@ -165,9 +166,10 @@ static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
 static_assert(kTrainerOptionsSize0_4 == 288 && kMetricsSize0_4 == 208, "the 0.4 (LP64) layouts changed: append only");
-static_assert(sizeof(sg_trainer_options) == 328 && sizeof(sg_metrics) == 224 && sizeof(sg_lora_options) == 48 &&
+static_assert(kTrainerOptionsSize0_5 == 328 && sizeof(sg_metrics) == 224 && sizeof(sg_lora_options) == 48 &&
                   sizeof(sg_eval_result) == 1616,
               "the 0.5 (LP64) layouts changed: append only");
+static_assert(sizeof(sg_trainer_options) == 344, "the 0.6 (LP64) layout changed: append only");
 
 struct PublishedSize {
   const char* version;
@@ -797,6 +799,8 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.min_lr = oo.min_lr;
   o.total_steps = oo.total_steps;
   o.grad_accum = oo.grad_accum;
+  o.sparse_pages = so.sparse_pages;
+  o.offload = so.offload ? 1 : 0;
   return o;
 }
 
@@ -809,7 +813,8 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (!options) return NullArg(fn, "options");
     if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
                                        {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
-                                        {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4}}))
+                                        {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
+                                        {"0.5", kTrainerOptionsSize0_5}}))
       return s;
     for (uint64_t r : options->reserved)
       if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -826,6 +831,11 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
       so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
       so.adjoint_window = options->adjoint_window;
+    }
+    if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
+      if (options->reserved_0_6 != 0) return Invalid(absl::StrCat(fn, ": options->reserved_0_6 must be zero"));
+      so.sparse_pages = options->sparse_pages;
+      so.offload = options->offload != 0;
     }
     if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
       return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));

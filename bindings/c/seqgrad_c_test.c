@@ -380,6 +380,75 @@ static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, 
   return g;
 }
 
+/* seco's gradients over the test batch with pages of 2 tokens (so the last chunk has 6 candidate pages). */
+static float* seco_grads(sg_model* m, int64_t sparse_pages, int32_t offload, int64_t* n) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  float* g = NULL;
+  o.strategy = "seco";
+  o.chunk = 8;
+  o.page_size = 2;
+  o.sparse_pages = sparse_pages;
+  o.offload = offload;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  if (!t) return NULL;
+  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  g = copy_grads(m, n);
+  sg_trainer_free(t);
+  return g;
+}
+
+/* Since 0.6: sparse pages and KV offload on seco. Offload only moves bytes (the same gradient bits, dense or
+ * sparse); one selected page changes the gradients; the fields are checked and refused where they do not apply, and
+ * a 0.5 caller's struct is read without them. */
+static void test_sparse_offload(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  int64_t n[4] = {0, 0, 0, 0};
+  float *dense, *dense_off, *sparse, *sparse_off;
+  CHECK(o.sparse_pages == 0 && o.offload == 0 && o.reserved_0_6 == 0);
+  dense = seco_grads(m, 0, 0, &n[0]);
+  dense_off = seco_grads(m, 0, 1, &n[1]);
+  sparse = seco_grads(m, 1, 0, &n[2]);
+  sparse_off = seco_grads(m, 1, 1, &n[3]);
+  CHECK(dense && dense_off && sparse && sparse_off && n[0] > 0 && n[1] == n[0] && n[2] == n[0] && n[3] == n[0]);
+  if (dense && dense_off && sparse && sparse_off) {
+    CHECK(memcmp(dense, dense_off, n[0] * sizeof(float)) == 0);
+    CHECK(memcmp(sparse, sparse_off, n[0] * sizeof(float)) == 0);
+    CHECK(memcmp(dense, sparse, n[0] * sizeof(float)) != 0);
+  }
+  free(dense);
+  free(dense_off);
+  free(sparse);
+  free(sparse_off);
+
+  o.chunk = 8;
+  o.page_size = 2;
+  o.strategy = "ckpt";
+  o.offload = 1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--offload");
+  o.strategy = "streambp";
+  o.offload = 0;
+  o.sparse_pages = 2;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages");
+  o.strategy = "seco";
+  o.sparse_pages = -1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages must be 0 (dense) or positive");
+  o.sparse_pages = 0;
+  o.reserved_0_6 = 1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "reserved_0_6 must be zero");
+  CHECK(t == NULL);
+  /* 0.5 size: the 0.6 fields beyond it are not read. */
+  o.struct_size = offsetof(sg_trainer_options, sparse_pages);
+  o.sparse_pages = -1;
+  o.offload = 7;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
 static void test_spaco(void) {
   sg_model* m = tiny_model();
   sg_trainer* t = NULL;
@@ -1824,6 +1893,7 @@ int main(void) {
   test_checkpoint();
   test_evaluate_detailed();
   test_nonfinite_guard();
+  test_sparse_offload();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

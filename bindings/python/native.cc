@@ -475,7 +475,8 @@ PYBIND11_MODULE(_native, mod) {
                        double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
                        const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
-                       int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum) {
+                       int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
+                       int64_t sparse_pages, bool offload) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -501,6 +502,8 @@ PYBIND11_MODULE(_native, mod) {
              o.min_lr = min_lr;
              o.total_steps = total_steps;
              o.grad_accum = grad_accum;
+             o.sparse_pages = sparse_pages;
+             o.offload = offload ? 1 : 0;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -513,7 +516,8 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
            py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
            py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
-           py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"))
+           py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
+           py::arg("offload"))
       .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
                       py::array lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,

@@ -285,7 +285,8 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
                              jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
-                             jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum) {
+                             jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
+                             jlong sparse_pages, jboolean offload) {
   GUARD_BEGIN
   const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
   const std::string schedule = Str(env, lr_schedule);
@@ -314,6 +315,8 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.min_lr = min_lr;
   o.total_steps = total_steps;
   o.grad_accum = grad_accum;
+  o.sparse_pages = sparse_pages;
+  o.offload = offload ? 1 : 0;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;

@@ -301,6 +301,10 @@ class Trainer:
     step, recorded in checkpoints. save_checkpoint()/load_checkpoint()/resume() continue a run exactly (same losses
     on CPU); evaluate_detailed() gives loss, perplexity, accuracy and retrieval accuracy by key-query distance.
 
+    seco on transformers (SeCOv2): sparse_pages=k makes each query chunk attend, per layer, to page 0, its own
+    pages and the one before, and the k other earlier pages of highest score (0 = dense); offload=True keeps every
+    layer's KV and KV-gradient pages in host memory and a few layers on the device (the same gradients).
+
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError. A step past the model's memory limit
     (Model.set_memory_limit) raises ResourceExhaustedError.
@@ -310,7 +314,7 @@ class Trainer:
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
                  adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
-                 total_steps=0, grad_accum=1):
+                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         if adjoint_window is None:
@@ -328,7 +332,8 @@ class Trainer:
                                        "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
                                        grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
                                        int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
-                                       warmup_steps, min_lr, total_steps, grad_accum)
+                                       warmup_steps, min_lr, total_steps, grad_accum, sparse_pages,
+                                       bool(offload))
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:

@@ -170,6 +170,26 @@ def test_spaco_errors(model):
         tr.step([BATCH[0]])
 
 
+def test_sparse_pages_and_offload(model):
+    """seco with offload gives the same gradient bits, dense or with sparse pages; one page changes them."""
+    def grads(sparse_pages, offload):
+        with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=2, sparse_pages=sparse_pages,
+                             offload=offload) as tr:
+            loss = tr.compute_gradients(BATCH)["loss"]
+            return loss, np.concatenate([g.ravel() for g in _grads(model).values()])
+
+    dense, dense_off = grads(0, False), grads(0, True)
+    sparse, sparse_off = grads(1, False), grads(1, True)
+    assert dense[0] == dense_off[0] and sparse[0] == sparse_off[0]
+    np.testing.assert_array_equal(dense[1], dense_off[1])
+    np.testing.assert_array_equal(sparse[1], sparse_off[1])
+    assert not np.array_equal(dense[1], sparse[1])
+    with pytest.raises(seqgrad.InvalidArgumentError, match="--offload"):
+        seqgrad.Trainer(model, strategy="ckpt", offload=True)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="--sparse_pages must be 0"):
+        seqgrad.Trainer(model, strategy="seco", sparse_pages=-1)
+
+
 def test_cancel_from_another_thread(model):
     long_seq = [[(i * 13 + 5) % 97 for i in range(512)]]
     with seqgrad.Trainer(model, strategy="seco", chunk=32, page_size=32) as tr:

@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 #define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 5
+#define SG_VERSION_MINOR 6
 #define SG_VERSION_PATCH 0
 
 /* "MAJOR.MINOR.PATCH" of the loaded library (may differ from the macros of the header you compiled with). */
@@ -281,6 +281,14 @@ typedef struct sg_trainer_options {
                               calls sg_trainer_optimizer_step (metrics.micro_batches says how many a step used). It is
                               part of the run configuration that checkpoints record, so a resume with another value is
                               refused */
+  /* Since 0.6: SeCOv2 for strategy "seco" on transformers (both are refused elsewhere: SG_ERR_INVALID_ARGUMENT). */
+  int64_t sparse_pages;    /* page-level sparse attention: each query chunk attends, per layer, to page 0, the pages it
+                              overlaps and the one before, and the sparse_pages other earlier pages of highest score
+                              (mean query . mean key); only those receive KV gradients. >= 0 (default 0: dense) */
+  int32_t offload;         /* nonzero: every layer's KV and KV-gradient pages live in host memory and the device holds
+                              a few layers (with sparse_pages, only the pages a chunk reads); gradients are the same
+                              bits (default 0) */
+  int32_t reserved_0_6;    /* must be zero */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);

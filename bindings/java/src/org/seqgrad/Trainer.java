@@ -79,6 +79,13 @@ public final class Trainer extends NativeHandle {
      * checkpoints' run configuration; the library does not split batches.
      */
     public long gradAccum = 1;
+    /**
+     * seco on transformers (SeCOv2): each query chunk attends, per layer, to page 0, its own pages and the one
+     * before, and the {@code sparsePages} other earlier pages of highest score; 0 = dense.
+     */
+    public long sparsePages = 0;
+    /** seco on transformers: every layer's KV and KV-gradient pages in host memory, a few layers on the device. */
+    public boolean offload = false;
 
     public Options strategy(String s) { strategy = s; return this; }
     public Options chunk(long c) { chunk = c; return this; }
@@ -99,6 +106,8 @@ public final class Trainer extends NativeHandle {
     public Options minLr(double v) { minLr = v; return this; }
     public Options totalSteps(long s) { totalSteps = s; return this; }
     public Options gradAccum(long g) { gradAccum = g; return this; }
+    public Options sparsePages(long k) { sparsePages = k; return this; }
+    public Options offload(boolean o) { offload = o; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -114,7 +123,7 @@ public final class Trainer extends NativeHandle {
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
           o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
-          o.totalSteps, o.gradAccum);
+          o.totalSteps, o.gradAccum, o.sparsePages, o.offload);
       Trainer t = holder.bind(new Trainer(h));
       if (o.reference != null) {
         try {

@@ -2,6 +2,7 @@ package org.seqgrad;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -32,7 +33,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.5.0", Model.version());
+    assertEquals("0.6.0", Model.version());
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -93,6 +94,35 @@ class SeqgradTest {
       off += f.capacity();
     }
     return out;
+  }
+
+  /** seco's gradients over A and B with pages of 2 tokens (the last chunk of A has 6 candidate pages). */
+  static float[] secoGrads(Model m, long sparsePages, boolean offload) {
+    Trainer.Options o = new Trainer.Options().strategy("seco").chunk(8).pageSize(2).sparsePages(sparsePages)
+        .offload(offload);
+    try (Trainer t = Trainer.create(m, o)) {
+      int[] ids = new int[A.length + B.length];
+      System.arraycopy(A, 0, ids, 0, A.length);
+      System.arraycopy(B, 0, ids, A.length, B.length);
+      t.computeGradients(ids, null, new long[] {A.length, B.length});
+      return grads(m);
+    }
+  }
+
+  @Test
+  void offloadGivesTheSameGradientsDenseOrSparse() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1)) {
+      float[] dense = secoGrads(m, 0, false), sparse = secoGrads(m, 1, false);
+      assertArrayEquals(dense, secoGrads(m, 0, true));
+      assertArrayEquals(sparse, secoGrads(m, 1, true));
+      assertFalse(Arrays.equals(dense, sparse));
+      InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(m, new Trainer.Options().strategy("ckpt").offload(true)));
+      assertTrue(bad.getMessage().contains("--offload"), bad.getMessage());
+      bad = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(m, new Trainer.Options().strategy("seco").sparsePages(-1)));
+      assertTrue(bad.getMessage().contains("--sparse_pages must be 0"), bad.getMessage());
+    }
   }
 
   @Test
