@@ -360,19 +360,11 @@ static void* copy_grads_of(sg_model* m, int dtype, size_t elem, int64_t* n) {
 /* All gradients of an f32 model concatenated, malloc'ed; *n gets the count. */
 static float* copy_grads(sg_model* m, int64_t* n) { return (float*)copy_grads_of(m, SG_DTYPE_F32, sizeof(float), n); }
 
-/* Gradients and metrics of one compute_gradients over the test batch (2 sequences of 3 chunks of 8). */
-static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
-                          sg_metrics* met, int64_t* n) {
+/* Gradients and metrics of one compute_gradients over the test batch with these options. */
+static float* grads_with(sg_model* m, const sg_trainer_options* o, sg_metrics* met, int64_t* n) {
   sg_trainer* t = NULL;
-  sg_trainer_options o = sg_trainer_default_options();
   float* g = NULL;
-  o.strategy = strategy;
-  o.chunk = 8;
-  o.page_size = 8;
-  o.spaco_budget = budget;
-  o.spaco_cap = cap;
-  o.seed = seed;
-  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  EXPECT_OK(sg_trainer_create(m, o, &t));
   if (!t) return NULL;
   EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, met));
   g = copy_grads(m, n);
@@ -380,22 +372,28 @@ static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, 
   return g;
 }
 
+/* The same over 2 sequences of 3 chunks of 8. */
+static float* strategy_grads(sg_model* m, const char* strategy, int64_t budget, double cap, uint64_t seed,
+                          sg_metrics* met, int64_t* n) {
+  sg_trainer_options o = sg_trainer_default_options();
+  o.strategy = strategy;
+  o.chunk = 8;
+  o.page_size = 8;
+  o.spaco_budget = budget;
+  o.spaco_cap = cap;
+  o.seed = seed;
+  return grads_with(m, &o, met, n);
+}
+
 /* seco's gradients over the test batch with pages of 2 tokens (so the last chunk has 6 candidate pages). */
 static float* seco_grads(sg_model* m, int64_t sparse_pages, int32_t offload, int64_t* n) {
-  sg_trainer* t = NULL;
   sg_trainer_options o = sg_trainer_default_options();
-  float* g = NULL;
   o.strategy = "seco";
   o.chunk = 8;
   o.page_size = 2;
   o.sparse_pages = sparse_pages;
   o.offload = offload;
-  EXPECT_OK(sg_trainer_create(m, &o, &t));
-  if (!t) return NULL;
-  EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
-  g = copy_grads(m, n);
-  sg_trainer_free(t);
-  return g;
+  return grads_with(m, &o, NULL, n);
 }
 
 /* Since 0.6: sparse pages and KV offload on seco. Offload only moves bytes (the same gradient bits, dense or
