@@ -48,6 +48,12 @@ class KvOffload {
   // or on the device; copies still reading or writing the layer's pages finish first.
   void Release(int layer, int64_t from);
 
+  // Sparse attention with k selected pages and chunks of `chunk` tokens: the most pages a visit reads in one layer
+  // (page 0, the k selected, the chunk's own pages and the one before), so what a resident layer needs at most.
+  static int64_t SparsePagesPerLayer(int64_t k, int64_t chunk, int64_t page_size) {
+    return k + (chunk + page_size - 1) / page_size + 3;
+  }
+
   int64_t host_bytes() const { return host_bytes_; }
   bool resident(int layer) const { return FindSlot(layer) >= 0; }
   // Bytes copied so far, host to device and device to host.

@@ -224,11 +224,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
-    // Offloaded sparse attention keeps on the device only the pages a chunk reads: page 0, the k selected, the
-    // pages the chunk overlaps and the one before (KvOffload drops the others).
+    // Offloaded sparse attention keeps on the device only the pages a chunk reads (KvOffload drops the others).
     const int64_t pages_per_slot =
         o.offload && o.sparse_pages > 0 && o.chunk > 0
-            ? std::min(pages_per_layer, o.sparse_pages + (o.chunk + o.page_size - 1) / o.page_size + 3)
+            ? std::min(pages_per_layer, KvOffload::SparsePagesPerLayer(o.sparse_pages, o.chunk, o.page_size))
             : pages_per_layer;
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
     const int slots = std::min(num_layers(), KvOffload::kSlots);
@@ -255,7 +254,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
     auto& state = static_cast<TransformerState&>(state_base);
-    state.PrepareLayer(l, c, saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward);
+    const auto pass = saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward;
+    state.PrepareLayer(l, c, pass);
     const LayerParams& L = layers_[l];
     const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
     const int64_t qd = cfg_.num_heads * cfg_.head_dim;
@@ -274,8 +274,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
       PagedKV<T> view = state.kv.View<T>(l);
       view.page_mask = SelectPages(l, c, q.data<T>(), state);
-      if (view.page_mask)
-        state.RequireSelected(l, c, saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward);
+      if (view.page_mask) state.RequireSelected(l, c, pass);
       ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
     }
     Tensor h = New(act, {n, d});

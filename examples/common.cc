@@ -111,10 +111,11 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
   const int64_t resident = s.offload ? std::min<int64_t>(L, KvOffload::kSlots) : L;
   const int64_t state_layers = s.name == "ckpt" ? 1 : resident;
   const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? resident : 0;
-  // With sparse pages too, a resident layer holds only the pages one chunk reads (core/transformer.cc NewState).
-  const int64_t sparse_tokens =
-      (s.sparse_pages + (s.chunk + s.page_size - 1) / s.page_size + 3) * s.page_size;
-  const int64_t tokens = s.offload && s.sparse_pages > 0 ? std::min(seq_len, sparse_tokens) : seq_len;
+  // With sparse pages too, a resident layer holds only the pages one chunk reads.
+  const int64_t tokens =
+      s.offload && s.sparse_pages > 0
+          ? std::min(seq_len, KvOffload::SparsePagesPerLayer(s.sparse_pages, s.chunk, s.page_size) * s.page_size)
+          : seq_len;
   const int64_t state = tokens * model.StateBytesPerToken() * (state_layers + grad_layers);
   const int64_t needed = optimizer_bytes + state;  // weights and gradients are allocated already
   const int64_t margin = 256ll << 20;               // cuBLAS workspace, scratch, fragmentation

@@ -803,19 +803,9 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   handle->stream = stream;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  *stream = handle->stream;
-  return CUBLAS_STATUS_SUCCESS;
-}
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->math = mode;
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  *mode = handle->math;
   return CUBLAS_STATUS_SUCCESS;
 }
 const char* cublasGetStatusName(cublasStatus_t s) {

@@ -178,44 +178,6 @@ inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 
-// ---- atomics (a block runs on one host thread, blocks one after another: plain read-modify-write) ----
-template <typename T>
-inline T atomicAdd(T* p, T v) {
-  T old = *p;
-  *p = old + v;
-  return old;
-}
-template <typename T>
-inline T atomicSub(T* p, T v) {
-  T old = *p;
-  *p = old - v;
-  return old;
-}
-template <typename T>
-inline T atomicMax(T* p, T v) {
-  T old = *p;
-  *p = old < v ? v : old;
-  return old;
-}
-template <typename T>
-inline T atomicMin(T* p, T v) {
-  T old = *p;
-  *p = v < old ? v : old;
-  return old;
-}
-template <typename T>
-inline T atomicExch(T* p, T v) {
-  T old = *p;
-  *p = v;
-  return old;
-}
-template <typename T>
-inline T atomicCAS(T* p, T compare, T v) {
-  T old = *p;
-  if (old == compare) *p = v;
-  return old;
-}
-
 // ---- device math that the host C library lacks (the rest, expf, exp, log1pf, sincos, ..., is <cmath>) ----
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }

@@ -1,0 +1,14 @@
+"""The CUDA backend's sources: one list for //kernels/cuda:cuda (nvcc) and its CPU emulation (g++)."""
+
+CUDA_SRCS = [
+    "attention.cu",
+    "common.cuh",
+    "cuda_ops.cuh",
+    "gemm.cu",
+    "loss.cu",
+    "optimizer.cu",
+    "pointwise.cu",
+    "runtime.cu",
+    "ssm.cu",
+    "table.cu",
+]
