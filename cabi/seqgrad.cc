@@ -1,6 +1,6 @@
 // Implementation of the seqgrad C API (cabi/include/seqgrad/seqgrad.h) over the C++ engine.
 // Every entry point catches all exceptions; statuses carry absl codes.
-#include "cabi/include/seqgrad/seqgrad.h"
+#include "seqgrad/seqgrad.h"
 
 #include <sys/stat.h>
 
@@ -43,7 +43,7 @@ struct sg_status {
 
 namespace {
 
-constexpr char kVersion[] = "0.6.0";
+constexpr char kVersion[] = SG_VERSION_STRING;
 
 // Returned when even the status cannot be allocated; sg_status_free recognises it and does not delete it.
 sg_status* OutOfMemoryStatus() {

@@ -50,9 +50,8 @@
 extern "C" {
 #endif
 
-#define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 6
-#define SG_VERSION_PATCH 0
+/* SG_VERSION_MAJOR, SG_VERSION_MINOR, SG_VERSION_PATCH and SG_VERSION_STRING of this header. */
+#include "seqgrad/version.h"
 
 /* "MAJOR.MINOR.PATCH" of the loaded library (may differ from the macros of the header you compiled with). */
 SG_API const char* sg_version(void);
