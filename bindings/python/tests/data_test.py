@@ -7,6 +7,7 @@ download is needed. transformers, tokenizers, jinja2 and datasets come from PyPI
 """
 import hashlib
 import json
+import math
 import os
 import pwd
 import subprocess
@@ -419,6 +420,30 @@ class DataTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install transformers",
                       r.stderr)
+
+    def test_written_files_train_with_the_cli(self):
+        """What write() produces is what `train --data` reads, for each objective."""
+        train = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "examples", "train")
+        cases = [
+            ("sft", data.prepare([{"messages": MULTI_TURN}] * 3, self.tok, seq_len=64, pack=True), []),
+            ("dpo", data.prepare([{"prompt": chat(("user", "two plus four")), "chosen": chat(("assistant", "six")),
+                                   "rejected": chat(("assistant", "five")), "ref_chosen_logp": -4.5,
+                                   "ref_rejected_logp": -4.6}], self.tok), []),
+            ("grpo", data.prepare([{"prompt": "two plus four", "completions": ["six", "five seven"],
+                                    "advantages": [1, -1]}], self.tok), ["--grpo_kl_beta=0"]),
+        ]
+        for objective, prepared, flags in cases:
+            with self.subTest(objective=objective):
+                path, report = (os.path.join(self.tmp, "%s.%s" % (objective, ext)) for ext in ("jsonl", "json"))
+                prepared.write(path)
+                r = subprocess.run([train, "--model=tiny", "--objective=" + objective, "--data=" + path,
+                                    "--seq_len=64", "--steps=2", "--batch=1", "--report=" + report] + flags,
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                with open(report) as f:
+                    losses = json.load(f)["losses"]
+                self.assertEqual(len(losses), 2)
+                self.assertTrue(all(math.isfinite(loss) for loss in losses), losses)
 
     def test_batches_go_to_a_trainer(self):
         sft = data.prepare([{"messages": MULTI_TURN}, {"messages": chat(("user", "hello"), ("assistant", "yes"))}],
