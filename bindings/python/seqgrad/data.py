@@ -84,11 +84,15 @@ def load_tokenizer(model_dir):
 def _read_jsonl(path):
     if not os.path.exists(path):
         raise InvalidArgumentError("%s: no such file" % path)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = "%s:%d" % (path, lineno)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgumentError("%s: not UTF-8 text (byte %d of the line)" % (where, e.start + 1)) from None
             if not line.strip():
                 continue
-            where = "%s:%d" % (path, lineno)
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
@@ -230,7 +234,10 @@ class _Tokenize:
         full = self.render(rec, messages, False)
         pieces, pos = [], 0
         for i in learned:
-            start_text = self.render(rec, messages[:i], True) if i else ""
+            if i == 0:  # transformers renders no empty conversation, so the turn's header cannot be told apart
+                raise rec.error("%s[0]" % field, "is an assistant turn: a conversation must not start with one (put "
+                                "a system or user message first)")
+            start_text = self.render(rec, messages[:i], True)
             end_text = self.render(rec, messages[:i + 1], False)
             if not (full.startswith(end_text) and end_text.startswith(start_text) and len(start_text) >= pos):
                 raise rec.error("%s[%d]" % (field, i), "cannot be located: the chat template does not render the "
@@ -369,6 +376,8 @@ class Prepared:
                 for r in self.records:
                     f.write(json.dumps(r, separators=(", ", ": ")) + "\n")
             os.replace(tmp, path)
+        except OSError as e:
+            raise OSError(e.errno, "%s: cannot write: %s" % (path, e.strerror)) from None
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -465,6 +474,9 @@ def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong
         raise InvalidArgumentError("seq_len must be an integer >= 2 or None, got %r" % (seq_len,))
     if pack and seq_len is None:
         raise InvalidArgumentError("pack needs seq_len (the length of the packed sequences)")
+    if not callable(tokenizer) or not hasattr(tokenizer, "eos_token_id"):
+        raise InvalidArgumentError("tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), "
+                                   "got %s" % type(tokenizer).__name__)
     tk = _Tokenize(tokenizer)
     stats = {"records": 0, "sequences": 0, "truncated": 0, "tokens_cut": 0, "dropped": 0}
     records, too_long = [], []

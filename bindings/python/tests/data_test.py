@@ -308,6 +308,8 @@ class DataTest(unittest.TestCase):
             ({"messages": ["hello"]}, "x.jsonl:2: field 'messages[0]' must be a message object with 'role' and "
                                       "'content', got the string \"hello\""),
             ({"messages": []}, "x.jsonl:2: field 'messages' is an empty list of messages"),
+            ({"messages": chat(("assistant", "hello"), ("user", "yes"), ("assistant", "no"))},
+             "x.jsonl:2: field 'messages[0]' is an assistant turn: a conversation must not start with one"),
         ]
         for bad, message in cases:
             with self.subTest(bad=bad):
@@ -372,6 +374,18 @@ class DataTest(unittest.TestCase):
         self.assertError(["batch_size must be a positive integer"], lambda: next(
             data.prepare([{"text": "yes"}], self.tok).batches(0)))
         self.assertError(["not a directory"], data.load_tokenizer, os.path.join(self.tmp, "nowhere"))
+        os.makedirs(os.path.join(self.tmp, "no_tokenizer"), exist_ok=True)
+        self.assertError(["no_tokenizer: cannot load a tokenizer: "], data.load_tokenizer,
+                         os.path.join(self.tmp, "no_tokenizer"))
+        self.assertError(["tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), got str"],
+                         data.prepare, [{"text": "yes"}], "gpt2")
+        latin1 = os.path.join(self.tmp, "latin1.jsonl")
+        with open(latin1, "wb") as f:
+            f.write(b'{"text": "yes"}\n{"text": "caf\xe9"}\n')
+        self.assertError(["latin1.jsonl:2: not UTF-8 text (byte 14 of the line)"], data.prepare, latin1, self.tok)
+        with self.assertRaises(OSError) as cm:
+            data.prepare([{"text": "yes"}], self.tok).write(os.path.join(self.tmp, "no_dir", "out.jsonl"))
+        self.assertIn("no_dir/out.jsonl: cannot write: No such file or directory", str(cm.exception))
 
     def test_tokenizer_without_chat_template(self):
         self.assertError(["data[0]: a conversational record needs a chat template, and the tokenizer",
