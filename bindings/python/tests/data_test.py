@@ -169,6 +169,36 @@ class DataTest(unittest.TestCase):
         whole = self.tok.apply_chat_template(MULTI_TURN, tokenize=False)
         self.assertEqual(got[0][0], self.tok(whole, add_special_tokens=False)["input_ids"])
 
+    def test_messages_with_a_byte_level_bpe(self):
+        """A trained byte-level BPE: cutting the chat into pieces gives the ids of the whole conversation, and the
+        learned tokens spell exactly the assistant turns with their end of turn."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        bpe.train_from_iterator(["what is two plus four? six.", "Thanks, that is good!", "Be brief, please."] * 20,
+                                trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
+                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        directory = os.path.join(self.tmp, "bpe")
+        PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                chat_template=CHATML).save_pretrained(directory)
+        tok = AutoTokenizer.from_pretrained(directory)
+        conversation = chat(("system", "Be brief."), ("user", "what is two plus four?"), ("assistant", "six."),
+                            ("user", "Thanks!"), ("assistant", "That is good, thanks."))
+        (r,) = data.prepare([{"messages": conversation}], tok).records
+        whole = tok.apply_chat_template(conversation, tokenize=False)
+        self.assertEqual(r["input_ids"], tok(whole, add_special_tokens=False)["input_ids"])
+        runs, run = [], []
+        for token, label in zip(r["input_ids"], r["labels"]):
+            if label != M:
+                self.assertEqual(label, token)
+                run.append(token)
+            elif run:
+                runs, run = runs + [run], []
+        self.assertEqual([tok.decode(run) for run in runs + [run]],
+                         ["six.<|im_end|>\n", "That is good, thanks.<|im_end|>\n"])
+
     def test_messages_ending_with_a_user_turn(self):
         got = self.sft([{"messages": chat(("user", "hello"), ("assistant", "yes"), ("user", "no"))}])
         self.assertEqual(got, [expect("<s> <|im_start|> user hello <|im_end|> <|im_start|> assistant [yes <|im_end|>] "
