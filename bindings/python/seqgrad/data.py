@@ -362,8 +362,7 @@ class Prepared:
     token ids. stats: records, sequences, truncated, tokens_cut, dropped."""
 
     def __init__(self, fmt, records, stats):
-        self.format, self.records, self.stats = fmt, records, stats
-        self.kind = "dpo" if fmt == "dpo" else "grpo" if fmt == "grpo" else "sft"
+        self.format, self.kind, self.records, self.stats = fmt, _kind(fmt), records, stats
 
     def __len__(self):
         return len(self.records)
@@ -374,7 +373,7 @@ class Prepared:
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 for r in self.records:
-                    f.write(json.dumps(r, separators=(", ", ": ")) + "\n")
+                    f.write(json.dumps(r) + "\n")
             os.replace(tmp, path)
         except OSError as e:
             raise OSError(e.errno, "%s: cannot write: %s" % (path, e.strerror)) from None
@@ -394,14 +393,17 @@ class Prepared:
             elif self.kind == "dpo":
                 yield [_trainer_pair(r) for r in chunk]
             else:
-                yield [[{"ids": ids, "labels": labels, "advantage": a}
-                        for (ids, labels), a in zip((response_sequence(r["prompt"], c) for c in r["completions"]),
-                                                    r["advantages"])] for r in chunk]
+                yield [_trainer_group(r) for r in chunk]
 
 
 def response_sequence(prompt, response):
     """(ids, labels) of prompt + response, labelled on the response only."""
     return prompt + response, [IGNORE] * len(prompt) + response
+
+
+def _kind(fmt):
+    """The objective a format trains: sft, dpo or grpo."""
+    return fmt if fmt in ("dpo", "grpo") else "sft"
 
 
 def _trainer_pair(r):
@@ -410,6 +412,14 @@ def _trainer_pair(r):
         if k in r:
             pair[k] = r[k]
     return pair
+
+
+def _trainer_group(r):
+    group = []
+    for completion, advantage in zip(r["completions"], r["advantages"]):
+        ids, labels = response_sequence(r["prompt"], completion)
+        group.append({"ids": ids, "labels": labels, "advantage": advantage})
+    return group
 
 
 def _fit(kind, rec, where, seq_len, overlong, stats, too_long):
@@ -432,16 +442,15 @@ def _fit(kind, rec, where, seq_len, overlong, stats, too_long):
             stats["dropped"] += 1
             return None
         return {"input_ids": ids, "labels": labels}
-    room = seq_len - len(rec["prompt"])
+    room = seq_len - len(rec["prompt"])  # for each response
+    stats["tokens_cut"] += sum(len(r) - max(0, min(len(r), room)) for r in responses)
     if room < 1:
-        stats["tokens_cut"] += sum(map(len, responses))
         stats["dropped"] += 1
         return None
-    stats["tokens_cut"] += sum(max(0, len(r) - room) for r in responses)
     out = dict(rec)
-    for k in (("chosen", "rejected") if kind == "dpo" else ()):
-        out[k] = rec[k][:room]
-    if kind == "grpo":
+    if kind == "dpo":
+        out["chosen"], out["rejected"] = rec["chosen"][:room], rec["rejected"][:room]
+    else:
         out["completions"] = [c[:room] for c in rec["completions"]]
     return out
 
@@ -453,8 +462,9 @@ def _pack(records, seq_len):
         if ids and len(ids) + len(r["input_ids"]) > seq_len:
             packed.append({"input_ids": ids, "labels": labels})
             ids, labels = [], []
-        ids = ids + r["input_ids"]
-        labels = labels + [IGNORE] + r["labels"][1:]
+        ids.extend(r["input_ids"])
+        labels.append(IGNORE)
+        labels.extend(r["labels"][1:])
     if ids:
         packed.append({"input_ids": ids, "labels": labels})
     return packed
@@ -501,8 +511,7 @@ def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong
             ids, labels = _sft(tk, rec, format)
             out = {"input_ids": ids, "labels": labels}
         stats["records"] += 1
-        kind = "sft" if "input_ids" in out else format
-        out = _fit(kind, out, where, seq_len, overlong, stats, too_long)
+        out = _fit(_kind(format), out, where, seq_len, overlong, stats, too_long)
         if out is not None:
             records.append(out)
     if not stats["records"]:
