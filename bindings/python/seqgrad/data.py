@@ -1,0 +1,567 @@
+"""Text, prompts and chats to seqgrad's token data, through the user's own Hugging Face tokenizer.
+
+    python -m seqgrad.data --tokenizer MODEL_DIR --input chats.jsonl --output train.jsonl --seq_len 4096 --pack
+
+or in Python:
+
+    from seqgrad import data
+    tok = data.load_tokenizer("MODEL_DIR")              # transformers.AutoTokenizer (an optional dependency)
+    prepared = data.prepare("chats.jsonl", tok, seq_len=4096, pack=True)   # or a `datasets` Dataset, or a list
+    prepared.write("train.jsonl")                       # the JSONL that `train --data` reads
+    for ids, labels in prepared.batches(4):             # or straight into a Trainer
+        trainer.step(ids, labels)                       # step_dpo(batch) / step_grpo(batch) for those objectives
+
+Input formats (TRL's), told apart by their fields (or forced with format=):
+  text               {"text": str}
+  prompt_completion  {"prompt": str, "completion": str}, or both lists of chat messages (conversational)
+  messages           {"messages": [{"role": ..., "content": str}, ...]}: the tokenizer's chat template, loss on the
+                     assistant turns only
+  dpo                {"prompt", "chosen", "rejected"}: strings, or chat messages (the prompt a conversation, each
+                     response the assistant's messages); optional "ref_chosen_logp"/"ref_rejected_logp" pass through
+  grpo               {"prompt", "completions": [...], "advantages": [...]}: one prompt and its G sampled completions
+                     (strings, or lists of assistant messages) with one advantage each
+Other fields are ignored; null counts as absent.
+
+Labels follow Hugging Face: aligned with input_ids, not shifted (the engine shifts), -100 where there is no loss.
+The prompt and the response are tokenized separately (the prompt with the tokenizer's special tokens such as BOS,
+the response without) and concatenated; a chat is rendered by the chat template and cut where each assistant turn
+starts and ends (so the template must render every prefix of the conversation as a prefix of the whole), and each
+piece is tokenized on its own. Plain-text records and plain responses end with the tokenizer's EOS (added when
+missing, and learned); chat responses end with whatever the template ends a turn with.
+
+seq_len limits the tokens per sequence (input_ids; for dpo/grpo prompt + each response). Longer records are refused
+(overlong="refuse", the default: one error listing them) or cut at the end (overlong="truncate"); a record left with
+nothing to learn is dropped. Counts are in Prepared.stats and printed by the command.
+
+pack=True (SFT formats) concatenates whole records, in order, into sequences of at most seq_len tokens. Documents
+are kept apart only by their tokens: each ends with EOS (or the template's end of turn) and the first token of each
+document has label -100, so no loss spans two documents. Attention is NOT masked between them and positions run on:
+the engine has no document mask, so a token also sees the earlier documents of its sequence.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+from ._errors import InvalidArgumentError
+
+FORMATS = ("text", "prompt_completion", "messages", "dpo", "grpo")
+IGNORE = -100
+
+
+def _error(where, field, what):
+    return InvalidArgumentError("%s: field '%s' %s" % (where, field, what))
+
+
+def _describe(v):
+    """A value in a few words for an error message."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return json.dumps(v)
+    if isinstance(v, str):
+        return "the string %s" % json.dumps(v) if len(v) <= 40 else "a string"
+    return "a list" if isinstance(v, (list, tuple)) else "an object" if isinstance(v, dict) else type(v).__name__
+
+
+def load_tokenizer(model_dir):
+    """transformers.AutoTokenizer.from_pretrained(model_dir), local files only."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ImportError("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install transformers "
+                          "jinja2): %s" % e) from None
+    if not os.path.isdir(model_dir):
+        raise InvalidArgumentError("%s: not a directory (a model or tokenizer directory with tokenizer.json or "
+                                   "tokenizer_config.json)" % model_dir)
+    try:
+        return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise InvalidArgumentError("%s: cannot load a tokenizer: %s" % (model_dir, e)) from None
+
+
+# ---- reading records: (where, dict) with where = "file:line" or "name[index]" ----
+
+def _read_jsonl(path):
+    if not os.path.exists(path):
+        raise InvalidArgumentError("%s: no such file" % path)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = "%s:%d" % (path, lineno)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgumentError("%s: not UTF-8 text (byte %d of the line)" % (where, e.start + 1)) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InvalidArgumentError("%s: malformed JSON at column %d: %s" % (where, e.colno, e.msg)) from None
+            yield where, obj
+
+
+def _records(source, name):
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):  # a dataset saved with Dataset.save_to_disk
+            try:
+                import datasets
+            except ImportError:
+                raise ImportError("%s is a directory: reading a saved dataset needs Hugging Face datasets "
+                                  "(pip install datasets)" % path) from None
+            yield from _records(datasets.load_from_disk(path), path)
+            return
+        yield from _read_jsonl(path)
+        return
+    if isinstance(source, dict):  # datasets.DatasetDict too
+        keys = ", ".join(map(repr, source.keys()))
+        raise InvalidArgumentError("%s is a dict of splits (%s): pass one split, e.g. %s['train']" % (name, keys, name))
+    for i, obj in enumerate(source):
+        yield "%s[%d]" % (name, i), obj
+
+
+def detect_format(record):
+    """The TRL format a record's fields say, or None."""
+    has = lambda k: isinstance(record, dict) and record.get(k) is not None
+    if has("chosen") or has("rejected"):
+        return "dpo"
+    if has("completions"):
+        return "grpo"
+    if has("messages"):
+        return "messages"
+    if has("completion"):
+        return "prompt_completion"
+    if has("text"):
+        return "text"
+    return None
+
+
+# ---- one record's fields, checked ----
+
+class _Record:
+    def __init__(self, where, obj):
+        self.where, self.obj = where, obj
+
+    def error(self, field, what):
+        return _error(self.where, field, what)
+
+    def field(self, name, fmt):
+        v = self.obj.get(name)
+        if v is None:
+            raise self.error(name, "is %s (format %s needs %s)" % (
+                "missing" if name not in self.obj else "null", fmt, _FIELDS[fmt]))
+        return v
+
+    def text(self, v, name):
+        if not isinstance(v, str):
+            raise self.error(name, "must be a string, got %s" % _describe(v))
+        if not v:
+            raise self.error(name, "is empty")
+        return v
+
+    def messages(self, v, name):
+        if not isinstance(v, (list, tuple)):
+            raise self.error(name, "must be a list of chat messages ({\"role\": ..., \"content\": ...}), got %s" %
+                             _describe(v))
+        if not v:
+            raise self.error(name, "is an empty list of messages")
+        for i, m in enumerate(v):
+            at = "%s[%d]" % (name, i)
+            if not isinstance(m, dict):
+                raise self.error(at, "must be a message object with 'role' and 'content', got %s" % _describe(m))
+            for key in ("role", "content"):
+                if not isinstance(m.get(key), str):
+                    raise self.error("%s.%s" % (at, key), "must be a string, got %s" % (
+                        "nothing (missing)" if key not in m else _describe(m[key])))
+        return list(v)
+
+    def text_or_messages(self, v, name, conversational=None):
+        """(value, is_conversational); conversational=True/False asks for that kind (as the prompt is)."""
+        if conversational is None:
+            conversational = isinstance(v, (list, tuple))
+        if conversational:
+            return self.messages(v, name), True
+        if isinstance(v, (list, tuple)):
+            raise self.error(name, "must be a string like 'prompt', got a list")
+        return self.text(v, name), False
+
+    def number(self, v, name):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.error(name, "must be a number, got %s" % _describe(v))
+        if not math.isfinite(v):
+            raise self.error(name, "is not finite (%s)" % v)
+        return float(v)
+
+
+_FIELDS = {
+    "text": "'text'",
+    "prompt_completion": "'prompt' and 'completion'",
+    "messages": "'messages'",
+    "dpo": "'prompt', 'chosen' and 'rejected'",
+    "grpo": "'prompt', 'completions' and 'advantages'",
+}
+
+
+# ---- tokenizing ----
+
+class _Tokenize:
+    """The user's tokenizer, used the same way by every format."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.eos = tokenizer.eos_token_id
+
+    def ids(self, text, special):
+        return list(self.tok(text, add_special_tokens=special)["input_ids"]) if text else []
+
+    def with_eos(self, ids):
+        return ids + [self.eos] if self.eos is not None and (not ids or ids[-1] != self.eos) else ids
+
+    def render(self, rec, messages, generation_prompt):
+        if not getattr(self.tok, "chat_template", None):
+            raise InvalidArgumentError(
+                "%s: a conversational record needs a chat template, and the tokenizer (%s) has none (set "
+                "'chat_template' in tokenizer_config.json or add chat_template.jinja)" %
+                (rec.where, getattr(self.tok, "name_or_path", "") or type(self.tok).__name__))
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as e:  # template errors (jinja's raise_exception, missing keys) name no record
+            raise InvalidArgumentError("%s: the chat template failed on this conversation: %s: %s" %
+                                       (rec.where, type(e).__name__, e)) from None
+
+    def chat_pieces(self, rec, messages, field, learned):
+        """[(text, learned?)]: the rendered conversation cut around the messages whose index is in `learned`."""
+        full = self.render(rec, messages, False)
+        pieces, pos = [], 0
+        for i in learned:
+            if i == 0:  # transformers renders no empty conversation, so the turn's header cannot be told apart
+                raise rec.error("%s[0]" % field, "is an assistant turn: a conversation must not start with one (put "
+                                "a system or user message first)")
+            start_text = self.render(rec, messages[:i], True)
+            end_text = self.render(rec, messages[:i + 1], False)
+            if not (full.startswith(end_text) and end_text.startswith(start_text) and len(start_text) >= pos):
+                raise rec.error("%s[%d]" % (field, i), "cannot be located: the chat template does not render the "
+                                "conversation up to this message as a prefix of the whole conversation")
+            pieces += [(full[pos:len(start_text)], False), (full[len(start_text):len(end_text)], True)]
+            pos = len(end_text)
+        return pieces + [(full[pos:], False)]
+
+    def tokens(self, pieces, special_first):
+        """input_ids and labels of [(text, learned?)]; the first piece gets the special tokens when asked."""
+        ids, labels = [], []
+        for k, (text, learned) in enumerate(pieces):
+            t = self.ids(text, special_first and k == 0)
+            ids += t
+            labels += t if learned else [IGNORE] * len(t)
+        return ids, labels
+
+    def split_response(self, rec, prompt, response, field):
+        """(prompt text with the generation prompt, response text) of a conversational prompt and response."""
+        prefix = self.render(rec, prompt, True)
+        full = self.render(rec, prompt + response, False)
+        if not full.startswith(prefix):
+            raise rec.error(field, "cannot be located: the chat template does not render the prompt (with its "
+                            "generation prompt) as a prefix of prompt + response")
+        return prefix, full[len(prefix):]
+
+    def response(self, rec, prompt, response, field):
+        """Token ids of a response to a prompt, rendered (conversational) or plain (+ EOS)."""
+        if isinstance(prompt, list):
+            ids = self.ids(self.split_response(rec, prompt, response, field)[1], False)
+        else:
+            ids = self.with_eos(self.ids(response, False))
+        if not ids:
+            raise rec.error(field, "has no tokens")
+        return ids
+
+    def prompt(self, rec, prompt):
+        return (self.ids(self.render(rec, prompt, True), False) if isinstance(prompt, list)
+                else self.ids(prompt, True))
+
+
+def _assistant_turns(rec, messages, field):
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        raise rec.error(field, "has no assistant turn, so nothing to learn (roles: %s)" %
+                        ", ".join(m["role"] for m in messages))
+    return turns
+
+
+def _sft(tk, rec, fmt):
+    """input_ids, labels of one text / prompt_completion / messages record."""
+    if fmt == "text":
+        ids = tk.with_eos(tk.ids(rec.text(rec.field("text", fmt), "text"), True))
+        labels = list(ids)
+    elif fmt == "messages":
+        msgs = rec.messages(rec.field("messages", fmt), "messages")
+        ids, labels = tk.tokens(tk.chat_pieces(rec, msgs, "messages", _assistant_turns(rec, msgs, "messages")), False)
+    else:
+        prompt, chat = rec.text_or_messages(rec.field("prompt", fmt), "prompt")
+        completion, _ = rec.text_or_messages(rec.field("completion", fmt), "completion", chat)
+        if chat:
+            prefix, response = tk.split_response(rec, prompt, completion, "completion")
+            ids, labels = tk.tokens([(prefix, False), (response, True)], False)
+        else:
+            p = tk.ids(prompt, True)
+            c = tk.with_eos(tk.ids(completion, False))
+            ids, labels = p + c, [IGNORE] * len(p) + c
+    if len(ids) < 2 or all(l == IGNORE for l in labels[1:]):
+        raise InvalidArgumentError("%s: the record has %d token(s) and nothing to learn after the first token" %
+                                   (rec.where, len(ids)))
+    return ids, labels
+
+
+def _dpo(tk, rec):
+    fmt = "dpo"
+    prompt, chat = rec.text_or_messages(rec.field("prompt", fmt), "prompt")
+    out = {"prompt": tk.prompt(rec, prompt)}
+    for key in ("chosen", "rejected"):
+        response, _ = rec.text_or_messages(rec.field(key, fmt), key, chat)
+        if chat:
+            _assistant_turns(rec, response, key)
+        out[key] = tk.response(rec, prompt, response, key)
+    refs = [rec.obj.get(k) for k in ("ref_chosen_logp", "ref_rejected_logp")]
+    if (refs[0] is None) != (refs[1] is None):
+        missing = "ref_chosen_logp" if refs[0] is None else "ref_rejected_logp"
+        raise rec.error(missing, "is missing while the other reference log-prob is given: give both or neither")
+    if refs[0] is not None:
+        out["ref_chosen_logp"] = rec.number(refs[0], "ref_chosen_logp")
+        out["ref_rejected_logp"] = rec.number(refs[1], "ref_rejected_logp")
+    return out
+
+
+def _grpo(tk, rec):
+    fmt = "grpo"
+    prompt, chat = rec.text_or_messages(rec.field("prompt", fmt), "prompt")
+    completions = rec.field("completions", fmt)
+    if not isinstance(completions, (list, tuple)):
+        raise rec.error("completions", "must be a list of completions, got %s" % _describe(completions))
+    if not completions:
+        raise rec.error("completions", "is empty: a group needs at least one completion")
+    advantages = rec.field("advantages", fmt)
+    if not isinstance(advantages, (list, tuple)):
+        raise rec.error("advantages", "must be a list of numbers, got %s" % _describe(advantages))
+    if len(advantages) != len(completions):
+        raise rec.error("advantages", "has %d entries for %d completions" % (len(advantages), len(completions)))
+    out = {"prompt": tk.prompt(rec, prompt), "completions": [],
+           "advantages": [rec.number(a, "advantages[%d]" % i) for i, a in enumerate(advantages)]}
+    for i, c in enumerate(completions):
+        name = "completions[%d]" % i
+        c, _ = rec.text_or_messages(c, name, chat)
+        if chat:
+            _assistant_turns(rec, c, name)
+        out["completions"].append(tk.response(rec, prompt, c, name))
+    return out
+
+
+# ---- lengths, packing, the result ----
+
+class Prepared:
+    """Prepared records in seqgrad's JSONL form. kind: "sft" ({"input_ids", "labels"}), "dpo" ({"prompt", "chosen",
+    "rejected"[, "ref_chosen_logp", "ref_rejected_logp"]}) or "grpo" ({"prompt", "completions", "advantages"}), all
+    token ids. stats: records, sequences, truncated, tokens_cut, dropped."""
+
+    def __init__(self, fmt, records, stats):
+        self.format, self.kind, self.records, self.stats = fmt, _kind(fmt), records, stats
+
+    def __len__(self):
+        return len(self.records)
+
+    def write(self, path):
+        """Writes the JSONL file `train --data` reads (--objective=sft/dpo/grpo as kind says); atomically."""
+        tmp = "%s.tmp%d" % (path, os.getpid())
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in self.records:
+                    f.write(json.dumps(r) + "\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            raise OSError(e.errno, "%s: cannot write: %s" % (path, e.strerror)) from None
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def batches(self, batch_size):
+        """Batches for a Trainer, in order (the last may be smaller): sft (ids, labels) for step(ids, labels); dpo a
+        list of pairs for step_dpo(); grpo a list of groups for step_grpo()."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError("batch_size must be a positive integer, got %r" % (batch_size,))
+        for b in range(0, len(self.records), batch_size):
+            chunk = self.records[b:b + batch_size]
+            if self.kind == "sft":
+                yield [r["input_ids"] for r in chunk], [r["labels"] for r in chunk]
+            elif self.kind == "dpo":
+                yield [_trainer_pair(r) for r in chunk]
+            else:
+                yield [_trainer_group(r) for r in chunk]
+
+
+def response_sequence(prompt, response):
+    """(ids, labels) of prompt + response, labelled on the response only."""
+    return prompt + response, [IGNORE] * len(prompt) + response
+
+
+def _kind(fmt):
+    """The objective a format trains: sft, dpo or grpo."""
+    return fmt if fmt in ("dpo", "grpo") else "sft"
+
+
+def _trainer_pair(r):
+    pair = {k: response_sequence(r["prompt"], r[k]) for k in ("chosen", "rejected")}
+    for k in ("ref_chosen_logp", "ref_rejected_logp"):
+        if k in r:
+            pair[k] = r[k]
+    return pair
+
+
+def _trainer_group(r):
+    group = []
+    for completion, advantage in zip(r["completions"], r["advantages"]):
+        ids, labels = response_sequence(r["prompt"], completion)
+        group.append({"ids": ids, "labels": labels, "advantage": advantage})
+    return group
+
+
+def _fit(kind, rec, where, seq_len, overlong, stats, too_long):
+    """The record cut to seq_len tokens (or None: dropped); over-long ones are listed in too_long when refusing."""
+    if kind == "sft":
+        n = len(rec["input_ids"])
+    else:
+        responses = [rec["chosen"], rec["rejected"]] if kind == "dpo" else rec["completions"]
+        n = len(rec["prompt"]) + max(map(len, responses))
+    if seq_len is None or n <= seq_len:
+        return rec
+    if overlong == "refuse":
+        too_long.append((where, n))
+        return rec
+    stats["truncated"] += 1
+    if kind == "sft":
+        stats["tokens_cut"] += n - seq_len
+        ids, labels = rec["input_ids"][:seq_len], rec["labels"][:seq_len]
+        if all(l == IGNORE for l in labels[1:]):
+            stats["dropped"] += 1
+            return None
+        return {"input_ids": ids, "labels": labels}
+    room = seq_len - len(rec["prompt"])  # for each response
+    stats["tokens_cut"] += sum(len(r) - max(0, min(len(r), room)) for r in responses)
+    if room < 1:
+        stats["dropped"] += 1
+        return None
+    out = dict(rec)
+    if kind == "dpo":
+        out["chosen"], out["rejected"] = rec["chosen"][:room], rec["rejected"][:room]
+    else:
+        out["completions"] = [c[:room] for c in rec["completions"]]
+    return out
+
+
+def _pack(records, seq_len):
+    """Whole records concatenated in order into sequences of <= seq_len tokens; each document's first label -100."""
+    packed, ids, labels = [], [], []
+    for r in records:
+        if ids and len(ids) + len(r["input_ids"]) > seq_len:
+            packed.append({"input_ids": ids, "labels": labels})
+            ids, labels = [], []
+        ids.extend(r["input_ids"])
+        labels.append(IGNORE)
+        labels.extend(r["labels"][1:])
+    if ids:
+        packed.append({"input_ids": ids, "labels": labels})
+    return packed
+
+
+def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong="refuse", name="dataset"):
+    """Tokenizes a dataset into a Prepared. source: a JSONL path, a directory saved by datasets' save_to_disk, a
+    `datasets` Dataset or any sequence of dicts (errors name records as file:line or name[index]); tokenizer: a
+    transformers tokenizer (load_tokenizer); format: "auto" (from the first record's fields) or one of FORMATS;
+    seq_len: max tokens per sequence (None: no limit); pack: concatenate SFT records up to seq_len;
+    overlong: "refuse" or "truncate" records longer than seq_len."""
+    if format != "auto" and format not in FORMATS:
+        raise InvalidArgumentError("format must be 'auto' or one of %s, got %r" % (", ".join(FORMATS), format))
+    if overlong not in ("refuse", "truncate"):
+        raise InvalidArgumentError("overlong must be 'refuse' or 'truncate', got %r" % (overlong,))
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2):
+        raise InvalidArgumentError("seq_len must be an integer >= 2 or None, got %r" % (seq_len,))
+    if pack and seq_len is None:
+        raise InvalidArgumentError("pack needs seq_len (the length of the packed sequences)")
+    if not callable(tokenizer) or not hasattr(tokenizer, "eos_token_id"):
+        raise InvalidArgumentError("tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), "
+                                   "got %s" % type(tokenizer).__name__)
+    tk = _Tokenize(tokenizer)
+    stats = {"records": 0, "sequences": 0, "truncated": 0, "tokens_cut": 0, "dropped": 0}
+    records, too_long = [], []
+    for where, obj in _records(source, name):
+        if not isinstance(obj, dict):
+            raise InvalidArgumentError("%s: expected a JSON object (a record), got %s" % (where, _describe(obj)))
+        rec = _Record(where, obj)
+        if format == "auto":
+            format = detect_format(obj)
+            if format is None:
+                raise InvalidArgumentError(
+                    "%s: cannot tell the format from the fields (%s): expected 'text', 'prompt' + 'completion', "
+                    "'messages', 'prompt' + 'chosen' + 'rejected' (dpo) or 'prompt' + 'completions' (grpo)" %
+                    (where, ", ".join(map(repr, obj)) or "none"))
+        if pack and format in ("dpo", "grpo"):
+            raise InvalidArgumentError("pack applies to text, prompt_completion and messages, not %s" % format)
+        if format == "dpo":
+            out = _dpo(tk, rec)
+        elif format == "grpo":
+            out = _grpo(tk, rec)
+        else:
+            ids, labels = _sft(tk, rec, format)
+            out = {"input_ids": ids, "labels": labels}
+        stats["records"] += 1
+        out = _fit(_kind(format), out, where, seq_len, overlong, stats, too_long)
+        if out is not None:
+            records.append(out)
+    if not stats["records"]:
+        raise InvalidArgumentError("%s: no records" % (os.fspath(source) if isinstance(source, (str, os.PathLike))
+                                                       else name))
+    if too_long:
+        listed = ", ".join("%s (%d tokens)" % w for w in too_long[:5]) + (", ..." if len(too_long) > 5 else "")
+        raise InvalidArgumentError("%d of %d records are longer than seq_len %d tokens: %s; truncate them with "
+                                   "overlong='truncate' (--overlong=truncate) or raise seq_len" %
+                                   (len(too_long), stats["records"], seq_len, listed))
+    if pack:
+        records = _pack(records, seq_len)
+    stats["sequences"] = len(records)
+    return Prepared(format, records, stats)
+
+
+def summary(prepared, seq_len, pack):
+    s = prepared.stats
+    unit = {"sft": "sequences", "dpo": "pairs", "grpo": "groups"}[prepared.kind]
+    return ("%d %s records -> %d %s%s; %d truncated (%d tokens cut), %d dropped" % (
+        s["records"], prepared.format, s["sequences"], unit,
+        " packed to <= %d tokens" % seq_len if pack else "", s["truncated"], s["tokens_cut"], s["dropped"]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m seqgrad.data",
+        description="Tokenizes text, prompt/completion, chat, DPO or GRPO records (JSONL or a saved `datasets` "
+                    "directory) with a Hugging Face tokenizer into the JSONL that seqgrad's train --data reads.")
+    p.add_argument("--tokenizer", required=True, help="model or tokenizer directory (transformers.AutoTokenizer)")
+    p.add_argument("--input", required=True, help="JSONL file, one record per line, or a save_to_disk directory")
+    p.add_argument("--output", required=True, help="JSONL file to write")
+    p.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+                   help="input format (auto: from the first record's fields)")
+    p.add_argument("--seq_len", type=int, default=None, help="max tokens per sequence (default: no limit)")
+    p.add_argument("--pack", action="store_true", help="concatenate SFT records into sequences of <= seq_len")
+    p.add_argument("--overlong", default="refuse", choices=("refuse", "truncate"),
+                   help="records longer than --seq_len: refuse (error listing them) or truncate (cut the end)")
+    args = p.parse_args(argv)
+    try:
+        prepared = prepare(args.input, load_tokenizer(args.tokenizer), args.format, args.seq_len, args.pack,
+                           args.overlong)
+        prepared.write(args.output)
+    except (InvalidArgumentError, ImportError, OSError) as e:
+        print("seqgrad.data: error: %s" % e, file=sys.stderr)
+        return 1
+    print("%s: %s; wrote %s (train --objective=%s)" % (args.input, summary(prepared, args.seq_len, args.pack),
+                                                        args.output, prepared.kind), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
