@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The jar runs with only a JRE: inside a private mount namespace, /dev/null is bind-mounted over every Debian library
+# the engine was built against beyond glibc and the C++ runtime (Abseil, OpenBLAS, libgomp, libgfortran, libquadmath),
+# so the loader cannot use them. Shown: the libraries without their bundled dependencies (-Dseqgrad.library.path)
+# then fail to load, while the jar trains a step and /proc/self/maps shows its own copies (JarSmoke).
+# usage: jar_without_system_libs_test.sh JAVA SEQGRAD_JAR SMOKE_JAR UNBUNDLED_JNI_LIB VERSION
+set -euo pipefail
+java="$(readlink -f "$1")"; jar="$(readlink -f "$2")"; smoke="$(readlink -f "$3")"
+unbundled="$(dirname "$(readlink -f "$4")")"; version="$5"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+if [[ "${SEQGRAD_HIDDEN:-}" != 1 ]]; then
+  [[ "$(basename "$jar")" == "seqgrad-$version.jar" ]] || { echo "jar name $(basename "$jar") lacks $version"; exit 1; }
+  # root in a new user namespace (or already root) may bind-mount in a new mount namespace
+  SEQGRAD_HIDDEN=1 exec unshare --user --map-root-user --mount "$0" "$@"
+fi
+
+libdir=/usr/lib/x86_64-linux-gnu
+hidden=0
+for f in "$libdir"/libabsl_* "$libdir"/libgomp* "$libdir"/libgfortran* "$libdir"/libquadmath* \
+         "$libdir"/libopenblas* "$libdir"/openblas*/libopenblas*; do
+  [[ -f "$f" && ! -L "$f" ]] || continue
+  mount --bind /dev/null "$f"
+  hidden=$((hidden + 1))
+done
+echo "hid $hidden libraries"
+for f in "$libdir/libgomp.so.1" "$libdir/libabsl_base.so.20220623" "$libdir/openblas-openmp/libopenblas.so.0"; do
+  [[ ! -s "$f" ]] || { echo "$f is still readable"; exit 1; }
+done
+
+# Control: the unbundled libraries need the hidden ones, so loading them must fail.
+if out="$("$java" -Dseqgrad.library.path="$unbundled" -cp "$jar:$smoke" org.seqgrad.JarSmoke "$version" 2>&1)"; then
+  echo "$out"
+  echo "the unbundled libraries loaded although their dependencies are hidden"
+  exit 1
+fi
+grep -q UnsatisfiedLinkError <<<"$out" || { echo "$out"; echo "expected an UnsatisfiedLinkError"; exit 1; }
+echo "control: unbundled libraries fail to load: $(grep -m1 -o 'UnsatisfiedLinkError.*' <<<"$out")"
+
+"$java" -Djava.io.tmpdir="$tmp" -cp "$jar:$smoke" org.seqgrad.JarSmoke "$version"
