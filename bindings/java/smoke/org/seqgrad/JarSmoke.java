@@ -1,5 +1,7 @@
 package org.seqgrad;
 
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
@@ -11,13 +13,10 @@ import java.util.jar.JarFile;
 
 /**
  * Run by jar_without_system_libs_test.sh: trains a step from the jar alone, checks the version everywhere (argument 0
- * is the expected one) and that every library the engine needs beyond glibc was mapped from the jar's extraction
- * directory (/proc/self/maps).
+ * is the expected one) and that every library the jar bundles (its libs.txt) was mapped from the jar's extraction
+ * directory, and nothing of the same name from elsewhere (/proc/self/maps).
  */
 public final class JarSmoke {
-  private static final List<String> BUNDLED = List.of("libseqgrad.so", "libseqgrad_jni.so", "libabsl_", "libopenblas",
-      "libgomp", "libgfortran", "libquadmath");
-
   public static void main(String[] args) throws Exception {
     String version = args[0];
     check(Version.STRING.equals(version), "Version.STRING " + Version.STRING + " != " + version);
@@ -36,24 +35,28 @@ public final class JarSmoke {
     }
 
     Path dir = NativeApi.DIR.toRealPath();
-    Map<String, String> mapped = new TreeMap<>();  // library name -> directory
+    Set<String> bundled;
+    try (InputStream in = NativeApi.class.getResourceAsStream("/org/seqgrad/native/linux-x86_64/libs.txt")) {
+      bundled = new TreeSet<>(List.of(new String(in.readAllBytes(), StandardCharsets.UTF_8).split("\n")));
+    }
+    bundled.remove("libs.txt");
+    check(bundled.contains("libseqgrad_jni.so") && bundled.size() > 2, "bundled: " + bundled);
+    Map<String, String> mapped = new TreeMap<>();  // bundled library name -> directory it was mapped from
     for (String line : Files.readAllLines(Path.of("/proc/self/maps"))) {
       int slash = line.indexOf('/');
       if (slash < 0) continue;
       Path p = Path.of(line.substring(slash));
       String name = p.getFileName().toString();
-      for (String b : BUNDLED) {
-        if (name.startsWith(b)) mapped.put(name, p.getParent().toString());
+      if (bundled.contains(name)) {
+        String from = p.getParent().toString();
+        check(from.equals(dir.toString()), name + " was mapped from " + from + ", not from the jar's " + dir);
+        if (mapped.put(name, from) == null) System.out.println("mapped " + name + " from " + from);
       }
     }
-    Set<String> missing = new TreeSet<>(BUNDLED);
-    mapped.forEach((name, from) -> {
-      System.out.println("mapped " + name + " from " + from);
-      check(from.equals(dir.toString()), name + " was mapped from " + from + ", not from the jar's " + dir);
-      missing.removeIf(name::startsWith);
-    });
-    check(missing.isEmpty(), "not mapped: " + missing);
-    System.out.println("OK: " + mapped.size() + " libraries mapped from " + dir);
+    Set<String> missing = new TreeSet<>(bundled);
+    missing.removeAll(mapped.keySet());
+    check(missing.isEmpty(), "bundled but not mapped: " + missing);
+    System.out.println("OK: all " + mapped.size() + " bundled libraries mapped from " + dir);
   }
 
   private static void check(boolean ok, String what) {
