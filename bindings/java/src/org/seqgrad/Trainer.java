@@ -4,18 +4,20 @@ import java.lang.ref.WeakReference;
 import java.util.List;
 
 /**
- * Since 0.5: a learning-rate schedule ({@link Options#lrSchedule}), gradient accumulation ({@link
+ * Trains a {@link Model}: gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only,
+ * see {@link Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link
+ * #step}/{@link #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link
+ * #stepGrpo}/{@link #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a
+ * time: a step while another thread's step runs throws {@link BusyException}. {@link #cancel()} may be called from any
+ * thread. A step past the model's memory limit throws {@link ResourceExhaustedException}.
+ *
+ * <p>Close a trainer when done ({@link AutoCloseable}); one that is never closed is freed once it is unreachable.
+ *
+ * <p>Since 0.5: a learning-rate schedule ({@link Options#lrSchedule}), gradient accumulation ({@link
  * #accumulateGradients} then {@link #optimizerStep}), checkpoints ({@link #saveCheckpoint}, {@link #loadCheckpoint},
  * {@link #resume}: a resumed run continues with the same losses on CPU; a damaged checkpoint throws {@link
  * DataLossException}, one of another run configuration {@link FailedPreconditionException} listing the fields) and
  * {@link #evaluateDetailed} (perplexity, accuracy, retrieval accuracy by key-query distance).
- *
- * <p>Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only, see {@link
- * Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link #step}/{@link
- * #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link
- * #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a time: a step while
- * another thread's step runs throws SeqgradException with code BUSY. {@link #cancel()} may be called from any thread.
- * A step past the model's memory limit throws {@link ResourceExhaustedException}.
  */
 public final class Trainer extends NativeHandle {
   /** Progress events, called on the stepping thread. */
