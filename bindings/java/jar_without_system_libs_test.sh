@@ -11,7 +11,9 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
 if [[ "${SEQGRAD_HIDDEN:-}" != 1 ]]; then
   [[ "$(basename "$jar")" == "seqgrad-$version.jar" ]] || { echo "jar name $(basename "$jar") lacks $version"; exit 1; }
-  # root in a new user namespace (or already root) may bind-mount in a new mount namespace
+  # root in a new user namespace may bind-mount in a new mount namespace
+  unshare --user --map-root-user --mount true || {
+    echo "this test needs user and mount namespaces (unshare --user --map-root-user --mount)"; exit 1; }
   SEQGRAD_HIDDEN=1 exec unshare --user --map-root-user --mount "$0" "$@"
 fi
 
