@@ -15,7 +15,7 @@ def _native_bundle_impl(ctx):
 
 native_bundle = rule(
     implementation = _native_bundle_impl,
-    doc = "A directory (tree artifact) with libs, every library they load beyond glibc, " +
+    doc = "A directory (tree artifact) with libs, every library they load beyond glibc/libstdc++/libgcc_s, " +
           "each with RUNPATH $ORIGIN, and libs.txt listing them.",
     attrs = {
         "dir": attr.string(mandatory = True, doc = "the directory's path below the package"),

@@ -14,11 +14,10 @@ import java.util.jar.JarFile;
 /**
  * Run by jar_without_system_libs_test.sh: trains a step from the jar alone, checks the version everywhere (argument 0
  * is the expected one) and that every library the jar bundles (its libs.txt) was mapped from the jar's extraction
- * directory (/proc/self/maps), except those the JVM had loaded before (the C++ runtime of a JVM linked with it).
+ * directory, and nothing of the same name from elsewhere (/proc/self/maps).
  */
 public final class JarSmoke {
   public static void main(String[] args) throws Exception {
-    Map<String, String> before = mappedLibraries();  // Version.STRING is a constant: nothing is loaded yet
     String version = args[0];
     check(Version.STRING.equals(version), "Version.STRING " + Version.STRING + " != " + version);
     check(version.equals(Model.version()), "native library version " + Model.version() + " != " + version);
@@ -42,32 +41,22 @@ public final class JarSmoke {
     }
     bundled.remove("libs.txt");
     check(bundled.contains("libseqgrad_jni.so") && bundled.size() > 2, "bundled: " + bundled);
-    Map<String, String> mapped = mappedLibraries();
-    for (String name : bundled) {
-      String from = mapped.get(name);
-      // Already in the process (its file is named by the SONAME or a longer version of it): the loader uses that one.
-      String preloaded = before.keySet().stream().filter(f -> f.startsWith(name)).findFirst().orElse(null);
-      if (preloaded != null) {
-        System.out.println(name + ": the JVM's own, loaded before from " + before.get(preloaded) + "/" + preloaded);
-        continue;
-      }
-      check(from != null, name + " is bundled but not mapped");
-      check(from.equals(dir.toString()), name + " was mapped from " + from + ", not from the jar's " + dir);
-      System.out.println("mapped " + name + " from " + from);
-    }
-    System.out.println("OK: the bundled libraries were mapped from " + dir);
-  }
-
-  /** File name -> directory of every file mapped into this process. */
-  private static Map<String, String> mappedLibraries() throws Exception {
-    Map<String, String> mapped = new TreeMap<>();
+    Map<String, String> mapped = new TreeMap<>();  // bundled library name -> directory it was mapped from
     for (String line : Files.readAllLines(Path.of("/proc/self/maps"))) {
       int slash = line.indexOf('/');
       if (slash < 0) continue;
       Path p = Path.of(line.substring(slash));
-      mapped.put(p.getFileName().toString(), p.getParent().toString());
+      String name = p.getFileName().toString();
+      if (bundled.contains(name)) {
+        String from = p.getParent().toString();
+        check(from.equals(dir.toString()), name + " was mapped from " + from + ", not from the jar's " + dir);
+        if (mapped.put(name, from) == null) System.out.println("mapped " + name + " from " + from);
+      }
     }
-    return mapped;
+    Set<String> missing = new TreeSet<>(bundled);
+    missing.removeAll(mapped.keySet());
+    check(missing.isEmpty(), "bundled but not mapped: " + missing);
+    System.out.println("OK: all " + mapped.size() + " bundled libraries mapped from " + dir);
   }
 
   private static void check(boolean ok, String what) {

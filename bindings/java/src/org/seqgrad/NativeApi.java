@@ -17,10 +17,9 @@ import java.util.List;
  * <p>Loading: if the system property {@code seqgrad.library.path} names a directory, libseqgrad.so and
  * libseqgrad_jni.so are loaded from it (their dependencies from the system). Otherwise the jar's
  * /org/seqgrad/native/&lt;os&gt;-&lt;arch&gt;/ holds libseqgrad_jni.so, libseqgrad.so and every library they need
- * beyond glibc (Abseil, OpenBLAS, libgomp, libgfortran, libstdc++, ...; listed in libs.txt, each with RUNPATH
- * $ORIGIN): all are extracted into one temporary directory and the JNI library is loaded from there, so the loader
- * finds its dependencies beside it, never on the system (libraries the process has loaded already, such as the
- * JVM's own libstdc++, are shared by SONAME).
+ * beyond glibc, libstdc++ and libgcc_s (Abseil, OpenBLAS, libgomp, libgfortran, ...; listed in libs.txt, each with
+ * RUNPATH $ORIGIN): all are extracted into one temporary directory and the JNI library is loaded from there, so the
+ * loader finds its dependencies beside it and never on the system.
  */
 final class NativeApi {
   private NativeApi() {}
