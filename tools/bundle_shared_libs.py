@@ -1,10 +1,11 @@
 """Copies shared libraries, and every library they load that a Linux system cannot be assumed to have, into one
 directory, each with RUNPATH $ORIGIN: the directory then works on a machine without this build's libraries.
 
-usage: bundle_shared_libs.py OUT_DIR LIB[:NAME]...   (NAME: the file name in OUT_DIR, default LIB's base name)
+usage: bundle_shared_libs.py OUT_DIR LIB...   (prints the names of the files it wrote)
 
-Kept from the system, as the manylinux policies do: glibc's libraries, libstdc++ and libgcc_s. Everything else that
-`ldd` resolves (Abseil, OpenBLAS, libgomp, libgfortran, libquadmath, ...) is copied under its SONAME. Needs patchelf.
+Every file is named by its SONAME, the name the loader looks for. Kept from the system, as the manylinux policies do:
+glibc's libraries, libstdc++ and libgcc_s (a JVM or Python has loaded its own already). Everything else that `ldd`
+resolves (Abseil, OpenBLAS, libgomp, libgfortran, libquadmath, ...) is copied. Needs patchelf.
 """
 import os
 import re
@@ -12,8 +13,14 @@ import shutil
 import subprocess
 import sys
 
-SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)"
+SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libmvec|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)"
                     r"[.-]")
+
+
+def soname_of(lib):
+    out = subprocess.run(["readelf", "-d", lib], check=True, capture_output=True, text=True).stdout
+    m = re.search(r"\(SONAME\).*\[(.*)\]", out)
+    return m.group(1) if m else os.path.basename(lib)
 
 
 def resolved_deps(lib, names_in_bundle):
@@ -36,7 +43,7 @@ def resolved_deps(lib, names_in_bundle):
 def main():
     out_dir, specs = sys.argv[1], sys.argv[2:]
     os.makedirs(out_dir, exist_ok=True)
-    libs = [(s.split(":", 1) + [os.path.basename(s)])[:2] for s in specs]
+    libs = [(path, soname_of(path)) for path in specs]
     names = {name for _, name in libs}
     copies = {}
     for path, name in libs:

@@ -1,4 +1,4 @@
-"""Java without the network: java_jar (javac + jar of the local JDK) and junit5_test.
+"""Java without the network: java_jar (javac + jar of the local JDK), java_doc (javadoc jar) and junit5_test.
 
 Bazel 4.2.3's native java_library/java_test need the downloaded java_tools, which this
 project cannot fetch. These rules call the local JDK (@local_jdk//:jdk, i.e.
@@ -9,9 +9,17 @@ project cannot fetch. These rules call the local JDK (@local_jdk//:jdk, i.e.
     java_jar(
         name = "seqgrad_java",
         srcs = glob(["src/main/java/**/*.java"]),
-        resources = glob(["src/main/resources/**"]),
+        resources = glob(["src/main/resources/**"]),  # files or directories (tree artifacts)
         resource_strip_prefix = "src/main/resources",
         deps = [":other_jar", "//some:file.jar"],
+        out = "seqgrad-1.0.jar",                         # default: <name>.jar
+        manifest_entries = {"Implementation-Version": "1.0"},
+    )
+
+    java_doc(
+        name = "seqgrad_javadoc",
+        srcs = glob(["src/main/java/**/*.java"]),
+        javadocopts = ["-Xdoclint:all"],
     )
 
     junit5_test(
@@ -49,7 +57,7 @@ def _resource_path(ctx, f):
 
 def _java_jar_impl(ctx):
     jdk = ctx.attr._jdk[java_common.JavaRuntimeInfo]
-    out = ctx.actions.declare_file(ctx.label.name + ".jar")
+    out = ctx.actions.declare_file(ctx.attr.out or ctx.label.name + ".jar")
     dep_jars = depset(transitive = [_jars_of(d) for d in ctx.attr.deps])
     classpath = ":".join([j.path for j in dep_jars.to_list()])
 
@@ -61,7 +69,9 @@ def _java_jar_impl(ctx):
     res_list = ctx.actions.declare_file(ctx.label.name + "_resources.txt")
     ctx.actions.write(res_list, "\n".join(res_lines) + ("\n" if res_lines else ""))
 
-    jar_flags = "cfe" if ctx.attr.main_class else "cf"
+    manifest = ctx.actions.declare_file(ctx.label.name + "_manifest.txt")
+    ctx.actions.write(manifest, "".join(["%s: %s\n" % kv for kv in sorted(ctx.attr.manifest_entries.items())]))
+    jar_flags = "cfme" if ctx.attr.main_class else "cfm"
     jar_main = (" " + _shell_quote(ctx.attr.main_class)) if ctx.attr.main_class else ""
     command = """
 set -euo pipefail
@@ -76,9 +86,13 @@ fi
 while IFS=$'\\t' read -r src dst; do
   [ -n "$src" ] || continue
   mkdir -p "$work/classes/$(dirname "$dst")"
-  cp "$src" "$work/classes/$dst"
+  if [ -d "$src" ]; then
+    mkdir -p "$work/classes/$dst" && cp -R "$src/." "$work/classes/$dst/"
+  else
+    cp "$src" "$work/classes/$dst"
+  fi
 done < "{res_list}"
-"$JAVA_HOME/bin/jar" {jar_flags} "$PWD/{out}"{jar_main} -C "$work/classes" .
+"$JAVA_HOME/bin/jar" {jar_flags} "$PWD/{out}" "{manifest}"{jar_main} -C "$work/classes" .
 """.format(
         java_home = jdk.java_home,
         srcs_list = srcs_list.path,
@@ -86,13 +100,14 @@ done < "{res_list}"
         classpath = classpath,
         javacopts = " ".join([_shell_quote(o) for o in ctx.attr.javacopts]),
         jar_flags = jar_flags,
+        manifest = manifest.path,
         jar_main = jar_main,
         out = out.path,
     )
     ctx.actions.run_shell(
         command = command,
         inputs = depset(
-            ctx.files.srcs + ctx.files.resources + [srcs_list, res_list],
+            ctx.files.srcs + ctx.files.resources + [srcs_list, res_list, manifest],
             transitive = [dep_jars, jdk.files],
         ),
         outputs = [out],
@@ -131,6 +146,52 @@ java_jar = rule(
         "data": attr.label_list(allow_files = True, doc = "Run-time files (runfiles)"),
         "javacopts": attr.string_list(),
         "main_class": attr.string(doc = "Main-Class of the jar manifest"),
+        "manifest_entries": attr.string_dict(doc = "Main attributes of the jar manifest"),
+        "out": attr.string(doc = "The jar's file name (default: <name>.jar)"),
+        "_jdk": attr.label(
+            default = Label("@local_jdk//:jdk"),
+            providers = [java_common.JavaRuntimeInfo],
+        ),
+    },
+)
+
+def _java_doc_impl(ctx):
+    jdk = ctx.attr._jdk[java_common.JavaRuntimeInfo]
+    out = ctx.actions.declare_file(ctx.attr.out or ctx.label.name + ".jar")
+    dep_jars = depset(transitive = [_jars_of(d) for d in ctx.attr.deps])
+    srcs_list = ctx.actions.declare_file(ctx.label.name + "_srcs.txt")
+    ctx.actions.write(srcs_list, "".join([f.path + "\n" for f in ctx.files.srcs]))
+    command = """
+set -euo pipefail
+work="$(mktemp -d "${{TMPDIR:-/tmp}}/java_doc.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+"{java_home}/bin/javadoc" -quiet -encoding UTF-8 -d "$work/html" -cp "{classpath}" {opts} @"{srcs_list}"
+"{java_home}/bin/jar" cf "$PWD/{out}" -C "$work/html" .
+""".format(
+        java_home = jdk.java_home,
+        classpath = ":".join([j.path for j in dep_jars.to_list()]),
+        opts = " ".join([_shell_quote(o) for o in ctx.attr.javadocopts]),
+        srcs_list = srcs_list.path,
+        out = out.path,
+    )
+    ctx.actions.run_shell(
+        command = command,
+        inputs = depset(ctx.files.srcs + [srcs_list], transitive = [dep_jars, jdk.files]),
+        outputs = [out],
+        mnemonic = "JavaDoc",
+        progress_message = "javadoc %s" % out.short_path,
+        use_default_shell_env = True,
+    )
+    return [DefaultInfo(files = depset([out]))]
+
+java_doc = rule(
+    implementation = _java_doc_impl,
+    doc = "Runs the local JDK's javadoc over srcs (failing on its errors) and jars the HTML into <name>.jar.",
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".java"]),
+        "deps": attr.label_list(allow_files = [".jar"], doc = "java_jar targets or .jar files on the classpath"),
+        "javadocopts": attr.string_list(doc = "e.g. -Xdoclint:all -Werror"),
+        "out": attr.string(doc = "The jar's file name (default: <name>.jar)"),
         "_jdk": attr.label(
             default = Label("@local_jdk//:jdk"),
             providers = [java_common.JavaRuntimeInfo],

@@ -16,6 +16,8 @@ done
 classpath="$(IFS=:; echo "$*")"
 
 reports="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR:-/tmp}}/junit-reports"
+# Temporary files (e.g. native libraries extracted from jars) stay in the test's own directory.
+[[ -n "${TEST_TMPDIR:-}" ]] && jvm_flags=("-Djava.io.tmpdir=$TEST_TMPDIR" "${jvm_flags[@]}")
 mkdir -p "$reports"
 
 exec "$java" "${jvm_flags[@]}" -jar "$console" \

@@ -12,7 +12,7 @@ trap 'rm -rf "$stage"' EXIT
 root="$stage/$name"
 mkdir -p "$root/include/seqgrad" "$root/lib/pkgconfig" "$root/lib/cmake/seqgrad" "$root/share/seqgrad"
 cp "$@" "$root/include/seqgrad/"
-/usr/bin/python3 "$bundler" "$root/lib" "$lib:$soname" >/dev/null
+/usr/bin/python3 "$bundler" "$root/lib" "$lib" >/dev/null
 ln -s "$soname" "$root/lib/libseqgrad.so"
 major="${version%%.*}" rest="${version#*.}" minor="${rest%%.*}"
 fill() { sed -e "s/@VERSION@/$version/g" -e "s/@SONAME@/$soname/g" -e "s/@MAJOR@/$major/g" -e "s/@MINOR@/$minor/g" "$1"; }

@@ -1,9 +1,10 @@
 // JNI glue for org.seqgrad.NativeApi over the seqgrad C ABI (seqgrad/seqgrad.h) only.
-// Failed statuses become org.seqgrad.SeqgradException(code, message), or its subclass for the code
-// (InvalidArgumentException, ResourceExhaustedException, FailedPreconditionException, NotFoundException,
-// DataLossException); no C++ exception leaves this file.
+// Failed statuses become the exception that org.seqgrad.SeqgradException.of(code, message) picks for the code;
+// no C++ exception leaves this file.
 #include <jni.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,27 +14,50 @@ namespace {
 
 JavaVM* g_vm = nullptr;
 
-// The typed subclass of SeqgradException for a code (constructor (String)), or nullptr for the base class.
-const char* ExceptionClass(int code) {
-  switch (code) {
-    case SG_ERR_INVALID_ARGUMENT: return "org/seqgrad/InvalidArgumentException";
-    case SG_ERR_RESOURCE_EXHAUSTED: return "org/seqgrad/ResourceExhaustedException";
-    case SG_ERR_FAILED_PRECONDITION: return "org/seqgrad/FailedPreconditionException";
-    case SG_ERR_NOT_FOUND: return "org/seqgrad/NotFoundException";
-    case SG_ERR_DATA_LOSS: return "org/seqgrad/DataLossException";
-  }
-  return nullptr;
+// Throws SeqgradException.of(code, msg): the typed subclass for the code (one place maps codes to classes).
+void ThrowCode(JNIEnv* env, int code, const std::string& msg) {
+  jclass cls = env->FindClass("org/seqgrad/SeqgradException");
+  if (!cls) return;  // NoClassDefFoundError pending
+  jmethodID of = env->GetStaticMethodID(cls, "of", "(ILjava/lang/String;)Lorg/seqgrad/SeqgradException;");
+  if (!of) return;
+  jstring jmsg = env->NewStringUTF(msg.c_str());
+  if (!jmsg) return;  // OutOfMemoryError pending
+  jobject exc = env->CallStaticObjectMethod(cls, of, static_cast<jint>(code), jmsg);
+  if (exc && !env->ExceptionCheck()) env->Throw(static_cast<jthrowable>(exc));
 }
 
-void ThrowCode(JNIEnv* env, int code, const std::string& msg) {
-  const char* typed = ExceptionClass(code);
-  jclass cls = env->FindClass(typed ? typed : "org/seqgrad/SeqgradException");
-  if (!cls) return;  // NoClassDefFoundError pending
-  jmethodID ctor = env->GetMethodID(cls, "<init>", typed ? "(Ljava/lang/String;)V" : "(ILjava/lang/String;)V");
-  if (!ctor) return;
-  jstring jmsg = env->NewStringUTF(msg.c_str());
-  jobject exc = typed ? env->NewObject(cls, ctor, jmsg) : env->NewObject(cls, ctor, static_cast<jint>(code), jmsg);
-  if (exc) env->Throw(static_cast<jthrowable>(exc));
+// Native objects alive (JModel + JTrainer): tests check that Cleaners free forgotten handles.
+std::atomic<int64_t> g_live_handles{0};
+
+// The native side of an org.seqgrad.Model: one sg_model reference shared by the Model object and by every view
+// buffer it handed out (Model.param/grad), each holding a count until its Cleaner runs. The model is released with
+// the last of them, so a view never outlives the memory it points at.
+struct JModel {
+  explicit JModel(sg_model* model) : m(model) { ++g_live_handles; }
+  sg_model* m;
+  std::atomic<int64_t> refs{1};
+  // Enabling LoRA releases the base parameters' gradients: refused while views of gradients live (guarded by mu,
+  // which also orders handing out a gradient view against enabling LoRA).
+  std::mutex mu;
+  int64_t grad_views = 0;
+};
+
+void Unref(JModel* jm) {
+  if (jm->refs.fetch_sub(1) != 1) return;
+  sg_model_free(jm->m);
+  delete jm;
+  --g_live_handles;
+}
+
+// Enabling LoRA releases the base parameters' gradients: true (FAILED_PRECONDITION thrown) while views of them live.
+// Call with jm->mu held.
+bool GradViewsLive(JNIEnv* env, JModel* jm, const char* what) {
+  if (jm->grad_views == 0) return false;
+  ThrowCode(env, SG_ERR_FAILED_PRECONDITION,
+            std::string(what) + ": " + std::to_string(jm->grad_views) +
+                " gradient view(s) of the model (Model.grad) are still reachable; LoRA releases the base parameters' "
+                "gradients: drop the views (or enable LoRA before taking them)");
+  return true;
 }
 
 // Throws for a failed status (frees it); returns true when it threw.
@@ -94,7 +118,8 @@ jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
   return a;
 }
 
-sg_model* M(jlong h) { return reinterpret_cast<sg_model*>(h); }
+JModel* JM(jlong h) { return reinterpret_cast<JModel*>(h); }
+sg_model* M(jlong h) { return h ? JM(h)->m : nullptr; }
 JTrainer* T(jlong h) { return reinterpret_cast<JTrainer*>(h); }
 
 // The metrics of a trainer call, or null with an exception pending: the progress listener's (thrown on this thread)
@@ -193,6 +218,7 @@ extern "C" JNIEXPORT jint JNICALL JNI_OnLoad(JavaVM* vm, void*) {
 }
 
 JNI_FN(jstring, version)(JNIEnv* env, jclass) { return env->NewStringUTF(sg_version()); }
+JNI_FN(jstring, codeName)(JNIEnv* env, jclass, jint code) { return env->NewStringUTF(sg_code_name(code)); }
 
 JNI_FN(jstring, memoryCategoryName)(JNIEnv* env, jclass, jint c) {
   const char* n = sg_memory_category_name(c);
@@ -206,7 +232,7 @@ JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtyp
   if (Failed(env, sg_model_create_preset(name ? n.c_str() : nullptr, dtype ? d.c_str() : nullptr,
                                          static_cast<uint64_t>(seed), &m)))
     return 0;
-  return reinterpret_cast<jlong>(m);
+  return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)
 }
 
@@ -215,7 +241,7 @@ JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype) {
   sg_model* m = nullptr;
   const std::string p = Str(env, dir), d = Str(env, dtype);
   if (Failed(env, sg_model_load(dir ? p.c_str() : nullptr, dtype ? d.c_str() : nullptr, &m))) return 0;
-  return reinterpret_cast<jlong>(m);
+  return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)
 }
 
@@ -226,7 +252,24 @@ JNI_FN(void, modelSave)(JNIEnv* env, jclass, jlong h, jstring dir) {
   GUARD_END()
 }
 
-JNI_FN(void, modelFree)(JNIEnv*, jclass, jlong h) { sg_model_free(M(h)); }
+// Drops the Model object's reference (close() or its Cleaner).
+JNI_FN(void, modelFree)(JNIEnv*, jclass, jlong h) { Unref(JM(h)); }
+
+// Drops a view buffer's reference (its Cleaner).
+JNI_FN(void, viewRelease)(JNIEnv*, jclass, jlong h, jboolean grad) {
+  if (grad) {
+    std::lock_guard<std::mutex> lock(JM(h)->mu);
+    --JM(h)->grad_views;
+  }
+  Unref(JM(h));
+}
+
+JNI_FN(jlong, gradViews)(JNIEnv*, jclass, jlong h) {
+  std::lock_guard<std::mutex> lock(JM(h)->mu);
+  return JM(h)->grad_views;
+}
+
+JNI_FN(jlong, liveHandles)(JNIEnv*, jclass) { return g_live_handles.load(); }
 JNI_FN(jlong, modelVocabSize)(JNIEnv*, jclass, jlong h) { return sg_model_vocab_size(M(h)); }
 JNI_FN(jlong, modelNumParams)(JNIEnv*, jclass, jlong h) { return sg_model_num_params(M(h)); }
 JNI_FN(jlong, modelHiddenSize)(JNIEnv*, jclass, jlong h) { return sg_model_hidden_size(M(h)); }
@@ -268,15 +311,21 @@ JNI_FN(jstring, paramDType)(JNIEnv* env, jclass, jlong h, jlong i) {
   GUARD_END(nullptr)
 }
 
-// A direct ByteBuffer over the parameter (or its gradient): zero-copy; null for a missing gradient.
+// A direct ByteBuffer over the parameter (or its gradient): zero-copy; null for a missing gradient. The buffer holds
+// a reference to the model: the caller registers a Cleaner on it that calls viewRelease(h, grad).
 JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad) {
   GUARD_BEGIN
+  std::lock_guard<std::mutex> lock(JM(h)->mu);
   sg_param_info p = sg_param_info_init();
   if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
   void* ptr = grad ? p.grad : p.data;
   if (!ptr) return nullptr;
   const jlong elem = p.dtype == SG_DTYPE_F64 || p.dtype == SG_DTYPE_I64 ? 8 : p.dtype == SG_DTYPE_F32 || p.dtype == SG_DTYPE_I32 ? 4 : 2;
-  return env->NewDirectByteBuffer(ptr, p.numel * elem);
+  jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * elem);
+  if (!buffer) return nullptr;
+  ++JM(h)->refs;
+  if (grad) ++JM(h)->grad_views;
+  return buffer;
   GUARD_END(nullptr)
 }
 
@@ -320,12 +369,14 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;
+  ++g_live_handles;
   jt->t = t;
   jt->owner = env->NewGlobalRef(owner);
   if (Failed(env, sg_trainer_set_progress_callback(t, OnProgress, jt))) {
     env->DeleteGlobalRef(jt->owner);
     sg_trainer_free(t);
     delete jt;
+    --g_live_handles;
     return 0;
   }
   return reinterpret_cast<jlong>(jt);
@@ -339,6 +390,7 @@ JNI_FN(void, trainerFree)(JNIEnv* env, jclass, jlong h) {
   if (jt->owner) env->DeleteGlobalRef(jt->owner);
   if (jt->pending) env->DeleteGlobalRef(jt->pending);
   delete jt;
+  --g_live_handles;
 }
 
 JNI_FN(void, trainerCancel)(JNIEnv*, jclass, jlong h) {
@@ -476,6 +528,8 @@ JNI_FN(void, modelEnableLora)(JNIEnv* env, jclass, jlong h, jlong rank, jdouble 
   o.dropout = dropout;
   o.targets = targets ? t.c_str() : nullptr;  // null: the family's default
   o.seed = static_cast<uint64_t>(seed);
+  std::lock_guard<std::mutex> lock(JM(h)->mu);
+  if (GradViewsLive(env, JM(h), "Model.enableLora")) return;
   Failed(env, sg_model_enable_lora(M(h), &o));
   GUARD_END()
 }
@@ -506,6 +560,10 @@ JNI_FN(void, modelSaveLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir, js
 JNI_FN(void, modelLoadLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir) {
   GUARD_BEGIN
   const std::string d = Str(env, dir);
+  std::lock_guard<std::mutex> lock(JM(h)->mu);
+  sg_lora_options o = sg_lora_default_options();
+  if (Failed(env, sg_model_lora(M(h), &o))) return;
+  if (o.rank == 0 && GradViewsLive(env, JM(h), "Model.loadLoraAdapter")) return;  // it enables LoRA
   Failed(env, sg_model_load_lora_adapter(M(h), dir ? d.c_str() : nullptr));
   GUARD_END()
 }

@@ -7,13 +7,29 @@ package org.seqgrad;
  * model).
  */
 public final class DpoPair {
+  /** Prompt + chosen response. */
   public final int[] chosenIds;
+  /** Labels of chosenIds, or null. */
   public final int[] chosenLabels;
+  /** Prompt + rejected response. */
   public final int[] rejectedIds;
+  /** Labels of rejectedIds, or null. */
   public final int[] rejectedLabels;
+  /** The reference model's summed log-prob of the chosen labels; NaN = computed. */
   public final double refChosenLogp;
+  /** The reference model's summed log-prob of the rejected labels; NaN = computed. */
   public final double refRejectedLogp;
 
+  /**
+   * A pair with the reference model's log-probs given.
+   *
+   * @param chosenIds prompt + chosen response
+   * @param chosenLabels their labels, or null
+   * @param rejectedIds prompt + rejected response
+   * @param rejectedLabels their labels, or null
+   * @param refChosenLogp the reference's summed log-prob of the chosen labels (NaN = computed)
+   * @param refRejectedLogp the same for the rejected labels
+   */
   public DpoPair(int[] chosenIds, int[] chosenLabels, int[] rejectedIds, int[] rejectedLabels, double refChosenLogp,
       double refRejectedLogp) {
     this.chosenIds = chosenIds;
@@ -24,7 +40,14 @@ public final class DpoPair {
     this.refRejectedLogp = refRejectedLogp;
   }
 
-  /** A pair whose reference log-probs come from the trainer's reference model. */
+  /**
+   * A pair whose reference log-probs come from the trainer's reference model.
+   *
+   * @param chosenIds prompt + chosen response
+   * @param chosenLabels their labels, or null
+   * @param rejectedIds prompt + rejected response
+   * @param rejectedLabels their labels, or null
+   */
   public DpoPair(int[] chosenIds, int[] chosenLabels, int[] rejectedIds, int[] rejectedLabels) {
     this(chosenIds, chosenLabels, rejectedIds, rejectedLabels, Double.NaN, Double.NaN);
   }

@@ -5,6 +5,7 @@ package org.seqgrad;
  * the retrieval accuracy per distance bucket k = [2^k, 2^(k+1)) from bucket 0 up to the largest distance seen.
  */
 public final class EvalResult {
+  /** Sequences evaluated. */
   public final long sequences;
   /** Labelled positions. */
   public final long tokens;
@@ -14,12 +15,17 @@ public final class EvalResult {
   public final double perplexity;
   /** Labelled positions whose arg max equals the label. */
   public final long correct;
+  /** correct / tokens. */
   public final double accuracy;
+  /** Peak engine memory of the call. */
   public final long peakBytes;
+  /** Wall time of the call. */
   public final double seconds;
   /** Per distance bucket: labelled positions, of which correct, mean loss (empty without distances). */
   public final long[] bucketCount;
+  /** Per distance bucket: labelled positions predicted correctly. */
   public final long[] bucketCorrect;
+  /** Per distance bucket: mean loss. */
   public final double[] bucketLoss;
 
   EvalResult(double[] a) {

@@ -8,12 +8,26 @@ package org.seqgrad;
  * refLogprobs null: computed by the trainer's reference model (needed unless grpoKlBeta = 0).
  */
 public final class GrpoCompletion {
+  /** Prompt + completion token ids. */
   public final int[] ids;
+  /** Labels aligned with ids, or null. */
   public final int[] labels;
+  /** The completion's advantage. */
   public final double advantage;
+  /** Per position: log-prob of the label under the sampling policy, or null. */
   public final double[] oldLogprobs;
+  /** Per position: log-prob of the label under the reference policy, or null. */
   public final double[] refLogprobs;
 
+  /**
+   * A completion with its log-probs.
+   *
+   * @param ids prompt + completion
+   * @param labels aligned with ids, or null
+   * @param advantage its advantage
+   * @param oldLogprobs per position under the sampling policy, or null
+   * @param refLogprobs per position under the reference policy, or null
+   */
   public GrpoCompletion(int[] ids, int[] labels, double advantage, double[] oldLogprobs, double[] refLogprobs) {
     this.ids = ids;
     this.labels = labels;
@@ -22,6 +36,13 @@ public final class GrpoCompletion {
     this.refLogprobs = refLogprobs;
   }
 
+  /**
+   * A completion of the current policy (ratio 1), reference log-probs from the trainer's reference model.
+   *
+   * @param ids prompt + completion
+   * @param labels aligned with ids, or null
+   * @param advantage its advantage
+   */
   public GrpoCompletion(int[] ids, int[] labels, double advantage) {
     this(ids, labels, advantage, null, null);
   }

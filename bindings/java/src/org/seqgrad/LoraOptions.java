@@ -23,6 +23,7 @@ public final class LoraOptions {
   /** Initialisation of the A matrices (all 64 bits, as unsigned). */
   public long seed = 0;
 
+  /** Options with the defaults. */
   public LoraOptions() {}
 
   // Called from JNI (Model.lora()).
@@ -34,11 +35,17 @@ public final class LoraOptions {
     this.seed = seed;
   }
 
+  /** Sets {@link #rank}; returns these options. */
   public LoraOptions rank(long r) { rank = r; return this; }
+  /** Sets {@link #alpha}; returns these options. */
   public LoraOptions alpha(double a) { alpha = a; return this; }
+  /** Sets {@link #dropout}; returns these options. */
   public LoraOptions dropout(double d) { dropout = d; return this; }
+  /** Sets {@link #targets}; returns these options. */
   public LoraOptions targets(String t) { targets = t; return this; }
-  public LoraOptions targets(List<String> t) { targets = String.join(",", t); return this; }
+  /** Sets {@link #targets}; returns these options. */
+  public LoraOptions targets(List<String> t) { targets = t == null ? null : String.join(",", t); return this; }
+  /** Sets {@link #seed}; returns these options. */
   public LoraOptions seed(long s) { seed = s; return this; }
 
   /** The target module names (empty for null). */

@@ -2,11 +2,17 @@ package org.seqgrad;
 
 /** Result of a training call. */
 public final class Metrics {
+  /** Mean token loss of the batch. */
   public final double loss;
+  /** Labelled tokens of the batch. */
   public final long tokens;
+  /** The gradient's global norm before clipping (0 without gradients). */
   public final double gradNorm;
+  /** Optimizer steps taken after the call. */
   public final long step;
+  /** Peak engine memory of the call. */
   public final long peakBytes;
+  /** Wall time of the call. */
   public final double seconds;
   /** Chunks the batch's sequences were split into (full, ckpt: one per sequence). */
   public final long chunks;

@@ -7,40 +7,84 @@ import java.util.List;
 import java.util.function.IntFunction;
 
 /**
- * A seqgrad model of any family: a transformer (Llama/Qwen2) or a Mamba-1 SSM ({@link #family}). Parameter and
- * gradient buffers are zero-copy direct ByteBuffers over the engine's memory, valid while this model or one of its
- * trainers is open (except that {@link #enableLora} releases the base parameters' gradients: {@link #grad} buffers
- * taken before it must not be used after it). Trainers keep the native model alive.
+ * A seqgrad model of any family: a transformer (Llama/Qwen2) or a Mamba-1 SSM ({@link #family}).
+ *
+ * <p>Close it when done ({@link AutoCloseable}); a model that is never closed is freed once it is unreachable. Its
+ * trainers keep the native model alive, so closing the model while a trainer runs is safe.
+ *
+ * <p>Views: {@link #param} and {@link #grad} are zero-copy direct ByteBuffers over the engine's memory. Each view (and
+ * every slice, duplicate or {@code asFloatBuffer()} of it) keeps the model's native memory alive until the view is
+ * garbage-collected, even after {@link #close}: a view never reads or writes freed memory. Enabling LoRA releases the
+ * base parameters' gradients, so {@link #enableLora} (and {@link #loadLoraAdapter} on a model without LoRA) throws
+ * {@link FailedPreconditionException} while gradient views of the model are still reachable: enable LoRA before
+ * taking gradient views.
  */
 public final class Model extends NativeHandle {
   private Model(long h) {
-    super(h, "Model");
+    super(h, "Model", NativeApi::modelFree);
   }
 
-  /** A randomly initialised model from a built-in preset ({@link #presetNames}: "tiny", ..., "tiny-ssm", ...). */
+  /**
+   * A randomly initialised model from a built-in preset.
+   *
+   * @param name a preset of {@link #presetNames}: "tiny", ..., "tiny-ssm", ...
+   * @param dtype "f32" or "f64"; null = "f32"
+   * @param seed initialisation seed (all 64 bits, as unsigned)
+   * @return the model
+   * @throws InvalidArgumentException for a null name, an unknown preset or dtype
+   */
   public static Model fromPreset(String name, String dtype, long seed) {
+    SeqgradException.notNull(name, "Model.fromPreset: name");
     return new Model(NativeApi.modelCreatePreset(name, dtype, seed));
   }
 
+  /**
+   * A preset in f32 with seed 0.
+   *
+   * @param name a preset of {@link #presetNames}
+   * @return the model
+   */
   public static Model fromPreset(String name) {
     return fromPreset(name, "f32", 0);
   }
 
-  /** A model from a Hugging Face directory (config.json + safetensors; model_type llama, qwen2 or mamba). */
+  /**
+   * A model from a Hugging Face directory (config.json + safetensors; model_type llama, qwen2 or mamba).
+   *
+   * @param dir the directory
+   * @param dtype "f32" or "f64"; null = "f32"
+   * @return the model
+   * @throws NotFoundException when the directory or its files do not exist
+   * @throws InvalidArgumentException for a null dir or an unsupported config
+   */
   public static Model load(String dir, String dtype) {
+    SeqgradException.notNull(dir, "Model.load: dir");
     return new Model(NativeApi.modelLoad(dir, dtype));
   }
 
-  /** Names of the built-in presets of every family: transformers, then SSMs ("tiny-ssm", "bench-ssm"). */
+  /**
+   * Names of the built-in presets of every family: transformers, then SSMs ("tiny-ssm", "bench-ssm").
+   *
+   * @return the names
+   */
   public static List<String> presetNames() {
     return names(NativeApi::presetName);
   }
 
+  /**
+   * The version of the loaded native library, "MAJOR.MINOR.PATCH" (the jar's own is {@link Version#STRING}).
+   *
+   * @return the version
+   */
   public static String version() {
     return NativeApi.version();
   }
 
-  /** Names of the engine's memory categories, in the order of {@link Metrics#peakBytesByCategory}. */
+  /**
+   * Names of the engine's memory categories, in the order of {@link Metrics#peakBytesByCategory}.
+   *
+   * @return the names
+   */
   public static List<String> memoryCategories() {
     return names(NativeApi::memoryCategoryName);
   }
@@ -58,8 +102,11 @@ public final class Model extends NativeHandle {
   /**
    * Writes config.json + model.safetensors that Hugging Face transformers loads; with LoRA, the merged weights
    * W + (alpha / rank) B A (a plain model without adapters; {@link #saveLoraAdapter} writes the adapters).
+   *
+   * @param dir the output directory (created if missing)
    */
   public void save(String dir) {
+    SeqgradException.notNull(dir, "Model.save: dir");
     long h = acquire();
     try {
       NativeApi.modelSave(h, dir);
@@ -68,6 +115,11 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * The vocabulary size.
+   *
+   * @return token ids are in [0, vocabSize)
+   */
   public long vocabSize() {
     long h = acquire();
     try {
@@ -77,7 +129,11 @@ public final class Model extends NativeHandle {
     }
   }
 
-  /** "transformer" or "ssm". */
+  /**
+   * The model family.
+   *
+   * @return "transformer" or "ssm"
+   */
   public String family() {
     long h = acquire();
     try {
@@ -87,6 +143,11 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * The number of layers.
+   *
+   * @return layers
+   */
   public long numLayers() {
     long h = acquire();
     try {
@@ -96,6 +157,11 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * The hidden size (d_model).
+   *
+   * @return hidden size
+   */
   public long hiddenSize() {
     long h = acquire();
     try {
@@ -105,6 +171,11 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * The number of parameter tensors (LoRA adapters included, after the base parameters).
+   *
+   * @return tensors; indices of {@link #param} are in [0, numParams)
+   */
   public int numParams() {
     long h = acquire();
     try {
@@ -115,8 +186,10 @@ public final class Model extends NativeHandle {
   }
 
   /**
-   * Caps the engine memory of this model's tensors (weights included) at {@code bytes}; 0 removes the cap. A step that
-   * would need more throws {@link ResourceExhaustedException} and leaves the model usable.
+   * Caps the engine memory of this model's tensors (weights included); a step that would need more throws {@link
+   * ResourceExhaustedException} and leaves the model usable.
+   *
+   * @param bytes the cap; 0 removes it
    */
   public void setMemoryLimit(long bytes) {
     long h = acquire();
@@ -127,7 +200,11 @@ public final class Model extends NativeHandle {
     }
   }
 
-  /** The memory limit in bytes (0 = none). */
+  /**
+   * The memory limit.
+   *
+   * @return bytes; 0 = none
+   */
   public long memoryLimit() {
     long h = acquire();
     try {
@@ -138,21 +215,48 @@ public final class Model extends NativeHandle {
   }
 
   /**
-   * Adds LoRA adapters to the modules named by {@code o.targets} and freezes every base parameter: only the adapters
-   * ("&lt;module&gt;.lora_A.weight", ".lora_B.weight", after the base parameters) get gradients and AdamW moments.
-   * Once per model, before any trainer of it is created ({@link FailedPreconditionException} otherwise); bad options
-   * throw {@link InvalidArgumentException} naming the option.
+   * Adds LoRA adapters to the modules named by {@code options.targets} and freezes every base parameter: only the
+   * adapters ("&lt;module&gt;.lora_A.weight", ".lora_B.weight", after the base parameters) get gradients and AdamW
+   * moments. Once per model, before any trainer of it is created and before taking {@link #grad} views (it releases
+   * the base parameters' gradients).
+   *
+   * @param options the adapters' options
+   * @throws FailedPreconditionException when LoRA is already enabled, a trainer exists, or gradient views of this
+   *     model are still reachable
+   * @throws InvalidArgumentException for bad options (the message names the option)
    */
-  public void enableLora(LoraOptions o) {
+  public void enableLora(LoraOptions options) {
+    SeqgradException.notNull(options, "Model.enableLora: options");
     long h = acquire();
     try {
-      NativeApi.modelEnableLora(h, o.rank, o.alpha, o.dropout, o.targets, o.seed);
+      collectDroppedGradViews(h);
+      NativeApi.modelEnableLora(h, options.rank, options.alpha, options.dropout, options.targets, options.seed);
     } finally {
       release();
     }
   }
 
-  /** The model's LoRA options (targets as a comma-separated list), or null without LoRA. */
+  /**
+   * Gradient views the program has dropped still count until the Cleaner has run: give the garbage collector a few
+   * chances (as java.nio does before failing to reserve direct memory). The native call refuses if any view is left.
+   */
+  private static void collectDroppedGradViews(long h) {
+    for (int attempt = 0; attempt < 10 && NativeApi.gradViews(h) > 0; ++attempt) {
+      System.gc();
+      try {
+        Thread.sleep(10);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return;
+      }
+    }
+  }
+
+  /**
+   * The model's LoRA options.
+   *
+   * @return the options (targets as a comma-separated list), or null without LoRA
+   */
   public LoraOptions lora() {
     long h = acquire();
     try {
@@ -164,9 +268,13 @@ public final class Model extends NativeHandle {
 
   /**
    * Writes the adapters as Hugging Face PEFT files (adapter_config.json + adapter_model.safetensors) that
-   * peft.PeftModel.from_pretrained(base, dir) loads; baseModelNameOrPath (may be null) is recorded in the config.
+   * peft.PeftModel.from_pretrained(base, dir) loads.
+   *
+   * @param dir the output directory
+   * @param baseModelNameOrPath recorded in the config; may be null
    */
   public void saveLoraAdapter(String dir, String baseModelNameOrPath) {
+    SeqgradException.notNull(dir, "Model.saveLoraAdapter: dir");
     long h = acquire();
     try {
       NativeApi.modelSaveLoraAdapter(h, dir, baseModelNameOrPath);
@@ -176,19 +284,31 @@ public final class Model extends NativeHandle {
   }
 
   /**
-   * Loads a PEFT adapter directory (without LoRA, enables it with the adapter's options first). An adapter of another
-   * base model throws {@link InvalidArgumentException} naming the tensor and both shapes; a missing directory {@link
-   * NotFoundException}.
+   * Loads a PEFT adapter directory (without LoRA, enables it with the adapter's options first, see {@link
+   * #enableLora}).
+   *
+   * @param dir the adapter directory
+   * @throws InvalidArgumentException for an adapter of another base model (naming the tensor and both shapes)
+   * @throws NotFoundException for a missing directory
    */
   public void loadLoraAdapter(String dir) {
+    SeqgradException.notNull(dir, "Model.loadLoraAdapter: dir");
     long h = acquire();
     try {
+      collectDroppedGradViews(h);
       NativeApi.modelLoadLoraAdapter(h, dir);
     } finally {
       release();
     }
   }
 
+  /**
+   * A parameter's Hugging Face name.
+   *
+   * @param i index in [0, {@link #numParams})
+   * @return e.g. "model.embed_tokens.weight"
+   * @throws OutOfRangeException for a bad index
+   */
   public String paramName(int i) {
     long h = acquire();
     try {
@@ -198,6 +318,13 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * A parameter's shape.
+   *
+   * @param i index in [0, {@link #numParams})
+   * @return the dimensions, row-major
+   * @throws OutOfRangeException for a bad index
+   */
   public long[] paramShape(int i) {
     long h = acquire();
     try {
@@ -207,6 +334,13 @@ public final class Model extends NativeHandle {
     }
   }
 
+  /**
+   * A parameter's element type.
+   *
+   * @param i index in [0, {@link #numParams})
+   * @return "f32" or "f64"
+   * @throws OutOfRangeException for a bad index
+   */
   public String paramDType(int i) {
     long h = acquire();
     try {
@@ -216,22 +350,37 @@ public final class Model extends NativeHandle {
     }
   }
 
-  /** The parameter's memory (native byte order); writes change the model. */
+  /**
+   * The parameter's memory; writes change the model. The view keeps the model's memory alive (see the class comment).
+   *
+   * @param i index in [0, {@link #numParams})
+   * @return a direct buffer in native byte order
+   * @throws OutOfRangeException for a bad index
+   */
   public ByteBuffer param(int i) {
-    long h = acquire();
-    try {
-      return NativeApi.paramBuffer(h, i, false).order(ByteOrder.nativeOrder());
-    } finally {
-      release();
-    }
+    return view(i, false);
   }
 
-  /** The gradient's memory, or null for a frozen parameter. */
+  /**
+   * The gradient's memory (as left by the last gradient call). The view keeps the model's memory alive (see the class
+   * comment).
+   *
+   * @param i index in [0, {@link #numParams})
+   * @return a direct buffer in native byte order, or null for a frozen parameter
+   * @throws OutOfRangeException for a bad index
+   */
   public ByteBuffer grad(int i) {
+    return view(i, true);
+  }
+
+  private ByteBuffer view(int i, boolean grad) {
     long h = acquire();
     try {
-      ByteBuffer b = NativeApi.paramBuffer(h, i, true);
-      return b == null ? null : b.order(ByteOrder.nativeOrder());
+      ByteBuffer b = NativeApi.paramBuffer(h, i, grad);
+      if (b == null) return null;
+      // The buffer holds a native reference to the model (paramBuffer); derived buffers keep b reachable.
+      CLEANER.register(b, () -> NativeApi.viewRelease(h, grad));
+      return b.order(ByteOrder.nativeOrder());
     } finally {
       release();
     }
@@ -244,10 +393,5 @@ public final class Model extends NativeHandle {
 
   void releaseForTrainer() {
     release();
-  }
-
-  @Override
-  void free(long h) {
-    NativeApi.modelFree(h);
   }
 }

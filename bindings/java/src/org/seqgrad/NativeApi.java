@@ -4,25 +4,30 @@ import java.io.File;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.util.ArrayList;
+import java.util.List;
 
 /**
  * JNI entry points (bindings/java/jni/seqgrad_jni.cc) and the native library loader.
  *
  * <p>Loading: if the system property {@code seqgrad.library.path} names a directory, libseqgrad.so and
- * libseqgrad_jni.so are loaded from it; otherwise both are extracted from this jar's
- * /org/seqgrad/native/&lt;os&gt;-&lt;arch&gt;/ into a temporary directory and loaded from there.
+ * libseqgrad_jni.so are loaded from it (their dependencies from the system). Otherwise the jar's
+ * /org/seqgrad/native/&lt;os&gt;-&lt;arch&gt;/ holds libseqgrad_jni.so, libseqgrad.so and every library they need
+ * beyond glibc, libstdc++ and libgcc_s (Abseil, OpenBLAS, libgomp, libgfortran, ...; listed in libs.txt, each with
+ * RUNPATH $ORIGIN): all are extracted into one temporary directory and the JNI library is loaded from there, so the
+ * loader finds its dependencies beside it and never on the system.
  */
 final class NativeApi {
   private NativeApi() {}
 
   static final String[] LIBS = {"libseqgrad.so", "libseqgrad_jni.so"};
 
-  static {
-    load();
-  }
+  /** The directory the libraries were loaded from. */
+  static final Path DIR = load();
 
   static String platform() {
     String os = System.getProperty("os.name").toLowerCase().startsWith("linux") ? "linux"
@@ -33,40 +38,65 @@ final class NativeApi {
     return os + "-" + arch;
   }
 
-  private static void load() {
+  private static Path load() {
     String dir = System.getProperty("seqgrad.library.path");
     try {
       if (dir != null && !dir.isEmpty()) {
         for (String lib : LIBS) System.load(new File(dir, lib).getAbsolutePath());
-        return;
+        return Path.of(dir).toAbsolutePath();
       }
       String base = "/org/seqgrad/native/" + platform() + "/";
       Path tmp = Files.createTempDirectory("seqgrad-native");
       tmp.toFile().deleteOnExit();
-      for (String lib : LIBS) {
-        try (InputStream in = NativeApi.class.getResourceAsStream(base + lib)) {
-          if (in == null) {
-            throw new UnsatisfiedLinkError("seqgrad: no native library " + base + lib + " in the jar for platform "
-                + platform() + "; set -Dseqgrad.library.path=<dir with " + String.join(", ", LIBS) + ">");
-          }
+      for (String lib : resourceLines(base + "libs.txt")) {
+        try (InputStream in = resource(base + lib)) {
           Path out = tmp.resolve(lib);
           Files.copy(in, out, StandardCopyOption.REPLACE_EXISTING);
           out.toFile().deleteOnExit();
-          System.load(out.toAbsolutePath().toString());
         }
       }
+      System.load(tmp.resolve("libseqgrad_jni.so").toString());
+      return tmp;
     } catch (IOException e) {
       throw new UnsatisfiedLinkError("seqgrad: cannot extract native libraries: " + e);
     }
   }
 
+  private static InputStream resource(String path) {
+    InputStream in = NativeApi.class.getResourceAsStream(path);
+    if (in == null) {
+      throw new UnsatisfiedLinkError("seqgrad: no " + path + " in the jar for platform " + platform()
+          + "; set -Dseqgrad.library.path=<dir with " + String.join(", ", LIBS) + ">");
+    }
+    return in;
+  }
+
+  private static List<String> resourceLines(String path) throws IOException {
+    try (InputStream in = resource(path)) {
+      List<String> lines = new ArrayList<>();
+      for (String line : new String(in.readAllBytes(), StandardCharsets.UTF_8).split("\n")) {
+        if (!line.isBlank()) lines.add(line.strip());
+      }
+      return lines;
+    }
+  }
+
   static native String version();
+  /** The C API's sg_code_name ("UNKNOWN_CODE" for codes it does not define). */
+  static native String codeName(int code);
   static native String memoryCategoryName(int c);
 
   static native long modelCreatePreset(String name, String dtype, long seed);
   static native long modelLoad(String dir, String dtype);
   static native void modelSave(long h, String dir);
+  /** Drops the Model object's reference to the native model. */
   static native void modelFree(long h);
+  /** Drops the reference of a view buffer from paramBuffer (its Cleaner). */
+  static native void viewRelease(long h, boolean grad);
+  /** Gradient view buffers of the model not yet released. */
+  static native long gradViews(long h);
+  /** Native models and trainers alive in this process (JNI objects). */
+  static native long liveHandles();
   static native long modelVocabSize(long h);
   static native long modelNumParams(long h);
   static native long modelHiddenSize(long h);
@@ -76,6 +106,7 @@ final class NativeApi {
   static native String paramName(long h, long i);
   static native long[] paramShape(long h, long i);
   static native String paramDType(long h, long i);
+  /** A view holding a reference to the model: register viewRelease(h, grad) as its Cleaner action. */
   static native ByteBuffer paramBuffer(long h, long i, boolean grad);
   static native void modelSetMemoryLimit(long h, long bytes);
   static native long modelMemoryLimit(long h);

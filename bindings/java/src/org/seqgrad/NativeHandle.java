@@ -1,58 +1,90 @@
 package org.seqgrad;
 
+import java.lang.ref.Cleaner;
+import java.lang.ref.Reference;
+import java.util.function.LongConsumer;
+
 /**
  * A native handle shared by threads: uses are counted; close() is idempotent, waits for uses in flight and frees
- * the handle once; any use after close throws IllegalStateException.
+ * the handle once; any use after close throws IllegalStateException. A handle that is never closed is freed by a
+ * {@link Cleaner} once its object is unreachable.
  */
 abstract class NativeHandle implements AutoCloseable {
-  private final long handle;
-  private int users;
-  private boolean closed;
-  private final String what;
+  /** Frees forgotten handles and releases view buffers (one daemon thread for the library). */
+  static final Cleaner CLEANER = Cleaner.create();
 
-  NativeHandle(long handle, String what) {
-    this.handle = handle;
-    this.what = what;
-  }
+  /** What close() and the Cleaner share; it must not refer to the handle object, or that could never be collected. */
+  private static final class State implements Runnable {
+    final long handle;
+    final String what;
+    final LongConsumer free;
+    int users;
+    boolean closed;
 
-  final synchronized long acquire() {
-    if (closed) throw new IllegalStateException(what + " is closed");
-    users++;
-    return handle;
-  }
+    State(long handle, String what, LongConsumer free) {
+      this.handle = handle;
+      this.what = what;
+      this.free = free;
+    }
 
-  final synchronized void release() {
-    if (--users == 0) notifyAll();
-  }
-
-  /** The handle if still open (no use count), else 0; for calls that must never block or throw. */
-  final synchronized long peek() {
-    return closed ? 0 : handle;
-  }
-
-  public final boolean isClosed() {
-    synchronized (this) {
-      return closed;
+    /** Runs once: from close(), or from the Cleaner when the object was never closed. */
+    @Override
+    public void run() {
+      free.accept(handle);
     }
   }
 
-  abstract void free(long handle);
+  private final State state;
+  private final Cleaner.Cleanable cleanable;
 
+  NativeHandle(long handle, String what, LongConsumer free) {
+    state = new State(handle, what, free);
+    cleanable = CLEANER.register(this, state);
+  }
+
+  final long acquire() {
+    synchronized (state) {
+      if (state.closed) throw new IllegalStateException(state.what + " is closed");
+      state.users++;
+      return state.handle;
+    }
+  }
+
+  final void release() {
+    synchronized (state) {
+      if (--state.users == 0) state.notifyAll();
+    }
+    // The object stays reachable until the native call that used its handle is over (else the Cleaner could free it).
+    Reference.reachabilityFence(this);
+  }
+
+  /**
+   * Whether {@link #close} was called.
+   *
+   * @return true once closed
+   */
+  public final boolean isClosed() {
+    synchronized (state) {
+      return state.closed;
+    }
+  }
+
+  /** Frees the native object (waiting for calls in flight on other threads); later calls are no-ops. */
   @Override
   public void close() {
-    synchronized (this) {
-      if (closed) return;
-      closed = true;
+    synchronized (state) {
+      if (state.closed) return;
+      state.closed = true;
       boolean interrupted = false;
-      while (users > 0) {
+      while (state.users > 0) {
         try {
-          wait();
+          state.wait();
         } catch (InterruptedException e) {
           interrupted = true;
         }
       }
       if (interrupted) Thread.currentThread().interrupt();
     }
-    free(handle);
+    cleanable.clean();
   }
 }

@@ -1,41 +1,69 @@
 package org.seqgrad;
 
+import java.lang.ref.WeakReference;
 import java.util.List;
 
 /**
- * Since 0.5: a learning-rate schedule ({@link Options#lrSchedule}), gradient accumulation ({@link
+ * Trains a {@link Model}: gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only,
+ * see {@link Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link
+ * #step}/{@link #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link
+ * #stepGrpo}/{@link #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a
+ * time: a step while another thread's step runs throws {@link BusyException}. {@link #cancel()} may be called from any
+ * thread. A step past the model's memory limit throws {@link ResourceExhaustedException}.
+ *
+ * <p>Close a trainer when done ({@link AutoCloseable}); one that is never closed is freed once it is unreachable.
+ *
+ * <p>Since 0.5: a learning-rate schedule ({@link Options#lrSchedule}), gradient accumulation ({@link
  * #accumulateGradients} then {@link #optimizerStep}), checkpoints ({@link #saveCheckpoint}, {@link #loadCheckpoint},
  * {@link #resume}: a resumed run continues with the same losses on CPU; a damaged checkpoint throws {@link
  * DataLossException}, one of another run configuration {@link FailedPreconditionException} listing the fields) and
  * {@link #evaluateDetailed} (perplexity, accuracy, retrieval accuracy by key-query distance).
- *
- * <p>Gradients with a strategy ("full", "ckpt", "seco", "spaco", "streambp", "adjoint": SSMs only, see {@link
- * Options#adjointForm}) for an objective ("sft", "dpo", "grpo") and AdamW steps. sft trains with {@link #step}/{@link
- * #computeGradients}, dpo with {@link #stepDpo}/{@link #computeGradientsDpo}, grpo with {@link #stepGrpo}/{@link
- * #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a time: a step while
- * another thread's step runs throws SeqgradException with code BUSY. {@link #cancel()} may be called from any thread.
- * A step past the model's memory limit throws {@link ResourceExhaustedException}.
  */
 public final class Trainer extends NativeHandle {
-  /** Progress events, called on the stepping thread (phase 0 = gradients computed, 1 = optimizer step done). */
+  /** Progress events, called on the stepping thread. */
   public interface ProgressListener {
+    /**
+     * One event.
+     *
+     * @param step the optimizer step count
+     * @param loss the batch's mean token loss
+     * @param tokens labelled tokens of the batch
+     * @param gradNorm the gradient's global norm (before clipping)
+     * @param phase 0 = gradients computed, 1 = optimizer step done
+     */
     void onProgress(long step, double loss, long tokens, double gradNorm, int phase);
   }
 
-  /** Trainer options (defaults as in the C API's sg_trainer_default_options). */
+  /**
+   * Trainer options, public fields with chainable setters (defaults as in the C API's sg_trainer_default_options).
+   * Bad values throw {@link InvalidArgumentException} naming the option from {@link Trainer#create}.
+   */
   public static final class Options {
+    /** Options with the defaults. */
+    public Options() {}
+
     /** {@link #adjointWindow} of no truncation (the C API's INT64_MAX). */
     public static final long NO_ADJOINT_WINDOW = Long.MAX_VALUE;
 
+    /** Gradient strategy: "full", "ckpt", "seco", "spaco", "streambp" or "adjoint" (SSMs only). */
     public String strategy = "full";
+    /** Tokens per chunk of the chunked strategies. */
     public long chunk = 512;
+    /** Tokens per KV-cache page (transformers). */
     public long pageSize = 256;
+    /** Tokens per chunk of the LM head's logits (never T x vocab at once). */
     public long lmChunk = 256;
+    /** AdamW learning rate (the peak of a schedule). */
     public double lr = 1e-3;
+    /** AdamW beta1. */
     public double beta1 = 0.9;
+    /** AdamW beta2. */
     public double beta2 = 0.95;
+    /** AdamW epsilon. */
     public double eps = 1e-8;
+    /** AdamW decoupled weight decay. */
     public double weightDecay = 0.0;
+    /** Clips the gradient's global norm to this; 0 = no clipping. */
     public double clipGradNorm = 1.0;
     /** spaco: chunks backpropagated per sequence on average, in [1, chunks of every sequence]. */
     public long spacoBudget = 8;
@@ -60,8 +88,8 @@ public final class Trainer extends NativeHandle {
      */
     public String adjointForm = "pairs";
     /**
-     * adjoint: keeps only the pairs with t - i < adjointWindow tokens (w T - w (w - 1) / 2 per layer and channel for a
-     * sequence of T tokens); must be > 0; {@link #NO_ADJOINT_WINDOW} (the default) = no truncation.
+     * adjoint: keeps only the pairs with t - i &lt; adjointWindow tokens (w T - w (w - 1) / 2 per layer and channel
+     * for a sequence of T tokens); must be &gt; 0; {@link #NO_ADJOINT_WINDOW} (the default) = no truncation.
      */
     public long adjointWindow = NO_ADJOINT_WINDOW;
     /**
@@ -69,6 +97,7 @@ public final class Trainer extends NativeHandle {
      * decay from lr to {@link #minLr} at {@link #totalSteps}; null = "constant".
      */
     public String lrSchedule = "constant";
+    /** Optimizer steps of linear warmup from 0 to lr. */
     public long warmupSteps = 0;
     /** The floor of the decaying schedules, in [0, lr]. */
     public double minLr = 0;
@@ -87,36 +116,68 @@ public final class Trainer extends NativeHandle {
     /** seco on transformers: every layer's KV and KV-gradient pages in host memory, a few layers on the device. */
     public boolean offload = false;
 
+    /** Sets {@link #strategy}; returns these options. */
     public Options strategy(String s) { strategy = s; return this; }
+    /** Sets {@link #chunk}; returns these options. */
     public Options chunk(long c) { chunk = c; return this; }
+    /** Sets {@link #pageSize}; returns these options. */
     public Options pageSize(long p) { pageSize = p; return this; }
+    /** Sets {@link #lr}; returns these options. */
     public Options lr(double v) { lr = v; return this; }
+    /** Sets {@link #spacoBudget}; returns these options. */
     public Options spacoBudget(long b) { spacoBudget = b; return this; }
+    /** Sets {@link #spacoCap}; returns these options. */
     public Options spacoCap(double c) { spacoCap = c; return this; }
+    /** Sets {@link #seed}; returns these options. */
     public Options seed(long s) { seed = s; return this; }
+    /** Sets {@link #objective}; returns these options. */
     public Options objective(String o) { objective = o; return this; }
+    /** Sets {@link #dpoBeta}; returns these options. */
     public Options dpoBeta(double b) { dpoBeta = b; return this; }
+    /** Sets {@link #grpoClipEps}; returns these options. */
     public Options grpoClipEps(double e) { grpoClipEps = e; return this; }
+    /** Sets {@link #grpoKlBeta}; returns these options. */
     public Options grpoKlBeta(double b) { grpoKlBeta = b; return this; }
+    /** Sets {@link #reference}; returns these options. */
     public Options reference(Model m) { reference = m; return this; }
+    /** Sets {@link #adjointForm}; returns these options. */
     public Options adjointForm(String f) { adjointForm = f; return this; }
+    /** Sets {@link #adjointWindow}; returns these options. */
     public Options adjointWindow(long w) { adjointWindow = w; return this; }
+    /** Sets {@link #lrSchedule}; returns these options. */
     public Options lrSchedule(String s) { lrSchedule = s; return this; }
+    /** Sets {@link #warmupSteps}; returns these options. */
     public Options warmupSteps(long w) { warmupSteps = w; return this; }
+    /** Sets {@link #minLr}; returns these options. */
     public Options minLr(double v) { minLr = v; return this; }
+    /** Sets {@link #totalSteps}; returns these options. */
     public Options totalSteps(long s) { totalSteps = s; return this; }
+    /** Sets {@link #gradAccum}; returns these options. */
     public Options gradAccum(long g) { gradAccum = g; return this; }
+    /** Sets {@link #sparsePages}; returns these options. */
     public Options sparsePages(long k) { sparsePages = k; return this; }
+    /** Sets {@link #offload}; returns these options. */
     public Options offload(boolean o) { offload = o; return this; }
   }
 
   private volatile ProgressListener listener;
 
   private Trainer(long h) {
-    super(h, "Trainer");
+    super(h, "Trainer", NativeApi::trainerFree);
   }
 
+  /**
+   * A trainer of the model. It keeps the native model alive: closing the model while the trainer lives is safe. Close
+   * the trainer when done; one that is never closed is freed once it is unreachable.
+   *
+   * @param model the model to train
+   * @param o the options
+   * @return the trainer
+   * @throws InvalidArgumentException for a null argument or a bad option (the message names it)
+   */
   public static Trainer create(Model model, Options o) {
+    SeqgradException.notNull(model, "Trainer.create: model");
+    SeqgradException.notNull(o, "Trainer.create: options");
     long mh = model.handleForTrainer();
     try {
       Holder holder = new Holder();
@@ -141,7 +202,9 @@ public final class Trainer extends NativeHandle {
 
   /**
    * Sets the frozen reference model of dpo/grpo (another model with the same vocabulary), used where the batch gives no
-   * reference log-probs; null clears it. The trainer keeps the native reference alive.
+   * reference log-probs. The trainer keeps the native reference alive.
+   *
+   * @param reference the reference model; null clears it
    */
   public void setReference(Model reference) {
     long h = acquire();
@@ -161,6 +224,11 @@ public final class Trainer extends NativeHandle {
     }
   }
 
+  /**
+   * Receives progress events of this trainer's calls.
+   *
+   * @param l the listener; null = none. An exception it throws is rethrown by the call.
+   */
   public void setProgressListener(ProgressListener l) {
     listener = l;
   }
@@ -171,15 +239,35 @@ public final class Trainer extends NativeHandle {
     if (l != null) l.onProgress(step, loss, tokens, gradNorm, phase);
   }
 
-  /** Gradients + optimizer step. labels may be null (next-token labels). */
+  /**
+   * Gradients of a batch, then an AdamW step.
+   *
+   * @param ids the sequences' token ids, concatenated
+   * @param labels aligned with ids: labels[t] = the target at position t, -100 = ignored; null = next-token labels
+   * @param lengths each sequence's length (summing to ids.length)
+   * @return the call's metrics
+   */
   public Metrics step(int[] ids, int[] labels, long[] lengths) {
     return run(1, ids, labels, lengths);
   }
 
+  /**
+   * Gradients of a batch (into {@link Model#grad}) without the optimizer step.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @return the call's metrics
+   */
   public Metrics computeGradients(int[] ids, int[] labels, long[] lengths) {
     return run(0, ids, labels, lengths);
   }
 
+  /**
+   * An AdamW step on the gradients computed or accumulated since the last step.
+   *
+   * @return the call's metrics
+   */
   public Metrics optimizerStep() {
     return run(2, null, null, null);
   }
@@ -187,6 +275,11 @@ public final class Trainer extends NativeHandle {
   /**
    * The batch's mean token loss without gradients (chunked forward); the batch as in {@link #step(int[], int[],
    * long[])}. Gradients and the optimizer are left alone; any objective.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @return the metrics (loss, tokens)
    */
   public Metrics evaluate(int[] ids, int[] labels, long[] lengths) {
     return run(3, ids, labels, lengths);
@@ -195,44 +288,83 @@ public final class Trainer extends NativeHandle {
   /**
    * Adds the gradient of one micro-batch (zeroing the gradients first when no accumulation is pending); {@link
    * #optimizerStep} then steps as on one batch holding every micro-batch (its metrics report {@code microBatches}).
-   * Returns the micro-batch's metrics (its own mean loss).
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @return the micro-batch's metrics (its own mean loss)
    */
   public Metrics accumulateGradients(int[] ids, int[] labels, long[] lengths) {
     return run(4, ids, labels, lengths);
   }
 
-  /** {@link #accumulateGradients(int[], int[], long[])} of sequences with next-token labels. */
+  /**
+   * {@link #accumulateGradients(int[], int[], long[])} of sequences with next-token labels.
+   *
+   * @param sequences the token ids of each sequence
+   * @return the micro-batch's metrics
+   */
   public Metrics accumulateGradients(List<int[]> sequences) {
-    Flat f = new Flat(sequences);
+    Flat f = new Flat(sequences, "Trainer.accumulateGradients");
     return accumulateGradients(f.ids, null, f.lengths);
   }
 
-  /** A DPO step (objective "dpo") on preference pairs, then AdamW; loss = mean over pairs of -log sigmoid(z). */
+  /**
+   * A DPO step (objective "dpo") on preference pairs, then AdamW; loss = mean over pairs of -log sigmoid(z).
+   *
+   * @param pairs at least one pair
+   * @return the call's metrics
+   */
   public Metrics stepDpo(List<DpoPair> pairs) {
     return dpo(1, pairs);
   }
 
-  /** {@link #stepDpo} without the optimizer step. */
+  /**
+   * {@link #stepDpo} without the optimizer step.
+   *
+   * @param pairs at least one pair
+   * @return the call's metrics
+   */
   public Metrics computeGradientsDpo(List<DpoPair> pairs) {
     return dpo(0, pairs);
   }
 
-  /** {@link #accumulateGradients(int[], int[], long[])} for objective "dpo". */
+  /**
+   * {@link #accumulateGradients(int[], int[], long[])} for objective "dpo".
+   *
+   * @param pairs at least one pair
+   * @return the micro-batch's metrics
+   */
   public Metrics accumulateGradientsDpo(List<DpoPair> pairs) {
     return dpo(4, pairs);
   }
 
-  /** A GRPO step (objective "grpo") on groups (the G >= 1 completions of one prompt each), then AdamW. */
+  /**
+   * A GRPO step (objective "grpo") on groups, then AdamW.
+   *
+   * @param groups the G &gt;= 1 completions of one prompt each
+   * @return the call's metrics
+   */
   public Metrics stepGrpo(List<List<GrpoCompletion>> groups) {
     return grpo(1, groups);
   }
 
-  /** {@link #stepGrpo} without the optimizer step. */
+  /**
+   * {@link #stepGrpo} without the optimizer step.
+   *
+   * @param groups as in {@link #stepGrpo}
+   * @return the call's metrics
+   */
   public Metrics computeGradientsGrpo(List<List<GrpoCompletion>> groups) {
     return grpo(0, groups);
   }
 
-  /** {@link #accumulateGradients(int[], int[], long[])} for objective "grpo". */
+  /**
+   * {@link #accumulateGradients(int[], int[], long[])} for objective "grpo".
+   *
+   * @param groups as in {@link #stepGrpo}
+   * @return the micro-batch's metrics
+   */
   public Metrics accumulateGradientsGrpo(List<List<GrpoCompletion>> groups) {
     return grpo(4, groups);
   }
@@ -241,6 +373,12 @@ public final class Trainer extends NativeHandle {
    * Held-out evaluation without gradients (the batch as in {@link #step(int[], int[], long[])}): loss, perplexity,
    * accuracy and, when {@code distances} (aligned with ids; at every labelled position the distance >= 1 from the key
    * the label is retrieved from, ignored elsewhere) is not null, accuracy per distance bucket.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param distances per position, or null
+   * @return the result
    */
   public EvalResult evaluateDetailed(int[] ids, int[] labels, long[] lengths, long[] distances) {
     if (distances != null && ids != null && distances.length != ids.length) {
@@ -257,9 +395,15 @@ public final class Trainer extends NativeHandle {
   /**
    * Writes outDir/checkpoint-&lt;stepCount&gt; atomically (weights and adapters, AdamW moments, step, sampling counter,
    * dataPosition, run configuration) and keeps the {@code keep} newest (0 = all). dataPosition: where the caller is in
-   * its data, returned by {@link #loadCheckpoint}/{@link #resume}. Returns the checkpoint's directory.
+   * its data, returned by {@link #loadCheckpoint}/{@link #resume}.
+   *
+   * @param outDir the run's output directory
+   * @param dataPosition the caller's position in its data
+   * @param keep checkpoints to keep; 0 = all
+   * @return the checkpoint's directory
    */
   public String saveCheckpoint(String outDir, long dataPosition, int keep) {
+    SeqgradException.notNull(outDir, "Trainer.saveCheckpoint: outDir");
     long h = acquire();
     try {
       NativeApi.trainerSaveCheckpoint(h, outDir, dataPosition, keep);
@@ -273,8 +417,12 @@ public final class Trainer extends NativeHandle {
    * Restores a checkpoint-&lt;step&gt; directory into this trainer and its model. {@link DataLossException}: corrupt or
    * truncated; {@link FailedPreconditionException}: another run configuration (the differing fields listed) or other
    * shapes; {@link NotFoundException}: no such directory.
+   *
+   * @param checkpointDir a checkpoint-&lt;step&gt; directory
+   * @return the restored step and data position
    */
   public CheckpointState loadCheckpoint(String checkpointDir) {
+    SeqgradException.notNull(checkpointDir, "Trainer.loadCheckpoint: checkpointDir");
     long h = acquire();
     try {
       long[] r = NativeApi.trainerLoadCheckpoint(h, checkpointDir);
@@ -287,8 +435,13 @@ public final class Trainer extends NativeHandle {
   /**
    * {@link #loadCheckpoint} of the newest complete checkpoint in outDir (damaged newer ones are skipped). None there:
    * null when {@code missingOk}, else {@link NotFoundException}.
+   *
+   * @param outDir the run's output directory
+   * @param missingOk whether no checkpoint is fine
+   * @return the restored step and data position, or null
    */
   public CheckpointState resume(String outDir, boolean missingOk) {
+    SeqgradException.notNull(outDir, "Trainer.resume: outDir");
     long h = acquire();
     try {
       long[] r = NativeApi.trainerResume(h, outDir);
@@ -389,9 +542,12 @@ public final class Trainer extends NativeHandle {
     final int[] ids;
     final long[] lengths;
 
-    Flat(List<int[]> sequences) {
+    Flat(List<int[]> sequences, String what) {
+      SeqgradException.notNull(sequences, what + ": sequences");
       int total = 0;
-      for (int[] s : sequences) total += s.length;
+      for (int i = 0; i < sequences.size(); ++i) {
+        total += SeqgradException.notNull(sequences.get(i), what + ": sequences[" + i + "]").length;
+      }
       ids = new int[total];
       lengths = new long[sequences.size()];
       int off = 0;
@@ -404,9 +560,14 @@ public final class Trainer extends NativeHandle {
     }
   }
 
-  /** A batch of sequences with next-token labels. */
+  /**
+   * {@link #step(int[], int[], long[])} of sequences with next-token labels.
+   *
+   * @param sequences the token ids of each sequence
+   * @return the call's metrics
+   */
   public Metrics step(List<int[]> sequences) {
-    Flat f = new Flat(sequences);
+    Flat f = new Flat(sequences, "Trainer.step");
     return step(f.ids, null, f.lengths);
   }
 
@@ -419,7 +580,7 @@ public final class Trainer extends NativeHandle {
     }
   }
 
-  /** Stops the running step (it throws SeqgradException CANCELLED), or the next one. Thread-safe. */
+  /** Stops the running step (it throws {@link CancelledException}), or the next one. Thread-safe. */
   public void cancel() {
     long h = acquire();  // keeps the handle alive during the call; throws if closed
     try {
@@ -429,6 +590,11 @@ public final class Trainer extends NativeHandle {
     }
   }
 
+  /**
+   * Optimizer steps taken.
+   *
+   * @return the step count
+   */
   public long stepCount() {
     long h = acquire();
     try {
@@ -438,22 +604,20 @@ public final class Trainer extends NativeHandle {
     }
   }
 
-  @Override
-  void free(long h) {
-    NativeApi.trainerFree(h);
-  }
-
-  /** Receives progress events before the Trainer object exists (JNI keeps a global ref to it until close). */
+  /**
+   * Receives progress events for the trainer (JNI keeps a global ref to it until the trainer is freed). It refers to
+   * the trainer weakly, so that a forgotten trainer can still be collected; during a call the trainer is reachable.
+   */
   static final class Holder {
-    private volatile Trainer trainer;
+    private volatile WeakReference<Trainer> trainer = new WeakReference<>(null);
 
     Trainer bind(Trainer t) {
-      trainer = t;
+      trainer = new WeakReference<>(t);
       return t;
     }
 
     void onProgress(long step, double loss, long tokens, double gradNorm, int phase) {
-      Trainer t = trainer;
+      Trainer t = trainer.get();
       if (t != null) t.onProgress(step, loss, tokens, gradNorm, phase);
     }
   }

@@ -33,7 +33,7 @@ class SeqgradTest {
 
   @Test
   void loadsFromJarAndTrains() throws Exception {
-    assertEquals("0.7.0", Model.version());
+    assertEquals(Version.STRING, Model.version());  // both from cabi/version.bzl
     assertEquals("weights", Model.memoryCategories().get(0));
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
@@ -118,10 +118,10 @@ class SeqgradTest {
       assertFalse(Arrays.equals(dense, sparse));
       InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
           () -> Trainer.create(m, new Trainer.Options().strategy("ckpt").offload(true)));
-      assertTrue(bad.getMessage().contains("--offload"), bad.getMessage());
+      assertTrue(bad.getMessage().contains("offload"), bad.getMessage());
       bad = assertThrows(InvalidArgumentException.class,
           () -> Trainer.create(m, new Trainer.Options().strategy("seco").sparsePages(-1)));
-      assertTrue(bad.getMessage().contains("--sparse_pages must be 0"), bad.getMessage());
+      assertTrue(bad.getMessage().contains("sparse_pages"), bad.getMessage());
     }
   }
 
@@ -216,7 +216,7 @@ class SeqgradTest {
     try (Model m = Model.fromPreset("tiny")) {
       assertThrows(SeqgradException.class, () -> Trainer.create(m, new Trainer.Options().strategy("magic")));
       assertEquals(SeqgradException.OUT_OF_RANGE,
-          assertThrows(SeqgradException.class, () -> m.paramName(100000)).getCode());
+          assertThrows(OutOfRangeException.class, () -> m.paramName(100000)).getCode());
       try (Trainer t = Trainer.create(m, new Trainer.Options())) {
         SeqgradException r = assertThrows(SeqgradException.class,
             () -> t.step(new int[] {1, 2, 97}, null, new long[] {3}));
@@ -258,7 +258,7 @@ class SeqgradTest {
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(32).pageSize(32))) {
       t.cancel();
       assertEquals(SeqgradException.CANCELLED,
-          assertThrows(SeqgradException.class, () -> t.step(List.of(A))).getCode());
+          assertThrows(CancelledException.class, () -> t.step(List.of(A))).getCode());
       t.step(List.of(A));
       int[] longSeq = seq(512, 13, 5, 97);
       Thread canceller = new Thread(() -> {
@@ -309,7 +309,7 @@ class SeqgradTest {
       b.start();
       a.join();
       b.join();
-      assertTrue(bResult.get() instanceof SeqgradException, String.valueOf(bResult.get()));
+      assertTrue(bResult.get() instanceof BusyException, String.valueOf(bResult.get()));
       assertEquals(SeqgradException.BUSY, ((SeqgradException) bResult.get()).getCode());
       assertNotNull(aResult.get());
     }
