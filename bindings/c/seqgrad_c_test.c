@@ -22,11 +22,17 @@ static int g_failures = 0;
     }                                                                    \
   } while (0)
 
-/* Checks that `st` has `code` and that its message contains `needle`; frees it. */
+/* Checks that `st` has `code` and that its message contains `needle`; frees it. Messages speak of arguments and
+ * struct fields (options->chunk), never of the command-line tools' flags (--chunk). */
 static void expect_status(sg_status* st, int code, const char* needle, int line) {
+  const char* flag = strstr(sg_status_message(st), "--");
   if (sg_status_code(st) != code || (needle && !strstr(sg_status_message(st), needle))) {
     fprintf(stderr, "line %d: expected %s containing '%s', got %s: %s\n", line, sg_code_name(code),
             needle ? needle : "", sg_code_name(sg_status_code(st)), sg_status_message(st));
+    ++g_failures;
+  }
+  if (flag && flag[2] >= 'a' && flag[2] <= 'z') {
+    fprintf(stderr, "line %d: the message names a flag, not a field: %s\n", line, sg_status_message(st));
     ++g_failures;
   }
   sg_status_free(st);
@@ -138,7 +144,7 @@ static void test_lifecycle(void) {
   /* compute_gradients with explicit labels, then an optimizer step. */
   {
     int32_t labels[2 * SEQ];
-    for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 3 == 0) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
+    for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 3 == 1) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
     EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &met));
     CHECK(met.tokens == 16);
     CHECK(met.step == 4);
@@ -242,6 +248,14 @@ static void test_errors(void) {
   o = sg_trainer_default_options();
   o.lr = -1;
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "lr");
+  /* Messages name the struct field (the core's option checks are shared with the tools, which name flags). */
+  o = sg_trainer_default_options();
+  o.chunk = 0;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "options->chunk must be positive, got 0");
+  o.chunk = 8;
+  o.strategy = "adjoint";
+  EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT,
+                "options->strategy = adjoint needs a state-space model (family 'ssm', e.g. preset tiny-ssm)");
   met.struct_size = 4;
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
   met.struct_size = sizeof(met) - 4; /* between the published sizes */
@@ -256,7 +270,9 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_step(t, bad_ids, NULL, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "ids[2] = 97");
   EXPECT_STATUS(sg_trainer_step(t, neg_ids, NULL, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "ids[1] = -1");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, bad_labels, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "labels[2] = -5");
-  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "all -100");
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "has no label");
+  ignored[0] = 5; /* position 0's label is never predicted (Hugging Face's shift) */
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "has no label");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_bad, 2, NULL), SG_ERR_INVALID_ARGUMENT, "'lengths'");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_zero, 2, NULL), SG_ERR_INVALID_ARGUMENT, "lengths[1]");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 0, NULL), SG_ERR_INVALID_ARGUMENT, "'num_sequences'");
@@ -290,7 +306,7 @@ static void test_old_struct_sizes(void) {
   o.spaco_budget = 2;
   EXPECT_OK(sg_trainer_create(m, &o, &t));
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
-                "spaco_budget=8 exceeds the 3 chunks");
+                "options->spaco_budget = 8 exceeds the 3 chunks");
   sg_trainer_free(t);
   /* 0.2 size: the spaco fields are read, the 0.3 objective fields are not (the trainer stays sft). */
   o = sg_trainer_default_options();
@@ -405,7 +421,7 @@ static void test_sparse_offload(void) {
   sg_trainer_options o = sg_trainer_default_options();
   int64_t n[4] = {0, 0, 0, 0};
   float *dense, *dense_off, *sparse, *sparse_off;
-  CHECK(o.sparse_pages == 0 && o.offload == 0 && o.reserved_0_6 == 0);
+  CHECK(o.sparse_pages == 0 && o.offload == 0 && o.num_threads == 0);
   dense = seco_grads(m, 0, 0, &n[0]);
   dense_off = seco_grads(m, 0, 1, &n[1]);
   sparse = seco_grads(m, 1, 0, &n[2]);
@@ -425,17 +441,17 @@ static void test_sparse_offload(void) {
   o.page_size = 2;
   o.strategy = "ckpt";
   o.offload = 1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--offload");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->offload is implemented for options->strategy = seco");
   o.strategy = "streambp";
   o.offload = 0;
   o.sparse_pages = 2;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->sparse_pages");
   o.strategy = "seco";
   o.sparse_pages = -1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages must be 0 (dense) or positive");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->sparse_pages must be 0 (dense) or positive");
   o.sparse_pages = 0;
-  o.reserved_0_6 = 1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "reserved_0_6 must be zero");
+  o.num_threads = -1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->num_threads is -1");
   CHECK(t == NULL);
   /* 0.5 size: the 0.6 fields beyond it are not read. */
   o.struct_size = offsetof(sg_trainer_options, sparse_pages);
@@ -519,7 +535,7 @@ static void test_spaco(void) {
   o.spaco_budget = 4;
   EXPECT_OK(sg_trainer_create(m, &o, &t));
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
-                "spaco_budget=4 exceeds the 3 chunks");
+                "options->spaco_budget = 4 exceeds the 3 chunks");
   CHECK(sg_trainer_step_count(t) == 0);
   sg_trainer_free(t);
   sg_model_free(m);
@@ -691,7 +707,7 @@ static void test_evaluate(void) {
   float before;
   int32_t labels[2 * SEQ];
   int i;
-  for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 2 == 0) ? g_ids[(i + 3) % (2 * SEQ)] : -100;
+  for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 2 == 1) ? g_ids[(i + 3) % (2 * SEQ)] : -100;
   EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &gr));
   EXPECT_OK(sg_model_param_info(m, 0, &p));
   before = ((const float*)p.grad)[3];
@@ -713,12 +729,13 @@ static void test_evaluate(void) {
   sg_model_free(m);
 }
 
-/* Prompt + response of `len` tokens: labels only on the response (after the first `prompt` tokens). */
+/* Prompt + response of `len` tokens: labels (Hugging Face's: the ids themselves) only on the response, the tokens
+ * after the first `prompt`. */
 #define PR_MAX 32
 static void prompt_response(int32_t* ids, int32_t* labels, int len, int prompt, int salt) {
   int t;
   for (t = 0; t < len; ++t) ids[t] = (int32_t)((t * (5 + salt) + 3 * salt + 1) % 90);
-  for (t = 0; t < len; ++t) labels[t] = (t >= prompt - 1 && t + 1 < len) ? ids[t + 1] : -100;
+  for (t = 0; t < len; ++t) labels[t] = t >= prompt ? ids[t] : -100;
 }
 
 static sg_trainer* objective_trainer(sg_model* m, const char* objective, double grpo_kl_beta) {
@@ -834,7 +851,7 @@ static void test_dpo(void) {
   c_ids[1][3] = 5;
   for (i = 0; i < PR_MAX; ++i) r_lab[0][i] = -100;
   EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
-                SG_ERR_INVALID_ARGUMENT, "rejected_labels[0] are all -100");
+                SG_ERR_INVALID_ARGUMENT, "rejected_labels[0] has no label");
   prompt_response(r_ids[0], r_lab[0], (int)rlen[0], 5, 2);
   EXPECT_STATUS(sg_trainer_step(dpo, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_FAILED_PRECONDITION,
                 "objective is 'dpo'");
@@ -1815,7 +1832,7 @@ static void test_evaluate_detailed(void) {
   int64_t sum = 0;
   int i;
   for (i = 0; i < 2 * SEQ; ++i) {
-    labels[i] = (i % 3 == 0) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
+    labels[i] = (i % 3 == 1) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
     distances[i] = labels[i] >= 0 ? 1 + i % 11 : -5; /* ignored where the label is -100 */
   }
   CHECK(r.struct_size == sizeof(sg_eval_result));
@@ -1834,9 +1851,15 @@ static void test_evaluate_detailed(void) {
   /* Without distances: no buckets; the training state is untouched. */
   EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r));
   CHECK(r.num_buckets == 0 && r.tokens == 2 * (SEQ - 1) && sg_trainer_step_count(t) == 0);
-  distances[3] = 0;
+  distances[4] = 0;
   EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r),
-                SG_ERR_INVALID_ARGUMENT, "distances[3] is 0");
+                SG_ERR_INVALID_ARGUMENT, "distances[4] is 0");
+  distances[4] = 5;
+  distances[0] = -1; /* a sequence's position 0 is never predicted: its label and distance are not read */
+  distances[SEQ] = -1;
+  labels[0] = labels[SEQ] = 7;
+  EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r));
+  CHECK(r.tokens == 16);
   EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, NULL),
                 SG_ERR_INVALID_ARGUMENT, "'out'");
   EXPECT_STATUS(sg_trainer_evaluate_detailed(NULL, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r),
