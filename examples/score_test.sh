@@ -99,6 +99,14 @@ assert abs(a[0]) > 1e-4, a  # the KL term to a reference that differs from the p
 assert all(abs(x - y) <= 1e-12 * max(1, abs(y)) for x, y in zip(a, b)), (a, b)
 PY
 
+# A resume with another thread count continues, warned that it is no longer bit-identical.
+"$train" --model=tiny --steps=2 --seq_len=16 --data="$tmp/sft.jsonl" --threads=1 --out_dir="$tmp/run" \
+  --stop_at_step=1 >/dev/null 2>&1
+"$train" --model=tiny --steps=2 --seq_len=16 --data="$tmp/sft.jsonl" --threads=2 --out_dir="$tmp/run" --resume \
+  >/dev/null 2>"$tmp/resume.err"
+grep -q "warning: --resume: runtime.threads: checkpoint '1', now '2'" "$tmp/resume.err" ||
+  { cat "$tmp/resume.err"; exit 1; }
+
 # Bad input names the flag.
 expect_error() {  # expect_error NEEDLE ARGS...: exit 1 with NEEDLE on stderr
   local needle="$1" rc=0
