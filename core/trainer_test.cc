@@ -1,10 +1,13 @@
 // Trainer::TokenLogprobs (the C API's sg_trainer_score) against a full-sequence forward whose final norm, logits and
 // log-softmax are computed here in f64, outside the engine's chunked LM head.
+#include <cblas.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/mamba.h"
@@ -112,6 +115,31 @@ TEST_P(TokenLogprobsTest, MatchesFullSequenceLogSoftmaxAtEveryChunkSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TokenLogprobsTest, ::testing::Values("transformer", "ssm"));
+
+// The C API's num_threads: OpenMP's and OpenBLAS's counts for the scope, on the calling thread only, then restored.
+TEST(ScopedThreadsTest, SetsTheCallingThreadsCountsAndRestoresThem) {
+  const int before = omp_get_max_threads();
+  const int n = before + 2;
+  {
+    ScopedThreads scoped(n);
+    EXPECT_EQ(omp_get_max_threads(), n);
+    EXPECT_EQ(openblas_get_num_threads(), n);
+    int other = 0;
+    std::thread([&] { other = omp_get_max_threads(); }).join();
+    EXPECT_NE(other, n);  // another thread keeps its own count
+  }
+  EXPECT_EQ(omp_get_max_threads(), before);
+  EXPECT_EQ(openblas_get_num_threads(), before);
+  {
+    ScopedThreads none(0);
+    EXPECT_EQ(omp_get_max_threads(), before);
+  }
+  std::unique_ptr<Model> m = std::move(*LoadAnyModel("tiny", DType::kF32, 1));
+  Trainer t(*m, StrategyOptions{}, OptimizerOptions{});
+  EXPECT_EQ(t.threads(), before);
+  t.set_num_threads(n);
+  EXPECT_EQ(t.threads(), n);
+}
 
 }  // namespace
 }  // namespace sg
