@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <initializer_list>
 #include <memory>
@@ -21,9 +22,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "core/checkpoint.h"
 #include "core/eval.h"
 #include "core/lora.h"
@@ -59,14 +61,55 @@ sg_status* MakeStatus(int code, std::string message) {
   }
 }
 sg_status* Invalid(std::string message) { return MakeStatus(SG_ERR_INVALID_ARGUMENT, std::move(message)); }
+
+// The core names options by the tools' flags ("--chunk must be positive"); the C API's names are the fields of its
+// option structs: "--chunk" becomes "options->chunk", "--lora_rank" "options->rank" (sg_lora_options), "--x=v"
+// "options->x = v". Other "--" words (e.g. a build flag) stay.
+std::string FieldMessage(absl::string_view message) {
+  static const char* const kFields[] = {
+      "strategy", "chunk", "page_size", "lm_chunk", "spaco_budget", "spaco_cap", "seed", "objective", "dpo_beta",
+      "grpo_clip_eps", "grpo_kl_beta", "adjoint_form", "adjoint_window", "lr_schedule", "warmup_steps", "min_lr",
+      "total_steps", "grad_accum", "sparse_pages", "offload", "lr", "beta1", "beta2", "eps", "weight_decay",
+      "clip_grad_norm", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"};
+  std::string out;
+  size_t i = 0;
+  while (i < message.size()) {
+    const size_t dash = message.find("--", i);
+    if (dash == absl::string_view::npos) break;
+    size_t end = dash + 2;
+    while (end < message.size() && (absl::ascii_isalnum(message[end]) || message[end] == '_')) ++end;
+    const absl::string_view name = message.substr(dash + 2, end - dash - 2);
+    absl::StrAppend(&out, message.substr(i, dash - i));
+    i = end;
+    if (name == "model" && end < message.size() && message[end] == '=') {  // a hint naming a preset
+      absl::StrAppend(&out, "preset ");
+      ++i;
+      continue;
+    }
+    bool known = false;
+    for (const char* f : kFields) known |= name == f;
+    if (!known) {
+      absl::StrAppend(&out, message.substr(dash, end - dash));
+      continue;
+    }
+    absl::StrAppend(&out, "options->", absl::StartsWith(name, "lora_") ? name.substr(5) : name);
+    if (end < message.size() && message[end] == '=') {
+      absl::StrAppend(&out, " = ");
+      ++i;
+    }
+  }
+  absl::StrAppend(&out, message.substr(std::min(i, message.size())));
+  return out;
+}
+
 sg_status* FromAbsl(const absl::Status& s) {
   if (s.ok()) return nullptr;
-  return MakeStatus(static_cast<int>(s.code()), std::string(s.message()));
+  return MakeStatus(static_cast<int>(s.code()), FieldMessage(s.message()));
 }
 // A core status with the C function's name in front.
 sg_status* FromAbslIn(const char* fn, const absl::Status& s) {
   if (s.ok()) return nullptr;
-  return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", s.message()));
+  return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", FieldMessage(s.message())));
 }
 sg_status* NullArg(const char* fn, const char* arg) {
   return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
@@ -169,7 +212,8 @@ static_assert(kTrainerOptionsSize0_4 == 288 && kMetricsSize0_4 == 208, "the 0.4 
 static_assert(kTrainerOptionsSize0_5 == 328 && sizeof(sg_metrics) == 224 && sizeof(sg_lora_options) == 48 &&
                   sizeof(sg_eval_result) == 1616,
               "the 0.5 (LP64) layouts changed: append only");
-static_assert(sizeof(sg_trainer_options) == 344, "the 0.6 (LP64) layout changed: append only");
+static_assert(sizeof(sg_trainer_options) == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
+              "reserved_0_6 to num_threads, the same size)");
 
 struct PublishedSize {
   const char* version;
@@ -231,9 +275,21 @@ void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
   t->progress(t->progress_user, &p);  // a C callback: must not throw
 }
 
-// Builds the batch from the flat arrays, checking each argument.
+// The engine's labels of one sequence of n tokens (position t predicts its label) from the C API's, which follow
+// Hugging Face: aligned with ids, shifted here, so position t predicts hf[t + 1] and the last position nothing;
+// hf NULL: next-token labels (hf = ids).
+std::vector<int32_t> ShiftedLabels(const int32_t* ids, const int32_t* hf, int64_t n) {
+  const int32_t* src = hf ? hf : ids;
+  std::vector<int32_t> out(n, -100);
+  for (int64_t t = 0; t + 1 < n; ++t) out[t] = src[t + 1];
+  return out;
+}
+
+// Builds the batch from the flat arrays, checking each argument; a batch without any label is refused unless
+// allow_unlabelled.
 sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                      const int64_t* lengths, int64_t num_sequences, std::vector<sg::Sequence>* batch) {
+                      const int64_t* lengths, int64_t num_sequences, std::vector<sg::Sequence>* batch,
+                      bool allow_unlabelled = false) {
   if (!ids) return NullArg(fn, "ids");
   if (!lengths) return NullArg(fn, "lengths");
   if (num_sequences <= 0)
@@ -263,23 +319,19 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
     sg::Sequence& q = (*batch)[s];
     const int64_t n = lengths[s];
     q.ids.assign(ids + off, ids + off + n);
-    if (labels) {
-      q.labels.assign(labels + off, labels + off + n);
-    } else {
-      q.labels.assign(n, -100);
-      for (int64_t i = 0; i + 1 < n; ++i) q.labels[i] = ids[off + i + 1];
-    }
+    q.labels = ShiftedLabels(ids + off, labels ? labels + off : nullptr, n);
     for (int32_t l : q.labels) any_label |= l >= 0;
     off += n;
   }
-  if (!any_label)
-    return Invalid(absl::StrCat(fn, labels ? ": argument 'labels' are all -100"
+  if (!any_label && !allow_unlabelled)
+    return Invalid(absl::StrCat(fn, labels ? ": argument 'labels' has no label (not -100) at a position >= 1 of any "
+                                             "sequence (position 0 is never predicted)"
                                            : ": every sequence has length 1, so there are no next-token labels",
                                 "; the loss is undefined"));
   return nullptr;
 }
 
-enum class Call { kGradients, kStep, kEvaluate, kAccumulate };
+enum class Call { kGradients, kStep, kEvaluate, kAccumulate, kScore };
 
 sg_status* WrongObjective(const char* fn, const sg_trainer* t, const char* needs, const char* use) {
   return MakeStatus(SG_ERR_FAILED_PRECONDITION,
@@ -320,6 +372,7 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
   }
   if (sg_status* s = check()) return s;
   if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+  sg::ScopedThreads threads(t->trainer->num_threads());
   const auto t0 = std::chrono::steady_clock::now();
   core.model->memory().ResetPeak();
   absl::StatusOr<sg::StepMetrics> m = compute();
@@ -345,22 +398,48 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
   return nullptr;
 }
 
-// Shared body of compute_gradients / step / evaluate / accumulate_gradients.
+// sg_trainer_score's body: per sequence the engine's log-probs (position t: of label t + 1) written one entry later,
+// at the label they belong to; NaN at each sequence's position 0 and where there is no label.
+absl::StatusOr<sg::StepMetrics> Score(sg::Trainer& trainer, const std::vector<sg::Sequence>& batch,
+                                      double* logprobs) {
+  sg::StepMetrics m;
+  double sum = 0;
+  for (const sg::Sequence& q : batch) {
+    absl::StatusOr<std::vector<double>> lp = trainer.TokenLogprobs(trainer.model(), q);
+    if (!lp.ok()) return lp.status();
+    logprobs[0] = NAN;
+    for (size_t t = 0; t + 1 < q.ids.size(); ++t) {
+      logprobs[t + 1] = q.labels[t] >= 0 ? (*lp)[t] : NAN;
+      if (q.labels[t] < 0) continue;
+      sum += (*lp)[t];
+      ++m.tokens;
+    }
+    logprobs += q.ids.size();
+  }
+  m.loss = m.tokens > 0 ? -sum / static_cast<double>(m.tokens) : NAN;
+  return m;
+}
+
+// Shared body of compute_gradients / step / evaluate / accumulate_gradients / score (which writes `logprobs`).
 sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call) {
+                   const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call,
+                   double* logprobs = nullptr) {
   if (!t) return NullArg(fn, "trainer");
   if (sg_status* s = CheckMetrics(fn, out)) return s;
-  if (call != Call::kEvaluate && t->objective.name != "sft")
+  const bool forward_only = call == Call::kEvaluate || call == Call::kScore;
+  if (call == Call::kScore && !logprobs) return NullArg(fn, "logprobs");
+  if (!forward_only && t->objective.name != "sft")
     return WrongObjective(fn, t, "sft", t->objective.name == "dpo" ? "sg_trainer_step_dpo / compute_gradients_dpo"
                                                                     : "sg_trainer_step_grpo / compute_gradients_grpo");
   std::vector<sg::Sequence> batch;
   if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), ids, labels, num_tokens, lengths, num_sequences,
-                                &batch))
+                                &batch, call == Call::kScore))
     return s;
   sg::Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, false, out, [] { return static_cast<sg_status*>(nullptr); },
+  return Run(fn, t, forward_only ? Call::kEvaluate : call, false, out, [] { return static_cast<sg_status*>(nullptr); },
              [&]() -> absl::StatusOr<sg::StepMetrics> {
                if (call == Call::kEvaluate) return trainer.EvaluateLoss(batch);
+               if (call == Call::kScore) return Score(trainer, batch, logprobs);
                if (call == Call::kAccumulate) {
                  sg::Batch micro;
                  micro.sequences = std::move(batch);
@@ -396,15 +475,12 @@ sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, i
                                   " is neither -100 nor in [0, ", vocab, ")"));
   }
   out->ids.assign(ids, ids + n);
-  if (labels) {
-    out->labels.assign(labels, labels + n);
-  } else {
-    out->labels.assign(n, -100);
-    for (int64_t k = 0; k + 1 < n; ++k) out->labels[k] = ids[k + 1];
-  }
+  out->labels = ShiftedLabels(ids, labels, n);
   for (int32_t l : out->labels)
     if (l >= 0) return nullptr;
-  if (labels) return Invalid(absl::StrCat(fn, ": ", a.labels_name, "[", i, "] are all -100; the loss is undefined"));
+  if (labels)
+    return Invalid(absl::StrCat(fn, ": ", a.labels_name, "[", i, "] has no label (not -100) at a position >= 1 "
+                                "(position 0 is never predicted); the loss is undefined"));
   return Invalid(absl::StrCat(fn, ": ", a.lengths_name, "[", i,
                               "] is 1, so there are no next-token labels; the loss is undefined"));
 }
@@ -523,13 +599,17 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
       for (int k = 0; k < 2; ++k) {
         const double* lp = arrays[k] ? arrays[k][c] : nullptr;
         if (!lp) continue;  // absent
+        // Given aligned with the C API's labels (entry t for label t); the engine's position t - 1 predicts it.
         const int64_t n = lengths[c];
-        for (int64_t pos = 0; pos < n; ++pos)
-          if (comp.seq.labels[pos] >= 0 && !std::isfinite(lp[pos]))
-            return Invalid(absl::StrCat(fn, ": ", names[k], "[", c, "][", pos, "] is ", lp[pos], " (group ", g,
-                                        ") where the label is ", comp.seq.labels[pos],
+        dst[k]->assign(n, NAN);
+        for (int64_t pos = 0; pos + 1 < n; ++pos) {
+          if (comp.seq.labels[pos] < 0) continue;
+          if (!std::isfinite(lp[pos + 1]))
+            return Invalid(absl::StrCat(fn, ": ", names[k], "[", c, "][", pos + 1, "] is ", lp[pos + 1], " (group ",
+                                        g, ") where the label is ", comp.seq.labels[pos],
                                         "; need a finite log-prob at every labelled position"));
-        dst[k]->assign(lp, lp + n);
+          (*dst[k])[pos] = lp[pos + 1];
+        }
       }
     }
   }
@@ -558,11 +638,6 @@ std::string DefaultLoraTargets(const sg::Model& m) {
   return m.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj";
 }
 
-// The core names LoRA options by the tools' flags (--lora_rank, ...): the C API's names are the option fields.
-std::string LoraMessage(const absl::Status& s) {
-  return absl::StrReplaceAll(s.message(), {{"--lora_", "options->"}});
-}
-
 // Under core.mu: LoRA changes the parameters, which the optimizer state of an existing trainer would not match.
 sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
   if (core.model->lora())
@@ -581,6 +656,8 @@ sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* ste
   const sg::RunConfig expected = sg::TrainerRunConfig(trainer);
   absl::StatusOr<sg::CheckpointMeta> meta = sg::LoadCheckpoint(dir, trainer, &expected);
   if (!meta.ok()) return FromAbslIn(fn, meta.status());
+  // The header promises these on stderr: the load succeeded, but the run is no longer bit-exact.
+  for (const std::string& w : meta->warnings) std::fprintf(stderr, "seqgrad: warning: %s: %s: %s\n", fn, dir, w.c_str());
   t->last = sg::StepMetrics{};
   if (step) *step = meta->trainer.step;
   if (data_position) *data_position = meta->data_position;
@@ -660,7 +737,7 @@ static sg_status* CreateModel(const char* fn, const std::string& spec, const cha
   sg::DType dt = sg::DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
   absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed);
-  if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", m.status().message()));
+  if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", FieldMessage(m.status().message())));
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
   *out = new sg_model{std::move(core)};
@@ -832,13 +909,17 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
       so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
       so.adjoint_window = options->adjoint_window;
     }
+    int num_threads = 0;
     if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
-      if (options->reserved_0_6 != 0) return Invalid(absl::StrCat(fn, ": options->reserved_0_6 must be zero"));
       so.sparse_pages = options->sparse_pages;
       so.offload = options->offload != 0;
+      num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
     }
+    if (num_threads < 0)
+      return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
+                                  "; need >= 0 (0 = the calling thread's OpenMP default)"));
     if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
-      return Invalid(absl::StrCat(fn, ": options->strategy: ", f.status().message()));
+      return Invalid(absl::StrCat(fn, ": ", FieldMessage(f.status().message())));
     // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
     if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
       return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
@@ -847,9 +928,9 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
       return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
                                   "; need a positive number of tokens (INT64_MAX = no window)"));
     if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
-      return Invalid(absl::StrCat(fn, ": options: ", s.message()));
+      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
     if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
-      return Invalid(absl::StrCat(fn, ": options->strategy: ", s.message()));
+      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
     sg::ObjectiveOptions obj;
     if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
       obj.name = options->objective ? options->objective : "sft";
@@ -866,7 +947,7 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
       return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
     if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
-      return Invalid(absl::StrCat(fn, ": options: ", s.message()));
+      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
     auto positive = [](double v) { return v > 0 && v < 1e300; };
     if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
     if (!(options->beta1 >= 0 && options->beta1 < 1))
@@ -900,6 +981,7 @@ sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options,
     std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
     t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj);
     t->trainer->set_cancel_flag(&t->cancel);
+    t->trainer->set_num_threads(num_threads);
     ++t->core->trainers;
     *out = t.release();
     return nullptr;
@@ -939,6 +1021,7 @@ sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
     trainer->core->model->memory().ResetPeak();
     if (sg_status* s = CheckOptimizerMemory(fn, trainer)) return s;
@@ -1110,7 +1193,7 @@ sg_status* sg_model_enable_lora(sg_model* model, const sg_lora_options* options)
       return Invalid(absl::StrCat(fn, ": options->dropout is ", options->dropout, "; need [0, 1)"));
     const std::string targets = options->targets ? options->targets : DefaultLoraTargets(m);
     absl::StatusOr<std::vector<std::string>> parsed = sg::ParseLoraTargets(targets, m.family());
-    if (!parsed.ok()) return Invalid(absl::StrCat(fn, ": ", LoraMessage(parsed.status())));
+    if (!parsed.ok()) return Invalid(absl::StrCat(fn, ": ", FieldMessage(parsed.status().message())));
     sg::LoraOptions o;
     o.rank = options->rank;
     o.alpha = alpha;
@@ -1122,7 +1205,7 @@ sg_status* sg_model_enable_lora(sg_model* model, const sg_lora_options* options)
     std::lock_guard<std::mutex> lock(model->core->mu);
     if (sg_status* s = CheckLoraCanBeEnabled(fn, *model->core)) return s;
     if (absl::Status s = sg::EnableLora(m, o); !s.ok())
-      return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", LoraMessage(s)));
+      return MakeStatus(static_cast<int>(s.code()), absl::StrCat(fn, ": ", FieldMessage(s.message())));
     model->core->lora_targets = absl::StrJoin(m.lora()->options.targets, ",");
     return nullptr;
   });
@@ -1234,6 +1317,16 @@ sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* 
   });
 }
 
+// ---- 0.7: per-token log-probs ----
+
+sg_status* sg_trainer_score(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+                            const int64_t* lengths, int64_t num_sequences, double* logprobs, sg_metrics* out) {
+  static const char fn[] = "sg_trainer_score";
+  return Guard(fn, [&] {
+    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kScore, logprobs);
+  });
+}
+
 // ---- 0.5: evaluation ----
 
 sg_eval_result sg_eval_result_init(void) {
@@ -1254,16 +1347,16 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
     if (sg_status* s = BuildBatch(fn, trainer->core->model->vocab_size(), ids, labels, num_tokens, lengths,
                                   num_sequences, &set.sequences))
       return s;
-    if (distances) {
+    if (distances) {  // aligned with the C API's labels: the engine's position i predicts label i + 1
       int64_t off = 0;
       for (sg::Sequence& q : set.sequences) {
         std::vector<int64_t>& d = set.distances.emplace_back();
         for (size_t i = 0; i < q.labels.size(); ++i, ++off) {
           if (q.labels[i] < 0) continue;
-          if (distances[off] < 1)
-            return Invalid(absl::StrCat(fn, ": distances[", off, "] is ", distances[off],
+          if (distances[off + 1] < 1)
+            return Invalid(absl::StrCat(fn, ": distances[", off + 1, "] is ", distances[off + 1],
                                         " where the label is ", q.labels[i], "; need a distance >= 1"));
-          d.push_back(distances[off]);
+          d.push_back(distances[off + 1]);
         }
       }
     }
@@ -1271,6 +1364,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
     sg::Model& model = *trainer->core->model;
+    sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
     model.memory().ResetPeak();
     absl::StatusOr<sg::EvalResult> r = sg::Evaluate(model, set, trainer->trainer->strategy());

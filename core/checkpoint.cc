@@ -13,6 +13,7 @@
 #include <set>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -307,6 +308,7 @@ RunConfig TrainerRunConfig(Trainer& trainer) {
     c["optimizer.total_steps"] = absl::StrCat(o.total_steps);
   }
   c["optimizer.grad_accum"] = absl::StrCat(o.grad_accum);
+  c[absl::StrCat(kRuntimePrefix, "threads")] = absl::StrCat(trainer.threads());
   const ObjectiveOptions& obj = trainer.objective();
   c["objective.name"] = obj.name;
   if (obj.name == "dpo") c["objective.dpo_beta"] = DoubleStr(obj.dpo_beta);
@@ -563,7 +565,14 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
   absl::StatusOr<CheckpointMeta> meta = ReadCheckpoint(dir);
   if (!meta.ok()) return meta;
   if (expected) {
-    const std::vector<std::string> diff = DiffRunConfig(meta->run_config, *expected);
+    std::vector<std::string> diff = DiffRunConfig(meta->run_config, *expected);
+    // runtime.* fields change rounding, not the run: a resume continues, warned that it is no longer bit-identical.
+    const auto runtime = std::stable_partition(
+        diff.begin(), diff.end(), [](const std::string& d) { return !absl::StartsWith(d, kRuntimePrefix); });
+    for (auto it = runtime; it != diff.end(); ++it)
+      meta->warnings.push_back(absl::StrCat(*it, ": the run continues, but not bit-identically to one without the "
+                                            "interruption (floating-point sums split differently)"));
+    diff.erase(runtime, diff.end());
     if (!diff.empty())
       return absl::FailedPreconditionError(
           absl::StrCat(dir, " was written by a run with a different configuration (", diff.size(),

@@ -26,6 +26,8 @@ namespace sg {
 // The run's configuration as flat name -> value strings ("strategy.chunk" -> "512"): a resume is refused when a
 // field differs.
 using RunConfig = std::map<std::string, std::string>;
+// Fields of a RunConfig that a resume may change (the thread count): LoadCheckpoint warns instead of refusing.
+inline constexpr char kRuntimePrefix[] = "runtime.";
 
 struct CheckpointMeta {
   TrainerState trainer;           // optimizer step (the checkpoint's step) and spaco's sampling counter
@@ -35,11 +37,12 @@ struct CheckpointMeta {
   std::map<std::string, std::vector<double>> history;
   RunConfig run_config;
   bool has_optimizer_state = false;  // set by ReadCheckpoint
+  std::vector<std::string> warnings;  // set by LoadCheckpoint: runtime.* fields that differ (bit-exactness is lost)
 };
 
 // The model's configuration ("model.family", "model.dtype", "model.<HF config field>", parameter counts, LoRA's
-// "lora.*") and the trainer's strategy, optimizer and objective options ("strategy.*", "optimizer.*",
-// "objective.*"). Tools add their own fields (data, seq_len, ...).
+// "lora.*"), the trainer's strategy, optimizer and objective options ("strategy.*", "optimizer.*", "objective.*")
+// and its thread count ("runtime.threads"). Tools add their own fields (data, seq_len, ...).
 RunConfig TrainerRunConfig(Trainer& trainer);
 
 // Writes <out_dir>/checkpoint-<meta.trainer.step> (out_dir is created if missing; an existing checkpoint of that
@@ -54,7 +57,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir);
 
 // ReadCheckpoint, then checks the checkpoint's tensors against the trainer's model (names, shapes, dtypes) before
 // restoring weights, optimizer moments and trainer state. If `expected` is given, a differing run configuration is
-// refused first (FailedPrecondition listing the fields, see DiffRunConfig).
+// refused first (FailedPrecondition listing the fields, see DiffRunConfig), except runtime.* fields, which only add
+// CheckpointMeta::warnings.
 absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& trainer,
                                               const RunConfig* expected = nullptr);
 

@@ -1,5 +1,8 @@
 #include "core/trainer.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -9,6 +12,24 @@
 #include "core/lr_schedule.h"
 
 namespace sg {
+
+ScopedThreads::ScopedThreads(int threads) {
+  if (threads <= 0) return;
+  previous_ = omp_get_max_threads();
+  SetThreads(threads);
+}
+
+ScopedThreads::~ScopedThreads() {
+  if (previous_ > 0) SetThreads(previous_);
+}
+
+void SetThreads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+int Trainer::threads() const { return num_threads_ > 0 ? num_threads_ : omp_get_max_threads(); }
 
 Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimizer, ObjectiveOptions objective,
                  Model* reference)

@@ -25,6 +25,22 @@ struct StepMetrics {
   int64_t micro_batches = 1;          // batches whose gradients this step accumulated
 };
 
+// Sets the calling thread's OpenMP and OpenBLAS thread count (the OpenMP build of OpenBLAS follows the OpenMP one)
+// for the guard's lifetime and restores the previous count after it; threads <= 0 leaves them alone.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int threads);
+  ~ScopedThreads();
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int previous_ = 0;  // 0: nothing to restore
+};
+
+// Sets the calling thread's OpenMP and OpenBLAS thread count for good (the tools' --threads); threads <= 0: no change.
+void SetThreads(int threads);
+
 // What a checkpoint needs of a trainer besides the model and the optimizer moments.
 struct TrainerState {
   int64_t step = 0;             // optimizer steps taken
@@ -87,6 +103,12 @@ class Trainer {
   void set_state(const TrainerState& s);
   // Another thread may set *flag to stop the running step (it returns absl::CancelledError).
   void set_cancel_flag(const std::atomic<bool>* flag) { strategy_options_.cancel = flag; }
+  // The thread count the trainer's calls run with (0: the calling thread's OpenMP default). The trainer does not
+  // apply it itself (callers wrap their calls in ScopedThreads); checkpoints record threads() as "runtime.threads".
+  void set_num_threads(int threads) { num_threads_ = threads; }
+  int num_threads() const { return num_threads_; }
+  // num_threads(), or the calling thread's OpenMP thread count when it is 0.
+  int threads() const;
 
  private:
   Model& model_;
@@ -120,6 +142,7 @@ class Trainer {
   StrategyFn strategy_;
   AdamW adam_;
   uint64_t calls_ = 0;  // gradient passes: every pass samples afresh (spaco)
+  int num_threads_ = 0;
   // Streaming accumulation not yet applied by OptimizerStep.
   int64_t pending_micro_batches_ = 0;
   int64_t pending_units_ = 0;

@@ -34,8 +34,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -882,6 +880,8 @@ int Main() {
     config["matmul"] = absl::GetFlag(FLAGS_matmul);
     if (gpu) config["gpu"] = backend->name();
     config["threads"] = threads;
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // tools::InitTool sets PASSIVE unless the user did
+    config["omp_wait_policy"] = wait_policy ? wait_policy : "";
     config["task"] = task;
     config["batch"] = 1;
     config["strategies"] = strategies;
@@ -922,10 +922,9 @@ int Main() {
 }  // namespace sg
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  sg::tools::InitTool(argc, argv,
       "Benchmark gradient strategies: time, tokens/s, FLOP rate and engine-accounted memory per sequence length.\n"
       "  bench --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096 [--compare_torch] "
       "[--memory_budget=BYTES] --json=out.json");
-  absl::ParseCommandLine(argc, argv);
   return sg::Main();
 }

@@ -1,13 +1,19 @@
 #include "examples/common.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,8 +23,12 @@
 #include "core/model_io.h"
 #include "core/kv_offload.h"
 #include "core/presets.h"
+#include "core/trainer.h"
 #include "kernels/backend.h"
 
+ABSL_FLAG(int32_t, threads, 0,
+          "OpenMP/OpenBLAS threads; 0 = OMP_NUM_THREADS, else one per core. The tools also wait passively between "
+          "parallel regions (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set");
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
 ABSL_FLAG(std::string, device, "cpu",
@@ -64,6 +74,40 @@ ABSL_FLAG(std::string, lora_init, "",
           "start LoRA from a saved PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");
 
 namespace sg::tools {
+
+namespace {
+
+// --help: every flag the tool defines (Abseil's own flags are under --helpfull), then exit 0.
+[[noreturn]] void PrintHelp() {
+  std::map<std::string, const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags())
+    if (!absl::StrContains(flag->Filename(), "absl/")) flags[std::string(name)] = flag;
+  std::printf("%s\n\nFlags:\n", std::string(absl::ProgramUsageMessage()).c_str());
+  for (const auto& [name, flag] : flags)
+    std::printf("  --%s (%s) default: %s\n", name.c_str(), flag->Help().c_str(),
+                flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue().c_str());
+  std::printf("\n  --help: this list; --helpfull: also the flags of the libraries (Abseil)\n");
+  std::exit(0);
+}
+
+}  // namespace
+
+void InitTool(int argc, char** argv, const char* usage) {
+  // libgomp reads OMP_WAIT_POLICY once, when it loads: spin-waiting threads steal the CPU from anything else on the
+  // machine (a seco step ran many times slower beside another busy process), so run again with passive waiting.
+  if (!std::getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0)
+    execv("/proc/self/exe", argv);  // returns only on failure: then go on with the default policy
+  absl::SetProgramUsageMessage(usage);
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort" || a == "-helpshort") PrintHelp();
+  }
+  absl::ParseCommandLine(argc, argv);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0) ExitIfError(absl::InvalidArgumentError(absl::StrCat("got ", threads, "; need >= 0")), "--threads");
+  SetThreads(threads);
+}
 
 std::string ResolveUserPath(const std::string& path) {
   if (path.empty() || path[0] == '/') return path;

@@ -10,6 +10,7 @@
 #include "core/objective.h"
 #include "core/strategy.h"
 
+ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, device);
@@ -32,6 +33,10 @@ ABSL_DECLARE_FLAG(std::string, lora_targets);
 ABSL_DECLARE_FLAG(std::string, lora_init);
 
 namespace sg::tools {
+
+// The start of every tool's main: re-executes itself once with OMP_WAIT_POLICY=PASSIVE when the user did not set
+// it; sets the usage text; --help prints every flag of the tool and exits 0; parses the flags; applies --threads.
+void InitTool(int argc, char** argv, const char* usage);
 
 // Relative paths resolve against the directory the user ran the command from (bazel run changes the cwd).
 std::string ResolveUserPath(const std::string& path);

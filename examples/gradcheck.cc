@@ -8,8 +8,6 @@
 #include <random>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -109,7 +107,6 @@ int Main() {
 }  // namespace sg
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Compare a strategy's gradients with full backprop.");
-  absl::ParseCommandLine(argc, argv);
+  sg::tools::InitTool(argc, argv, "Compare a strategy's gradients with full backprop.");
   return sg::Main();
 }

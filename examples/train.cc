@@ -13,8 +13,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -370,7 +368,10 @@ int Main() {
   if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
   if (comm) {  // every rank must train the same model the same way on the same data
     // Not part of run_config: a data-parallel step equals one process's, so checkpoints resume across world sizes.
-    tools::ExitIfError(dist::CheckSameConfig(*comm, run_config), dist_what_flag.c_str());
+    // Ranks may run with different thread counts (runtime.*).
+    RunConfig shared = run_config;
+    shared.erase(absl::StrCat(kRuntimePrefix, "threads"));
+    tools::ExitIfError(dist::CheckSameConfig(*comm, shared), dist_what_flag.c_str());
   }
   // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
   tools::TrainMonitor monitor(trainer, steps);
@@ -403,6 +404,7 @@ int Main() {
       if (latest.ok()) {
         absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(*latest, trainer, &run_config);
         tools::ExitIfError(meta.status(), "--resume");
+        for (const std::string& w : meta->warnings) std::fprintf(stderr, "warning: --resume: %s\n", w.c_str());
         const int64_t done = meta->trainer.step;
         if (static_cast<int64_t>(meta->history["loss"].size()) != done)
           tools::ExitIfError(absl::DataLossError(absl::StrCat(*latest, ": its loss history has ",
@@ -559,7 +561,6 @@ int Main() {
 }  // namespace sg
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Train a model on long sequences with a chosen gradient strategy.");
-  absl::ParseCommandLine(argc, argv);
+  sg::tools::InitTool(argc, argv, "Train a model on long sequences with a chosen gradient strategy.");
   return sg::Main();
 }

@@ -22,11 +22,17 @@ static int g_failures = 0;
     }                                                                    \
   } while (0)
 
-/* Checks that `st` has `code` and that its message contains `needle`; frees it. */
+/* Checks that `st` has `code` and that its message contains `needle`; frees it. Messages speak of arguments and
+ * struct fields (options->chunk), never of the command-line tools' flags (--chunk). */
 static void expect_status(sg_status* st, int code, const char* needle, int line) {
+  const char* flag = strstr(sg_status_message(st), "--");
   if (sg_status_code(st) != code || (needle && !strstr(sg_status_message(st), needle))) {
     fprintf(stderr, "line %d: expected %s containing '%s', got %s: %s\n", line, sg_code_name(code),
             needle ? needle : "", sg_code_name(sg_status_code(st)), sg_status_message(st));
+    ++g_failures;
+  }
+  if (flag && flag[2] >= 'a' && flag[2] <= 'z') {
+    fprintf(stderr, "line %d: the message names a flag, not a field: %s\n", line, sg_status_message(st));
     ++g_failures;
   }
   sg_status_free(st);
@@ -138,7 +144,7 @@ static void test_lifecycle(void) {
   /* compute_gradients with explicit labels, then an optimizer step. */
   {
     int32_t labels[2 * SEQ];
-    for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 3 == 0) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
+    for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 3 == 1) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
     EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &met));
     CHECK(met.tokens == 16);
     CHECK(met.step == 4);
@@ -242,6 +248,14 @@ static void test_errors(void) {
   o = sg_trainer_default_options();
   o.lr = -1;
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "lr");
+  /* Messages name the struct field (the core's option checks are shared with the tools, which name flags). */
+  o = sg_trainer_default_options();
+  o.chunk = 0;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT, "options->chunk must be positive, got 0");
+  o.chunk = 8;
+  o.strategy = "adjoint";
+  EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT,
+                "options->strategy = adjoint needs a state-space model (family 'ssm', e.g. preset tiny-ssm)");
   met.struct_size = 4;
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
   met.struct_size = sizeof(met) - 4; /* between the published sizes */
@@ -256,7 +270,9 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_step(t, bad_ids, NULL, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "ids[2] = 97");
   EXPECT_STATUS(sg_trainer_step(t, neg_ids, NULL, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "ids[1] = -1");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, bad_labels, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "labels[2] = -5");
-  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "all -100");
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "has no label");
+  ignored[0] = 5; /* position 0's label is never predicted (Hugging Face's shift) */
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "has no label");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_bad, 2, NULL), SG_ERR_INVALID_ARGUMENT, "'lengths'");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_zero, 2, NULL), SG_ERR_INVALID_ARGUMENT, "lengths[1]");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 0, NULL), SG_ERR_INVALID_ARGUMENT, "'num_sequences'");
@@ -290,7 +306,7 @@ static void test_old_struct_sizes(void) {
   o.spaco_budget = 2;
   EXPECT_OK(sg_trainer_create(m, &o, &t));
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
-                "spaco_budget=8 exceeds the 3 chunks");
+                "options->spaco_budget = 8 exceeds the 3 chunks");
   sg_trainer_free(t);
   /* 0.2 size: the spaco fields are read, the 0.3 objective fields are not (the trainer stays sft). */
   o = sg_trainer_default_options();
@@ -405,7 +421,7 @@ static void test_sparse_offload(void) {
   sg_trainer_options o = sg_trainer_default_options();
   int64_t n[4] = {0, 0, 0, 0};
   float *dense, *dense_off, *sparse, *sparse_off;
-  CHECK(o.sparse_pages == 0 && o.offload == 0 && o.reserved_0_6 == 0);
+  CHECK(o.sparse_pages == 0 && o.offload == 0 && o.num_threads == 0);
   dense = seco_grads(m, 0, 0, &n[0]);
   dense_off = seco_grads(m, 0, 1, &n[1]);
   sparse = seco_grads(m, 1, 0, &n[2]);
@@ -425,17 +441,17 @@ static void test_sparse_offload(void) {
   o.page_size = 2;
   o.strategy = "ckpt";
   o.offload = 1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--offload");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->offload is implemented for options->strategy = seco");
   o.strategy = "streambp";
   o.offload = 0;
   o.sparse_pages = 2;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->sparse_pages");
   o.strategy = "seco";
   o.sparse_pages = -1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "--sparse_pages must be 0 (dense) or positive");
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->sparse_pages must be 0 (dense) or positive");
   o.sparse_pages = 0;
-  o.reserved_0_6 = 1;
-  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "reserved_0_6 must be zero");
+  o.num_threads = -1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->num_threads is -1");
   CHECK(t == NULL);
   /* 0.5 size: the 0.6 fields beyond it are not read. */
   o.struct_size = offsetof(sg_trainer_options, sparse_pages);
@@ -519,7 +535,7 @@ static void test_spaco(void) {
   o.spaco_budget = 4;
   EXPECT_OK(sg_trainer_create(m, &o, &t));
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL), SG_ERR_INVALID_ARGUMENT,
-                "spaco_budget=4 exceeds the 3 chunks");
+                "options->spaco_budget = 4 exceeds the 3 chunks");
   CHECK(sg_trainer_step_count(t) == 0);
   sg_trainer_free(t);
   sg_model_free(m);
@@ -691,7 +707,7 @@ static void test_evaluate(void) {
   float before;
   int32_t labels[2 * SEQ];
   int i;
-  for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 2 == 0) ? g_ids[(i + 3) % (2 * SEQ)] : -100;
+  for (i = 0; i < 2 * SEQ; ++i) labels[i] = (i % 2 == 1) ? g_ids[(i + 3) % (2 * SEQ)] : -100;
   EXPECT_OK(sg_trainer_compute_gradients(t, g_ids, labels, 2 * SEQ, g_lengths, 2, &gr));
   EXPECT_OK(sg_model_param_info(m, 0, &p));
   before = ((const float*)p.grad)[3];
@@ -713,12 +729,13 @@ static void test_evaluate(void) {
   sg_model_free(m);
 }
 
-/* Prompt + response of `len` tokens: labels only on the response (after the first `prompt` tokens). */
+/* Prompt + response of `len` tokens: labels (Hugging Face's: the ids themselves) only on the response, the tokens
+ * after the first `prompt`. */
 #define PR_MAX 32
 static void prompt_response(int32_t* ids, int32_t* labels, int len, int prompt, int salt) {
   int t;
   for (t = 0; t < len; ++t) ids[t] = (int32_t)((t * (5 + salt) + 3 * salt + 1) % 90);
-  for (t = 0; t < len; ++t) labels[t] = (t >= prompt - 1 && t + 1 < len) ? ids[t + 1] : -100;
+  for (t = 0; t < len; ++t) labels[t] = t >= prompt ? ids[t] : -100;
 }
 
 static sg_trainer* objective_trainer(sg_model* m, const char* objective, double grpo_kl_beta) {
@@ -834,7 +851,7 @@ static void test_dpo(void) {
   c_ids[1][3] = 5;
   for (i = 0; i < PR_MAX; ++i) r_lab[0][i] = -100;
   EXPECT_STATUS(sg_trainer_step_dpo(dpo, ci, cl, clen, ri, rl, rlen, NULL, NULL, PAIRS, NULL),
-                SG_ERR_INVALID_ARGUMENT, "rejected_labels[0] are all -100");
+                SG_ERR_INVALID_ARGUMENT, "rejected_labels[0] has no label");
   prompt_response(r_ids[0], r_lab[0], (int)rlen[0], 5, 2);
   EXPECT_STATUS(sg_trainer_step(dpo, g_ids, NULL, SEQ, g_lengths, 1, NULL), SG_ERR_FAILED_PRECONDITION,
                 "objective is 'dpo'");
@@ -1815,7 +1832,7 @@ static void test_evaluate_detailed(void) {
   int64_t sum = 0;
   int i;
   for (i = 0; i < 2 * SEQ; ++i) {
-    labels[i] = (i % 3 == 0) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
+    labels[i] = (i % 3 == 1) ? g_ids[(i + 1) % (2 * SEQ)] : -100;
     distances[i] = labels[i] >= 0 ? 1 + i % 11 : -5; /* ignored where the label is -100 */
   }
   CHECK(r.struct_size == sizeof(sg_eval_result));
@@ -1834,9 +1851,15 @@ static void test_evaluate_detailed(void) {
   /* Without distances: no buckets; the training state is untouched. */
   EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r));
   CHECK(r.num_buckets == 0 && r.tokens == 2 * (SEQ - 1) && sg_trainer_step_count(t) == 0);
-  distances[3] = 0;
+  distances[4] = 0;
   EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r),
-                SG_ERR_INVALID_ARGUMENT, "distances[3] is 0");
+                SG_ERR_INVALID_ARGUMENT, "distances[4] is 0");
+  distances[4] = 5;
+  distances[0] = -1; /* a sequence's position 0 is never predicted: its label and distance are not read */
+  distances[SEQ] = -1;
+  labels[0] = labels[SEQ] = 7;
+  EXPECT_OK(sg_trainer_evaluate_detailed(t, g_ids, labels, 2 * SEQ, g_lengths, 2, distances, &r));
+  CHECK(r.tokens == 16);
   EXPECT_STATUS(sg_trainer_evaluate_detailed(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, NULL),
                 SG_ERR_INVALID_ARGUMENT, "'out'");
   EXPECT_STATUS(sg_trainer_evaluate_detailed(NULL, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &r),
@@ -1867,6 +1890,228 @@ static void test_nonfinite_guard(void) {
   sg_model_free(m);
 }
 
+/* ---- 0.7: Hugging Face labels, per-token log-probs, threads ---- */
+
+static sg_trainer* f64_trainer(sg_model* m, const char* strategy, int64_t chunk, int64_t lm_chunk, int threads) {
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  o.strategy = strategy;
+  o.chunk = chunk;
+  o.page_size = 4;
+  o.lm_chunk = lm_chunk;
+  o.num_threads = threads;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  return t;
+}
+
+static double* f64_grads(sg_trainer* t, sg_model* m, const int32_t* ids, const int32_t* labels, int64_t n_tok,
+                         const int64_t* lengths, int64_t n_seq, double* loss, int64_t* n) {
+  sg_metrics met = sg_metrics_init();
+  EXPECT_OK(sg_trainer_compute_gradients(t, ids, labels, n_tok, lengths, n_seq, &met));
+  *loss = met.loss;
+  return (double*)copy_grads_of(m, SG_DTYPE_F64, sizeof(double), n);
+}
+
+/* Labels follow Hugging Face: labels = ids trains exactly as NULL (next-token) labels; the previous convention's
+ * pre-shifted labels now train something else; a masked prompt leaves exactly its response tokens labelled. */
+static void test_hf_labels(void) {
+  sg_model* m = tiny_f64(11);
+  sg_trainer* t = f64_trainer(m, "seco", 8, 256, 0);
+  int32_t same[2 * SEQ], preshifted[2 * SEQ], masked[2 * SEQ];
+  double loss_null, loss_same, loss_pre, lp[2 * SEQ], sum = 0;
+  double *g_null, *g_same, *g_pre;
+  int64_t n1 = 0, n2 = 0, n3 = 0;
+  sg_metrics met = sg_metrics_init();
+  int i;
+  for (i = 0; i < 2 * SEQ; ++i) {
+    same[i] = g_ids[i];
+    preshifted[i] = (i % SEQ) + 1 < SEQ ? g_ids[i + 1] : -100; /* the 0.6 convention: target of position i */
+    masked[i] = i % SEQ < 10 ? -100 : g_ids[i];                 /* a 10-token prompt per sequence */
+  }
+  g_null = f64_grads(t, m, g_ids, NULL, 2 * SEQ, g_lengths, 2, &loss_null, &n1);
+  g_same = f64_grads(t, m, g_ids, same, 2 * SEQ, g_lengths, 2, &loss_same, &n2);
+  g_pre = f64_grads(t, m, g_ids, preshifted, 2 * SEQ, g_lengths, 2, &loss_pre, &n3);
+  CHECK(n1 > 0 && n1 == n2 && n1 == n3);
+  CHECK(loss_null == loss_same && memcmp(g_null, g_same, (size_t)n1 * sizeof(double)) == 0);
+  CHECK(fabs(loss_pre - loss_null) > 1e-3 && max_abs_diff(g_pre, g_null, n1) > 1e-6);
+  free(g_null);
+  free(g_same);
+  free(g_pre);
+  /* The masked prompt: tokens 10..23 of each sequence are labelled (the loss is their mean -log p). */
+  EXPECT_OK(sg_trainer_evaluate(t, g_ids, masked, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(met.tokens == 2 * (SEQ - 10));
+  EXPECT_OK(sg_trainer_score(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, lp, NULL));
+  for (i = 0; i < 2 * SEQ; ++i)
+    if (i % SEQ >= 10) sum += lp[i];
+  CHECK(fabs(-sum / (2 * (SEQ - 10)) - met.loss) <= 1e-12 * met.loss);
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
+/* sg_trainer_score: position t's entry is log p(labels[t] | ids[0..t)), so changing ids[k] leaves the entries up
+ * to k unchanged and changes entry k + 1 (an off-by-one either way breaks one of the two); the same values at every
+ * chunk and LM-head chunk size, for both families; NaN where there is no label; the sum is evaluate's. */
+static void test_score(void) {
+  static const char* const kPresets[2] = {"tiny", "tiny-ssm"};
+  static const int64_t kChunks[3][2] = {{1, 1}, {5, 3}, {8, 256}};
+  int32_t labels[2 * SEQ], ids2[2 * SEQ];
+  double ref[2 * SEQ], lp[2 * SEQ], sum = 0;
+  int f, c, i, k;
+  for (f = 0; f < 2; ++f) {
+    sg_model* m = NULL;
+    sg_trainer *whole, *t;
+    sg_metrics met = sg_metrics_init(), ev = sg_metrics_init();
+    int64_t labelled = 0;
+    EXPECT_OK(sg_model_create_preset(kPresets[f], "f64", 2, &m));
+    for (i = 0; i < 2 * SEQ; ++i) labels[i] = i % 5 == 2 ? -100 : g_ids[(i * 3) % (2 * SEQ)];
+    whole = f64_trainer(m, "full", 2 * SEQ, 2 * SEQ, 0); /* one chunk, one LM-head block */
+    EXPECT_OK(sg_trainer_score(whole, g_ids, labels, 2 * SEQ, g_lengths, 2, ref, &met));
+    sum = 0;
+    for (i = 0; i < 2 * SEQ; ++i) {
+      const int want = i % SEQ != 0 && labels[i] != -100;
+      CHECK(want ? (isfinite(ref[i]) && ref[i] < 0) : isnan(ref[i]));
+      if (want) sum += ref[i], ++labelled;
+    }
+    EXPECT_OK(sg_trainer_evaluate(whole, g_ids, labels, 2 * SEQ, g_lengths, 2, &ev));
+    CHECK(met.tokens == labelled && ev.tokens == labelled && fabs(met.loss - ev.loss) <= 1e-12 * ev.loss);
+    CHECK(fabs(-sum / (double)labelled - ev.loss) <= 1e-12 * ev.loss);
+    for (c = 0; c < 3; ++c) {
+      t = f64_trainer(m, f == 0 ? "seco" : "full", kChunks[c][0], kChunks[c][1], 0);
+      EXPECT_OK(sg_trainer_score(t, g_ids, labels, 2 * SEQ, g_lengths, 2, lp, NULL));
+      for (i = 0; i < 2 * SEQ; ++i) {
+        CHECK(isnan(lp[i]) == isnan(ref[i]));
+        if (!isnan(ref[i]) && !(fabs(lp[i] - ref[i]) <= 1e-12 * fabs(ref[i])))
+          fprintf(stderr, "%s chunk %d lm_chunk %d position %d: %.17g vs %.17g\n", kPresets[f], (int)kChunks[c][0],
+                  (int)kChunks[c][1], i, lp[i], ref[i]), ++g_failures;
+      }
+      sg_trainer_free(t);
+    }
+    /* Causality and alignment. */
+    for (k = 3; k < SEQ - 1; k += 7) {
+      memcpy(ids2, g_ids, sizeof(ids2));
+      ids2[k] = (g_ids[k] + 1) % 50;
+      EXPECT_OK(sg_trainer_score(whole, ids2, labels, 2 * SEQ, g_lengths, 2, lp, NULL));
+      for (i = 0; i <= k; ++i) CHECK(isnan(ref[i]) ? isnan(lp[i]) : lp[i] == ref[i]);
+      CHECK(labels[k + 1] == -100 || fabs(lp[k + 1] - ref[k + 1]) > 1e-9);
+      for (i = SEQ; i < 2 * SEQ; ++i) CHECK(isnan(ref[i]) ? isnan(lp[i]) : lp[i] == ref[i]); /* the other sequence */
+    }
+    /* NULL labels = ids; no label at all is allowed (all NaN); errors name the argument. */
+    {
+      int32_t none[2 * SEQ];
+      for (i = 0; i < 2 * SEQ; ++i) none[i] = -100;
+      EXPECT_OK(sg_trainer_score(whole, g_ids, none, 2 * SEQ, g_lengths, 2, lp, &met));
+      for (i = 0; i < 2 * SEQ; ++i) CHECK(isnan(lp[i]));
+      CHECK(met.tokens == 0);
+    }
+    EXPECT_STATUS(sg_trainer_score(whole, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, NULL), SG_ERR_INVALID_ARGUMENT,
+                  "'logprobs'");
+    EXPECT_STATUS(sg_trainer_score(NULL, g_ids, NULL, 2 * SEQ, g_lengths, 2, lp, NULL), SG_ERR_INVALID_ARGUMENT,
+                  "'trainer'");
+    EXPECT_STATUS(sg_trainer_score(whole, g_ids, NULL, 2 * SEQ, g_lengths, 1, lp, NULL), SG_ERR_INVALID_ARGUMENT,
+                  "'lengths'");
+    CHECK(sg_trainer_step_count(whole) == 0);
+    sg_trainer_free(whole);
+    sg_model_free(m);
+  }
+}
+
+/* GRPO's old-policy and reference log-probs from sg_trainer_score are what the objective computes itself: the same
+ * loss and gradients as with the reference model (ref) and as with r = 1 (old = the current policy). */
+static void test_grpo_score(void) {
+  sg_model* policy = tiny_f64(3);
+  sg_model* reference = tiny_f64(5);
+  sg_trainer* grpo = NULL;
+  sg_trainer *score_ref = f64_trainer(reference, "seco", 8, 256, 0), *score_pol = f64_trainer(policy, "seco", 8, 256, 0);
+  sg_trainer_options o = sg_trainer_default_options();
+  sg_metrics a = sg_metrics_init(), b = sg_metrics_init();
+  int32_t ids[COMPLETIONS][PR_MAX], lab[COMPLETIONS][PR_MAX];
+  const int32_t *pi[COMPLETIONS], *pl[COMPLETIONS];
+  int64_t len[COMPLETIONS] = {18, 12, 15, 20, 9}, offsets[3] = {0, 3, 5};
+  double adv[COMPLETIONS] = {1.0, -0.5, 0.5, 2.0, 0.3};
+  double ref_lp[COMPLETIONS][PR_MAX], old_lp[COMPLETIONS][PR_MAX];
+  const double *pr[COMPLETIONS], *po[COMPLETIONS];
+  double *g_a, *g_b;
+  int64_t na = 0, nb = 0;
+  int c;
+  for (c = 0; c < COMPLETIONS; ++c) {
+    prompt_response(ids[c], lab[c], (int)len[c], 4, c + 3);
+    pi[c] = ids[c];
+    pl[c] = lab[c];
+    EXPECT_OK(sg_trainer_score(score_ref, ids[c], lab[c], len[c], &len[c], 1, ref_lp[c], NULL));
+    EXPECT_OK(sg_trainer_score(score_pol, ids[c], lab[c], len[c], &len[c], 1, old_lp[c], NULL));
+    pr[c] = ref_lp[c];
+    po[c] = old_lp[c];
+  }
+  o.strategy = "seco";
+  o.chunk = 8;
+  o.page_size = 4;
+  o.objective = "grpo";
+  o.grpo_kl_beta = 0.5;
+  EXPECT_OK(sg_trainer_create(policy, &o, &grpo));
+  EXPECT_OK(sg_trainer_set_reference(grpo, reference));
+  EXPECT_OK(sg_trainer_compute_gradients_grpo(grpo, pi, pl, len, adv, NULL, NULL, COMPLETIONS, offsets, 2, &a));
+  g_a = (double*)copy_grads_of(policy, SG_DTYPE_F64, sizeof(double), &na);
+  EXPECT_OK(sg_trainer_compute_gradients_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, offsets, 2, &b));
+  g_b = (double*)copy_grads_of(policy, SG_DTYPE_F64, sizeof(double), &nb);
+  CHECK(na == nb && na > 0 && isfinite(a.loss));
+  CHECK(fabs(a.loss - b.loss) <= 1e-12 * fabs(a.loss));
+  CHECK(max_abs_diff(g_a, g_b, na) <= 1e-12);
+  /* Aligned as before 0.7 (entry t for the label of position t + 1) they give another loss. */
+  for (c = 0; c < COMPLETIONS; ++c) {
+    int t;
+    for (t = 0; t < len[c]; ++t) old_lp[c][t] = t + 1 < len[c] ? ref_lp[c][t + 1] : -1.0;
+    pr[c] = old_lp[c];
+  }
+  EXPECT_OK(sg_trainer_compute_gradients_grpo(grpo, pi, pl, len, adv, NULL, pr, COMPLETIONS, offsets, 2, &b));
+  CHECK(fabs(a.loss - b.loss) > 1e-6);
+  free(g_a);
+  free(g_b);
+  sg_trainer_free(grpo);
+  sg_trainer_free(score_ref);
+  sg_trainer_free(score_pol);
+  sg_model_free(reference);
+  sg_model_free(policy);
+}
+
+/* num_threads: any count trains (the sums split differently: equal to rounding); checkpoints record it, and a
+ * resume with another count is not refused but warned about on stderr. */
+static void test_threads(void) {
+  sg_model* m = tiny_f64(8);
+  sg_trainer* t1 = f64_trainer(m, "seco", 8, 256, 1);
+  sg_trainer* t3 = f64_trainer(m, "seco", 8, 256, 3);
+  double loss1, loss3, *g1, *g3;
+  int64_t n1 = 0, n3 = 0, step = -1;
+  char dir[1024], log[1100], text[4096];
+  FILE* f;
+  size_t got;
+  int saved_stderr;
+  g1 = f64_grads(t1, m, g_ids, NULL, 2 * SEQ, g_lengths, 2, &loss1, &n1);
+  g3 = f64_grads(t3, m, g_ids, NULL, 2 * SEQ, g_lengths, 2, &loss3, &n3);
+  CHECK(n1 == n3 && fabs(loss1 - loss3) <= 1e-12 * loss1 && max_abs_diff(g1, g3, n1) <= 1e-12);
+  free(g1);
+  free(g3);
+  EXPECT_OK(sg_trainer_step(t1, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL));
+  tmp_path(dir, sizeof(dir), "threads_ckpt");
+  EXPECT_OK(sg_trainer_save_checkpoint(t1, dir, 1, 0));
+  snprintf(log, sizeof(log), "%s.stderr", dir);
+  fflush(stderr);
+  saved_stderr = dup(2);
+  CHECK(freopen(log, "w", stderr) != NULL);
+  EXPECT_OK(sg_trainer_resume(t3, dir, &step, NULL));
+  fflush(stderr);
+  dup2(saved_stderr, 2);
+  close(saved_stderr);
+  f = fopen(log, "r");
+  got = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+  text[got] = 0;
+  if (f) fclose(f);
+  CHECK(step == 1);
+  CHECK(strstr(text, "runtime.threads: checkpoint '1', now '3'") != NULL && strstr(text, "not bit-identically"));
+  sg_trainer_free(t1);
+  sg_trainer_free(t3);
+  sg_model_free(m);
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -1892,6 +2137,10 @@ int main(void) {
   test_evaluate_detailed();
   test_nonfinite_guard();
   test_sparse_offload();
+  test_hf_labels();
+  test_score();
+  test_grpo_score();
+  test_threads();
   if (g_failures) {
     fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -33,6 +33,24 @@
  *    releases the base parameters' gradients: name and grad pointers obtained before it are invalid after it (data
  *    pointers stay valid). Enable LoRA right after creating or loading the model.
  *  - Strings returned by sg_version(), sg_memory_category_name(), sg_dtype_name() are static.
+ *
+ * Labels (since 0.7: Hugging Face's convention)
+ *  - Labels are aligned with the input ids and shifted by the library, as in Hugging Face transformers: labels[t] is
+ *    the token at position t (-100 = ignored), position t is trained to predict labels[t + 1], so labels[0] is never
+ *    predicted; NULL labels mean next-token labels (labels = ids). This holds for every call that takes labels, per
+ *    sequence (each sequence of a packed batch is shifted on its own). Before 0.7 the C API took labels already
+ *    shifted (labels[t] = the target of position t): pass the same arrays with one leading -100 less, or ids.
+ *  - Per-token outputs and inputs (sg_trainer_score's log-probs, grpo's old/ref log-probs, evaluate_detailed's
+ *    distances) are aligned the same way: entry t belongs to labels[t].
+ *
+ * Threads
+ *  - The engine parallelises with OpenMP (and OpenBLAS's OpenMP build). sg_trainer_options.num_threads (since 0.7)
+ *    sets the thread count of a trainer's calls on the calling thread (omp_set_num_threads + openblas_set_num_threads
+ *    around each call, restored after it); 0 keeps the caller's (OMP_NUM_THREADS, else one per core).
+ *  - On a machine shared with other processes, set OMP_WAIT_POLICY=PASSIVE in the environment of a program that
+ *    embeds the library before it starts (libgomp reads it once, at load): with the default spin-waiting, idle
+ *    OpenMP threads keep cores busy between parallel regions and a step can be many times slower when another
+ *    process competes for the CPU. The command-line tools set it themselves unless the user did.
  */
 #ifndef SEQGRAD_SEQGRAD_H_
 #define SEQGRAD_SEQGRAD_H_
@@ -287,7 +305,12 @@ typedef struct sg_trainer_options {
   int32_t offload;         /* nonzero: every layer's KV and KV-gradient pages live in host memory and the device holds
                               a few layers (with sparse_pages, only the pages a chunk reads); gradients are the same
                               bits (default 0) */
-  int32_t reserved_0_6;    /* must be zero */
+  /* Since 0.7 (the field was reserved_0_6, which had to be zero: 0.6 callers get the default). */
+  int32_t num_threads;     /* OpenMP/OpenBLAS threads of this trainer's calls, set on the calling thread around each
+                              call and restored after it; >= 0 (default 0: the caller's, i.e. OMP_NUM_THREADS or one
+                              per core). Recorded in checkpoints: a resume with another count works but is no longer
+                              bit-identical to an uninterrupted run (reductions split differently), which
+                              sg_trainer_load_checkpoint/resume report as a warning on stderr */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
@@ -327,8 +350,9 @@ SG_API sg_metrics sg_metrics_init(void);
 
 /* Gradients of the mean token loss of a batch (gradients are zeroed first).
  *   ids:        num_tokens token ids, the sequences concatenated
- *   labels:     num_tokens targets aligned with ids (-100 = ignored), or NULL for next-token labels
- *               (labels[i] = ids[i+1] within each sequence, the last position ignored)
+ *   labels:     num_tokens labels aligned with ids in Hugging Face's convention (see Labels: labels[t] is the token
+ *               at t, -100 = ignored, shifted within each sequence by the library), or NULL for next-token labels
+ *               (labels = ids)
  *   lengths:    num_sequences lengths (each >= 1) summing to num_tokens
  *   out:        NULL or metrics with struct_size set
  * Errors: SG_ERR_INVALID_ARGUMENT (names the argument; for spaco also a sequence with fewer chunks than
@@ -357,9 +381,10 @@ SG_API sg_status* sg_trainer_evaluate(sg_trainer* trainer, const int32_t* ids, c
 /* ---- Preference and RL objectives (since 0.3) ------------------------------------------------------------------
  *
  * Sequences are given one array each (arrays of pointers, with their lengths): ids[i] points to lengths[i] token ids
- * (prompt + response), labels[i] to lengths[i] targets aligned with them (labels[i][t] = the token that follows
- * position t, -100 = ignored: label the response only). A NULL labels array, or a NULL labels[i], means next-token
- * labels over the whole sequence. Every sequence needs >= 1 labelled token. The library copies what it reads; the
+ * (prompt + response), labels[i] to lengths[i] labels aligned with them in Hugging Face's convention (see Labels:
+ * labels[i][t] is the token at t, -100 = ignored: label the response tokens only). A NULL labels array, or a NULL
+ * labels[i], means next-token labels over the whole sequence (labels = ids). Every sequence needs a label at some
+ * position >= 1. The library copies what it reads; the
  * arrays may be reused once the call returns. */
 
 /* The frozen reference model of dpo/grpo, used where the batch carries no reference log-probs; NULL clears it.
@@ -407,11 +432,13 @@ SG_API sg_status* sg_trainer_step_dpo(sg_trainer* trainer, const int32_t* const*
  *   ids, labels, lengths: completion c's sequence, prompt + completion (see above; labels may be NULL)
  *   advantages:     num_completions finite advantages A_c
  *   old_logprobs:   NULL, or num_completions pointers, each NULL or lengths[c] log-probs of the labels under the
- *                   policy that sampled the completion, aligned with labels
- *                   (old_logprobs[c][t] = log p_old(labels[c][t] | position t)); finite where the label is valid,
- *                   anything (e.g. NaN) where it is -100.
+ *                   policy that sampled the completion, aligned with labels (since 0.7, Hugging Face-aligned:
+ *                   old_logprobs[c][t] = log p_old(labels[c][t] | ids[c][0..t)), what sg_trainer_score returns);
+ *                   finite where labels[c][t] is a label (t >= 1), anything (e.g. NaN) at t = 0 and where it is
+ *                   -100.
  *                   NULL: old = the current policy (r_t = 1)
- *   ref_logprobs:   the same for the reference policy; NULL: computed by the reference model
+ *   ref_logprobs:   the same for the reference policy (sg_trainer_score of a trainer over the reference model
+ *                   gives them); NULL: computed by the reference model
  *                   (sg_trainer_set_reference), which then must be set unless grpo_kl_beta = 0
  *   group_offsets:  num_groups + 1 offsets, group_offsets[0] = 0, strictly increasing (G >= 1 in every group),
  *                   group_offsets[num_groups] = num_completions
@@ -539,13 +566,36 @@ SG_API sg_eval_result sg_eval_result_init(void);
 /* Held-out evaluation of a batch without gradients (one chunked forward pass per sequence: options.chunk tokens at a
  * time, options.lm_chunk rows of logits; no dropout): loss, perplexity, next-token accuracy and, for a retrieval
  * task, accuracy as a function of the distance between a query and its key. The batch as in
- * sg_trainer_compute_gradients; distances: NULL, or num_tokens entries aligned with the labels: at every labelled
- * position the distance (>= 1, in tokens) from the key the label is retrieved from, ignored where the label is -100.
+ * sg_trainer_compute_gradients; distances: NULL, or num_tokens entries aligned with the labels (see Labels): for
+ * every label labels[t] (t >= 1, not -100) the distance (>= 1, in tokens) from the key it is retrieved from; ignored
+ * elsewhere.
  * Gradients, the optimizer and the progress callback are left alone; any objective. out->struct_size must be set.
  * Errors as sg_trainer_evaluate, and SG_ERR_INVALID_ARGUMENT for a distance < 1 at a labelled position. */
 SG_API sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
                                                int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                                const int64_t* distances, sg_eval_result* out);
+
+/* ---- Per-token log-probs (since 0.7) --------------------------------------------------------------------------- */
+
+/* Log-probabilities of the labelled tokens of a batch under the trainer's model, without gradients: for sequence s
+ * and position t, logprobs[offset_s + t] = log p(labels[t] | ids[0..t)) (labels NULL: ids[t]), the natural log of
+ * the model's softmax, for every t >= 1 whose label is not -100; NaN at position 0 of each sequence and where the
+ * label is -100. The output is thus aligned with ids and labels (see Labels): it is what grpo's old_logprobs /
+ * ref_logprobs take (score a trainer over the policy that sampled, or over the reference model), and the sum over a
+ * sequence's entries is the log-likelihood that dpo's ref_*_logp take. Computed by the engine's chunked forward pass
+ * (options.chunk tokens at a time, options.lm_chunk rows of logits, never a sequence x vocabulary array) at any
+ * length, for every model family, in the model's dtype; no dropout. Any objective; gradients, the optimizer and the
+ * progress callback are left alone. The batch as in sg_trainer_compute_gradients, except that a batch without any
+ * label is allowed (all NaN).
+ *   logprobs: num_tokens doubles, written by the call
+ *   out:      NULL or metrics with struct_size set: loss (mean of -logprob over the labelled tokens; NaN without
+ *             any), tokens, step, memory and seconds
+ * Errors: SG_ERR_INVALID_ARGUMENT (names the argument), SG_ERR_BUSY, SG_ERR_CANCELLED, SG_ERR_RESOURCE_EXHAUSTED.
+ * A trainer over a model that only scores (e.g. a reference model) allocates nothing until its first optimizer
+ * step. */
+SG_API sg_status* sg_trainer_score(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                   int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                   double* logprobs, sg_metrics* out);
 
 #ifdef __cplusplus
 }
