@@ -219,11 +219,12 @@ def _flatten(batch, what):
 def _float(value, what, none_ok):
     if value is None and none_ok:
         return float("nan")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("%s must be a number%s, got %r" % (what, " or None" if none_ok else "",
-                                                                     value)) from None
+    if not isinstance(value, (str, bytes)) and np.ndim(value) == 0:  # no parsing of text, no 1-element arrays
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise InvalidArgumentError("%s must be a number%s, got %r" % (what, " or None" if none_ok else "", value))
 
 
 def _logprobs(value, what, length):
@@ -231,9 +232,13 @@ def _logprobs(value, what, length):
     if value is None:
         return None
     try:
-        a = np.ascontiguousarray(value, dtype=np.float64)
+        a = np.asarray(value)
     except (TypeError, ValueError):
         raise InvalidArgumentError("%s must be a sequence of floats (NaN where the label is ignored)" % what) from None
+    if a.dtype.kind not in "fiu":  # never None -> NaN, text -> float or complex -> real part
+        raise InvalidArgumentError("%s must hold real numbers (NaN where the label is ignored), got dtype %s" %
+                                   (what, a.dtype))
+    a = np.ascontiguousarray(a, dtype=np.float64)
     if a.ndim != 1:
         raise InvalidArgumentError("%s must be 1-D (one entry per position), got shape %s" % (what, a.shape))
     if a.size != length:
