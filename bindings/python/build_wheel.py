@@ -68,8 +68,11 @@ def main():
         env = dict(os.environ, PYTHONPATH=auditwheel,
                    PATH=os.path.dirname(patchelf) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
         repaired = os.path.join(work, "repaired")
-        subprocess.check_call([sys.executable, "-m", "auditwheel", "repair", "--plat", platform, "--only-plat",
-                               "-w", repaired, plain], env=env, stdout=subprocess.DEVNULL)
+        run = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "--plat", platform, "--only-plat",
+                              "-w", repaired, plain], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        if run.returncode != 0:
+            sys.exit("build_wheel.py: auditwheel repair failed:\n" + run.stdout)
         made = os.listdir(repaired)
         if made != [os.path.basename(out)]:
             sys.exit("build_wheel.py: auditwheel made %s, the BUILD file expects %s" % (made, os.path.basename(out)))

@@ -164,7 +164,8 @@ class Model:
         return [n.param(i) for i in range(n.num_params)]
 
     def parameters(self):
-        """dict name -> numpy array sharing the engine's memory (writes change the model)."""
+        """dict name -> C-contiguous numpy array sharing the engine's memory (writes change the model). NumPy's
+        __dlpack__ hands them to torch/JAX/CuPy without a copy: torch.from_dlpack(array)."""
         return {name: value for name, value, _ in self._params()}
 
     def gradients(self):
