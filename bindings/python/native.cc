@@ -84,20 +84,23 @@ py::array View(const sg_param_info& p, void* data, py::object base) {
   return a;
 }
 
-// `obj` as a 1-D C-contiguous array of exactly T (named `what` in the error otherwise).
+// `obj` as a 1-D C-contiguous aligned array of exactly T (named `what` in the error otherwise).
 template <typename T>
 py::array_t<T, py::array::c_style> Exact(const py::handle& obj, const std::string& what, const char* type_name) {
   using Array = py::array_t<T, py::array::c_style>;
-  if (py::isinstance<Array>(obj) && py::reinterpret_borrow<py::array>(obj).ndim() == 1)
-    return py::reinterpret_borrow<Array>(obj);
+  constexpr int kAligned = py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+  if (py::isinstance<Array>(obj)) {
+    auto a = py::reinterpret_borrow<Array>(obj);
+    if (a.ndim() == 1 && (a.flags() & kAligned)) return a;
+  }
   std::string got = std::string(py::str(py::type::handle_of(obj).attr("__name__")));
   if (py::isinstance<py::array>(obj)) {
     auto a = py::reinterpret_borrow<py::array>(obj);
     got = "dtype " + std::string(py::str(a.dtype())) + ", shape " + std::string(py::str(obj.attr("shape"))) +
-          (a.flags() & py::array::c_style ? "" : ", not C-contiguous");
+          (a.flags() & py::array::c_style ? "" : ", not C-contiguous") + (a.flags() & kAligned ? "" : ", unaligned");
   }
   RaiseCode(SG_ERR_INVALID_ARGUMENT,
-            what + " must be a 1-D C-contiguous numpy array of " + type_name + ", got " + got);
+            what + " must be a 1-D C-contiguous aligned numpy array of " + type_name + ", got " + got);
 }
 
 // Owns one sg_model reference. Python arrays viewing its memory hold a reference to this object.

@@ -61,11 +61,13 @@ package = os.path.dirname(seqgrad.__file__)
 assert package.startswith(sys.prefix), package
 bundled = os.path.join(os.path.dirname(package), "seqgrad.libs")
 maps = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
-for stem in ("libseqgrad", "libabsl_", "libopenblas", "libgomp", "libgfortran", "libquadmath"):
-    mapped = sorted(p for p in maps if os.path.basename(p).startswith(stem))
-    outside = [p for p in mapped if not p.startswith(sys.prefix) and not p.startswith(os.path.dirname(np.__path__[0]))]
-    assert mapped and not outside, (stem, mapped)
-    assert any(p.startswith(bundled) or p.startswith(package) for p in mapped), (stem, mapped)
+copies = [os.path.join(bundled, f) for f in os.listdir(bundled)]
+assert copies and not [p for p in copies if p not in maps], (copies, maps)  # every bundled library is loaded
+assert [p for p in maps if p.startswith(os.path.join(package, "libseqgrad.so"))], maps
+numpy_dir = os.path.dirname(np.__path__[0])  # NumPy 2 brings its own OpenBLAS and libgfortran
+for p in maps:
+    if os.path.basename(p).startswith(("libseqgrad", "libabsl_", "libopenblas", "libgomp", "libgfortran", "libquadmath")):
+        assert p.startswith(sys.prefix) or p.startswith(numpy_dir), p
 
 with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model) as trainer:
     w = model.parameters()["model.embed_tokens.weight"]

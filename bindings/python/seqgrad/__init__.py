@@ -200,7 +200,7 @@ def _as_tokens(seq, what):
         raise InvalidArgumentError("%s must hold integers, got dtype %s" % (what, a.dtype))
     if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
         raise InvalidArgumentError("%s has values outside int32" % what)
-    return a.astype(np.int32, copy=False)
+    return np.require(a, np.int32, "CA")  # what the native layer reads: C-contiguous, aligned (a copy if not)
 
 
 def _flatten(batch, what):
@@ -213,8 +213,7 @@ def _flatten(batch, what):
         raise InvalidArgumentError("%s must be a list of sequences or a 2-D array" % what)
     seqs = [_as_tokens(s, "%s[%d]" % (what, i)) for i, s in enumerate(batch)]
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-    flat = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32)
-    return np.ascontiguousarray(flat, dtype=np.int32), lengths
+    return np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32), lengths
 
 
 def _float(value, what, none_ok):
@@ -239,7 +238,7 @@ def _logprobs(value, what, length):
     if a.dtype.kind not in "fiu":  # never None -> NaN, text -> float or complex -> real part
         raise InvalidArgumentError("%s must hold real numbers (NaN where the label is ignored), got dtype %s" %
                                    (what, a.dtype))
-    a = np.ascontiguousarray(a, dtype=np.float64)
+    a = np.require(a, np.float64, "CA")
     if a.ndim != 1:
         raise InvalidArgumentError("%s must be 1-D (one entry per position), got shape %s" % (what, a.shape))
     if a.size != length:
@@ -269,7 +268,7 @@ def _ids_labels(ids, labels, what):
     b = _as_tokens(labels, what + " labels")
     if b.size != a.size:
         raise InvalidArgumentError("%s: labels has %d tokens but ids has %d" % (what, b.size, a.size))
-    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a, b
 
 
 def _pair_sequence(value, what):

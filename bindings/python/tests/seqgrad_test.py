@@ -954,11 +954,18 @@ def test_wrong_arrays_raise_typed_errors(model):
         wide = np.array([[t, -1] for t in BATCH[0]], dtype=np.int64)
         assert not wide[:, 0].flags["C_CONTIGUOUS"]
         assert tr.evaluate([wide[:, 0]])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+        unaligned = np.frombuffer(b"\0" + np.array(BATCH[0], dtype=np.int32).tobytes(), np.int32, len(BATCH[0]), 1)
+        assert not unaligned.flags["ALIGNED"]
+        assert tr.evaluate([unaligned])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+        with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as grpo:  # the per-sequence path
+            assert grpo.evaluate([unaligned])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+            assert np.isfinite(grpo.compute_gradients_grpo([[{"ids": unaligned, "advantage": 1.0}]])["loss"])
         # The native layer takes only the exact arrays the C ABI reads: anything else names the argument.
         native, ids, lengths = tr._get(), np.array([1, 2, 3], dtype=np.int32), np.array([3], dtype=np.int64)
-        for args, match in [((ids.astype(np.int64), None, lengths), "ids must be a 1-D C-contiguous numpy array of int32, got dtype int64"),
+        for args, match in [((ids.astype(np.int64), None, lengths), "ids must be a 1-D C-contiguous aligned numpy array of int32, got dtype int64"),
                             ((np.arange(6, dtype=np.int32)[::2], None, lengths), "ids .* not C-contiguous"),
                             ((ids.reshape(1, 3), None, lengths), r"ids .* shape \(1, 3\)"),
+                            ((unaligned[:3], None, lengths), "ids .* unaligned"),
                             (([1, 2, 3], None, lengths), "ids .* got list"),
                             ((ids, ids.astype(np.float32), lengths), "labels .* dtype float32"),
                             ((ids, None, lengths.astype(np.int32)), "lengths .* of int64, got dtype int32"),
