@@ -65,8 +65,9 @@ copies = [os.path.join(bundled, f) for f in os.listdir(bundled)]
 assert copies and not [p for p in copies if p not in maps], (copies, maps)  # every bundled library is loaded
 assert [p for p in maps if p.startswith(os.path.join(package, "libseqgrad.so"))], maps
 numpy_dir = os.path.dirname(np.__path__[0])  # NumPy 2 brings its own OpenBLAS and libgfortran
+bundled_kinds = ("libseqgrad", "libabsl_", "libopenblas", "libgomp", "libgfortran", "libquadmath")
 for p in maps:
-    if os.path.basename(p).startswith(("libseqgrad", "libabsl_", "libopenblas", "libgomp", "libgfortran", "libquadmath")):
+    if os.path.basename(p).startswith(bundled_kinds):
         assert p.startswith(sys.prefix) or p.startswith(numpy_dir), p
 
 with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model) as trainer:

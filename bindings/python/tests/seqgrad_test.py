@@ -962,7 +962,8 @@ def test_wrong_arrays_raise_typed_errors(model):
             assert np.isfinite(grpo.compute_gradients_grpo([[{"ids": unaligned, "advantage": 1.0}]])["loss"])
         # The native layer takes only the exact arrays the C ABI reads: anything else names the argument.
         native, ids, lengths = tr._get(), np.array([1, 2, 3], dtype=np.int32), np.array([3], dtype=np.int64)
-        for args, match in [((ids.astype(np.int64), None, lengths), "ids must be a 1-D C-contiguous aligned numpy array of int32, got dtype int64"),
+        for args, match in [((ids.astype(np.int64), None, lengths),
+                             "ids must be a 1-D C-contiguous aligned numpy array of int32, got dtype int64"),
                             ((np.arange(6, dtype=np.int32)[::2], None, lengths), "ids .* not C-contiguous"),
                             ((ids.reshape(1, 3), None, lengths), r"ids .* shape \(1, 3\)"),
                             ((unaligned[:3], None, lengths), "ids .* unaligned"),
@@ -976,11 +977,13 @@ def test_wrong_arrays_raise_typed_errors(model):
     with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as tr:
         groups = _groups()
         groups[0][0]["old_logprobs"] = np.array(groups[0][0]["old_logprobs"], dtype=np.complex128)
-        with pytest.raises(seqgrad.InvalidArgumentError, match=r"groups\[0\]\[0\]\['old_logprobs'\] must hold real numbers.*got dtype complex128"):
+        with pytest.raises(seqgrad.InvalidArgumentError,
+                           match=r"groups\[0\]\[0\]\['old_logprobs'\] must hold real numbers.*got dtype complex128"):
             tr.step_grpo(groups)
         groups = _groups()
         groups[0][1]["ref_logprobs"] = [None] * len(groups[0][1]["ids"])
-        with pytest.raises(seqgrad.InvalidArgumentError, match=r"\['ref_logprobs'\] must hold real numbers.*got dtype object"):
+        with pytest.raises(seqgrad.InvalidArgumentError,
+                           match=r"\['ref_logprobs'\] must hold real numbers.*got dtype object"):
             tr.step_grpo(groups)
         groups = _groups()
         groups[1][0]["advantage"] = "1.5"
