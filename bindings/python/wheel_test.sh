@@ -43,6 +43,7 @@ if [[ "$(id -u)" != 0 ]]; then unshare=(unshare --user --map-root-user --mount);
 
 cat >"$tmp/check.py" <<'PY'
 import ctypes
+import importlib.metadata
 import os
 import sys
 
@@ -57,6 +58,8 @@ import numpy as np
 import seqgrad
 
 assert np.__version__.startswith("2."), np.__version__
+assert importlib.metadata.version("seqgrad") == seqgrad.__version__ == seqgrad.version()  # one version source
+assert importlib.metadata.requires("seqgrad") == ["numpy>=1.24,<3"], importlib.metadata.requires("seqgrad")
 package = os.path.dirname(seqgrad.__file__)
 assert package.startswith(sys.prefix), package
 bundled = os.path.join(os.path.dirname(package), "seqgrad.libs")
