@@ -1,42 +1,84 @@
-"""Packs the seqgrad package, its native module and libseqgrad.so into a wheel (PEP 427) with zipfile.
+"""Builds seqgrad's self-contained wheel: packs the package, its native module and libseqgrad.so into a
+linux_x86_64 wheel (PEP 427, with zipfile), then `auditwheel repair` copies every shared library they need outside
+the manylinux policy (Abseil, OpenBLAS, libgomp, libgfortran, ...) into seqgrad.libs/ and retags it.
 
-usage: build_wheel.py OUT.whl VERSION FILE... (files land in seqgrad/ under their base names)
+usage: build_wheel.py OUT.whl VERSION PLATFORM PATCHELF AUDITWHEEL_DIR _native.so libseqgrad.so PACKAGE_FILE...
+  OUT.whl's name must be what auditwheel names the repaired wheel (seqgrad-VERSION-cp311-cp311-PLATFORM.whl).
 """
 import base64
 import hashlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import zipfile
+
+# What the tests run: Debian 12's NumPy 1.24 and PyPI's NumPy 2 (//bindings/python:seqgrad_numpy2_test).
+NUMPY_REQUIREMENT = "numpy>=1.24,<3"
 
 
 def _record_hash(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def main():
-    out, version, files = sys.argv[1], sys.argv[2], sys.argv[3:]
-    name = os.path.basename(out)
-    tag = "-".join(name[:-len(".whl")].split("-")[2:])  # cp311-cp311-linux_x86_64
+def _write_wheel(path, version, files):
+    """files: (name inside seqgrad/, local path). Tag linux_x86_64: the repair retags it."""
     dist = "seqgrad-%s.dist-info" % version
     entries = []
-    for f in files:
-        with open(f, "rb") as fh:
-            entries.append(("seqgrad/" + os.path.basename(f), fh.read(), os.path.basename(f).endswith(".so")))
+    for name, local in files:
+        with open(local, "rb") as fh:
+            entries.append(("seqgrad/" + name, fh.read(), ".so" in name))
     metadata = ("Metadata-Version: 2.1\nName: seqgrad\nVersion: %s\n"
                 "Summary: Exact-gradient long-sequence training of Llama/Qwen2 transformers (C ABI bindings)\n"
-                "Requires-Python: >=3.11\nRequires-Dist: numpy\n" % version)
-    wheel = "Wheel-Version: 1.0\nGenerator: seqgrad build_wheel.py\nRoot-Is-Purelib: false\nTag: %s\n" % tag
+                "Requires-Python: >=3.11,<3.12\nRequires-Dist: %s\n" % (version, NUMPY_REQUIREMENT))
+    wheel = ("Wheel-Version: 1.0\nGenerator: seqgrad build_wheel.py\nRoot-Is-Purelib: false\n"
+             "Tag: cp311-cp311-linux_x86_64\n")
     entries.append((dist + "/METADATA", metadata.encode(), False))
     entries.append((dist + "/WHEEL", wheel.encode(), False))
     record = "".join("%s,%s,%d\n" % (p, _record_hash(d), len(d)) for p, d, _ in entries)
     record += dist + "/RECORD,,\n"
     entries.append((dist + "/RECORD", record.encode(), False))
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for path, data, executable in entries:
-            info = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))  # reproducible
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data, executable in entries:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))  # reproducible
             info.external_attr = (0o755 if executable else 0o644) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, data)
+
+
+def main():
+    out, version, platform, patchelf, auditwheel, native, lib = sys.argv[1:8]
+    package_files = sys.argv[8:]
+    work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        # libseqgrad.so goes in under its SONAME (what _native.so's DT_NEEDED asks for). _native.so finds it
+        # beside itself: its Bazel RUNPATH (into bazel-out's _solib) is replaced by $ORIGIN. libseqgrad.so keeps
+        # its RUNPATH to Debian's OpenMP OpenBLAS for auditwheel to find the right libopenblas; the repair
+        # replaces it with seqgrad.libs/ (auditwheel drops RUNPATH entries outside the wheel).
+        soname = subprocess.check_output([patchelf, "--print-soname", lib], text=True).strip()
+        native_copy = os.path.join(work, "_native.so")
+        shutil.copyfile(native, native_copy)
+        os.chmod(native_copy, 0o755)
+        subprocess.check_call([patchelf, "--set-rpath", "$ORIGIN", native_copy])
+        files = [(os.path.basename(f), f) for f in package_files]
+        files += [("_native.so", native_copy), (soname, lib)]
+        plain = os.path.join(work, "seqgrad-%s-cp311-cp311-linux_x86_64.whl" % version)
+        _write_wheel(plain, version, files)
+        env = dict(os.environ, PYTHONPATH=auditwheel,
+                   PATH=os.path.dirname(patchelf) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
+        repaired = os.path.join(work, "repaired")
+        run = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "--plat", platform, "--only-plat",
+                              "-w", repaired, plain], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        if run.returncode != 0:
+            sys.exit("build_wheel.py: auditwheel repair failed:\n" + run.stdout)
+        made = os.listdir(repaired)
+        if made != [os.path.basename(out)]:
+            sys.exit("build_wheel.py: auditwheel made %s, the BUILD file expects %s" % (made, os.path.basename(out)))
+        shutil.move(os.path.join(repaired, made[0]), out)
+    finally:
+        shutil.rmtree(work)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,16 @@
 // seqgrad._native: a thin pybind11 layer over the C ABI (seqgrad/seqgrad.h) only — never over core C++.
 // Statuses become exceptions built by seqgrad._errors.from_status(code, message); the GIL is released while a
 // trainer computes. Parameter/gradient arrays share memory with the model and keep its native handle alive.
+// Arrays passed in must already have the exact dtype, shape and layout the C ABI reads (the Python layer converts);
+// anything else is an InvalidArgumentError naming the argument, never a silent conversion.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+
+// NumPy 2 changed the array descriptor's layout; pybind11 reads both only since 2.12 (2.10, Debian 12's, gives
+// all-zero strides under NumPy 2). //third_party:pybind11 is PyPI's: this stops Debian's headers slipping in.
+#if !defined(PYBIND11_VERSION_HEX) || PYBIND11_VERSION_HEX < 0x020C0000
+#error "pybind11 >= 2.12 is needed for NumPy 2 (//third_party:pybind11 should be the PyPI one)"
+#endif
 
 #include <atomic>
 #include <memory>
@@ -35,16 +43,64 @@ void Check(sg_status* st) {
   throw py::error_already_set();
 }
 
-py::dtype NumpyDType(int dt) {
+// The numpy dtype of an sg_dtype and its element size in bytes.
+std::pair<py::dtype, py::ssize_t> NumpyDType(int dt) {
   switch (dt) {
-    case SG_DTYPE_F32: return py::dtype::of<float>();
-    case SG_DTYPE_F64: return py::dtype::of<double>();
-    case SG_DTYPE_I32: return py::dtype::of<int32_t>();
-    case SG_DTYPE_I64: return py::dtype::of<int64_t>();
-    case SG_DTYPE_F16: return py::dtype("float16");
-    case SG_DTYPE_BF16: return py::dtype("uint16");  // raw bf16 bits
+    case SG_DTYPE_F32: return {py::dtype::of<float>(), 4};
+    case SG_DTYPE_F64: return {py::dtype::of<double>(), 8};
+    case SG_DTYPE_I32: return {py::dtype::of<int32_t>(), 4};
+    case SG_DTYPE_I64: return {py::dtype::of<int64_t>(), 8};
+    case SG_DTYPE_F16: return {py::dtype("float16"), 2};
+    case SG_DTYPE_BF16: return {py::dtype("uint16"), 2};  // raw bf16 bits
   }
-  throw py::value_error("unknown dtype");
+  RaiseCode(SG_ERR_INTERNAL, "unknown sg_dtype " + std::to_string(dt));
+}
+
+// A numpy array over one parameter's (or gradient's) row-major memory; `base` keeps the memory alive. The byte
+// strides are given explicitly from the C ABI's element size, and the array numpy built is checked against them,
+// so a pybind11/NumPy mismatch raises instead of aliasing every element to the first.
+//
+// Device memory later: a CUDA model's tensors cannot be numpy arrays. There, parameters()/gradients() would return
+// small view objects whose __dlpack__ hands out a DLManagedTensor with device (kDLCUDA, the model's device id), these
+// shape/strides and a deleter that drops `base`, and whose __dlpack_device__ returns (2, device id); torch/JAX/CuPy
+// take those zero-copy exactly as they take these arrays' NumPy-provided __dlpack__ now. sg_param_info would gain a
+// device field first.
+py::array View(const sg_param_info& p, void* data, py::object base) {
+  auto [dtype, elem] = NumpyDType(p.dtype);
+  std::vector<py::ssize_t> shape(p.shape, p.shape + p.ndim), strides(p.ndim);
+  py::ssize_t stride = elem;
+  for (int d = p.ndim - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+  py::array a(dtype, shape, strides, data, base);
+  bool ok = a.itemsize() == elem && a.data() == data;
+  for (int d = 0; d < p.ndim; ++d) ok = ok && a.strides(d) == strides[d] && a.shape(d) == shape[d];
+  if (!ok)
+    RaiseCode(SG_ERR_INTERNAL, std::string("numpy view of ") + p.name +
+                                   " does not have the layout asked for (itemsize " + std::to_string(a.itemsize()) +
+                                   ", expected " + std::to_string(elem) +
+                                   "): this pybind11 does not match the installed NumPy");
+  return a;
+}
+
+// `obj` as a 1-D C-contiguous aligned array of exactly T (named `what` in the error otherwise).
+template <typename T>
+py::array_t<T, py::array::c_style> Exact(const py::handle& obj, const std::string& what, const char* type_name) {
+  using Array = py::array_t<T, py::array::c_style>;
+  constexpr int kAligned = py::detail::npy_api::NPY_ARRAY_ALIGNED_;
+  if (py::isinstance<Array>(obj)) {
+    auto a = py::reinterpret_borrow<Array>(obj);
+    if (a.ndim() == 1 && (a.flags() & kAligned)) return a;
+  }
+  std::string got = std::string(py::str(py::type::handle_of(obj).attr("__name__")));
+  if (py::isinstance<py::array>(obj)) {
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    got = "dtype " + std::string(py::str(a.dtype())) + ", shape " + std::string(py::str(obj.attr("shape"))) +
+          (a.flags() & py::array::c_style ? "" : ", not C-contiguous") + (a.flags() & kAligned ? "" : ", unaligned");
+  }
+  RaiseCode(SG_ERR_INVALID_ARGUMENT,
+            what + " must be a 1-D C-contiguous aligned numpy array of " + type_name + ", got " + got);
 }
 
 // Owns one sg_model reference. Python arrays viewing its memory hold a reference to this object.
@@ -136,6 +192,10 @@ using IdArray = py::array_t<int32_t, py::array::c_style>;
 using LenArray = py::array_t<int64_t, py::array::c_style>;
 using F64Array = py::array_t<double, py::array::c_style>;
 
+IdArray Ids(const py::handle& obj, const std::string& what) { return Exact<int32_t>(obj, what, "int32"); }
+LenArray Int64s(const py::handle& obj, const std::string& what) { return Exact<int64_t>(obj, what, "int64"); }
+F64Array Float64s(const py::handle& obj, const std::string& what) { return Exact<double>(obj, what, "float64"); }
+
 // Runs call(sg_metrics*) -> sg_status* with the GIL released, then re-raises what the progress callback raised, or
 // the status.
 template <typename F>
@@ -168,15 +228,15 @@ void CheckSize(py::ssize_t got, py::ssize_t want, const std::string& what, const
 
 enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2, kAccumulate = 3 };
 
-// ids, labels (or None), lengths: already int32/int32/int64 C-contiguous (the Python layer converts).
-py::dict RunStep(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj, Mode mode) {
+// ids, labels (or None), lengths: int32/int32/int64 C-contiguous (the Python layer converts).
+py::dict RunStep(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj, Mode mode) {
   sg_trainer* t = self.get();
-  IdArray ids = py::cast<IdArray>(ids_obj);
-  LenArray lengths = py::cast<LenArray>(lengths_obj);
+  IdArray ids = Ids(ids_obj, "ids");
+  LenArray lengths = Int64s(lengths_obj, "lengths");
   IdArray labels;
   const int32_t* labels_ptr = nullptr;
   if (!labels_obj.is_none()) {
-    labels = py::cast<IdArray>(labels_obj);
+    labels = Ids(labels_obj, "labels");
     if (labels.size() != ids.size())
       RaiseCode(SG_ERR_INVALID_ARGUMENT, "labels has " + std::to_string(labels.size()) + " tokens but ids has " +
                                              std::to_string(ids.size()));
@@ -203,13 +263,13 @@ struct Sequences {
               what + " labels", what + " ids (sequences)");
     for (size_t i = 0; i < ids_list.size(); ++i) {
       const std::string name = what + "[" + std::to_string(i) + "]";
-      id_arrays.push_back(py::cast<IdArray>(ids_list[i]));
+      id_arrays.push_back(Ids(ids_list[i], name + " ids"));
       ids.push_back(id_arrays.back().data());
       lengths.push_back(id_arrays.back().size());
       if (labels_list[i].is_none()) {
         labels.push_back(nullptr);
       } else {
-        label_arrays.push_back(py::cast<IdArray>(labels_list[i]));
+        label_arrays.push_back(Ids(labels_list[i], name + " labels"));
         CheckSize(label_arrays.back().size(), id_arrays.back().size(), name + " labels", name + " ids");
         labels.push_back(label_arrays.back().data());
       }
@@ -230,7 +290,7 @@ struct PerToken {
         ptrs.push_back(nullptr);
         continue;
       }
-      arrays.push_back(py::cast<F64Array>(list[i]));
+      arrays.push_back(Float64s(list[i], what + "[" + std::to_string(i) + "]"));
       CheckSize(arrays.back().size(), seqs.lengths[i], what + "[" + std::to_string(i) + "]",
                 "sequence " + std::to_string(i));
       ptrs.push_back(arrays.back().data());
@@ -239,13 +299,14 @@ struct PerToken {
 };
 
 py::dict RunDpo(NativeTrainer& self, const py::list& chosen_ids, const py::list& chosen_labels,
-                const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen_obj,
-                py::array ref_rejected_obj, int mode) {
+                const py::list& rejected_ids, const py::list& rejected_labels, py::object ref_chosen_obj,
+                py::object ref_rejected_obj, int mode) {
   sg_trainer* t = self.get();
   Sequences chosen(chosen_ids, chosen_labels, "chosen"), rejected(rejected_ids, rejected_labels, "rejected");
   CheckSize(static_cast<py::ssize_t>(rejected.ids.size()), static_cast<py::ssize_t>(chosen.ids.size()),
             "rejected (sequences)", "chosen (sequences)");
-  F64Array ref_chosen = py::cast<F64Array>(ref_chosen_obj), ref_rejected = py::cast<F64Array>(ref_rejected_obj);
+  F64Array ref_chosen = Float64s(ref_chosen_obj, "ref_chosen_logp");
+  F64Array ref_rejected = Float64s(ref_rejected_obj, "ref_rejected_logp");
   const py::ssize_t n = static_cast<py::ssize_t>(chosen.ids.size());
   CheckSize(ref_chosen.size(), n, "ref_chosen_logp", "chosen (sequences)");
   CheckSize(ref_rejected.size(), n, "ref_rejected_logp", "chosen (sequences)");
@@ -258,12 +319,12 @@ py::dict RunDpo(NativeTrainer& self, const py::list& chosen_ids, const py::list&
   });
 }
 
-py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& labels, py::array advantages_obj,
-                 const py::list& old_logprobs, const py::list& ref_logprobs, py::array offsets_obj, int mode) {
+py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& labels, py::object advantages_obj,
+                 const py::list& old_logprobs, const py::list& ref_logprobs, py::object offsets_obj, int mode) {
   sg_trainer* t = self.get();
   Sequences seqs(ids, labels, "completions");
-  F64Array advantages = py::cast<F64Array>(advantages_obj);
-  LenArray offsets = py::cast<LenArray>(offsets_obj);
+  F64Array advantages = Float64s(advantages_obj, "advantages");
+  LenArray offsets = Int64s(offsets_obj, "group_offsets");
   const py::ssize_t n = static_cast<py::ssize_t>(seqs.ids.size());
   CheckSize(advantages.size(), n, "advantages", "completions (sequences)");
   PerToken old_lp(old_logprobs, seqs, "old_logprobs"), ref_lp(ref_logprobs, seqs, "ref_logprobs");
@@ -278,22 +339,22 @@ py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& label
 }
 
 // Held-out evaluation with the distance buckets as a list of dicts.
-py::dict EvaluateDetailed(NativeTrainer& self, py::array ids_obj, py::object labels_obj, py::array lengths_obj,
+py::dict EvaluateDetailed(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj,
                           py::object distances_obj) {
   sg_trainer* t = self.get();
-  IdArray ids = py::cast<IdArray>(ids_obj);
-  LenArray lengths = py::cast<LenArray>(lengths_obj);
+  IdArray ids = Ids(ids_obj, "ids");
+  LenArray lengths = Int64s(lengths_obj, "lengths");
   IdArray labels;
   LenArray distances;
   const int32_t* labels_ptr = nullptr;
   const int64_t* distances_ptr = nullptr;
   if (!labels_obj.is_none()) {
-    labels = py::cast<IdArray>(labels_obj);
+    labels = Ids(labels_obj, "labels");
     CheckSize(labels.size(), ids.size(), "labels", "ids");
     labels_ptr = labels.data();
   }
   if (!distances_obj.is_none()) {
-    distances = py::cast<LenArray>(distances_obj);
+    distances = Int64s(distances_obj, "distances");
     CheckSize(distances.size(), ids.size(), "distances", "ids");
     distances_ptr = distances.data();
   }
@@ -461,11 +522,9 @@ PYBIND11_MODULE(_native, mod) {
         NativeModel& self = self_obj.cast<NativeModel&>();
         sg_param_info p = sg_param_info_init();
         Check(sg_model_param_info(self.m, i, &p));
-        std::vector<py::ssize_t> shape(p.shape, p.shape + p.ndim);
-        py::dtype dt = NumpyDType(p.dtype);
-        py::array value(dt, shape, {}, p.data, self_obj);
+        py::array value = View(p, p.data, self_obj);
         py::object grad = py::none();
-        if (p.grad) grad = py::array(dt, shape, {}, p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
+        if (p.grad) grad = View(p, p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
         return py::make_tuple(std::string(p.name), value, grad);
       });
 
@@ -518,14 +577,14 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
            py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
            py::arg("offload"))
-      .def("step", [](NativeTrainer& s, py::array ids, py::object labels,
-                      py::array lengths) { return RunStep(s, ids, labels, lengths, kStep); })
-      .def("compute_gradients", [](NativeTrainer& s, py::array ids, py::object labels,
-                                   py::array lengths) { return RunStep(s, ids, labels, lengths, kGradients); })
-      .def("evaluate", [](NativeTrainer& s, py::array ids, py::object labels,
-                          py::array lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
-      .def("accumulate_gradients", [](NativeTrainer& s, py::array ids, py::object labels,
-                                      py::array lengths) { return RunStep(s, ids, labels, lengths, kAccumulate); })
+      .def("step", [](NativeTrainer& s, py::object ids, py::object labels,
+                      py::object lengths) { return RunStep(s, ids, labels, lengths, kStep); })
+      .def("compute_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
+                                   py::object lengths) { return RunStep(s, ids, labels, lengths, kGradients); })
+      .def("evaluate", [](NativeTrainer& s, py::object ids, py::object labels,
+                          py::object lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
+      .def("accumulate_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
+                                      py::object lengths) { return RunStep(s, ids, labels, lengths, kAccumulate); })
       // distances: None or int64 aligned with ids (used where the label is valid).
       .def("evaluate_detailed", &EvaluateDetailed)
       .def("save_checkpoint",
@@ -550,8 +609,8 @@ PYBIND11_MODULE(_native, mod) {
       // the reference model's).
       .def("dpo",
            [](NativeTrainer& s, const py::list& chosen_ids, const py::list& chosen_labels,
-              const py::list& rejected_ids, const py::list& rejected_labels, py::array ref_chosen,
-              py::array ref_rejected, int mode) {
+              const py::list& rejected_ids, const py::list& rejected_labels, py::object ref_chosen,
+              py::object ref_rejected, int mode) {
              return RunDpo(s, chosen_ids, chosen_labels, rejected_ids, rejected_labels, ref_chosen, ref_rejected,
                            mode);
            })
@@ -559,8 +618,8 @@ PYBIND11_MODULE(_native, mod) {
       // ids/labels as for dpo, one per completion; advantages float64; old/ref: lists of float64 arrays or None;
       // group_offsets int64 (num_groups + 1).
       .def("grpo",
-           [](NativeTrainer& s, const py::list& ids, const py::list& labels, py::array advantages,
-              const py::list& old_logprobs, const py::list& ref_logprobs, py::array group_offsets, int mode) {
+           [](NativeTrainer& s, const py::list& ids, const py::list& labels, py::object advantages,
+              const py::list& old_logprobs, const py::list& ref_logprobs, py::object group_offsets, int mode) {
              return RunGrpo(s, ids, labels, advantages, old_logprobs, ref_logprobs, group_offsets, mode);
            })
       .def("set_reference",

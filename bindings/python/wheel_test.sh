@@ -1,15 +1,86 @@
 #!/bin/bash
-# Installs the wheel into a fresh venv (offline, no deps: numpy from the system) and trains a step with it.
+# The wheel is self-contained: a manylinux tag, no RUNPATH into Bazel's tree or /usr, and it installs into a fresh
+# venv without system site packages (NumPy 2 from PyPI) and trains with Debian's copies of the libraries it bundles
+# hidden from the loader: /dev/null is bind-mounted over each of them in a private mount namespace.
+# usage: wheel_test.sh WHEEL NUMPY2_DIR (PyPI's NumPy 2, pip-installed with --target by ./bazelw)
 set -euo pipefail
 whl="$(readlink -f "$1")"
-venv="${TEST_TMPDIR:-$(mktemp -d)}/venv"
-/usr/bin/python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install --quiet --no-index --no-deps --disable-pip-version-check "$whl"
-cd /  # import from the venv, not from the source tree
-"$venv/bin/python" - <<'PY'
+numpy2="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+
+if [[ "$(basename "$whl")" != seqgrad-*-cp311-cp311-manylinux_*_x86_64.whl ]]; then
+  echo "FAIL: $(basename "$whl") has no manylinux platform tag" >&2
+  exit 1
+fi
+
+mkdir "$tmp/unpacked"
+/usr/bin/python3 -m zipfile -e "$whl" "$tmp/unpacked"
+while IFS= read -r so; do
+  runpath="$(readelf -d "$so" | grep -E 'R(UN)?PATH' || true)"
+  if [[ "$runpath" =~ /usr|_solib|bazel|execroot ]]; then
+    echo "FAIL: ${so#"$tmp"/unpacked/} has $runpath" >&2
+    exit 1
+  fi
+done < <(find "$tmp/unpacked" -name '*.so*')
+
+/usr/bin/python3 -m venv "$tmp/venv"  # no system site packages: Debian's NumPy, torch, ... are not there
+site="$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
+echo "$numpy2" >"$site/numpy2.pth"
+# pip checks Requires-Dist numpy>=1.24,<3 against that NumPy 2 (offline: nothing else may be needed).
+"$tmp/venv/bin/python" -m pip install --quiet --no-index "$whl"
+
+# Debian's copies of what the wheel bundles, as they are named on disk (symlinks resolve to the files).
+hidden=()
+while IFS= read -r f; do hidden+=("$f"); done < <(find /usr/lib/x86_64-linux-gnu -maxdepth 2 \
+  \( -name 'libabsl_*.so*' -o -name 'libopenblas*.so*' -o -name 'libgomp.so*' -o -name 'libgfortran.so*' \
+     -o -name 'libquadmath.so*' \) -type f)
+if (( ${#hidden[@]} < 60 )); then
+  echo "FAIL: expected Debian's Abseil, OpenBLAS, libgomp, libgfortran and libquadmath; found ${hidden[*]}" >&2
+  exit 1
+fi
+unshare=(unshare --mount)
+if [[ "$(id -u)" != 0 ]]; then unshare=(unshare --user --map-root-user --mount); fi
+
+cat >"$tmp/check.py" <<'PY'
+import ctypes
+import importlib.metadata
+import os
+import sys
+
+for name in ("libgomp.so.1", "libopenblas.so.0", "libabsl_base.so.20220623", "libgfortran.so.5", "libquadmath.so.0"):
+    try:
+        ctypes.CDLL(name)
+        sys.exit("FAIL: Debian's %s still loads" % name)
+    except OSError:
+        pass  # hidden: "file too short"
+
+import numpy as np
 import seqgrad
-assert "site-packages" in seqgrad.__file__, seqgrad.__file__
-with seqgrad.Model.from_preset("tiny") as m, seqgrad.Trainer(m) as t:
-    r = t.step([[1, 2, 3, 4, 5, 6]])
-print("seqgrad", seqgrad.version(), "from", seqgrad.__file__, "loss", r["loss"])
+
+assert np.__version__.startswith("2."), np.__version__
+assert importlib.metadata.version("seqgrad") == seqgrad.__version__ == seqgrad.version()  # one version source
+assert importlib.metadata.requires("seqgrad") == ["numpy>=1.24,<3"], importlib.metadata.requires("seqgrad")
+package = os.path.dirname(seqgrad.__file__)
+assert package.startswith(sys.prefix), package
+bundled = os.path.join(os.path.dirname(package), "seqgrad.libs")
+maps = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
+copies = [os.path.join(bundled, f) for f in os.listdir(bundled)]
+assert copies and not [p for p in copies if p not in maps], (copies, maps)  # every bundled library is loaded
+assert [p for p in maps if p.startswith(os.path.join(package, "libseqgrad.so"))], maps
+numpy_dir = os.path.dirname(np.__path__[0])  # NumPy 2 brings its own OpenBLAS and libgfortran
+bundled_kinds = ("libseqgrad", "libabsl_", "libopenblas", "libgomp", "libgfortran", "libquadmath")
+for p in maps:
+    if os.path.basename(p).startswith(bundled_kinds):
+        assert p.startswith(sys.prefix) or p.startswith(numpy_dir), p
+
+with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model) as trainer:
+    w = model.parameters()["model.embed_tokens.weight"]
+    assert w.strides == (4 * w.shape[1], 4), w.strides
+    before = w.copy()
+    loss = trainer.step([[1, 2, 3, 4, 5, 6]])["loss"]
+    assert np.isfinite(loss) and not np.array_equal(before, w)
+print("seqgrad", seqgrad.version(), "numpy", np.__version__, "loss", loss, "libraries from", bundled)
 PY
+cd /  # import the installed package, not the source tree
+"${unshare[@]}" /bin/bash -c 'for f in "${@:3}"; do mount --bind /dev/null "$f"; done; exec "$1" "$2"' \
+  hide "$tmp/venv/bin/python" "$tmp/check.py" "${hidden[@]}"

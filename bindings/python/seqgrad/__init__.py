@@ -164,7 +164,8 @@ class Model:
         return [n.param(i) for i in range(n.num_params)]
 
     def parameters(self):
-        """dict name -> numpy array sharing the engine's memory (writes change the model)."""
+        """dict name -> C-contiguous numpy array sharing the engine's memory (writes change the model). NumPy's
+        __dlpack__ hands them to torch/JAX/CuPy without a copy: torch.from_dlpack(array)."""
         return {name: value for name, value, _ in self._params()}
 
     def gradients(self):
@@ -199,7 +200,7 @@ def _as_tokens(seq, what):
         raise InvalidArgumentError("%s must hold integers, got dtype %s" % (what, a.dtype))
     if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
         raise InvalidArgumentError("%s has values outside int32" % what)
-    return a.astype(np.int32, copy=False)
+    return np.require(a, np.int32, "CA")  # what the native layer reads: C-contiguous, aligned (a copy if not)
 
 
 def _flatten(batch, what):
@@ -212,18 +213,18 @@ def _flatten(batch, what):
         raise InvalidArgumentError("%s must be a list of sequences or a 2-D array" % what)
     seqs = [_as_tokens(s, "%s[%d]" % (what, i)) for i, s in enumerate(batch)]
     lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-    flat = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32)
-    return np.ascontiguousarray(flat, dtype=np.int32), lengths
+    return np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32), lengths
 
 
 def _float(value, what, none_ok):
     if value is None and none_ok:
         return float("nan")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError("%s must be a number%s, got %r" % (what, " or None" if none_ok else "",
-                                                                     value)) from None
+    if not isinstance(value, (str, bytes)) and np.ndim(value) == 0:  # no parsing of text, no 1-element arrays
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise InvalidArgumentError("%s must be a number%s, got %r" % (what, " or None" if none_ok else "", value))
 
 
 def _logprobs(value, what, length):
@@ -231,9 +232,13 @@ def _logprobs(value, what, length):
     if value is None:
         return None
     try:
-        a = np.ascontiguousarray(value, dtype=np.float64)
+        a = np.asarray(value)
     except (TypeError, ValueError):
         raise InvalidArgumentError("%s must be a sequence of floats (NaN where the label is ignored)" % what) from None
+    if a.dtype.kind not in "fiu":  # never None -> NaN, text -> float or complex -> real part
+        raise InvalidArgumentError("%s must hold real numbers (NaN where the label is ignored), got dtype %s" %
+                                   (what, a.dtype))
+    a = np.require(a, np.float64, "CA")
     if a.ndim != 1:
         raise InvalidArgumentError("%s must be 1-D (one entry per position), got shape %s" % (what, a.shape))
     if a.size != length:
@@ -263,7 +268,7 @@ def _ids_labels(ids, labels, what):
     b = _as_tokens(labels, what + " labels")
     if b.size != a.size:
         raise InvalidArgumentError("%s: labels has %d tokens but ids has %d" % (what, b.size, a.size))
-    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a, b
 
 
 def _pair_sequence(value, what):

@@ -820,5 +820,200 @@ def test_nonfinite_weights_raise_internal_error(model):
         assert "model.norm.weight" in str(e.value)
 
 
+
+# ---- views under NumPy 1 and 2 (this file also runs under PyPI's NumPy 2: //bindings/python:seqgrad_numpy2_test) ----
+
+def _safetensors(path):
+    """name -> array of a .safetensors file, read without seqgrad: 8-byte header length, JSON header, raw data."""
+    import json
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    data = raw[8 + n:]
+    out = {}
+    for name, t in json.loads(raw[8:8 + n]).items():
+        if name != "__metadata__":
+            lo, hi = t["data_offsets"]
+            dtype = {"F32": "<f4", "F64": "<f8"}[t["dtype"]]
+            out[name] = np.frombuffer(data[lo:hi], dtype=dtype).reshape(t["shape"])
+    return out
+
+
+def _c_strides(a):
+    strides, step = [], a.itemsize
+    for n in reversed(a.shape):
+        strides.insert(0, step)
+        step *= n
+    return tuple(strides)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_views_have_c_strides_and_the_engines_values(tmp_path, dtype):
+    with seqgrad.Model.from_preset("tiny", dtype=dtype, seed=3) as model:
+        with seqgrad.Trainer(model) as tr:
+            tr.compute_gradients(BATCH)
+        params, grads = model.parameters(), model.gradients()
+        assert grads.keys() == params.keys()
+        for name, a in list(params.items()) + list(grads.items()):
+            assert a.dtype == (np.float32 if dtype == "f32" else np.float64), name
+            assert a.strides == _c_strides(a) and 0 not in a.strides, (name, a.strides)
+            assert a.flags["C_CONTIGUOUS"] and a.flags["WRITEABLE"] and not a.flags["OWNDATA"], name
+        model.save(tmp_path)
+        saved = _safetensors(tmp_path / "model.safetensors")
+        assert "model.embed_tokens.weight" in saved and len(saved) >= len(params) - 1  # lm_head may be tied
+        for name, expected in saved.items():
+            np.testing.assert_array_equal(params[name], expected, err_msg=name)
+        assert len(np.unique(params["model.embed_tokens.weight"])) > 100  # not one element repeated
+
+
+def test_writes_through_views_reach_the_engine(model):
+    params = model.parameters()
+    norm = params["model.norm.weight"]
+    norm[:] = np.arange(norm.size, dtype=np.float32)
+    np.testing.assert_array_equal(model.parameters()["model.norm.weight"], np.arange(norm.size))
+    norm[5] = -1.0  # one element: exactly that one changes
+    again = model.parameters()["model.norm.weight"]
+    assert again[5] == -1.0 and again[4] == 4.0 and again[6] == 6.0
+    norm[:] = 0  # final norm zero: every logit is 0, so the loss is exactly log(vocab_size)
+    with seqgrad.Trainer(model, lr=1e-3) as tr:
+        assert tr.evaluate(BATCH)["loss"] == pytest.approx(np.log(model.vocab_size), rel=1e-6)
+        assert tr.step(BATCH)["loss"] == pytest.approx(np.log(model.vocab_size), rel=1e-6)
+        norm[:] = 1
+        assert tr.evaluate(BATCH)["loss"] != pytest.approx(np.log(model.vocab_size), rel=1e-3)
+
+
+def test_gradient_views_read_and_write_the_engines_gradients(model):
+    with seqgrad.Trainer(model, clip_grad_norm=0.0) as tr:
+        tr.compute_gradients(BATCH)
+        norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in model.gradients().values()))
+        assert norm > 0 and tr.optimizer_step()["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    with seqgrad.Trainer(model, lr=1e-2, weight_decay=0.0, clip_grad_norm=0.0) as tr:  # fresh AdamW moments
+        tr.compute_gradients(BATCH)
+        grads = model.gradients()
+        for g in grads.values():
+            g[...] = 0
+        emb, q = grads["model.embed_tokens.weight"], grads["model.layers.0.self_attn.q_proj.weight"]
+        emb[-1, -1] = 3.0
+        q[1, 2] = -4.0
+        before = {k: v.copy() for k, v in model.parameters().items()}
+        assert tr.optimizer_step()["grad_norm"] == pytest.approx(5.0, rel=1e-6)  # the norm of what was written
+    for name, value in model.parameters().items():
+        changed = np.argwhere(value != before[name]).tolist()
+        expected = {"model.embed_tokens.weight": [list(np.array(value.shape) - 1)],
+                    "model.layers.0.self_attn.q_proj.weight": [[1, 2]]}.get(name, [])
+        assert changed == expected, name  # AdamW without decay moves exactly the weights with a gradient
+
+
+def test_dlpack_zero_copy():
+    """Parameters and gradients leave through NumPy's __dlpack__ without a copy (torch.from_dlpack takes them too)."""
+    with seqgrad.Model.from_preset("tiny", seed=2) as model:
+        w = model.parameters()["model.layers.0.mlp.up_proj.weight"]
+        assert w.__dlpack_device__() == (1, 0)  # kDLCPU
+        other = np.from_dlpack(w)
+        assert other.ctypes.data == w.ctypes.data and other.shape == w.shape and other.strides == w.strides
+        w[0, 1] = 7.0
+        assert other[0, 1] == 7.0
+
+
+def test_torch_from_dlpack_shares_memory():
+    if int(np.__version__.split(".")[0]) >= 2:
+        pytest.skip("Debian's torch 1.13 is built against NumPy 1")
+    torch = pytest.importorskip("torch")
+    model = seqgrad.Model.from_preset("tiny", seed=2)
+    params = model.parameters()
+    norm = torch.from_dlpack(params["model.norm.weight"])
+    emb = torch.from_dlpack(params["model.embed_tokens.weight"])
+    assert norm.data_ptr() == params["model.norm.weight"].ctypes.data and norm.dtype == torch.float32
+    assert emb.shape == (model.vocab_size, model.hidden_size) and emb.stride() == (model.hidden_size, 1)
+    np.testing.assert_array_equal(emb.numpy(), params["model.embed_tokens.weight"])
+    with seqgrad.Trainer(model) as tr:
+        tr.compute_gradients(BATCH)
+        g = torch.from_dlpack(model.gradients()["model.norm.weight"])
+        assert g.data_ptr() == model.gradients()["model.norm.weight"].ctypes.data and float(g.abs().sum()) > 0
+        norm.zero_()  # a write through torch: the engine computes with it
+        assert tr.evaluate(BATCH)["loss"] == pytest.approx(np.log(model.vocab_size), rel=1e-6)
+    expected = emb.clone()
+    del params, g
+    model.close()
+    import gc
+    gc.collect()
+    assert torch.equal(emb, expected)  # the tensor keeps the model's memory alive
+
+
+def test_wrong_arrays_raise_typed_errors(model):
+    with seqgrad.Trainer(model) as tr:
+        for bad, match in [(np.array([[1.0, 2.0]]), r"ids\[0\] must hold integers, got dtype float64"),
+                           (np.array([[True, False]]), "integers, got dtype bool"),
+                           (np.zeros((1, 2, 3), dtype=np.int32), "2-D array, got 3-D"),
+                           ([np.array([[1, 2]])], r"ids\[0\] must be a 1-D sequence of token ids, got shape \(1, 2\)"),
+                           ([["1", "2"]], "integers, got dtype <U1")]:
+            with pytest.raises(seqgrad.InvalidArgumentError, match=match):
+                tr.step(bad)
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"labels\[0\] must hold integers"):
+            tr.step([[1, 2, 3]], [[1.0, 2.0, 3.0]])
+        # A non-contiguous view is read as its values (copied once), the same as the contiguous array.
+        wide = np.array([[t, -1] for t in BATCH[0]], dtype=np.int64)
+        assert not wide[:, 0].flags["C_CONTIGUOUS"]
+        assert tr.evaluate([wide[:, 0]])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+        unaligned = np.frombuffer(b"\0" + np.array(BATCH[0], dtype=np.int32).tobytes(), np.int32, len(BATCH[0]), 1)
+        assert not unaligned.flags["ALIGNED"]
+        assert tr.evaluate([unaligned])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+        with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as grpo:  # the per-sequence path
+            assert grpo.evaluate([unaligned])["loss"] == tr.evaluate([BATCH[0]])["loss"]
+            assert np.isfinite(grpo.compute_gradients_grpo([[{"ids": unaligned, "advantage": 1.0}]])["loss"])
+        # The native layer takes only the exact arrays the C ABI reads: anything else names the argument.
+        native, ids, lengths = tr._get(), np.array([1, 2, 3], dtype=np.int32), np.array([3], dtype=np.int64)
+        for args, match in [((ids.astype(np.int64), None, lengths),
+                             "ids must be a 1-D C-contiguous aligned numpy array of int32, got dtype int64"),
+                            ((np.arange(6, dtype=np.int32)[::2], None, lengths), "ids .* not C-contiguous"),
+                            ((ids.reshape(1, 3), None, lengths), r"ids .* shape \(1, 3\)"),
+                            ((unaligned[:3], None, lengths), "ids .* unaligned"),
+                            (([1, 2, 3], None, lengths), "ids .* got list"),
+                            ((ids, ids.astype(np.float32), lengths), "labels .* dtype float32"),
+                            ((ids, None, lengths.astype(np.int32)), "lengths .* of int64, got dtype int32"),
+                            ((ids, None, lengths.astype(">i8")), "lengths .* of int64, got dtype >i8")]:
+            with pytest.raises(seqgrad.InvalidArgumentError, match=match):
+                native.evaluate(*args)
+        assert tr.step_count == 0
+    with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as tr:
+        groups = _groups()
+        groups[0][0]["old_logprobs"] = np.array(groups[0][0]["old_logprobs"], dtype=np.complex128)
+        with pytest.raises(seqgrad.InvalidArgumentError,
+                           match=r"groups\[0\]\[0\]\['old_logprobs'\] must hold real numbers.*got dtype complex128"):
+            tr.step_grpo(groups)
+        groups = _groups()
+        groups[0][1]["ref_logprobs"] = [None] * len(groups[0][1]["ids"])
+        with pytest.raises(seqgrad.InvalidArgumentError,
+                           match=r"\['ref_logprobs'\] must hold real numbers.*got dtype object"):
+            tr.step_grpo(groups)
+        groups = _groups()
+        groups[1][0]["advantage"] = "1.5"
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"groups\[1\]\[0\]\['advantage'\] must be a number"):
+            tr.step_grpo(groups)
+        groups = _groups()
+        groups[1][0]["advantage"] = np.array([1.0, 2.0])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"\['advantage'\] must be a number"):
+            tr.step_grpo(groups)
+        native = tr._get()
+        with pytest.raises(seqgrad.InvalidArgumentError, match="advantages .* of float64, got dtype float32"):
+            native.grpo([np.array([1, 2], dtype=np.int32)], [None], np.array([1.0], dtype=np.float32), [None], [None],
+                        np.array([0, 1], dtype=np.int64), 0)
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"completions\[0\] ids .* of int32"):
+            native.grpo([np.array([1, 2])], [None], np.array([1.0]), [None], [None], np.array([0, 1]), 0)
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"old_logprobs\[0\] .* of float64"):
+            native.grpo([np.array([1, 2], dtype=np.int32)], [None], np.array([1.0]), [np.array([1, 2])], [None],
+                        np.array([0, 1]), 0)
+    with seqgrad.Trainer(model, objective="dpo") as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"pairs\[0\]\['ref_chosen_logp'\] must be a number"):
+            tr.step_dpo([dict(PAIRS[0], ref_chosen_logp="0.5", ref_rejected_logp=0.1)])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="ref_chosen_logp .* of float64, got dtype int64"):
+            tr._get().dpo([np.array([1, 2], dtype=np.int32)], [None], [np.array([1, 2], dtype=np.int32)], [None],
+                          np.array([1]), np.array([1.0]), 0)
+    with seqgrad.Trainer(model) as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="distances .* of int64, got dtype float64"):
+            tr._get().evaluate_detailed(np.array([1, 2], dtype=np.int32), None, np.array([2]), np.array([1.0, 1.0]))
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"distances\[0\] must be 2 integers"):
+            tr.evaluate_detailed([[1, 2]], [[2, -100]], [[1.0, 1.0]])
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
