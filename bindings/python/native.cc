@@ -228,27 +228,50 @@ void CheckSize(py::ssize_t got, py::ssize_t want, const std::string& what, const
 
 enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2, kAccumulate = 3 };
 
-// ids, labels (or None), lengths: int32/int32/int64 C-contiguous (the Python layer converts).
+// A packed batch: ids, labels (NULL = next-token labels), lengths: int32/int32/int64 C-contiguous (the Python layer
+// converts).
+struct Batch {
+  IdArray ids, labels;
+  const int32_t* labels_ptr = nullptr;
+  LenArray lengths;
+};
+
+Batch ReadBatch(const py::object& ids_obj, const py::object& labels_obj, const py::object& lengths_obj) {
+  Batch b;
+  b.ids = Ids(ids_obj, "ids");
+  b.lengths = Int64s(lengths_obj, "lengths");
+  if (!labels_obj.is_none()) {
+    b.labels = Ids(labels_obj, "labels");
+    if (b.labels.size() != b.ids.size())
+      RaiseCode(SG_ERR_INVALID_ARGUMENT, "labels has " + std::to_string(b.labels.size()) + " tokens but ids has " +
+                                             std::to_string(b.ids.size()));
+    b.labels_ptr = b.labels.data();
+  }
+  return b;
+}
+
 py::dict RunStep(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj, Mode mode) {
   sg_trainer* t = self.get();
-  IdArray ids = Ids(ids_obj, "ids");
-  LenArray lengths = Int64s(lengths_obj, "lengths");
-  IdArray labels;
-  const int32_t* labels_ptr = nullptr;
-  if (!labels_obj.is_none()) {
-    labels = Ids(labels_obj, "labels");
-    if (labels.size() != ids.size())
-      RaiseCode(SG_ERR_INVALID_ARGUMENT, "labels has " + std::to_string(labels.size()) + " tokens but ids has " +
-                                             std::to_string(ids.size()));
-    labels_ptr = labels.data();
-  }
+  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj);
   return CallTrainer(self, [&](sg_metrics* m) {
     auto fn = mode == kStep         ? sg_trainer_step
               : mode == kEvaluate   ? sg_trainer_evaluate
               : mode == kAccumulate ? sg_trainer_accumulate_gradients
                                     : sg_trainer_compute_gradients;
-    return fn(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(), m);
+    return fn(t, b.ids.data(), b.labels_ptr, b.ids.size(), b.lengths.data(), b.lengths.size(), m);
   });
+}
+
+// (log-probs aligned with ids, metrics) of sg_trainer_score.
+py::tuple Score(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj) {
+  sg_trainer* t = self.get();
+  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj);
+  F64Array logprobs(b.ids.size());
+  double* out = logprobs.mutable_data();
+  py::dict metrics = CallTrainer(self, [&](sg_metrics* m) {
+    return sg_trainer_score(t, b.ids.data(), b.labels_ptr, b.ids.size(), b.lengths.data(), b.lengths.size(), out, m);
+  });
+  return py::make_tuple(logprobs, metrics);
 }
 
 // A list of sequences as C pointer arrays: ids (int32 arrays), labels (int32 arrays or None = next-token labels)
@@ -535,7 +558,7 @@ PYBIND11_MODULE(_native, mod) {
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
                        const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
                        int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
-                       int64_t sparse_pages, bool offload) {
+                       int64_t sparse_pages, bool offload, int32_t num_threads) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -563,6 +586,7 @@ PYBIND11_MODULE(_native, mod) {
              o.grad_accum = grad_accum;
              o.sparse_pages = sparse_pages;
              o.offload = offload ? 1 : 0;
+             o.num_threads = num_threads;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -576,7 +600,7 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
            py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
            py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
-           py::arg("offload"))
+           py::arg("offload"), py::arg("num_threads"))
       .def("step", [](NativeTrainer& s, py::object ids, py::object labels,
                       py::object lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
@@ -585,6 +609,7 @@ PYBIND11_MODULE(_native, mod) {
                           py::object lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
       .def("accumulate_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
                                       py::object lengths) { return RunStep(s, ids, labels, lengths, kAccumulate); })
+      .def("score", &Score)
       // distances: None or int64 aligned with ids (used where the label is valid).
       .def("evaluate_detailed", &EvaluateDetailed)
       .def("save_checkpoint",

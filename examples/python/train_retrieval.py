@@ -42,8 +42,9 @@ def make_sequence(rng, seq_len, vocab, num_pairs, num_values):
     for j, i in enumerate(rng.permutation(num_pairs)):
         p = query_start + 3 * j
         ids[p:p + 3] = (QUERY_MARK, keys[i], values[i])
-        labels[p + 1] = values[i]  # predict the value after seeing the key
-        distances[p + 1] = p + 1 - (slots[i] + 1)  # from the key of the pair to the key of the query
+        # Hugging Face labels: the value where it stands, predicted from the key before it.
+        labels[p + 2] = values[i]
+        distances[p + 2] = p + 1 - (slots[i] + 1)  # from the key of the pair to the key of the query
     return ids, labels, distances
 
 

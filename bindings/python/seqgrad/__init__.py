@@ -3,6 +3,7 @@
     import seqgrad
     with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model, strategy="seco", chunk=64) as tr:
         m = tr.step([[1, 5, 7, 9], [3, 4, 5]])       # next-token labels when labels is None
+        lp = tr.score([[1, 5, 7, 9]])                 # per-token log p(token | prefix), NaN at position 0
         print(m["loss"], m["peak_bytes"])
         w = model.parameters()["model.norm.weight"]  # numpy view of the engine's memory (no copy)
 
@@ -23,10 +24,18 @@ LoRA, a learning-rate schedule, gradient accumulation, checkpoints and held-out 
         tr.evaluate_detailed(ids, labels, distances=d)     # loss, perplexity, accuracy, by_distance buckets
     model.save_lora_adapter("adapter")                     # PEFT files
 
+Labels follow Hugging Face's convention everywhere: aligned with ids (labels[t] is the token at position t, -100 =
+ignored), shifted by the engine (position t learns to predict labels[t + 1]), None = next-token labels (labels = ids).
+
 Everything goes through the stable C API (libseqgrad.so); errors raise seqgrad.SeqgradError subclasses carrying
-`.code`. Training steps release the GIL; Trainer.cancel() may be called from any thread.
+`.code`. Training steps release the GIL; Trainer.cancel() may be called from any thread. OpenMP threads wait
+passively (OMP_WAIT_POLICY=PASSIVE) unless the environment says otherwise, so idle threads do not spin on a machine
+shared with other processes; Trainer(num_threads=n) sets the thread count of a trainer's calls.
 """
 import os
+
+# libgomp reads the wait policy once, when it is loaded (below, with _native; the wheel bundles its own copy).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
@@ -247,6 +256,12 @@ def _logprobs(value, what, length):
     return a
 
 
+def _thread_count(n):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= np.iinfo(np.int32).max:
+        raise InvalidArgumentError("num_threads must be an integer >= 0 (0 = the default), got %r" % (n,))
+    return int(n)
+
+
 def _fields(item, what, required, optional):
     if not isinstance(item, dict):
         raise InvalidArgumentError("%s must be a dict with keys %s" % (what, ", ".join(required + optional)))
@@ -310,6 +325,8 @@ class Trainer:
     pages and the one before, and the k other earlier pages of highest score (0 = dense); offload=True keeps every
     layer's KV and KV-gradient pages in host memory and a few layers on the device (the same gradients).
 
+    num_threads: OpenMP/OpenBLAS threads of this trainer's calls (0 = OMP_NUM_THREADS, else one per core).
+
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError. A step past the model's memory limit
     (Model.set_memory_limit) raises ResourceExhaustedError.
@@ -319,7 +336,7 @@ class Trainer:
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
                  adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
-                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False):
+                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         if adjoint_window is None:
@@ -338,7 +355,7 @@ class Trainer:
                                        grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
                                        int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
                                        warmup_steps, min_lr, total_steps, grad_accum, sparse_pages,
-                                       bool(offload))
+                                       bool(offload), _thread_count(num_threads))
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:
@@ -364,8 +381,9 @@ class Trainer:
         return flat, flat_labels, lengths
 
     def step(self, ids, labels=None):
-        """Gradients of the batch + an optimizer step. ids: list of token lists or a 2-D int array; labels alike
-        (-100 = ignored) or None for next-token labels. Returns a metrics dict."""
+        """Gradients of the batch + an optimizer step. ids: list of token lists or a 2-D int array; labels alike,
+        Hugging Face style (aligned with ids, shifted by the engine, -100 = ignored) or None for next-token labels.
+        Returns a metrics dict."""
         n = self._get()
         return n.step(*self._batch(ids, labels))
 
@@ -440,6 +458,16 @@ class Trainer:
         n = self._get()
         return n.evaluate(*self._batch(ids, labels))
 
+    def score(self, ids, labels=None):
+        """Per-token log-probabilities without gradients: a list with one float64 array per sequence, as long as its
+        ids, whose entry t is log p(labels[t] | ids[:t]) (labels None: ids), NaN at position 0 and where the label is
+        -100. Computed chunk by chunk (never a sequence x vocabulary array), at any length. The arrays are what
+        step_grpo's old_logprobs/ref_logprobs take; their nan-sums are what step_dpo's ref_*_logp take."""
+        n = self._get()
+        flat, flat_labels, lengths = self._batch(ids, labels)
+        logprobs, _ = n.score(flat, flat_labels, lengths)
+        return np.split(logprobs, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
     def set_reference(self, model):
         """The frozen reference model of dpo/grpo (another Model with the same vocabulary), or None to clear it."""
         if model is not None and not isinstance(model, Model):
@@ -469,8 +497,8 @@ class Trainer:
         """A DPO step (objective "dpo") on preference pairs, then AdamW. pairs: a list of dicts
             {"chosen": (ids, labels), "rejected": (ids, labels),
              "ref_chosen_logp": float or None, "ref_rejected_logp": float or None}
-        ids: prompt + response token ids; labels: the same length, -100 except on the response (labels[t] = the
-        token after position t), or None for next-token labels. ref_*_logp: the reference model's log-prob summed
+        ids: prompt + response token ids; labels: the same length, Hugging Face style: the response tokens where
+        they stand in ids, -100 elsewhere (labels=ids with the prompt masked), or None for next-token labels. ref_*_logp: the reference model's log-prob summed
         over the labelled tokens; None or absent = computed by the reference model (Trainer(reference=...)).
         Returns a metrics dict; "loss" is the mean over pairs of -log sigmoid(dpo_beta * margin)."""
         return self._dpo(pairs, _STEP)
@@ -513,8 +541,8 @@ class Trainer:
             {"ids": ids, "labels": labels or None, "advantage": float,
              "old_logprobs": per-position floats or None, "ref_logprobs": per-position floats or None}
         ids/labels as in step_dpo(); old_logprobs / ref_logprobs: one entry per position of ids, aligned with labels
-        (log-prob of labels[t] under the sampling / reference policy; finite where the label is valid, NaN allowed
-        where it is -100). old_logprobs None: the current policy (ratio 1); ref_logprobs None: the reference
+        (log p(labels[t] | ids[:t]) under the sampling / reference policy, what score() returns; finite where the
+        label is valid, NaN allowed at position 0 and where it is -100). old_logprobs None: the current policy (ratio 1); ref_logprobs None: the reference
         model's (needed unless grpo_kl_beta = 0). Returns a metrics dict; "loss" is the GRPO objective."""
         return self._grpo(groups, _STEP)
 

@@ -74,13 +74,91 @@ def test_labels_and_save_load(model, tmp_path):
     labels[::3] = ids[::3]
     with seqgrad.Trainer(model) as tr:
         m = tr.compute_gradients([ids], [labels])
-    assert m["tokens"] == 8
+    assert m["tokens"] == 7  # labels[0] is never predicted (Hugging Face's shift): 8 labels, 7 targets
     model.save(tmp_path / "saved")
     with seqgrad.Model.load(tmp_path / "saved") as loaded:
         a, b = model.parameters(), loaded.parameters()
         assert a.keys() == b.keys()
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_hugging_face_labels(model):
+    """labels = ids is next-token training (the engine shifts); pre-0.7 shifted labels are another loss."""
+    ids = np.array(BATCH[0], dtype=np.int32)
+
+    def run(labels):
+        with seqgrad.Trainer(model, strategy="seco", chunk=8, page_size=8) as tr:
+            m = tr.compute_gradients([ids], None if labels is None else [labels])
+            return m, {k: g.copy() for k, g in model.gradients().items()}
+
+    m_none, g_none = run(None)
+    m_ids, g_ids = run(ids)
+    assert m_none["loss"] == m_ids["loss"] and m_none["tokens"] == m_ids["tokens"] == len(ids) - 1
+    for k in g_none:
+        np.testing.assert_array_equal(g_none[k], g_ids[k])
+    pre_shifted = np.append(ids[1:], -100).astype(np.int32)  # labels[t] = target of t, the 0.6 convention
+    m_old, _ = run(pre_shifted)
+    assert abs(m_old["loss"] - m_none["loss"]) > 1e-3
+
+
+def test_score():
+    """score(): log p(labels[t] | ids[:t]) per token, NaN where nothing is predicted, equal to evaluate()'s loss,
+    causal (ids[k] moves only the entries after k), the same at any chunk size; what grpo's ref_logprobs take."""
+    ids = np.array(BATCH[0], dtype=np.int32)
+    labels = ids.copy()
+    labels[5:9] = -100
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=3) as m64:
+        with seqgrad.Trainer(m64, strategy="seco", chunk=5, page_size=5, lm_chunk=3) as tr:
+            lp, lp_next = tr.score([ids, ids[:10]], [labels, ids[:10]])
+            loss = tr.evaluate([ids], [labels])["loss"]
+            changed = ids.copy()
+            changed[12] = (changed[12] + 1) % 50
+            lp_changed = tr.score([changed], [labels])[0]
+        with seqgrad.Trainer(m64, strategy="full") as full:
+            lp_full = full.score([ids], [labels])[0]
+    assert lp.shape == ids.shape and lp_next.shape == (10,)
+    valid = np.ones(len(ids), bool)
+    valid[0] = False
+    valid[5:9] = False
+    assert np.all(np.isnan(lp[~valid])) and np.all(np.isfinite(lp[valid])) and np.all(lp[valid] < 0)
+    assert abs(-lp[valid].mean() - loss) < 1e-12
+    np.testing.assert_allclose(lp_full[valid], lp[valid], rtol=0, atol=1e-12)
+    assert np.isnan(lp_next[0]) and np.all(np.isfinite(lp_next[1:]))
+    np.testing.assert_allclose(lp_next[1:5], lp[1:5], rtol=0, atol=1e-12)  # a sequence's own prefix decides
+    # Entry t depends on ids[:t] and labels[t] only: ids[12] changes the entries after 12 (labels stay as they were).
+    np.testing.assert_array_equal(lp_changed[:13], lp[:13])
+    assert np.all(lp_changed[13:][valid[13:]] != lp[13:][valid[13:]])
+
+
+def test_score_gives_grpo_reference_logprobs():
+    """grpo with ref_logprobs from score() of the reference model equals grpo with the reference model itself."""
+    ids = np.array(BATCH[1], dtype=np.int32)
+    labels = ids.copy()
+    labels[:4] = -100
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=5) as ref:
+        with seqgrad.Trainer(ref, strategy="seco", chunk=4, page_size=4) as scorer:
+            ref_lp = scorer.score([ids], [labels])[0]
+        losses = []
+        for with_logprobs in (False, True):
+            with seqgrad.Model.from_preset("tiny", dtype="f64", seed=6) as policy, \
+                    seqgrad.Trainer(policy, objective="grpo", grpo_kl_beta=0.5, reference=ref) as tr:
+                item = {"ids": ids, "labels": labels, "advantage": 1.0}
+                if with_logprobs:
+                    item["ref_logprobs"] = ref_lp
+                    tr.set_reference(None)
+                losses.append(tr.compute_gradients_grpo([[item]])["loss"])
+    assert abs(losses[0] - losses[1]) < 1e-12, losses
+
+
+def test_threads_and_wait_policy(model):
+    import os
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # set by the import (the test environment leaves it unset)
+    with seqgrad.Trainer(model, num_threads=1) as tr:
+        assert np.isfinite(tr.step(BATCH)["loss"])
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(seqgrad.InvalidArgumentError, match="num_threads"):
+            seqgrad.Trainer(model, num_threads=bad)
 
 
 def test_errors(model):
@@ -164,7 +242,7 @@ def test_spaco_errors(model):
     with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_cap"):
         seqgrad.Trainer(model, strategy="spaco", spaco_cap=0.5)
     with seqgrad.Trainer(model, strategy="spaco", chunk=8, page_size=8, spaco_budget=3) as tr:
-        with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_budget=3 exceeds the 2 chunks"):
+        with pytest.raises(seqgrad.InvalidArgumentError, match="spaco_budget = 3 exceeds the 2 chunks"):
             tr.step(BATCH)  # the 16-token sequence has 2 chunks
         assert tr.step_count == 0
         tr.step([BATCH[0]])
@@ -184,9 +262,9 @@ def test_sparse_pages_and_offload(model):
     np.testing.assert_array_equal(dense[1], dense_off[1])
     np.testing.assert_array_equal(sparse[1], sparse_off[1])
     assert not np.array_equal(dense[1], sparse[1])
-    with pytest.raises(seqgrad.InvalidArgumentError, match="--offload"):
+    with pytest.raises(seqgrad.InvalidArgumentError, match="offload is implemented for options->strategy = seco"):
         seqgrad.Trainer(model, strategy="ckpt", offload=True)
-    with pytest.raises(seqgrad.InvalidArgumentError, match="--sparse_pages must be 0"):
+    with pytest.raises(seqgrad.InvalidArgumentError, match="sparse_pages must be 0"):
         seqgrad.Trainer(model, strategy="seco", sparse_pages=-1)
 
 
