@@ -20,6 +20,7 @@ key="$( (/usr/bin/python3 --version; echo "${PINS[@]}") | sha256sum | cut -c1-12
 venv="$cache/e2e-venv-$key"
 if [ ! -e "$venv/complete" ]; then
   build="$(mktemp -d "$cache/e2e-venv-build.XXXXXX")"  # then renamed: concurrent runs are safe
+  trap 'rm -rf "$build"' EXIT  # a failed install leaves nothing behind
   /usr/bin/python3 -m venv "$build"
   "$build/bin/pip" install --quiet --disable-pip-version-check --cache-dir "$cache/cache" \
       --find-links "$cache/wheels" "${PINS[@]}"
