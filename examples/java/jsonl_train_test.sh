@@ -12,7 +12,7 @@ run() {
   "$java" -Dseqgrad.library.path="$native_dir" -cp "$example:$seqgrad" org.seqgrad.examples.JsonlTrain "$@"
 }
 losses() { grep '^epoch' | awk '{print $2, $4, $6, $8, $10}'; }  # epoch, step, loss, lr, tokens
-out="$(run "$data" 2 4)"
+out="$(run "$data" 2 4 tiny seco --out-dir="$tmp/base")"  # also writes a Hugging Face model: $tmp/base/model
 echo "$out"
 test "$(grep -c '^epoch .* loss ' <<<"$out")" -eq 4
 test "$(grep -c ' tokens 124 ' <<<"$out")" -eq 4  # next-token labels: 31 of each record's 32 tokens, 4 records
@@ -32,6 +32,20 @@ awk -F'[][]' '{ n = split($2, a, ", "); s = ""
 masked="$(run "$tmp/masked.jsonl" 1 4)"
 echo "$masked"
 test "$(grep -c ' tokens 64 ' <<<"$masked")" -eq 2  # positions 16..31 of 4 records per step
+# The pipeline on a Hugging Face model directory: LoRA with seco on records cut to --seq-len + 1 = 24 tokens (so
+# positions 16..23 stay labelled), the adapter naming its base. Its first step has the base's loss (LoRA starts as
+# the identity): the trained model's is below the fresh preset's.
+e2e() { run "$tmp/masked.jsonl" 1 4 "$1" seco --lora-rank=4 --seq-len=23 --chunk=8 --out-dir="$2"; }
+hf_run="$(e2e "$tmp/base/model" "$tmp/e2e")"
+echo "$hf_run"
+grep -q "^seqgrad .*, model $tmp/base/model, strategy seco$" <<<"$hf_run"
+grep -q '^8 of 8 records longer than --seq-len + 1 = 24 tokens: cut to that$' <<<"$hf_run"
+test "$(grep -c ' tokens 32 ' <<<"$hf_run")" -eq 2
+test -f "$tmp/e2e/adapter/adapter_model.safetensors"
+grep -qF "\"base_model_name_or_path\": \"$tmp/base/model\"" "$tmp/e2e/adapter/adapter_config.json"
+trained="$(grep '^epoch' <<<"$hf_run" | head -1 | awk '{print $6}')"
+fresh="$(e2e tiny "$tmp/e2e_fresh" | grep '^epoch' | head -1 | awk '{print $6}')"
+awk -v a="$trained" -v b="$fresh" 'BEGIN { exit !(a < b) }' || { echo "the model directory was not used: $trained vs $fresh"; exit 1; }
 # Bad labels name the file and line.
 bad() {
   { head -2 "$data"; echo "$1"; } >"$tmp/bad.jsonl"
