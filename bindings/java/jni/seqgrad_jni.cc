@@ -3,6 +3,7 @@
 // no C++ exception leaves this file.
 #include <jni.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -104,6 +105,12 @@ void OnProgress(void* user, const sg_progress* p) {
   }
 }
 
+jdoubleArray ToJava(JNIEnv* env, const std::vector<double>& v) {
+  jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
+  if (a) env->SetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
+  return a;
+}
+
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
   // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs, lr,
   //  micro_batches, peak_by_category x8, at_peak_by_category x8] (Metrics.java reads this layout)
@@ -113,9 +120,7 @@ jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
                             m.lr, static_cast<double>(m.micro_batches)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
-  jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
-  if (a) env->SetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
-  return a;
+  return ToJava(env, v);
 }
 
 JModel* JM(jlong h) { return reinterpret_cast<JModel*>(h); }
@@ -177,10 +182,52 @@ DoubleArrays ReadDoubles(JNIEnv* env, jobjectArray a) {
   return ReadArrays<jdouble, jdoubleArray>(env, a, &JNIEnv::GetDoubleArrayRegion);
 }
 
-std::vector<double> ReadDoubleArray(JNIEnv* env, jdoubleArray a) {
-  std::vector<double> v(a ? env->GetArrayLength(a) : 0);
-  if (a) env->GetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
-  return v;
+// A Java array copied for the C API. data() is NULL for a null array and non-NULL for an empty one, so that the C
+// API's count checks (not its NULL checks) report empty arrays.
+template <typename T>
+struct Copied {
+  bool present = false;
+  std::vector<T> v;
+  const T* data() const {
+    static T empty[1];
+    return !present ? nullptr : v.empty() ? empty : v.data();
+  }
+  int64_t size() const { return static_cast<int64_t>(v.size()); }
+};
+
+template <typename T, typename JArray, typename JElem>
+Copied<T> Copy(JNIEnv* env, JArray a, void (JNIEnv::*get)(JArray, jsize, jsize, JElem*)) {
+  static_assert(sizeof(T) == sizeof(JElem), "Java and C element types differ in size");
+  Copied<T> c;
+  c.present = a != nullptr;
+  if (a) {
+    c.v.resize(env->GetArrayLength(a));
+    (env->*get)(a, 0, static_cast<jsize>(c.v.size()), reinterpret_cast<JElem*>(c.v.data()));
+  }
+  return c;
+}
+
+// A flat batch (ids, labels, lengths as sg_trainer_compute_gradients takes them) copied before the call.
+struct FlatBatch {
+  Copied<int32_t> ids, labels;
+  Copied<int64_t> lengths;
+};
+
+// False with an exception pending when a per-token array (present) does not have the ids' length.
+bool AlignedWithIds(JNIEnv* env, const FlatBatch& b, bool present, int64_t size, const char* name) {
+  if (!present || size == b.ids.size()) return true;
+  ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
+            std::string(name) + " has " + std::to_string(size) + " entries but ids has " +
+                std::to_string(b.ids.size()) + " (one per token, aligned with ids)");
+  return false;
+}
+
+// False with an exception pending when labels do not align with ids.
+bool ReadFlatBatch(JNIEnv* env, jintArray ids, jintArray labels, jlongArray lengths, FlatBatch* b) {
+  b->ids = Copy<int32_t>(env, ids, &JNIEnv::GetIntArrayRegion);
+  b->labels = Copy<int32_t>(env, labels, &JNIEnv::GetIntArrayRegion);
+  b->lengths = Copy<int64_t>(env, lengths, &JNIEnv::GetLongArrayRegion);
+  return AlignedWithIds(env, *b, b->labels.present, b->labels.size(), "labels");
 }
 
 // Per-sequence arrays that the C API reads by the ids' lengths (Trainer.java checks them first): false with an
@@ -335,7 +382,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
                              jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
                              jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
-                             jlong sparse_pages, jboolean offload) {
+                             jlong sparse_pages, jboolean offload, jint num_threads) {
   GUARD_BEGIN
   const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
   const std::string schedule = Str(env, lr_schedule);
@@ -366,6 +413,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.grad_accum = grad_accum;
   o.sparse_pages = sparse_pages;
   o.offload = offload ? 1 : 0;
+  o.num_threads = num_threads;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;
@@ -421,7 +469,8 @@ JNI_FN(jdoubleArray, trainerDpo)(JNIEnv* env, jclass, jlong h, jint mode, jobjec
   JTrainer* jt = T(h);
   const IntArrays ci = ReadInts(env, chosen_ids), cl = ReadInts(env, chosen_labels);
   const IntArrays ri = ReadInts(env, rejected_ids), rl = ReadInts(env, rejected_labels);
-  const std::vector<double> rc = ReadDoubleArray(env, ref_chosen), rr = ReadDoubleArray(env, ref_rejected);
+  const std::vector<double> rc = Copy<double>(env, ref_chosen, &JNIEnv::GetDoubleArrayRegion).v;
+  const std::vector<double> rr = Copy<double>(env, ref_rejected, &JNIEnv::GetDoubleArrayRegion).v;
   const size_t n = ci.ptrs.size();
   if (!SameLengths(env, ci, cl, "chosenLabels") || !SameLengths(env, ri, rl, "rejectedLabels"))
     return nullptr;
@@ -446,11 +495,8 @@ JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jint mode, jobje
   JTrainer* jt = T(h);
   const IntArrays si = ReadInts(env, ids), sl = ReadInts(env, labels);
   const DoubleArrays old = ReadDoubles(env, old_logprobs), ref = ReadDoubles(env, ref_logprobs);
-  const std::vector<double> adv = ReadDoubleArray(env, advantages);
-  std::vector<int64_t> offsets(group_offsets ? env->GetArrayLength(group_offsets) : 0);
-  if (group_offsets)
-    env->GetLongArrayRegion(group_offsets, 0, static_cast<jsize>(offsets.size()),
-                            reinterpret_cast<jlong*>(offsets.data()));
+  const std::vector<double> adv = Copy<double>(env, advantages, &JNIEnv::GetDoubleArrayRegion).v;
+  const std::vector<int64_t> offsets = Copy<int64_t>(env, group_offsets, &JNIEnv::GetLongArrayRegion).v;
   if (!SameLengths(env, si, sl, "labels") || !SameLengths(env, si, old, "oldLogprobs") ||
       !SameLengths(env, si, ref, "refLogprobs"))
     return nullptr;
@@ -469,38 +515,14 @@ JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jint mode, jobje
   GUARD_END(nullptr)
 }
 
-// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients. ids/labels/
-// lengths are copied before the call.
+// mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients.
 JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintArray ids, jintArray labels,
                                  jlongArray lengths) {
   GUARD_BEGIN
   JTrainer* jt = T(h);
   sg_trainer* t = jt ? jt->t : nullptr;
-  std::vector<int32_t> vids, vlabels;
-  std::vector<int64_t> vlen;
-  if (ids) {
-    vids.resize(env->GetArrayLength(ids));
-    env->GetIntArrayRegion(ids, 0, static_cast<jsize>(vids.size()), reinterpret_cast<jint*>(vids.data()));
-  }
-  if (labels) {
-    vlabels.resize(env->GetArrayLength(labels));
-    if (vlabels.size() != vids.size()) {
-      ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
-                "labels has " + std::to_string(vlabels.size()) + " tokens but ids has " + std::to_string(vids.size()));
-      return nullptr;
-    }
-    env->GetIntArrayRegion(labels, 0, static_cast<jsize>(vlabels.size()), reinterpret_cast<jint*>(vlabels.data()));
-  }
-  if (lengths) {
-    vlen.resize(env->GetArrayLength(lengths));
-    env->GetLongArrayRegion(lengths, 0, static_cast<jsize>(vlen.size()), reinterpret_cast<jlong*>(vlen.data()));
-  }
-  // Empty Java arrays still give non-NULL pointers, so the C API's count checks (not NULL checks) report them.
-  static int32_t empty_ids[1];
-  static int64_t empty_len[1];
-  const int32_t* pids = !ids ? nullptr : vids.empty() ? empty_ids : vids.data();
-  const int32_t* plabels = labels ? (vlabels.empty() ? empty_ids : vlabels.data()) : nullptr;
-  const int64_t* plen = !lengths ? nullptr : vlen.empty() ? empty_len : vlen.data();
+  FlatBatch b;
+  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
   sg_metrics m = sg_metrics_init();
   sg_status* st;
   if (mode == 2) {
@@ -510,9 +532,24 @@ JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintAr
               : mode == 3 ? sg_trainer_evaluate
               : mode == 4 ? sg_trainer_accumulate_gradients
                           : sg_trainer_compute_gradients;
-    st = fn(t, pids, plabels, static_cast<int64_t>(vids.size()), plen, static_cast<int64_t>(vlen.size()), &m);
+    st = fn(t, b.ids.data(), b.labels.data(), b.ids.size(), b.lengths.data(), b.lengths.size(), &m);
   }
   return Finish(env, jt, st, m);
+  GUARD_END(nullptr)
+}
+
+// Per-token log-probs (sg_trainer_score): one per id, NaN where there is no label.
+JNI_FN(jdoubleArray, trainerScore)(JNIEnv* env, jclass, jlong h, jintArray ids, jintArray labels,
+                                   jlongArray lengths) {
+  GUARD_BEGIN
+  FlatBatch b;
+  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
+  std::vector<double> logprobs(std::max<int64_t>(b.ids.size(), 1));  // non-NULL even for an empty (refused) batch
+  if (Failed(env, sg_trainer_score(T(h) ? T(h)->t : nullptr, b.ids.data(), b.labels.data(), b.ids.size(),
+                                   b.lengths.data(), b.lengths.size(), logprobs.data(), nullptr)))
+    return nullptr;
+  logprobs.resize(b.ids.size());
+  return ToJava(env, logprobs);
   GUARD_END(nullptr)
 }
 
@@ -608,44 +645,13 @@ JNI_FN(jlongArray, trainerResume)(JNIEnv* env, jclass, jlong h, jstring out_dir)
 JNI_FN(jdoubleArray, trainerEvaluateDetailed)(JNIEnv* env, jclass, jlong h, jintArray ids, jintArray labels,
                                               jlongArray lengths, jlongArray distances) {
   GUARD_BEGIN
-  std::vector<int32_t> vids, vlabels;
-  std::vector<int64_t> vlen, vdist;
-  if (ids) {
-    vids.resize(env->GetArrayLength(ids));
-    env->GetIntArrayRegion(ids, 0, static_cast<jsize>(vids.size()), reinterpret_cast<jint*>(vids.data()));
-  }
-  if (labels) {
-    vlabels.resize(env->GetArrayLength(labels));
-    if (vlabels.size() != vids.size()) {
-      ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
-                "labels has " + std::to_string(vlabels.size()) + " tokens but ids has " + std::to_string(vids.size()));
-      return nullptr;
-    }
-    env->GetIntArrayRegion(labels, 0, static_cast<jsize>(vlabels.size()), reinterpret_cast<jint*>(vlabels.data()));
-  }
-  if (lengths) {
-    vlen.resize(env->GetArrayLength(lengths));
-    env->GetLongArrayRegion(lengths, 0, static_cast<jsize>(vlen.size()), reinterpret_cast<jlong*>(vlen.data()));
-  }
-  if (distances) {
-    vdist.resize(env->GetArrayLength(distances));
-    if (vdist.size() != vids.size()) {
-      ThrowCode(env, SG_ERR_INVALID_ARGUMENT, "distances has " + std::to_string(vdist.size()) +
-                                                  " entries but ids has " + std::to_string(vids.size()));
-      return nullptr;
-    }
-    env->GetLongArrayRegion(distances, 0, static_cast<jsize>(vdist.size()), reinterpret_cast<jlong*>(vdist.data()));
-  }
-  static int32_t empty_ids[1];
-  static int64_t empty_len[1];
-  const int32_t* pids = !ids ? nullptr : vids.empty() ? empty_ids : vids.data();
-  const int32_t* plabels = labels ? (vlabels.empty() ? empty_ids : vlabels.data()) : nullptr;
-  const int64_t* plen = !lengths ? nullptr : vlen.empty() ? empty_len : vlen.data();
-  const int64_t* pdist = distances ? (vdist.empty() ? empty_len : vdist.data()) : nullptr;
+  FlatBatch b;
+  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
+  const Copied<int64_t> dist = Copy<int64_t>(env, distances, &JNIEnv::GetLongArrayRegion);
+  if (!AlignedWithIds(env, b, dist.present, dist.size(), "distances")) return nullptr;
   sg_eval_result r = sg_eval_result_init();
-  if (Failed(env, sg_trainer_evaluate_detailed(T(h) ? T(h)->t : nullptr, pids, plabels,
-                                               static_cast<int64_t>(vids.size()), plen,
-                                               static_cast<int64_t>(vlen.size()), pdist, &r)))
+  if (Failed(env, sg_trainer_evaluate_detailed(T(h) ? T(h)->t : nullptr, b.ids.data(), b.labels.data(),
+                                               b.ids.size(), b.lengths.data(), b.lengths.size(), dist.data(), &r)))
     return nullptr;
   std::vector<jdouble> v = {static_cast<double>(r.sequences), static_cast<double>(r.tokens), r.loss, r.perplexity,
                             static_cast<double>(r.correct), r.accuracy, static_cast<double>(r.peak_bytes), r.seconds,
@@ -653,8 +659,6 @@ JNI_FN(jdoubleArray, trainerEvaluateDetailed)(JNIEnv* env, jclass, jlong h, jint
   for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(static_cast<double>(r.bucket_count[k]));
   for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(static_cast<double>(r.bucket_correct[k]));
   for (int64_t k = 0; k < r.num_buckets; ++k) v.push_back(r.bucket_loss[k]);
-  jdoubleArray a = env->NewDoubleArray(static_cast<jsize>(v.size()));
-  if (a) env->SetDoubleArrayRegion(a, 0, static_cast<jsize>(v.size()), v.data());
-  return a;
+  return ToJava(env, v);
   GUARD_END(nullptr)
 }

@@ -2,9 +2,10 @@ package org.seqgrad;
 
 /**
  * A DPO preference pair for {@link Trainer#stepDpo}: two sequences (prompt + response) whose labels are -100 except on
- * the response (labels[t] = the token after position t; null = next-token labels over the whole sequence), and the
- * reference model's log-probs summed over each sequence's labelled tokens (NaN = computed by the trainer's reference
- * model).
+ * the response, in Hugging Face's convention (aligned with the ids: labels[t] = ids[t] on the response tokens; the
+ * library shifts them, see {@link Trainer}; null = next-token labels over the whole sequence), and the reference
+ * model's log-probs summed over each sequence's labelled tokens (NaN = computed by the trainer's reference model;
+ * {@link Trainer#score} of a trainer over the reference model gives them, summed).
  */
 public final class DpoPair {
   /** Prompt + chosen response. */

@@ -120,15 +120,19 @@ final class NativeApi {
       long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
       long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
       double grpoKlBeta, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
-      long totalSteps, long gradAccum, long sparsePages, boolean offload);
+      long totalSteps, long gradAccum, long sparsePages, boolean offload, int numThreads);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);
   static native void trainerSetReference(long h, long model);
   /** mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients. */
   static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths);
-  /** Label arrays may hold nulls (next-token labels); ref arrays hold NaN for the reference model's values. */
-  /** mode 0 = compute gradients, 1 = step, 4 = accumulate. */
+  /** One log-prob per id (sg_trainer_score), NaN where there is no label. */
+  static native double[] trainerScore(long h, int[] ids, int[] labels, long[] lengths);
+  /**
+   * mode 0 = compute gradients, 1 = step, 4 = accumulate. Label arrays may hold nulls (next-token labels); ref arrays
+   * hold NaN for the reference model's values.
+   */
   static native double[] trainerDpo(long h, int mode, int[][] chosenIds, int[][] chosenLabels,
       int[][] rejectedIds, int[][] rejectedLabels, double[] refChosenLogp, double[] refRejectedLogp);
   /** One entry per completion (labels and log-prob arrays may hold nulls); groupOffsets: groups + 1 offsets. */

@@ -1,6 +1,8 @@
 package org.seqgrad;
 
 import java.lang.ref.WeakReference;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 
 /**
@@ -10,6 +12,15 @@ import java.util.List;
  * #stepGrpo}/{@link #computeGradientsGrpo}; the other calls throw {@link FailedPreconditionException}. One step at a
  * time: a step while another thread's step runs throws {@link BusyException}. {@link #cancel()} may be called from any
  * thread. A step past the model's memory limit throws {@link ResourceExhaustedException}.
+ *
+ * <p>Labels follow Hugging Face's convention in every call that takes them (since 0.7): aligned with the ids
+ * ({@code labels[t]} is the token at position t, -100 = ignored) and shifted by the library within each sequence
+ * (position t is trained to predict {@code labels[t + 1]}, so a sequence's {@code labels[0]} is never predicted);
+ * null labels are next-token labels, the same as {@code labels = ids}.
+ *
+ * <p>{@link #score} gives the per-token log-probs of a batch (for GRPO's old-policy and reference log-probs, and
+ * scoring). {@link Options#numThreads} sets the thread count; on a machine shared with other processes, start the JVM
+ * with the environment variable {@code OMP_WAIT_POLICY=PASSIVE}.
  *
  * <p>Close a trainer when done ({@link AutoCloseable}); one that is never closed is freed once it is unreachable.
  *
@@ -115,6 +126,16 @@ public final class Trainer extends NativeHandle {
     public long sparsePages = 0;
     /** seco on transformers: every layer's KV and KV-gradient pages in host memory, a few layers on the device. */
     public boolean offload = false;
+    /**
+     * OpenMP/OpenBLAS threads of this trainer's calls, set on the calling thread around each call and restored after
+     * it; &gt;= 0, 0 = the caller's default ({@code OMP_NUM_THREADS}, else one per core). Checkpoints record it: a
+     * resume with another count trains on but is no longer bit-identical to an uninterrupted run. On a machine shared
+     * with other processes, start the JVM with the environment variable {@code OMP_WAIT_POLICY=PASSIVE} (the OpenMP
+     * runtime reads it once, when the native library loads, and a JVM cannot set its own environment): with the
+     * default spin-waiting, idle threads keep cores busy and a step can be many times slower when another process
+     * competes for the CPU.
+     */
+    public int numThreads = 0;
 
     /** Sets {@link #strategy}; returns these options. */
     public Options strategy(String s) { strategy = s; return this; }
@@ -158,6 +179,8 @@ public final class Trainer extends NativeHandle {
     public Options sparsePages(long k) { sparsePages = k; return this; }
     /** Sets {@link #offload}; returns these options. */
     public Options offload(boolean o) { offload = o; return this; }
+    /** Sets {@link #numThreads}; returns these options. */
+    public Options numThreads(int n) { numThreads = n; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -184,7 +207,7 @@ public final class Trainer extends NativeHandle {
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
           o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
-          o.totalSteps, o.gradAccum, o.sparsePages, o.offload);
+          o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads);
       Trainer t = holder.bind(new Trainer(h));
       if (o.reference != null) {
         try {
@@ -243,7 +266,8 @@ public final class Trainer extends NativeHandle {
    * Gradients of a batch, then an AdamW step.
    *
    * @param ids the sequences' token ids, concatenated
-   * @param labels aligned with ids: labels[t] = the target at position t, -100 = ignored; null = next-token labels
+   * @param labels Hugging Face's labels, aligned with ids and shifted by the library per sequence (labels[t] is the
+   *     token at position t, -100 = ignored; see {@link Trainer}); null = next-token labels
    * @param lengths each sequence's length (summing to ids.length)
    * @return the call's metrics
    */
@@ -305,8 +329,19 @@ public final class Trainer extends NativeHandle {
    * @return the micro-batch's metrics
    */
   public Metrics accumulateGradients(List<int[]> sequences) {
-    Flat f = new Flat(sequences, "Trainer.accumulateGradients");
-    return accumulateGradients(f.ids, null, f.lengths);
+    return accumulateGradients(sequences, null);
+  }
+
+  /**
+   * {@link #accumulateGradients(int[], int[], long[])} of sequences with their labels.
+   *
+   * @param sequences the token ids of each sequence
+   * @param labels as in {@link #step(List, List)}
+   * @return the micro-batch's metrics
+   */
+  public Metrics accumulateGradients(List<int[]> sequences, List<int[]> labels) {
+    Flat f = new Flat(sequences, labels, "Trainer.accumulateGradients");
+    return accumulateGradients(f.ids, f.labels, f.lengths);
   }
 
   /**
@@ -371,8 +406,9 @@ public final class Trainer extends NativeHandle {
 
   /**
    * Held-out evaluation without gradients (the batch as in {@link #step(int[], int[], long[])}): loss, perplexity,
-   * accuracy and, when {@code distances} (aligned with ids; at every labelled position the distance >= 1 from the key
-   * the label is retrieved from, ignored elsewhere) is not null, accuracy per distance bucket.
+   * accuracy and, when {@code distances} is not null, accuracy per distance bucket. distances are aligned with ids and
+   * labels like the labels: for every label {@code labels[t]} (t &gt;= 1 within its sequence, not -100) the distance
+   * &gt;= 1, in tokens, from the key it is retrieved from; ignored elsewhere.
    *
    * @param ids as in {@link #step(int[], int[], long[])}
    * @param labels as in {@link #step(int[], int[], long[])}
@@ -537,26 +573,53 @@ public final class Trainer extends NativeHandle {
     }
   }
 
-  /** Sequences concatenated, with their lengths. */
+  /** Sequences concatenated, with their lengths, and their labels (null entries: the sequence's ids). */
   private static final class Flat {
     final int[] ids;
+    final int[] labels;  // null when no labels were given
     final long[] lengths;
 
-    Flat(List<int[]> sequences, String what) {
+    Flat(List<int[]> sequences, List<int[]> labelList, String what) {
       SeqgradException.notNull(sequences, what + ": sequences");
+      if (labelList != null && labelList.size() != sequences.size()) {
+        throw new InvalidArgumentException(what + ": labels has " + labelList.size() + " entries but sequences has "
+            + sequences.size());
+      }
       int total = 0;
       for (int i = 0; i < sequences.size(); ++i) {
-        total += SeqgradException.notNull(sequences.get(i), what + ": sequences[" + i + "]").length;
+        int n = SeqgradException.notNull(sequences.get(i), what + ": sequences[" + i + "]").length;
+        int[] l = labelList == null ? null : labelList.get(i);
+        if (l != null && l.length != n) {
+          throw new InvalidArgumentException(what + ": labels[" + i + "] has " + l.length + " entries but sequences["
+              + i + "] has " + n);
+        }
+        total += n;
       }
       ids = new int[total];
+      labels = labelList == null ? null : new int[total];
       lengths = new long[sequences.size()];
       int off = 0;
       for (int i = 0; i < sequences.size(); ++i) {
         int[] s = sequences.get(i);
         System.arraycopy(s, 0, ids, off, s.length);
+        if (labels != null) {
+          int[] l = labelList.get(i);
+          System.arraycopy(l == null ? s : l, 0, labels, off, s.length);
+        }
         off += s.length;
         lengths[i] = s.length;
       }
+    }
+
+    /** A flat per-token array cut back into the sequences. */
+    List<double[]> split(double[] flat) {
+      List<double[]> out = new ArrayList<>(lengths.length);
+      int off = 0;
+      for (long n : lengths) {
+        out.add(Arrays.copyOfRange(flat, off, off + (int) n));
+        off += (int) n;
+      }
+      return out;
     }
   }
 
@@ -567,8 +630,56 @@ public final class Trainer extends NativeHandle {
    * @return the call's metrics
    */
   public Metrics step(List<int[]> sequences) {
-    Flat f = new Flat(sequences, "Trainer.step");
-    return step(f.ids, null, f.lengths);
+    return step(sequences, null);
+  }
+
+  /**
+   * {@link #step(int[], int[], long[])} of sequences with their labels.
+   *
+   * @param sequences the token ids of each sequence
+   * @param labels each sequence's labels (as in {@link #step(int[], int[], long[])}; a null entry = next-token
+   *     labels), or null = next-token labels for all
+   * @return the call's metrics
+   */
+  public Metrics step(List<int[]> sequences, List<int[]> labels) {
+    Flat f = new Flat(sequences, labels, "Trainer.step");
+    return step(f.ids, f.labels, f.lengths);
+  }
+
+  /**
+   * Per-token log-probabilities of a batch under this trainer's model, without gradients: entry t of a sequence is
+   * the natural log of p(labels[t] | ids[0..t)), NaN at the sequence's position 0 and where the label is -100. The
+   * entries are aligned with ids and labels (see {@link Trainer}), as {@link GrpoCompletion}'s oldLogprobs and
+   * refLogprobs take them (score with a trainer over the sampling policy, or over the reference model), and a
+   * sequence's sum of non-NaN entries is the log-likelihood a {@link DpoPair}'s reference log-prob holds. Computed by
+   * the chunked forward pass ({@link Options#chunk}, {@link Options#lmChunk}) at any length, for every model family,
+   * in the model's dtype, without dropout; any objective. Gradients, the optimizer and the progress listener are left
+   * alone. A batch without any label gives all NaN.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}; null = next-token labels (the log-prob of each id)
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @return ids.length log-probs
+   */
+  public double[] score(int[] ids, int[] labels, long[] lengths) {
+    long h = acquire();
+    try {
+      return NativeApi.trainerScore(h, ids, labels, lengths);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * {@link #score(int[], int[], long[])} of sequences, one array per sequence.
+   *
+   * @param sequences the token ids of each sequence
+   * @param labels as in {@link #step(List, List)}
+   * @return each sequence's log-probs, aligned with its ids
+   */
+  public List<double[]> score(List<int[]> sequences, List<int[]> labels) {
+    Flat f = new Flat(sequences, labels, "Trainer.score");
+    return f.split(score(f.ids, f.labels, f.lengths));
   }
 
   private Metrics run(int mode, int[] ids, int[] labels, long[] lengths) {

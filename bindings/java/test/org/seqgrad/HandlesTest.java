@@ -199,6 +199,8 @@ class HandlesTest {
           Map.entry("Trainer.step: sequences is null", () -> t.step((List<int[]>) null)),
           Map.entry("Trainer.step: sequences[1] is null", () -> t.step(Arrays.asList(A, null))),
           Map.entry("Trainer.accumulateGradients: sequences is null", () -> t.accumulateGradients(null)),
+          Map.entry("Trainer.score: sequences is null", () -> t.score(null, List.of(A))),
+          Map.entry("Trainer.score: sequences[0] is null", () -> t.score(Arrays.asList((int[]) null), null)),
           Map.entry("Trainer.saveCheckpoint: outDir is null", () -> t.saveCheckpoint(null, 0, 0)),
           Map.entry("Trainer.loadCheckpoint: checkpointDir is null", () -> t.loadCheckpoint(null)),
           Map.entry("Trainer.resume: outDir is null", () -> t.resume(null, true)));

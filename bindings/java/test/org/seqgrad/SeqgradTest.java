@@ -198,7 +198,7 @@ class SeqgradTest {
       try (Trainer t = Trainer.create(m, spaco(3))) {
         e = assertThrows(SeqgradException.class, () -> t.step(List.of(A, B)));  // B has 2 chunks
         assertEquals(SeqgradException.INVALID_ARGUMENT, e.getCode());
-        assertTrue(e.getMessage().contains("spaco_budget=3 exceeds the 2 chunks"), e.getMessage());
+        assertTrue(e.getMessage().contains("spaco_budget = 3 exceeds the 2 chunks"), e.getMessage());
         t.step(List.of(A));
       }
     }
@@ -359,14 +359,15 @@ class SeqgradTest {
 
   @Test
   void evaluateEqualsComputeGradientsLoss() {
-    int[] labels = new int[A.length];
-    for (int i = 0; i < A.length; ++i) labels[i] = i % 2 == 0 && i + 1 < A.length ? A[i + 1] : -100;
+    int[] labels = new int[A.length];  // Hugging Face's: every odd position's own token
+    for (int i = 0; i < A.length; ++i) labels[i] = i % 2 == 1 ? A[i] : -100;
     try (Model m = Model.fromPreset("tiny", "f32", 1);
          Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
       Metrics g = t.computeGradients(A, labels, new long[] {A.length});
       float[] before = grads(m);
       Metrics e = t.evaluate(A, labels, new long[] {A.length});
       assertEquals(g.loss, e.loss, 1e-6 * g.loss);
+      assertEquals(12, e.tokens);
       assertEquals(g.tokens, e.tokens);
       assertEquals(3, e.chunks);
       assertEquals(0, e.chunksBackpropagated);
@@ -375,11 +376,11 @@ class SeqgradTest {
     }
   }
 
-  /** Prompt + response of n tokens: {ids, labels}, labels only on the response. */
+  /** Prompt + response of n tokens: {ids, labels}, Hugging Face's labels (ids[t]) only on the response. */
   static int[][] promptResponse(int n, int prompt, int salt) {
     int[] ids = new int[n], labels = new int[n];
     for (int t = 0; t < n; ++t) ids[t] = (t * (5 + salt) + 3 * salt + 1) % 90;
-    for (int t = 0; t < n; ++t) labels[t] = t >= prompt - 1 && t + 1 < n ? ids[t + 1] : -100;
+    for (int t = 0; t < n; ++t) labels[t] = t >= prompt ? ids[t] : -100;
     return new int[][] {ids, labels};
   }
 
@@ -980,13 +981,14 @@ class SeqgradTest {
             r2.lr, 1e-15);
         assertEquals(2, r2.microBatches);
       }
-      // Retrieval-style labels: only some positions, each with the distance back to its key.
+      // Retrieval-style labels: only some positions, each with the distance back to its key (both aligned with ids;
+      // positions 1, 5, ..., 37: none is a sequence's first, which is never predicted).
       int[] ids = concat(A, B);
       int[] labels = new int[ids.length];
       long[] distances = new long[ids.length];
       for (int i = 0; i < ids.length; ++i) {
-        labels[i] = i % 4 == 0 ? ids[(i + 1) % ids.length] : -100;
-        distances[i] = labels[i] >= 0 ? 1 + i : 0;
+        labels[i] = i % 4 == 1 ? ids[i] : -100;
+        distances[i] = labels[i] >= 0 ? i : 0;
       }
       long[] lengths = {A.length, B.length};
       EvalResult r = t2.evaluateDetailed(ids, labels, lengths, distances);
@@ -997,10 +999,12 @@ class SeqgradTest {
       assertEquals(10, Arrays.stream(r.bucketCount).sum());
       assertEquals(32, EvalResult.bucketLow(5));
       assertEquals(0, t2.evaluateDetailed(ids, labels, lengths, null).bucketCount.length);
-      distances[0] = 0;
+      distances[0] = 0;  // no label there: ignored
+      assertEquals(r.loss, t2.evaluateDetailed(ids, labels, lengths, distances).loss);
+      distances[25] = 0;  // the label at B's position 1
       InvalidArgumentException e =
           assertThrows(InvalidArgumentException.class, () -> t2.evaluateDetailed(ids, labels, lengths, distances));
-      assertTrue(e.getMessage().contains("distances[0] is 0"), e.getMessage());
+      assertTrue(e.getMessage().contains("distances[25] is 0"), e.getMessage());
       InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
           () -> Trainer.create(one, new Trainer.Options().lrSchedule("cosine").totalSteps(0)));
       assertTrue(bad.getMessage().contains("total_steps must be larger"), bad.getMessage());
