@@ -22,6 +22,11 @@ namespace sg {
 
 absl::Status RetrievalTask::Validate() const {
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
+  // A sequence is generated whole: tokens, labels and positions, 16 bytes per token.
+  if (const int64_t available = HostAvailableBytes(); available >= 0 && seq_len > available / 16)
+    return absl::ResourceExhaustedError(absl::StrCat("--seq_len=", seq_len, ": a synthetic sequence needs ",
+                                                     seq_len > INT64_MAX / 16 ? "more than 2^63" : absl::StrCat(seq_len * 16),
+                                                     " bytes and ", available, " bytes are available"));
   const int64_t filler = vocab - kFirstKey - num_keys - num_values - num_keys * num_values;
   if (filler < 1)
     return absl::InvalidArgumentError(absl::StrCat("retrieval task: vocab ", vocab, " too small for ", num_keys,

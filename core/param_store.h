@@ -80,6 +80,13 @@ class ParamStore {
     if (chosen.empty())
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: no module of this model is named ",
                                                      absl::StrJoin(o.targets, " or ")));
+    // B A of rank r can be no more than min(in, out): a larger rank only costs memory (and may not fit).
+    for (int w : chosen) {
+      const int64_t out = params_[w].value.dim(0), in = params_[w].value.numel() / out;
+      if (o.rank > std::min(in, out))
+        return absl::InvalidArgumentError(absl::StrCat("--lora_rank ", o.rank, " exceeds min(in, out) = ",
+                                                       std::min(in, out), " of ", params_[w].name));
+    }
     for (Param& p : params_) p.grad.Reset();
     auto info = std::make_unique<LoraInfo>();
     info->options = o;

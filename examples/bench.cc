@@ -927,5 +927,5 @@ int main(int argc, char** argv) {
       "  bench --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096 [--compare_torch] "
       "[--memory_budget=BYTES] --json=out.json");
   absl::ParseCommandLine(argc, argv);
-  return sg::Main();
+  return sg::tools::RunTool("bench", sg::Main);
 }

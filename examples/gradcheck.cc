@@ -111,5 +111,5 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Compare a strategy's gradients with full backprop.");
   absl::ParseCommandLine(argc, argv);
-  return sg::Main();
+  return sg::tools::RunTool("gradcheck", sg::Main);
 }
