@@ -23,7 +23,8 @@ class FootprintCounter {
     for (const auto& [name, v] : factors) {
       if (!CheckedMul(n, v, &n)) {
         std::vector<std::string> names;
-        for (const auto& f : factors) names.push_back(absl::StrCat(f.first, " ", f.second));
+        for (const auto& f : factors)  // "hidden_size 4096"; a constant factor as itself
+          names.push_back(f.first == absl::StrCat(f.second) ? f.first : absl::StrCat(f.first, " ", f.second));
         Fail(absl::StrCat("the product of ", absl::StrJoin(names, " x "), " overflows int64"));
         return 0;
       }
