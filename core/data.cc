@@ -277,7 +277,7 @@ absl::Status ForEachJsonLine(const std::string& path, int64_t max_line_bytes,
       if (begin == end) {
         if (eof) break;
         size_t got = 0;
-        if (!io::ReadFully(fd->get(), block.data(), block.size(), &got) && got == 0)
+        if (!io::ReadFully(fd->get(), block.data(), block.size(), &got))
           return io::ErrnoStatus(errno, absl::StrCat(path, ":", lineno, ": read failed"));
         begin = 0;
         end = got;

@@ -334,7 +334,7 @@ absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const
                                                           config.intermediate_size));
   const json* rank = fields.Get("time_step_rank");
   if (rank == nullptr || (rank->is_string() && *rank == "auto")) {
-    config.time_step_rank = (config.hidden_size + 15) / 16;
+    config.time_step_rank = config.hidden_size / 16 + (config.hidden_size % 16 != 0);  // ceil, without overflow
   } else {
     SG_IO_ASSIGN_OR_RETURN(config.time_step_rank, fields.PositiveInt("time_step_rank"));
   }
