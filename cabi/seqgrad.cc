@@ -115,19 +115,18 @@ sg_status* NullArg(const char* fn, const char* arg) {
   return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
 }
 
-// Runs f, turning exceptions into statuses.
+// Runs f, turning exceptions into statuses: out of memory is RESOURCE_EXHAUSTED with the bytes asked and
+// available, an I/O error its errno's code, anything else INTERNAL naming fn.
 template <typename F>
 sg_status* Guard(const char* fn, F&& f) {
   try {
     return f();
-  } catch (const std::bad_alloc&) {
-    return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED, absl::StrCat(fn, ": out of memory"));
-  } catch (const sg::MemoryLimitExceeded& e) {
-    return MakeStatus(SG_ERR_RESOURCE_EXHAUSTED, absl::StrCat(fn, ": ", e.what()));
-  } catch (const std::exception& e) {
-    return MakeStatus(SG_ERR_INTERNAL, absl::StrCat(fn, ": ", e.what()));
   } catch (...) {
-    return MakeStatus(SG_ERR_UNKNOWN, absl::StrCat(fn, ": unknown exception"));
+    try {
+      return FromAbsl(sg::StatusOfCurrentException(fn));
+    } catch (...) {
+      return OutOfMemoryStatus();
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/io/file.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
@@ -41,6 +42,8 @@ constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kPrefix[] = "checkpoint-";
 constexpr char kTmpPrefix[] = ".tmp-checkpoint-";
 constexpr char kDelPrefix[] = ".del-checkpoint-";
+constexpr char kInvalidPrefix[] = "invalid-";
+constexpr int64_t kMaxStateBytes = int64_t{1} << 30;  // trainer_state.json (its history grows with the steps)
 
 // ---- CRC-32 (slicing by 8) ----
 struct CrcTables {
@@ -112,8 +115,9 @@ absl::Status WriteFileSynced(const std::string& path, const std::string& bytes) 
 
 // Size and CRC-32 of a file, read in blocks.
 absl::Status FileCrc(const std::string& path, int64_t* size, uint32_t* crc) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  absl::StatusOr<io::ReadFd> file = io::OpenRegularFile(path);
+  if (!file.ok()) return file.status();
+  const int fd = file->get();
   std::vector<char> buf(1 << 20);
   *size = 0;
   *crc = 0;
@@ -121,15 +125,12 @@ absl::Status FileCrc(const std::string& path, int64_t* size, uint32_t* crc) {
     const ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return Errno(absl::StrCat(path, ": read failed"), err);
+      return Errno(absl::StrCat(path, ": read failed"), errno);
     }
     if (n == 0) break;
     *crc = Crc32(buf.data(), static_cast<size_t>(n), *crc);
     *size += n;
   }
-  close(fd);
   return absl::OkStatus();
 }
 
@@ -152,6 +153,18 @@ absl::Status RemoveCheckpointDir(const std::string& out_dir, const std::string& 
   fs::remove_all(to, ec);
   if (ec) return absl::DataLossError(absl::StrCat(to, ": cannot remove: ", ec.message()));
   return absl::OkStatus();
+}
+
+// Moves an invalid checkpoint aside to invalid-checkpoint-<step>[-<n>]: kept for inspection, no longer a
+// checkpoint (nor counted among the ones kept).
+absl::Status QuarantineCheckpoint(const std::string& out_dir, const std::string& name, const std::string& why) {
+  const std::string from = absl::StrCat(out_dir, "/", name);
+  std::string to = absl::StrCat(out_dir, "/", kInvalidPrefix, name);
+  std::error_code ec;
+  for (int n = 1; fs::exists(to, ec); ++n) to = absl::StrCat(out_dir, "/", kInvalidPrefix, name, "-", n);
+  if (std::rename(from.c_str(), to.c_str()) != 0) return Errno(absl::StrCat(from, ": cannot move aside"), errno);
+  std::fprintf(stderr, "checkpoint: %s is invalid (%s); moved aside to %s\n", from.c_str(), why.c_str(), to.c_str());
+  return FsyncPath(out_dir, true);
 }
 
 // Temporaries (.tmp-, .del-) whose writing process no longer runs.
@@ -443,14 +456,23 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
   if (!replaced.empty()) fs::remove_all(replaced, ec);
 
   if (keep > 0) {
+    // The newest `keep` valid checkpoints stay; an invalid one is moved aside, neither counted nor removed.
     int kept = 1;  // the new one
     for (const auto& [s, path] : ListCheckpoints(out_dir)) {
       if (s == step) continue;
+      const std::string other = fs::path(path).filename().string();
+      absl::StatusOr<CheckpointMeta> meta = ReadCheckpoint(path);
+      if (!meta.ok() || meta->trainer.step != s) {
+        const std::string why = meta.ok() ? absl::StrCat(kStateFile, " says step ", meta->trainer.step)
+                                          : std::string(meta.status().message());
+        if (absl::Status r = QuarantineCheckpoint(out_dir, other, why); !r.ok()) return r;
+        continue;
+      }
       if (kept < keep) {
         ++kept;
         continue;
       }
-      if (absl::Status r = RemoveCheckpointDir(out_dir, fs::path(path).filename().string()); !r.ok()) return r;
+      if (absl::Status r = RemoveCheckpointDir(out_dir, other); !r.ok()) return r;
     }
   }
   return final_dir;
@@ -462,16 +484,9 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir) {
   uint32_t unused = 0;
   if (absl::Status s = FileCrc(state_path, &size, &unused); !s.ok())
     return absl::DataLossError(absl::StrCat(state_path, ": missing or unreadable: not a complete checkpoint"));
-  std::string text;
-  {
-    std::FILE* f = std::fopen(state_path.c_str(), "rb");
-    if (!f) return absl::DataLossError(absl::StrCat(state_path, ": cannot open"));
-    text.resize(static_cast<size_t>(size));
-    const size_t n = std::fread(text.data(), 1, text.size(), f);
-    std::fclose(f);
-    if (n != text.size()) return absl::DataLossError(absl::StrCat(state_path, ": short read"));
-  }
-  json state = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = io::ReadRegularFile(state_path, kMaxStateBytes);
+  if (!text.ok()) return absl::DataLossError(text.status().message());
+  json state = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (state.is_discarded() || !state.is_object())
     return absl::DataLossError(absl::StrCat(state_path, ": not valid JSON (truncated or corrupt)"));
   auto bad = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(state_path, ": ", what)); };

@@ -3,20 +3,30 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/io/file.h"
+#include "core/io/json_util.h"
+#include "core/memory.h"
 #include "nlohmann/json.hpp"
 
 namespace sg {
 
 absl::Status RetrievalTask::Validate() const {
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
+  // A sequence is generated whole: tokens, labels and positions, 16 bytes per token.
+  if (const int64_t available = HostAvailableBytes(); available >= 0 && seq_len > available / 16)
+    return absl::ResourceExhaustedError(absl::StrCat("--seq_len=", seq_len, ": a synthetic sequence needs ",
+                                                     seq_len > INT64_MAX / 16 ? "more than 2^63" : absl::StrCat(seq_len * 16),
+                                                     " bytes and ", available, " bytes are available"));
   const int64_t filler = vocab - kFirstKey - num_keys - num_values - num_keys * num_values;
   if (filler < 1)
     return absl::InvalidArgumentError(absl::StrCat("retrieval task: vocab ", vocab, " too small for ", num_keys,
@@ -71,7 +81,7 @@ absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::strin
   for (size_t i = 0; i < s.ids.size(); ++i) {
     if (s.ids[i] < 0 || s.ids[i] >= vocab)
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": token id ", s.ids[i], " at position ", i, " is outside the vocabulary [0, ", vocab, ")"));
+          absl::StrCat(source, ": input id ", s.ids[i], " at position ", i, " is outside the vocabulary [0, ", vocab, ")"));
     if (s.labels[i] >= vocab || (s.labels[i] < 0 && s.labels[i] != -100))
       return absl::InvalidArgumentError(absl::StrCat(source, ": label ", s.labels[i], " at position ", i,
                                                      " is outside the vocabulary [0, ", vocab, ") and not -100"));
@@ -94,23 +104,38 @@ absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int 
   if (bytes_per_token != 2 && bytes_per_token != 4)
     return absl::InvalidArgumentError("--data_dtype must be uint16 or uint32");
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open token file"));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() % bytes_per_token != 0)
-    return absl::InvalidArgumentError(absl::StrCat(path, ": size ", bytes.size(), " is not a multiple of ",
+  struct stat info;
+  absl::StatusOr<io::ReadFd> fd = io::OpenRegularFile(path, &info);
+  if (!fd.ok()) return fd.status();
+  const int64_t size = info.st_size;
+  if (size % bytes_per_token != 0)
+    return absl::InvalidArgumentError(absl::StrCat(path, ": size ", size, " is not a multiple of ",
                                                    bytes_per_token, " bytes per token"));
-  const int64_t count = static_cast<int64_t>(bytes.size()) / bytes_per_token;
+  const int64_t count = size / bytes_per_token;
   if (count < 2) return absl::InvalidArgumentError(absl::StrCat(path, ": fewer than 2 tokens"));
+  // Held as int32 tokens, then as windows of inputs and labels: 12 bytes per token, refused up front when the
+  // host does not have them.
+  if (const int64_t available = HostAvailableBytes(); available >= 0 && count > available / 12)
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", count, " tokens need ", count * 12,
+                                                     " bytes of memory to load and ", available,
+                                                     " bytes are available"));
   std::vector<int32_t> tok(count);
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t v = 0;
-    for (int b = 0; b < bytes_per_token; ++b)
-      v |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[i * bytes_per_token + b])) << (8 * b);
-    if (v >= static_cast<uint64_t>(vocab))
-      return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", v, " at index ", i,
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
-    tok[i] = static_cast<int32_t>(v);
+  std::vector<unsigned char> block(size_t{1} << 20);
+  for (int64_t i = 0; i < count;) {
+    const int64_t n = std::min<int64_t>(count - i, static_cast<int64_t>(block.size()) / bytes_per_token);
+    size_t got = 0;
+    if (!io::ReadFully(fd->get(), block.data(), static_cast<size_t>(n * bytes_per_token), &got))
+      return io::ErrnoStatus(errno, absl::StrCat(path, ": read failed"));
+    if (got != static_cast<size_t>(n * bytes_per_token))
+      return absl::DataLossError(absl::StrCat(path, ": the file shrank while it was read"));
+    for (int64_t k = 0; k < n; ++k, ++i) {
+      uint32_t v = 0;
+      for (int b = 0; b < bytes_per_token; ++b) v |= static_cast<uint32_t>(block[k * bytes_per_token + b]) << (8 * b);
+      if (v >= static_cast<uint64_t>(vocab))
+        return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", v, " at index ", i,
+                                                       " is outside the vocabulary [0, ", vocab, ")"));
+      tok[i] = static_cast<int32_t>(v);
+    }
   }
   std::vector<Sequence> out;
   for (int64_t b = 0; b + 1 < count; b += seq_len) {
@@ -176,6 +201,28 @@ class JsonLine {
     }
     return absl::OkStatus();
   }
+  // Labels: integers in [0, vocab) or -100 (ignored), as many as `count`.
+  absl::Status Labels(const nlohmann::json& v, const std::string& field, int64_t vocab, size_t count,
+                      std::vector<int32_t>* out) const {
+    if (!v.is_array()) return Error(field, absl::StrCat("must be an array of labels, got ", Describe(v)));
+    if (v.size() != count) return Error(field, absl::StrCat("has ", v.size(), " labels for ", count, " input ids"));
+    out->clear();
+    out->reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const nlohmann::json& e = v[i];
+      const std::string name = absl::StrCat(field, "[", i, "]");
+      if (!e.is_number_integer()) return Error(name, absl::StrCat("must be an integer label, got ", Describe(e)));
+      // Unsigned values are all >= 0: compared as such, never reinterpreted as int64.
+      const bool ok = e.is_number_unsigned() ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                                             : e.get<int64_t>() == -100 ||
+                                                   (e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab);
+      if (!ok)
+        return Error(name, absl::StrCat("is ", e.dump(), ": a label must be -100 (ignored) or in the vocabulary [0, ",
+                                        vocab, ")"));
+      out->push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    return absl::OkStatus();
+  }
   absl::Status Number(const nlohmann::json& v, const std::string& field, double* out) const {
     if (!v.is_number()) return Error(field, absl::StrCat("must be a number, got ", Describe(v)));
     *out = v.get<double>();
@@ -197,44 +244,75 @@ class JsonLine {
   nlohmann::json obj_;
 };
 
-// Calls fn on every non-blank line of a JSONL file, stopping at the first error (a malformed line or fn's).
-absl::Status ForEachJsonLine(const std::string& path, const std::function<absl::Status(const JsonLine&)>& fn) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open JSONL file"));
-  if (struct stat st; stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, not a JSONL file"));
-  std::string line;
-  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = absl::StrCat(path, ":", lineno);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 9: <what went wrong>"
-      std::string what = e.what();
-      if (size_t p = what.find(", column "); p != std::string::npos && (p = what.find(": ", p)) != std::string::npos)
-        what = what.substr(p + 2);
-      return absl::InvalidArgumentError(absl::StrCat(where, ": malformed JSON at column ", e.byte, ": ", what));
-    } catch (const nlohmann::json::exception& e) {  // e.g. "[json.exception.out_of_range.406] number overflow ..."
-      std::string what = e.what();
-      if (size_t p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-      return absl::InvalidArgumentError(absl::StrCat(where, ": malformed JSON: ", what));
-    }
-    if (!j.is_object())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object, got ", Describe(j)));
-    if (absl::Status s = fn(JsonLine(where, std::move(j))); !s.ok()) return s;
+// A JSON parse error of one line as "malformed JSON at column N: what" (or "malformed JSON: what").
+std::string MalformedJson(absl::string_view message) {
+  std::string inner(message);
+  const std::string kPrefix = "not valid JSON (";
+  if (inner.rfind(kPrefix, 0) != 0) return inner;  // e.g. duplicate key, nesting
+  inner = inner.substr(kPrefix.size(), inner.size() - kPrefix.size() - 1);
+  if (size_t p = inner.find(", column "); p != std::string::npos) {
+    const size_t colon = inner.find(": ", p);
+    if (colon != std::string::npos)
+      return absl::StrCat("malformed JSON at column ", inner.substr(p + 9, colon - p - 9), ": ", inner.substr(colon + 2));
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return absl::StrCat("malformed JSON: ", inner);
+}
+
+// Calls fn on every non-blank line of a JSONL file, stopping at the first error (a malformed line or fn's). Reads
+// in blocks: a line longer than max_line_bytes is refused without holding more of it.
+absl::Status ForEachJsonLine(const std::string& path, int64_t max_line_bytes,
+                             const std::function<absl::Status(const JsonLine&)>& fn) {
+  if (max_line_bytes <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("--max_line_bytes must be positive, got ", max_line_bytes));
+  absl::StatusOr<io::ReadFd> fd = io::OpenRegularFile(path);
+  if (!fd.ok()) return fd.status();
+  std::vector<char> block(size_t{1} << 16);
+  size_t begin = 0, end = 0;  // unread bytes of block
+  bool eof = false;
+  std::string line;
+  for (int64_t lineno = 1;; ++lineno) {
+    line.clear();
+    bool have_line = false;
+    while (!have_line) {
+      if (begin == end) {
+        if (eof) break;
+        size_t got = 0;
+        if (!io::ReadFully(fd->get(), block.data(), block.size(), &got))
+          return io::ErrnoStatus(errno, absl::StrCat(path, ":", lineno, ": read failed"));
+        begin = 0;
+        end = got;
+        eof = got < block.size();
+        if (got == 0) break;
+      }
+      const char* nl = static_cast<const char*>(std::memchr(block.data() + begin, '\n', end - begin));
+      const size_t stop = nl ? static_cast<size_t>(nl - block.data()) : end;
+      if (static_cast<int64_t>(line.size() + (stop - begin)) > max_line_bytes)
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": line is longer than ", max_line_bytes,
+                                                       " bytes (--max_line_bytes)"));
+      line.append(block.data() + begin, stop - begin);
+      begin = nl ? stop + 1 : end;
+      have_line = nl != nullptr;
+    }
+    if (!have_line && line.empty()) break;  // end of file
+    const std::string where = absl::StrCat(path, ":", lineno);
+    if (const size_t nul = line.find('\0'); nul != std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat(where, ": NUL byte at column ", nul + 1));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    absl::StatusOr<nlohmann::json> j = io::internal::ParseJson(line);
+    if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", MalformedJson(j.status().message())));
+    if (!j->is_object())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a JSON object, got ", Describe(*j)));
+    if (absl::Status s = fn(JsonLine(where, *std::move(j))); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 
 // One record per non-blank line, parsed by `parse`; an error for a file without any. `what` names the records.
 template <typename T>
-absl::StatusOr<std::vector<T>> LoadRecords(const std::string& path, const char* what,
+absl::StatusOr<std::vector<T>> LoadRecords(const std::string& path, const char* what, int64_t max_line_bytes,
                                            const std::function<absl::StatusOr<T>(const JsonLine&)>& parse) {
   std::vector<T> out;
-  absl::Status st = ForEachJsonLine(path, [&](const JsonLine& line) -> absl::Status {
+  absl::Status st = ForEachJsonLine(path, max_line_bytes, [&](const JsonLine& line) -> absl::Status {
     absl::StatusOr<T> record = parse(line);
     if (!record.ok()) return record.status();
     out.push_back(std::move(*record));
@@ -271,49 +349,33 @@ absl::Status ReadIds(const JsonLine& line, const char* field, int64_t vocab, con
 
 }  // namespace
 
-absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab) {
+absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
+                                                int64_t max_line_bytes) {
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
-  return LoadRecords<Sequence>(path, "sequences", [&](const JsonLine& line) -> absl::StatusOr<Sequence> {
-    const std::string& where = line.where();
-    const nlohmann::json& j = line.obj();
-    auto read_ids = [&](const char* field, std::vector<int32_t>* v) -> absl::Status {
-      const auto it = j.find(field);
-      if (it == j.end() || !it->is_array())
-        return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' missing or not an array"));
-      for (const auto& e : *it) {
-        if (!e.is_number_integer())
-          return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' holds a non-integer"));
-        const int64_t x = e.get<int64_t>();
-        if (x >= vocab || x < -100)
-          return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' holds ", x,
-                                                         ", outside the vocabulary [0, ", vocab, ")"));
-        v->push_back(static_cast<int32_t>(x));
-      }
-      return absl::OkStatus();
-    };
+  if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
+  return LoadRecords<Sequence>(path, "sequences", max_line_bytes, [&](const JsonLine& line) -> absl::StatusOr<Sequence> {
     std::vector<int32_t> ids, labels;
-    if (absl::Status s = read_ids("input_ids", &ids); !s.ok()) return s;
-    if (j.contains("labels")) {
-      if (absl::Status s = read_ids("labels", &labels); !s.ok()) return s;
-      if (labels.size() != ids.size())
-        return absl::InvalidArgumentError(absl::StrCat(where, ": 'labels' has ", labels.size(),
-                                                       " entries but 'input_ids' has ", ids.size()));
+    if (absl::Status s = ReadIds(line, "input_ids", vocab, "a sequence", &ids); !s.ok()) return s;
+    absl::StatusOr<const nlohmann::json*> given = line.Field("labels", /*required=*/false);
+    if (!given.ok()) return given.status();
+    if (*given) {
+      if (absl::Status s = line.Labels(**given, "labels", vocab, ids.size(), &labels); !s.ok()) return s;
     } else {
       labels = ids;
     }
-    if (ids.size() < 2) return absl::InvalidArgumentError(absl::StrCat(where, ": fewer than 2 input_ids"));
-    const size_t keep = std::min<size_t>(ids.size(), seq_len + 1);
+    if (ids.size() < 2) return line.Error("input_ids", "has fewer than 2 input ids");
+    const size_t keep = std::min<size_t>(ids.size(), static_cast<size_t>(std::min<int64_t>(seq_len, INT32_MAX)) + 1);
     ids.resize(keep);
     labels.resize(keep);
     Sequence s = Shifted(ids, labels);
-    if (absl::Status v = ValidateSequence(s, vocab, where); !v.ok()) return v;
+    if (absl::Status v = ValidateSequence(s, vocab, line.where()); !v.ok()) return v;
     return s;
   });
 }
 
-absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab) {
+absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab, int64_t max_line_bytes) {
   if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
-  return LoadRecords<DpoPair>(path, "DPO pairs", [&](const JsonLine& line) -> absl::StatusOr<DpoPair> {
+  return LoadRecords<DpoPair>(path, "DPO pairs", max_line_bytes, [&](const JsonLine& line) -> absl::StatusOr<DpoPair> {
     std::vector<int32_t> prompt, chosen, rejected;
     if (absl::Status s = ReadIds(line, "prompt", vocab, "the prompt", &prompt); !s.ok()) return s;
     if (absl::Status s = ReadIds(line, "chosen", vocab, "a response", &chosen); !s.ok()) return s;
@@ -341,9 +403,10 @@ absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64
   });
 }
 
-absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab) {
+absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab,
+                                                     int64_t max_line_bytes) {
   if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
-  return LoadRecords<GrpoGroup>(path, "GRPO groups", [&](const JsonLine& line) -> absl::StatusOr<GrpoGroup> {
+  return LoadRecords<GrpoGroup>(path, "GRPO groups", max_line_bytes, [&](const JsonLine& line) -> absl::StatusOr<GrpoGroup> {
     std::vector<int32_t> prompt;
     if (absl::Status s = ReadIds(line, "prompt", vocab, "the prompt", &prompt); !s.ok()) return s;
     absl::StatusOr<const nlohmann::json*> completions = line.Field("completions", /*required=*/true);

@@ -31,28 +31,38 @@ struct RetrievalTask {
   Sequence Make(uint64_t seed, int64_t index, std::vector<int64_t>* distances = nullptr) const;
 };
 
-// Headerless little-endian uint16 or uint32 token ids, cut into windows of seq_len + 1 tokens (inputs and
+// Headerless little-endian uint16 or uint32 token ids (a regular file, refused before reading when the host lacks
+// the memory to hold it), cut into windows of seq_len + 1 tokens (inputs and
 // next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence.
 absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int bytes_per_token, int64_t seq_len,
                                                    int64_t vocab);
 
+// JSONL lines longer than this are refused (the --max_line_bytes default): a line's JSON takes ~15x its bytes.
+constexpr int64_t kDefaultMaxLineBytes = int64_t{64} << 20;
+
+// The JSONL readers below read in blocks, refuse a line longer than max_line_bytes, a NUL byte, duplicate keys and
+// anything but a regular file; errors name the file and line.
+
 // One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
 // same length as input_ids, not shifted, -100 = ignored). Sequences longer than seq_len + 1 are truncated.
-absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab);
+absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
+                                                int64_t max_line_bytes = kDefaultMaxLineBytes);
 
 // DPO preference pairs, one JSON object per line:
 //   {"prompt": [ids], "chosen": [ids], "rejected": [ids], "ref_chosen_logp": x, "ref_rejected_logp": y}
 // Each response becomes a sequence over prompt + response whose labels are the response tokens only (next-token
 // aligned). The two ref_* fields (sums of the reference model's log-probs over the response) are optional
 // together: without them the trainer needs a reference model. Errors name the file, line and field.
-absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab);
+absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab,
+                                                  int64_t max_line_bytes = kDefaultMaxLineBytes);
 
 // GRPO groups, one prompt per line:
 //   {"prompt": [ids], "completions": [[ids], ...], "advantages": [a, ...],
 //    "old_logprobs": [[...], ...], "ref_logprobs": [[...], ...]}
 // G = len(completions) >= 1 completions with one advantage each; the optional per-token arrays hold, for each
 // completion token, its log-prob under the old policy / the reference model (same length as the completion).
-absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab);
+absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab,
+                                                     int64_t max_line_bytes = kDefaultMaxLineBytes);
 
 // Checks ids against the vocabulary and that the sequence is not empty; the message names `source`.
 absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::string& source);

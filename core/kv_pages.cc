@@ -1,15 +1,29 @@
 #include "core/kv_pages.h"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
 #include <string>
 
 namespace sg {
+namespace {
+// page_size x kv_heads x head_dim, checked: a pool whose size overflows is out of memory, before any allocation.
+// Page indices are int32, so at most 2^31 - 1 pages.
+int64_t PageStride(int64_t capacity, int64_t page_size, int64_t kv_heads, int64_t head_dim) {
+  int64_t stride = 0;
+  if (capacity < 0 || capacity > INT32_MAX || !CheckedMul(page_size, kv_heads, &stride) ||
+      !CheckedMul(stride, head_dim, &stride))
+    throw OutOfMemory("out of memory: a KV page pool of " + std::to_string(capacity) + " pages of " +
+                      std::to_string(page_size) + " tokens x " + std::to_string(kv_heads) + " heads x " +
+                      std::to_string(head_dim) + " is too large to address");
+  return stride;
+}
+}  // namespace
 
 PagePool::PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
                    int64_t kv_heads, int64_t head_dim)
     : device_(tracker ? tracker->device() : Device::kCPU), capacity_(capacity), page_size_(page_size),
-      kv_heads_(kv_heads), head_dim_(head_dim), page_stride_(page_size * kv_heads * head_dim) {
+      kv_heads_(kv_heads), head_dim_(head_dim), page_stride_(PageStride(capacity, page_size, kv_heads, head_dim)) {
   k_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
   v_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
   // Pop from the back: hand out low pool indices first.

@@ -2,9 +2,16 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <ios>
 #include <new>
+#include <sstream>
+#include <system_error>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace sg {
 
@@ -35,13 +42,119 @@ void HostFree(void* p) { std::free(p); }
 void HostZero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
 DeviceAllocator g_allocators[2] = {{HostAlloc, HostFree, HostZero}, {}};
+
+// Allocations at least this large first check that the host has the memory: overcommit would otherwise grant them
+// and the OOM killer end the process when the pages are touched. Smaller ones are not worth reading /proc for.
+constexpr int64_t kCheckedAllocationBytes = int64_t{64} << 20;
+
+// A number from a "Key:   123 kB" line of /proc/meminfo, in bytes; -1 if absent.
+int64_t MeminfoBytes(const std::string& meminfo, const std::string& key) {
+  const size_t at = meminfo.find("\n" + key + ":");
+  if (at == std::string::npos) return -1;
+  std::istringstream line(meminfo.substr(at + key.size() + 2, 64));
+  int64_t kib = -1;
+  line >> kib;
+  return kib < 0 ? -1 : kib * 1024;
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// The cgroup v2 limit left to this process: memory.max - memory.current; -1 without a limit.
+int64_t CgroupAvailableBytes() {
+  const std::string self = ReadSmallFile("/proc/self/cgroup");  // "0::/some/path"
+  const size_t at = self.find("0::");
+  if (at == std::string::npos) return -1;
+  std::string dir = self.substr(at + 3);
+  dir = dir.substr(0, dir.find('\n'));
+  const std::string base = absl::StrCat("/sys/fs/cgroup", dir == "/" ? "" : dir);
+  int64_t max = 0, current = 0;
+  std::string max_text = ReadSmallFile(base + "/memory.max"), current_text = ReadSmallFile(base + "/memory.current");
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(max_text), &max) ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(current_text), &current))
+    return -1;  // "max" (no limit) or no cgroup v2
+  return max > current ? max - current : 0;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+
+std::string AvailableText() {
+  const int64_t available = HostAvailableBytes();
+  return available < 0 ? "unknown" : absl::StrCat(available);
+}
+}  // namespace
+
+bool CheckedMul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+bool CheckedAdd(int64_t a, int64_t b, int64_t* out) { return !__builtin_add_overflow(a, b, out); }
+
+absl::StatusOr<int64_t> CheckedNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor shape ", ShapeText(shape), " has a negative dimension"));
+    if (!CheckedMul(n, d, &n))
+      return absl::ResourceExhaustedError(absl::StrCat("tensor shape ", ShapeText(shape), " has more than 2^63 elements"));
+  }
+  return n;
+}
+
+absl::StatusOr<int64_t> CheckedBytes(DType dtype, const std::vector<int64_t>& shape) {
+  absl::StatusOr<int64_t> n = CheckedNumel(shape);
+  if (!n.ok()) return n;
+  int64_t bytes = 0;
+  if (!CheckedMul(*n, static_cast<int64_t>(DTypeSize(dtype)), &bytes) || !CheckedAdd(bytes, 63, &bytes))
+    return absl::ResourceExhaustedError(absl::StrCat("tensor shape ", ShapeText(shape), " has more than 2^63 bytes"));
+  return bytes - 63;
+}
+
+int64_t HostAvailableBytes() {
+  const int64_t meminfo = MeminfoBytes("\n" + ReadSmallFile("/proc/meminfo"), "MemAvailable");
+  const int64_t cgroup = CgroupAvailableBytes();
+  if (meminfo < 0) return cgroup;
+  return cgroup < 0 ? meminfo : std::min(meminfo, cgroup);
+}
+
+absl::Status StatusOfCurrentException(const std::string& op) {
+  try {
+    throw;
+  } catch (const MemoryLimitExceeded& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": ", e.what()));
+  } catch (const OutOfMemory& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": ", e.what()));
+  } catch (const std::bad_alloc& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": out of memory (", e.what(), "; ", AvailableText(),
+                                                     " bytes available)"));
+  } catch (const std::system_error& e) {  // std::ios_base::failure among them
+    const std::error_code& code = e.code();
+    const bool is_errno = code.category() == std::generic_category() || code.category() == std::system_category();
+    return absl::Status(is_errno ? absl::ErrnoToStatusCode(code.value()) : absl::StatusCode::kInternal,
+                        absl::StrCat(op, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(op, " failed: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(op, " failed: an exception of unknown type"));
+  }
+}
+
+namespace {
+[[noreturn]] void ThrowOutOfMemory(const std::string& what, int64_t bytes, MemCategory cat, Device device,
+                                   int64_t available) {
+  throw OutOfMemory(absl::StrCat("out of memory: ", what, " ", bytes, " bytes of ", MemCategoryName(cat), " asked on ",
+                                 device == Device::kCPU ? "the host" : "the device", ", ",
+                                 available < 0 ? std::string("unknown") : absl::StrCat(available),
+                                 " bytes available"));
+}
 }  // namespace
 
 void RegisterDeviceAllocator(Device d, DeviceAllocator a) { g_allocators[static_cast<int>(d)] = a; }
 
 void MemoryTracker::Add(MemCategory c, int64_t bytes) {
   SpinGuard g(lock_);
-  if (limit_ > 0 && s_.total_current + bytes > limit_)
+  int64_t after = 0;
+  if (limit_ > 0 && (!CheckedAdd(s_.total_current, bytes, &after) || after > limit_))
     throw MemoryLimitExceeded(absl::StrCat("memory limit of ", limit_, " bytes exceeded: ", bytes, " bytes of ",
                                            MemCategoryName(c), " requested with ", s_.total_current, " in use"));
   int i = static_cast<int>(c);
@@ -107,14 +220,20 @@ void MemoryTracker::ResetWindow() {
 
 Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape) {
   const Device device = tracker ? tracker->device() : Device::kCPU;
+  absl::StatusOr<int64_t> checked = CheckedBytes(dtype, shape);
+  if (!checked.ok()) throw OutOfMemory(absl::StrCat("out of memory: ", checked.status().message()));
+  const int64_t bytes = *checked;
+  if (device == Device::kCPU && bytes >= kCheckedAllocationBytes) {
+    const int64_t available = HostAvailableBytes();
+    if (available >= 0 && bytes > available)
+      ThrowOutOfMemory(absl::StrCat("a tensor of shape ", ShapeText(shape), " needs"), bytes, cat, device, available);
+  }
   Tensor t;
   t.dtype_ = dtype;
   t.device_ = device;
   t.category_ = cat;
-  t.numel_ = 1;
-  for (int64_t s : shape) t.numel_ *= s;
+  t.numel_ = bytes / static_cast<int64_t>(DTypeSize(dtype));
   t.shape_ = std::move(shape);
-  const int64_t bytes = t.numel_ * static_cast<int64_t>(DTypeSize(dtype));
   const DeviceAllocator& a = g_allocators[static_cast<int>(device)];
   if (!a.alloc)
     throw std::runtime_error("no allocator for the model's device (this build lacks its backend: --config=cuda)");
@@ -122,6 +241,9 @@ Tensor Tensor::Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::
   void* p;
   try {
     p = a.alloc(static_cast<size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    if (tracker) tracker->Sub(cat, bytes);
+    ThrowOutOfMemory("the allocator refused", bytes, cat, device, device == Device::kCPU ? HostAvailableBytes() : -1);
   } catch (...) {
     if (tracker) tracker->Sub(cat, bytes);
     throw;

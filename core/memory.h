@@ -7,10 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 
 namespace sg {
@@ -45,6 +49,34 @@ struct MemoryEvent {
 struct MemoryLimitExceeded : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Thrown by Tensor::Empty when a tensor cannot be had: its size overflows, it is larger than the memory available,
+// or the allocator fails. A std::bad_alloc whose what() gives the bytes asked and available.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+// Elements and bytes of a tensor shape, computed with overflow checks: INVALID_ARGUMENT for a negative dimension,
+// RESOURCE_EXHAUSTED when the count does not fit in int64 (the message gives the shape).
+absl::StatusOr<int64_t> CheckedNumel(const std::vector<int64_t>& shape);
+absl::StatusOr<int64_t> CheckedBytes(DType dtype, const std::vector<int64_t>& shape);
+// a * b and a + b for non-negative sizes; false on overflow.
+bool CheckedMul(int64_t a, int64_t b, int64_t* out);
+bool CheckedAdd(int64_t a, int64_t b, int64_t* out);
+
+// Memory this process can still take on the host: MemAvailable, lowered to the cgroup's remaining limit when
+// there is one. -1 when unknown.
+int64_t HostAvailableBytes();
+
+// Inside a catch block: the status of the exception being handled. Out of memory (std::bad_alloc, a tracker's
+// limit) is RESOURCE_EXHAUSTED with the bytes asked (when known) and available; a std::system_error (I/O,
+// std::ios_base::failure) the code its errno maps to; anything else INTERNAL. Messages start with `op`.
+absl::Status StatusOfCurrentException(const std::string& op);
 
 // Counts bytes; thread-safe. One tracker per model/engine instance.
 class MemoryTracker {
@@ -85,7 +117,9 @@ class MemoryTracker {
 class Tensor {
  public:
   Tensor() = default;
-  // On the tracker's device (CPU without a tracker).
+  // On the tracker's device (CPU without a tracker). Throws OutOfMemory when the size overflows or (CPU) exceeds
+  // HostAvailableBytes(), before allocating, or when the allocation fails; MemoryLimitExceeded past the tracker's
+  // limit.
   static Tensor Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
   static Tensor Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
 

@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+
 namespace sg {
 
 // Llama-3 style RoPE frequency scaling ("rope_scaling": {"rope_type": "llama3", ...}).
@@ -33,8 +37,6 @@ struct TransformerConfig {
   int64_t max_position_embeddings = 0;
 };
 
-}  // namespace sg
-
 // Mamba-1 state-space model (HF MambaForCausalLM, model_type "mamba").
 struct MambaConfig {
   int64_t vocab_size = 0;
@@ -49,3 +51,21 @@ struct MambaConfig {
   double layer_norm_epsilon = 1e-5;
   bool tie_word_embeddings = true;
 };
+
+// What a model of this configuration takes once created: its parameters, and the host or device bytes of
+// their values and gradients (two copies, each tensor rounded to the allocator's 64 bytes, plus bookkeeping per
+// tensor). Every product and sum is overflow-checked: an overflow, or a field past what the engine represents
+// (token ids and page indices are int32, layer indices int), is an error naming the config field.
+struct ModelFootprint {
+  int64_t parameters = 0;
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+};
+absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype);
+absl::StatusOr<ModelFootprint> Footprint(const MambaConfig& c, DType dtype);
+
+// RESOURCE_EXHAUSTED, naming the bytes needed and available, when a model of footprint f does not fit in what
+// `available` bytes (< 0: unknown, always fits) allow. `what` names the model (its config file or preset).
+absl::Status CheckFootprintFits(const ModelFootprint& f, int64_t available, const std::string& what);
+
+}  // namespace sg

@@ -11,8 +11,11 @@
 #include "absl/strings/str_join.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
+#include "core/memory.h"
+#include "core/model_config.h"
 #include "core/lora.h"
 #include "core/presets.h"
+#include "kernels/backend.h"
 
 namespace sg {
 namespace {
@@ -20,6 +23,24 @@ bool IsDirectory(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
+
+// Refuses, before anything is allocated, a configuration whose sizes overflow or whose parameters (values and
+// gradients) do not fit in the memory the device has free. `what` names the config's source for errors.
+template <typename Config>
+absl::Status CheckModelSize(const Config& config, DType dtype, Device device, const std::string& what) {
+  absl::StatusOr<ModelFootprint> f = Footprint(config, dtype);
+  if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(what, ": ", f.status().message()));
+  int64_t available = -1;
+  if (device == Device::kCPU) {
+    available = HostAvailableBytes();
+  } else if (const DeviceBackend* b = FindBackend(device); b && b->memory_info) {
+    int64_t total = 0;
+    b->memory_info(&available, &total);
+  }
+  return CheckFootprintFits(*f, available, what);
+}
+
+std::string ConfigSource(const std::string& spec) { return IsDirectory(spec) ? spec + "/config.json" : spec; }
 }  // namespace
 
 // Every parameter by name, checking shapes; tensors the model does not use are an error. A tied head may be
@@ -80,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
     if (!t.ok()) return t.status();
     return std::unique_ptr<Model>(std::move(*t));
   }
+  if (absl::Status s = CheckModelSize(*config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<MambaModel>> model = CreateMamba(*config, dtype, device);
   if (!model.ok()) return model.status();
   if (IsDirectory(spec)) {
@@ -98,6 +120,7 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
   if (!IsDirectory(spec)) {
     absl::StatusOr<TransformerConfig> preset = TransformerPreset(spec);
     if (!preset.ok()) return preset.status();
+    if (absl::Status s = CheckModelSize(*preset, dtype, device, spec); !s.ok()) return s;
     absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*preset, dtype, device);
     if (!model.ok()) return model.status();
     InitOptions init;
@@ -107,6 +130,7 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
   }
   absl::StatusOr<TransformerConfig> config = io::LoadTransformerConfig(spec);
   if (!config.ok()) return config.status();
+  if (absl::Status s = CheckModelSize(*config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*config, dtype, device);
   if (!model.ok())
     return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));

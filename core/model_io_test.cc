@@ -76,7 +76,7 @@ TEST(TrainerInputTest, BadBatchesAreRejected) {
   Trainer trainer(**model, {}, {});
   Sequence out_of_vocab{{1, 2, 97}, {2, 3, 4}};
   absl::Status s = trainer.ComputeGradients({out_of_vocab}).status();
-  EXPECT_NE(s.message().find("token id 97 at position 2"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("input id 97 at position 2"), std::string::npos) << s;
   EXPECT_NE(trainer.ComputeGradients({Sequence{}}).status().message().find("empty sequence"), std::string::npos);
   EXPECT_NE(trainer.ComputeGradients({Sequence{{1, 2}, {-100, -100}}}).status().message().find("no valid labels"),
             std::string::npos);

@@ -80,6 +80,17 @@ class ParamStore {
     if (chosen.empty())
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: no module of this model is named ",
                                                      absl::StrJoin(o.targets, " or ")));
+    // B A has rank at most min(in, out). A rank above that of every adapted weight only costs memory (and may not
+    // fit); above some of them is allowed, as PEFT does (e.g. Mamba's narrow dt_proj among wider targets).
+    int64_t widest = 0;
+    std::string widest_name;
+    for (int w : chosen) {
+      const int64_t out = params_[w].value.dim(0), in = params_[w].value.numel() / out;
+      if (std::min(in, out) > widest) widest = std::min(in, out), widest_name = params_[w].name;
+    }
+    if (o.rank > widest)
+      return absl::InvalidArgumentError(absl::StrCat("--lora_rank ", o.rank, " exceeds min(in, out) = ", widest,
+                                                     " of every adapted weight (largest: ", widest_name, ")"));
     for (Param& p : params_) p.grad.Reset();
     auto info = std::make_unique<LoraInfo>();
     info->options = o;

@@ -112,10 +112,8 @@ absl::Status CatchStrategyErrors(const std::string& what, const std::function<vo
     f();
   } catch (const Cancelled&) {
     return absl::CancelledError(absl::StrCat(what, " cancelled"));
-  } catch (const MemoryLimitExceeded& e) {
-    return absl::ResourceExhaustedError(e.what());
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  } catch (...) {  // out of memory: RESOURCE_EXHAUSTED with the bytes asked and available
+    return StatusOfCurrentException(what);
   }
   return absl::OkStatus();
 }

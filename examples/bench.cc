@@ -926,5 +926,5 @@ int main(int argc, char** argv) {
       "Benchmark gradient strategies: time, tokens/s, FLOP rate and engine-accounted memory per sequence length.\n"
       "  bench --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096 [--compare_torch] "
       "[--memory_budget=BYTES] --json=out.json");
-  return sg::Main();
+  return sg::tools::RunTool("bench", sg::Main);
 }

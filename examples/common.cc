@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/data.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
@@ -30,6 +31,8 @@ ABSL_FLAG(int32_t, threads, 0,
           "OpenMP/OpenBLAS threads; 0 = OMP_NUM_THREADS, else one per core. The tools also wait passively between "
           "parallel regions (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set");
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
+ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
+          "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
@@ -144,9 +147,14 @@ Device DeviceFromFlags() {
 absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len, int64_t optimizer_bytes) {
   const Device d = model.memory().device();
   const DeviceBackend* b = FindBackend(d);
-  if (d == Device::kCPU || !b || !b->memory_info) return absl::OkStatus();
   int64_t free_bytes = 0, total_bytes = 0;
-  b->memory_info(&free_bytes, &total_bytes);
+  if (d == Device::kCPU) {  // the host: what this process can still take (MemAvailable, the cgroup's limit)
+    free_bytes = total_bytes = HostAvailableBytes();
+    if (free_bytes < 0) return absl::OkStatus();
+  } else {
+    if (!b || !b->memory_info) return absl::OkStatus();
+    b->memory_info(&free_bytes, &total_bytes);
+  }
   const MemorySnapshot now = model.memory().Snapshot();
   // What the strategy keeps per token: the state of every layer (ckpt: one), and for the chunked strategies its
   // gradient too. Activations come on top, so this is a lower bound.
@@ -160,15 +168,19 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
       s.offload && s.sparse_pages > 0
           ? std::min(seq_len, KvOffload::SparsePagesPerLayer(s.sparse_pages, s.chunk, s.page_size) * s.page_size)
           : seq_len;
-  const int64_t state = tokens * model.StateBytesPerToken() * (state_layers + grad_layers);
-  const int64_t needed = optimizer_bytes + state;  // weights and gradients are allocated already
-  const int64_t margin = 256ll << 20;               // cuBLAS workspace, scratch, fragmentation
-  if (needed + margin > free_bytes)
+  const int64_t margin = 256ll << 20;  // cuBLAS workspace, scratch, fragmentation
+  // Overflow-checked (--seq_len may be absurd): an overflow is "more than any device has".
+  int64_t state = 0, needed = 0, with_margin = 0;
+  const bool fits_int64 = CheckedMul(tokens, model.StateBytesPerToken(), &state) &&
+                          CheckedMul(state, state_layers + grad_layers, &state) &&
+                          CheckedAdd(optimizer_bytes, state, &needed) &&  // weights and gradients are there already
+                          CheckedAdd(needed, margin, &with_margin);
+  if (!fits_int64 || with_margin > free_bytes)
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "--seq_len=%d does not fit on the GPU: it needs at least %.1f MiB (optimizer %.1f MiB + %s state of %d "
+        "--seq_len=%d does not fit on the %s: it needs at least %.1f MiB (optimizer %.1f MiB + %s state of %d "
         "tokens on the device %.1f MiB + 256 MiB margin) besides the %.1f MiB of weights and gradients already there, and %.1f "
         "of %.1f MiB are free; try --strategy=seco with a smaller --chunk, or a shorter --seq_len",
-        seq_len, (needed + margin) / 1048576.0, optimizer_bytes / 1048576.0, s.name, tokens, state / 1048576.0,
+        seq_len, d == Device::kCPU ? "host" : "GPU", fits_int64 ? with_margin / 1048576.0 : 0x1p63 / 1048576.0, optimizer_bytes / 1048576.0, s.name, tokens, state / 1048576.0,
         now.total_current / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0));
   // Past the GPU's free memory managed allocations would page silently; fail clearly instead.
   if (model.memory().limit() == 0 || model.memory().limit() > now.total_current + free_bytes - margin)
@@ -311,6 +323,17 @@ void ExitIfError(const absl::Status& s, const char* what) {
   if (s.ok()) return;
   std::fprintf(stderr, "error: %s: %s\n", what, std::string(s.message()).c_str());
   std::exit(1);
+}
+
+int RunTool(const char* tool, int (*body)()) {
+  try {
+    return body();
+  } catch (...) {
+    const absl::Status s = StatusOfCurrentException(tool);
+    std::fprintf(stderr, "error: %s (%s)\n", std::string(s.message()).c_str(),
+                 absl::StatusCodeToString(s.code()).c_str());
+    return 1;
+  }
 }
 
 }  // namespace sg::tools

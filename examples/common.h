@@ -13,6 +13,7 @@
 ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(int64_t, max_line_bytes);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, matmul);
 ABSL_DECLARE_FLAG(std::string, strategy);
@@ -74,5 +75,9 @@ std::string LoraJson(Model& model);
 
 // Exits with the status message (and code 1) when not ok.
 void ExitIfError(const absl::Status& s, const char* what);
+// A tool's main: runs body; an exception escaping it (out of memory, I/O, anything else) becomes one error line with
+// its status (RESOURCE_EXHAUSTED with the bytes asked and available, the errno's code, INTERNAL naming the tool) and
+// exit code 1, never an abort.
+int RunTool(const char* tool, int (*body)());
 
 }  // namespace sg::tools

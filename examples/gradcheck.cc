@@ -108,5 +108,5 @@ int Main() {
 
 int main(int argc, char** argv) {
   sg::tools::InitTool(argc, argv, "Compare a strategy's gradients with full backprop.");
-  return sg::Main();
+  return sg::tools::RunTool("gradcheck", sg::Main);
 }

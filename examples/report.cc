@@ -332,7 +332,7 @@ absl::Status TrainMonitor::SetUpEval(const std::string& objective, const Retriev
     const int64_t vocab = trainer_.model().vocab_size();
     absl::StatusOr<std::vector<Sequence>> loaded;
     if (absl::EndsWith(path, ".jsonl")) {
-      loaded = LoadJsonl(path, seq_len, vocab);
+      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes));
     } else {
       if (data_dtype != "uint16" && data_dtype != "uint32")
         return absl::InvalidArgumentError("--data_dtype must be uint16 or uint32");

@@ -181,5 +181,5 @@ int main(int argc, char** argv) {
                       "Per-token log-probabilities of token data (sft records, dpo pairs, grpo groups) under a model, "
                       "as JSONL.\n  score --model=DIR --data=records.jsonl [--objective=grpo] [--lora_init=ADAPTER] "
                       "--out=logprobs.jsonl");
-  return sg::Main();
+  return sg::tools::RunTool("score", sg::Main);
 }

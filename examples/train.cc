@@ -166,7 +166,7 @@ void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& pat
   *longest = 0;
   int64_t lacking = 0, records = 0;
   if (objective.name == "dpo") {
-    absl::StatusOr<std::vector<DpoPair>> loaded = LoadDpoJsonl(path, vocab);
+    absl::StatusOr<std::vector<DpoPair>> loaded = LoadDpoJsonl(path, vocab, absl::GetFlag(FLAGS_max_line_bytes));
     tools::ExitIfError(loaded.status(), "--data");
     d->pairs = std::move(*loaded);
     for (const DpoPair& p : d->pairs) {
@@ -183,7 +183,7 @@ void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& pat
                              "model) or add them to the data")),
                          "--data");
   } else {
-    absl::StatusOr<std::vector<GrpoGroup>> loaded = LoadGrpoJsonl(path, vocab);
+    absl::StatusOr<std::vector<GrpoGroup>> loaded = LoadGrpoJsonl(path, vocab, absl::GetFlag(FLAGS_max_line_bytes));
     tools::ExitIfError(loaded.status(), "--data");
     d->groups = std::move(*loaded);
     for (const GrpoGroup& g : d->groups)
@@ -297,7 +297,7 @@ int Main() {
     const std::string path = tools::ResolveUserPath(data);
     absl::StatusOr<std::vector<Sequence>> loaded;
     if (absl::EndsWith(path, ".jsonl")) {
-      loaded = LoadJsonl(path, seq_len, vocab);
+      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes));
     } else {
       const std::string t = absl::GetFlag(FLAGS_data_dtype);
       if (t != "uint16" && t != "uint32")
@@ -562,5 +562,5 @@ int Main() {
 
 int main(int argc, char** argv) {
   sg::tools::InitTool(argc, argv, "Train a model on long sequences with a chosen gradient strategy.");
-  return sg::Main();
+  return sg::tools::RunTool("train", sg::Main);
 }

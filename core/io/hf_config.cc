@@ -325,7 +325,8 @@ absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const
   SG_IO_ASSIGN_OR_RETURN(config.conv_kernel, fields.PositiveInt("conv_kernel", 4));
   int64_t expand;
   SG_IO_ASSIGN_OR_RETURN(expand, fields.PositiveInt("expand", 2));
-  config.intermediate_size = expand * config.hidden_size;
+  if (__builtin_mul_overflow(expand, config.hidden_size, &config.intermediate_size))
+    return fields.Error("expand", absl::StrCat("(", expand, ") x hidden_size (", config.hidden_size, ") overflows int64"));
   int64_t intermediate;
   SG_IO_ASSIGN_OR_RETURN(intermediate, fields.PositiveInt("intermediate_size", config.intermediate_size));
   if (intermediate != config.intermediate_size)
@@ -333,7 +334,7 @@ absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const
                                                           config.intermediate_size));
   const json* rank = fields.Get("time_step_rank");
   if (rank == nullptr || (rank->is_string() && *rank == "auto")) {
-    config.time_step_rank = (config.hidden_size + 15) / 16;
+    config.time_step_rank = config.hidden_size / 16 + (config.hidden_size % 16 != 0);  // ceil, without overflow
   } else {
     SG_IO_ASSIGN_OR_RETURN(config.time_step_rank, fields.PositiveInt("time_step_rank"));
   }

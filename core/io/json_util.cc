@@ -1,50 +1,15 @@
 #include "core/io/json_util.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/io/file.h"
 
 namespace sg::io::internal {
 namespace {
 
 using nlohmann::json;
-
-// A SAX consumer that only records the first syntax error; used to explain
-// why a document was rejected, since the non-throwing DOM parse does not say.
-class SyntaxErrorRecorder : public nlohmann::json_sax<json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  // nlohmann's message already says where: line and column, or the number
-  // that overflowed.
-  bool parse_error(std::size_t, const std::string&, const json::exception& error) override {
-    message_ = error.what();
-    return false;
-  }
-
-  const std::string& message() const { return message_; }
-
- private:
-  std::string message_;
-};
 
 // nlohmann messages quote the offending input, which may be binary; keep
 // only printable ASCII so error messages stay readable and loggable.
@@ -54,53 +19,85 @@ std::string Printable(std::string_view text) {
   return out;
 }
 
-std::string DescribeSyntaxError(std::string_view text) {
-  SyntaxErrorRecorder recorder;
-  json::sax_parse(text.begin(), text.end(), &recorder);
-  std::string message = recorder.message();
-  // Drop nlohmann's "[json.exception.parse_error.101] " tag.
-  if (size_t tag_end = message.find("] "); !message.empty() && message[0] == '[' &&
-                                           tag_end != std::string::npos) {
-    message.erase(0, tag_end + 2);
+// Builds the DOM from SAX events, refusing duplicate keys and nesting deeper than kMaxJsonDepth. Linear in the
+// input: a key is looked up once in its own object (nlohmann's callback parser instead rescans the parent object
+// at every object end, quadratic for many small objects).
+class DomBuilder : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return Put(nullptr) != nullptr; }
+  bool boolean(bool v) override { return Put(v) != nullptr; }
+  bool number_integer(number_integer_t v) override { return Put(v) != nullptr; }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v) != nullptr; }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v) != nullptr; }
+  bool string(string_t& v) override { return Put(std::move(v)) != nullptr; }
+  bool binary(binary_t& v) override { return Put(json::binary(std::move(v))) != nullptr; }
+  bool start_object(std::size_t) override { return Open(json::object()); }
+  bool key(string_t& k) override {
+    json& object = *stack_.back();
+    if (object.contains(k)) {
+      error_ = absl::StrCat("duplicate JSON key '", Printable(k), "'");
+      return false;
+    }
+    slot_ = &object[k];
+    return true;
   }
-  return Printable(message);
-}
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool end_array() override { return Close(); }
+  // nlohmann's message already says where: line and column, or the number that overflowed.
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) override {
+    std::string message = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " tag.
+    if (size_t tag_end = message.find("] "); !message.empty() && message[0] == '[' && tag_end != std::string::npos)
+      message.erase(0, tag_end + 2);
+    error_ = absl::StrCat("not valid JSON (", Printable(message), ")");
+    return false;
+  }
+
+  json& root() { return root_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  json* Put(json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+  bool Open(json container) {
+    if (stack_.size() >= kMaxJsonDepth) {
+      error_ = absl::StrCat("JSON nested deeper than ", kMaxJsonDepth, " levels");
+      return false;
+    }
+    stack_.push_back(Put(std::move(container)));
+    return true;
+  }
+  bool Close() {
+    stack_.pop_back();
+    return true;
+  }
+
+  json root_;
+  std::vector<json*> stack_;  // the open objects and arrays, innermost last
+  json* slot_ = nullptr;      // the value of the key just read
+  std::string error_;
+};
 
 }  // namespace
 
 absl::StatusOr<json> ParseJson(std::string_view text) {
-  // One set of seen keys per currently open object.
-  std::vector<std::set<std::string>> open_objects;
-  std::optional<std::string> duplicate_key;
-  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() && !duplicate_key &&
-            !open_objects.back().insert(parsed.get_ref<const std::string&>()).second) {
-          duplicate_key = parsed.get_ref<const std::string&>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  json value = json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/false);
-  if (value.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not valid JSON (", DescribeSyntaxError(text), ")"));
+  DomBuilder builder;
+  if (!json::sax_parse(text.begin(), text.end(), &builder)) {
+    return absl::InvalidArgumentError(builder.error().empty() ? "not valid JSON" : builder.error());
   }
-  if (duplicate_key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("duplicate JSON key '", *duplicate_key, "'"));
-  }
-  return value;
+  return std::move(builder.root());
 }
 
 std::string JsonTypeName(const json& value) {
@@ -126,30 +123,7 @@ std::optional<uint64_t> JsonNonNegativeInteger(const json& value) {
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
-  struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  std::string contents;
-  char buffer[1 << 16];
-  while (true) {
-    ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int error = errno;
-      close(fd);
-      return absl::DataLossError(absl::StrCat(path, ": read failed: ", std::strerror(error)));
-    }
-    if (n == 0) break;
-    contents.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  return contents;
+  return ReadRegularFile(path, kMaxJsonFileBytes);
 }
 
 bool IsValidUtf8(std::string_view text) {

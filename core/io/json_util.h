@@ -13,10 +13,16 @@
 
 namespace sg::io::internal {
 
-// Parses one JSON document. Unlike plain nlohmann::json::parse this never
-// throws, rejects duplicate object keys (nlohmann would silently keep the
-// last one) and reports where the text stops being JSON. The error message
-// does not name the source; callers prefix it.
+// Nesting beyond this is refused (configs and headers are a few levels deep).
+constexpr size_t kMaxJsonDepth = 256;
+// JSON files read whole (config.json, index, adapter_config.json) larger than this are refused unread.
+constexpr int64_t kMaxJsonFileBytes = int64_t{256} << 20;
+
+// Parses one JSON document in time linear in its size. Unlike plain
+// nlohmann::json::parse this never throws, rejects duplicate object keys
+// (nlohmann would silently keep the last one) and nesting deeper than
+// kMaxJsonDepth, and reports where the text stops being JSON. The error
+// message does not name the source; callers prefix it.
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text);
 
 // "object", "array", "string", "integer", "number", "boolean" or "null".
@@ -26,7 +32,7 @@ std::string JsonTypeName(const nlohmann::json& value);
 // (negative, fractional, too large to be stored as an integer, non-number).
 std::optional<uint64_t> JsonNonNegativeInteger(const nlohmann::json& value);
 
-// Whole contents of a regular file; errors name the path.
+// Whole contents of a regular file of at most kMaxJsonFileBytes; errors name the path.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 bool IsValidUtf8(std::string_view text);

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/io/file.h"
 #include "core/io/json_util.h"
 #include "nlohmann/json.hpp"
 
@@ -76,24 +77,17 @@ class InMemoryBytes : public ByteSource {
 };
 
 absl::StatusOr<std::shared_ptr<const ByteSource>> MapFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  }
   struct stat info;
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
+  absl::StatusOr<ReadFd> file = OpenRegularFile(path, &info);
+  if (!file.ok()) return file.status();
+  const int fd = file->get();
   const size_t size = static_cast<size_t>(info.st_size);
   if (size < 8) {
-    close(fd);
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": file is ", size, " bytes, too short for the 8-byte header length"));
   }
   void* data = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int mmap_error = errno;
-  close(fd);
   if (data == MAP_FAILED) {
     return absl::InternalError(
         absl::StrCat(path, ": mmap failed: ", std::strerror(mmap_error)));

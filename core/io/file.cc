@@ -1,0 +1,88 @@
+#include "core/io/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace sg::io {
+
+ReadFd& ReadFd::operator=(ReadFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+ReadFd::~ReadFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+namespace {
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+}  // namespace
+
+absl::StatusOr<ReadFd> OpenRegularFile(const std::string& path, struct stat* info) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+  ReadFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot open"));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot stat"));
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", KindOf(st.st_mode), ", not a regular file"));
+  const int flags = fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
+    return ErrnoStatus(errno, absl::StrCat(path, ": fcntl"));
+  if (info) *info = st;
+  return fd;
+}
+
+bool ReadFully(int fd, void* data, size_t size, size_t* got) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = read(fd, static_cast<char*>(data) + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *got = done;
+      return false;
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  *got = done;
+  return true;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  struct stat st;
+  absl::StatusOr<ReadFd> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return fd.status();
+  if (st.st_size > max_bytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is ", st.st_size, " bytes, more than the limit of ", max_bytes, " bytes for this file"));
+  std::string contents(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  if (!ReadFully(fd->get(), contents.data(), contents.size(), &got))
+    return ErrnoStatus(errno, absl::StrCat(path, ": read failed"));
+  // A file that shrank while read: what is there.
+  contents.resize(got);
+  return contents;
+}
+
+}  // namespace sg::io

@@ -1,0 +1,45 @@
+// Opening files to read without being fooled by what a path names: only regular files are read, and a FIFO or
+// device is refused without blocking on it (open with O_NONBLOCK, fstat, then blocking reads).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sg::io {
+
+// An open file descriptor, closed on destruction.
+class ReadFd {
+ public:
+  ReadFd() = default;
+  explicit ReadFd(int fd) : fd_(fd) {}
+  ReadFd(ReadFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  ReadFd& operator=(ReadFd&& other) noexcept;
+  ReadFd(const ReadFd&) = delete;
+  ReadFd& operator=(const ReadFd&) = delete;
+  ~ReadFd();
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// The status of a failed system call: the absl code errno maps to (ENOENT -> NOT_FOUND, EACCES ->
+// PERMISSION_DENIED, ENOSPC -> RESOURCE_EXHAUSTED, EIO -> ...), message "<what>: <strerror>".
+absl::Status ErrnoStatus(int err, const std::string& what);
+
+// Opens `path` for reading when it is a regular file; *info (if not null) gets its fstat. A directory, FIFO,
+// socket or device is INVALID_ARGUMENT naming the path and what it is, returned without blocking.
+absl::StatusOr<ReadFd> OpenRegularFile(const std::string& path, struct stat* info = nullptr);
+
+// The whole file, refused (before reading) when larger than max_bytes; errors name the path.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
+
+// Reads exactly `size` bytes (short of EOF) at the current position; false with errno set on error.
+bool ReadFully(int fd, void* data, size_t size, size_t* got);
+
+}  // namespace sg::io
