@@ -94,7 +94,16 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), 2 * L);  // q, o
   n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * L);  // k, v
   n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * L);                 // gate, up, down
-  if (c.attention_bias) n.Add(n.Sum("the q/k/v bias sizes", qd, 2 * kvd), L);
+  if (c.attention_bias) {
+    n.Add(qd, L);
+    n.Add(kvd, 2 * L);
+  }
+  if (c.o_bias()) n.Add(d, L);
+  if (c.mlp_bias) {
+    n.Add(f, 2 * L);
+    n.Add(d, L);
+  }
+  if (c.qk_norm()) n.Add(c.head_dim, 2 * L);
   n.Add(c.head_dim / 2);  // RoPE frequencies
   return n.Result();
 }

@@ -10,18 +10,27 @@
 
 namespace sg {
 
-// Llama-3 style RoPE frequency scaling ("rope_scaling": {"rope_type": "llama3", ...}).
+// RoPE frequency scaling, as transformers' modeling_rope_utils defines each "rope_type":
+//   linear:  inverse frequencies divided by factor;
+//   dynamic: NTK-aware: the base grows with the sequence length T once T > max_position_embeddings;
+//   yarn:    frequencies blended between divided and kept by a ramp over [beta_slow, beta_fast] rotations of
+//            original_max_position_embeddings, and q/k scaled by attention_factor;
+//   llama3:  long wavelengths divided by factor, short ones kept, the band between interpolated.
 struct RopeScaling {
-  bool enabled = false;
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  std::string type = "default";  // default | linear | dynamic | yarn | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3, yarn
+  double attention_factor = 0;    // yarn; 0 = derived from factor (and mscale / mscale_all_dim)
+  double mscale = 0, mscale_all_dim = 0;  // yarn (DeepSeek style); 0 = absent
+  double beta_fast = 32, beta_slow = 1;   // yarn
+  bool truncate = true;                   // yarn: round the ramp's ends outwards
 };
 
-// Transformer of the Llama / Qwen2 family.
+// Transformer of the Llama / Qwen2 / Qwen3 family.
 struct TransformerConfig {
-  std::string architecture = "llama";  // "llama" or "qwen2" (HF model_type)
+  std::string architecture = "llama";  // "llama", "qwen2" or "qwen3" (HF model_type)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;        // d_model
   int64_t num_layers = 0;         // num_hidden_layers
@@ -33,8 +42,14 @@ struct TransformerConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;    // q/k/v biases (Qwen2: always true)
+  bool attention_bias = false;    // q/k/v biases, and o_proj's on Llama and Qwen3 (Qwen2: q/k/v always, no o)
+  bool mlp_bias = false;          // gate/up/down biases (Llama)
   int64_t max_position_embeddings = 0;
+
+  // Qwen3: RMSNorm over head_dim of each q and k head (q_norm / k_norm), before RoPE.
+  bool qk_norm() const { return architecture == "qwen3"; }
+  // Whether o_proj has a bias: attention_bias means q/k/v/o on Llama and Qwen3, q/k/v only on Qwen2.
+  bool o_bias() const { return attention_bias && architecture != "qwen2"; }
 };
 
 // Mamba-1 state-space model (HF MambaForCausalLM, model_type "mamba").

@@ -25,7 +25,7 @@ TransformerConfig Llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads,
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny", "tiny-qwen2", "demo", "bench-cpu", "llama-1b-shape", "qwen2.5-7b-shape"};
+  return {"tiny", "tiny-qwen2", "demo", "bench-cpu", "llama-1b-shape", "qwen2.5-7b-shape", "qwen3-8b-shape"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
@@ -53,6 +53,16 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.attention_bias = true;
     c.rope_theta = 1000000.0;
     c.rms_norm_eps = 1e-6;
+    return c;
+  }
+  // Qwen3-8B's layout: q_norm / k_norm, head_dim 128 (32 x 128 = 4096 = d here), 8 KV heads, no biases.
+  if (name == "qwen3-8b-shape") {
+    TransformerConfig c = Llama(151936, 4096, 36, 32, 8, 12288);
+    c.architecture = "qwen3";
+    c.head_dim = 128;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 40960;
     return c;
   }
   std::vector<std::string> names = TransformerPresetNames();

@@ -16,27 +16,61 @@
 
 namespace sg {
 
-std::vector<double> RopeInverseFrequencies(const TransformerConfig& c) {
-  const int64_t half = c.head_dim / 2;
-  std::vector<double> inv(half);
-  for (int64_t i = 0; i < half; ++i) inv[i] = std::pow(c.rope_theta, -2.0 * i / c.head_dim);
-  if (!c.rope_scaling.enabled) return inv;
-  // Llama 3: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
   const RopeScaling& s = c.rope_scaling;
-  const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
-  const double low_wavelen = old_ctx / s.low_freq_factor;
-  const double high_wavelen = old_ctx / s.high_freq_factor;
-  for (double& f : inv) {
-    const double wavelen = 2 * M_PI / f;
-    if (wavelen < high_wavelen) continue;
-    if (wavelen > low_wavelen) {
-      f /= s.factor;
-    } else {
-      const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      f = (1 - smooth) * f / s.factor + smooth * f;
+  const int64_t half = c.head_dim / 2;
+  const double dim = static_cast<double>(c.head_dim);
+  double base = c.rope_theta;
+  if (s.type == "dynamic") {
+    // NTK-aware: the base grows with the sequence once it is past max_position_embeddings.
+    const double mpe = static_cast<double>(c.max_position_embeddings);
+    const double len = std::max(static_cast<double>(seq_len), mpe);
+    base *= std::pow(s.factor * len / mpe - (s.factor - 1), dim / (dim - 2));
+  }
+  RopeParameters r;
+  r.inv_freq.resize(half);
+  for (int64_t i = 0; i < half; ++i) r.inv_freq[i] = 1.0 / std::pow(base, 2.0 * i / dim);
+  if (s.type == "linear") {
+    for (double& f : r.inv_freq) f /= s.factor;
+  } else if (s.type == "yarn") {
+    auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    r.attention_factor = s.attention_factor > 0                        ? s.attention_factor
+                         : (s.mscale != 0 && s.mscale_all_dim != 0) ? mscale(s.factor, s.mscale) /
+                                                                          mscale(s.factor, s.mscale_all_dim)
+                                                                    : mscale(s.factor, 1);
+    // The dimensions that turn fewer than beta_slow times over the original context are interpolated (divided
+    // by factor), those that turn more than beta_fast times kept; a linear ramp between.
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(old_ctx / (rotations * 2 * M_PI)) / (2 * std::log(base));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double f = r.inv_freq[i];
+      r.inv_freq[i] = f / s.factor * ramp + f * (1 - ramp);
+    }
+  } else if (s.type == "llama3") {
+    // Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / s.low_freq_factor;
+    const double high_wavelen = old_ctx / s.high_freq_factor;
+    for (double& f : r.inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+      } else {
+        const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
     }
   }
-  return inv;
+  return r;
 }
 
 absl::Status CheckDevice(Device d) {
@@ -64,8 +98,13 @@ class TransformerState final : public SequenceState {
  public:
   // offload_copies: the device's copy engine when the pools hold only KvOffload::kSlots layers (StateOptions::offload).
   TransformerState(PagePool kv_pool, PagePool grad_pool, const StateOptions& opts, int layers,
-                   const CopyEngine* offload_copies)
-      : kv(std::move(kv_pool)), grad(std::move(grad_pool)), seq_len(opts.seq_len), opts(opts), layers(layers) {
+                   const CopyEngine* offload_copies, std::vector<double> inv_freq)
+      : kv(std::move(kv_pool)),
+        grad(std::move(grad_pool)),
+        seq_len(opts.seq_len),
+        opts(opts),
+        layers(layers),
+        inv_freq(std::move(inv_freq)) {
     if (offload_copies)
       offload = std::make_unique<KvOffload>(kv, opts.resident_grad_layers > 0 ? &grad : nullptr, *offload_copies,
                                             layers, opts.seq_len);
@@ -132,6 +171,7 @@ class TransformerState final : public SequenceState {
   int64_t seq_len;
   StateOptions opts;
   int layers;
+  std::vector<double> inv_freq;  // RoPE of this sequence (the dynamic type depends on its length)
   std::vector<int64_t> kv_end;
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
   // pass without gradients) and reused unchanged by its recompute and backward.
@@ -153,13 +193,14 @@ class TransformerState final : public SequenceState {
   }
 };
 
-// Indices into params() for one decoder layer; -1 where a bias is absent.
+// Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent.
 struct LayerParams {
-  int norm1, q, q_bias, k, k_bias, v, v_bias, o, norm2, gate, up, down;
+  int norm1, q, q_bias, k, k_bias, v, v_bias, o, o_bias, norm2, gate, gate_bias, up, up_bias, down, down_bias;
+  int q_norm, k_norm;
 };
 
-// Order of LayerSaved::tensors.
-enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kNumSaved };
+// Order of LayerSaved::tensors; kQRaw / kQRstd (q before its per-head norm, and the norm's rstd) only with q/k norm.
+enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kNumSaved };
 
 template <typename T>
 class Transformer final : public TransformerModel, private ParamStore<T> {
@@ -174,7 +215,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
  public:
   Transformer(const TransformerConfig& c, Device device)
-      : cfg_(c), ops_(OpsFor<T>(device)), inv_freq_(RopeInverseFrequencies(c)) {
+      : cfg_(c), ops_(OpsFor<T>(device)), attention_factor_(RopeFor(c, 0).attention_factor) {
     mem_.set_device(device);
     const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
     embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
@@ -189,16 +230,23 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       L.v = Add(p + "self_attn.v_proj.weight", {kvd, d});
       L.v_bias = c.attention_bias ? Add(p + "self_attn.v_proj.bias", {kvd}) : -1;
       L.o = Add(p + "self_attn.o_proj.weight", {d, qd});
+      L.o_bias = c.o_bias() ? Add(p + "self_attn.o_proj.bias", {d}) : -1;
+      L.q_norm = c.qk_norm() ? Add(p + "self_attn.q_norm.weight", {c.head_dim}) : -1;
+      L.k_norm = c.qk_norm() ? Add(p + "self_attn.k_norm.weight", {c.head_dim}) : -1;
       L.norm2 = Add(p + "post_attention_layernorm.weight", {d});
       L.gate = Add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
+      L.gate_bias = c.mlp_bias ? Add(p + "mlp.gate_proj.bias", {c.intermediate_size}) : -1;
       L.up = Add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
+      L.up_bias = c.mlp_bias ? Add(p + "mlp.up_proj.bias", {c.intermediate_size}) : -1;
       L.down = Add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
+      L.down_bias = c.mlp_bias ? Add(p + "mlp.down_proj.bias", {d}) : -1;
       layers_.push_back(L);
     }
     final_norm_ = Add("model.norm.weight", {d});
     head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
     for (const LayerParams& L : layers_)
-      for (int idx : {L.norm1, L.norm2}) ops_.fill(W(idx), params_[idx].value.numel(), T(1));
+      for (int idx : {L.norm1, L.norm2, L.q_norm, L.k_norm})
+        if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), T(1));
     ops_.fill(W(final_norm_), params_[final_norm_].value.numel(), T(1));
   }
 
@@ -244,7 +292,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
         PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_slot * grad_layers,
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
-        o, num_layers(), copies);
+        o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c); }
@@ -264,9 +312,17 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
     Tensor xn1 = New(act, {n, d}), rstd1 = New(act, {n});
     ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
-    Tensor q = New(act, {n, qd});
-    Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
-    ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+    Tensor q = New(act, {n, qd}), q_raw, q_rstd;
+    if (cfg_.qk_norm()) {
+      q_raw = New(act, {n, qd});
+      q_rstd = New(act, {n * cfg_.num_heads});
+      Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
+      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * cfg_.num_heads, cfg_.head_dim, cfg_.rms_norm_eps,
+                           q.data<T>(), q_rstd.data<T>());
+    } else {
+      Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
+    }
+    ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
     Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
     {
@@ -280,22 +336,22 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
     ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
+    if (L.o_bias >= 0) ops_.add_bias(h.data<T>(), W(L.o_bias), n, d);
     Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
     Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
     Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
-    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.gate), d, T(0), gate.data<T>(), f);
-    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.up), d, T(0), up.data<T>(), f);
-    Store::LoraAdd(ops_, L.gate, xn2.data<T>(), c, state.opts, gate.data<T>(), f);
-    Store::LoraAdd(ops_, L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
+    Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, state.opts);
+    Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, state.opts);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
     ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
+    if (L.down_bias >= 0) ops_.add_bias(y.data<T>(), W(L.down_bias), n, d);
     Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
-    if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
+    if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a, q_raw, q_rstd};
     return y;
   }
 
@@ -325,6 +381,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
       ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
       if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
+      BiasBackward(L.down_bias, dy, n, d);
       Store::LoraBackward(ops_, L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
       ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
                            dup.data<T>());
@@ -333,6 +390,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       const T* xn2 = s[kXn2].data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
+      BiasBackward(L.gate_bias, dgate.data<T>(), n, f);
+      BiasBackward(L.up_bias, dup.data<T>(), n, f);
       Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
       Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
       ops_.copy(dh.data<T>(), dy, n * d);
@@ -344,6 +403,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       Tensor dattn = New(ws, {n, qd});
       ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
+      BiasBackward(L.o_bias, dh.data<T>(), n, d);
       Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       // Only the selected pages receive gradients (and exist).
       const uint8_t* selected = SelectPages(l, c, s[kQ].data<T>(), state);
@@ -358,10 +418,25 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
     state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
-    ops_.rope(dq.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, inv_freq_.data(), true);
-    ops_.rope(dk.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), true);
-    Tensor dxn1 = New(ws, {n, d});
+    ops_.rope(dq.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
+    ops_.rope(dk.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
     const T* xn1 = s[kXn1].data<T>();
+    if (cfg_.qk_norm()) {
+      // Through the per-head norms: q's input was saved; k's is projected again from xn1.
+      const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim;
+      Tensor dq_raw = New(ws, {n, qd});
+      ops_.rmsnorm_backward(dq.data<T>(), s[kQRaw].data<T>(), W(L.q_norm), s[kQRstd].data<T>(), n * H, hd,
+                            dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
+      dq = std::move(dq_raw);
+      Tensor k_raw = New(ws, {n, kvd}), k_normed = New(ws, {n, kvd}), k_rstd = New(ws, {n * G});
+      Linear(xn1, n, d, L.k, L.k_bias, k_raw.data<T>(), kvd, c, state.opts);
+      ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(),
+                           k_rstd.data<T>());
+      ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), W(L.k_norm), k_rstd.data<T>(), n * G, hd,
+                            k_normed.data<T>(), GradOrScratch(L.k_norm), false);
+      dk = std::move(k_normed);
+    }
+    Tensor dxn1 = New(ws, {n, d});
     LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0), c, state.opts);
     LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1), c, state.opts);
     LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
@@ -386,7 +461,14 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
     Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
     Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd, c, state.opts);
-    ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, inv_freq_.data(), false);
+    if (cfg_.qk_norm()) {
+      const int64_t rows = n * cfg_.num_kv_heads;
+      Tensor k_raw = New(MemCategory::kWorkspace, {n, kvd}), rstd = New(MemCategory::kWorkspace, {rows});
+      ops_.copy(k_raw.data<T>(), k.data<T>(), n * kvd);
+      ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), rows, cfg_.head_dim, cfg_.rms_norm_eps, k.data<T>(),
+                           rstd.data<T>());
+    }
+    ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
     state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
     state.MarkKV(l, c);
@@ -450,7 +532,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     s.heads = cfg_.num_heads;
     s.kv_heads = cfg_.num_kv_heads;
     s.head_dim = cfg_.head_dim;
-    s.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));
+    // transformers multiplies cos and sin, so both q and k, by the attention factor: the logits by its square.
+    s.scale = attention_factor_ * attention_factor_ / std::sqrt(static_cast<double>(cfg_.head_dim));
     return s;
   }
 
@@ -466,17 +549,25 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     const int64_t in = cfg_.hidden_size;
     ops_.gemm(false, false, n, in, out, T(1), dy, out, W(w), in, beta, dx, in);
     if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
-    if (b >= 0)
-      if (T* g = G(b)) ops_.bias_backward(dy, n, out, g);
+    BiasBackward(b, dy, n, out);
     Store::LoraBackward(ops_, w, x, dy, out, dx, c, st);
+  }
+  // db += colsum(dy[n][m]) when the bias b exists and is trained.
+  void BiasBackward(int b, const T* dy, int64_t n, int64_t m) {
+    if (b >= 0)
+      if (T* g = G(b)) ops_.bias_backward(dy, n, m, g);
   }
   void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
     ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);
   }
 
+  // The length transformers sees for a sequence of `positions`: its input_ids hold one more token, the last
+  // label, whose own prediction is never used (the engine's inputs are ids[0, n - 1), its labels ids[1, n)).
+  static int64_t TokensOfSequence(int64_t positions) { return positions > 0 ? positions + 1 : 0; }
+
   TransformerConfig cfg_;
   const OpTable<T>& ops_;
-  std::vector<double> inv_freq_;
+  double attention_factor_;  // yarn's; 1 for the other RoPE types
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
 };
@@ -501,9 +592,9 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
                                                    ")"));
   if (c.head_dim % 2 != 0)
     return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
-  if (c.architecture != "llama" && c.architecture != "qwen2")
+  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3")
     return absl::InvalidArgumentError(
-        absl::StrCat("config: model_type '", c.architecture, "' is not supported (supported: llama, qwen2)"));
+        absl::StrCat("config: model_type '", c.architecture, "' is not supported (supported: llama, qwen2, qwen3)"));
   return absl::OkStatus();
 }
 

@@ -1,9 +1,10 @@
-// Transformer of the Llama / Qwen2 family on the per-layer chunk primitives.
+// Transformer of the Llama / Qwen2 / Qwen3 family on the per-layer chunk primitives.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
@@ -30,7 +31,16 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
 // Random initialisation (normal(0, stddev) matrices, unit norms, zero biases).
 void InitRandom(Model& model, const InitOptions& opts);
 
-// RoPE inverse frequencies for head_dim, with Llama-3 scaling when enabled.
-std::vector<double> RopeInverseFrequencies(const TransformerConfig& config);
+// The rotary embedding of a sequence: the inverse frequencies of head_dim's pairs and the factor transformers
+// multiplies cos and sin by (yarn's attention factor, else 1), for the config's rope_scaling.
+struct RopeParameters {
+  std::vector<double> inv_freq;
+  double attention_factor = 1;
+};
+// Only the "dynamic" type depends on seq_len, the length of the whole sequence as transformers sees it (its
+// input_ids, from which it recomputes the base as max(position_ids) + 1; the engine's positions are one fewer, the
+// last token being only a label): every chunk of a sequence uses the same frequencies, so chunked strategies equal
+// the whole-sequence computation. seq_len <= max_position_embeddings leaves the base unchanged.
+RopeParameters RopeFor(const TransformerConfig& config, int64_t seq_len);
 
 }  // namespace sg

@@ -462,7 +462,7 @@ TEST(FuzzIoTest, ConfigParserSurvivesMutations) {
     ASSERT_TRUE(reread.ok()) << reread.status() << "\nfrom: " << text;
     ASSERT_EQ(reread->num_kv_heads, parsed->num_kv_heads);
     ASSERT_EQ(reread->head_dim, parsed->head_dim);
-    ASSERT_EQ(reread->rope_scaling.enabled, parsed->rope_scaling.enabled);
+    ASSERT_EQ(reread->rope_scaling.type, parsed->rope_scaling.type);
     ASSERT_EQ(reread->rope_theta, parsed->rope_theta);
   }
   EXPECT_GT(accepted, kCases / 50);

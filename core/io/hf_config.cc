@@ -111,16 +111,16 @@ class FieldReader {
     lhs = *std::move(sg_assign_result);              \
   } while (false)
 
-// "llama" or "qwen2" from model_type, or from architectures when model_type
+// "llama", "qwen2" or "qwen3" from model_type, or from architectures when model_type
 // is absent (some older exports omit it).
 absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
                                                const std::string& source_name) {
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
-    if (*model_type == "llama" || *model_type == "qwen2") return *model_type;
+    if (*model_type == "llama" || *model_type == "qwen2" || *model_type == "qwen3") return *model_type;
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
-                                                   "' is not supported (supported: llama, qwen2)"));
+                                                   "' is not supported (supported: llama, qwen2, qwen3)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -134,20 +134,20 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
   for (const json& name : *architectures) {
     if (name == "LlamaForCausalLM") return std::string("llama");
     if (name == "Qwen2ForCausalLM") return std::string("qwen2");
+    if (name == "Qwen3ForCausalLM") return std::string("qwen3");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'")
                                      : JsonTypeName(name));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
-                   "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM)"));
+                   "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"));
 }
 
-// Sets rope_theta and rope_scaling. transformers >= 5 writes one
-// "rope_parameters" object (rope_theta inside it); older versions write a
-// top-level "rope_theta" plus "rope_scaling".
-absl::Status ParseRope(const FieldReader& fields, const std::string& source_name,
-                       TransformerConfig& config) {
+// Sets rope_theta and rope_scaling, with transformers' defaults. transformers >= 5 writes one "rope_parameters"
+// object (rope_theta inside it); older versions write a top-level "rope_theta" plus "rope_scaling". Needs
+// max_position_embeddings and head_dim.
+absl::Status ParseRope(const FieldReader& fields, const std::string& source_name, TransformerConfig& config) {
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
   const std::string block_name = fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling";
   const json* block = fields.Get(block_name);
@@ -158,24 +158,50 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   }
   const FieldReader rope(*block, source_name, block_name + ".");
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, rope.PositiveNumber("rope_theta", config.rope_theta));
+  double partial_rotary_factor;
+  SG_IO_ASSIGN_OR_RETURN(partial_rotary_factor, rope.PositiveNumber("partial_rotary_factor", 1.0));
+  if (partial_rotary_factor != 1.0)
+    return rope.Error("partial_rotary_factor", "is not 1; only full rotary embeddings are supported");
   // Newer configs say "rope_type", older ones "type".
   std::optional<std::string> type;
   SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
+  const std::string type_field = type ? "rope_type" : "type";
   if (!type) SG_IO_ASSIGN_OR_RETURN(type, rope.String("type"));
   if (!type) return rope.Error("rope_type", "is missing");
-  if (*type == "default") return absl::OkStatus();
-  if (*type != "llama3") {
-    return absl::InvalidArgumentError(absl::StrCat(source_name, ": unsupported ", block_name,
-                                                   " type '", *type,
-                                                   "' (supported: llama3, default)"));
-  }
   RopeScaling& scaling = config.rope_scaling;
-  scaling.enabled = true;
+  scaling.type = *type;
+  if (scaling.type == "default") return absl::OkStatus();
+  if (scaling.type != "linear" && scaling.type != "dynamic" && scaling.type != "yarn" && scaling.type != "llama3")
+    return rope.Error(type_field, absl::StrCat("is '", scaling.type,
+                                               "', which is not supported (supported: default, linear, dynamic, "
+                                               "yarn, llama3)"));
+  // The pretraining context: a top-level original_max_position_embeddings (Phi-3 style) wins, as in transformers.
+  int64_t original_context;
+  SG_IO_ASSIGN_OR_RETURN(original_context,
+                         fields.PositiveInt("original_max_position_embeddings", config.max_position_embeddings));
+  if (fields.Get("original_max_position_embeddings") == nullptr)
+    SG_IO_ASSIGN_OR_RETURN(original_context, rope.PositiveInt("original_max_position_embeddings", original_context));
+  scaling.original_max_position_embeddings = original_context;
+  if (scaling.type == "yarn") {
+    // factor absent: the ratio of the extended to the original context (transformers' DeepSeek-V3 rule).
+    SG_IO_ASSIGN_OR_RETURN(scaling.factor,
+                           rope.PositiveNumber("factor", static_cast<double>(config.max_position_embeddings) /
+                                                             static_cast<double>(original_context)));
+    SG_IO_ASSIGN_OR_RETURN(scaling.attention_factor, rope.PositiveNumber("attention_factor", 0.0));
+    SG_IO_ASSIGN_OR_RETURN(scaling.mscale, rope.PositiveNumber("mscale", 0.0));
+    SG_IO_ASSIGN_OR_RETURN(scaling.mscale_all_dim, rope.PositiveNumber("mscale_all_dim", 0.0));
+    SG_IO_ASSIGN_OR_RETURN(scaling.beta_fast, rope.PositiveNumber("beta_fast", 32.0));
+    SG_IO_ASSIGN_OR_RETURN(scaling.beta_slow, rope.PositiveNumber("beta_slow", 1.0));
+    SG_IO_ASSIGN_OR_RETURN(scaling.truncate, rope.Bool("truncate", true));
+    return absl::OkStatus();
+  }
   SG_IO_ASSIGN_OR_RETURN(scaling.factor, rope.PositiveNumber("factor"));
+  // NTK's exponent is head_dim / (head_dim - 2).
+  if (scaling.type == "dynamic" && config.head_dim <= 2)
+    return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs head_dim > 2"));
+  if (scaling.type != "llama3") return absl::OkStatus();
   SG_IO_ASSIGN_OR_RETURN(scaling.low_freq_factor, rope.PositiveNumber("low_freq_factor"));
   SG_IO_ASSIGN_OR_RETURN(scaling.high_freq_factor, rope.PositiveNumber("high_freq_factor"));
-  SG_IO_ASSIGN_OR_RETURN(scaling.original_max_position_embeddings,
-                         rope.PositiveInt("original_max_position_embeddings"));
   // The llama3 wavelength interpolation divides by their difference.
   if (scaling.high_freq_factor <= scaling.low_freq_factor) {
     return rope.Error("high_freq_factor", "must be greater than low_freq_factor");
@@ -224,7 +250,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   const FieldReader fields(*parsed, source_name);
   TransformerConfig config;
   SG_IO_ASSIGN_OR_RETURN(config.architecture, DetectArchitecture(fields, source_name));
-  const bool is_qwen2 = config.architecture == "qwen2";
+  const bool is_qwen2 = config.architecture == "qwen2", is_qwen3 = config.architecture == "qwen3";
 
   SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
   SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
@@ -237,27 +263,30 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
                         absl::StrCat("(", config.num_kv_heads,
                                      ") must divide num_attention_heads (", config.num_heads, ")"));
   }
-  if (fields.Get("head_dim") == nullptr && config.hidden_size % config.num_heads != 0) {
+  if (fields.Get("head_dim") == nullptr && !is_qwen3 && config.hidden_size % config.num_heads != 0) {
     return fields.Error("hidden_size",
                         absl::StrCat("(", config.hidden_size,
                                      ") must be divisible by num_attention_heads (",
                                      config.num_heads, ") when head_dim is not given"));
   }
+  // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads.
   SG_IO_ASSIGN_OR_RETURN(config.head_dim,
-                      fields.PositiveInt("head_dim", config.hidden_size / config.num_heads));
+                      fields.PositiveInt("head_dim", is_qwen3 ? 128 : config.hidden_size / config.num_heads));
   SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
   // Defaults are those of HF's LlamaConfig / Qwen2Config.
   SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                      fields.PositiveInt("max_position_embeddings", is_qwen2 ? 32768 : 2048));
+                      fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 ? 32768 : 2048));
   if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
   SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
-  // Qwen2 always has q/k/v biases; Llama has them only when asked.
+  // Qwen2 always has q/k/v biases; Llama and Qwen3 have them (and o_proj's) only when asked, and only Llama has
+  // an mlp_bias option.
   if (is_qwen2) {
     config.attention_bias = true;
   } else {
     SG_IO_ASSIGN_OR_RETURN(config.attention_bias, fields.Bool("attention_bias", false));
   }
+  if (config.architecture == "llama") SG_IO_ASSIGN_OR_RETURN(config.mlp_bias, fields.Bool("mlp_bias", false));
 
   // Options that change the network in ways the engine does not implement.
   std::optional<std::string> hidden_act;
@@ -266,9 +295,6 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
     return fields.Error("hidden_act",
                         absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
   }
-  bool mlp_bias;
-  SG_IO_ASSIGN_OR_RETURN(mlp_bias, fields.Bool("mlp_bias", false));
-  if (mlp_bias) return fields.Error("mlp_bias", "is true, which is not supported");
   bool sliding_window;
   SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
   if (sliding_window) return fields.Error("use_sliding_window", "is true, which is not supported");
@@ -379,9 +405,9 @@ std::string MambaConfigToHFJson(const MambaConfig& config) {
 }
 
 std::string TransformerConfigToHFJson(const TransformerConfig& config) {
-  const bool is_qwen2 = config.architecture == "qwen2";
+  const bool is_qwen2 = config.architecture == "qwen2", is_llama = config.architecture == "llama";
   nlohmann::ordered_json out;
-  out["architectures"] = {is_qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  out["architectures"] = {is_qwen2 ? "Qwen2ForCausalLM" : is_llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};
   out["model_type"] = config.architecture;
   out["torch_dtype"] = "float32";
   out["hidden_act"] = "silu";
@@ -394,20 +420,33 @@ std::string TransformerConfigToHFJson(const TransformerConfig& config) {
   out["intermediate_size"] = config.intermediate_size;
   out["rms_norm_eps"] = config.rms_norm_eps;
   out["rope_theta"] = config.rope_theta;
-  if (config.rope_scaling.enabled) {
-    out["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", config.rope_scaling.factor},
-        {"low_freq_factor", config.rope_scaling.low_freq_factor},
-        {"high_freq_factor", config.rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", config.rope_scaling.original_max_position_embeddings}};
-  } else {
+  const RopeScaling& rope = config.rope_scaling;
+  if (rope.type == "default") {
     out["rope_scaling"] = nullptr;
+  } else {
+    nlohmann::ordered_json& block = out["rope_scaling"];
+    block["rope_type"] = rope.type;
+    block["factor"] = rope.factor;
+    if (rope.type == "llama3" || rope.type == "yarn")
+      block["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+    if (rope.type == "llama3") {
+      block["low_freq_factor"] = rope.low_freq_factor;
+      block["high_freq_factor"] = rope.high_freq_factor;
+    }
+    if (rope.type == "yarn") {
+      if (rope.attention_factor > 0) block["attention_factor"] = rope.attention_factor;
+      if (rope.mscale > 0) block["mscale"] = rope.mscale;
+      if (rope.mscale_all_dim > 0) block["mscale_all_dim"] = rope.mscale_all_dim;
+      block["beta_fast"] = rope.beta_fast;
+      block["beta_slow"] = rope.beta_slow;
+      block["truncate"] = rope.truncate;
+    }
   }
   out["max_position_embeddings"] = config.max_position_embeddings;
   out["tie_word_embeddings"] = config.tie_word_embeddings;
-  // Qwen2Config has no such option (its biases are fixed), so only Llama gets it.
+  // Qwen2Config has no such option (its biases are fixed); only Llama has mlp_bias.
   if (!is_qwen2) out["attention_bias"] = config.attention_bias;
+  if (is_llama) out["mlp_bias"] = config.mlp_bias;
   // Replacement keeps dump() from aborting on a non-UTF-8 architecture string.
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }

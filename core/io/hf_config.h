@@ -1,4 +1,4 @@
-// Hugging Face config.json <-> sg::TransformerConfig for the Llama and Qwen2
+// Hugging Face config.json <-> sg::TransformerConfig for the Llama, Qwen2 and Qwen3
 // families.
 #pragma once
 
@@ -12,7 +12,7 @@ namespace sg::io {
 
 // Parses the text of a config.json. Errors start with `source_name` and name
 // the offending field, e.g.
-//   "config.json: model_type 'gpt2' is not supported (supported: llama, qwen2)".
+//   "config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)".
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text,
                                                          const std::string& source_name);
 
@@ -23,7 +23,7 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
 // with torch_dtype "float32". ParseTransformerConfig reads it back unchanged.
 std::string TransformerConfigToHFJson(const TransformerConfig& config);
 
-// The model family a config.json describes: "transformer" (llama, qwen2) or "ssm" (mamba), from model_type or,
+// The model family a config.json describes: "transformer" (llama, qwen2, qwen3) or "ssm" (mamba), from model_type or,
 // when absent, architectures. Errors name the field.
 absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std::string& source_name);
 

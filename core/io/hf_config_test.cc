@@ -121,7 +121,7 @@ TEST(HfConfigTest, Llama32WithRopeScalingAndTiedEmbeddings) {
   EXPECT_EQ(config->intermediate_size, 8192);
   EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
-  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.type, "llama3");
   EXPECT_DOUBLE_EQ(config->rope_scaling.factor, 32.0);
   EXPECT_DOUBLE_EQ(config->rope_scaling.low_freq_factor, 1.0);
   EXPECT_DOUBLE_EQ(config->rope_scaling.high_freq_factor, 4.0);
@@ -136,7 +136,7 @@ TEST(HfConfigTest, LlamaDefaults) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->head_dim, 64);  // hidden_size / num_attention_heads
   EXPECT_EQ(config->num_kv_heads, 4);
-  EXPECT_FALSE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.type, "default");
   EXPECT_FALSE(config->tie_word_embeddings);
 
   absl::StatusOr<TransformerConfig> minimal = Parse(MinimalLlama());
@@ -167,7 +167,7 @@ TEST(HfConfigTest, Qwen2) {
   EXPECT_DOUBLE_EQ(config->rope_theta, 1e6);
   EXPECT_TRUE(config->attention_bias);
   EXPECT_TRUE(config->tie_word_embeddings);
-  EXPECT_FALSE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.type, "default");
 }
 
 TEST(HfConfigTest, ArchitecturesWhenModelTypeMissing) {
@@ -185,13 +185,13 @@ TEST(HfConfigTest, RopeScalingOldTypeKeyAndDefault) {
       R"(, "rope_scaling": {"type": "llama3", "factor": 8, "low_freq_factor": 1,
                             "high_freq_factor": 4, "original_max_position_embeddings": 8192})"));
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.type, "llama3");
   EXPECT_DOUBLE_EQ(config->rope_scaling.factor, 8.0);
 
   absl::StatusOr<TransformerConfig> plain =
       Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "default"})"));
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(plain->rope_scaling.enabled);
+  EXPECT_EQ(plain->rope_scaling.type, "default");
 }
 
 // transformers >= 5 writes "rope_parameters", with rope_theta inside.
@@ -202,7 +202,7 @@ TEST(HfConfigTest, RopeParametersOfTransformers5) {
                                "rope_theta": 500000.0, "rope_type": "llama3"})"));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_DOUBLE_EQ(config->rope_theta, 500000.0);
-  EXPECT_TRUE(config->rope_scaling.enabled);
+  EXPECT_EQ(config->rope_scaling.type, "llama3");
   EXPECT_EQ(config->rope_scaling.original_max_position_embeddings, 8192);
 
   absl::StatusOr<TransformerConfig> plain = Parse(MinimalLlama(
@@ -210,11 +210,11 @@ TEST(HfConfigTest, RopeParametersOfTransformers5) {
           "layer_types": ["full_attention", "full_attention"])"));
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_DOUBLE_EQ(plain->rope_theta, 1e6);
-  EXPECT_FALSE(plain->rope_scaling.enabled);
+  EXPECT_EQ(plain->rope_scaling.type, "default");
 
   ExpectErrorMentions(
-      Parse(MinimalLlama(R"(, "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn"})")),
-      {"config.json: unsupported rope_parameters type 'yarn'"});
+      Parse(MinimalLlama(R"(, "rope_parameters": {"rope_theta": 1e6, "rope_type": "longrope"})")),
+      {"config.json: field 'rope_parameters.rope_type' is 'longrope', which is not supported"});
   ExpectErrorMentions(
       Parse(MinimalLlama(R"(, "rope_parameters": {"rope_theta": "big", "rope_type": "default"})")),
       {"config.json: field 'rope_parameters.rope_theta' must be a number, got string"});
@@ -224,8 +224,89 @@ TEST(HfConfigTest, RopeParametersOfTransformers5) {
        "supported"});
 }
 
+// transformers' defaults for each scaling type; original_max_position_embeddings defaults to
+// max_position_embeddings (2048 for a Llama config without it).
+TEST(HfConfigTest, RopeScalingTypes) {
+  absl::StatusOr<TransformerConfig> linear = Parse(MinimalLlama(R"(, "rope_scaling": {"type": "linear", "factor": 2})"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling.type, "linear");
+  EXPECT_EQ(linear->rope_scaling.factor, 2.0);
+  absl::StatusOr<TransformerConfig> dynamic =
+      Parse(MinimalLlama(R"(, "rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})"));
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  EXPECT_EQ(dynamic->rope_scaling.type, "dynamic");
+  EXPECT_EQ(dynamic->rope_scaling.factor, 4.0);
+
+  // Qwen2.5's 128K recipe.
+  absl::StatusOr<TransformerConfig> yarn = Parse(MinimalLlama(
+      R"(, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"));
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  const RopeScaling& y = yarn->rope_scaling;
+  EXPECT_EQ(y.type, "yarn");
+  EXPECT_EQ(y.factor, 4.0);
+  EXPECT_EQ(y.original_max_position_embeddings, 32768);
+  EXPECT_EQ(y.beta_fast, 32.0);
+  EXPECT_EQ(y.beta_slow, 1.0);
+  EXPECT_EQ(y.attention_factor, 0.0);
+  EXPECT_TRUE(y.truncate);
+  absl::StatusOr<TransformerConfig> yarn_full = Parse(MinimalLlama(
+      R"(, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "beta_fast": 8, "beta_slow": 2,
+          "attention_factor": 1.5, "mscale": 1, "mscale_all_dim": 0.5, "truncate": false})"));
+  ASSERT_TRUE(yarn_full.ok()) << yarn_full.status();
+  const RopeScaling& f = yarn_full->rope_scaling;
+  EXPECT_EQ(f.original_max_position_embeddings, 4096);
+  EXPECT_EQ(f.factor, 1.0);  // max_position_embeddings / original_max_position_embeddings
+  EXPECT_EQ(f.beta_fast, 8.0);
+  EXPECT_EQ(f.beta_slow, 2.0);
+  EXPECT_EQ(f.attention_factor, 1.5);
+  EXPECT_EQ(f.mscale, 1.0);
+  EXPECT_EQ(f.mscale_all_dim, 0.5);
+  EXPECT_FALSE(f.truncate);
+  // A top-level original_max_position_embeddings wins over the block's.
+  absl::StatusOr<TransformerConfig> top = Parse(MinimalLlama(
+      R"(, "original_max_position_embeddings": 1024,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+                           "original_max_position_embeddings": 8192})"));
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(top->rope_scaling.original_max_position_embeddings, 1024);
+}
+
+// Qwen3: q_norm / k_norm, head_dim 128 unless given, optional attention_bias; Llama's mlp_bias.
+TEST(HfConfigTest, Qwen3AndLlamaBiases) {
+  absl::StatusOr<TransformerConfig> qwen3 = Parse(
+      R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96})");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->architecture, "qwen3");
+  EXPECT_EQ(qwen3->head_dim, 128);
+  EXPECT_TRUE(qwen3->qk_norm());
+  EXPECT_FALSE(qwen3->attention_bias);
+  EXPECT_EQ(qwen3->max_position_embeddings, 32768);
+  absl::StatusOr<TransformerConfig> by_name = Parse(
+      R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "head_dim": 32, "intermediate_size": 96, "attention_bias": true})");
+  ASSERT_TRUE(by_name.ok()) << by_name.status();
+  EXPECT_EQ(by_name->architecture, "qwen3");
+  EXPECT_EQ(by_name->head_dim, 32);
+  EXPECT_TRUE(by_name->o_bias());
+  absl::StatusOr<TransformerConfig> llama = Parse(MinimalLlama(R"(, "mlp_bias": true, "attention_bias": true)"));
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->mlp_bias);
+  EXPECT_TRUE(llama->o_bias());
+  EXPECT_FALSE(llama->qk_norm());
+}
+
 TEST(HfConfigTest, WrittenJsonParsesBackUnchanged) {
-  for (const char* text : {kLlama32Config, kQwen2Config, kTinyLlamaConfig}) {
+  const std::string yarn_qwen3 =
+      R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "head_dim": 32, "intermediate_size": 96, "attention_bias": true,
+          "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 512,
+                           "beta_fast": 16, "beta_slow": 2, "attention_factor": 1.25, "truncate": false}})";
+  const std::string dynamic_llama = MinimalLlama(R"(, "mlp_bias": true, "attention_bias": true,
+                                                    "rope_scaling": {"rope_type": "dynamic", "factor": 3})");
+  const std::string linear_llama = MinimalLlama(R"(, "rope_scaling": {"rope_type": "linear", "factor": 2.5})");
+  for (const std::string& text : {std::string(kLlama32Config), std::string(kQwen2Config),
+                                  std::string(kTinyLlamaConfig), yarn_qwen3, dynamic_llama, linear_llama}) {
     absl::StatusOr<TransformerConfig> original = Parse(text);
     ASSERT_TRUE(original.ok()) << original.status();
     const std::string written = TransformerConfigToHFJson(*original);
@@ -241,7 +322,7 @@ TEST(HfConfigTest, WrittenJsonParsesBackUnchanged) {
     EXPECT_EQ(reread->intermediate_size, original->intermediate_size);
     EXPECT_EQ(reread->rms_norm_eps, original->rms_norm_eps);
     EXPECT_EQ(reread->rope_theta, original->rope_theta);
-    EXPECT_EQ(reread->rope_scaling.enabled, original->rope_scaling.enabled);
+    EXPECT_EQ(reread->rope_scaling.type, original->rope_scaling.type);
     EXPECT_EQ(reread->rope_scaling.factor, original->rope_scaling.factor);
     EXPECT_EQ(reread->rope_scaling.low_freq_factor, original->rope_scaling.low_freq_factor);
     EXPECT_EQ(reread->rope_scaling.high_freq_factor, original->rope_scaling.high_freq_factor);
@@ -249,6 +330,11 @@ TEST(HfConfigTest, WrittenJsonParsesBackUnchanged) {
               original->rope_scaling.original_max_position_embeddings);
     EXPECT_EQ(reread->tie_word_embeddings, original->tie_word_embeddings);
     EXPECT_EQ(reread->attention_bias, original->attention_bias);
+    EXPECT_EQ(reread->mlp_bias, original->mlp_bias);
+    EXPECT_EQ(reread->rope_scaling.attention_factor, original->rope_scaling.attention_factor);
+    EXPECT_EQ(reread->rope_scaling.beta_fast, original->rope_scaling.beta_fast);
+    EXPECT_EQ(reread->rope_scaling.beta_slow, original->rope_scaling.beta_slow);
+    EXPECT_EQ(reread->rope_scaling.truncate, original->rope_scaling.truncate);
     EXPECT_EQ(reread->max_position_embeddings, original->max_position_embeddings);
     EXPECT_NE(written.find("\"torch_dtype\": \"float32\""), std::string::npos);
   }
@@ -275,7 +361,7 @@ TEST(HfConfigTest, LoadFromDirectoryOrFile) {
 
 TEST(HfConfigErrorTest, UnsupportedArchitecture) {
   ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
-                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2)"});
+                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)"});
   ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
                       {"config.json", "MistralForCausalLM", "not supported"});
   ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
@@ -335,12 +421,19 @@ TEST(HfConfigErrorTest, BadSizes) {
 
 TEST(HfConfigErrorTest, UnsupportedOptions) {
   ExpectErrorMentions(
-      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})")),
-      {"config.json: unsupported rope_scaling type 'yarn'"});
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "ntk-by-parts", "factor": 4})")),
+      {"config.json: field 'rope_scaling.rope_type' is 'ntk-by-parts', which is not supported (supported: "
+       "default, linear, dynamic, yarn, llama3)"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"type": "su", "factor": 4})")),
+                      {"config.json: field 'rope_scaling.type' is 'su', which is not supported"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "linear"})")),
+                      {"config.json: field 'rope_scaling.factor' is missing"});
   ExpectErrorMentions(
-      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8,
-                             "low_freq_factor": 1, "high_freq_factor": 4})")),
-      {"config.json: field 'rope_scaling.original_max_position_embeddings' is missing"});
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": "fast"})")),
+      {"config.json: field 'rope_scaling.beta_fast' must be a number, got string"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2, "partial_rotary_factor": 0.5})")),
+      {"config.json: field 'rope_scaling.partial_rotary_factor' is not 1"});
   ExpectErrorMentions(
       Parse(MinimalLlama(R"(, "rope_scaling": {"factor": 8})")),
       {"config.json: field 'rope_scaling.rope_type' is missing"});
@@ -353,8 +446,8 @@ TEST(HfConfigErrorTest, UnsupportedOptions) {
                       {"config.json: field 'hidden_act' is 'gelu'; only 'silu' is supported"});
   ExpectErrorMentions(Parse(MinimalLlama(R"(, "use_sliding_window": true)")),
                       {"config.json: field 'use_sliding_window' is true, which is not supported"});
-  ExpectErrorMentions(Parse(MinimalLlama(R"(, "mlp_bias": true)")),
-                      {"config.json: field 'mlp_bias' is true, which is not supported"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "mlp_bias": 1)")),
+                      {"config.json: field 'mlp_bias' must be a boolean, got integer"});
 }
 
 TEST(HfConfigErrorTest, NotJson) {

@@ -46,6 +46,9 @@ CASES = {
                       runs=[("full", 512), ("seco", 7), ("streambp", 16)]),
     "qwen2_tied": dict(hf=ref.CONFIGS["qwen2_tied"]["hf"], family="llama", lengths=[30, 9], seed=12,
                        runs=[("full", 512), ("seco", 8), ("ckpt", 512)]),
+    # Qwen3: adapters on q/k under the per-head norms, o_proj's bias, yarn.
+    "qwen3_yarn_bias": dict(hf=ref.FAMILY_CONFIGS["qwen3_yarn_bias"]["hf"], family="llama", lengths=[25, 11],
+                            seed=14, runs=[("full", 512), ("seco", 6), ("streambp", 9)]),
     "mamba_untied_bias": dict(hf=ref.MAMBA_CONFIGS["mamba_untied_bias"], family="mamba", lengths=[21, 8], seed=13,
                               runs=[("full", 512), ("seco", 5), ("streambp", 4)]),
 }

@@ -5,9 +5,11 @@ model.safetensors of random f64 weights) and a ragged JSONL batch, runs `grad_du
 parameter gradient of the batch, through a strategy) for several strategies, KV page sizes and LM-head chunk
 sizes, and compares the result with the same model written here in plain torch ops (no `transformers`):
 
-    embedding; per layer: RMSNorm, q/k/v projections (+ bias for qwen2), RoPE (HF rotate_half convention,
-    Llama-3 rope_scaling when configured), GQA (repeat_interleave of k/v heads), causal softmax attention with
-    scale 1/sqrt(head_dim), o_proj, residual, RMSNorm, SwiGLU MLP, residual; final norm; lm_head (tied or not);
+    embedding; per layer: RMSNorm, q/k/v projections (+ bias for qwen2 and attention_bias), Qwen3's per-head
+    q_norm / k_norm, RoPE (HF rotate_half convention; rope_scaling linear, dynamic, yarn or llama3 with
+    transformers' formulas, cos and sin times yarn's attention factor), GQA (repeat_interleave of k/v heads),
+    causal softmax attention with scale 1/sqrt(head_dim), o_proj (+ bias for Llama / Qwen3 attention_bias),
+    residual, RMSNorm, SwiGLU MLP (+ biases with mlp_bias), residual; final norm; lm_head (tied or not);
     cross-entropy of logits[:-1] against labels[1:] (-100 ignored), summed over the batch and divided by the
     number of valid labels in the batch.
 
@@ -218,6 +220,69 @@ CONFIGS = {
 }
 
 
+# RoPE scaling types, Qwen3 and Llama's biases: each through every exact strategy with fewer settings (FAMILY_RUNS).
+FAMILY_CONFIGS = {
+    "llama_linear": dict(
+        hf={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 41, "hidden_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24,
+            "rms_norm_eps": 1e-6, "rope_theta": 50.0, "max_position_embeddings": 64,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.5}, "tie_word_embeddings": False,
+            "hidden_act": "silu"},
+        lengths=[45, 7, 30], seed=11),
+    # Dynamic NTK: the base grows with each sequence's length past max_position_embeddings = 24 (61 and 30 here;
+    # 9 keeps it), so chunks of 4..29 must use the whole sequence's length.
+    "llama_dynamic": dict(
+        hf={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 43, "hidden_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "intermediate_size": 24, "rms_norm_eps": 1e-6, "max_position_embeddings": 24,
+            "rope_parameters": {"rope_type": "dynamic", "factor": 3.0, "rope_theta": 100.0},
+            "tie_word_embeddings": True, "hidden_act": "silu"},
+        lengths=[61, 9, 30], seed=12),
+    # YaRN as Qwen2.5's recipe writes it (old "type" key), on a small context so that the ramp between
+    # beta_fast and beta_slow spans several frequencies; the attention factor derived from factor.
+    "qwen2_yarn": dict(
+        hf={"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 37, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 40,
+            "rms_norm_eps": 1e-6, "rope_theta": 100.0, "max_position_embeddings": 256,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+            "tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False},
+        lengths=[50, 11, 33], seed=13),
+    # Qwen3: per-head q_norm / k_norm, head_dim (12) unlike hidden_size / heads (6), GQA, transformers 5's
+    # rope_parameters and layer_types.
+    "qwen3": dict(
+        hf={"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 47, "hidden_size": 24,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+            "intermediate_size": 36, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "layer_types": ["full_attention", "full_attention"], "attention_bias": False,
+            "tie_word_embeddings": True, "hidden_act": "silu", "use_sliding_window": False},
+        lengths=[40, 6, 27], seed=14),
+    # Qwen3 with attention_bias (q/k/v/o) and YaRN with DeepSeek's mscale / mscale_all_dim, no truncation, own
+    # beta_fast / beta_slow.
+    "qwen3_yarn_bias": dict(
+        hf={"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 39, "hidden_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 24, "rms_norm_eps": 1e-6, "max_position_embeddings": 128,
+            "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
+                             "beta_fast": 16.0, "beta_slow": 0.5, "mscale": 1.0, "mscale_all_dim": 0.5,
+                             "truncate": False},
+            "rope_theta": 500.0, "attention_bias": True, "tie_word_embeddings": False, "hidden_act": "silu"},
+        lengths=[20, 35], seed=15),
+    # Llama with attention_bias (q/k/v/o) and mlp_bias (gate/up/down).
+    "llama_biases": dict(
+        hf={"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 45, "hidden_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 28,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 128,
+            "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False, "hidden_act": "silu"},
+        lengths=[38, 13], seed=16),
+}
+ALL_CONFIGS = {**CONFIGS, **FAMILY_CONFIGS}
+# (strategy, page_size, lm_chunk, chunk) for FAMILY_CONFIGS.
+FAMILY_RUNS = [("full", 5, 7, 512), ("full", 256, 1000, 512), ("ckpt", 4, 1000, 512), ("seco", 5, 7, 4),
+               ("seco", 16, 1000, 16), ("seco", 4, 3, 29), ("streambp", 5, 7, 4), ("streambp", 16, 1000, 16),
+               ("streambp", 4, 3, 29)]
+
+
 def dims(hf):
     heads = hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads", heads)
@@ -231,7 +296,7 @@ def make_weights(hf, seed):
     d, f, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
     heads, kv_heads, hd = dims(hf)
     qd, kvd = heads * hd, kv_heads * hd
-    bias = hf["model_type"] == "qwen2" or hf.get("attention_bias", False)
+    bias, o_bias, mlp_bias, qk_norm = biases(hf)
 
     def mat(out, inp, scale=1.0):
         return rng.normal(0.0, scale / math.sqrt(inp), size=(out, inp))
@@ -251,10 +316,19 @@ def make_weights(hf, seed):
             w[p + "self_attn.k_proj.bias"] = 0.1 * rng.normal(size=kvd)
             w[p + "self_attn.v_proj.bias"] = 0.1 * rng.normal(size=kvd)
         w[p + "self_attn.o_proj.weight"] = mat(d, qd)
+        if o_bias:
+            w[p + "self_attn.o_proj.bias"] = 0.1 * rng.normal(size=d)
+        if qk_norm:
+            w[p + "self_attn.q_norm.weight"] = norm(hd)
+            w[p + "self_attn.k_norm.weight"] = norm(hd)
         w[p + "post_attention_layernorm.weight"] = norm(d)
         w[p + "mlp.gate_proj.weight"] = mat(f, d)
         w[p + "mlp.up_proj.weight"] = mat(f, d)
         w[p + "mlp.down_proj.weight"] = mat(d, f)
+        if mlp_bias:
+            w[p + "mlp.gate_proj.bias"] = 0.1 * rng.normal(size=f)
+            w[p + "mlp.up_proj.bias"] = 0.1 * rng.normal(size=f)
+            w[p + "mlp.down_proj.bias"] = 0.1 * rng.normal(size=d)
     w["model.norm.weight"] = norm(d)
     if not hf.get("tie_word_embeddings", False):
         w["lm_head.weight"] = mat(V, d, 2.0)
@@ -363,15 +437,69 @@ def write_rows(path, rows):
 # Reference model (plain torch, float64)
 # ----------------------------------------------------------------------------------------------------------------
 
-def inv_frequencies(hf, apply_scaling=True):
+def rope_block(hf):
+    """(rope_theta, the rope_scaling / rope_parameters dict with transformers' standardisation, or None)."""
+    rs = hf.get("rope_parameters") or hf.get("rope_scaling")
+    theta = float((rs or {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if not rs or rs.get("rope_type", rs.get("type")) == "default":
+        return theta, None
+    rs = dict(rs, rope_type=rs.get("rope_type", rs.get("type")))
+    if rs["rope_type"] in ("llama3", "yarn"):
+        if "original_max_position_embeddings" in hf:
+            rs["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        rs.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+    return theta, rs
+
+
+def rope_parameters(hf, seq_len, apply_scaling=True):
+    """(inverse frequencies, attention factor) as transformers' modeling_rope_utils computes them (in float64) for a
+    sequence of seq_len tokens (the dynamic type's seq_len = max(position_ids) + 1)."""
     _, _, hd = dims(hf)
-    theta = float(hf.get("rope_theta", 10000.0))
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    rs = hf.get("rope_scaling")
-    if not apply_scaling or not rs or rs.get("rope_type", rs.get("type")) != "llama3":
-        return inv
-    # transformers' _compute_llama3_parameters
-    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    base, rs = rope_block(hf)
+    if not apply_scaling or rs is None:
+        return base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd), 1.0
+    kind, factor = rs["rope_type"], rs.get("factor")
+    exponents = torch.arange(0, hd, 2, dtype=torch.float64) / hd
+    if kind == "linear":  # _compute_linear_scaling_rope_parameters
+        return 1.0 / base ** exponents / factor, 1.0
+    if kind == "dynamic":  # _compute_dynamic_ntk_parameters
+        mpe = hf["max_position_embeddings"]
+        length = max(seq_len, mpe)
+        base = base * ((factor * length / mpe) - (factor - 1)) ** (hd / (hd - 2))
+        return 1.0 / base ** exponents, 1.0
+    if kind == "yarn":  # _compute_yarn_parameters
+        old_ctx = rs["original_max_position_embeddings"]
+        if factor is None:
+            factor = hf["max_position_embeddings"] / old_ctx
+
+        def get_mscale(scale, mscale=1.0):
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        attention_factor = rs.get("attention_factor")
+        if attention_factor is None:
+            if rs.get("mscale") and rs.get("mscale_all_dim"):
+                attention_factor = get_mscale(factor, rs["mscale"]) / get_mscale(factor, rs["mscale_all_dim"])
+            else:
+                attention_factor = get_mscale(factor)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def correction_dim(rotations):
+            return hd * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if rs.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, hd - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(hd // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+        pos_freqs = base ** exponents
+        extrapolation = 1 - ramp
+        inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+        return inv, attention_factor
+    assert kind == "llama3", kind  # _compute_llama3_parameters
+    inv = base ** -exponents
+    low, high = rs["low_freq_factor"], rs["high_freq_factor"]
     old_ctx = rs["original_max_position_embeddings"]
     low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
     wavelen = 2 * math.pi / inv
@@ -379,7 +507,15 @@ def inv_frequencies(hf, apply_scaling=True):
     smooth = (old_ctx / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+def biases(hf):
+    """(q/k/v bias, o_proj bias, mlp biases, Qwen3's q_norm / k_norm) of the config, as transformers builds it."""
+    kind = hf["model_type"]
+    attention_bias = hf.get("attention_bias", False)
+    return (kind == "qwen2" or attention_bias, kind != "qwen2" and attention_bias,
+            kind == "llama" and hf.get("mlp_bias", False), kind == "qwen3")
 
 
 def rms_norm(x, w, eps):
@@ -399,27 +535,31 @@ def forward_logits(hf, W, ids, apply_rope_scaling=True):
     """Logits [T, vocab] of the model with parameters W (torch tensors under HF names) at every position of ids."""
     heads, kv_heads, hd = dims(hf)
     eps = float(hf.get("rms_norm_eps", 1e-6))
-    bias = hf["model_type"] == "qwen2" or hf.get("attention_bias", False)
+    bias, o_bias, mlp_bias, qk_norm = biases(hf)
     head = W["model.embed_tokens.weight"] if hf.get("tie_word_embeddings", False) else W["lm_head.weight"]
-    inv = inv_frequencies(hf, apply_rope_scaling)
-
-    def proj(x, name):
-        y = x @ W[name + ".weight"].T
-        return y + W[name + ".bias"] if bias else y
-
     T = len(ids)
+    inv, attention_factor = rope_parameters(hf, T, apply_rope_scaling)
+
+    def proj(x, name, with_bias=bias):
+        y = x @ W[name + ".weight"].T
+        return y + W[name + ".bias"] if with_bias else y
+
+    def heads_of(x, name, n):  # [T, n * hd] -> [n, T, hd], through Qwen3's per-head norm
+        x = x.view(T, n, hd)
+        return (rms_norm(x, W[name + ".weight"], eps) if qk_norm else x).transpose(0, 1)
+
     ids_t = torch.tensor(ids, dtype=torch.long)
     angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos(), emb.sin()  # [T, hd]
+    cos, sin = emb.cos() * attention_factor, emb.sin() * attention_factor  # [T, hd]
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
 
     x = W["model.embed_tokens.weight"][ids_t]
     for i in range(hf["num_hidden_layers"]):
         p = f"model.layers.{i}."
         xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = proj(xn, p + "self_attn.q_proj").view(T, heads, hd).transpose(0, 1)
-        k = proj(xn, p + "self_attn.k_proj").view(T, kv_heads, hd).transpose(0, 1)
+        q = heads_of(proj(xn, p + "self_attn.q_proj"), p + "self_attn.q_norm", heads)
+        k = heads_of(proj(xn, p + "self_attn.k_proj"), p + "self_attn.k_norm", kv_heads)
         v = proj(xn, p + "self_attn.v_proj").view(T, kv_heads, hd).transpose(0, 1)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -428,11 +568,11 @@ def forward_logits(hf, W, ids, apply_rope_scaling=True):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
         attn = (probs @ v).transpose(0, 1).reshape(T, heads * hd)
-        h = x + attn @ W[p + "self_attn.o_proj.weight"].T
+        h = x + proj(attn, p + "self_attn.o_proj", o_bias)
         hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps)
-        gate = hn @ W[p + "mlp.gate_proj.weight"].T
-        up = hn @ W[p + "mlp.up_proj.weight"].T
-        x = h + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
+        gate = proj(hn, p + "mlp.gate_proj", mlp_bias)
+        up = proj(hn, p + "mlp.up_proj", mlp_bias)
+        x = h + proj(F.silu(gate) * up, p + "mlp.down_proj", mlp_bias)
     return rms_norm(x, W["model.norm.weight"], eps) @ head.T
 
 
@@ -570,7 +710,7 @@ _CASES = {}
 def case(name):
     """Writes the model dir and batch for config `name` once, with its reference loss and gradients."""
     if name not in _CASES:
-        spec = CONFIGS[name]
+        spec = ALL_CONFIGS[name]
         root = scratch_dir(f"torch_ref_{name}_")
         weights = make_weights(spec["hf"], spec["seed"])
         batch = make_batch(spec["hf"], spec["lengths"], spec["seed"])
@@ -711,6 +851,25 @@ def test_reference_self_check():
     c = case("llama_rope_scaled")
     unscaled_loss, _ = reference(spec["hf"], c["weights"], c["batch"], apply_rope_scaling=False)
     assert abs(unscaled_loss - c["ref"][0]) > 1e-4 * abs(c["ref"][0]), (unscaled_loss, c["ref"][0])
+    for name in ("llama_linear", "llama_dynamic", "qwen2_yarn", "qwen3_yarn_bias"):
+        spec, c = FAMILY_CONFIGS[name], case(name)
+        unscaled_loss, _ = reference(spec["hf"], c["weights"], c["batch"], apply_rope_scaling=False)
+        assert abs(unscaled_loss - c["ref"][0]) > 1e-4 * abs(c["ref"][0]), (name, unscaled_loss, c["ref"][0])
+    # Dynamic NTK: the frequencies of a sequence depend on its whole length past max_position_embeddings (24), not
+    # below it; yarn's ramp leaves some frequencies kept, some divided and some between.
+    dynamic = FAMILY_CONFIGS["llama_dynamic"]["hf"]
+    assert torch.equal(rope_parameters(dynamic, 9)[0], rope_parameters(dynamic, 24)[0])
+    assert not torch.allclose(rope_parameters(dynamic, 61)[0], rope_parameters(dynamic, 30)[0])
+    for name in ("qwen2_yarn", "qwen3_yarn_bias"):
+        hf = FAMILY_CONFIGS[name]["hf"]
+        inv, attention_factor = rope_parameters(hf, 1)
+        plain, _ = rope_parameters(hf, 1, apply_scaling=False)
+        ratio = plain / inv
+        factor = hf["rope_scaling"]["factor"]
+        kept, divided = torch.isclose(ratio, torch.tensor(1.0)), torch.isclose(ratio, torch.tensor(float(factor)))
+        assert kept.any() and divided.any(), (name, ratio)
+        assert ((ratio > 1.001) & (ratio < factor * 0.999)).any(), (name, ratio)
+        assert attention_factor != 1, (name, attention_factor)
     hf = CONFIGS["qwen2_tied"]["hf"]
     cq = case("qwen2_tied")
     loss, grads = cq["ref"]
@@ -749,6 +908,37 @@ def test_gradients_match_torch(config):
             worst = max(worst, compare(engine, c["ref"], label))
         summary.append(f"{config}/{strategy}: max rel err {worst[0]:.2e} ({worst[1]})")
     print("\n".join(["SUMMARY"] + summary))
+
+
+@pytest.mark.parametrize("config", sorted(FAMILY_CONFIGS))
+def test_family_gradients_match_torch(config):
+    """RoPE scaling types, Qwen3 and Llama's biases: loaded from the HF directory the test writes, exact against the
+    reference for full, ckpt, seco and streambp (chunks shorter than the sequences, several page sizes)."""
+    c = case(config)
+    summary = []
+    for strategy, page_size, lm_chunk, chunk in FAMILY_RUNS:
+        label = f"{config}/{strategy} page_size={page_size} lm_chunk={lm_chunk} chunk={chunk}"
+        out = os.path.join(c["root"], "grads.safetensors")
+        engine = run_grad_dump(c["model_dir"], c["jsonl"], out, strategy, page_size, lm_chunk, chunk)
+        worst = compare(engine, c["ref"], label)
+        summary.append(f"{label}: max rel err {worst[0]:.2e} ({worst[1]})")
+    print("\n".join(["SUMMARY"] + summary))
+
+
+def test_unknown_rope_type_refused():
+    """A RoPE type the engine does not implement is refused, naming the file and the field."""
+    c = case("llama_linear")
+    hf = dict(FAMILY_CONFIGS["llama_linear"]["hf"],
+              rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 2, "long_factor": [2.0] * 2})
+    model_dir = os.path.join(c["root"], "longrope")
+    write_model_dir(model_dir, hf, c["weights"])
+    out = os.path.join(c["root"], "unused_longrope.safetensors")
+    proc = run([grad_dump_path(), f"--model_dir={model_dir}", f"--batch_jsonl={c['jsonl']}", f"--out={out}"],
+               check=False)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    for needle in (os.path.join(model_dir, "config.json"), "'rope_scaling.rope_type'", "'longrope'"):
+        assert needle in proc.stderr, (needle, proc.stderr)
+    assert not os.path.exists(out)
 
 
 def test_grad_dump_errors():
@@ -818,14 +1008,15 @@ def test_grad_dump_objective_errors():
     fails(["--objective=grpo", f"--data={no_ref}", "--grpo_kl_beta=0"] + budget, "--spaco_budget=3")
 
 
-@pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "llama_rope_scaled"])
+@pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "llama_rope_scaled", "llama_dynamic", "qwen3_yarn_bias",
+                                    "llama_biases"])
 def test_saved_model_loads_back(config):
     """One training step with //examples:train --save: the export parses, has the input's tensor names and shapes
     (no lm_head.weight when tied) and config, and loads back into the engine with exact gradients."""
     train = train_path()
     if train is None:
         pytest.skip("//examples:train is not available")
-    spec = CONFIGS[config]
+    spec = ALL_CONFIGS[config]
     c = case(config)
     saved = os.path.join(c["root"], "saved")
     shutil.rmtree(saved, ignore_errors=True)
@@ -844,8 +1035,12 @@ def test_saved_model_loads_back(config):
 
     with open(os.path.join(saved, "config.json")) as f:
         cfg = json.load(f)
+    # RoPE: the same frequencies and attention factor (the export writes rope_scaling with every field).
+    for length in (5, 61):
+        for saved_value, value in zip(rope_parameters(cfg, length), rope_parameters(spec["hf"], length)):
+            assert np.array_equal(np.asarray(saved_value), np.asarray(value)), (length, cfg, spec["hf"])
     for key, value in spec["hf"].items():
-        if key in ("use_sliding_window",):
+        if key in ("use_sliding_window", "rope_scaling", "rope_parameters", "rope_theta", "layer_types"):
             continue
         assert cfg.get(key) == value, f"config.json field {key}: {cfg.get(key)!r} != {value!r}"
 
