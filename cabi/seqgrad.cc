@@ -633,9 +633,7 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
 }
 
 // The family's default LoRA targets (as examples:train's --lora_targets default).
-std::string DefaultLoraTargets(const sg::Model& m) {
-  return m.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj";
-}
+std::string DefaultLoraTargets(const sg::Model& m) { return sg::DefaultLoraTargets(m.family()); }
 
 // Under core.mu: LoRA changes the parameters, which the optimizer state of an existing trainer would not match.
 sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {

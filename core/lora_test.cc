@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/gradcheck.h"
 #include "core/io/peft.h"
 #include "core/io/safetensors.h"
@@ -276,7 +278,15 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_NE(error(o).find("listed twice"), std::string::npos);
   EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj", "transformer").ok());
   EXPECT_EQ(*ParseLoraTargets("q_proj, v_proj", "transformer"), (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_EQ(ParseLoraTargets("all", "ssm")->size(), 4u);
+  EXPECT_EQ(ParseLoraTargets("all", "ssm")->size(), 2u);
+  EXPECT_EQ(*ParseLoraTargets("All-Linear", "transformer"), LoraTargetModules("transformer"));
+  EXPECT_NE(ParseLoraTargets("all-linear", "ssm").status().message().find("out_proj and dt_proj"), std::string::npos);
+  // Mamba modules PEFT refuses or ignores are refused with the reason.
+  EXPECT_NE(ParseLoraTargets("in_proj,out_proj", "ssm").status().message().find("'out_proj' is not supported: PEFT "
+                                                                                "refuses"),
+            std::string::npos);
+  EXPECT_NE(ParseLoraTargets("dt_proj", "ssm").status().message().find("multiplies dt_proj.weight directly"),
+            std::string::npos);
   ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0)).ok());
   EXPECT_NE(error(Options(*model, 4, 0)).find("already enabled"), std::string::npos);
 }
@@ -416,6 +426,58 @@ std::string ReadBytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// PEFT writes target_modules in any order, as module names or (after "all-linear") as module paths: the same set
+// of modules loads the same adapter; "all-linear" means every linear layer but the LM head.
+TEST(LoraFilesTest, TargetModulesAreASetOfNamesOrPaths) {
+  auto source = WithLora("tiny", 3);  // every module of the family
+  const std::vector<Sequence> batch = Batch(*source);
+  const std::string dir = TempDir("adapter_targets");
+  ASSERT_TRUE(SaveLoraAdapter(*source, dir, "tiny").ok());
+  const std::string config_path = dir + "/adapter_config.json";
+  nlohmann::json config = nlohmann::json::parse(ReadBytes(config_path));
+  std::vector<std::string> paths;
+  for (const LoraAdapter& ad : source->lora()->adapters) paths.push_back(ad.module);
+  std::reverse(paths.begin(), paths.end());
+  for (const nlohmann::json& targets : {nlohmann::json(paths), nlohmann::json("ALL-LINEAR"),
+                                        nlohmann::json({"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj",
+                                                        "k_proj", "q_proj", "q_proj"})}) {
+    config["target_modules"] = targets;
+    WriteBytes(config_path, config.dump());
+    auto loaded = Base("tiny");
+    absl::Status s = LoadLoraAdapter(*loaded, dir);
+    ASSERT_TRUE(s.ok()) << targets << ": " << s;
+    EXPECT_EQ(Loss(*loaded, batch), Loss(*source, batch)) << targets;
+    // Into a model whose LoRA lists the same modules in another order.
+    auto on = Base("tiny");
+    LoraOptions o = Options(*on, 3, 0);
+    std::reverse(o.targets.begin(), o.targets.end());
+    ASSERT_TRUE(EnableLora(*on, o).ok());
+    s = LoadLoraAdapter(*on, dir);
+    ASSERT_TRUE(s.ok()) << targets << ": " << s;
+    EXPECT_EQ(Loss(*on, batch), Loss(*source, batch)) << targets;
+  }
+  // Paths of only some layers: refused, naming what is missing.
+  config["target_modules"] = {"model.layers.0.self_attn.q_proj"};
+  WriteBytes(config_path, config.dump());
+  auto m = Base("tiny");
+  absl::Status s = LoadLoraAdapter(*m, dir);
+  EXPECT_NE(s.message().find("is no LoRA adapter of this model's target modules"), std::string::npos) << s;
+  // Mamba adapters with modules PEFT refuses or ignores.
+  auto ssm = WithLora("tiny-ssm", 2);
+  ASSERT_TRUE(SaveLoraAdapter(*ssm, dir, "tiny-ssm").ok());
+  const std::string ssm_config = ReadBytes(config_path);
+  for (const char* module : {"out_proj", "dt_proj"}) {
+    config = nlohmann::json::parse(ssm_config);
+    config["target_modules"].push_back(module);
+    WriteBytes(config_path, config.dump());
+    auto base = Base("tiny-ssm");
+    s = LoadLoraAdapter(*base, dir);
+    EXPECT_NE(s.message().find(absl::StrCat("adapter_config.json: target_modules: '", module, "' is not supported")),
+              std::string::npos)
+        << s;
+  }
+}
+
 TEST(LoraFilesTest, BadAdapters) {
   auto source = WithLora("tiny", 3);
   const std::string good = TempDir("adapter_good");
@@ -497,6 +559,12 @@ TEST(LoraFilesTest, BadAdapters) {
          std::vector<std::tuple<std::string, std::string, std::string>>{
              {"\"bias\": \"none\"", "\"bias\": \"all\"", "field 'bias' is 'all'"},
              {"\"use_dora\": false", "\"use_dora\": true", "field 'use_dora' is true"},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa\"",
+              "field 'init_lora_weights' is \"pissa\": only the plain initialisations"},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"olora\"", "field 'init_lora_weights' is \"olora\""},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa_niter_4\"", "is \"pissa_niter_4\""},
+             {"\"target_modules\": [", "\"target_modules\": \"q_proj|v_proj\", \"x\": [",
+              "field 'target_modules' is the regular expression 'q_proj|v_proj'"},
              {"\"peft_type\": \"LORA\"", "\"peft_type\": \"IA3\"", "only LORA adapters"},
              {"\"r\": 3", "\"r\": 0", "field 'r' must be a positive integer"},
              {"\"lora_dropout\": 0.0", "\"lora_dropout\": 1.5", "field 'lora_dropout'"}}) {
