@@ -195,18 +195,25 @@ def check_with_peft(model_dir, adapter_dir, merged_dir, jsonl, engine_loss, engi
     assert r["merge_diff"] <= 1e-12, r
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_lora_adapter_matches_torch_and_peft_format(name):
+def setup_case(name, prefix):
+    """(scratch dir, weights, batch, model dir, batch JSONL) of CASES[name]."""
     case = CASES[name]
     hf = case["hf"]
-    root = ref.scratch_dir(f"lora_{name}_")
+    root = ref.scratch_dir(f"{prefix}_{name}_")
     mamba = case["family"] == "mamba"
     weights = ref.make_mamba_weights(hf, case["seed"]) if mamba else ref.make_weights(hf, case["seed"])
     batch = ref.make_batch(hf, case["lengths"], case["seed"])
-    model_dir = os.path.join(root, "model")
+    model_dir, jsonl = os.path.join(root, "model"), os.path.join(root, "batch.jsonl")
     ref.write_model_dir(model_dir, hf, weights)
-    jsonl = os.path.join(root, "batch.jsonl")
     ref.write_jsonl(jsonl, batch)
+    return root, weights, batch, model_dir, jsonl
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lora_adapter_matches_torch_and_peft_format(name):
+    case = CASES[name]
+    mamba = case["family"] == "mamba"
+    root, weights, batch, model_dir, jsonl = setup_case(name, "lora")
     targets = MAMBA_TARGETS if mamba else LLAMA_TARGETS
     adapter = make_adapter(weights, targets, case["seed"] + 100)
     adapter_in = os.path.join(root, "adapter_in")
@@ -240,14 +247,8 @@ PEFT_WRITTEN = {"llama_gqa": "all-linear", "qwen2_tied": "v_proj,q_proj,down_pro
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_peft_written_adapter_loads_into_engine(name):
     """An adapter that PEFT itself creates and saves (random A and B) gives the engine PEFT's loss."""
-    case = CASES[name]
-    hf = case["hf"]
-    root = ref.scratch_dir(f"peft_written_{name}_")
-    mamba = case["family"] == "mamba"
-    weights = ref.make_mamba_weights(hf, case["seed"]) if mamba else ref.make_weights(hf, case["seed"])
-    model_dir, jsonl, adapter = (os.path.join(root, n) for n in ("model", "batch.jsonl", "adapter"))
-    ref.write_model_dir(model_dir, hf, weights)
-    ref.write_jsonl(jsonl, ref.make_batch(hf, case["lengths"], case["seed"]))
+    root, _, _, model_dir, jsonl = setup_case(name, "peft_written")
+    adapter = os.path.join(root, "adapter")
     r = peft_compare("write", model_dir, adapter, jsonl, RANK, ALPHA, PEFT_WRITTEN[name])
     with open(os.path.join(adapter, "adapter_config.json")) as f:
         written = json.load(f)["target_modules"]
