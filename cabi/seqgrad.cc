@@ -148,6 +148,7 @@ struct ModelCore {
   std::mutex mu;
   int trainers = 0;
   std::string lora_targets;  // sg_model_lora's targets string (joined once LoRA is on)
+  std::string source_dir;    // sg_model_load's directory (absolute), whose tokenizer etc. sg_model_save carries over
 };
 
 struct sg_model {
@@ -730,13 +731,17 @@ const char* const* sg_model_preset_names(void) {
 }
 
 static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
-                              sg_model** out) {
+                              bool from_dir, sg_model** out) {
   sg::DType dt = sg::DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
   absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed);
   if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", FieldMessage(m.status().message())));
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
+  if (char* absolute = realpath(spec.c_str(), nullptr)) {  // a directory (a preset name is no path)
+    if (from_dir) core->source_dir = absolute;
+    free(absolute);
+  }
   *out = new sg_model{std::move(core)};
   return nullptr;
 }
@@ -755,7 +760,7 @@ sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_
       for (const std::string& n : known) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
       return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
     }
-    return CreateModel(fn, preset, dtype, seed, out);
+    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out);
   });
 }
 
@@ -768,7 +773,7 @@ sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) 
     struct stat st;
     if (stat(hf_dir, &st) != 0 || !S_ISDIR(st.st_mode))
       return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'hf_dir' ('", hf_dir, "') is not a directory"));
-    return CreateModel(fn, hf_dir, dtype, 0, out);
+    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out);
   });
 }
 
@@ -779,7 +784,7 @@ sg_status* sg_model_save(sg_model* model, const char* dir) {
     if (!dir) return NullArg(fn, "dir");
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
-    return FromAbsl(sg::SaveModel(*model->core->model, dir));
+    return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir));
   });
 }
 

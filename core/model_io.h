@@ -25,9 +25,16 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
 absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
-// Writes config.json and model.safetensors (in the model's dtype) that Hugging Face transformers can load.
+// Writes a Hugging Face model directory that transformers loads: model.safetensors in the model's dtype and
+// config.json labelled with it (torch_dtype and dtype). `source` is the spec the model was loaded from: when it is a
+// directory, config.json keeps every field of the source's that the engine does not write (bos /
+// eos / pad token ids, ...) and generation_config.json, the tokenizer files and the chat template are copied over.
 // Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
 // plain HF model; core/lora_io.h writes the adapters themselves.
-absl::Status SaveModel(Model& model, const std::string& dir);
+// The save is all or nothing: everything is written into a directory beside `dir` that then replaces it in one
+// rename, so `dir` holds exactly the new model (no stale shards or index) or, when anything fails (a tokenizer file
+// that cannot be read, a full disk), stays as it was. An existing `dir` must hold only model and tokenizer files
+// (otherwise the save is refused, naming the file), since all of it is replaced.
+absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "");
 
 }  // namespace sg

@@ -316,7 +316,7 @@ std::string LoraJson(Model& model) {
 
 absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge) {
   if (model.lora() && !merge) return SaveLoraAdapter(model, dir, base);
-  return SaveModel(model, dir);
+  return SaveModel(model, dir, base);
 }
 
 void ExitIfError(const absl::Status& s, const char* what) {
