@@ -100,6 +100,15 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
 
 absl::Status EnableLora(Model& model, const LoraOptions& o) { return model.EnableLora(o); }
 
+LoraDisabled::LoraDisabled(const Model& model) : lora_(model.lora()) {
+  if (!lora_) return;
+  was_disabled_ = lora_->disabled;
+  lora_->disabled = true;
+}
+LoraDisabled::~LoraDisabled() {
+  if (lora_) lora_->disabled = was_disabled_;
+}
+
 namespace {
 template <typename T>
 void Merge(Model& model, const LoraAdapter& ad, T* dst) {

@@ -50,6 +50,8 @@ struct LoraInfo {
   LoraOptions options;
   std::vector<LoraAdapter> adapters;  // in the order of the model's modules
   double scale() const { return options.alpha / static_cast<double>(options.rank); }
+  // Adapters skipped, the model computes as its base model (LoraDisabled): a switch, not part of the adapters.
+  mutable bool disabled = false;
   // The adapter whose lora_A or lora_B is parameter `index`, or null.
   const LoraAdapter* AdapterOfParam(int index) const;
   // The adapter of base weight `index`, or null.
@@ -74,6 +76,20 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
 // Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per
 // model. Restarts the memory tracker's peaks (the released base gradients are no part of what training needs).
 absl::Status EnableLora(Model& model, const LoraOptions& o);
+
+// While alive, `model` computes as its base model: every adapter is skipped (no-op when LoRA is off). The
+// reference of dpo/grpo with LoRA (Trainer::set_reference_base_model): no second model, no copy of the weights.
+class LoraDisabled {
+ public:
+  explicit LoraDisabled(const Model& model);
+  ~LoraDisabled();
+  LoraDisabled(const LoraDisabled&) = delete;
+  LoraDisabled& operator=(const LoraDisabled&) = delete;
+
+ private:
+  const LoraInfo* lora_;
+  bool was_disabled_ = false;
+};
 
 // The merged weight W + (alpha / r) B A of an adapted module, in the model's dtype, into dst (numel of W
 // elements). The model is not changed.

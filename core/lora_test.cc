@@ -291,6 +291,92 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_NE(error(Options(*model, 4, 0)).find("already enabled"), std::string::npos);
 }
 
+// ---- dpo / grpo with the model without adapters as the reference ----
+
+struct Batch PreferenceBatch(const Model& m, const std::string& objective) {
+  struct Batch b;
+  std::vector<Sequence> a = RaggedBatch(m.vocab_size(), 11), c = RaggedBatch(m.vocab_size(), 12);
+  if (objective == "dpo") {
+    b.pairs.push_back({a[0], c[0]});
+    b.pairs.push_back({c[1], a[1]});
+  } else {
+    GrpoGroup g1, g2;
+    auto completion = [](const Sequence& seq, double advantage) {
+      GrpoCompletion out;
+      out.seq = seq;
+      out.advantage = advantage;
+      return out;
+    };
+    g1.completions = {completion(a[0], 0.8), completion(c[0], -0.8)};
+    g2.completions = {completion(a[1], 1.1), completion(c[1], -0.4), completion(a[0], -0.7)};
+    b.groups = {g1, g2};
+  }
+  return b;
+}
+
+// The reference "this model with its adapters off" gives every digit of the two-model computation (the policy with
+// LoRA + a separate copy of the base model as the reference), step after step, while holding no second copy of the
+// weights: the engine's accounting shows the reference model's weights saved.
+TEST(LoraReferenceTest, BaseModelReferenceEqualsTwoModelsWithoutTheirMemory) {
+  for (const std::string preset : {"tiny", "tiny-ssm"})
+    for (const std::string objective : {"dpo", "grpo"}) {
+      SCOPED_TRACE(preset + " " + objective);
+      auto two = WithLora(preset), one = WithLora(preset);
+      auto reference = Base(preset);  // the same base weights as the policies'
+      StrategyOptions s;
+      s.name = "seco";
+      s.chunk = 5;
+      s.page_size = 3;
+      ObjectiveOptions o;
+      o.name = objective;
+      o.grpo_kl_beta = 0.3;
+      OptimizerOptions opt;
+      opt.lr = 0.05;
+      Trainer with_model(*two, s, opt, o, reference.get());
+      Trainer with_base(*one, s, opt, o);
+      with_base.set_reference_base_model();
+      const struct Batch batch = PreferenceBatch(*one, objective);
+      for (int step = 0; step < 2; ++step) {
+        absl::StatusOr<StepMetrics> a = with_model.Step(batch), b = with_base.Step(batch);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_EQ(a->loss, b->loss) << "step " << step;
+        if (objective == "dpo" && step == 0) {  // log 2 if the reference were the policy itself
+          EXPECT_GT(std::abs(a->loss - std::log(2.0)), 1e-2);
+        }
+      }
+      for (const LoraAdapter& ad : one->lora()->adapters)
+        for (int idx : {ad.a, ad.b}) {
+          const Tensor& x = one->params()[idx].value;
+          const Tensor& y = two->params()[idx].value;
+          for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data<double>()[i], y.data<double>()[i]);
+        }
+      // The adapters moved, the reference did not: the base model's loss is not the policy's.
+      EXPECT_NE(Loss(*one, Batch(*one)), Loss(*reference, Batch(*one)));
+      constexpr int kW = static_cast<int>(MemCategory::kWeights);
+      const int64_t reference_weights = reference->memory().Snapshot().current[static_cast<int>(MemCategory::kWeights)];
+      const int64_t two_models = two->memory().Snapshot().peak[kW] + reference->memory().Snapshot().peak[kW];
+      const int64_t one_model = one->memory().Snapshot().peak[kW];
+      std::printf("%s %s: weights bytes, policy + reference model %lld, policy with its adapters off as the "
+                  "reference %lld (saved %lld)\n",
+                  preset.c_str(), objective.c_str(), static_cast<long long>(two_models),
+                  static_cast<long long>(one_model), static_cast<long long>(two_models - one_model));
+      EXPECT_EQ(two_models - one_model, reference_weights);
+    }
+}
+
+TEST(LoraReferenceTest, BaseModelReferenceNeedsLora) {
+  auto model = Base("tiny");
+  ObjectiveOptions o;
+  o.name = "dpo";
+  Trainer t(*model, StrategyOptions{}, {}, o);
+  t.set_reference_base_model();
+  absl::StatusOr<StepMetrics> r = t.ComputeGradients(PreferenceBatch(*model, "dpo"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("LoRA is not enabled on the model"), std::string::npos) << r.status();
+}
+
 // ---- files ----
 
 TEST(LoraFilesTest, RoundTripGivesIdenticalOutputs) {
