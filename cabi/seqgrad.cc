@@ -525,7 +525,7 @@ sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_id
   }
   // Under the busy guard, where the reference cannot change: pairs without reference log-probs need the model.
   auto check = [&]() -> sg_status* {
-    if (t->reference) return nullptr;
+    if (t->trainer->has_reference()) return nullptr;
     for (int64_t i = 0; i < num_pairs; ++i) {
       const sg::DpoPair& p = batch.pairs[i];
       for (int k = 0; k < 2; ++k) {
@@ -615,7 +615,7 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
   }
   // Under the busy guard: completions without reference log-probs need the reference model for the KL term.
   auto check = [&]() -> sg_status* {
-    if (t->reference || !(t->objective.grpo_kl_beta > 0)) return nullptr;
+    if (t->trainer->has_reference() || !(t->objective.grpo_kl_beta > 0)) return nullptr;
     for (int64_t g = 0; g < num_groups; ++g)
       for (int64_t c = group_offsets[g]; c < group_offsets[g + 1]; ++c) {
         if (!batch.groups[g].completions[c - group_offsets[g]].ref_logprobs.empty()) continue;
@@ -1063,6 +1063,22 @@ sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference) {
     }
     trainer->reference = reference ? reference->core : nullptr;
     trainer->trainer->set_reference(reference ? reference->core->model.get() : nullptr);
+    return nullptr;
+  });
+}
+
+sg_status* sg_trainer_set_reference_base_model(sg_trainer* trainer) {
+  static const char fn[] = "sg_trainer_set_reference_base_model";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    if (!trainer->core->model->lora())
+      return MakeStatus(SG_ERR_FAILED_PRECONDITION,
+                        absl::StrCat(fn, ": the trainer's model has no LoRA adapters (sg_model_enable_lora), so "
+                                         "without them it would be the policy itself"));
+    trainer->reference = nullptr;
+    trainer->trainer->set_reference_base_model();
     return nullptr;
   });
 }

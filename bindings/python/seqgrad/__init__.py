@@ -475,6 +475,12 @@ class Trainer:
         self._get().set_reference(None if model is None else model._get())
         self.reference = model
 
+    def set_reference_base_model(self):
+        """Makes the reference of dpo/grpo this trainer's model with its LoRA adapters switched off: the frozen base
+        weights, with no second model or weight copy (the model must have LoRA). set_reference replaces it."""
+        self._get().set_reference_base_model()
+        self.reference = None
+
     def _dpo(self, pairs, mode):
         if isinstance(pairs, dict) or not isinstance(pairs, (list, tuple)):
             raise InvalidArgumentError("pairs must be a list of dicts")

@@ -400,6 +400,12 @@ SG_API sg_status* sg_trainer_evaluate(sg_trainer* trainer, const int32_t* ids, c
  * sg_metrics. Errors: SG_ERR_INVALID_ARGUMENT (NULL trainer, another vocabulary, the trainer's own model),
  * SG_ERR_BUSY while the trainer steps. */
 SG_API sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference);
+/* Since 0.7: the reference of dpo/grpo is the trainer's own model with its LoRA adapters switched off (as StreamBP
+ * does): the frozen base weights the adapters sit on, with no second model and no second copy of the weights. The
+ * results equal those with a separately loaded copy of the base model as sg_trainer_set_reference. Replaces a
+ * reference model; sg_trainer_set_reference (NULL or another model) replaces this. Errors:
+ * SG_ERR_INVALID_ARGUMENT (NULL trainer), SG_ERR_FAILED_PRECONDITION (the model has no LoRA), SG_ERR_BUSY. */
+SG_API sg_status* sg_trainer_set_reference_base_model(sg_trainer* trainer);
 
 /* DPO on num_pairs >= 1 preference pairs (trainer objective "dpo"): gradients of the mean over pairs of
  * -log sigmoid(dpo_beta ((pi_c - ref_c) - (pi_r - ref_r))), where pi_c, pi_r are the summed log-probs of the
