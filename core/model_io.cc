@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
 #include <fstream>
 #include <optional>
@@ -192,26 +194,25 @@ void RemoveFlatDirectory(const std::string& dir) {
   rmdir(dir.c_str());
 }
 
-// The entries of `dir` (which exists); an error names the first one a save must not replace.
-absl::Status CheckReplaceable(const std::string& dir) {
+// What an existing `dir` holds: its model files, and whether anything else (checkpoints, notes) is there too.
+struct Existing {
+  std::vector<std::string> model_files;
+  std::string other;  // the first entry that is no model file; empty: none
+};
+absl::StatusOr<Existing> ListExisting(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot list"));
-  absl::Status status;
+  Existing out;
   while (const dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
     struct stat st;
     const bool file = lstat((dir + "/" + name).c_str(), &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
-    if (!file || !IsModelFile(name)) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          dir, "/", name, ": ", file ? "is no file of a Hugging Face model" : "is not a file",
-          "; saving replaces the whole directory with the new model, so it refuses to; save into a new or empty "
-          "directory"));
-      break;
-    }
+    if (file && IsModelFile(name)) out.model_files.push_back(name);
+    else if (out.other.empty()) out.other = name;
   }
   closedir(d);
-  return status;
+  return out;
 }
 
 // config.json: the engine's config of the model, plus every field of the source's config.json the engine does not
@@ -299,16 +300,45 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
   const bool exists = lstat(dir.c_str(), &st) == 0;
   if (exists && !S_ISDIR(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
-  if (exists)
-    if (absl::Status s = CheckReplaceable(dir); !s.ok()) return s;
-  // Everything goes into a staging directory beside `dir`, which then takes its place in one rename: readers see
-  // the old model or the new one, never a mix (no stale shards or index), and a failed save leaves `dir` as it was.
+  Existing existing;
+  if (exists) {
+    absl::StatusOr<Existing> listed = ListExisting(dir);
+    if (!listed.ok()) return listed.status();
+    existing = std::move(*listed);
+  }
+  // Beside other entries (e.g. train's checkpoint-N directories) the files are replaced one by one; the files of an
+  // earlier sharded model could not go with them at once, so that case is refused.
+  const bool in_place = !existing.other.empty();
+  if (in_place)
+    for (const std::string& name : existing.model_files)
+      if (name != "model.safetensors" && name != "config.json" && !IsCarriedFile(name))
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
+            existing.other, "'), where the save cannot replace the whole model at once; remove it or save into a "
+            "new directory"));
+  // Everything goes into a staging directory beside `dir` first, so a failed save leaves `dir` as it was. Then the
+  // staging directory takes the place of `dir` in one rename (readers see the old model or the new one, never a mix,
+  // no stale shards or index) or, beside other entries, its files replace the old ones, each in one rename.
   std::string staging = dir + ".seqgrad-save-XXXXXX";
   if (!mkdtemp(staging.data()))
     return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
   chmod(staging.c_str(), 0755);
   absl::Status s = WriteModelFiles(model, staging, IsDirectory(source) ? source : "");
-  if (s.ok()) {
+  if (s.ok() && in_place) {
+    std::vector<std::string> written;
+    for (const char* name : kCarriedFiles)
+      if (lstat(absl::StrCat(staging, "/", name).c_str(), &st) == 0) written.push_back(name);
+    written.push_back("model.safetensors");
+    written.push_back("config.json");  // last: a reader that finds the new config finds the new weights
+    for (const std::string& name : written)
+      if (std::rename(absl::StrCat(staging, "/", name).c_str(), absl::StrCat(dir, "/", name).c_str()) != 0) {
+        s = io::ErrnoStatus(errno, absl::StrCat(dir, "/", name, ": cannot replace it with the saved file"));
+        break;
+      }
+    for (const std::string& name : existing.model_files)  // an earlier source's tokenizer files that this one lacks
+      if (s.ok() && std::find(written.begin(), written.end(), name) == written.end())
+        unlink(absl::StrCat(dir, "/", name).c_str());
+  } else if (s.ok()) {
     // An existing directory is swapped with the staging one (renameat2 RENAME_EXCHANGE), then the old one removed.
     const int rc = exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
                           : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
@@ -316,7 +346,7 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
       s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", exists ? "replace" : "create",
                                               " it atomically with the saved model (rename from ", staging, ")"));
   }
-  RemoveFlatDirectory(staging);  // on success: the replaced model; on failure: the partial save
+  RemoveFlatDirectory(staging);  // the replaced model, what is left of the staged one, or the partial save
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("saving the model to ", dir, ": ", s.message()));
   return absl::OkStatus();
 }

@@ -31,10 +31,11 @@ absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 // eos / pad token ids, ...) and generation_config.json, the tokenizer files and the chat template are copied over.
 // Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
 // plain HF model; core/lora_io.h writes the adapters themselves.
-// The save is all or nothing: everything is written into a directory beside `dir` that then replaces it in one
-// rename, so `dir` holds exactly the new model (no stale shards or index) or, when anything fails (a tokenizer file
-// that cannot be read, a full disk), stays as it was. An existing `dir` must hold only model and tokenizer files
-// (otherwise the save is refused, naming the file), since all of it is replaced.
+// The save is all or nothing: everything is written into a directory beside `dir` first, so that when anything fails
+// (a tokenizer file that cannot be read, a full disk) `dir` stays as it was. That directory then replaces `dir` in
+// one rename, so `dir` holds exactly the new model (no stale shards or index). Where `dir` also holds entries that
+// are no model files (e.g. train's checkpoint-N directories), they stay: the model's files are replaced one by one
+// (each in one rename, config.json last), and an earlier sharded model there is refused, naming its file.
 absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "");
 
 }  // namespace sg

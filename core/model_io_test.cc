@@ -122,20 +122,31 @@ TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("tokenizer.json"), std::string::npos) << s;
   EXPECT_EQ(Files(dst), expected);
-  EXPECT_EQ(Slurp(dst + "/model.safetensors"), before);
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") == before) << "a failed save changed the weights";
   EXPECT_EQ(Leftovers(dst), 0);
   const std::string fresh = TempDir("complete_fresh");
   EXPECT_FALSE(SaveModel(**reloaded, fresh, broken).ok());
   EXPECT_FALSE(std::filesystem::exists(fresh));
   EXPECT_EQ(Leftovers(fresh), 0);
 
-  // A directory with other files is not replaced.
+  // Beside other entries (train's checkpoints, notes) the model's files are replaced and the rest stays; a source
+  // without a tokenizer takes the earlier one's files away.
   Spit(dst + "/notes.txt", "mine");
+  mkdir((dst + "/checkpoint-2").c_str(), 0755);
+  s = SaveModel(**reloaded, dst);  // f32 now, and no source
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Files(dst), (std::set<std::string>{"checkpoint-2", "config.json", "model.safetensors", "notes.txt"}));
+  EXPECT_EQ(Slurp(dst + "/notes.txt"), "mine");
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") != before) << "the weights were not replaced";
+  EXPECT_EQ(nlohmann::json::parse(Slurp(dst + "/config.json"))["dtype"], "float32");
+  EXPECT_EQ(Leftovers(dst), 0);
+  // There an earlier sharded model cannot go at once with the rest: refused, naming its file, nothing changed.
+  Spit(dst + "/model.safetensors.index.json", "{}");
+  const std::string current = Slurp(dst + "/model.safetensors");
   s = SaveModel(**reloaded, dst, src);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find(dst + "/notes.txt: is no file of a Hugging Face model"), std::string::npos) << s;
-  EXPECT_EQ(Slurp(dst + "/notes.txt"), "mine");
-  EXPECT_EQ(Slurp(dst + "/model.safetensors"), before);
+  EXPECT_NE(s.message().find(dst + "/model.safetensors.index.json: an earlier model's file"), std::string::npos) << s;
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") == current) << "a refused save changed the weights";
 }
 
 TEST(ModelIoTest, WrongShapeAndMissingTensorAreNamed) {

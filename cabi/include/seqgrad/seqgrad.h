@@ -149,8 +149,8 @@ SG_API sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model*
  * (sg_model_save_lora_adapter writes the adapters alone). config.json is labelled with the dtype saved. A model
  * from sg_model_load (since 0.7) keeps its directory's generation_config.json, tokenizer files, chat template and
  * the config.json fields the engine does not use (bos/eos/pad token ids, ...). All or nothing: dir is replaced in
- * one rename, so it holds exactly the new model, or is unchanged when the save fails; an existing dir holding
- * anything but model and tokenizer files is refused (SG_ERR_FAILED_PRECONDITION). */
+ * one rename, so it holds exactly the new model, or is unchanged when the save fails; beside other entries the
+ * model's files are replaced one by one, and an earlier sharded model there is refused (SG_ERR_FAILED_PRECONDITION). */
 SG_API sg_status* sg_model_save(sg_model* model, const char* dir);
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
