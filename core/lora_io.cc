@@ -22,7 +22,18 @@ namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
-// Writes text to path atomically: a temporary file beside it, flushed to disk, renamed over it.
+absl::Status MakeDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -47,18 +58,6 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   }
   return absl::OkStatus();
 }
-
-absl::Status MakeDirectory(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
-  }
-  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::string& base_model_name_or_path) {
   const LoraInfo* lora = model.lora();

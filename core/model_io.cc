@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 
-#include <fstream>
 #include <optional>
 #include <set>
 
@@ -23,6 +22,7 @@
 #include "core/memory.h"
 #include "core/model_config.h"
 #include "core/lora.h"
+#include "core/lora_io.h"
 #include "core/presets.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
@@ -234,14 +234,6 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
   return config.dump(2) + "\n";
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
-  return absl::OkStatus();
-}
-
 // Everything a save writes, into the (new, empty) staging directory.
 absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir) {
   auto* transformer = dynamic_cast<TransformerModel*>(&model);
@@ -273,7 +265,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
                               : io::MambaConfigToHFJson(mamba->config()),
                   model.dtype(), source_dir);
   if (!config.ok()) return config.status();
-  if (absl::Status s = WriteFile(staging + "/config.json", *config); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(staging + "/config.json", *config); !s.ok()) return s;
   if (source_dir.empty()) return absl::OkStatus();
   for (const char* name : kCarriedFiles) {
     const std::string from = absl::StrCat(source_dir, "/", name);
@@ -284,7 +276,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
       return absl::Status(text.status().code(),
                           absl::StrCat("cannot carry over ", name, " from the source directory: ",
                                        text.status().message()));
-    if (absl::Status s = WriteFile(absl::StrCat(staging, "/", name), *text); !s.ok()) return s;
+    if (absl::Status s = WriteFileAtomically(absl::StrCat(staging, "/", name), *text); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
