@@ -148,6 +148,7 @@ struct ModelCore {
   std::mutex mu;
   int trainers = 0;
   std::string lora_targets;  // sg_model_lora's targets string (joined once LoRA is on)
+  std::string source_dir;    // sg_model_load's directory (absolute), whose tokenizer etc. sg_model_save carries over
 };
 
 struct sg_model {
@@ -524,7 +525,7 @@ sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_id
   }
   // Under the busy guard, where the reference cannot change: pairs without reference log-probs need the model.
   auto check = [&]() -> sg_status* {
-    if (t->reference) return nullptr;
+    if (t->trainer->has_reference()) return nullptr;
     for (int64_t i = 0; i < num_pairs; ++i) {
       const sg::DpoPair& p = batch.pairs[i];
       for (int k = 0; k < 2; ++k) {
@@ -614,7 +615,7 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
   }
   // Under the busy guard: completions without reference log-probs need the reference model for the KL term.
   auto check = [&]() -> sg_status* {
-    if (t->reference || !(t->objective.grpo_kl_beta > 0)) return nullptr;
+    if (t->trainer->has_reference() || !(t->objective.grpo_kl_beta > 0)) return nullptr;
     for (int64_t g = 0; g < num_groups; ++g)
       for (int64_t c = group_offsets[g]; c < group_offsets[g + 1]; ++c) {
         if (!batch.groups[g].completions[c - group_offsets[g]].ref_logprobs.empty()) continue;
@@ -633,9 +634,7 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
 }
 
 // The family's default LoRA targets (as examples:train's --lora_targets default).
-std::string DefaultLoraTargets(const sg::Model& m) {
-  return m.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj";
-}
+std::string DefaultLoraTargets(const sg::Model& m) { return sg::DefaultLoraTargets(m.family()); }
 
 // Under core.mu: LoRA changes the parameters, which the optimizer state of an existing trainer would not match.
 sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
@@ -732,13 +731,17 @@ const char* const* sg_model_preset_names(void) {
 }
 
 static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
-                              sg_model** out) {
+                              bool from_dir, sg_model** out) {
   sg::DType dt = sg::DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
   absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed);
   if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", FieldMessage(m.status().message())));
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
+  if (char* absolute = realpath(spec.c_str(), nullptr)) {  // a directory (a preset name is no path)
+    if (from_dir) core->source_dir = absolute;
+    free(absolute);
+  }
   *out = new sg_model{std::move(core)};
   return nullptr;
 }
@@ -757,7 +760,7 @@ sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_
       for (const std::string& n : known) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
       return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
     }
-    return CreateModel(fn, preset, dtype, seed, out);
+    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out);
   });
 }
 
@@ -770,7 +773,7 @@ sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) 
     struct stat st;
     if (stat(hf_dir, &st) != 0 || !S_ISDIR(st.st_mode))
       return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'hf_dir' ('", hf_dir, "') is not a directory"));
-    return CreateModel(fn, hf_dir, dtype, 0, out);
+    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out);
   });
 }
 
@@ -781,7 +784,7 @@ sg_status* sg_model_save(sg_model* model, const char* dir) {
     if (!dir) return NullArg(fn, "dir");
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
-    return FromAbsl(sg::SaveModel(*model->core->model, dir));
+    return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir));
   });
 }
 
@@ -1060,6 +1063,22 @@ sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference) {
     }
     trainer->reference = reference ? reference->core : nullptr;
     trainer->trainer->set_reference(reference ? reference->core->model.get() : nullptr);
+    return nullptr;
+  });
+}
+
+sg_status* sg_trainer_set_reference_base_model(sg_trainer* trainer) {
+  static const char fn[] = "sg_trainer_set_reference_base_model";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!trainer) return NullArg(fn, "trainer");
+    BusyGuard guard(*trainer->core);
+    if (!guard.acquired()) return Busy(fn);
+    if (!trainer->core->model->lora())
+      return MakeStatus(SG_ERR_FAILED_PRECONDITION,
+                        absl::StrCat(fn, ": the trainer's model has no LoRA adapters (sg_model_enable_lora), so "
+                                         "without them it would be the policy itself"));
+    trainer->reference = nullptr;
+    trainer->trainer->set_reference_base_model();
     return nullptr;
   });
 }

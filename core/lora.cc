@@ -5,6 +5,7 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -30,12 +31,36 @@ const LoraAdapter* LoraInfo::AdapterOfWeight(int index) const {
 }
 
 std::vector<std::string> LoraTargetModules(const std::string& family) {
-  if (family == "ssm") return {"in_proj", "x_proj", "dt_proj", "out_proj"};
+  if (family == "ssm") return {"in_proj", "x_proj"};
   return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 }
 
+std::string DefaultLoraTargets(const std::string& family) {
+  return family == "ssm" ? "in_proj,x_proj" : "q_proj,v_proj";
+}
+
+namespace {
+// Why a Mamba module that the engine could adapt is refused (PEFT 0.21, transformers 5.x), or null.
+const char* MambaRefusal(const std::string& module) {
+  if (module == "out_proj" || module == "conv1d")
+    return "PEFT refuses LoRA on Mamba's out_proj and conv1d ('incompatible with Mamba-based models'), so the "
+           "adapter could not be loaded there";
+  if (module == "dt_proj")
+    return "transformers' Mamba multiplies dt_proj.weight directly instead of calling dt_proj, so PeftModel would "
+           "ignore an adapter there (it would count only after merge_and_unload)";
+  return nullptr;
+}
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family) {
   if (text == "all") return LoraTargetModules(family);
+  if (absl::EqualsIgnoreCase(text, "all-linear")) {
+    if (family == "ssm")
+      return absl::InvalidArgumentError(
+          "--lora_targets: 'all-linear' on a Mamba model includes out_proj and dt_proj, which PEFT refuses or "
+          "ignores; use 'all' (in_proj,x_proj)");
+    return LoraTargetModules(family);
+  }
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     const std::string name(absl::StripAsciiWhitespace(part));
@@ -60,6 +85,9 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
   const std::vector<std::string> known = LoraTargetModules(family);
   std::set<std::string> seen;
   for (const std::string& t : o.targets) {
+    if (family == "ssm")
+      if (const char* why = MambaRefusal(t))
+        return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not supported: ", why));
     if (std::find(known.begin(), known.end(), t) == known.end())
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not a linear module of a ",
                                                      family == "ssm" ? "Mamba" : "Llama/Qwen2", " model (known: ",
@@ -71,6 +99,15 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
 }
 
 absl::Status EnableLora(Model& model, const LoraOptions& o) { return model.EnableLora(o); }
+
+LoraDisabled::LoraDisabled(const Model& model) : lora_(model.lora()) {
+  if (!lora_) return;
+  was_disabled_ = lora_->disabled;
+  lora_->disabled = true;
+}
+LoraDisabled::~LoraDisabled() {
+  if (lora_) lora_->disabled = was_disabled_;
+}
 
 namespace {
 template <typename T>

@@ -31,8 +31,8 @@ struct LoraOptions {
   int64_t rank = 0;       // r; 0 = LoRA off
   double alpha = 16;      // lora_alpha: the adapter's output is scaled by alpha / r
   double dropout = 0;     // lora_dropout, in [0, 1)
-  // HF module names (the last component of the module path): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-  // down_proj (Llama, Qwen2); in_proj, x_proj, dt_proj, out_proj (Mamba).
+  // HF module names (the last component of the module path), a set: q_proj, k_proj, v_proj, o_proj, gate_proj,
+  // up_proj, down_proj (Llama, Qwen2); in_proj, x_proj (Mamba: what PEFT accepts and applies, LoraTargetModules).
   std::vector<std::string> targets = {"q_proj", "v_proj"};
   uint64_t seed = 0;      // initialisation of A
 };
@@ -50,23 +50,46 @@ struct LoraInfo {
   LoraOptions options;
   std::vector<LoraAdapter> adapters;  // in the order of the model's modules
   double scale() const { return options.alpha / static_cast<double>(options.rank); }
+  // Adapters skipped, the model computes as its base model (LoraDisabled): a switch, not part of the adapters.
+  mutable bool disabled = false;
   // The adapter whose lora_A or lora_B is parameter `index`, or null.
   const LoraAdapter* AdapterOfParam(int index) const;
   // The adapter of base weight `index`, or null.
   const LoraAdapter* AdapterOfWeight(int index) const;
 };
 
-// The module names LoRA can target in a model of this family ("transformer" or "ssm").
+// The module names LoRA can target in a model of this family ("transformer" or "ssm"): those whose adapters PEFT
+// 0.21 loads and applies as the engine does. Mamba's out_proj and conv1d are refused by PEFT ("incompatible with
+// Mamba-based models"), and transformers' Mamba multiplies dt_proj.weight directly, so an adapter on dt_proj would
+// do nothing in PeftModel: ValidateLoraOptions refuses those three, saying why.
 std::vector<std::string> LoraTargetModules(const std::string& family);
-// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the family. Errors name --lora_targets.
+// The targets when none are given: "q_proj,v_proj" (transformers), "in_proj,x_proj" (Mamba).
+std::string DefaultLoraTargets(const std::string& family);
+// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the family; "all-linear" (PEFT's shorthand, any
+// case) = every linear layer but the LM head, i.e. "all" for transformers (refused for Mamba, where it includes
+// out_proj and dt_proj). Errors name --lora_targets.
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family);
 // Checks rank > 0, alpha finite and > 0, dropout in [0, 1), targets non-empty, known to the family and not
-// repeated; errors name the flag (--lora_rank, ...).
+// repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT cannot use, the reason.
 absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family);
 
 // Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per
 // model. Restarts the memory tracker's peaks (the released base gradients are no part of what training needs).
 absl::Status EnableLora(Model& model, const LoraOptions& o);
+
+// While alive, `model` computes as its base model: every adapter is skipped (no-op when LoRA is off). The
+// reference of dpo/grpo with LoRA (Trainer::set_reference_base_model): no second model, no copy of the weights.
+class LoraDisabled {
+ public:
+  explicit LoraDisabled(const Model& model);
+  ~LoraDisabled();
+  LoraDisabled(const LoraDisabled&) = delete;
+  LoraDisabled& operator=(const LoraDisabled&) = delete;
+
+ private:
+  const LoraInfo* lora_;
+  bool was_disabled_ = false;
+};
 
 // The merged weight W + (alpha / r) B A of an adapted module, in the model's dtype, into dst (numel of W
 // elements). The model is not changed.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -21,7 +22,18 @@ namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
-// Writes text to path atomically: a temporary file beside it, flushed to disk, renamed over it.
+absl::Status MakeDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -46,18 +58,6 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   }
   return absl::OkStatus();
 }
-
-absl::Status MakeDirectory(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
-  }
-  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::string& base_model_name_or_path) {
   const LoraInfo* lora = model.lora();
@@ -89,7 +89,18 @@ absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const 
   o.rank = config->r;
   o.alpha = config->lora_alpha;
   o.dropout = config->lora_dropout;
-  o.targets = config->target_modules;
+  o.targets.clear();
+  // PEFT matches a target against the end of a module's path and writes the list in any order, possibly as paths
+  // (after "all-linear"): the engine keeps the set of module names. An adapter on only some layers' modules is
+  // refused when its tensors are loaded (the other layers' tensors are missing).
+  absl::StatusOr<std::vector<std::string>> all = ParseLoraTargets("all-linear", family);
+  if (config->all_linear && !all.ok())
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", absl::StrReplaceAll(all.status().message(), {{"--lora_targets", "target_modules"}})));
+  for (const std::string& t : config->all_linear ? *all : config->target_modules) {
+    const std::string leaf = t.substr(t.rfind('.') + 1);
+    if (std::find(o.targets.begin(), o.targets.end(), leaf) == o.targets.end()) o.targets.push_back(leaf);
+  }
   if (absl::Status s = ValidateLoraOptions(o, family); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", absl::StrReplaceAll(s.message(), {{"--lora_targets", "target_modules"}})));
@@ -106,7 +117,8 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     std::vector<std::string> differ;
     if (m.rank != options->rank) differ.push_back(absl::StrCat("r ", options->rank, " vs ", m.rank));
     if (m.alpha != options->alpha) differ.push_back(absl::StrCat("lora_alpha ", options->alpha, " vs ", m.alpha));
-    if (m.targets != options->targets)
+    if (std::set<std::string>(m.targets.begin(), m.targets.end()) !=
+        std::set<std::string>(options->targets.begin(), options->targets.end()))
       differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(options->targets, ", "), "] vs [",
                                     absl::StrJoin(m.targets, ", "), "]"));
     if (!differ.empty())
@@ -154,7 +166,8 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
   if (!missing.empty())
     return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", missing.size(), " adapter tensor",
                                                    missing.size() > 1 ? "s are" : " is", " missing: ",
-                                                   absl::StrJoin(missing, ", ")));
+                                                   absl::StrJoin(missing, ", "),
+                                                   " (the engine adapts a target module in every layer)"));
   // Read into temporaries first, so that a tensor failing to convert leaves the model as it was.
   const DType dtype = model.dtype();
   std::map<std::string, std::vector<char>> values;

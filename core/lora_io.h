@@ -10,6 +10,9 @@
 
 namespace sg {
 
+// Writes text to path atomically: a temporary file beside it, flushed to disk, renamed over it.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
+
 // Writes the model's adapters (LoRA must be on) into `dir` (created if missing): adapter_model.safetensors in the
 // model's dtype and adapter_config.json, each atomically (temporary file, fsync, rename).
 // base_model_name_or_path goes into the config as PEFT records it (a hub id or the base model's directory).

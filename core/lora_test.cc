@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/gradcheck.h"
 #include "core/io/peft.h"
 #include "core/io/safetensors.h"
@@ -276,9 +278,103 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_NE(error(o).find("listed twice"), std::string::npos);
   EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj", "transformer").ok());
   EXPECT_EQ(*ParseLoraTargets("q_proj, v_proj", "transformer"), (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_EQ(ParseLoraTargets("all", "ssm")->size(), 4u);
+  EXPECT_EQ(ParseLoraTargets("all", "ssm")->size(), 2u);
+  EXPECT_EQ(*ParseLoraTargets("All-Linear", "transformer"), LoraTargetModules("transformer"));
+  EXPECT_NE(ParseLoraTargets("all-linear", "ssm").status().message().find("out_proj and dt_proj"), std::string::npos);
+  // Mamba modules PEFT refuses or ignores are refused with the reason.
+  EXPECT_NE(ParseLoraTargets("in_proj,out_proj", "ssm").status().message().find("'out_proj' is not supported: PEFT "
+                                                                                "refuses"),
+            std::string::npos);
+  EXPECT_NE(ParseLoraTargets("dt_proj", "ssm").status().message().find("multiplies dt_proj.weight directly"),
+            std::string::npos);
   ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0)).ok());
   EXPECT_NE(error(Options(*model, 4, 0)).find("already enabled"), std::string::npos);
+}
+
+// ---- dpo / grpo with the model without adapters as the reference ----
+
+struct Batch PreferenceBatch(const Model& m, const std::string& objective) {
+  struct Batch b;
+  std::vector<Sequence> a = RaggedBatch(m.vocab_size(), 11), c = RaggedBatch(m.vocab_size(), 12);
+  if (objective == "dpo") {
+    b.pairs.push_back({a[0], c[0]});
+    b.pairs.push_back({c[1], a[1]});
+  } else {
+    GrpoGroup g1, g2;
+    auto completion = [](const Sequence& seq, double advantage) {
+      GrpoCompletion out;
+      out.seq = seq;
+      out.advantage = advantage;
+      return out;
+    };
+    g1.completions = {completion(a[0], 0.8), completion(c[0], -0.8)};
+    g2.completions = {completion(a[1], 1.1), completion(c[1], -0.4), completion(a[0], -0.7)};
+    b.groups = {g1, g2};
+  }
+  return b;
+}
+
+// The reference "this model with its adapters off" gives every digit of the two-model computation (the policy with
+// LoRA + a separate copy of the base model as the reference), step after step, while holding no second copy of the
+// weights: the engine's accounting shows the reference model's weights saved.
+TEST(LoraReferenceTest, BaseModelReferenceEqualsTwoModelsWithoutTheirMemory) {
+  for (const std::string preset : {"tiny", "tiny-ssm"})
+    for (const std::string objective : {"dpo", "grpo"}) {
+      SCOPED_TRACE(preset + " " + objective);
+      auto two = WithLora(preset), one = WithLora(preset);
+      auto reference = Base(preset);  // the same base weights as the policies'
+      StrategyOptions s;
+      s.name = "seco";
+      s.chunk = 5;
+      s.page_size = 3;
+      ObjectiveOptions o;
+      o.name = objective;
+      o.grpo_kl_beta = 0.3;
+      OptimizerOptions opt;
+      opt.lr = 0.05;
+      Trainer with_model(*two, s, opt, o, reference.get());
+      Trainer with_base(*one, s, opt, o);
+      with_base.set_reference_base_model();
+      const struct Batch batch = PreferenceBatch(*one, objective);
+      for (int step = 0; step < 2; ++step) {
+        absl::StatusOr<StepMetrics> a = with_model.Step(batch), b = with_base.Step(batch);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_EQ(a->loss, b->loss) << "step " << step;
+        if (objective == "dpo" && step == 0) {  // log 2 if the reference were the policy itself
+          EXPECT_GT(std::abs(a->loss - std::log(2.0)), 1e-2);
+        }
+      }
+      for (const LoraAdapter& ad : one->lora()->adapters)
+        for (int idx : {ad.a, ad.b}) {
+          const Tensor& x = one->params()[idx].value;
+          const Tensor& y = two->params()[idx].value;
+          for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data<double>()[i], y.data<double>()[i]);
+        }
+      // The adapters moved, the reference did not: the base model's loss is not the policy's.
+      EXPECT_NE(Loss(*one, Batch(*one)), Loss(*reference, Batch(*one)));
+      constexpr int kW = static_cast<int>(MemCategory::kWeights);
+      const int64_t reference_weights = reference->memory().Snapshot().current[static_cast<int>(MemCategory::kWeights)];
+      const int64_t two_models = two->memory().Snapshot().peak[kW] + reference->memory().Snapshot().peak[kW];
+      const int64_t one_model = one->memory().Snapshot().peak[kW];
+      std::printf("%s %s: weights bytes, policy + reference model %lld, policy with its adapters off as the "
+                  "reference %lld (saved %lld)\n",
+                  preset.c_str(), objective.c_str(), static_cast<long long>(two_models),
+                  static_cast<long long>(one_model), static_cast<long long>(two_models - one_model));
+      EXPECT_EQ(two_models - one_model, reference_weights);
+    }
+}
+
+TEST(LoraReferenceTest, BaseModelReferenceNeedsLora) {
+  auto model = Base("tiny");
+  ObjectiveOptions o;
+  o.name = "dpo";
+  Trainer t(*model, StrategyOptions{}, {}, o);
+  t.set_reference_base_model();
+  absl::StatusOr<StepMetrics> r = t.ComputeGradients(PreferenceBatch(*model, "dpo"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("LoRA is not enabled on the model"), std::string::npos) << r.status();
 }
 
 // ---- files ----
@@ -416,6 +512,58 @@ std::string ReadBytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// PEFT writes target_modules in any order, as module names or (after "all-linear") as module paths: the same set
+// of modules loads the same adapter; "all-linear" means every linear layer but the LM head.
+TEST(LoraFilesTest, TargetModulesAreASetOfNamesOrPaths) {
+  auto source = WithLora("tiny", 3);  // every module of the family
+  const std::vector<Sequence> batch = Batch(*source);
+  const std::string dir = TempDir("adapter_targets");
+  ASSERT_TRUE(SaveLoraAdapter(*source, dir, "tiny").ok());
+  const std::string config_path = dir + "/adapter_config.json";
+  nlohmann::json config = nlohmann::json::parse(ReadBytes(config_path));
+  std::vector<std::string> paths;
+  for (const LoraAdapter& ad : source->lora()->adapters) paths.push_back(ad.module);
+  std::reverse(paths.begin(), paths.end());
+  for (const nlohmann::json& targets : {nlohmann::json(paths), nlohmann::json("ALL-LINEAR"),
+                                        nlohmann::json({"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj",
+                                                        "k_proj", "q_proj", "q_proj"})}) {
+    config["target_modules"] = targets;
+    WriteBytes(config_path, config.dump());
+    auto loaded = Base("tiny");
+    absl::Status s = LoadLoraAdapter(*loaded, dir);
+    ASSERT_TRUE(s.ok()) << targets << ": " << s;
+    EXPECT_EQ(Loss(*loaded, batch), Loss(*source, batch)) << targets;
+    // Into a model whose LoRA lists the same modules in another order.
+    auto on = Base("tiny");
+    LoraOptions o = Options(*on, 3, 0);
+    std::reverse(o.targets.begin(), o.targets.end());
+    ASSERT_TRUE(EnableLora(*on, o).ok());
+    s = LoadLoraAdapter(*on, dir);
+    ASSERT_TRUE(s.ok()) << targets << ": " << s;
+    EXPECT_EQ(Loss(*on, batch), Loss(*source, batch)) << targets;
+  }
+  // Paths of only some layers: refused, naming what is missing.
+  config["target_modules"] = {"model.layers.0.self_attn.q_proj"};
+  WriteBytes(config_path, config.dump());
+  auto m = Base("tiny");
+  absl::Status s = LoadLoraAdapter(*m, dir);
+  EXPECT_NE(s.message().find("is no LoRA adapter of this model's target modules"), std::string::npos) << s;
+  // Mamba adapters with modules PEFT refuses or ignores.
+  auto ssm = WithLora("tiny-ssm", 2);
+  ASSERT_TRUE(SaveLoraAdapter(*ssm, dir, "tiny-ssm").ok());
+  const std::string ssm_config = ReadBytes(config_path);
+  for (const char* module : {"out_proj", "dt_proj"}) {
+    config = nlohmann::json::parse(ssm_config);
+    config["target_modules"].push_back(module);
+    WriteBytes(config_path, config.dump());
+    auto base = Base("tiny-ssm");
+    s = LoadLoraAdapter(*base, dir);
+    EXPECT_NE(s.message().find(absl::StrCat("adapter_config.json: target_modules: '", module, "' is not supported")),
+              std::string::npos)
+        << s;
+  }
+}
+
 TEST(LoraFilesTest, BadAdapters) {
   auto source = WithLora("tiny", 3);
   const std::string good = TempDir("adapter_good");
@@ -497,6 +645,12 @@ TEST(LoraFilesTest, BadAdapters) {
          std::vector<std::tuple<std::string, std::string, std::string>>{
              {"\"bias\": \"none\"", "\"bias\": \"all\"", "field 'bias' is 'all'"},
              {"\"use_dora\": false", "\"use_dora\": true", "field 'use_dora' is true"},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa\"",
+              "field 'init_lora_weights' is \"pissa\": only the plain initialisations"},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"olora\"", "field 'init_lora_weights' is \"olora\""},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa_niter_4\"", "is \"pissa_niter_4\""},
+             {"\"target_modules\": [", "\"target_modules\": \"q_proj|v_proj\", \"x\": [",
+              "field 'target_modules' is the regular expression 'q_proj|v_proj'"},
              {"\"peft_type\": \"LORA\"", "\"peft_type\": \"IA3\"", "only LORA adapters"},
              {"\"r\": 3", "\"r\": 0", "field 'r' must be a positive integer"},
              {"\"lora_dropout\": 0.0", "\"lora_dropout\": 1.5", "field 'lora_dropout'"}}) {

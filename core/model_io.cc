@@ -1,21 +1,31 @@
 #include "core/model_io.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-#include <fstream>
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
 #include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/io/file.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
 #include "core/memory.h"
 #include "core/model_config.h"
 #include "core/lora.h"
+#include "core/lora_io.h"
 #include "core/presets.h"
 #include "kernels/backend.h"
+#include "nlohmann/json.hpp"
 
 namespace sg {
 namespace {
@@ -138,14 +148,97 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
   return model;
 }
 
-absl::Status SaveModel(Model& model, const std::string& dir) {
+namespace {
+
+// What a save carries over from the source directory besides the weights and config.json: generation settings, the
+// tokenizer and its chat template (tokenizer_config.json holds the template and the special tokens, or
+// chat_template.jinja / .json beside it).
+constexpr const char* kCarriedFiles[] = {
+    "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json",      "tokenizer.model", "vocab.json",            "merges.txt",
+    "vocab.txt",              "chat_template.jinja", "chat_template.json"};
+constexpr int64_t kMaxCarriedFileBytes = int64_t{1} << 30;
+
+bool IsCarriedFile(const std::string& name) {
+  for (const char* f : kCarriedFiles)
+    if (name == f) return true;
+  return false;
+}
+
+// The files of a Hugging Face model directory that a save replaces (every other file makes it refuse).
+bool IsModelFile(const std::string& name) {
+  return IsCarriedFile(name) || name == "config.json" || name == "model.safetensors.index.json" ||
+         name == "pytorch_model.bin.index.json" ||
+         (absl::StartsWith(name, "model") && absl::EndsWith(name, ".safetensors")) ||
+         (absl::StartsWith(name, "pytorch_model") && absl::EndsWith(name, ".bin"));
+}
+
+const char* HFDtypeName(DType t) {
+  switch (t) {
+    case DType::kF64: return "float64";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    default: return "float32";
+  }
+}
+
+// Removes a directory that holds plain files only (a staging directory, or the model directory it replaced).
+void RemoveFlatDirectory(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") unlink((dir + "/" + name).c_str());
+    }
+    closedir(d);
+  }
+  rmdir(dir.c_str());
+}
+
+// What an existing `dir` holds: its model files, and whether anything else (checkpoints, notes) is there too.
+struct Existing {
+  std::vector<std::string> model_files;
+  std::string other;  // the first entry that is no model file; empty: none
+};
+absl::StatusOr<Existing> ListExisting(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot list"));
+  Existing out;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    const bool file = lstat((dir + "/" + name).c_str(), &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
+    if (file && IsModelFile(name)) out.model_files.push_back(name);
+    else if (out.other.empty()) out.other = name;
+  }
+  closedir(d);
+  return out;
+}
+
+// config.json: the engine's config of the model, plus every field of the source's config.json the engine does not
+// write (bos/eos/pad token ids, ...), labelled with the dtype the weights are saved in.
+absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dtype, const std::string& source_dir) {
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(engine_json, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return absl::InternalError("the engine's config.json is not a JSON object");
+  if (!source_dir.empty()) {
+    const std::string path = source_dir + "/config.json";
+    absl::StatusOr<std::string> text = io::ReadRegularFile(path, kMaxCarriedFileBytes);
+    if (!text.ok()) return text.status();
+    nlohmann::ordered_json source = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!source.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": is not a JSON object"));
+    for (auto it = source.begin(); it != source.end(); ++it)
+      if (!config.contains(it.key())) config[it.key()] = it.value();
+  }
+  config["torch_dtype"] = HFDtypeName(dtype);  // transformers 4.x's name of the field
+  config["dtype"] = HFDtypeName(dtype);        // and 5.x's
+  return config.dump(2) + "\n";
+}
+
+// Everything a save writes, into the (new, empty) staging directory.
+absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir) {
   auto* transformer = dynamic_cast<TransformerModel*>(&model);
   auto* mamba = dynamic_cast<MambaModel*>(&model);
-  if (!transformer && !mamba)
-    return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
   const bool tied = transformer ? transformer->config().tie_word_embeddings : mamba->config().tie_word_embeddings;
-  if (!IsDirectory(dir) && mkdir(dir.c_str(), 0755) != 0)
-    return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
   std::vector<io::TensorToWrite> tensors;
   // A LoRA model is written merged: W + (alpha / r) B A for adapted weights, no adapter tensors.
   const LoraInfo* lora = model.lora();
@@ -165,14 +258,88 @@ absl::Status SaveModel(Model& model, const std::string& dir) {
     }
     tensors.push_back({p.name, p.value.dtype(), p.value.shape(), data});
   }
-  if (absl::Status s = io::WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
+  if (absl::Status s = io::WriteSafetensors(staging + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;
-  const std::string config_path = dir + "/config.json";
-  std::ofstream out(config_path);
-  out << (transformer ? io::TransformerConfigToHFJson(transformer->config())
-                      : io::MambaConfigToHFJson(mamba->config()));
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(config_path, ": write failed"));
+  absl::StatusOr<std::string> config =
+      SavedConfig(transformer ? io::TransformerConfigToHFJson(transformer->config())
+                              : io::MambaConfigToHFJson(mamba->config()),
+                  model.dtype(), source_dir);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = WriteFileAtomically(staging + "/config.json", *config); !s.ok()) return s;
+  if (source_dir.empty()) return absl::OkStatus();
+  for (const char* name : kCarriedFiles) {
+    const std::string from = absl::StrCat(source_dir, "/", name);
+    struct stat st;
+    if (lstat(from.c_str(), &st) != 0) continue;  // not in the source: nothing to carry
+    absl::StatusOr<std::string> text = io::ReadRegularFile(from, kMaxCarriedFileBytes);
+    if (!text.ok())
+      return absl::Status(text.status().code(),
+                          absl::StrCat("cannot carry over ", name, " from the source directory: ",
+                                       text.status().message()));
+    if (absl::Status s = WriteFileAtomically(absl::StrCat(staging, "/", name), *text); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::string& source) {
+  if (!dynamic_cast<TransformerModel*>(&model) && !dynamic_cast<MambaModel*>(&model))
+    return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
+  std::string dir = dir_arg;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  struct stat st;
+  const bool exists = lstat(dir.c_str(), &st) == 0;
+  if (exists && !S_ISDIR(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  Existing existing;
+  if (exists) {
+    absl::StatusOr<Existing> listed = ListExisting(dir);
+    if (!listed.ok()) return listed.status();
+    existing = std::move(*listed);
+  }
+  // Beside other entries (e.g. train's checkpoint-N directories) the files are replaced one by one; the files of an
+  // earlier sharded model could not go with them at once, so that case is refused.
+  const bool in_place = !existing.other.empty();
+  if (in_place)
+    for (const std::string& name : existing.model_files)
+      if (name != "model.safetensors" && name != "config.json" && !IsCarriedFile(name))
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
+            existing.other, "'), where the save cannot replace the whole model at once; remove it or save into a "
+            "new directory"));
+  // Everything goes into a staging directory beside `dir` first, so a failed save leaves `dir` as it was. Then the
+  // staging directory takes the place of `dir` in one rename (readers see the old model or the new one, never a mix,
+  // no stale shards or index) or, beside other entries, its files replace the old ones, each in one rename.
+  std::string staging = dir + ".seqgrad-save-XXXXXX";
+  if (!mkdtemp(staging.data()))
+    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
+  chmod(staging.c_str(), 0755);
+  absl::Status s = WriteModelFiles(model, staging, IsDirectory(source) ? source : "");
+  if (s.ok() && in_place) {
+    std::vector<std::string> written;
+    for (const char* name : kCarriedFiles)
+      if (lstat(absl::StrCat(staging, "/", name).c_str(), &st) == 0) written.push_back(name);
+    written.push_back("model.safetensors");
+    written.push_back("config.json");  // last: a reader that finds the new config finds the new weights
+    for (const std::string& name : written)
+      if (std::rename(absl::StrCat(staging, "/", name).c_str(), absl::StrCat(dir, "/", name).c_str()) != 0) {
+        s = io::ErrnoStatus(errno, absl::StrCat(dir, "/", name, ": cannot replace it with the saved file"));
+        break;
+      }
+    for (const std::string& name : existing.model_files)  // an earlier source's tokenizer files that this one lacks
+      if (s.ok() && std::find(written.begin(), written.end(), name) == written.end())
+        unlink(absl::StrCat(dir, "/", name).c_str());
+  } else if (s.ok()) {
+    // An existing directory is swapped with the staging one (renameat2 RENAME_EXCHANGE), then the old one removed.
+    const int rc = exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
+                          : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
+    if (rc != 0)
+      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", exists ? "replace" : "create",
+                                              " it atomically with the saved model (rename from ", staging, ")"));
+  }
+  RemoveFlatDirectory(staging);  // the replaced model, what is left of the staged one, or the partial save
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("saving the model to ", dir, ": ", s.message()));
   return absl::OkStatus();
 }
 

@@ -25,9 +25,17 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
 absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
-// Writes config.json and model.safetensors (in the model's dtype) that Hugging Face transformers can load.
+// Writes a Hugging Face model directory that transformers loads: model.safetensors in the model's dtype and
+// config.json labelled with it (torch_dtype and dtype). `source` is the spec the model was loaded from: when it is a
+// directory, config.json keeps every field of the source's that the engine does not write (bos /
+// eos / pad token ids, ...) and generation_config.json, the tokenizer files and the chat template are copied over.
 // Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
 // plain HF model; core/lora_io.h writes the adapters themselves.
-absl::Status SaveModel(Model& model, const std::string& dir);
+// The save is all or nothing: everything is written into a directory beside `dir` first, so that when anything fails
+// (a tokenizer file that cannot be read, a full disk) `dir` stays as it was. That directory then replaces `dir` in
+// one rename, so `dir` holds exactly the new model (no stale shards or index). Where `dir` also holds entries that
+// are no model files (e.g. train's checkpoint-N directories), they stay: the model's files are replaced one by one
+// (each in one rename, config.json last), and an earlier sharded model there is refused, naming its file.
+absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "");
 
 }  // namespace sg

@@ -1,13 +1,21 @@
 // Bad input at the model and trainer boundary: clear errors naming the file, tensor or field.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
 #include <fstream>
 
 #include "core/io/safetensors.h"
 #include "core/model_io.h"
 #include "core/presets.h"
 #include "core/trainer.h"
+#include "nlohmann/json.hpp"
 
 namespace sg {
 namespace {
@@ -31,6 +39,114 @@ TEST(ModelIoTest, SaveLoadRoundTrip) {
     ASSERT_EQ(a.name, b.name);
     for (int64_t j = 0; j < a.value.numel(); ++j) ASSERT_EQ(a.value.data<double>()[j], b.value.data<double>()[j]);
   }
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void Spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+std::set<std::string> Files(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+// Staging directories left beside `dir` by a save.
+int Leftovers(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir).parent_path()))
+    n += e.path().filename().string().find(".seqgrad-save-") != std::string::npos;
+  return n;
+}
+
+// A save of a model loaded from a Hugging Face directory is a complete model directory: the tokenizer, chat template,
+// generation config and the config.json fields the engine does not use come along, the dtype is labelled as saved,
+// and the directory holds exactly one model, or stays as it was when the save fails.
+TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {
+  auto preset = LoadModel("tiny-qwen2", DType::kF64, 3);
+  ASSERT_TRUE(preset.ok());
+  const std::string src = TempDir("complete_src");
+  ASSERT_TRUE(SaveModel(**preset, src).ok());
+  nlohmann::json config = nlohmann::json::parse(Slurp(src + "/config.json"));
+  config["bos_token_id"] = 5;
+  config["eos_token_id"] = std::vector<int>{6, 7};
+  config["pad_token_id"] = 0;
+  config["use_cache"] = true;
+  Spit(src + "/config.json", config.dump());
+  const std::map<std::string, std::string> carried = {
+      {"tokenizer.json", "{\"model\": {\"type\": \"BPE\"}}"},
+      {"tokenizer_config.json", "{\"chat_template\": \"{% for m in messages %}{{ m.content }}{% endfor %}\"}"},
+      {"special_tokens_map.json", "{\"eos_token\": \"</s>\"}"},
+      {"chat_template.jinja", "{{ messages }}"},
+      {"generation_config.json", "{\"eos_token_id\": [6, 7], \"do_sample\": false}"}};
+  for (const auto& [name, text] : carried) Spit(src + "/" + name, text);
+
+  auto model = LoadModel(src, DType::kF64, 0);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Saving over a sharded model: its index and shards must go.
+  const std::string dst = TempDir("complete_dst");
+  mkdir(dst.c_str(), 0755);
+  for (const char* stale : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                            "model.safetensors.index.json", "config.json"})
+    Spit(dst + "/" + stale, "stale");
+  absl::Status s = SaveModel(**model, dst, src);
+  ASSERT_TRUE(s.ok()) << s;
+  std::set<std::string> expected = {"config.json", "model.safetensors"};
+  for (const auto& [name, text] : carried) {
+    expected.insert(name);
+    EXPECT_EQ(Slurp(dst + "/" + name), text) << name;
+  }
+  EXPECT_EQ(Files(dst), expected);
+  EXPECT_EQ(Leftovers(dst), 0);
+  const nlohmann::json saved = nlohmann::json::parse(Slurp(dst + "/config.json"));
+  EXPECT_EQ(saved["torch_dtype"], "float64");
+  EXPECT_EQ(saved["dtype"], "float64");
+  EXPECT_EQ(saved["bos_token_id"], 5);
+  EXPECT_EQ(saved["eos_token_id"], nlohmann::json({6, 7}));
+  EXPECT_EQ(saved["pad_token_id"], 0);
+  EXPECT_EQ(saved["use_cache"], true);
+  auto reloaded = LoadModel(dst, DType::kF32, 0);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  const std::string f32 = TempDir("complete_f32");
+  ASSERT_TRUE(SaveModel(**reloaded, f32, dst).ok());
+  EXPECT_EQ(nlohmann::json::parse(Slurp(f32 + "/config.json"))["dtype"], "float32");
+
+  // A tokenizer file that cannot be read (a broken link, as in a damaged Hugging Face cache): the save fails naming
+  // it, the existing directory keeps its model and files, and nothing is left behind.
+  const std::string broken = TempDir("complete_broken");
+  std::filesystem::copy(src, broken);
+  std::remove((broken + "/tokenizer.json").c_str());
+  ASSERT_EQ(symlink("/nonexistent/blob", (broken + "/tokenizer.json").c_str()), 0);
+  const std::string before = Slurp(dst + "/model.safetensors");
+  s = SaveModel(**reloaded, dst, broken);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tokenizer.json"), std::string::npos) << s;
+  EXPECT_EQ(Files(dst), expected);
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") == before) << "a failed save changed the weights";
+  EXPECT_EQ(Leftovers(dst), 0);
+  const std::string fresh = TempDir("complete_fresh");
+  EXPECT_FALSE(SaveModel(**reloaded, fresh, broken).ok());
+  EXPECT_FALSE(std::filesystem::exists(fresh));
+  EXPECT_EQ(Leftovers(fresh), 0);
+
+  // Beside other entries (train's checkpoints, notes) the model's files are replaced and the rest stays; a source
+  // without a tokenizer takes the earlier one's files away.
+  Spit(dst + "/notes.txt", "mine");
+  mkdir((dst + "/checkpoint-2").c_str(), 0755);
+  s = SaveModel(**reloaded, dst);  // f32 now, and no source
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Files(dst), (std::set<std::string>{"checkpoint-2", "config.json", "model.safetensors", "notes.txt"}));
+  EXPECT_EQ(Slurp(dst + "/notes.txt"), "mine");
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") != before) << "the weights were not replaced";
+  EXPECT_EQ(nlohmann::json::parse(Slurp(dst + "/config.json"))["dtype"], "float32");
+  EXPECT_EQ(Leftovers(dst), 0);
+  // There an earlier sharded model cannot go at once with the rest: refused, naming its file, nothing changed.
+  Spit(dst + "/model.safetensors.index.json", "{}");
+  const std::string current = Slurp(dst + "/model.safetensors");
+  s = SaveModel(**reloaded, dst, src);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(dst + "/model.safetensors.index.json: an earlier model's file"), std::string::npos) << s;
+  EXPECT_TRUE(Slurp(dst + "/model.safetensors") == current) << "a refused save changed the weights";
 }
 
 TEST(ModelIoTest, WrongShapeAndMissingTensorAreNamed) {

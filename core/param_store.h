@@ -129,7 +129,7 @@ class ParamStore {
   // t = dropout(x) A^T for the adapter of base weight w over chunk c (x: [c.size()][in]).
   LoraAct LoraIn(const OpTable<T>& ops, int w, const T* x, Chunk c, const StateOptions& st) {
     LoraAct a;
-    if (!lora_ || w < 0 || adapter_of_[w] < 0) return a;
+    if (!lora_ || lora_->disabled || w < 0 || adapter_of_[w] < 0) return a;
     a.ad = &lora_->adapters[adapter_of_[w]];
     a.n = c.size();
     a.x = x;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/data.h"
+#include "core/lora.h"
 #include "core/lr_schedule.h"
 
 namespace sg {
@@ -225,6 +226,16 @@ absl::StatusOr<std::vector<double>> Trainer::TokenLogprobs(Model& model, const S
   return logp;
 }
 
+absl::StatusOr<std::vector<double>> Trainer::ReferenceLogprobs(const Sequence& s) {
+  if (!reference_is_base_) return TokenLogprobs(*reference_, s);
+  if (!model_.lora())
+    return absl::FailedPreconditionError(
+        "the reference is the model without its LoRA adapters (set_reference_base_model), but LoRA is not enabled "
+        "on the model: that reference would be the policy itself");
+  LoraDisabled base(model_);
+  return TokenLogprobs(model_, s);
+}
+
 namespace {
 double SumLabelled(const std::vector<double>& logp) {
   double sum = 0;
@@ -247,7 +258,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
       if (absl::Status st = ValidateBatch({*s}).status(); !st.ok())
         return absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
     }
-    if ((std::isnan(pairs[i].ref_chosen_logp) || std::isnan(pairs[i].ref_rejected_logp)) && !reference_)
+    if ((std::isnan(pairs[i].ref_chosen_logp) || std::isnan(pairs[i].ref_rejected_logp)) && !has_reference())
       return absl::InvalidArgumentError(absl::StrCat(
           "dpo: pair ", i, " has no reference log-probs (ref_chosen_logp, ref_rejected_logp) and no reference model "
           "was given"));
@@ -263,7 +274,7 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
       if (!lp.ok()) return lp.status();
       pi[k] = SumLabelled(*lp);
       if (std::isnan(ref[k])) {
-        absl::StatusOr<std::vector<double>> rl = TokenLogprobs(*reference_, *seq[k]);
+        absl::StatusOr<std::vector<double>> rl = ReferenceLogprobs(*seq[k]);
         if (!rl.ok()) return rl.status();
         ref[k] = SumLabelled(*rl);
       }
@@ -306,10 +317,10 @@ absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>&
         return absl::InvalidArgumentError(absl::StrCat(what, ": advantage is not finite"));
       std::vector<double> ref = c.ref_logprobs;
       if (objective_.grpo_kl_beta > 0 && ref.empty()) {
-        if (!reference_)
+        if (!has_reference())
           return absl::InvalidArgumentError(absl::StrCat(
               what, ": no ref_logprobs and no reference model, but grpo_kl_beta > 0 needs one"));
-        absl::StatusOr<std::vector<double>> rl = TokenLogprobs(*reference_, c.seq);
+        absl::StatusOr<std::vector<double>> rl = ReferenceLogprobs(c.seq);
         if (!rl.ok()) return rl.status();
         ref = std::move(*rl);
       }

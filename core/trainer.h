@@ -88,10 +88,23 @@ class Trainer {
   absl::StatusOr<StepMetrics> Step(const std::vector<Batch>& micro_batches);
   // Per position, log p(label) under `model` (NaN where the label is ignored), by a chunked forward pass.
   absl::StatusOr<std::vector<double>> TokenLogprobs(Model& model, const Sequence& s);
+  // TokenLogprobs under the reference (the reference model, or the model without adapters); has_reference().
+  absl::StatusOr<std::vector<double>> ReferenceLogprobs(const Sequence& s);
 
   Model& model() { return model_; }
   // Sets, changes or clears (nullptr) the frozen reference model of dpo/grpo; it must outlive its use.
-  void set_reference(Model* reference) { reference_ = reference; }
+  void set_reference(Model* reference) {
+    reference_ = reference;
+    reference_is_base_ = false;
+  }
+  // Makes the reference of dpo/grpo this trainer's model with its LoRA adapters switched off (LoraDisabled), as
+  // StreamBP does: the frozen base weights are the reference, so no second model or weight copy is needed. A step
+  // that needs reference log-probs then requires LoRA on the model.
+  void set_reference_base_model() {
+    reference_ = nullptr;
+    reference_is_base_ = true;
+  }
+  bool has_reference() const { return reference_ || reference_is_base_; }
   int64_t step() const { return adam_.step(); }
   const StrategyOptions& strategy() const { return strategy_options_; }
   const OptimizerOptions& optimizer_options() const { return opt_; }
@@ -139,6 +152,7 @@ class Trainer {
   OptimizerOptions opt_;
   ObjectiveOptions objective_;
   Model* reference_;
+  bool reference_is_base_ = false;  // set_reference_base_model
   StrategyFn strategy_;
   AdamW adam_;
   uint64_t calls_ = 0;  // gradient passes: every pass samples afresh (spaco)

@@ -71,8 +71,8 @@ ABSL_FLAG(double, lora_dropout, -1,
           "--lora_init");
 ABSL_FLAG(std::string, lora_targets, "",
           "LoRA target modules by HF name, comma-separated, or all. Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, "
-          "gate_proj, up_proj, down_proj (default q_proj,v_proj); Mamba: in_proj, x_proj, dt_proj, out_proj (default "
-          "in_proj,x_proj,out_proj)");
+          "gate_proj, up_proj, down_proj (default q_proj,v_proj); Mamba: in_proj, x_proj (default both); 'all' or "
+          "'all-linear' = every one");
 ABSL_FLAG(std::string, lora_init, "",
           "start LoRA from a saved PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");
 
@@ -281,7 +281,7 @@ std::string ApplyLoraFlags(Model& model) {
     o.alpha = alpha != 0 ? alpha : 2.0 * rank;
     o.dropout = dropout == -1 ? 0.0 : dropout;
     absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(
-        targets.empty() ? (model.family() == "ssm" ? "in_proj,x_proj,out_proj" : "q_proj,v_proj") : targets,
+        targets.empty() ? DefaultLoraTargets(model.family()) : targets,
         model.family());
     ExitIfError(t.status(), "flags");
     o.targets = *t;
@@ -316,7 +316,7 @@ std::string LoraJson(Model& model) {
 
 absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge) {
   if (model.lora() && !merge) return SaveLoraAdapter(model, dir, base);
-  return SaveModel(model, dir);
+  return SaveModel(model, dir, base);
 }
 
 void ExitIfError(const absl::Status& s, const char* what) {

@@ -39,7 +39,8 @@ ABSL_FLAG(int64_t, steps, 300, "optimizer steps");
 ABSL_FLAG(int64_t, batch, 1, "sequences (sft), pairs (dpo) or groups (grpo) per step, cycling through --data");
 ABSL_FLAG(std::string, ref_model, "",
           "dpo, grpo: frozen reference model (preset or Hugging Face directory, loaded like --model) for the reference "
-          "log-probs that --data does not carry");
+          "log-probs that --data does not carry; '@base' with LoRA: --model itself with its adapters off (no second "
+          "model)");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(std::string, report, "", "write a JSON report here");
@@ -274,7 +275,12 @@ int Main() {
   const int64_t vocab = (*model)->vocab_size();
   // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
   std::unique_ptr<Model> reference;
-  if (!ref_model.empty()) {
+  const bool reference_is_base = ref_model == "@base";
+  if (reference_is_base && lora.empty())
+    tools::ExitIfError(absl::InvalidArgumentError("'@base' (the model without its adapters) needs LoRA (--lora_rank "
+                                                  "or --lora_init): without adapters it is the policy itself"),
+                       "--ref_model");
+  if (!ref_model.empty() && !reference_is_base) {
     absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, device);
     tools::ExitIfError(r.status(), "--ref_model");
     if ((*r)->vocab_size() != vocab)
@@ -290,7 +296,7 @@ int Main() {
   std::string data_what = data.empty() ? "synthetic retrieval" : data;
   if (!sft) {
     std::string what;
-    LoadObjectiveData(objective, tools::ResolveUserPath(data), vocab, reference != nullptr, &train_data,
+    LoadObjectiveData(objective, tools::ResolveUserPath(data), vocab, !ref_model.empty(), &train_data,
                       &report_seq_len, &what);
     absl::StrAppend(&data_what, " (", what, ")");
   } else if (!data.empty()) {
@@ -336,6 +342,7 @@ int Main() {
   }
 
   Trainer trainer(**model, strategy, opt, objective, reference.get());
+  if (reference_is_base) trainer.set_reference_base_model();
   std::unique_ptr<dist::DataParallel> data_parallel;
   std::unique_ptr<dist::LayerShardedAdjoint> layer_sharded;
   const bool dist_layers = absl::GetFlag(FLAGS_dist_layers), shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
@@ -365,7 +372,7 @@ int Main() {
   if (sft) run_config["seq_len"] = absl::StrCat(seq_len);
   if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
   run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
-  if (!ref_model.empty()) run_config["ref_model"] = tools::ModelSpecOf(ref_model);
+  if (!ref_model.empty()) run_config["ref_model"] = reference_is_base ? ref_model : tools::ModelSpecOf(ref_model);
   if (comm) {  // every rank must train the same model the same way on the same data
     // Not part of run_config: a data-parallel step equals one process's, so checkpoints resume across world sizes.
     // Ranks may run with different thread counts (runtime.*).

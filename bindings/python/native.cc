@@ -652,6 +652,7 @@ PYBIND11_MODULE(_native, mod) {
              sg_model* m = model.is_none() ? nullptr : model.cast<NativeModel&>().m;
              Check(sg_trainer_set_reference(s.get(), m));
            })
+      .def("set_reference_base_model", [](NativeTrainer& s) { Check(sg_trainer_set_reference_base_model(s.get())); })
       .def("optimizer_step",
            [](NativeTrainer& s) {
              sg_trainer* t = s.get();

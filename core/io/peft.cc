@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/io/json_util.h"
 #include "nlohmann/json.hpp"
@@ -63,26 +64,41 @@ absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text,
 
   const json* targets = Get(j, "target_modules");
   if (!targets) return error("target_modules", "is missing");
-  if (targets->is_string())
-    return unsupported("target_modules",
-                       "is a regular expression; only a list of module names (e.g. [\"q_proj\", \"v_proj\"]) is "
-                       "supported");
-  if (!targets->is_array() || targets->empty())
-    return error("target_modules", absl::StrCat("must be a non-empty list of module names, got ",
-                                                targets->is_array() ? "an empty list" : JsonTypeName(*targets)));
-  for (const json& t : *targets) {
-    if (!t.is_string() || t.get<std::string>().empty())
-      return error("target_modules", absl::StrCat("must hold module names (strings), got ", JsonTypeName(t)));
-    c.target_modules.push_back(t.get<std::string>());
+  if (targets->is_string()) {
+    if (!absl::EqualsIgnoreCase(targets->get<std::string>(), "all-linear"))
+      return unsupported("target_modules",
+                         absl::StrCat("is the regular expression '", targets->get<std::string>(),
+                                      "'; only a list of module names (e.g. [\"q_proj\", \"v_proj\"]) or "
+                                      "\"all-linear\" is supported"));
+    c.all_linear = true;
+  } else {
+    if (!targets->is_array() || targets->empty())
+      return error("target_modules", absl::StrCat("must be a non-empty list of module names, got ",
+                                                  targets->is_array() ? "an empty list" : JsonTypeName(*targets)));
+    for (const json& t : *targets) {
+      if (!t.is_string() || t.get<std::string>().empty())
+        return error("target_modules", absl::StrCat("must hold module names (strings), got ", JsonTypeName(t)));
+      c.target_modules.push_back(t.get<std::string>());
+    }
   }
 
+  // The plain initialisations only draw A and B, which the file carries; the others change or need the base.
+  if (const json* init = Get(j, "init_lora_weights")) {
+    const bool plain = init->is_boolean() || (init->is_string() && init->get<std::string>() == "gaussian");
+    if (!plain)
+      return unsupported("init_lora_weights",
+                         absl::StrCat("is ", init->dump(), ": only the plain initialisations (true, false, "
+                                      "\"gaussian\") are supported; PiSSA, OLoRA, CorDA, LoftQ and the other "
+                                      "data- or weight-derived ones change or depend on the base weights, which the "
+                                      "adapter file does not carry, so the adapter would compute something else"));
+  }
   if (const json* bias = Get(j, "bias")) {
     if (!bias->is_string()) return error("bias", absl::StrCat("must be a string, got ", JsonTypeName(*bias)));
     if (bias->get<std::string>() != "none")
       return unsupported("bias", absl::StrCat("is '", bias->get<std::string>(),
                                               "': only \"none\" (no trained biases) is supported"));
   }
-  for (const char* flag : {"fan_in_fan_out", "use_dora", "use_rslora"}) {
+  for (const char* flag : {"fan_in_fan_out", "use_dora", "use_rslora", "lora_bias", "use_qalora"}) {
     const json* v = Get(j, flag);
     if (!v) continue;
     if (!v->is_boolean()) return error(flag, absl::StrCat("must be a boolean, got ", JsonTypeName(*v)));
@@ -93,10 +109,14 @@ absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text,
     if (v && !(v->is_object() && v->empty()))
       return unsupported(pattern, "sets per-module ranks or alphas, which are not supported (use one r and alpha)");
   }
-  for (const char* list : {"layers_to_transform", "modules_to_save", "exclude_modules", "target_parameters"}) {
-    const json* v = Get(j, list);
-    if (v && !((v->is_array() || v->is_object()) && v->empty()))
-      return unsupported(list, "is set, which is not supported");
+  // Variants and selections that change which modules are adapted or what they compute: refused when set.
+  for (const char* field : {"layers_to_transform", "modules_to_save", "exclude_modules", "target_parameters",
+                            "trainable_token_indices", "layer_replication", "alora_invocation_tokens",
+                            "megatron_config", "velora_config", "monteclora_config", "use_bdlora", "arrow_config",
+                            "kasa_config"}) {
+    const json* v = Get(j, field);
+    if (v && !((v->is_array() || v->is_object() || v->is_string()) && v->empty()))
+      return unsupported(field, "is set, which is not supported");
   }
   if (const json* base = Get(j, "base_model_name_or_path")) {
     if (!base->is_string())
@@ -134,7 +154,8 @@ std::string PeftLoraConfigToJson(const PeftLoraConfig& c) {
   out["r"] = c.r;
   out["rank_pattern"] = json::object();
   out["revision"] = nullptr;
-  out["target_modules"] = c.target_modules;
+  if (c.all_linear) out["target_modules"] = "all-linear";
+  else out["target_modules"] = c.target_modules;
   out["task_type"] = c.task_type;
   out["use_dora"] = false;
   out["use_rslora"] = false;

@@ -20,15 +20,20 @@ struct PeftLoraConfig {
   int64_t r = 8;
   double lora_alpha = 8;
   double lora_dropout = 0;
+  // Module names, or module paths whose last component names the module (PEFT writes either, in any order);
+  // empty when all_linear.
   std::vector<std::string> target_modules;
+  bool all_linear = false;  // target_modules was "all-linear" (PEFT's shorthand, any case)
   std::string base_model_name_or_path;
   std::string task_type = "CAUSAL_LM";
 };
 
-// Parses the text of an adapter_config.json. Errors start with `source_name` and name the field. What the engine
-// cannot reproduce is refused, naming the field: peft_type other than LORA, bias other than "none",
-// fan_in_fan_out, use_dora, use_rslora, rank_pattern / alpha_pattern entries, layers_to_transform,
-// modules_to_save, and target_modules given as a regular expression (a string) rather than a list of names.
+// Parses the text of an adapter_config.json (PEFT 0.21's LoraConfig). Errors start with `source_name` and name the
+// field. What the engine cannot reproduce is refused, naming the field: peft_type other than LORA, bias other than
+// "none", init_lora_weights other than true, false or "gaussian" (PiSSA, OLoRA, CorDA, LoftQ, ... change or need
+// the base weights, which the adapter file does not carry), any other LoRA variant switched on (use_dora,
+// use_rslora, lora_bias, fan_in_fan_out, use_qalora, rank/alpha patterns, layer selection or replication,
+// modules_to_save, ...), and target_modules given as a regular expression rather than a list or "all-linear".
 absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text, const std::string& source_name);
 
 // Reads and parses `path` (an adapter_config.json); errors name the path.

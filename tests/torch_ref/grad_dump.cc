@@ -92,7 +92,7 @@ absl::Status Run() {
     if (const std::string dir = absl::GetFlag(FLAGS_lora_save); !dir.empty())
       if (absl::Status s = SaveLoraAdapter(**model, dir, model_dir); !s.ok()) return s;
     if (const std::string dir = absl::GetFlag(FLAGS_merged_out); !dir.empty())
-      if (absl::Status s = SaveModel(**model, dir); !s.ok()) return s;
+      if (absl::Status s = SaveModel(**model, dir, model_dir); !s.ok()) return s;
   }
   Batch batch;
   if (objective.name == "dpo") {

@@ -1,4 +1,4 @@
-"""LoRA adapters in Hugging Face PEFT's format, against plain torch (and PEFT itself when it is installed).
+"""LoRA adapters in Hugging Face PEFT's format, against plain torch and against the PEFT release from PyPI.
 
 For a tiny Llama, Qwen2 and Mamba (the random f64 models of torch_ref_test.py) this test writes a LoRA adapter the way
 PEFT's `save_pretrained` does -- adapter_config.json (peft_type LORA, r, integer lora_alpha, target_modules, ...,
@@ -13,17 +13,17 @@ checked against PEFT's documented format (https://huggingface.co/docs/peft, Lora
 and its tensors must equal the input bit for bit. `--merged_out` writes the merged model: every adapted weight equals
 W + s B A, the rest is unchanged, and no adapter tensor is left.
 
-When `peft` and `transformers` import (not the case with the pinned /usr/bin/python3 of this repository; `pip
-install peft` provides both), the engine-written adapter is also loaded with PeftModel.from_pretrained onto the base
-model read by transformers: its loss on the batch must match the engine's to 1e-6 (transformers computes RMSNorm in
-float32 even in a float64 model; the base model shows the same gap), as must transformers' loss on the engine's
-merged export, and merge_and_unload() must equal that export to 1e-12.
-Otherwise that part is reported as skipped (the format and the math are still checked as above).
+With PEFT 0.21 and transformers 5.x from PyPI (the venv of tests/e2e/pip_venv.sh; peft_compare.py runs there):
+the engine-written adapter loaded by PeftModel.from_pretrained onto the base model read by transformers gives the
+engine's loss to 1e-6 (transformers computes RMSNorm in float32 even in a float64 model; the base model shows the
+same gap), as does transformers on the engine's merged export, and merge_and_unload() equals that export to 1e-12.
+The other way, an adapter that PEFT creates (get_peft_model, random A and B; "all-linear" for the Llama) and saves
+loads into the engine, whose loss equals PEFT's.
 """
-import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -39,7 +39,7 @@ ALPHA = 5  # an integer, as PEFT writes it; scale = 5 / 3
 TOLERANCE = 1e-9
 
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-MAMBA_TARGETS = ["in_proj", "x_proj", "dt_proj", "out_proj"]
+MAMBA_TARGETS = ["in_proj", "x_proj"]  # what PEFT applies on Mamba (core/lora.h)
 
 CASES = {
     "llama_gqa": dict(hf=ref.CONFIGS["llama_gqa"]["hf"], family="llama", lengths=[37, 20], seed=11,
@@ -161,19 +161,23 @@ def check_merged(path, weights, adapter):
         json.load(f)
 
 
-def peft_available():
-    return importlib.util.find_spec("peft") is not None and importlib.util.find_spec("transformers") is not None
+_PEFT_PYTHON = []
 
 
-def hf_loss(model, batch):
-    loss_sum, valid = 0.0, 0
-    with torch.no_grad():
-        for ids, labels in batch:
-            logits = model(input_ids=torch.tensor([ids])).logits[0]
-            labels_t = torch.tensor(labels, dtype=torch.long)
-            loss_sum += F.cross_entropy(logits[:-1], labels_t[1:], ignore_index=-100, reduction="sum").item()
-            valid += int((labels_t[1:] != -100).sum())
-    return loss_sum / valid
+def peft_python():
+    """The python of the venv with PEFT, transformers and torch from PyPI (tests/e2e/pip_venv.sh, made once)."""
+    if not _PEFT_PYTHON:
+        venv = subprocess.run([os.environ["SG_PIP_VENV"]], check=True, stdout=subprocess.PIPE, text=True).stdout
+        _PEFT_PYTHON.append(os.path.join(venv.strip(), "bin", "python"))
+    return _PEFT_PYTHON[0]
+
+
+def peft_compare(*args):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peft_compare.py")
+    proc = subprocess.run([peft_python(), script, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # transformers runs RMSNorm (and RoPE's cos/sin) in float32 even for a float64 model, so its losses agree with a
@@ -181,42 +185,38 @@ def hf_loss(model, batch):
 PEFT_TOLERANCE = 1e-6
 
 
-def check_with_peft(case, model_dir, adapter_dir, merged_dir, batch, engine_loss, engine_base_loss):
-    import peft
-    import transformers
-    from peft import PeftModel
+def check_with_peft(model_dir, adapter_dir, merged_dir, jsonl, engine_loss, engine_base_loss):
+    r = peft_compare("load", model_dir, adapter_dir, merged_dir, jsonl)
+    print(f"PEFT {r['peft_version']} / transformers {r['transformers_version']}: base loss {r['base']:.15f} (engine "
+          f"{engine_base_loss:.15f}); PeftModel.from_pretrained(engine adapter) loss {r['peft']:.15f} (engine "
+          f"{engine_loss:.15f}); engine's merged export in transformers {r['merged']:.15f}; merge_and_unload() vs "
+          f"the engine's merged export: {r['merge_diff']:.2e}")
+    assert abs(r["base"] - engine_base_loss) <= PEFT_TOLERANCE * abs(engine_base_loss), r
+    assert abs(r["peft"] - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (r, engine_loss)
+    assert abs(r["merged"] - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (r, engine_loss)
+    assert abs(r["peft"] - r["base"]) > 1e3 * PEFT_TOLERANCE * abs(r["base"]), "the adapter changes nothing"
+    assert r["merge_diff"] <= 1e-12, r
 
-    load = lambda path: transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float64).eval()
-    base_loss = hf_loss(load(model_dir), batch)
-    model = PeftModel.from_pretrained(load(model_dir), adapter_dir).eval()
-    peft_loss = hf_loss(model, batch)
-    merged_loss = hf_loss(load(merged_dir), batch)
-    print(f"PEFT {peft.__version__} / transformers {transformers.__version__}: base loss {base_loss:.15f} (engine "
-          f"{engine_base_loss:.15f}); PeftModel.from_pretrained(engine adapter) loss {peft_loss:.15f} (engine "
-          f"{engine_loss:.15f}); engine's merged export in transformers {merged_loss:.15f}")
-    assert abs(base_loss - engine_base_loss) <= PEFT_TOLERANCE * abs(engine_base_loss)
-    assert abs(peft_loss - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (peft_loss, engine_loss)
-    assert abs(merged_loss - engine_loss) <= PEFT_TOLERANCE * abs(engine_loss), (merged_loss, engine_loss)
-    assert abs(peft_loss - base_loss) > 1e3 * PEFT_TOLERANCE * abs(base_loss), "the adapter changes nothing"
-    merged = model.merge_and_unload().state_dict()
-    tensors, _, _ = ref.read_safetensors(os.path.join(merged_dir, "model.safetensors"))
-    for name, value in tensors.items():
-        assert np.allclose(merged[name].numpy(), value, rtol=0, atol=1e-12), name
-    print("merge_and_unload() equals the engine's merged export to 1e-12")
+
+def setup_case(name, prefix):
+    """(scratch dir, weights, batch, model dir, batch JSONL) of CASES[name]."""
+    case = CASES[name]
+    hf = case["hf"]
+    root = ref.scratch_dir(f"{prefix}_{name}_")
+    mamba = case["family"] == "mamba"
+    weights = ref.make_mamba_weights(hf, case["seed"]) if mamba else ref.make_weights(hf, case["seed"])
+    batch = ref.make_batch(hf, case["lengths"], case["seed"])
+    model_dir, jsonl = os.path.join(root, "model"), os.path.join(root, "batch.jsonl")
+    ref.write_model_dir(model_dir, hf, weights)
+    ref.write_jsonl(jsonl, batch)
+    return root, weights, batch, model_dir, jsonl
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_lora_adapter_matches_torch_and_peft_format(name):
     case = CASES[name]
-    hf = case["hf"]
-    root = ref.scratch_dir(f"lora_{name}_")
     mamba = case["family"] == "mamba"
-    weights = ref.make_mamba_weights(hf, case["seed"]) if mamba else ref.make_weights(hf, case["seed"])
-    batch = ref.make_batch(hf, case["lengths"], case["seed"])
-    model_dir = os.path.join(root, "model")
-    ref.write_model_dir(model_dir, hf, weights)
-    jsonl = os.path.join(root, "batch.jsonl")
-    ref.write_jsonl(jsonl, batch)
+    root, weights, batch, model_dir, jsonl = setup_case(name, "lora")
     targets = MAMBA_TARGETS if mamba else LLAMA_TARGETS
     adapter = make_adapter(weights, targets, case["seed"] + 100)
     adapter_in = os.path.join(root, "adapter_in")
@@ -238,11 +238,30 @@ def test_lora_adapter_matches_torch_and_peft_format(name):
                                     lm_chunk=7)
     check_peft_layout(adapter_out, adapter, targets, model_dir)
     check_merged(merged_out, weights, adapter)
-    if peft_available():
-        check_with_peft(case, model_dir, adapter_out, merged_out, batch, engine_loss, base_loss)
-    else:
-        print(f"{name}: peft/transformers not importable here: PEFT itself not run; the adapter layout was checked "
-              "against PEFT's documented format and the LoRA math against plain torch")
+    check_with_peft(model_dir, adapter_out, merged_out, jsonl, engine_loss, base_loss)
+
+
+# PEFT_WRITTEN[case]: the target_modules handed to PEFT's LoraConfig ("all-linear" is expanded by PEFT, which then
+# saves module paths or suffixes in its own order).
+PEFT_WRITTEN = {"llama_gqa": "all-linear", "qwen2_tied": "v_proj,q_proj,down_proj",
+                "mamba_untied_bias": "x_proj,in_proj"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_peft_written_adapter_loads_into_engine(name):
+    """An adapter that PEFT itself creates and saves (random A and B) gives the engine PEFT's loss."""
+    root, _, _, model_dir, jsonl = setup_case(name, "peft_written")
+    adapter = os.path.join(root, "adapter")
+    r = peft_compare("write", model_dir, adapter, jsonl, RANK, ALPHA, PEFT_WRITTEN[name])
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        written = json.load(f)["target_modules"]
+    loss, _, _ = ref.grad_dump(model_dir, jsonl, os.path.join(root, "g.safetensors"), "seco", page_size=5,
+                               lm_chunk=7, chunk=6, flags=[f"--lora_init={adapter}"])
+    base, _, _ = ref.grad_dump(model_dir, jsonl, os.path.join(root, "b.safetensors"), "full", page_size=5, lm_chunk=7)
+    print(f"{name}: PEFT {r['peft_version']} wrote target_modules {written}; PEFT's loss {r['peft']:.15f}, the "
+          f"engine's (seco) {loss:.15f}, base {base:.15f}")
+    assert abs(r["peft"] - loss) <= PEFT_TOLERANCE * abs(loss), (r, loss)
+    assert abs(loss - base) > 1e3 * PEFT_TOLERANCE * abs(base), "the adapter changes nothing"
 
 
 def test_engine_rejects_adapter_of_another_model():
@@ -270,6 +289,8 @@ if __name__ == "__main__":
     for a in sys.argv[1:]:
         if a.startswith("--grad_dump="):
             os.environ["SG_GRAD_DUMP"] = os.path.abspath(a.split("=", 1)[1])
+        elif a.startswith("--pip_venv="):
+            os.environ["SG_PIP_VENV"] = os.path.abspath(a.split("=", 1)[1])
         else:
             args.append(a)
     sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-s", "-p", "no:cacheprovider"] + args))

@@ -57,7 +57,7 @@ _NO_ADJOINT_WINDOW = 2**63 - 1  # the C API's INT64_MAX: adjoint_window=None
 # The module names LoRA can target, per model family (Model.family).
 LORA_TARGETS = {
     "transformer": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    "ssm": ("in_proj", "x_proj", "dt_proj", "out_proj"),
+    "ssm": ("in_proj", "x_proj"),
 }
 
 
@@ -132,7 +132,7 @@ class Model:
 
         rank: r >= 1; alpha: lora_alpha, the adapters' output is scaled by alpha / rank (None = 2 * rank);
         dropout: on the adapters' input in [0, 1), training passes only; targets: module names as a list or a
-        comma-separated string, "all", or None for the family's default (q_proj,v_proj; Mamba in_proj,x_proj,out_proj),
+        comma-separated string, "all", or None for the family's default (q_proj,v_proj; Mamba in_proj,x_proj),
         see LORA_TARGETS; seed: initialisation of the A matrices. Once per model, before any Trainer of it exists
         (FailedPreconditionError otherwise, or while numpy views of its gradients are alive: the base gradients are
         released). Adapters appear in parameters()/gradients() as "<module>.lora_A.weight" / ".lora_B.weight"."""
@@ -474,6 +474,12 @@ class Trainer:
             raise InvalidArgumentError("reference must be a seqgrad.Model or None")
         self._get().set_reference(None if model is None else model._get())
         self.reference = model
+
+    def set_reference_base_model(self):
+        """Makes the reference of dpo/grpo this trainer's model with its LoRA adapters switched off: the frozen base
+        weights, with no second model or weight copy (the model must have LoRA). set_reference replaces it."""
+        self._get().set_reference_base_model()
+        self.reference = None
 
     def _dpo(self, pairs, mode):
         if isinstance(pairs, dict) or not isinstance(pairs, (list, tuple)):

@@ -727,6 +727,23 @@ def test_accumulate_equals_one_batch():
             assert dpo.optimizer_step()["micro_batches"] == 1
 
 
+def test_dpo_reference_base_model_equals_base_copy():
+    """With LoRA, the reference "this model with its adapters off" gives every digit of a separate base copy."""
+    with _f64() as one, _f64() as two, _f64() as base:
+        for m in (one, two):
+            m.enable_lora(rank=2, seed=3)
+        with seqgrad.Trainer(one, objective="dpo", lr=0.05) as a, \
+                seqgrad.Trainer(two, objective="dpo", lr=0.05, reference=base) as b:
+            a.set_reference_base_model()
+            for step in range(2):
+                la, lb = a.step_dpo(PAIRS)["loss"], b.step_dpo(PAIRS)["loss"]
+                assert la == lb, (step, la, lb)
+            assert abs(la - np.log(2)) > 1e-4  # the adapters moved away from the reference
+    with _f64() as plain, seqgrad.Trainer(plain, objective="dpo") as t:
+        with pytest.raises(seqgrad.FailedPreconditionError, match="has no LoRA adapters"):
+            t.set_reference_base_model()
+
+
 def test_lora_train_save_load(model, tmp_path):
     base_names = set(model.parameters())
     assert model.lora is None

@@ -146,7 +146,11 @@ SG_API sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model*
 /* Writes config.json + model.safetensors into dir (created if missing), for either family, loadable by
  * sg_model_load and by Hugging Face transformers. SG_ERR_BUSY while a step runs. A model with LoRA (since 0.5) is
  * written merged: each adapted weight as W + (alpha / rank) B A, without adapter tensors, i.e. a plain HF model
- * (sg_model_save_lora_adapter writes the adapters alone). */
+ * (sg_model_save_lora_adapter writes the adapters alone). config.json is labelled with the dtype saved. A model
+ * from sg_model_load (since 0.7) keeps its directory's generation_config.json, tokenizer files, chat template and
+ * the config.json fields the engine does not use (bos/eos/pad token ids, ...). All or nothing: dir is replaced in
+ * one rename, so it holds exactly the new model, or is unchanged when the save fails; beside other entries the
+ * model's files are replaced one by one, and an earlier sharded model there is refused (SG_ERR_FAILED_PRECONDITION). */
 SG_API sg_status* sg_model_save(sg_model* model, const char* dir);
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
@@ -209,8 +213,8 @@ typedef struct sg_lora_options {
                           default) */
   double dropout;      /* lora_dropout on the adapters' input, in [0, 1) (default 0) */
   const char* targets; /* comma-separated Hugging Face module names, or "all" (copied). Llama/Qwen2: q_proj, k_proj,
-                          v_proj, o_proj, gate_proj, up_proj, down_proj; Mamba: in_proj, x_proj, dt_proj, out_proj.
-                          NULL = the family's default: "q_proj,v_proj" (transformers), "in_proj,x_proj,out_proj" (SSMs) */
+                          v_proj, o_proj, gate_proj, up_proj, down_proj; Mamba: in_proj, x_proj (what PEFT applies).
+                          NULL = the family's default: "q_proj,v_proj" (transformers), "in_proj,x_proj" (SSMs) */
   uint64_t seed;       /* initialisation of A (default 0) */
 } sg_lora_options;
 
@@ -396,6 +400,12 @@ SG_API sg_status* sg_trainer_evaluate(sg_trainer* trainer, const int32_t* ids, c
  * sg_metrics. Errors: SG_ERR_INVALID_ARGUMENT (NULL trainer, another vocabulary, the trainer's own model),
  * SG_ERR_BUSY while the trainer steps. */
 SG_API sg_status* sg_trainer_set_reference(sg_trainer* trainer, sg_model* reference);
+/* Since 0.7: the reference of dpo/grpo is the trainer's own model with its LoRA adapters switched off (as StreamBP
+ * does): the frozen base weights the adapters sit on, with no second model and no second copy of the weights. The
+ * results equal those with a separately loaded copy of the base model as sg_trainer_set_reference. Replaces a
+ * reference model; sg_trainer_set_reference (NULL or another model) replaces this. Errors:
+ * SG_ERR_INVALID_ARGUMENT (NULL trainer), SG_ERR_FAILED_PRECONDITION (the model has no LoRA), SG_ERR_BUSY. */
+SG_API sg_status* sg_trainer_set_reference_base_model(sg_trainer* trainer);
 
 /* DPO on num_pairs >= 1 preference pairs (trainer objective "dpo"): gradients of the mean over pairs of
  * -log sigmoid(dpo_beta ((pi_c - ref_c) - (pi_r - ref_r))), where pi_c, pi_r are the summed log-probs of the

@@ -16,8 +16,8 @@ public final class LoraOptions {
   public double dropout = 0;
   /**
    * Comma-separated Hugging Face module names or "all"; null = the family's default ("q_proj,v_proj" for transformers,
-   * "in_proj,x_proj,out_proj" for SSMs). Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-   * Mamba: in_proj, x_proj, dt_proj, out_proj.
+   * "in_proj,x_proj" for SSMs). Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+   * Mamba: in_proj, x_proj.
    */
   public String targets = null;
   /** Initialisation of the A matrices (all 64 bits, as unsigned). */
