@@ -244,7 +244,7 @@ def test_lora_adapter_matches_torch_and_peft_format(name):
 # PEFT_WRITTEN[case]: the target_modules handed to PEFT's LoraConfig ("all-linear" is expanded by PEFT, which then
 # saves module paths or suffixes in its own order).
 PEFT_WRITTEN = {"llama_gqa": "all-linear", "qwen2_tied": "v_proj,q_proj,down_proj",
-                "mamba_untied_bias": "x_proj,in_proj"}
+                "mamba_untied_bias": "x_proj,in_proj", "qwen3_yarn_bias": "k_proj,o_proj,q_proj,up_proj"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
