@@ -72,8 +72,21 @@ template <typename T> void SoftplusBackward(const T* dy, const T* x, int64_t cou
 // Worker-thread lanes of memcpy (copy_engine.cc).
 CopyEngine HostCopyEngine();
 
+// bf16 storage (bf16.cc). Rows converted element by element, rounding to nearest even on the way down.
+void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst);
+void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst);
+// Gemm<float>'s contract where each of A, B and C is f32 or bf16 (a_type, b_type, c_type): products accumulate in
+// fp32 and a bf16 C is rounded once, after the whole sum.
+void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
+               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
+               int64_t ldc);
+
 template <typename T>
 void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
+// AdamW on fp32 master weights (with fp32 gradient and moments), then the bf16 weights the model computes with
+// are the masters rounded.
+void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+               double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
 }  // namespace sg::cpu
