@@ -15,7 +15,7 @@ template <typename T>
 struct LmHeadWeights {
   const T* norm = nullptr;  // final norm weight [d]
   T* norm_grad = nullptr;   // where its gradient goes (never null when need_grad)
-  const T* head = nullptr;  // [vocab][d]
+  WeightView head;          // [vocab][d]
   T* head_grad = nullptr;   // null when frozen
   double eps = 1e-6;
   int64_t d = 0, vocab = 0, lm_chunk = 256;
@@ -44,7 +44,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     if (valid == 0) continue;
     r.tokens += valid;
     const T* hn_i = hn.data<T>() + i0 * d;
-    ops.gemm(false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
+    GemmWeight(ops, false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
     if (argmax) {
       ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
       for (int64_t j = 0; j < m; ++j)
@@ -64,7 +64,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
       r.loss_sum += ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale);
     }
     if (w.head_grad) ops.gemm(true, false, V, d, m, T(1), logits.data<T>(), V, hn_i, d, T(1), w.head_grad, d);
-    ops.gemm(false, false, m, d, V, T(1), logits.data<T>(), V, w.head, d, T(0), dhn.data<T>() + i0 * d, d);
+    GemmWeight(ops, false, false, m, d, V, T(1), logits.data<T>(), V, w.head, d, T(0), dhn.data<T>() + i0 * d, d);
   }
   if (need_grad) {
     r.dh = Tensor::Empty(&mem, MemCategory::kActivations, dtype, {n, d});

@@ -68,8 +68,8 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
 // model. Restarts the memory tracker's peaks (the released base gradients are no part of what training needs).
 absl::Status EnableLora(Model& model, const LoraOptions& o);
 
-// The merged weight W + (alpha / r) B A of an adapted module, in the model's dtype, into dst (numel of W
-// elements). The model is not changed.
+// The merged weight W + (alpha / r) B A of an adapted module, in W's storage dtype (bf16 under --dtype=bf16, the
+// sum rounded once), into dst (numel of W elements). The model is not changed.
 void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst);
 
 // Tests and gradient checks: B starts at zero, which makes every gradient of A zero; this draws B from

@@ -173,9 +173,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  Transformer(const TransformerConfig& c, Device device)
+  Transformer(const TransformerConfig& c, Device device, DType weights)
       : cfg_(c), ops_(OpsFor<T>(device)), inv_freq_(RopeInverseFrequencies(c)) {
     mem_.set_device(device);
+    if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
     const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
     embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -279,20 +280,20 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     }
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
-    ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
+    Store::GemmW(ops_, true, n, d, qd, T(1), attn.data<T>(), qd, L.o, qd, T(1), h.data<T>(), d);
     Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
     Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
     Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
-    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.gate), d, T(0), gate.data<T>(), f);
-    ops_.gemm(false, true, n, f, d, T(1), xn2.data<T>(), d, W(L.up), d, T(0), up.data<T>(), f);
+    Store::GemmW(ops_, true, n, f, d, T(1), xn2.data<T>(), d, L.gate, d, T(0), gate.data<T>(), f);
+    Store::GemmW(ops_, true, n, f, d, T(1), xn2.data<T>(), d, L.up, d, T(0), up.data<T>(), f);
     Store::LoraAdd(ops_, L.gate, xn2.data<T>(), c, state.opts, gate.data<T>(), f);
     Store::LoraAdd(ops_, L.up, xn2.data<T>(), c, state.opts, up.data<T>(), f);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
-    ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
+    Store::GemmW(ops_, true, n, d, f, T(1), a.data<T>(), f, L.down, f, T(1), y.data<T>(), d);
     Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a};
@@ -323,13 +324,13 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dh = New(ws, {n, d});
     {
       Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
-      ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
+      Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
       if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
       Store::LoraBackward(ops_, L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
       ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
                            dup.data<T>());
-      ops_.gemm(false, false, n, d, f, T(1), dgate.data<T>(), f, W(L.gate), d, T(0), dxn2.data<T>(), d);
-      ops_.gemm(false, false, n, d, f, T(1), dup.data<T>(), f, W(L.up), d, T(1), dxn2.data<T>(), d);
+      Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
+      Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
       const T* xn2 = s[kXn2].data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
@@ -342,7 +343,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dq = New(ws, {n, qd});
     {
       Tensor dattn = New(ws, {n, qd});
-      ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
+      Store::GemmW(ops_, false, n, qd, d, T(1), dh.data<T>(), d, L.o, qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
       Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       // Only the selected pages receive gradients (and exist).
@@ -456,7 +457,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   // y[n][out] = x[n][in] W[out][in]^T (+ b) (+ the LoRA adapter of W)
   void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
-    ops_.gemm(false, true, n, out, in, T(1), x, in, W(w), in, T(0), y, out);
+    Store::GemmW(ops_, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b), n, out);
     Store::LoraAdd(ops_, w, x, c, st, y, out);
   }
@@ -464,7 +465,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta, Chunk c,
                       const StateOptions& st) {
     const int64_t in = cfg_.hidden_size;
-    ops_.gemm(false, false, n, in, out, T(1), dy, out, W(w), in, beta, dx, in);
+    Store::GemmW(ops_, false, n, in, out, T(1), dy, out, w, in, beta, dx, in);
     if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
     if (b >= 0)
       if (T* g = G(b)) ops_.bias_backward(dy, n, out, g);
@@ -513,8 +514,13 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                                     Device device) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device));
-  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device));
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
+  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype));
+  // bf16 weights over f32 compute (param_store.h); only the CPU kernels read bf16 so far.
+  if (dtype == DType::kBF16 && device == Device::kCPU)
+    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
+  if (dtype == DType::kBF16)
+    return absl::UnimplementedError("--dtype=bf16 runs on the CPU backend only so far (use --device=cpu or f32)");
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }
@@ -534,7 +540,8 @@ void InitRandom(Model& model, const InitOptions& opts) {
       } else {
         v = opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
       }
-      if (model.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      else if (p.value.dtype() == DType::kBF16) p.value.data<uint16_t>()[i] = F32ToBF16(static_cast<float>(v));
       else p.value.data<float>()[i] = static_cast<float>(v);
     }
   }

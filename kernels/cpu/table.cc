@@ -1,4 +1,6 @@
 // Fills the backend table with the CPU kernels.
+#include <type_traits>
+
 #include "kernels/cpu/cpu_ops.h"
 
 namespace sg {
@@ -36,6 +38,11 @@ static OpTable<T> MakeCpuTable() {
   t.softplus_forward = cpu::SoftplusForward<T>;
   t.softplus_backward = cpu::SoftplusBackward<T>;
   t.adamw = cpu::AdamW<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    t.gemm_mixed = cpu::GemmMixed;
+    t.bf16_to_f32 = cpu::BF16ToF32Row;
+    t.adamw_bf16 = cpu::AdamWBF16;
+  }
   return t;
 }
 
