@@ -1,5 +1,5 @@
-// --dtype=bf16 weights (param_store.h, optimizer.h): a model whose matrices are stored in bf16 computes the same loss
-// and gradients as an f32 model holding the same (rounded) values, for every exact strategy; its weight bytes halve;
+// --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices and KV pages are stored in bf16 computes the loss
+// and gradients of an f32 model holding the same (rounded) values to bf16's resolution; weight and KV bytes halve;
 // trainable bf16 parameters step through fp32 masters; LoRA's frozen bf16 base has no fp32 copy; an HF checkpoint
 // round-trips in bf16.
 #include <gtest/gtest.h>
@@ -67,24 +67,36 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
   EXPECT_LT(bytes, 0.52 * f32_bytes);
 }
 
-TEST(BF16WeightsTest, SameLossAndGradientsAsF32OnTheRoundedWeights) {
+// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages: loss and
+// gradients agree to bf16's resolution (the accuracy bound against PyTorch is tests/torch_ref/bf16_accuracy_test.py),
+// and the pages take exactly half the bytes.
+TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
-    for (const std::string strategy : {"full", "seco", "streambp"}) {
+    for (const std::string strategy : {"full", "seco", "streambp", "seco offload sparse"}) {
       auto bf16 = Make(preset, DType::kBF16);
       auto f32 = Widened(preset, *bf16);
       StrategyOptions so;
-      so.name = strategy;
+      so.name = strategy.substr(0, strategy.find(' '));
       so.chunk = 5;
       so.page_size = 4;
+      so.offload = so.name != strategy;  // KV pages copied to and from the host in bf16
+      so.sparse_pages = so.offload ? 1 : 0;
       const std::vector<Sequence> batch = RaggedBatch(bf16->vocab_size(), 3);
       Trainer a(*bf16, so, OptimizerOptions{}), b(*f32, so, OptimizerOptions{});
       absl::StatusOr<StepMetrics> ra = a.ComputeGradients(batch), rb = b.ComputeGradients(batch);
       ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
       const std::string what = preset + " " + strategy;
-      EXPECT_NEAR(ra->loss, rb->loss, 1e-6 * std::abs(rb->loss)) << what;
+      EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << what;
+      EXPECT_NE(ra->loss, rb->loss) << what;  // the pages are rounded
       for (size_t i = 0; i < f32->params().size(); ++i)
-        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 1e-5)
+        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
             << what << " " << f32->params()[i].name;
+      const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
+      for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad}) {
+        EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;
+        EXPECT_EQ(2 * sa.peak[static_cast<int>(c)], sb.peak[static_cast<int>(c)]) << what << " " << MemCategoryName(c);
+      }
+      EXPECT_EQ(2 * bf16->StateBytesPerToken(), f32->StateBytesPerToken());
     }
 }
 

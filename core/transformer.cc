@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "core/kv_offload.h"
@@ -204,6 +205,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   }
 
   std::string family() const override { return "transformer"; }
+  // KV-cache and KV-gradient pages: bf16 under --dtype=bf16, else the compute dtype.
+  DType KVDType() const { return Store::weight_dtype_ == DType::kBF16 ? DType::kBF16 : dtype(); }
   DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -213,7 +216,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   const TransformerConfig& config() const override { return cfg_; }
   void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   int64_t StateBytesPerToken() const override {
-    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(sizeof(T));
+    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
     std::vector<int> linears;
@@ -241,9 +244,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       copies = &backend->copies;
     }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_slot * kv_layers,
+        PagePool(&mem_, MemCategory::kKVCache, KVDType(), pages_per_slot * kv_layers,
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_slot * grad_layers,
+        PagePool(&mem_, MemCategory::kKVGrad, KVDType(), pages_per_slot * grad_layers,
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
         o, num_layers(), copies);
   }
@@ -273,10 +276,19 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     {
       const AttentionShape shape = Shape(c);
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      PagedKV<T> view = state.kv.View<T>(l);
-      view.page_mask = SelectPages(l, c, q.data<T>(), state);
-      if (view.page_mask) state.RequireSelected(l, c, pass);
-      ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+      const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
+      if (selected) state.RequireSelected(l, c, pass);
+      if (state.kv.dtype() == DType::kBF16) {  // --dtype=bf16 pages (T = float)
+        if constexpr (std::is_same_v<T, float>) {
+          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l);
+          view.page_mask = selected;
+          ops_.attention_forward_bf16(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+        }
+      } else {
+        PagedKV<T> view = state.kv.View<T>(l);
+        view.page_mask = selected;
+        ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+      }
     }
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
@@ -351,10 +363,19 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       state.grad.Ensure(l, 0, c.end, /*zero_new=*/true, selected);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
-      view.page_mask = grad_view.page_mask = selected;
-      ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
-                              dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+      if (state.kv.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>) {
+          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l), grad_view = state.grad.View<uint16_t>(l);
+          view.page_mask = grad_view.page_mask = selected;
+          ops_.attention_backward_bf16(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
+                                       dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+        }
+      } else {
+        PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
+        view.page_mask = grad_view.page_mask = selected;
+        ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
+                                dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+      }
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
@@ -400,12 +421,15 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     const int64_t ps = state.kv.page_size(), kvd = cfg_.num_kv_heads * cfg_.head_dim;
     if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
     std::vector<double>& sums = state.key_sums[l];
-    const PagedKV<T> kv = state.kv.View<T>(l);
+    const bool widen = state.kv.dtype() != dtype();  // bf16 pages are read through a widened copy of the page
+    Tensor keys, values;
+    if (widen) keys = New(MemCategory::kWorkspace, {ps, kvd}), values = New(MemCategory::kWorkspace, {ps, kvd});
     for (int64_t p = c.begin / ps; (p + 1) * ps <= c.end; ++p) {
       if (static_cast<int64_t>(sums.size()) < (p + 1) * kvd) sums.resize((p + 1) * kvd, 0.0);
       double* sum = sums.data() + p * kvd;
       std::fill(sum, sum + kvd, 0.0);
-      const T* K = kv.k_page(p);
+      if (widen) state.kv.Gather<T>(l, p * ps, (p + 1) * ps, keys.data<T>(), values.data<T>());
+      const T* K = widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p);
       for (int64_t r = 0; r < ps; ++r)
         for (int64_t e = 0; e < kvd; ++e) sum[e] += static_cast<double>(K[r * kvd + e]);
     }

@@ -148,6 +148,13 @@ struct OpTable {
                      const void* a, int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type,
                      void* c, int64_t ldc) = nullptr;
   void (*bf16_to_f32)(const uint16_t* src, int64_t count, float* dst) = nullptr;
+  void (*f32_to_bf16)(const float* src, int64_t count, uint16_t* dst) = nullptr;
+  // attention_forward / attention_backward over KV and KV-gradient pages stored in bf16.
+  void (*attention_forward_bf16)(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
+                                 float* lse, float* workspace) = nullptr;
+  void (*attention_backward_bf16)(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv,
+                                  const float* out, const float* lse, const float* dout, float* dq,
+                                  const PagedKV<uint16_t>& dkv, float* workspace) = nullptr;
   // adamw on fp32 master weights, then weights = the masters rounded to bf16.
   void (*adamw_bf16)(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step) = nullptr;

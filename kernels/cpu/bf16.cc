@@ -56,7 +56,8 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
   // With one tile, sgemm itself is multi-threaded; inside the parallel region it runs on one thread.
 #pragma omp parallel if (m_tiles * n_tiles > 1)
   {
-    std::vector<float> a_buf, b_buf, c_buf;
+    // Per thread and kept between calls: attention calls this once per page.
+    static thread_local std::vector<float> a_buf, b_buf, c_buf;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int64_t it = 0; it < m_tiles; ++it)
       for (int64_t jt = 0; jt < n_tiles; ++jt) {

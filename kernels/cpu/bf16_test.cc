@@ -101,6 +101,58 @@ TEST(BF16Test, GemmMixedBetaZeroIgnoresNaNInC) {
   for (uint16_t x : c) EXPECT_TRUE(std::isfinite(BF16ToF32(x)));
 }
 
+// Attention over bf16 KV pages equals attention over the same values in f32 pages (forward, dQ); dK/dV accumulate
+// into bf16 pages to bf16's resolution.
+TEST(BF16Test, AttentionOverBF16PagesMatchesF32Pages) {
+  AttentionShape s;
+  s.n = 70;  // two query blocks
+  s.pos0 = 10;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.scale = 1.0 / std::sqrt(8.0);
+  const int64_t page_size = 16, stride = page_size * s.kv_heads * s.head_dim, pool = 7 * stride;
+  const std::vector<int32_t> table = {3, 0, 6, 1, 5, 2};  // logical -> pool page
+  const int64_t qn = s.n * s.heads * s.head_dim;
+  Held k(DType::kBF16, Random(pool, 61)), v(DType::kBF16, Random(pool, 62));
+  std::vector<float> kf(k.exact.begin(), k.exact.end()), vf(v.exact.begin(), v.exact.end());
+  const Vec q64 = Random(qn, 63), r64 = Random(qn, 64);
+  const std::vector<float> q(q64.begin(), q64.end()), r(r64.begin(), r64.end());
+  auto view = [&](auto* kp, auto* vp) {
+    return testing_fd::PagedView(kp, vp, table, page_size, s.kv_heads, s.head_dim);
+  };
+  const OpTable<float>& f = CpuOps<float>();
+  std::vector<float> ws(f.attention_workspace_elems(s, page_size));
+  std::vector<float> out(qn), lse(s.heads * s.n), dq(qn), dk(pool, 0), dv(pool, 0);
+  std::vector<float> out_b(qn), lse_b(s.heads * s.n), dq_b(qn);
+  std::vector<uint16_t> dk_b(pool, 0), dv_b(pool, 0);
+  f.attention_forward(s, q.data(), view(kf.data(), vf.data()), out.data(), lse.data(), ws.data());
+  f.attention_forward_bf16(s, q.data(), view(k.h.data(), v.h.data()), out_b.data(), lse_b.data(), ws.data());
+  f.attention_backward(s, q.data(), view(kf.data(), vf.data()), out.data(), lse.data(), r.data(), dq.data(),
+                       view(dk.data(), dv.data()), ws.data());
+  f.attention_backward_bf16(s, q.data(), view(k.h.data(), v.h.data()), out.data(), lse.data(), r.data(),
+                            dq_b.data(), view(dk_b.data(), dv_b.data()), ws.data());
+  auto max_abs = [](const std::vector<float>& x) {
+    double m = 0;
+    for (float e : x) m = std::max<double>(m, std::abs(e));
+    return m;
+  };
+  for (int64_t i = 0; i < qn; ++i) {
+    ASSERT_NEAR(out_b[i], out[i], 1e-5 * max_abs(out)) << i;
+    ASSERT_NEAR(dq_b[i], dq[i], 1e-5 * max_abs(dq)) << i;
+  }
+  for (int64_t i = 0; i < s.heads * s.n; ++i) ASSERT_NEAR(lse_b[i], lse[i], 1e-5 * std::abs(lse[i])) << i;
+  int64_t touched = 0;
+  for (int64_t i = 0; i < pool; ++i) {
+    // Rounded once per query block and query head of the group: at most a few bf16 ulps of the largest entry.
+    ASSERT_NEAR(BF16ToF32(dk_b[i]), dk[i], 4 * 0x1p-8 * max_abs(dk)) << i;
+    ASSERT_NEAR(BF16ToF32(dv_b[i]), dv[i], 4 * 0x1p-8 * max_abs(dv)) << i;
+    touched += dk_b[i] != 0;
+  }
+  EXPECT_GT(touched, pool / 2);
+  for (int64_t i = 4 * stride; i < 5 * stride; ++i) EXPECT_EQ(dk_b[i], 0);  // pool page 4 is in no table entry
+}
+
 TEST(BF16Test, AdamWStepsMasterInFp32AndRoundsIntoWeights) {
   const int64_t count = 70000;  // above the kernels' parallel threshold
   Vec init = Random(count, 3), grad = Random(count, 4);

@@ -31,11 +31,12 @@ template <typename T> void Copy(T* dst, const T* src, int64_t count);
 template <typename T> void Fill(T* x, int64_t count, T value);
 template <typename T> void Scale(T* x, int64_t count, double factor);
 
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* workspace);
-template <typename T>
-void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
-                       const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace);
+// KV: the pages' storage type, T or bf16 (uint16_t, T = float).
+template <typename T, typename KV = T>
+void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, T* out, T* lse, T* workspace);
+template <typename T, typename KV = T>
+void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
+                       const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace);
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
 
 template <typename T>

@@ -41,6 +41,9 @@ static OpTable<T> MakeCpuTable() {
   if constexpr (std::is_same_v<T, float>) {
     t.gemm_mixed = cpu::GemmMixed;
     t.bf16_to_f32 = cpu::BF16ToF32Row;
+    t.f32_to_bf16 = cpu::F32ToBF16Row;
+    t.attention_forward_bf16 = cpu::AttentionForward<float, uint16_t>;
+    t.attention_backward_bf16 = cpu::AttentionBackward<float, uint16_t>;
     t.adamw_bf16 = cpu::AdamWBF16;
   }
   return t;
