@@ -1,5 +1,5 @@
-// --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices and KV pages are stored in bf16 computes the loss
-// and gradients of an f32 model holding the same (rounded) values to bf16's resolution; weight and KV bytes halve;
+// --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices, KV pages and logits are stored in bf16 computes
+// the loss and gradients of an f32 model holding the same (rounded) values to bf16's resolution; those bytes halve;
 // trainable bf16 parameters step through fp32 masters; LoRA's frozen bf16 base has no fp32 copy; an HF checkpoint
 // round-trips in bf16.
 #include <gtest/gtest.h>
@@ -67,10 +67,10 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
   EXPECT_LT(bytes, 0.52 * f32_bytes);
 }
 
-// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages: loss and
-// gradients agree to bf16's resolution (the accuracy bound against PyTorch is tests/torch_ref/bf16_accuracy_test.py),
-// and the pages take exactly half the bytes.
-TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVBytes) {
+// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages and logits
+// chunks: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
+// tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
+TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
     for (const std::string strategy : {"full", "seco", "streambp", "seco offload sparse"}) {
       auto bf16 = Make(preset, DType::kBF16);
@@ -92,7 +92,7 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVBytes) {
         EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
             << what << " " << f32->params()[i].name;
       const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
-      for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad}) {
+      for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
         EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;
         EXPECT_EQ(2 * sa.peak[static_cast<int>(c)], sb.peak[static_cast<int>(c)]) << what << " " << MemCategoryName(c);
       }

@@ -149,6 +149,13 @@ struct OpTable {
                      void* c, int64_t ldc) = nullptr;
   void (*bf16_to_f32)(const uint16_t* src, int64_t count, float* dst) = nullptr;
   void (*f32_to_bf16)(const float* src, int64_t count, uint16_t* dst) = nullptr;
+  // cross_entropy_forward_backward, token_logprobs, token_argmax over a bf16 logits chunk.
+  double (*cross_entropy_bf16)(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                               const double* row_scale, double grad_scale) = nullptr;
+  void (*token_logprobs_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                              double* out) = nullptr;
+  void (*token_argmax_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                            int32_t* out) = nullptr;
   // attention_forward / attention_backward over KV and KV-gradient pages stored in bf16.
   void (*attention_forward_bf16)(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
                                  float* lse, float* workspace) = nullptr;

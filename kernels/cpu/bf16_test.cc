@@ -153,6 +153,29 @@ TEST(BF16Test, AttentionOverBF16PagesMatchesF32Pages) {
   for (int64_t i = 4 * stride; i < 5 * stride; ++i) EXPECT_EQ(dk_b[i], 0);  // pool page 4 is in no table entry
 }
 
+// Loss kernels over a bf16 logits chunk equal the f32 ones on the widened rows; the gradient is their rounding.
+TEST(BF16Test, LossKernelsOverBF16LogitsMatchF32) {
+  const int64_t n = 6, vocab = 300;
+  Held logits(DType::kBF16, Random(n * vocab, 71, 3.0));
+  std::vector<float> wide(logits.exact.begin(), logits.exact.end());
+  const std::vector<int32_t> labels = {5, -100, 299, 0, 17, 150};
+  const std::vector<double> row_scale = {1.0, 0.0, 0.5, 2.0, 1.0, 1.0};
+  std::vector<double> lp(n), lp_b(n);
+  std::vector<int32_t> am(n), am_b(n);
+  cpu::TokenLogprobs<float>(wide.data(), labels.data(), n, vocab, lp.data());
+  cpu::TokenLogprobsBF16(logits.h.data(), labels.data(), n, vocab, lp_b.data());
+  cpu::TokenArgmax<float>(wide.data(), labels.data(), n, vocab, am.data());
+  cpu::TokenArgmaxBF16(logits.h.data(), labels.data(), n, vocab, am_b.data());
+  EXPECT_EQ(lp_b, lp);
+  EXPECT_EQ(am_b, am);
+  const double loss = cpu::CrossEntropyForwardBackward<float>(wide.data(), labels.data(), n, vocab,
+                                                              row_scale.data(), 0.25);
+  const double loss_b = cpu::CrossEntropyForwardBackwardBF16(logits.h.data(), labels.data(), n, vocab,
+                                                             row_scale.data(), 0.25);
+  EXPECT_EQ(loss_b, loss);
+  for (int64_t i = 0; i < n * vocab; ++i) ASSERT_EQ(logits.h[i], F32ToBF16(wide[i])) << i;
+}
+
 TEST(BF16Test, AdamWStepsMasterInFp32AndRoundsIntoWeights) {
   const int64_t count = 70000;  // above the kernels' parallel threshold
   Vec init = Random(count, 3), grad = Random(count, 4);

@@ -42,6 +42,9 @@ static OpTable<T> MakeCpuTable() {
     t.gemm_mixed = cpu::GemmMixed;
     t.bf16_to_f32 = cpu::BF16ToF32Row;
     t.f32_to_bf16 = cpu::F32ToBF16Row;
+    t.cross_entropy_bf16 = cpu::CrossEntropyForwardBackwardBF16;
+    t.token_logprobs_bf16 = cpu::TokenLogprobsBF16;
+    t.token_argmax_bf16 = cpu::TokenArgmaxBF16;
     t.attention_forward_bf16 = cpu::AttentionForward<float, uint16_t>;
     t.attention_backward_bf16 = cpu::AttentionBackward<float, uint16_t>;
     t.adamw_bf16 = cpu::AdamWBF16;
