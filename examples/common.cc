@@ -34,8 +34,8 @@ ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, benc
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
 ABSL_FLAG(std::string, dtype, "f32",
-          "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices and KV pages stored in bf16, read tile by tile "
-          "into f32 compute; fp32 gradients, masters and AdamW moments)");
+          "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices, KV pages and logits stored in bf16, read tile by "
+          "tile into f32 compute; fp32 gradients, masters and AdamW moments)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
 ABSL_FLAG(std::string, matmul, "fp32",

@@ -7,8 +7,8 @@ the same code with every parameter and activation in bfloat16 (torch's CPU kerne
 --dtype=bf16 with strategies full, seco and streambp. For the loss and every parameter gradient,
 rel_err(engine) <= 2 * rel_err(torch bf16) + FLOOR, rel_err = max |x - ref| / max |ref| (torch_ref_test.rel_error).
 
-The engine stores weights and KV / KV-gradient pages in bf16 (activations and logits are still f32), so its error is
-below torch's (about 2e-2 against torch's 4-8e-2 on these models).
+The engine stores weights, KV / KV-gradient pages and logits in bf16 (other activations are still f32), so its error
+is below torch's (about 2e-2 against torch's 4-8e-2 on these models).
 """
 import os
 import sys

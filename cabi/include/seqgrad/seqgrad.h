@@ -139,7 +139,7 @@ typedef struct sg_model sg_model;
 SG_API const char* const* sg_model_preset_names(void);
 
 /* A randomly initialised model (any family) from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"), or "bf16"
- * (CPU, Llama/Qwen2: weight matrices and KV pages stored in bf16 over f32 compute; sg_model_dtype is then f32 and
+ * (CPU, Llama/Qwen2: weight matrices, KV pages and logits in bf16 over f32 compute; sg_model_dtype is then f32 and
  * each parameter's sg_param dtype says how it is stored). */
 SG_API sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out);
 /* A model from a Hugging Face directory (config.json + model.safetensors[.index.json]) whose config.json
