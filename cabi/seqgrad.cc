@@ -64,7 +64,7 @@ sg_status* Invalid(std::string message) { return MakeStatus(SG_ERR_INVALID_ARGUM
 
 // The core names options by the tools' flags ("--chunk must be positive"); the C API's names are the fields of its
 // option structs: "--chunk" becomes "options->chunk", "--lora_rank" "options->rank" (sg_lora_options), "--x=v"
-// "options->x = v". Other "--" words (e.g. a build flag) stay.
+// "options->x = v", "--dtype" "argument 'dtype'". Other "--" words (e.g. a build flag) stay.
 std::string FieldMessage(absl::string_view message) {
   static const char* const kFields[] = {
       "strategy", "chunk", "page_size", "lm_chunk", "spaco_budget", "spaco_cap", "seed", "objective", "dpo_beta",
@@ -84,6 +84,14 @@ std::string FieldMessage(absl::string_view message) {
     if (name == "model" && end < message.size() && message[end] == '=') {  // a hint naming a preset
       absl::StrAppend(&out, "preset ");
       ++i;
+      continue;
+    }
+    if (name == "dtype") {  // the argument of sg_model_create_preset / sg_model_load
+      absl::StrAppend(&out, "argument 'dtype'");
+      if (end < message.size() && message[end] == '=') {
+        absl::StrAppend(&out, " = ");
+        ++i;
+      }
       continue;
     }
     bool known = false;
@@ -134,7 +142,8 @@ sg_status* ParseDType(const char* fn, const char* name, sg::DType* out) {
   const std::string s = name ? name : "f32";
   if (s == "f32" || s == "float32") *out = sg::DType::kF32;
   else if (s == "f64" || s == "float64") *out = sg::DType::kF64;
-  else return Invalid(absl::StrCat(fn, ": argument 'dtype' is '", s, "'; supported: f32, f64"));
+  else if (s == "bf16" || s == "bfloat16") *out = sg::DType::kBF16;  // bf16 weights over f32 compute (README)
+  else return Invalid(absl::StrCat(fn, ": argument 'dtype' is '", s, "'; supported: f32, f64, bf16"));
   return nullptr;
 }
 

@@ -202,12 +202,15 @@ std::string HFConfigJson(Model& model) {
 
 std::string ShapeStr(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
 
-io::StDType StOf(DType t) { return t == DType::kF64 ? io::StDType::kF64 : io::StDType::kF32; }
+io::StDType StOf(DType t) {
+  return t == DType::kF64 ? io::StDType::kF64 : t == DType::kBF16 ? io::StDType::kBF16 : io::StDType::kF32;
+}
 
 // A safetensors file of a checkpoint must hold exactly `expected` (name -> parameter), each with the parameter's
-// shape and dtype.
+// shape and dtype (optimizer state: its gradient's, the compute dtype, also of bf16 parameters' fp32 masters).
 absl::Status CheckTensors(const io::SafetensorsFile& file, const std::string& what,
-                          const std::vector<std::pair<std::string, const Param*>>& expected) {
+                          const std::vector<std::pair<std::string, const Param*>>& expected,
+                          bool optimizer_state = false) {
   std::set<std::string> names;
   for (const auto& [name, p] : expected) {
     names.insert(name);
@@ -218,10 +221,11 @@ absl::Status CheckTensors(const io::SafetensorsFile& file, const std::string& wh
       return absl::FailedPreconditionError(absl::StrCat(file.path(), ": tensor '", name, "' has shape ",
                                                         ShapeStr(info->shape), ", the model's is ",
                                                         ShapeStr(p->value.shape())));
-    if (info->dtype != StOf(p->value.dtype()))
-      return absl::FailedPreconditionError(absl::StrCat(file.path(), ": tensor '", name, "' is ",
-                                                        std::string(io::StDTypeName(info->dtype)), ", the model computes in ",
-                                                        DTypeName(p->value.dtype())));
+    const DType want = optimizer_state ? p->grad.dtype() : p->value.dtype();
+    if (info->dtype != StOf(want))
+      return absl::FailedPreconditionError(absl::StrCat(
+          file.path(), ": tensor '", name, "' is ", std::string(io::StDTypeName(info->dtype)),
+          ", the model holds it in ", DTypeName(want), " (resume with the --dtype the checkpoint was trained in)"));
   }
   for (const io::TensorInfo& t : file.tensors())
     if (!names.count(t.name))
@@ -241,6 +245,7 @@ std::vector<std::pair<std::string, const Param*>> MomentTensors(Model& model) {
     if (p.grad.defined()) {
       out.push_back({"m." + p.name, &p});
       out.push_back({"v." + p.name, &p});
+      if (p.value.dtype() == DType::kBF16) out.push_back({"master." + p.name, &p});
     }
   return out;
 }
@@ -401,6 +406,8 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
             absl::StrCat("parameter '", params[i].name, "' has a gradient but no optimizer moments")));
       moments.push_back({"m." + params[i].name, m.dtype(), m.shape(), m.raw()});
       moments.push_back({"v." + params[i].name, v.dtype(), v.shape(), v.raw()});
+      if (const Tensor& master = adam.master()[i]; master.defined())
+        moments.push_back({"master." + params[i].name, master.dtype(), master.shape(), master.raw()});
     }
   }
   if (absl::Status s = io::WriteSafetensors(absl::StrCat(tmp, "/", kOptimizerFile), moments,
@@ -601,7 +608,7 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
   absl::StatusOr<io::SafetensorsFile> opt = io::SafetensorsFile::Open(absl::StrCat(dir, "/", kOptimizerFile));
   if (!opt.ok()) return opt.status();
   if (meta->has_optimizer_state) {
-    if (absl::Status s = CheckTensors(*opt, "optimizer moments", MomentTensors(model)); !s.ok()) return s;
+    if (absl::Status s = CheckTensors(*opt, "optimizer moments", MomentTensors(model), true); !s.ok()) return s;
   } else if (!opt->tensors().empty()) {
     return absl::DataLossError(absl::StrCat(opt->path(), ": holds tensors but ", kStateFile,
                                             " says there is no optimizer state"));
@@ -627,7 +634,13 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
       Tensor& v = adam.mutable_v()[i];
       if (absl::Status s = opt->ReadInto("m." + params[i].name, m.shape(), m.dtype(), m.raw()); !s.ok()) return s;
       if (absl::Status s = opt->ReadInto("v." + params[i].name, v.shape(), v.dtype(), v.raw()); !s.ok()) return s;
+      if (Tensor& master = adam.mutable_master()[i]; master.defined())
+        if (absl::Status s = opt->ReadInto("master." + params[i].name, master.shape(), master.dtype(), master.raw());
+            !s.ok())
+          return s;
     }
+  } else {
+    adam.RefreshMasters(model);  // the masters (if any) start from the weights just read
   }
   trainer.set_state(meta->trainer);
   return meta;

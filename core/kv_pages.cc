@@ -4,6 +4,10 @@
 #include <climits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace sg {
 namespace {
@@ -104,8 +108,15 @@ void PagePool::Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const {
       ops.fill(dv, run * row, T(0));
     } else {
       const int64_t off = page * page_stride_ + (t % page_size_) * row;
-      ops.copy(dk, k_.data<T>() + off, run * row);
-      ops.copy(dv, v_.data<T>() + off, run * row);
+      if (k_.dtype() == DType::kBF16) {  // bf16 pages under --dtype=bf16 (T = float)
+        if constexpr (std::is_same_v<T, float>) {
+          ops.bf16_to_f32(k_.data<uint16_t>() + off, run * row, dk);
+          ops.bf16_to_f32(v_.data<uint16_t>() + off, run * row, dv);
+        }
+      } else {
+        ops.copy(dk, k_.data<T>() + off, run * row);
+        ops.copy(dv, v_.data<T>() + off, run * row);
+      }
     }
     t += run;
   }
@@ -121,8 +132,15 @@ void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const 
     const int32_t page = table[t / page_size_];
     if (page >= 0) {
       const int64_t off = page * page_stride_ + (t % page_size_) * row;
-      ops.copy(k_.data<T>() + off, k + (t - begin) * row, run * row);
-      ops.copy(v_.data<T>() + off, v + (t - begin) * row, run * row);
+      if (k_.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>) {
+          ops.f32_to_bf16(k + (t - begin) * row, run * row, k_.data<uint16_t>() + off);
+          ops.f32_to_bf16(v + (t - begin) * row, run * row, v_.data<uint16_t>() + off);
+        }
+      } else {
+        ops.copy(k_.data<T>() + off, k + (t - begin) * row, run * row);
+        ops.copy(v_.data<T>() + off, v + (t - begin) * row, run * row);
+      }
     }
     t += run;
   }
@@ -130,6 +148,9 @@ void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const 
 
 template <typename T>
 PagedKV<T> PagePool::View(int layer) const {
+  if (DTypeSize(k_.dtype()) != sizeof(T))
+    throw std::logic_error(absl::StrCat("KV pages hold ", DTypeName(k_.dtype()), ", viewed with ", sizeof(T),
+                                        "-byte elements"));
   PagedKV<T> view;
   view.k_pool = k_.data<T>();
   view.v_pool = v_.data<T>();
@@ -151,8 +172,19 @@ void PagePool::ScaleAs(int layer, int64_t begin, int64_t end, double factor) {
     const int64_t run = std::min(end, (t / page_size_ + 1) * page_size_) - t;
     if (const int32_t page = table[t / page_size_]; page >= 0) {
       const int64_t off = page * page_stride_ + (t % page_size_) * row;
-      ops.scale(k_.data<T>() + off, run * row, factor);
-      ops.scale(v_.data<T>() + off, run * row, factor);
+      if (k_.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>) {
+          std::vector<float> rows(run * row);
+          for (uint16_t* p : {k_.data<uint16_t>() + off, v_.data<uint16_t>() + off}) {
+            ops.bf16_to_f32(p, run * row, rows.data());
+            ops.scale(rows.data(), run * row, factor);
+            ops.f32_to_bf16(rows.data(), run * row, p);
+          }
+        }
+      } else {
+        ops.scale(k_.data<T>() + off, run * row, factor);
+        ops.scale(v_.data<T>() + off, run * row, factor);
+      }
     }
     t += run;
   }
@@ -170,5 +202,6 @@ void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(double)
 #undef SG_INSTANTIATE
+template PagedKV<uint16_t> PagePool::View<uint16_t>(int) const;
 
 }  // namespace sg

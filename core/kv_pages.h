@@ -38,6 +38,7 @@ class PagePool {
   void Scale(int layer, int64_t begin, int64_t end, double factor);
 
   int64_t page_size() const { return page_size_; }
+  DType dtype() const { return k_.dtype(); }
   int64_t pages_in_use() const { return capacity_ - static_cast<int64_t>(free_.size()); }
   int64_t capacity() const { return capacity_; }
 

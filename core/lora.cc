@@ -111,9 +111,12 @@ LoraDisabled::~LoraDisabled() {
 
 namespace {
 template <typename T>
-void Merge(Model& model, const LoraAdapter& ad, T* dst) {
+void Merge(Model& model, const LoraAdapter& ad, void* dst) {
   const std::vector<Param>& params = model.params();
-  const T* w = params[ad.weight].value.data<T>();
+  const Tensor& base = params[ad.weight].value;  // bf16 under --dtype=bf16
+  auto w = [&](int64_t i) -> double {
+    return base.dtype() == DType::kBF16 ? BF16ToF32(base.data<uint16_t>()[i]) : base.data<T>()[i];
+  };
   const T* a = params[ad.a].value.data<T>();
   const T* b = params[ad.b].value.data<T>();
   const int64_t r = model.lora()->options.rank;
@@ -122,14 +125,17 @@ void Merge(Model& model, const LoraAdapter& ad, T* dst) {
     for (int64_t i = 0; i < ad.in; ++i) {
       double ba = 0;
       for (int64_t k = 0; k < r; ++k) ba += static_cast<double>(b[o * r + k]) * a[k * ad.in + i];
-      dst[o * ad.in + i] = static_cast<T>(w[o * ad.in + i] + s * ba);
+      const double merged = w(o * ad.in + i) + s * ba;
+      const int64_t at = o * ad.in + i;
+      if (base.dtype() == DType::kBF16) static_cast<uint16_t*>(dst)[at] = F32ToBF16(static_cast<float>(merged));
+      else static_cast<T*>(dst)[at] = static_cast<T>(merged);
     }
 }
 }  // namespace
 
 void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst) {
-  if (model.dtype() == DType::kF64) Merge<double>(model, adapter, static_cast<double*>(dst));
-  else Merge<float>(model, adapter, static_cast<float*>(dst));
+  if (model.dtype() == DType::kF64) Merge<double>(model, adapter, dst);
+  else Merge<float>(model, adapter, dst);
 }
 
 void RandomizeLoraB(Model& model, uint64_t seed, double stddev) {

@@ -91,8 +91,8 @@ class LoraDisabled {
   bool was_disabled_ = false;
 };
 
-// The merged weight W + (alpha / r) B A of an adapted module, in the model's dtype, into dst (numel of W
-// elements). The model is not changed.
+// The merged weight W + (alpha / r) B A of an adapted module, in W's storage dtype (bf16 under --dtype=bf16, the
+// sum rounded once), into dst (numel of W elements). The model is not changed.
 void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst);
 
 // Tests and gradient checks: B starts at zero, which makes every gradient of A zero; this draws B from

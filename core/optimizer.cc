@@ -1,6 +1,7 @@
 #include "core/optimizer.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "core/lr_schedule.h"
@@ -42,6 +43,15 @@ int64_t FirstNonFinite(const Tensor& t, double* value) {
     }
   return -1;
 }
+int64_t FirstNonFiniteBF16(const Tensor& t, double* value) {
+  const uint16_t* p = t.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(BF16ToF32(p[i]))) {
+      *value = BF16ToF32(p[i]);
+      return i;
+    }
+  return -1;
+}
 template <typename T>
 void Scale(Tensor& t, double f) {
   T* p = t.data<T>();
@@ -49,16 +59,24 @@ void Scale(Tensor& t, double f) {
 }
 template <typename T>
 void Adam(const OpTable<T>& ops, const OptimizerOptions& o, double lr, std::vector<Param>& params,
-          std::vector<Tensor>& m, std::vector<Tensor>& v, int64_t step) {
+          std::vector<Tensor>& master, std::vector<Tensor>& m, std::vector<Tensor>& v, int64_t step) {
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!p.grad.defined()) continue;
     // Norm weights and biases are not decayed.
     const double wd = p.value.shape().size() >= 2 ? o.weight_decay : 0.0;
+    if (master[i].defined()) {
+      if constexpr (std::is_same_v<T, float>)
+        ops.adamw_bf16(p.value.data<uint16_t>(), master[i].data<float>(), p.grad.data<float>(), m[i].data<float>(),
+                       v[i].data<float>(), p.value.numel(), lr, o.beta1, o.beta2, o.eps, wd, step);
+      continue;
+    }
     ops.adamw(p.value.data<T>(), p.grad.data<T>(), m[i].data<T>(), v[i].data<T>(), p.value.numel(), lr, o.beta1,
               o.beta2, o.eps, wd, step);
   }
 }
+// A trainable parameter stored in bf16 is stepped through an fp32 master copy (counted as optimizer state).
+bool NeedsMaster(const Param& p) { return p.grad.defined() && p.value.dtype() == DType::kBF16; }
 }  // namespace
 
 absl::StatusOr<double> GradSquaredNorm(Model& model, const std::string& when) {
@@ -82,10 +100,11 @@ absl::StatusOr<double> GradSquaredNorm(Model& model, const std::string& when) {
 }
 
 std::string NonFiniteWeightsNote(Model& model) {
-  const bool f64 = model.dtype() == DType::kF64;
   for (Param& p : model.params()) {
     double value = 0;
-    const int64_t at = f64 ? FirstNonFinite<double>(p.value, &value) : FirstNonFinite<float>(p.value, &value);
+    const int64_t at = p.value.dtype() == DType::kF64    ? FirstNonFinite<double>(p.value, &value)
+                       : p.value.dtype() == DType::kBF16 ? FirstNonFiniteBF16(p.value, &value)
+                                                         : FirstNonFinite<float>(p.value, &value);
     if (at >= 0) return absl::StrCat("; parameter '", p.name, "' holds ", value, " at element ", at);
   }
   return "";
@@ -103,29 +122,42 @@ void ScaleGrads(Model& model, double factor) {
 int64_t AdamW::StateBytes(Model& model) {
   int64_t bytes = 0;
   for (Param& p : model.params())
-    if (p.grad.defined()) bytes += 2 * static_cast<int64_t>(p.value.nbytes());
+    if (p.grad.defined()) bytes += (NeedsMaster(p) ? 3 : 2) * static_cast<int64_t>(p.grad.nbytes());
   return bytes;
 }
 
 absl::Status AdamW::EnsureMoments(Model& model) {
   if (!m_.empty()) return absl::OkStatus();
-  std::vector<Tensor> m, v;  // all moments or none: a failed allocation leaves the state as it was
+  std::vector<Tensor> master, m, v;  // all of the state or none: a failed allocation leaves it as it was
   try {
     for (Param& p : model.params()) {
+      master.emplace_back();
       if (!p.grad.defined()) {
         m.emplace_back();
         v.emplace_back();
         continue;
       }
-      m.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
-      v.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.value.dtype(), p.value.shape()));
+      m.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.grad.dtype(), p.grad.shape()));
+      v.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.grad.dtype(), p.grad.shape()));
+      if (NeedsMaster(p))
+        master.back() = Tensor::Empty(&model.memory(), MemCategory::kOptimizer, DType::kF32, p.value.shape());
     }
   } catch (const MemoryLimitExceeded& e) {
     return absl::ResourceExhaustedError(absl::StrCat("optimizer state: ", e.what()));
   }
+  master_ = std::move(master);
   m_ = std::move(m);
   v_ = std::move(v);
+  RefreshMasters(model);
   return absl::OkStatus();
+}
+
+void AdamW::RefreshMasters(Model& model) {
+  std::vector<Param>& params = model.params();
+  for (size_t i = 0; i < master_.size() && i < params.size(); ++i)
+    if (master_[i].defined())
+      OpsFor<float>(model.memory().device())
+          .bf16_to_f32(params[i].value.data<uint16_t>(), params[i].value.numel(), master_[i].data<float>());
 }
 
 absl::Status AdamW::Step(Model& model, const OptimizerOptions& o, double lr) {
@@ -136,8 +168,8 @@ absl::Status AdamW::Step(Model& model, const OptimizerOptions& o, double lr) {
                                                       " parameters but the model has ", params.size()));
   ++step_;
   const Device device = model.memory().device();
-  if (model.dtype() == DType::kF64) Adam<double>(OpsFor<double>(device), o, lr, params, m_, v_, step_);
-  else Adam<float>(OpsFor<float>(device), o, lr, params, m_, v_, step_);
+  if (model.dtype() == DType::kF64) Adam<double>(OpsFor<double>(device), o, lr, params, master_, m_, v_, step_);
+  else Adam<float>(OpsFor<float>(device), o, lr, params, master_, m_, v_, step_);
   return absl::OkStatus();
 }
 

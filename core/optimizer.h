@@ -1,10 +1,10 @@
 // The optimizer: AdamW with decoupled weight decay over every parameter that has a gradient, gradient clipping by
 // global norm, and the learning-rate schedule (core/lr_schedule.h).
 //
-// Master weights: the CPU engine computes in f32 or f64 only. A checkpoint stored in bf16 or f16 is converted to the
-// compute dtype when it is loaded, so the parameters the optimizer updates (and its moments m, v) are already full
-// precision: they are the "fp32 master weights" of mixed-precision training, and no separate copy exists. bf16
-// appears only on disk.
+// Master weights: with f32 or f64 weights, the parameters the optimizer updates are themselves full precision and no
+// separate copy exists. With --dtype=bf16 every trainable parameter stored in bf16 gets an fp32 master copy, counted
+// in the optimizer memory category beside the fp32 moments: the step runs on the master and rounds it into the
+// bf16 weight. Frozen bf16 weights (LoRA's base) have no master and no fp32 copy at all.
 #pragma once
 
 #include <cstdint>
@@ -59,17 +59,23 @@ class AdamW {
   // Per parameter (model.params() order); undefined tensors for parameters without a gradient.
   const std::vector<Tensor>& m() const { return m_; }
   const std::vector<Tensor>& v() const { return v_; }
-  // Bytes the moments take (or will take once allocated) for `model`.
+  // Per parameter: the fp32 master of a trainable bf16 parameter, undefined otherwise.
+  const std::vector<Tensor>& master() const { return master_; }
+  // Bytes the moments and masters take (or will take once allocated) for `model`.
   static int64_t StateBytes(Model& model);
-  // Allocates zero moments if there are none (a memory limit error leaves the state as it was).
+  // Allocates zero moments (and masters from the bf16 weights) if there are none (a memory limit error leaves the
+  // state as it was).
   absl::Status EnsureMoments(Model& model);
   // Checkpoint restore: EnsureMoments, then write into the moments' storage and set the step.
   std::vector<Tensor>& mutable_m() { return m_; }
   std::vector<Tensor>& mutable_v() { return v_; }
+  std::vector<Tensor>& mutable_master() { return master_; }
+  // Sets every master to its bf16 weight (after the weights were replaced without optimizer state).
+  void RefreshMasters(Model& model);
   void set_step(int64_t step) { step_ = step; }
 
  private:
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> master_, m_, v_;
   int64_t step_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,17 +27,42 @@ class ParamStore {
  protected:
   static constexpr DType kDType = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
 
+  // --dtype=bf16 (T = float), set before the first Add: matrices (linear and embedding weights) are stored in bf16
+  // and kernels read them tile by tile; vectors (norms, biases) and every gradient stay in T.
+  absl::Status SetWeightDType(DType t) {
+    if (t != kDType && !(t == DType::kBF16 && kDType == DType::kF32))
+      return absl::InvalidArgumentError(absl::StrCat("--dtype: weights in ", DTypeName(t), " need f32 compute"));
+    weight_dtype_ = t;
+    return absl::OkStatus();
+  }
   int Add(const std::string& name, std::vector<int64_t> shape) {
+    return AddIn(shape.size() >= 2 ? weight_dtype_ : kDType, name, shape);
+  }
+  // Parameters that stay in T under --dtype=bf16 (LoRA adapters).
+  int AddFullPrecision(const std::string& name, std::vector<int64_t> shape) { return AddIn(kDType, name, shape); }
+  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, kDType, shape); }
+  // A parameter stored in T; one stored in bf16 is read through Wv (a throw here, never a misread).
+  T* W(int idx) const {
+    if (params_[idx].value.dtype() != kDType)
+      throw std::logic_error(absl::StrCat(params_[idx].name, " is stored in ", DTypeName(params_[idx].value.dtype()),
+                                          ", not ", DTypeName(kDType)));
+    return params_[idx].value.template data<T>();
+  }
+  WeightView Wv(int idx) const { return {params_[idx].value.raw(), params_[idx].value.dtype()}; }
+  // y = alpha x op(W) + beta y with W parameter w (any storage dtype).
+  void GemmW(const OpTable<T>& ops, bool trans_w, int64_t m, int64_t n, int64_t k, T alpha, const T* x, int64_t ldx,
+             int w, int64_t ldw, T beta, T* y, int64_t ldy) const {
+    GemmWeight(ops, false, trans_w, m, n, k, alpha, x, ldx, Wv(w), ldw, beta, y, ldy);
+  }
+  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
+  int AddIn(DType value_dtype, const std::string& name, const std::vector<int64_t>& shape) {
     Param p;
     p.name = name;
-    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, kDType, shape);
+    p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, value_dtype, shape);
     p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, kDType, shape);
     params_.push_back(std::move(p));
     return static_cast<int>(params_.size()) - 1;
   }
-  Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, kDType, shape); }
-  T* W(int idx) const { return params_[idx].value.template data<T>(); }
-  T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
   // Frozen parameters still need somewhere for a kernel to write their gradient (one buffer per parameter, so
   // that two of them can be written by one call).
   T* GradOrScratch(int idx) {
@@ -55,7 +81,7 @@ class ParamStore {
     LmHeadWeights<T> w;
     w.norm = W(final_norm);
     w.norm_grad = need_grad ? GradOrScratch(final_norm) : nullptr;
-    w.head = W(head);
+    w.head = Wv(head);
     w.head_grad = G(head);
     w.eps = eps;
     w.d = d;
@@ -102,8 +128,8 @@ class ParamStore {
       ad.weight = w;
       ad.out = params_[w].value.dim(0);
       ad.in = params_[w].value.numel() / ad.out;
-      ad.a = Add(ad.module + ".lora_A.weight", {o.rank, ad.in});
-      ad.b = Add(ad.module + ".lora_B.weight", {ad.out, o.rank});
+      ad.a = AddFullPrecision(ad.module + ".lora_A.weight", {o.rank, ad.in});
+      ad.b = AddFullPrecision(ad.module + ".lora_B.weight", {ad.out, o.rank});
       // PEFT: kaiming_uniform_(a=sqrt(5)) on [r][in], i.e. uniform in +-1/sqrt(in); B = 0.
       std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
                                                      1.0 / std::sqrt(static_cast<double>(ad.in)));
@@ -193,6 +219,14 @@ class ParamStore {
   Tensor EmbedRows(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c) {
     const int64_t d = params_[embed].value.dim(1);
     Tensor x = New(MemCategory::kActivations, {c.size(), d});
+    if (params_[embed].value.dtype() == DType::kBF16) {
+      if constexpr (std::is_same_v<T, float>) {
+        const uint16_t* table = params_[embed].value.template data<uint16_t>();
+        for (int64_t i = 0; i < c.size(); ++i)
+          ops.bf16_to_f32(table + ids[c.begin + i] * d, d, x.data<float>() + i * d);
+      }
+      return x;
+    }
     ops.embedding_forward(ids + c.begin, c.size(), W(embed), d, x.template data<T>());
     return x;
   }
@@ -216,6 +250,7 @@ class ParamStore {
   }
 
   MemoryTracker mem_;
+  DType weight_dtype_ = kDType;
   std::vector<Param> params_;
   int64_t lm_chunk_ = 256;
   std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device

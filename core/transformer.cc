@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "core/kv_offload.h"
@@ -214,9 +215,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  Transformer(const TransformerConfig& c, Device device)
+  Transformer(const TransformerConfig& c, Device device, DType weights)
       : cfg_(c), ops_(OpsFor<T>(device)), attention_factor_(RopeFor(c, 0).attention_factor) {
     mem_.set_device(device);
+    if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
     const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
     embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -251,6 +253,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   }
 
   std::string family() const override { return "transformer"; }
+  // KV-cache and KV-gradient pages: bf16 under --dtype=bf16, else the compute dtype.
+  DType KVDType() const { return Store::weight_dtype_ == DType::kBF16 ? DType::kBF16 : dtype(); }
   DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -260,7 +264,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   const TransformerConfig& config() const override { return cfg_; }
   void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   int64_t StateBytesPerToken() const override {
-    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(sizeof(T));
+    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
     std::vector<int> linears;
@@ -288,9 +292,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       copies = &backend->copies;
     }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, dtype(), pages_per_slot * kv_layers,
+        PagePool(&mem_, MemCategory::kKVCache, KVDType(), pages_per_slot * kv_layers,
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, dtype(), pages_per_slot * grad_layers,
+        PagePool(&mem_, MemCategory::kKVGrad, KVDType(), pages_per_slot * grad_layers,
                  o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
         o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
@@ -328,14 +332,23 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     {
       const AttentionShape shape = Shape(c);
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      PagedKV<T> view = state.kv.View<T>(l);
-      view.page_mask = SelectPages(l, c, q.data<T>(), state);
-      if (view.page_mask) state.RequireSelected(l, c, pass);
-      ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+      const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
+      if (selected) state.RequireSelected(l, c, pass);
+      if (state.kv.dtype() == DType::kBF16) {  // --dtype=bf16 pages (T = float)
+        if constexpr (std::is_same_v<T, float>) {
+          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l);
+          view.page_mask = selected;
+          ops_.attention_forward_bf16(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+        }
+      } else {
+        PagedKV<T> view = state.kv.View<T>(l);
+        view.page_mask = selected;
+        ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
+      }
     }
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
-    ops_.gemm(false, true, n, d, qd, T(1), attn.data<T>(), qd, W(L.o), qd, T(1), h.data<T>(), d);
+    Store::GemmW(ops_, true, n, d, qd, T(1), attn.data<T>(), qd, L.o, qd, T(1), h.data<T>(), d);
     if (L.o_bias >= 0) ops_.add_bias(h.data<T>(), W(L.o_bias), n, d);
     Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
 
@@ -347,7 +360,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
-    ops_.gemm(false, true, n, d, f, T(1), a.data<T>(), f, W(L.down), f, T(1), y.data<T>(), d);
+    Store::GemmW(ops_, true, n, d, f, T(1), a.data<T>(), f, L.down, f, T(1), y.data<T>(), d);
     if (L.down_bias >= 0) ops_.add_bias(y.data<T>(), W(L.down_bias), n, d);
     Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
@@ -379,14 +392,14 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dh = New(ws, {n, d});
     {
       Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
-      ops_.gemm(false, false, n, f, d, T(1), dy, d, W(L.down), f, T(0), da.data<T>(), f);
+      Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
       if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
       BiasBackward(L.down_bias, dy, n, d);
       Store::LoraBackward(ops_, L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
       ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
                            dup.data<T>());
-      ops_.gemm(false, false, n, d, f, T(1), dgate.data<T>(), f, W(L.gate), d, T(0), dxn2.data<T>(), d);
-      ops_.gemm(false, false, n, d, f, T(1), dup.data<T>(), f, W(L.up), d, T(1), dxn2.data<T>(), d);
+      Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
+      Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
       const T* xn2 = s[kXn2].data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
@@ -401,7 +414,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dq = New(ws, {n, qd});
     {
       Tensor dattn = New(ws, {n, qd});
-      ops_.gemm(false, false, n, qd, d, T(1), dh.data<T>(), d, W(L.o), qd, T(0), dattn.data<T>(), qd);
+      Store::GemmW(ops_, false, n, qd, d, T(1), dh.data<T>(), d, L.o, qd, T(0), dattn.data<T>(), qd);
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
       BiasBackward(L.o_bias, dh.data<T>(), n, d);
       Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
@@ -410,10 +423,19 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       state.grad.Ensure(l, 0, c.end, /*zero_new=*/true, selected);
       const AttentionShape shape = Shape(c);
       Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
-      view.page_mask = grad_view.page_mask = selected;
-      ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
-                              dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+      if (state.kv.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>) {
+          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l), grad_view = state.grad.View<uint16_t>(l);
+          view.page_mask = grad_view.page_mask = selected;
+          ops_.attention_backward_bf16(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
+                                       dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+        }
+      } else {
+        PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
+        view.page_mask = grad_view.page_mask = selected;
+        ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
+                                dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
+      }
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
@@ -481,12 +503,15 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     const int64_t ps = state.kv.page_size(), kvd = cfg_.num_kv_heads * cfg_.head_dim;
     if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
     std::vector<double>& sums = state.key_sums[l];
-    const PagedKV<T> kv = state.kv.View<T>(l);
+    const bool widen = state.kv.dtype() != dtype();  // bf16 pages are read through a widened copy of the page
+    Tensor keys, values;
+    if (widen) keys = New(MemCategory::kWorkspace, {ps, kvd}), values = New(MemCategory::kWorkspace, {ps, kvd});
     for (int64_t p = c.begin / ps; (p + 1) * ps <= c.end; ++p) {
       if (static_cast<int64_t>(sums.size()) < (p + 1) * kvd) sums.resize((p + 1) * kvd, 0.0);
       double* sum = sums.data() + p * kvd;
       std::fill(sum, sum + kvd, 0.0);
-      const T* K = kv.k_page(p);
+      if (widen) state.kv.Gather<T>(l, p * ps, (p + 1) * ps, keys.data<T>(), values.data<T>());
+      const T* K = widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p);
       for (int64_t r = 0; r < ps; ++r)
         for (int64_t e = 0; e < kvd; ++e) sum[e] += static_cast<double>(K[r * kvd + e]);
     }
@@ -539,7 +564,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   // y[n][out] = x[n][in] W[out][in]^T (+ b) (+ the LoRA adapter of W)
   void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
-    ops_.gemm(false, true, n, out, in, T(1), x, in, W(w), in, T(0), y, out);
+    Store::GemmW(ops_, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b), n, out);
     Store::LoraAdd(ops_, w, x, c, st, y, out);
   }
@@ -547,7 +572,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int w, int b, T* dx, T beta, Chunk c,
                       const StateOptions& st) {
     const int64_t in = cfg_.hidden_size;
-    ops_.gemm(false, false, n, in, out, T(1), dy, out, W(w), in, beta, dx, in);
+    Store::GemmW(ops_, false, n, in, out, T(1), dy, out, w, in, beta, dx, in);
     if (T* g = G(w)) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), g, in);
     BiasBackward(b, dy, n, out);
     Store::LoraBackward(ops_, w, x, dy, out, dx, c, st);
@@ -604,8 +629,13 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                                     Device device) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device));
-  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device));
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
+  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype));
+  // bf16 weights over f32 compute (param_store.h); only the CPU kernels read bf16 so far.
+  if (dtype == DType::kBF16 && device == Device::kCPU)
+    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
+  if (dtype == DType::kBF16)
+    return absl::UnimplementedError("--dtype=bf16 runs on the CPU backend only so far (use --device=cpu or f32)");
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }
@@ -625,7 +655,8 @@ void InitRandom(Model& model, const InitOptions& opts) {
       } else {
         v = opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
       }
-      if (model.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      else if (p.value.dtype() == DType::kBF16) p.value.data<uint16_t>()[i] = F32ToBF16(static_cast<float>(v));
       else p.value.data<float>()[i] = static_cast<float>(v);
     }
   }

@@ -33,7 +33,9 @@ ABSL_FLAG(int32_t, threads, 0,
 ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
-ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
+ABSL_FLAG(std::string, dtype, "f32",
+          "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices, KV pages and logits stored in bf16, read tile by "
+          "tile into f32 compute; fp32 gradients, masters and AdamW moments)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
 ABSL_FLAG(std::string, matmul, "fp32",
@@ -128,7 +130,8 @@ std::string ModelSpec() { return ModelSpecOf(absl::GetFlag(FLAGS_model)); }
 absl::StatusOr<DType> ParseDType(const std::string& name) {
   if (name == "f32") return DType::kF32;
   if (name == "f64") return DType::kF64;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype: '", name, "' is not supported (f32, f64)"));
+  if (name == "bf16") return DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype: '", name, "' is not supported (f32, f64, bf16)"));
 }
 
 Device DeviceFromFlags() {

@@ -36,6 +36,9 @@ namespace {
 int Main() {
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
+  if (*dtype == DType::kBF16)
+    tools::ExitIfError(absl::InvalidArgumentError("--dtype=bf16: gradcheck compares gradients in f64 or f32"),
+                       "flags");
   const Device device = tools::DeviceFromFlags();
   const StrategyOptions strategy = tools::StrategyFromFlags();
   tools::ExitIfError(ValidateStrategyOptions(strategy), "flags");

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -139,7 +141,55 @@ struct OpTable {
   // AdamW on a flat parameter: p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)
   void (*adamw)(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int64_t step);
+
+  // bf16 storage (--dtype=bf16): filled in the f32 table of backends that have it, null otherwise.
+  // gemm's contract where each of A, B, C is f32 or bf16; products accumulate in fp32, a bf16 C is rounded once.
+  void (*gemm_mixed)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, DType a_type,
+                     const void* a, int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type,
+                     void* c, int64_t ldc) = nullptr;
+  void (*bf16_to_f32)(const uint16_t* src, int64_t count, float* dst) = nullptr;
+  void (*f32_to_bf16)(const float* src, int64_t count, uint16_t* dst) = nullptr;
+  // cross_entropy_forward_backward, token_logprobs, token_argmax over a bf16 logits chunk.
+  double (*cross_entropy_bf16)(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                               const double* row_scale, double grad_scale) = nullptr;
+  void (*token_logprobs_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                              double* out) = nullptr;
+  void (*token_argmax_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                            int32_t* out) = nullptr;
+  // attention_forward / attention_backward over KV and KV-gradient pages stored in bf16.
+  void (*attention_forward_bf16)(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
+                                 float* lse, float* workspace) = nullptr;
+  void (*attention_backward_bf16)(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv,
+                                  const float* out, const float* lse, const float* dout, float* dq,
+                                  const PagedKV<uint16_t>& dkv, float* workspace) = nullptr;
+  // adamw on fp32 master weights, then weights = the masters rounded to bf16.
+  void (*adamw_bf16)(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int64_t step) = nullptr;
 };
+
+// A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// gemm with B a weight: C = alpha op(A) op(W) + beta C, through gemm_mixed when W is bf16.
+template <typename T>
+void GemmWeight(const OpTable<T>& ops, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                const T* a, int64_t lda, WeightView w, int64_t ldw, T beta, T* c, int64_t ldc) {
+  if (w.dtype != DType::kBF16) {
+    ops.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, static_cast<const T*>(w.data), ldw, beta, c, ldc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (ops.gemm_mixed) {
+      ops.gemm_mixed(trans_a, trans_b, m, n, k, alpha, DType::kF32, a, lda, DType::kBF16, w.data, ldw, beta,
+                     DType::kF32, c, ldc);
+      return;
+    }
+  }
+  throw std::invalid_argument("--dtype=bf16: this backend has no bf16 GEMM");
+}
 
 template <typename T>
 const OpTable<T>& CpuOps();

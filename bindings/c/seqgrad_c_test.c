@@ -2075,6 +2075,34 @@ static void test_grpo_score(void) {
 
 /* num_threads: any count trains (the sums split differently: equal to rounding); checkpoints record it, and a
  * resume with another count is not refused but warned about on stderr. */
+/* --dtype=bf16 through the C ABI: bf16 weight matrices over f32 compute, training works, weights take about half. */
+static void test_bf16(void) {
+  sg_model *m = NULL, *f32 = tiny_model(), *none = NULL;
+  sg_trainer *t, *tf;
+  sg_metrics met = sg_metrics_init(), met32 = sg_metrics_init();
+  sg_param_info p = sg_param_info_init();
+  double first = 0;
+  int step;
+  EXPECT_OK(sg_model_create_preset("tiny", "bf16", 1, &m));
+  CHECK(sg_model_dtype(m) == SG_DTYPE_F32);
+  EXPECT_OK(sg_model_param_info(m, 0, &p));
+  CHECK(p.dtype == SG_DTYPE_BF16 && p.grad != NULL);
+  t = new_trainer(m, "seco");
+  tf = new_trainer(f32, "seco");
+  for (step = 0; step < 4; ++step) {
+    EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+    if (step == 0) first = met.loss;
+  }
+  EXPECT_OK(sg_trainer_step(tf, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met32));
+  CHECK(isfinite(met.loss) && met.loss < first);
+  CHECK(2 * met.peak_bytes_by_category[0] < 1.05 * met32.peak_bytes_by_category[0]); /* weights */
+  EXPECT_STATUS(sg_model_create_preset("tiny-ssm", "bf16", 1, &none), SG_ERR_UNIMPLEMENTED, "'dtype' = bf16");
+  sg_trainer_free(t);
+  sg_trainer_free(tf);
+  sg_model_free(m);
+  sg_model_free(f32);
+}
+
 static void test_threads(void) {
   sg_model* m = tiny_f64(8);
   sg_trainer* t1 = f64_trainer(m, "seco", 8, 256, 1);
@@ -2116,6 +2144,7 @@ int main(void) {
   make_batch();
   test_version();
   test_lifecycle();
+  test_bf16();
   test_errors();
   test_old_struct_sizes();
   test_spaco();

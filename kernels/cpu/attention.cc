@@ -5,12 +5,14 @@
 // Backward recomputes P = exp(S - lse) page by page. It is split into work items (kv head g, key stripe s):
 // stripe s owns the pages p with p % stripes == s, so dK/dV pages have a single writer (deterministic, no
 // atomics); dQ partial sums per stripe go to private buffers that are added up at the end. Gradient pages marked
-// absent (-1) get no dK/dV: their positions' state gradient is not wanted (spaco's dropped chunks).
+// absent (-1) get no dK/dV: their positions' state gradient is not wanted (spaco's dropped chunks). Pages stored in
+// bf16 (--dtype=bf16) are read tile by tile in fp32; dK/dV accumulate in fp32 per product, rounded once into a page.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vexp.h"
@@ -27,6 +29,29 @@ int64_t BackwardStripes(const AttentionShape& s) {
   return s.kv_heads >= threads ? 1 : CeilDiv(threads, s.kv_heads);
 }
 
+// Products with a KV page stored as KV: T, or bf16 (--dtype=bf16), whose tiles GemmMixed converts.
+// C = alpha A op(page) + beta C.
+template <typename T, typename KV>
+void GemmPage(bool trans_page, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const KV* page,
+              int64_t ldp, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, KV>) {
+    Gemm<T>(false, trans_page, m, n, k, alpha, a, lda, page, ldp, beta, c, ldc);
+  } else {
+    GemmMixed(false, trans_page, m, n, k, alpha, DType::kF32, a, lda, DType::kBF16, page, ldp, beta, DType::kF32, c,
+              ldc);
+  }
+}
+// page += alpha A^T B (dK, dV), accumulated in fp32 and rounded once into a bf16 page.
+template <typename T, typename KV>
+void GemmIntoPage(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+                  KV* page, int64_t ldp) {
+  if constexpr (std::is_same_v<T, KV>) {
+    Gemm<T>(true, false, m, n, k, alpha, a, lda, b, ldb, T(1), page, ldp);
+  } else {
+    GemmMixed(true, false, m, n, k, alpha, DType::kF32, a, lda, DType::kF32, b, ldb, 1.0f, DType::kBF16, page, ldp);
+  }
+}
+
 }  // namespace
 
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size) {
@@ -37,8 +62,8 @@ int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size) {
   return threads * per_thread + dq_private;
 }
 
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* workspace) {
+template <typename T, typename KV>
+void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, T* out, T* lse, T* workspace) {
   const int64_t H = s.heads, hd = s.head_dim, group = s.heads / s.kv_heads, ps = kv.page_size;
   const int64_t ldq = H * hd, ldk = s.kv_heads * hd;
   const int64_t blocks = CeilDiv(s.n, kQueryBlock);
@@ -64,9 +89,9 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
     for (int64_t lp = 0; lp * ps < kv_len; ++lp) {
       if (!kv.selected(lp)) continue;
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
-      const T* Kp = kv.k_page(lp) + g * hd;
-      const T* Vp = kv.v_page(lp) + g * hd;
-      Gemm<T>(false, true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), S, cols);
+      const KV* Kp = kv.k_page(lp) + g * hd;
+      const KV* Vp = kv.v_page(lp) + g * hd;
+      GemmPage<T, KV>(true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), S, cols);
       for (int64_t r = 0; r < bq; ++r) {
         T* Sr = S + r * cols;
         const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
@@ -91,7 +116,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
           for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
         }
       }
-      Gemm<T>(false, false, bq, hd, cols, T(1), S, cols, Vp, ldk, T(1), Ob, ldq);
+      GemmPage<T, KV>(false, bq, hd, cols, T(1), S, cols, Vp, ldk, T(1), Ob, ldq);
     }
     for (int64_t r = 0; r < bq; ++r) {
       const T inv = T(1) / l[r];
@@ -102,9 +127,9 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv,
   }
 }
 
-template <typename T>
-void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
-                       const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace) {
+template <typename T, typename KV>
+void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
+                       const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace) {
   const int64_t H = s.heads, hd = s.head_dim, group = s.heads / s.kv_heads, ps = kv.page_size;
   const int64_t ldq = H * hd, ldk = s.kv_heads * hd;
   const int64_t blocks = CeilDiv(s.n, kQueryBlock);
@@ -144,10 +169,10 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
         for (int64_t lp = stripe; lp * ps < kv_len; lp += stripes) {
           if (!kv.selected(lp)) continue;
           const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
-          const T* Kp = kv.k_page(lp) + g * hd;
-          const T* Vp = kv.v_page(lp) + g * hd;
-          Gemm<T>(false, true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), P, cols);
-          Gemm<T>(false, true, bq, cols, hd, T(1), dOb, ldq, Vp, ldk, T(0), dP, cols);
+          const KV* Kp = kv.k_page(lp) + g * hd;
+          const KV* Vp = kv.v_page(lp) + g * hd;
+          GemmPage<T, KV>(true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), P, cols);
+          GemmPage<T, KV>(true, bq, cols, hd, T(1), dOb, ldq, Vp, ldk, T(0), dP, cols);
           for (int64_t r = 0; r < bq; ++r) {
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
@@ -159,12 +184,12 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
-          Gemm<T>(false, false, bq, hd, cols, scale, dP, cols, Kp, ldk, T(1), dQb, ldq);
+          GemmPage<T, KV>(false, bq, hd, cols, scale, dP, cols, Kp, ldk, T(1), dQb, ldq);
           if (!dkv.has_page(lp)) continue;
-          T* dKp = dkv.k_page(lp) + g * hd;
-          T* dVp = dkv.v_page(lp) + g * hd;
-          Gemm<T>(true, false, cols, hd, bq, scale, dP, cols, Qb, ldq, T(1), dKp, ldk);
-          Gemm<T>(true, false, cols, hd, bq, T(1), P, cols, dOb, ldq, T(1), dVp, ldk);
+          KV* dKp = dkv.k_page(lp) + g * hd;
+          KV* dVp = dkv.v_page(lp) + g * hd;
+          GemmIntoPage<T, KV>(cols, hd, bq, scale, dP, cols, Qb, ldq, dKp, ldk);
+          GemmIntoPage<T, KV>(cols, hd, bq, T(1), P, cols, dOb, ldq, dVp, ldk);
         }
       }
     }
@@ -179,14 +204,13 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
   }
 }
 
-template void AttentionForward<float>(const AttentionShape&, const float*, const PagedKV<float>&, float*, float*,
-                                      float*);
-template void AttentionForward<double>(const AttentionShape&, const double*, const PagedKV<double>&, double*,
-                                       double*, double*);
-template void AttentionBackward<float>(const AttentionShape&, const float*, const PagedKV<float>&, const float*,
-                                       const float*, const float*, float*, const PagedKV<float>&, float*);
-template void AttentionBackward<double>(const AttentionShape&, const double*, const PagedKV<double>&,
-                                        const double*, const double*, const double*, double*,
-                                        const PagedKV<double>&, double*);
+#define SG_INSTANTIATE(T, KV)                                                                                 \
+  template void AttentionForward<T, KV>(const AttentionShape&, const T*, const PagedKV<KV>&, T*, T*, T*);     \
+  template void AttentionBackward<T, KV>(const AttentionShape&, const T*, const PagedKV<KV>&, const T*,         \
+                                         const T*, const T*, T*, const PagedKV<KV>&, T*);
+SG_INSTANTIATE(float, float)
+SG_INSTANTIATE(double, double)
+SG_INSTANTIATE(float, uint16_t)
+#undef SG_INSTANTIATE
 
 }  // namespace sg::cpu

@@ -31,11 +31,12 @@ template <typename T> void Copy(T* dst, const T* src, int64_t count);
 template <typename T> void Fill(T* x, int64_t count, T value);
 template <typename T> void Scale(T* x, int64_t count, double factor);
 
-template <typename T>
-void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* workspace);
-template <typename T>
-void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
-                       const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace);
+// KV: the pages' storage type, T or bf16 (uint16_t, T = float).
+template <typename T, typename KV = T>
+void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, T* out, T* lse, T* workspace);
+template <typename T, typename KV = T>
+void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
+                       const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace);
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
 
 template <typename T>
@@ -45,6 +46,11 @@ template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 template <typename T>
 void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
+// The same over a bf16 logits chunk (--dtype=bf16), one row widened to fp32 at a time.
+double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                                       const double* row_scale, double grad_scale);
+void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
+void TokenArgmaxBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 
 template <typename T>
 void Conv1dForward(const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k, T* y,
@@ -72,8 +78,21 @@ template <typename T> void SoftplusBackward(const T* dy, const T* x, int64_t cou
 // Worker-thread lanes of memcpy (copy_engine.cc).
 CopyEngine HostCopyEngine();
 
+// bf16 storage (bf16.cc). Rows converted element by element, rounding to nearest even on the way down.
+void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst);
+void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst);
+// Gemm<float>'s contract where each of A, B and C is f32 or bf16 (a_type, b_type, c_type): products accumulate in
+// fp32 and a bf16 C is rounded once, after the whole sum.
+void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
+               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
+               int64_t ldc);
+
 template <typename T>
 void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
+// AdamW on fp32 master weights (with fp32 gradient and moments), then the bf16 weights the model computes with
+// are the masters rounded.
+void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+               double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
 }  // namespace sg::cpu

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/backend.h"
+
 namespace sg::testing_fd {
 
 using Vec = std::vector<double>;
@@ -43,6 +45,21 @@ inline double FiniteDifferenceError(const std::function<double()>& f, Vec& x, co
     max_ref = std::max(max_ref, std::abs(numeric));
   }
   return max_err / max_ref;
+}
+
+// A paged view of pools k, v (element type KV) for attention tests.
+template <typename KV>
+PagedKV<KV> PagedView(KV* k, KV* v, const std::vector<int32_t>& table, int64_t page_size, int64_t kv_heads,
+                      int64_t head_dim) {
+  PagedKV<KV> p;
+  p.k_pool = k;
+  p.v_pool = v;
+  p.page_table = table.data();
+  p.page_size = page_size;
+  p.page_stride = page_size * kv_heads * head_dim;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  return p;
 }
 
 }  // namespace sg::testing_fd

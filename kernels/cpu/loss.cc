@@ -1,10 +1,52 @@
 // Cross-entropy over a chunk of logits (the LM head never materialises more than one chunk of them).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 
 namespace sg::cpu {
+
+namespace {
+
+// One row of logits (label >= 0): the token loss lse - row[label]; row becomes scale (softmax - onehot(label)).
+template <typename T>
+double CrossEntropyRow(T* row, int32_t label, int64_t vocab, double scale) {
+  const T mx = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+  const double lse = mx + std::log(sum);
+  const double loss = lse - row[label];
+  for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(std::exp(row[j] - lse) * scale);
+  row[label] -= static_cast<T>(scale);
+  return loss;
+}
+
+template <typename T>
+double LogprobRow(const T* row, int32_t label, int64_t vocab) {
+  const T mx = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+  return row[label] - (mx + std::log(sum));
+}
+
+template <typename T>
+int32_t ArgmaxRow(const T* row, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t j = 1; j < vocab; ++j)
+    if (row[j] > row[best] || (row[best] != row[best] && row[j] == row[j])) best = j;  // NaN never wins
+  return static_cast<int32_t>(best);
+}
+
+// A bf16 row widened into a per-thread fp32 buffer (one row, never the chunk).
+const float* Widened(const uint16_t* row, int64_t vocab) {
+  static thread_local std::vector<float> buf;
+  buf.resize(vocab);
+  BF16ToF32Row(row, vocab, buf.data());
+  return buf.data();
+}
+
+}  // namespace
 
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
@@ -17,14 +59,7 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
       std::fill(row, row + vocab, T(0));
       continue;
     }
-    const T mx = *std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-    const double lse = mx + std::log(sum);
-    total += lse - row[labels[i]];
-    const double scale = row_scale ? row_scale[i] * grad_scale : grad_scale;
-    for (int64_t j = 0; j < vocab; ++j) row[j] = static_cast<T>(std::exp(row[j] - lse) * scale);
-    row[labels[i]] -= static_cast<T>(scale);
+    total += CrossEntropyRow(row, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
   }
   return total;
 }
@@ -32,33 +67,41 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
 template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
 #pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) {
-    const T* row = logits + i * vocab;
-    if (labels[i] < 0) {
-      out[i] = 0;
-      continue;
-    }
-    const T mx = *std::max_element(row, row + vocab);
-    double sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
-    out[i] = row[labels[i]] - (mx + std::log(sum));
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = labels[i] < 0 ? 0.0 : LogprobRow(logits + i * vocab, labels[i], vocab);
 }
 
 template <typename T>
 void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
 #pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) out[i] = labels[i] < 0 ? -1 : ArgmaxRow(logits + i * vocab, vocab);
+}
+
+double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
+                                       const double* row_scale, double grad_scale) {
+  double total = 0;
+#pragma omp parallel for reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) {
-    const T* row = logits + i * vocab;
+    uint16_t* row = logits + i * vocab;
     if (labels[i] < 0) {
-      out[i] = -1;
+      std::fill(row, row + vocab, uint16_t{0});
       continue;
     }
-    int64_t best = 0;
-    for (int64_t j = 1; j < vocab; ++j)
-      if (row[j] > row[best] || (row[best] != row[best] && row[j] == row[j])) best = j;  // NaN never wins
-    out[i] = static_cast<int32_t>(best);
+    float* wide = const_cast<float*>(Widened(row, vocab));
+    total += CrossEntropyRow(wide, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
+    F32ToBF16Row(wide, vocab, row);
   }
+  return total;
+}
+
+void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = labels[i] < 0 ? 0.0 : LogprobRow(Widened(logits + i * vocab, vocab), labels[i], vocab);
+}
+
+void TokenArgmaxBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) out[i] = labels[i] < 0 ? -1 : ArgmaxRow(Widened(logits + i * vocab, vocab), vocab);
 }
 
 template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double);

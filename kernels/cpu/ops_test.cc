@@ -149,15 +149,7 @@ TEST_P(PagedAttentionTest, ForwardBackward) {
   const int64_t pool = 4 * stride, qn = s.n * s.heads * s.head_dim;
   Vec k = Random(pool, 13), v = Random(pool, 14), q = Random(qn, 15), r = Random(qn, 16);
   auto view = [&](Vec& kk, Vec& vv) {
-    PagedKV<double> p;
-    p.k_pool = kk.data();
-    p.v_pool = vv.data();
-    p.page_table = table.data();
-    p.page_size = page_size;
-    p.page_stride = stride;
-    p.kv_heads = s.kv_heads;
-    p.head_dim = s.head_dim;
-    return p;
+    return testing_fd::PagedView(kk.data(), vv.data(), table, page_size, s.kv_heads, s.head_dim);
   };
   Vec ws(ops.attention_workspace_elems(s, page_size));
   auto f = [&] {

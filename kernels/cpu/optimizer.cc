@@ -19,6 +19,13 @@ void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1,
   }
 }
 
+void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+               double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  AdamW<float>(master, g, m, v, count, lr, beta1, beta2, eps, weight_decay, step);
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) weights[i] = F32ToBF16(master[i]);
+}
+
 template void AdamW<float>(float*, const float*, float*, float*, int64_t, double, double, double, double, double,
                            int64_t);
 template void AdamW<double>(double*, const double*, double*, double*, int64_t, double, double, double, double,

@@ -1,4 +1,6 @@
 // Fills the backend table with the CPU kernels.
+#include <type_traits>
+
 #include "kernels/cpu/cpu_ops.h"
 
 namespace sg {
@@ -36,6 +38,17 @@ static OpTable<T> MakeCpuTable() {
   t.softplus_forward = cpu::SoftplusForward<T>;
   t.softplus_backward = cpu::SoftplusBackward<T>;
   t.adamw = cpu::AdamW<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    t.gemm_mixed = cpu::GemmMixed;
+    t.bf16_to_f32 = cpu::BF16ToF32Row;
+    t.f32_to_bf16 = cpu::F32ToBF16Row;
+    t.cross_entropy_bf16 = cpu::CrossEntropyForwardBackwardBF16;
+    t.token_logprobs_bf16 = cpu::TokenLogprobsBF16;
+    t.token_argmax_bf16 = cpu::TokenArgmaxBF16;
+    t.attention_forward_bf16 = cpu::AttentionForward<float, uint16_t>;
+    t.attention_backward_bf16 = cpu::AttentionBackward<float, uint16_t>;
+    t.adamw_bf16 = cpu::AdamWBF16;
+  }
   return t;
 }
 

@@ -48,6 +48,7 @@ ABSL_FLAG(std::string, data, "", "dpo / grpo: JSONL of preference pairs / groups
 ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the k3 KL term");
+ABSL_FLAG(std::string, dtype, "f64", "f64, or bf16 (bf16 weights, f32 compute; gradients written as f64)");
 ABSL_FLAG(std::string, out, "", "output safetensors file (f64 gradients, loss in the metadata)");
 ABSL_FLAG(std::string, lora_init, "", "PEFT adapter directory to load (LoRA: only adapter gradients are written)");
 ABSL_FLAG(std::string, lora_save, "", "with --lora_init: write the adapter back (SaveLoraAdapter) to this directory");
@@ -83,7 +84,11 @@ absl::Status Run() {
   opts.seed = absl::GetFlag(FLAGS_seed);
   if (absl::Status s = ValidateStrategyOptions(opts); !s.ok()) return s;
 
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, DType::kF64, 0);
+  const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
+  if (dtype_name != "f64" && dtype_name != "bf16")
+    return absl::InvalidArgumentError(absl::StrCat("--dtype: '", dtype_name, "' is not supported (f64, bf16)"));
+  const DType dtype = dtype_name == "bf16" ? DType::kBF16 : DType::kF64;
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, dtype, 0);
   if (!model.ok()) return model.status();
   const int64_t vocab = (*model)->vocab_size();
   const std::string lora_init = absl::GetFlag(FLAGS_lora_init);
@@ -114,12 +119,19 @@ absl::Status Run() {
   if (!m.ok()) return m.status();
 
   std::vector<io::TensorToWrite> tensors;
+  std::vector<std::vector<double>> widened;  // f32 gradients (--dtype=bf16) as f64
+  widened.reserve((*model)->params().size());
   for (Param& p : (*model)->params()) {
     if (!p.grad.defined() && (*model)->lora()) continue;  // frozen base
     if (!p.grad.defined()) return absl::InternalError(absl::StrCat("parameter '", p.name, "' has no gradient"));
-    if (p.grad.dtype() != DType::kF64)
+    const void* data = p.grad.raw();
+    if (p.grad.dtype() == DType::kF32) {
+      widened.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+      data = widened.back().data();
+    } else if (p.grad.dtype() != DType::kF64) {
       return absl::InternalError(absl::StrCat("gradient of '", p.name, "' is ", DTypeName(p.grad.dtype())));
-    tensors.push_back({p.name, DType::kF64, p.grad.shape(), p.grad.raw()});
+    }
+    tensors.push_back({p.name, DType::kF64, p.grad.shape(), data});
   }
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
@@ -129,6 +141,7 @@ absl::Status Run() {
       {"chunks_backpropagated", absl::StrCat(m->chunks_backpropagated)},
       {"strategy", opts.name},
       {"objective", objective.name},
+      {"dtype", dtype_name},
   };
   return io::WriteSafetensors(out, tensors, metadata);
 }

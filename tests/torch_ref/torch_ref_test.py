@@ -527,8 +527,8 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def leaf_weights(weights):
-    return {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+def leaf_weights(weights, dtype=torch.float64):
+    return {k: torch.tensor(v, dtype=torch.float64).to(dtype).requires_grad_() for k, v in weights.items()}
 
 
 def forward_logits(hf, W, ids, apply_rope_scaling=True):
@@ -551,7 +551,8 @@ def forward_logits(hf, W, ids, apply_rope_scaling=True):
     ids_t = torch.tensor(ids, dtype=torch.long)
     angles = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos() * attention_factor, emb.sin() * attention_factor  # [T, hd]
+    dtype = W["model.embed_tokens.weight"].dtype  # bf16 models (bf16_accuracy_test.py) rotate in bf16
+    cos, sin = (emb.cos() * attention_factor).to(dtype), (emb.sin() * attention_factor).to(dtype)  # [T, hd]
     causal = torch.ones(T, T, dtype=torch.bool).triu(1)
 
     x = W["model.embed_tokens.weight"][ids_t]
@@ -576,9 +577,10 @@ def forward_logits(hf, W, ids, apply_rope_scaling=True):
     return rms_norm(x, W["model.norm.weight"], eps) @ head.T
 
 
-def reference(hf, weights, batch, apply_rope_scaling=True, logits_fn=None):
-    """Returns (mean token loss, {name: gradient}) in float64. logits_fn(hf, W, ids): another model family."""
-    W = leaf_weights(weights)
+def reference(hf, weights, batch, apply_rope_scaling=True, logits_fn=None, dtype=torch.float64):
+    """Returns (mean token loss, {name: gradient}) as float64, computed by torch autograd in `dtype`.
+    logits_fn(hf, W, ids): another model family."""
+    W = leaf_weights(weights, dtype)
     loss_sum = torch.zeros((), dtype=torch.float64)
     valid = 0
     for ids, labels in batch:
@@ -588,7 +590,7 @@ def reference(hf, weights, batch, apply_rope_scaling=True, logits_fn=None):
         valid += int((labels_t[1:] != -100).sum())
     loss = loss_sum / valid
     loss.backward()
-    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+    return loss.item(), {k: t.grad.double().numpy().copy() for k, t in W.items()}
 
 
 def response_logprobs(hf, W, prompt, response):
@@ -610,7 +612,7 @@ def reference_dpo(hf, weights, pairs, beta):
         loss = loss - F.logsigmoid(z)
     loss = loss / len(pairs)
     loss.backward()
-    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+    return loss.item(), {k: t.grad.double().numpy().copy() for k, t in W.items()}
 
 
 def grpo_ratios(hf, weights, groups):
@@ -646,7 +648,7 @@ def reference_grpo(hf, weights, groups, clip_eps, kl_beta):
                 term = term + kl_beta * (torch.exp(x) - x - 1)
             loss = loss + term.sum() / (len(completion) * G * B)
     loss.backward()
-    return loss.item(), {k: t.grad.numpy().copy() for k, t in W.items()}
+    return loss.item(), {k: t.grad.double().numpy().copy() for k, t in W.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1051,7 +1053,8 @@ def test_saved_model_loads_back(config):
     compare(engine, ref, f"{config}/saved")
 
 
-if __name__ == "__main__":
+def main(test_file):
+    """Runs pytest on test_file; --grad_dump=PATH and --train=PATH name the binaries (Bazel passes them)."""
     args = []
     for a in sys.argv[1:]:
         if a.startswith("--grad_dump="):
@@ -1060,7 +1063,11 @@ if __name__ == "__main__":
             os.environ["SG_TRAIN"] = os.path.abspath(a.split("=", 1)[1])
         else:
             args.append(a)
-    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-s", "-p", "no:cacheprovider"] + args))
+    sys.exit(pytest.main([os.path.abspath(test_file), "-q", "-s", "-p", "no:cacheprovider"] + args))
+
+
+if __name__ == "__main__":
+    main(__file__)
 
 
 # ----------------------------------------------------------------------------------------------------------------

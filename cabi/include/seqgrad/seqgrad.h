@@ -138,7 +138,9 @@ typedef struct sg_model sg_model;
  * "tiny-qwen2", "demo", "bench-cpu"), then Mamba-1 SSMs ("tiny-ssm", "bench-ssm"; since 0.3). */
 SG_API const char* const* sg_model_preset_names(void);
 
-/* A randomly initialised model (any family) from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"). */
+/* A randomly initialised model (any family) from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"), or "bf16"
+ * (CPU, Llama/Qwen2: weight matrices, KV pages and logits in bf16 over f32 compute; sg_model_dtype is then f32 and
+ * each parameter's sg_param dtype says how it is stored). */
 SG_API sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out);
 /* A model from a Hugging Face directory (config.json + model.safetensors[.index.json]) whose config.json
  * model_type is "llama", "qwen2" or (since 0.3) "mamba" (MambaForCausalLM). dtype as above. */

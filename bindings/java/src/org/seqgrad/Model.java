@@ -28,7 +28,8 @@ public final class Model extends NativeHandle {
    * A randomly initialised model from a built-in preset.
    *
    * @param name a preset of {@link #presetNames}: "tiny", ..., "tiny-ssm", ...
-   * @param dtype "f32" or "f64"; null = "f32"
+   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU, Llama/Qwen2: bf16 weight matrices, KV pages and logits,
+   *     f32 compute)
    * @param seed initialisation seed (all 64 bits, as unsigned)
    * @return the model
    * @throws InvalidArgumentException for a null name, an unknown preset or dtype
@@ -52,7 +53,8 @@ public final class Model extends NativeHandle {
    * A model from a Hugging Face directory (config.json + safetensors; model_type llama, qwen2 or mamba).
    *
    * @param dir the directory
-   * @param dtype "f32" or "f64"; null = "f32"
+   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU, Llama/Qwen2: bf16 weight matrices, KV pages and logits,
+   *     f32 compute)
    * @return the model
    * @throws NotFoundException when the directory or its files do not exist
    * @throws InvalidArgumentException for a null dir or an unsupported config

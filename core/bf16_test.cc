@@ -1,0 +1,246 @@
+// --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices, KV pages and logits are stored in bf16 computes
+// the loss and gradients of an f32 model holding the same (rounded) values to bf16's resolution; those bytes halve;
+// trainable bf16 parameters step through fp32 masters; LoRA's frozen bf16 base has no fp32 copy; an HF checkpoint
+// round-trips in bf16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/checkpoint.h"
+#include "core/lora.h"
+#include "core/model_io.h"
+#include "core/optimizer.h"
+#include "core/presets.h"
+#include "core/test_batches.h"
+#include "core/trainer.h"
+#include "core/transformer.h"
+
+namespace sg {
+namespace {
+
+std::unique_ptr<TransformerModel> Make(const std::string& preset, DType dtype) {
+  auto model = CreateTransformer(*TransformerPreset(preset), dtype);
+  EXPECT_TRUE(model.ok()) << model.status();
+  InitOptions init;
+  init.seed = 5;
+  init.stddev = 0.3;
+  init.perturb_norms_and_biases = true;
+  InitRandom(**model, init);
+  return std::move(*model);
+}
+
+// The f32 model holding exactly the bf16 model's values.
+std::unique_ptr<TransformerModel> Widened(const std::string& preset, Model& bf16) {
+  auto f32 = Make(preset, DType::kF32);
+  for (size_t i = 0; i < bf16.params().size(); ++i) {
+    const Tensor& src = bf16.params()[i].value;
+    float* dst = f32->params()[i].value.data<float>();
+    for (int64_t j = 0; j < src.numel(); ++j)
+      dst[j] = src.dtype() == DType::kBF16 ? BF16ToF32(src.data<uint16_t>()[j]) : src.data<float>()[j];
+  }
+  return f32;
+}
+
+double MaxRelDiff(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 1e-30;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    num = std::max<double>(num, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+    den = std::max<double>(den, std::abs(b.data<float>()[i]));
+  }
+  return num / den;
+}
+
+int64_t Category(Model& m, MemCategory c) { return m.memory().Snapshot().current[static_cast<int>(c)]; }
+
+TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
+  auto m = Make("tiny-qwen2", DType::kBF16);
+  EXPECT_EQ(m->dtype(), DType::kF32);  // the compute dtype
+  int64_t bytes = 0, f32_bytes = 0;
+  for (Param& p : m->params()) {
+    EXPECT_EQ(p.value.dtype(), p.value.shape().size() >= 2 ? DType::kBF16 : DType::kF32) << p.name;
+    EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
+    bytes += p.value.nbytes();
+    f32_bytes += 4 * p.value.numel();
+  }
+  EXPECT_EQ(Category(*m, MemCategory::kWeights), bytes);
+  EXPECT_LT(bytes, 0.52 * f32_bytes);
+}
+
+// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages and logits
+// chunks: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
+// tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
+TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
+  for (const std::string preset : {"tiny", "tiny-qwen2"})
+    for (const std::string strategy : {"full", "seco", "streambp", "seco offload sparse"}) {
+      auto bf16 = Make(preset, DType::kBF16);
+      auto f32 = Widened(preset, *bf16);
+      StrategyOptions so;
+      so.name = strategy.substr(0, strategy.find(' '));
+      so.chunk = 5;
+      so.page_size = 4;
+      so.offload = so.name != strategy;  // KV pages copied to and from the host in bf16
+      so.sparse_pages = so.offload ? 1 : 0;
+      const std::vector<Sequence> batch = RaggedBatch(bf16->vocab_size(), 3);
+      Trainer a(*bf16, so, OptimizerOptions{}), b(*f32, so, OptimizerOptions{});
+      absl::StatusOr<StepMetrics> ra = a.ComputeGradients(batch), rb = b.ComputeGradients(batch);
+      ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+      const std::string what = preset + " " + strategy;
+      EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << what;
+      EXPECT_NE(ra->loss, rb->loss) << what;  // the pages are rounded
+      for (size_t i = 0; i < f32->params().size(); ++i)
+        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
+            << what << " " << f32->params()[i].name;
+      const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
+      for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
+        EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;
+        EXPECT_EQ(2 * sa.peak[static_cast<int>(c)], sb.peak[static_cast<int>(c)]) << what << " " << MemCategoryName(c);
+      }
+      EXPECT_EQ(2 * bf16->StateBytesPerToken(), f32->StateBytesPerToken());
+    }
+}
+
+TEST(BF16WeightsTest, FullTrainingStepsFp32MastersAndRoundsIntoWeights) {
+  auto m = Make("tiny", DType::kBF16);
+  int64_t state = 0;
+  for (Param& p : m->params()) state += (p.value.dtype() == DType::kBF16 ? 3 : 2) * 4 * p.value.numel();
+  EXPECT_EQ(AdamW::StateBytes(*m), state);
+  OptimizerOptions oo;
+  oo.lr = 1e-4;  // steps below bf16's resolution for most weights: only the masters hold them
+  Trainer t(*m, StrategyOptions{}, oo);
+  const std::vector<Sequence> batch = RaggedBatch(m->vocab_size(), 4);
+  std::vector<uint16_t> before(m->params()[0].value.data<uint16_t>(),
+                               m->params()[0].value.data<uint16_t>() + m->params()[0].value.numel());
+  for (int step = 0; step < 2; ++step) ASSERT_TRUE(t.Step(batch).ok());
+  EXPECT_EQ(Category(*m, MemCategory::kOptimizer), state);  // masters are counted as optimizer state
+  const AdamW& opt = t.optimizer();
+  int64_t unchanged = 0, total = 0;
+  for (size_t i = 0; i < m->params().size(); ++i) {
+    const Param& p = m->params()[i];
+    ASSERT_EQ(opt.master()[i].defined(), p.value.dtype() == DType::kBF16) << p.name;
+    if (!opt.master()[i].defined()) continue;
+    for (int64_t j = 0; j < p.value.numel(); ++j)
+      ASSERT_EQ(p.value.data<uint16_t>()[j], F32ToBF16(opt.master()[i].data<float>()[j])) << p.name << " " << j;
+  }
+  for (int64_t j = 0; j < static_cast<int64_t>(before.size()); ++j, ++total)
+    unchanged += before[j] == m->params()[0].value.data<uint16_t>()[j];
+  EXPECT_GT(unchanged, 0);
+  EXPECT_LT(unchanged, total);
+}
+
+TEST(BF16WeightsTest, LoraOverAFrozenBF16BaseHasNoFp32Copy) {
+  auto m = Make("tiny", DType::kBF16);
+  const int64_t base = Category(*m, MemCategory::kWeights);
+  LoraOptions lo;
+  lo.rank = 2;
+  lo.targets = {"q_proj", "v_proj"};
+  ASSERT_TRUE(EnableLora(*m, lo).ok());
+  int64_t adapters = 0;
+  for (const LoraAdapter& ad : m->lora()->adapters) {
+    for (int idx : {ad.a, ad.b}) {
+      EXPECT_EQ(m->params()[idx].value.dtype(), DType::kF32);
+      EXPECT_EQ(m->params()[idx].grad.dtype(), DType::kF32);
+      adapters += m->params()[idx].value.nbytes();
+    }
+    EXPECT_EQ(m->params()[ad.weight].value.dtype(), DType::kBF16);
+  }
+  RandomizeLoraB(*m, 9, 0.1);
+  Trainer t(*m, StrategyOptions{}, OptimizerOptions{});
+  ASSERT_TRUE(t.Step(RaggedBatch(m->vocab_size(), 5)).ok());
+  EXPECT_EQ(Category(*m, MemCategory::kWeights), base + adapters);
+  EXPECT_EQ(Category(*m, MemCategory::kOptimizer), 2 * adapters);  // moments of the adapters, no masters
+  for (const Tensor& master : t.optimizer().master()) EXPECT_FALSE(master.defined());
+
+  // Saved merged, W + (alpha / r) B A rounded once into bf16.
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_lora_merged";
+  ASSERT_TRUE(SaveModel(*m, dir).ok());
+  absl::StatusOr<std::unique_ptr<TransformerModel>> merged = LoadModel(dir, DType::kBF16, 0);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const LoraAdapter& ad = m->lora()->adapters[0];
+  const uint16_t* w = m->params()[ad.weight].value.data<uint16_t>();
+  const float *a = m->params()[ad.a].value.data<float>(), *b = m->params()[ad.b].value.data<float>();
+  const uint16_t* got = (*merged)->params()[ad.weight].value.data<uint16_t>();
+  int64_t moved = 0;
+  for (int64_t o = 0; o < ad.out; ++o)
+    for (int64_t i = 0; i < ad.in; ++i) {
+      double ba = 0;
+      for (int64_t k = 0; k < lo.rank; ++k) ba += static_cast<double>(b[o * lo.rank + k]) * a[k * ad.in + i];
+      const double want = BF16ToF32(w[o * ad.in + i]) + m->lora()->scale() * ba;
+      ASSERT_EQ(got[o * ad.in + i], F32ToBF16(static_cast<float>(want))) << o << " " << i;
+      moved += got[o * ad.in + i] != w[o * ad.in + i];
+    }
+  EXPECT_GT(moved, 0);
+}
+
+TEST(BF16WeightsTest, CheckpointRoundTripsInBF16WithoutAnFp32Copy) {
+  auto m = Make("tiny", DType::kBF16);
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_model";
+  ASSERT_TRUE(SaveModel(*m, dir).ok());
+  absl::StatusOr<std::unique_ptr<TransformerModel>> loaded = LoadModel(dir, DType::kBF16, 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const MemorySnapshot s = (*loaded)->memory().Snapshot();
+  EXPECT_EQ(s.peak[static_cast<int>(MemCategory::kWeights)], Category(*m, MemCategory::kWeights));
+  for (size_t i = 0; i < m->params().size(); ++i) {
+    const Tensor &a = m->params()[i].value, &b = (*loaded)->params()[i].value;
+    ASSERT_EQ(a.dtype(), b.dtype());
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << m->params()[i].name;
+  }
+}
+
+std::vector<uint16_t> Bits(Model& m) {
+  std::vector<uint16_t> out;
+  for (Param& p : m.params()) {
+    const uint16_t* h = static_cast<const uint16_t*>(p.value.raw());
+    out.insert(out.end(), h, h + p.value.nbytes() / 2);
+  }
+  return out;
+}
+
+// A resumed bf16 run continues bit for bit (the fp32 masters are in the checkpoint); a bf16 checkpoint is refused
+// by an f32 model, naming --dtype, and the reverse.
+TEST(BF16WeightsTest, CheckpointResumesExactlyAndRefusesAnotherDType) {
+  const std::string out = std::string(getenv("TEST_TMPDIR")) + "/bf16_ckpt";
+  OptimizerOptions oo;
+  oo.lr = 1e-4;
+  const std::vector<Sequence> batch = RaggedBatch(97, 6);
+  auto m = Make("tiny", DType::kBF16);
+  Trainer t(*m, StrategyOptions{}, oo);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(t.Step(batch).ok());
+  CheckpointMeta meta;
+  meta.trainer = t.state();
+  meta.run_config = TrainerRunConfig(t);
+  absl::StatusOr<std::string> path = SaveCheckpoint(out, t, meta, 0);
+  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_TRUE(t.Step(batch).ok());
+
+  auto r = Make("tiny", DType::kBF16);
+  r->params()[0].value.SetZero();  // differs from the checkpoint until loaded
+  Trainer rt(*r, StrategyOptions{}, oo);
+  absl::StatusOr<CheckpointMeta> loaded = LoadCheckpoint(*path, rt);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(rt.Step(batch).ok());
+  EXPECT_EQ(Bits(*r), Bits(*m));
+
+  for (DType other : {DType::kF32, DType::kF64}) {
+    auto f = Make("tiny", other);
+    Trainer ft(*f, StrategyOptions{}, oo);
+    absl::Status s = LoadCheckpoint(*path, ft).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("--dtype"), std::string::npos) << s;
+  }
+  auto f = Make("tiny", DType::kF32);
+  Trainer ft(*f, StrategyOptions{}, oo);
+  ASSERT_TRUE(ft.Step(batch).ok());
+  meta.trainer = ft.state();
+  meta.run_config = TrainerRunConfig(ft);
+  absl::StatusOr<std::string> f32_path = SaveCheckpoint(out + "_f32", ft, meta, 0);
+  ASSERT_TRUE(f32_path.ok());
+  auto b = Make("tiny", DType::kBF16);
+  Trainer bt(*b, StrategyOptions{}, oo);
+  absl::Status s = LoadCheckpoint(*f32_path, bt).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("--dtype"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace sg

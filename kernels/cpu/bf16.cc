@@ -1,0 +1,101 @@
+// bf16 storage on the CPU: row conversions and a GEMM over f32/bf16 operands that accumulates in fp32.
+// Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16: its cblas.h declares cblas_sbgemm but the library does
+// not export it. So bf16 operands are converted tile by tile into per-thread fp32 buffers (a few hundred KB, never
+// a whole tensor) and each tile product runs in sgemm; a bf16 C is accumulated in an fp32 tile and rounded once.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace sg::cpu {
+
+void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = BF16ToF32(src[i]);
+}
+
+void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = F32ToBF16(src[i]);
+}
+
+namespace {
+
+// Tile sizes: an fp32 tile set is (256 x 512) x 2 + 256 x 256 floats = 1.25 MB per thread, and a converted
+// element feeds 2 x 256 flops, so conversion is a small fraction of the work.
+constexpr int64_t kTileM = 256, kTileN = 256, kTileK = 512;
+
+// rows x cols of a row-major f32 or bf16 matrix (leading dimension ld) starting at (r0, c0): a pointer to them
+// as fp32 with its leading dimension, converted into buf when the matrix is bf16.
+const float* Tile(DType t, const void* src, int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
+                  std::vector<float>& buf, int64_t* tile_ld) {
+  if (t == DType::kF32) {
+    *tile_ld = ld;
+    return static_cast<const float*>(src) + r0 * ld + c0;
+  }
+  buf.resize(rows * cols);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (int64_t r = 0; r < rows; ++r) BF16ToF32Row(s + (r0 + r) * ld + c0, cols, buf.data() + r * cols);
+  *tile_ld = cols;
+  return buf.data();
+}
+
+}  // namespace
+
+void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
+               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
+               int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (a_type == DType::kF32 && b_type == DType::kF32 && c_type == DType::kF32) {
+    Gemm<float>(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
+                static_cast<float*>(c), ldc);
+    return;
+  }
+  const int64_t m_tiles = (m + kTileM - 1) / kTileM, n_tiles = (n + kTileN - 1) / kTileN;
+  // With one tile, sgemm itself is multi-threaded; inside the parallel region it runs on one thread.
+#pragma omp parallel if (m_tiles * n_tiles > 1)
+  {
+    // Per thread and kept between calls: attention calls this once per page.
+    static thread_local std::vector<float> a_buf, b_buf, c_buf;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t it = 0; it < m_tiles; ++it)
+      for (int64_t jt = 0; jt < n_tiles; ++jt) {
+        const int64_t i0 = it * kTileM, mi = std::min(kTileM, m - i0);
+        const int64_t j0 = jt * kTileN, nj = std::min(kTileN, n - j0);
+        float* ct;
+        int64_t ct_ld;
+        if (c_type == DType::kF32) {
+          ct = static_cast<float*>(c) + i0 * ldc + j0;
+          ct_ld = ldc;
+        } else if (beta != 0) {
+          ct = const_cast<float*>(Tile(c_type, c, ldc, i0, j0, mi, nj, c_buf, &ct_ld));
+        } else {
+          c_buf.assign(mi * nj, 0.0f);
+          ct = c_buf.data();
+          ct_ld = nj;
+        }
+        float tile_beta = beta;
+        // k == 0 still scales C by beta (one pass with an empty product).
+        for (int64_t k0 = 0; k0 < std::max<int64_t>(k, 1); k0 += kTileK) {
+          const int64_t kk = std::min(kTileK, k - k0);
+          int64_t at_ld, bt_ld;
+          // op(A) rows [i0, i0 + mi) x cols [k0, k0 + kk); A itself is [k][m] when transposed.
+          const float* at = ta ? Tile(a_type, a, lda, k0, i0, kk, mi, a_buf, &at_ld)
+                               : Tile(a_type, a, lda, i0, k0, mi, kk, a_buf, &at_ld);
+          const float* bt = tb ? Tile(b_type, b, ldb, j0, k0, nj, kk, b_buf, &bt_ld)
+                               : Tile(b_type, b, ldb, k0, j0, kk, nj, b_buf, &bt_ld);
+          cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, kk,
+                      alpha, at, std::max<int64_t>(at_ld, 1), bt, std::max<int64_t>(bt_ld, 1), tile_beta, ct,
+                      ct_ld);
+          tile_beta = 1.0f;
+        }
+        if (c_type == DType::kBF16) {
+          uint16_t* cb = static_cast<uint16_t*>(c);
+          for (int64_t r = 0; r < mi; ++r) F32ToBF16Row(ct + r * ct_ld, nj, cb + (i0 + r) * ldc + j0);
+        }
+      }
+  }
+}
+
+}  // namespace sg::cpu
