@@ -41,7 +41,12 @@ void* HostAlloc(size_t bytes) {
 void HostFree(void* p) { std::free(p); }
 void HostZero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
-DeviceAllocator g_allocators[2] = {{HostAlloc, HostFree, HostZero}, {}};
+// Meta tensors own no memory (core/dtype.h's MetaAddress); the meta op table never dereferences them.
+void* MetaAlloc(size_t) { return MetaAddress(); }
+void MetaFree(void*) {}
+void MetaZero(void*, size_t) {}
+
+DeviceAllocator g_allocators[kNumDevices] = {{HostAlloc, HostFree, HostZero}, {}, {MetaAlloc, MetaFree, MetaZero}};
 
 // Allocations at least this large first check that the host has the memory: overcommit would otherwise grant them
 // and the OOM killer end the process when the pages are touched. Smaller ones are not worth reading /proc for.
