@@ -35,7 +35,8 @@ ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
 ABSL_FLAG(std::string, device, "cpu",
-          "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
+          "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU); meta "
+          "(no storage, no compute) is for //examples:plan only");
 ABSL_FLAG(std::string, matmul, "fp32",
           "how f32 matmuls multiply on cuda: fp32 (exact), tf32, or bf16 (bf16 inputs, f32 accumulation)");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
@@ -134,6 +135,10 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 Device DeviceFromFlags() {
   absl::StatusOr<Device> d = ParseDevice(absl::GetFlag(FLAGS_device));
   ExitIfError(d.status(), "--device");
+  if (*d == Device::kMeta)
+    ExitIfError(absl::InvalidArgumentError("meta tensors hold no values: --device=meta only plans memory, with "
+                                           "//examples:plan"),
+                "--device");
   ExitIfError(CheckDevice(*d), "--device");
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
   const DeviceBackend* b = FindBackend(*d);
