@@ -154,7 +154,9 @@ absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strateg
     Trainer trainer(model, strategy, opt, objective);
     mem.ResetPeak();
     mem.set_limit(limit);
-    m = trainer.Step(batch);
+    // A run's steps after its first hold the optimizer moments through the gradient pass: plan that step.
+    if (absl::Status st = trainer.optimizer().EnsureMoments(model); !st.ok()) m = st;
+    else m = trainer.Step(batch);
   }  // the trainer's optimizer moments are freed here, as a run's are at its end
   mem.set_limit(previous_limit);
   plan.device = mem.Snapshot();

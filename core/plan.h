@@ -29,7 +29,8 @@ struct MemoryPlan {
   int64_t host_bytes = 0;   // --offload: host memory of the offloaded KV and KV-gradient pages
 };
 
-// One training step (gradients by the strategy, then AdamW) on a synthetic batch of sequences of seq_len tokens:
+// One training step as every step after a run's first (AdamW moments allocated, gradients by the strategy, the
+// AdamW update) on a synthetic batch of sequences of seq_len tokens:
 // sft one sequence; dpo one pair (reference log-probs given, no reference model); grpo one group of two
 // completions. Peaks are taken from what the model holds when called (its weights and gradients) to the step's
 // end. Under `limit` > 0 (bytes of the whole device), a step that would pass it stops: RESOURCE_EXHAUSTED.
