@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <optional>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -171,42 +170,63 @@ absl::StatusOr<MemoryPlan> LongestFit(Model& model, const StrategyOptions& strat
   if (memory <= 0) return absl::InvalidArgumentError(absl::StrCat("--memory must be positive bytes, got ", memory));
   // The shortest length the strategy accepts (spaco samples among at least spaco_budget chunks).
   const int64_t shortest = strategy.name == "spaco" ? strategy.chunk * strategy.spaco_budget : 1;
-  // A plan at n: OK and fits, OK and does not fit (nullopt), or an error other than running out.
-  auto fits = [&](int64_t n) -> absl::StatusOr<std::optional<MemoryPlan>> {
+  // The plan at n under the memory as its limit (a plan that does not fit stops where it passes it); peak -1:
+  // unknown (it did not fit, or n is too long to plan at all: overflow, the host's tokens).
+  struct Probe {
+    bool fits = false;
+    int64_t peak = -1;
+    MemoryPlan plan;
+  };
+  auto probe = [&](int64_t n) -> absl::StatusOr<Probe> {
     absl::StatusOr<MemoryPlan> p = PlanStep(model, strategy, objective, n, memory);
-    if (p.ok()) return std::optional<MemoryPlan>(*std::move(p));
-    if (p.status().code() == absl::StatusCode::kResourceExhausted ||
-        (p.status().code() == absl::StatusCode::kInvalidArgument && n > shortest))
-      return std::optional<MemoryPlan>();
+    if (p.ok()) return Probe{true, p->device.total_peak, *std::move(p)};
+    const absl::StatusCode code = p.status().code();
+    if (code == absl::StatusCode::kResourceExhausted || (n > shortest && code == absl::StatusCode::kInvalidArgument))
+      return Probe{};
     return p.status();
   };
-  absl::StatusOr<std::optional<MemoryPlan>> first = fits(shortest);
+  absl::StatusOr<Probe> first = probe(shortest);
   if (!first.ok()) return first.status();
-  if (!*first) {
+  if (!first->fits) {
     absl::StatusOr<MemoryPlan> need = PlanStep(model, strategy, objective, shortest);
     return absl::ResourceExhaustedError(absl::StrCat(
         "--memory=", memory, ": even ", shortest, " tokens do not fit (",
         need.ok() ? absl::StrCat(need->device.total_peak, " bytes needed") : std::string(need.status().message()),
         ")"));
   }
-  MemoryPlan best = **first;
-  int64_t lo = shortest, hi = -1;  // lo fits; hi (when >= 0) does not
+  // lo and before: the two longest that fit; hi: the shortest that does not (seq_len 0: none found yet).
+  Probe lo = *std::move(first), before, hi;
   auto narrow = [&](int64_t n) -> absl::Status {
-    absl::StatusOr<std::optional<MemoryPlan>> p = fits(n);
+    absl::StatusOr<Probe> p = probe(n);
     if (!p.ok()) return p.status();
-    if (*p) {
-      lo = n;
-      best = **p;
+    p->plan.seq_len = n;
+    if (p->fits) {
+      before = std::move(lo);
+      lo = *std::move(p);
     } else {
-      hi = n;
+      hi = *std::move(p);
     }
     return absl::OkStatus();
   };
-  while (hi < 0 && lo < max_seq_len)
-    if (absl::Status s = narrow(lo > max_seq_len / 2 ? max_seq_len : 2 * lo); !s.ok()) return s;
-  while (hi >= 0 && hi - lo > 1)
-    if (absl::Status s = narrow(lo + (hi - lo) / 2); !s.ok()) return s;
-  return best;
+  while (hi.plan.seq_len == 0 && lo.plan.seq_len < max_seq_len) {
+    const int64_t n = lo.plan.seq_len > max_seq_len / 2 ? max_seq_len : 2 * lo.plan.seq_len;
+    if (absl::Status s = narrow(n); !s.ok()) return s;
+  }
+  // The peak grows about linearly with T: extrapolate from the two longest that fit, bisecting instead every other
+  // step when that did not halve the bracket (the peak is a staircase at page and chunk boundaries), to one token.
+  bool extrapolate = true;
+  while (hi.plan.seq_len > 0 && hi.plan.seq_len - lo.plan.seq_len > 1) {
+    const int64_t a = lo.plan.seq_len, b = hi.plan.seq_len;
+    int64_t n = a + (b - a) / 2;
+    if (extrapolate && before.peak >= 0 && lo.peak > before.peak) {
+      const double per_token = static_cast<double>(lo.peak - before.peak) / (a - before.plan.seq_len);
+      n = static_cast<int64_t>(std::min<double>(b - 1, a + 1 + (memory - lo.peak) / per_token));
+      n = std::clamp<int64_t>(n, a + 1, b - 1);
+    }
+    if (absl::Status s = narrow(n); !s.ok()) return s;
+    extrapolate = !extrapolate || 2 * (hi.plan.seq_len - lo.plan.seq_len) <= b - a;
+  }
+  return lo.plan;
 }
 
 }  // namespace sg
