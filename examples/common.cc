@@ -30,7 +30,8 @@
 ABSL_FLAG(int32_t, threads, 0,
           "OpenMP/OpenBLAS threads; 0 = OMP_NUM_THREADS, else one per core. The tools also wait passively between "
           "parallel regions (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set");
-ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
+ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; real shapes, random weights: llama-3.1-8b, qwen2.5-7b, "
+          "qwen2.5-32b; Mamba: tiny-ssm, bench-ssm, mamba-2.8b) or a Hugging Face model directory");
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
 ABSL_FLAG(std::string, dtype, "f32", "compute dtype: f32 or f64");
