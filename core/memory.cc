@@ -159,7 +159,10 @@ void RegisterDeviceAllocator(Device d, DeviceAllocator a) { g_allocators[static_
 void MemoryTracker::Add(MemCategory c, int64_t bytes) {
   SpinGuard g(lock_);
   int64_t after = 0;
-  if (limit_ > 0 && (!CheckedAdd(s_.total_current, bytes, &after) || after > limit_))
+  if (!CheckedAdd(s_.total_current, bytes, &after))  // a plan of an absurd run on meta: refuse, never wrap
+    throw OutOfMemory(absl::StrCat("out of memory: ", bytes, " bytes of ", MemCategoryName(c), " with ",
+                                   s_.total_current, " in use overflow 64-bit byte counts"));
+  if (limit_ > 0 && after > limit_)
     throw MemoryLimitExceeded(absl::StrCat("memory limit of ", limit_, " bytes exceeded: ", bytes, " bytes of ",
                                            MemCategoryName(c), " requested with ", s_.total_current, " in use"));
   int i = static_cast<int>(c);
