@@ -8,7 +8,14 @@
 namespace sg {
 
 enum class DType : int { kF32 = 0, kF64 = 1, kBF16 = 2, kF16 = 3, kI32 = 4, kI64 = 5 };
-enum class Device : int { kCPU = 0, kCUDA = 1 };
+// kMeta: tensors with shapes and byte accounting but no storage, ops that do nothing (kernels/meta): the engine
+// walks a run's exact allocation schedule without computing anything (core/plan.h).
+enum class Device : int { kCPU = 0, kCUDA = 1, kMeta = 2 };
+constexpr int kNumDevices = 3;
+// Where every meta tensor and offload buffer "lives": a non-canonical address on x86-64 and AArch64 (bits 48-63
+// neither all 0 nor all 1), so a host read or write faults at once instead of touching memory. Offsets added to it
+// (rows, pages) stay in that hole for anything below 2^48 bytes.
+inline void* MetaAddress() { return reinterpret_cast<void*>(uintptr_t{0xdead} << 48); }
 
 inline size_t DTypeSize(DType t) {
   switch (t) {

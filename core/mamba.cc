@@ -71,7 +71,7 @@ class MambaState final : public SequenceState {
     return m[layer][b];
   }
   static void Scale(Tensor& t, double f) {
-    if (!t.defined()) return;
+    if (!t.defined() || t.device() == Device::kMeta) return;  // meta tensors hold no values
     if (t.dtype() == DType::kF64)
       for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= f;
     else
@@ -129,7 +129,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       layers_.push_back(L);
       ops_.fill(W(L.norm), d, T(1));
       ops_.fill(W(L.d), E, T(1));
-      for (int64_t e = 0; e < E; ++e)
+      for (int64_t e = 0; e < (device == Device::kMeta ? 0 : E); ++e)  // meta tensors hold no values
         for (int64_t s = 0; s < N; ++s) W(L.a_log)[e * N + s] = static_cast<T>(std::log(s + 1.0));
     }
     final_norm_ = Add("backbone.norm_f.weight", {d});
@@ -283,7 +283,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
                                    W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
                                    dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
-    if (T* g = G(L.a_log))  // A = -exp(A_log): dA_log = dA * A
+    if (T* g = G(L.a_log); g && mem_.device() != Device::kMeta)  // A = -exp(A_log): dA_log = dA * A
       for (int64_t i = 0; i < E * N; ++i) g[i] += dA.data<T>()[i] * A.data<T>()[i];
 
     // delta = softplus(dt_proj(dtr) + bias)
@@ -378,7 +378,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     const int64_t count = params_[a_log].value.numel();
     Tensor A = New(MemCategory::kWorkspace, {count});
     T* a = A.data<T>();
-    for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(W(a_log)[i]);
+    if (mem_.device() != Device::kMeta)  // meta tensors hold no values
+      for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(W(a_log)[i]);
     return A;
   }
   // y[n][out] = x[n][in] w[out][in]^T (+ bias rows [b_off, b_off + out) of parameter b)

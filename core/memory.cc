@@ -41,7 +41,12 @@ void* HostAlloc(size_t bytes) {
 void HostFree(void* p) { std::free(p); }
 void HostZero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 
-DeviceAllocator g_allocators[2] = {{HostAlloc, HostFree, HostZero}, {}};
+// Meta tensors own no memory (core/dtype.h's MetaAddress); the meta op table never dereferences them.
+void* MetaAlloc(size_t) { return MetaAddress(); }
+void MetaFree(void*) {}
+void MetaZero(void*, size_t) {}
+
+DeviceAllocator g_allocators[kNumDevices] = {{HostAlloc, HostFree, HostZero}, {}, {MetaAlloc, MetaFree, MetaZero}};
 
 // Allocations at least this large first check that the host has the memory: overcommit would otherwise grant them
 // and the OOM killer end the process when the pages are touched. Smaller ones are not worth reading /proc for.
@@ -154,7 +159,10 @@ void RegisterDeviceAllocator(Device d, DeviceAllocator a) { g_allocators[static_
 void MemoryTracker::Add(MemCategory c, int64_t bytes) {
   SpinGuard g(lock_);
   int64_t after = 0;
-  if (limit_ > 0 && (!CheckedAdd(s_.total_current, bytes, &after) || after > limit_))
+  if (!CheckedAdd(s_.total_current, bytes, &after))  // a plan of an absurd run on meta: refuse, never wrap
+    throw OutOfMemory(absl::StrCat("out of memory: ", bytes, " bytes of ", MemCategoryName(c), " with ",
+                                   s_.total_current, " in use overflow 64-bit byte counts"));
+  if (limit_ > 0 && after > limit_)
     throw MemoryLimitExceeded(absl::StrCat("memory limit of ", limit_, " bytes exceeded: ", bytes, " bytes of ",
                                            MemCategoryName(c), " requested with ", s_.total_current, " in use"));
   int i = static_cast<int>(c);

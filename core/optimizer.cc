@@ -29,12 +29,14 @@ namespace {
 template <typename T>
 double SumSquares(const Tensor& t) {
   double s = 0;
+  if (t.device() == Device::kMeta) return s;  // meta tensors hold no values: finite, zero
   const T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
   return s;
 }
 template <typename T>
 int64_t FirstNonFinite(const Tensor& t, double* value) {
+  if (t.device() == Device::kMeta) return -1;
   const T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(static_cast<double>(p[i]))) {
@@ -54,6 +56,7 @@ int64_t FirstNonFiniteBF16(const Tensor& t, double* value) {
 }
 template <typename T>
 void Scale(Tensor& t, double f) {
+  if (t.device() == Device::kMeta) return;
   T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
 }

@@ -133,7 +133,8 @@ class ParamStore {
       // PEFT: kaiming_uniform_(a=sqrt(5)) on [r][in], i.e. uniform in +-1/sqrt(in); B = 0.
       std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
                                                      1.0 / std::sqrt(static_cast<double>(ad.in)));
-      for (int64_t i = 0; i < o.rank * ad.in; ++i) W(ad.a)[i] = static_cast<T>(uniform(rng));
+      if (mem_.device() != Device::kMeta)  // meta tensors hold no values
+        for (int64_t i = 0; i < o.rank * ad.in; ++i) W(ad.a)[i] = static_cast<T>(uniform(rng));
       adapter_of_[w] = static_cast<int>(info->adapters.size());
       info->adapters.push_back(ad);
     }
@@ -165,8 +166,9 @@ class ParamStore {
       a.dropped = New(MemCategory::kWorkspace, {n, in});
       T* xd = a.dropped.template data<T>();
       const T keep = static_cast<T>(1.0 / (1.0 - p));
+      const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
 #pragma omp parallel for if (n * in >= (1 << 16))
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t i = 0; i < rows; ++i) {
         const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
         for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? x[i * in + j] * keep : T(0);
       }
@@ -208,8 +210,9 @@ class ParamStore {
     const double p = lora_->options.dropout;
     const T keep = static_cast<T>(1.0 / (1.0 - p));
     const T* d = dxd.template data<T>();
+    const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
 #pragma omp parallel for if (n * in >= (1 << 16))
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
       for (int64_t j = 0; j < in; ++j)
         if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;

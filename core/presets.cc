@@ -24,8 +24,19 @@ TransformerConfig Llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads,
 
 }  // namespace
 
+// Qwen2.5's shared layout: attention biases, rope_theta 1e6, untied head, vocabulary 152064.
+TransformerConfig Qwen25(int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn, double eps) {
+  TransformerConfig c = Llama(152064, d, layers, heads, kv_heads, ffn);
+  c.architecture = "qwen2";
+  c.attention_bias = true;
+  c.rope_theta = 1000000.0;
+  c.rms_norm_eps = eps;
+  return c;
+}
+
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny", "tiny-qwen2", "demo", "bench-cpu", "llama-1b-shape", "qwen2.5-7b-shape", "qwen3-8b-shape"};
+  return {"tiny",         "tiny-qwen2",   "demo",        "bench-cpu",      "llama-1b-shape",
+          "qwen2.5-7b-shape", "qwen3-8b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
@@ -47,12 +58,27 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.rope_theta = 500000.0;
     return c;
   }
-  if (name == "qwen2.5-7b-shape") {
-    TransformerConfig c = Llama(152064, 3584, 28, 28, 4, 18944);
-    c.architecture = "qwen2";
-    c.attention_bias = true;
-    c.rope_theta = 1000000.0;
-    c.rms_norm_eps = 1e-6;
+  // Real models' shapes (config only; weights are random, or none on --device=meta), from their public
+  // Hugging Face config.json files.
+  // Qwen/Qwen2.5-7B: vocab_size 152064, hidden_size 3584, num_hidden_layers 28, num_attention_heads 28,
+  // num_key_value_heads 4, intermediate_size 18944, rms_norm_eps 1e-6, rope_theta 1e6, max_position_embeddings
+  // 131072, tie_word_embeddings false. "qwen2.5-7b-shape" is the older name of the same shape (the GPU bench's).
+  if (name == "qwen2.5-7b" || name == "qwen2.5-7b-shape") return Qwen25(3584, 28, 28, 4, 18944, 1e-6);
+  // Qwen/Qwen2.5-32B: hidden_size 5120, num_hidden_layers 64, num_attention_heads 40, num_key_value_heads 8,
+  // intermediate_size 27648, rms_norm_eps 1e-5, rope_theta 1e6, max_position_embeddings 131072, untied.
+  if (name == "qwen2.5-32b") return Qwen25(5120, 64, 40, 8, 27648, 1e-5);
+  // meta-llama/Llama-3.1-8B: vocab_size 128256, hidden_size 4096, num_hidden_layers 32, num_attention_heads 32,
+  // num_key_value_heads 8, intermediate_size 14336, rms_norm_eps 1e-5, rope_theta 500000,
+  // max_position_embeddings 131072, rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4,
+  // original_max_position_embeddings 8192), tie_word_embeddings false.
+  if (name == "llama-3.1-8b") {
+    TransformerConfig c = Llama(128256, 4096, 32, 32, 8, 14336);
+    c.rope_theta = 500000.0;
+    c.rope_scaling.type = "llama3";
+    c.rope_scaling.factor = 8.0;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 8192;
     return c;
   }
   // Qwen3-8B's layout: q_norm / k_norm, head_dim 128 (32 x 128 = 4096 = d here), 8 KV heads, no biases.
@@ -72,7 +98,7 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
                                           ") nor a directory with config.json"));
 }
 
-std::vector<std::string> MambaPresetNames() { return {"tiny-ssm", "bench-ssm"}; }
+std::vector<std::string> MambaPresetNames() { return {"tiny-ssm", "bench-ssm", "mamba-2.8b"}; }
 
 absl::StatusOr<MambaConfig> MambaPreset(const std::string& name) {
   MambaConfig c;
@@ -88,6 +114,15 @@ absl::StatusOr<MambaConfig> MambaPreset(const std::string& name) {
     c.state_size = 16;
     c.num_layers = 4;
     c.time_step_rank = 16;
+  } else if (name == "mamba-2.8b") {
+    // state-spaces/mamba-2.8b-hf: vocab_size 50280, hidden_size 2560, num_hidden_layers 64, state_size 16,
+    // expand 2 (intermediate_size 5120), conv_kernel 4, time_step_rank 160, use_bias false, use_conv_bias true,
+    // layer_norm_epsilon 1e-5, tie_word_embeddings true.
+    c.vocab_size = 50280;
+    c.hidden_size = 2560;
+    c.state_size = 16;
+    c.num_layers = 64;
+    c.time_step_rank = 160;
   } else {
     return absl::NotFoundError(absl::StrCat("'", name, "' is not a Mamba preset (",
                                             absl::StrJoin(MambaPresetNames(), ", "), ")"));

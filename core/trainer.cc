@@ -11,6 +11,7 @@
 #include "core/data.h"
 #include "core/lora.h"
 #include "core/lr_schedule.h"
+#include "core/plan.h"
 
 namespace sg {
 
@@ -414,20 +415,22 @@ absl::StatusOr<BudgetFit> FitMemoryBudget(Model& model, const StrategyOptions& s
                                                      " needs at least that many chunks, but the longest sequence has ",
                                                      length, " tokens"));
   }
-  MemoryTracker& mem = model.memory();
-  const int64_t previous_limit = mem.limit();
+  // The passes are planned on a meta twin of the model (core/plan.h): the same allocations, no compute, and the
+  // model itself untouched.
+  absl::StatusOr<std::unique_ptr<Model>> twin = MetaTwin(model);
+  if (!twin.ok()) return twin.status();
+  MemoryTracker& mem = (*twin)->memory();
   // One gradient pass at `chunk` under `limit`: its peak plus reserved, or -1 when the limit stops it.
   auto run = [&](int64_t chunk, int64_t limit) -> absl::StatusOr<int64_t> {
     StrategyOptions o = strategy;
     o.chunk = chunk;
-    Trainer probe_trainer(model, o, OptimizerOptions{});  // its own sampling stream: the run's is untouched
+    Trainer probe_trainer(**twin, o, OptimizerOptions{});  // its own sampling stream: the run's is untouched
     mem.ResetPeak();
     mem.set_limit(limit);
     absl::StatusOr<StepMetrics> m = probe_trainer.ComputeGradients(std::vector<Sequence>{probe});
-    mem.set_limit(previous_limit);
+    mem.set_limit(0);
     const int64_t peak = mem.Snapshot().total_peak;
     mem.ResetPeak();
-    ZeroGrads(model);
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kResourceExhausted) return -1;
       return m.status();

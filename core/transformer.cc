@@ -83,10 +83,11 @@ absl::Status CheckDevice(Device d) {
 absl::StatusOr<Device> ParseDevice(const std::string& name) {
   if (name == "cpu") return Device::kCPU;
   if (name == "cuda") return Device::kCUDA;
-  return absl::InvalidArgumentError(absl::StrCat("--device: unknown device '", name, "' (choose cpu or cuda)"));
+  if (name == "meta") return Device::kMeta;
+  return absl::InvalidArgumentError(absl::StrCat("--device: unknown device '", name, "' (choose cpu, cuda or meta)"));
 }
 
-const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
+const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : d == Device::kMeta ? "meta" : "cpu"; }
 
 void ZeroGrads(Model& model) {
   for (Param& p : model.params())
@@ -502,6 +503,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   void SumPageKeys(int l, Chunk c, TransformerState& state) {
     const int64_t ps = state.kv.page_size(), kvd = cfg_.num_kv_heads * cfg_.head_dim;
     if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
+    if (mem_.device() == Device::kMeta) return;  // no keys to sum: SelectPages picks without scores
     std::vector<double>& sums = state.key_sums[l];
     const bool widen = state.kv.dtype() != dtype();  // bf16 pages are read through a widened copy of the page
     Tensor keys, values;
@@ -528,6 +530,12 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     if (mask.empty()) return nullptr;  // dense
     const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
     const int64_t candidates = c.begin / ps - 2;  // pages 1 .. first_local - 2
+    if (mem_.device() == Device::kMeta) {
+      // No scores on meta: pages 1..k. Any choice is the worst case: the page pools are allocated whole when the
+      // sequence starts, so the bytes do not depend on which pages are picked.
+      std::fill(mask.begin() + 1, mask.begin() + 1 + k, 1);
+      return state.selection.emplace(key, std::move(mask)).first->second.data();
+    }
     const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim, group = H / G, n = c.size();
     std::vector<double> mq(H * hd, 0.0);
     for (int64_t i = 0; i < n; ++i)

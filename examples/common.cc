@@ -22,7 +22,7 @@
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
-#include "core/kv_offload.h"
+#include "core/plan.h"
 #include "core/presets.h"
 #include "core/trainer.h"
 #include "kernels/backend.h"
@@ -30,14 +30,16 @@
 ABSL_FLAG(int32_t, threads, 0,
           "OpenMP/OpenBLAS threads; 0 = OMP_NUM_THREADS, else one per core. The tools also wait passively between "
           "parallel regions (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set");
-ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; Mamba: tiny-ssm, bench-ssm) or a Hugging Face model directory");
+ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; real shapes, random weights: llama-3.1-8b, qwen2.5-7b, "
+          "qwen2.5-32b; Mamba: tiny-ssm, bench-ssm, mamba-2.8b) or a Hugging Face model directory");
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
 ABSL_FLAG(std::string, dtype, "f32",
           "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices, KV pages and logits stored in bf16, read tile by "
           "tile into f32 compute; fp32 gradients, masters and AdamW moments)");
 ABSL_FLAG(std::string, device, "cpu",
-          "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU)");
+          "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU); meta "
+          "(no storage, no compute) is for //examples:plan only");
 ABSL_FLAG(std::string, matmul, "fp32",
           "how f32 matmuls multiply on cuda: fp32 (exact), tf32, or bf16 (bf16 inputs, f32 accumulation)");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
@@ -137,6 +139,10 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 Device DeviceFromFlags() {
   absl::StatusOr<Device> d = ParseDevice(absl::GetFlag(FLAGS_device));
   ExitIfError(d.status(), "--device");
+  if (*d == Device::kMeta)
+    ExitIfError(absl::InvalidArgumentError("meta tensors hold no values: --device=meta only plans memory, with "
+                                           "//examples:plan"),
+                "--device");
   ExitIfError(CheckDevice(*d), "--device");
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
   const DeviceBackend* b = FindBackend(*d);
@@ -147,7 +153,7 @@ Device DeviceFromFlags() {
   return *d;
 }
 
-absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len, int64_t optimizer_bytes) {
+absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len) {
   const Device d = model.memory().device();
   const DeviceBackend* b = FindBackend(d);
   int64_t free_bytes = 0, total_bytes = 0;
@@ -159,32 +165,40 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
     b->memory_info(&free_bytes, &total_bytes);
   }
   const MemorySnapshot now = model.memory().Snapshot();
-  // What the strategy keeps per token: the state of every layer (ckpt: one), and for the chunked strategies its
-  // gradient too. Activations come on top, so this is a lower bound.
-  const int64_t L = model.num_layers();
-  // --offload keeps only a few layers' pages on the device.
-  const int64_t resident = s.offload ? std::min<int64_t>(L, KvOffload::kSlots) : L;
-  const int64_t state_layers = s.name == "ckpt" ? 1 : resident;
-  const int64_t grad_layers = s.name == "seco" || s.name == "spaco" ? resident : 0;
-  // With sparse pages too, a resident layer holds only the pages one chunk reads.
-  const int64_t tokens =
-      s.offload && s.sparse_pages > 0
-          ? std::min(seq_len, KvOffload::SparsePagesPerLayer(s.sparse_pages, s.chunk, s.page_size) * s.page_size)
-          : seq_len;
   const int64_t margin = 256ll << 20;  // cuBLAS workspace, scratch, fragmentation
-  // Overflow-checked (--seq_len may be absurd): an overflow is "more than any device has".
-  int64_t state = 0, needed = 0, with_margin = 0;
-  const bool fits_int64 = CheckedMul(tokens, model.StateBytesPerToken(), &state) &&
-                          CheckedMul(state, state_layers + grad_layers, &state) &&
-                          CheckedAdd(optimizer_bytes, state, &needed) &&  // weights and gradients are there already
-                          CheckedAdd(needed, margin, &with_margin);
-  if (!fits_int64 || with_margin > free_bytes)
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "--seq_len=%d does not fit on the %s: it needs at least %.1f MiB (optimizer %.1f MiB + %s state of %d "
-        "tokens on the device %.1f MiB + 256 MiB margin) besides the %.1f MiB of weights and gradients already there, and %.1f "
-        "of %.1f MiB are free; try --strategy=seco with a smaller --chunk, or a shorter --seq_len",
-        seq_len, d == Device::kCPU ? "host" : "GPU", fits_int64 ? with_margin / 1048576.0 : 0x1p63 / 1048576.0, optimizer_bytes / 1048576.0, s.name, tokens, state / 1048576.0,
-        now.total_current / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0));
+  if (seq_len > 0) {
+    // The plan of a step at seq_len on a meta twin of the model (core/plan.h): its exact peak, weights included.
+    absl::StatusOr<std::unique_ptr<Model>> twin = MetaTwin(model);
+    if (!twin.ok()) return twin.status();
+    absl::StatusOr<MemoryPlan> plan = PlanStep(**twin, s, ObjectiveOptions{}, seq_len);
+    if (!plan.ok()) return plan.status();
+    const MemorySnapshot& p = plan->device;
+    const int64_t host = d == Device::kCPU ? plan->host_bytes : 0;  // offloaded pages share the host's memory
+    std::string parts;
+    for (int i = 0; i < kNumMemCategories; ++i)
+      if (p.at_total_peak[i] > 0)
+        absl::StrAppendFormat(&parts, "%s%s %.1f", parts.empty() ? "" : ", ",
+                              MemCategoryName(static_cast<MemCategory>(i)), p.at_total_peak[i] / 1048576.0);
+    // Overflow-checked (--seq_len may be absurd): an overflow is "more than any device has".
+    int64_t needed = 0;
+    if (!CheckedAdd(p.total_peak, host, &needed) || !CheckedAdd(needed, margin, &needed) ||
+        needed > now.total_current + free_bytes)
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "--seq_len=%d does not fit on the %s: the plan of a --strategy=%s step peaks at %.1f MiB (%s MiB)%s + "
+          "256 MiB margin, and %.1f MiB are free besides the %.1f MiB already there (%.1f MiB in all); try "
+          "--strategy=seco with a smaller --chunk, or a shorter --seq_len (plan it with //examples:plan)",
+          seq_len, d == Device::kCPU ? "host" : "GPU", s.name, p.total_peak / 1048576.0, parts,
+          host ? absl::StrFormat(" + %.1f MiB of offloaded pages", host / 1048576.0) : "", free_bytes / 1048576.0,
+          now.total_current / 1048576.0, total_bytes / 1048576.0));
+    if (d != Device::kCPU && plan->host_bytes > 0) {
+      const int64_t host_free = HostAvailableBytes();
+      if (host_free >= 0 && plan->host_bytes > host_free)
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "--seq_len=%d does not fit on the host: --offload keeps %.1f MiB of KV and KV-gradient pages there and "
+            "%.1f MiB are available; try --sparse_pages or a shorter --seq_len",
+            seq_len, plan->host_bytes / 1048576.0, host_free / 1048576.0));
+    }
+  }
   // Past the GPU's free memory managed allocations would page silently; fail clearly instead.
   if (model.memory().limit() == 0 || model.memory().limit() > now.total_current + free_bytes - margin)
     model.memory().set_limit(now.total_current + free_bytes - margin);

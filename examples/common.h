@@ -49,11 +49,11 @@ StrategyOptions StrategyFromFlags();
 // --device and --matmul: the device models go on, with its matmul mode set. Exits naming the flag when the device
 // cannot run here (no GPU, a build without --config=cuda) or refuses the mode.
 Device DeviceFromFlags();
-// On a GPU: refuses, before any step, a run whose lower bound (optimizer state plus the KV cache, and for seco and
-// spaco its gradient, of seq_len tokens) does not fit in the free GPU memory, naming the numbers; then caps the
-// model's tracker at the free memory, so that a later overflow is RESOURCE_EXHAUSTED rather than managed memory
-// paging. OK on the CPU.
-absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len, int64_t optimizer_bytes);
+// Refuses, before any step, a run whose plan (core/plan.h: a step at seq_len walked on a meta twin of the model,
+// optimizer moments included) does not fit in the device's free memory (the host's for the CPU, offloaded pages
+// included), naming the numbers per category; seq_len 0 plans nothing. Then caps the model's tracker at the free
+// memory, so that a later overflow is RESOURCE_EXHAUSTED rather than managed memory paging.
+absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len);
 // --adjoint_window: a positive token count or "none" (no truncation).
 absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text);
 ObjectiveOptions ObjectiveFromFlags();

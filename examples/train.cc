@@ -320,8 +320,7 @@ int Main() {
 
   {
     const Sequence probe = LongestSequence(train_data, objective.name, seed);
-    tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size()),
-                                                AdamW::StateBytes(**model)),
+    tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size())),
                        "--device");
   }
 

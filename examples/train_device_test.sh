@@ -14,7 +14,8 @@ expect_error() {  # expect_error <pattern> <train args...>: exits non-zero and p
   grep -q -- "$pattern" out.log || { cat out.log; fail "no '$pattern' for: $*"; }
 }
 small=(--model=tiny --seq_len=256 --steps=3 --chunk=64)
-expect_error "--device: unknown device 'tpu' (choose cpu or cuda)" "${small[@]}" --device=tpu
+expect_error "--device: unknown device 'tpu' (choose cpu, cuda or meta)" "${small[@]}" --device=tpu
+expect_error "--device=meta only plans memory" "${small[@]}" --device=meta
 expect_error "--matmul" "${small[@]}" --matmul=bf16
 if [[ "$build" == cpu ]]; then
   expect_error "built without the cuda backend (build with --config=cuda)" "${small[@]}" --device=cuda

@@ -1,18 +1,19 @@
-// The device backends: CPU always; CUDA registers itself when its library is linked in (--config=cuda).
+// The device backends: CPU and meta always; CUDA registers itself when its library is linked in (--config=cuda).
 #include <array>
 #include <mutex>
 #include <stdexcept>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/meta/meta_ops.h"
 
 namespace sg {
 namespace {
 
 struct Registry {
   std::mutex mu;
-  std::array<DeviceBackend, 2> backends{};
-  std::array<bool, 2> present{};
+  std::array<DeviceBackend, kNumDevices> backends{};
+  std::array<bool, kNumDevices> present{};
 };
 
 Registry& TheRegistry() {
@@ -24,12 +25,14 @@ Registry& TheRegistry() {
     cpu.copies = cpu::HostCopyEngine();
     reg->backends[0] = cpu;
     reg->present[0] = true;
+    reg->backends[static_cast<int>(Device::kMeta)] = meta::MetaBackend();
+    reg->present[static_cast<int>(Device::kMeta)] = true;
     return reg;
   }();
   return *r;
 }
 
-const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : "cpu"; }
+const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : d == Device::kMeta ? "meta" : "cpu"; }
 
 }  // namespace
 

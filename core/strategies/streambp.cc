@@ -19,7 +19,10 @@ Tensor NewRows(Model& m, int64_t rows) {
   return Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {rows, m.hidden_size()});
 }
 
-void CopyRows(Tensor& dst, Chunk c, const Tensor& src) { std::memcpy(dst.Rows(c.begin, c.end).raw(), src.raw(), src.nbytes()); }
+void CopyRows(Tensor& dst, Chunk c, const Tensor& src) {
+  if (src.device() == Device::kMeta) return;  // meta tensors hold no values
+  std::memcpy(dst.Rows(c.begin, c.end).raw(), src.raw(), src.nbytes());
+}
 
 }  // namespace
 

@@ -1,0 +1,203 @@
+// The meta device's plan of a training step against the same step measured on the CPU: every category's peak,
+// the total's peak and the host bytes of offload must be equal, for every strategy, both families, LoRA, offload,
+// sparse pages and the dpo/grpo objectives.
+#include "core/plan.h"
+
+#include <sys/resource.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace sg {
+namespace {
+
+struct Case {
+  std::string model;
+  std::string strategy;
+  int64_t seq_len = 96;
+  int64_t chunk = 32;
+  int64_t lora_rank = 0;
+  double lora_dropout = 0;
+  bool offload = false;
+  int64_t sparse_pages = 0;
+  std::string objective = "sft";
+  std::string adjoint_form = "pairs";
+  DType dtype = DType::kF32;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(c.model, "/", c.strategy, " T=", c.seq_len, " chunk=", c.chunk, " lora=", c.lora_rank,
+                      c.lora_dropout > 0 ? "+dropout" : "", c.offload ? " offload" : "", " sparse=", c.sparse_pages,
+                      " ", c.objective, " ", DTypeName(c.dtype));
+}
+
+MemoryPlan Plan(const Case& c, Device device) {
+  LoraOptions lora;
+  lora.rank = c.lora_rank;
+  lora.alpha = 2.0 * c.lora_rank;
+  lora.dropout = c.lora_dropout;
+  if (c.model == "tiny-ssm") lora.targets = {"in_proj", "x_proj", "out_proj"};
+  absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel(c.model, c.dtype, device, lora, 7);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  StrategyOptions s;
+  s.name = c.strategy;
+  s.chunk = c.chunk;
+  s.page_size = 16;
+  s.lm_chunk = 24;
+  s.offload = c.offload;
+  s.sparse_pages = c.sparse_pages;
+  s.spaco_budget = 2;
+  s.adjoint_form = c.adjoint_form;
+  ObjectiveOptions o;
+  o.name = c.objective;
+  absl::StatusOr<MemoryPlan> p = PlanStep(**m, s, o, c.seq_len);
+  EXPECT_TRUE(p.ok()) << Name(c) << ": " << p.status();
+  return p.ok() ? *p : MemoryPlan{};
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (const char* model : {"tiny", "tiny-qwen2", "demo"})
+    for (const char* strategy : {"full", "ckpt", "seco", "spaco", "streambp"}) {
+      Case c;
+      c.model = model;
+      c.strategy = strategy;
+      cases.push_back(c);
+      c.lora_rank = 2;
+      cases.push_back(c);
+    }
+  for (const char* strategy : {"full", "ckpt", "seco", "spaco", "adjoint"}) {
+    Case c;
+    c.model = "tiny-ssm";
+    c.strategy = strategy;
+    cases.push_back(c);
+    c.lora_rank = 2;
+    cases.push_back(c);
+  }
+  Case scan{"tiny-ssm", "adjoint"};
+  scan.adjoint_form = "scan";
+  cases.push_back(scan);
+  // LoRA dropout (its masks are host loops that meta skips), f64, offload, sparse pages, both together.
+  Case dropout{"tiny", "seco"};
+  dropout.lora_rank = 4;
+  dropout.lora_dropout = 0.1;
+  cases.push_back(dropout);
+  Case f64{"tiny", "seco"};
+  f64.dtype = DType::kF64;
+  cases.push_back(f64);
+  Case sparse{"tiny", "seco"};
+  sparse.seq_len = 256;
+  sparse.chunk = 32;
+  sparse.sparse_pages = 2;
+  cases.push_back(sparse);
+  sparse.strategy = "full";
+  cases.push_back(sparse);
+  for (bool with_sparse : {false, true}) {
+    Case off{"tiny", "seco"};
+    off.seq_len = 256;
+    off.offload = true;
+    off.sparse_pages = with_sparse ? 2 : 0;
+    cases.push_back(off);
+    off.lora_rank = 2;
+    cases.push_back(off);
+  }
+  for (const char* objective : {"dpo", "grpo"})
+    for (const char* strategy : {"seco", "full"}) {
+      Case c{"tiny", strategy};
+      c.objective = objective;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+TEST(PlanTest, MetaPlanEqualsCpuPeakPerCategory) {
+  for (const Case& c : Cases()) {
+    const MemoryPlan cpu = Plan(c, Device::kCPU), meta = Plan(c, Device::kMeta);
+    ASSERT_GT(cpu.device.total_peak, 0) << Name(c);
+    for (int i = 0; i < kNumMemCategories; ++i) {
+      EXPECT_EQ(meta.device.peak[i], cpu.device.peak[i])
+          << Name(c) << ": " << MemCategoryName(static_cast<MemCategory>(i));
+      EXPECT_EQ(meta.device.at_total_peak[i], cpu.device.at_total_peak[i])
+          << Name(c) << ": at the total's peak, " << MemCategoryName(static_cast<MemCategory>(i));
+    }
+    EXPECT_EQ(meta.device.total_peak, cpu.device.total_peak) << Name(c);
+    EXPECT_EQ(meta.host_bytes, cpu.host_bytes) << Name(c);
+    if (c.offload) {
+      EXPECT_GT(meta.host_bytes, 0) << Name(c);
+    }
+  }
+}
+
+// A plan is not a constant: longer sequences, LoRA and offload change it the way they must.
+TEST(PlanTest, PlansRespondToTheirOptions) {
+  Case c{"tiny", "seco"};
+  const MemoryPlan base = Plan(c, Device::kMeta);
+  c.seq_len = 2 * base.seq_len;
+  const MemoryPlan longer = Plan(c, Device::kMeta);
+  EXPECT_EQ(longer.device.peak[static_cast<int>(MemCategory::kKVCache)],
+            2 * base.device.peak[static_cast<int>(MemCategory::kKVCache)]);
+  c.lora_rank = 2;
+  const MemoryPlan lora = Plan(c, Device::kMeta);
+  EXPECT_LT(lora.device.peak[static_cast<int>(MemCategory::kOptimizer)],
+            longer.device.peak[static_cast<int>(MemCategory::kOptimizer)]);
+}
+
+// Meta allocates nothing: Qwen2.5-7B at 128K tokens with LoRA (a plan of hundreds of GB) runs here in a few
+// seconds, and the process grows by far less than one layer's weights.
+TEST(PlanTest, MetaWalksA7BModelAt128KWithoutMemory) {
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  LoraOptions lora;
+  lora.rank = 16;
+  absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel("qwen2.5-7b", DType::kF32, Device::kMeta, lora, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  StrategyOptions s;
+  s.name = "seco";
+  s.chunk = 4096;
+  absl::StatusOr<MemoryPlan> p = PlanStep(**m, s, ObjectiveOptions{}, 131072);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // 7.6e9 parameters in f32, and 28 layers x 128K tokens x 2 x 512 x 4 bytes of KV cache.
+  EXPECT_GT(p->device.peak[static_cast<int>(MemCategory::kWeights)], int64_t{30'000'000'000});
+  EXPECT_LT(p->device.peak[static_cast<int>(MemCategory::kWeights)], int64_t{31'000'000'000});
+  EXPECT_EQ(p->device.peak[static_cast<int>(MemCategory::kKVCache)], int64_t{28} * 131072 * 2 * 512 * 4);
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of resident memory grew";
+}
+
+TEST(PlanTest, OverflowingSequenceIsRefusedByName) {
+  absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel("qwen2.5-7b", DType::kF32, Device::kMeta, {}, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  StrategyOptions s;
+  s.name = "seco";
+  absl::StatusOr<MemoryPlan> p = PlanStep(**m, s, ObjectiveOptions{}, int64_t{1} << 60);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("--seq_len=1152921504606846976"), std::string::npos) << p.status();
+  EXPECT_NE(p.status().message().find("overflow 64 bits"), std::string::npos) << p.status();
+}
+
+// The longest fit fits, one more token does not (or is the cap).
+TEST(PlanTest, LongestFitIsExactToOneToken) {
+  absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel("demo", DType::kF32, Device::kMeta, {}, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  StrategyOptions s;
+  s.name = "full";
+  s.page_size = 16;
+  const int64_t memory = 40 << 20;
+  absl::StatusOr<MemoryPlan> best = LongestFit(**m, s, ObjectiveOptions{}, memory, int64_t{1} << 40);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_LE(best->device.total_peak, memory);
+  absl::StatusOr<MemoryPlan> next = PlanStep(**m, s, ObjectiveOptions{}, best->seq_len + 1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(next->device.total_peak, memory) << "at " << best->seq_len + 1;
+  absl::StatusOr<MemoryPlan> none = LongestFit(**m, s, ObjectiveOptions{}, 1 << 10, int64_t{1} << 40);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
+}
+
+}  // namespace
+}  // namespace sg

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# examples:plan: a preset, a bare config.json and an HF directory plan the same; --json carries every category;
+# the memory check before training agrees with the plan (train refuses a --seq_len the plan says does not fit in
+# a smaller host, via --memory_budget); --memory's answer fits and one more token does not; 7B at 128K is quick;
+# bad input is refused by name (an overflowing --seq_len, --memory, --lora_init, --device, the model).
+# usage: plan_test.sh <plan> <train>
+set -uo pipefail
+plan="$1" train="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+expect_error() {  # expect_error <pattern> <plan args...>
+  local pattern="$1"; shift
+  if "$plan" "$@" >"$tmp/out" 2>&1; then cat "$tmp/out"; fail "accepted: $*"; fi
+  grep -qF -- "$pattern" "$tmp/out" || { cat "$tmp/out"; fail "no '$pattern' for: $*"; }
+}
+field() { /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+
+# The same architecture three ways: preset, config.json (no weights), and a directory holding it.
+cat >"$tmp/config.json" <<'JSON'
+{"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "num_hidden_layers": 28,
+ "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944, "rms_norm_eps": 1e-6,
+ "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": false}
+JSON
+mkdir -p "$tmp/qwen" && cp "$tmp/config.json" "$tmp/qwen/"
+args=(--strategy=seco --chunk=4096 --lora_rank=16 --seq_len=131072 --json)
+start=$(date +%s)
+"$plan" --model=qwen2.5-7b "${args[@]}" >"$tmp/preset.json" || fail "preset"
+end=$(date +%s)
+(( end - start <= 20 )) || fail "7B at 128K took $((end - start)) s"
+"$plan" --model="$tmp/config.json" "${args[@]}" >"$tmp/file.json" || fail "config.json"
+"$plan" --model="$tmp/qwen" "${args[@]}" >"$tmp/dir.json" || fail "directory"
+for f in file dir; do
+  [[ "$(field "$tmp/$f.json" 'j["device_peak"]')" == "$(field "$tmp/preset.json" 'j["device_peak"]')" ]] ||
+    fail "$f plans differently from the preset"
+done
+# 28 layers x 131072 tokens x (K and V: 2 x 512) x 4 bytes
+[[ "$(field "$tmp/preset.json" 'j["device_peak"]["kv_cache"]')" == $((28 * 131072 * 2 * 512 * 4)) ]] || fail "kv_cache"
+[[ "$(field "$tmp/preset.json" 'j["lora"]["rank"]')" == 16 ]] || fail "lora"
+
+# --memory: the answer fits, one token more does not.
+"$plan" --model=demo --strategy=seco --chunk=256 --memory=64M --json >"$tmp/fit.json" || fail "--memory"
+T=$(field "$tmp/fit.json" 'j["seq_len"]')
+(( $(field "$tmp/fit.json" 'j["device_total_peak"]') <= 64 * 1048576 )) || fail "the answer does not fit"
+"$plan" --model=demo --strategy=seco --chunk=256 --seq_len=$((T + 1)) --json >"$tmp/next.json" || fail "T+1"
+(( $(field "$tmp/next.json" 'j["device_total_peak"]') > 64 * 1048576 )) || fail "T+1 = $((T + 1)) fits too"
+# Offload reports host bytes; the text table names every category.
+"$plan" --model=tiny --strategy=seco --chunk=64 --page_size=16 --offload --sparse_pages=2 --seq_len=1024 \
+  >"$tmp/offload.txt" || fail "offload"
+for w in weights grads optimizer activations kv_cache kv_grad logits workspace total "host (offloaded"; do
+  grep -q "^$w" "$tmp/offload.txt" || { cat "$tmp/offload.txt"; fail "no $w"; }
+done
+"$plan" --model=tiny-ssm --strategy=adjoint --chunk=64 --seq_len=4096 --objective=grpo >/dev/null || fail "ssm grpo"
+
+# --memory_budget in train picks by the plan: the chunk it prints fits the budget.
+"$train" --model=demo --seq_len=2048 --strategy=seco --memory_budget=6000000 --steps=1 2>"$tmp/train.err" >/dev/null ||
+  { cat "$tmp/train.err"; fail "train --memory_budget"; }
+grep -q "memory budget 5.7 MiB: --chunk=" "$tmp/train.err" || { cat "$tmp/train.err"; fail "no budget line"; }
+
+expect_error "--seq_len=4611686018427387904: the plan's byte counts overflow 64 bits" --model=qwen2.5-32b \
+  --strategy=seco --seq_len=4611686018427387904
+expect_error "--memory: 'lots' is not a positive byte count" --model=tiny --memory=lots
+expect_error "--memory: '-5G' is not a positive byte count" --model=tiny --memory=-5G
+expect_error "--lora_init: plan reads no weights" --model=tiny --lora_init="$tmp"
+expect_error "--device: plan always runs on --device=meta" --model=tiny --device=cuda
+expect_error "--model: 'nope' is neither a preset" --model=nope
+expect_error "--seq_len must be positive" --model=tiny --seq_len=0
+expect_error "even 1 tokens do not fit" --model=tiny --memory=1K
+echo PASS
