@@ -50,6 +50,16 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, softplus_forward);
   SG_META_NOP(t, softplus_backward);
   SG_META_NOP(t, adamw);
+  // bf16 storage: planned like the CPU backend, which has it.
+  SG_META_NOP(t, gemm_mixed);
+  SG_META_NOP(t, bf16_to_f32);
+  SG_META_NOP(t, f32_to_bf16);
+  SG_META_NOP(t, cross_entropy_bf16);
+  SG_META_NOP(t, token_logprobs_bf16);
+  SG_META_NOP(t, token_argmax_bf16);
+  SG_META_NOP(t, attention_forward_bf16);
+  SG_META_NOP(t, attention_backward_bf16);
+  SG_META_NOP(t, adamw_bf16);
   return t;
 }
 #undef SG_META_NOP
