@@ -42,7 +42,7 @@ class FootprintCounter {
     int64_t bytes = 0, per = 0, total = 0;
     // 64-byte rounding and ~256 bytes of bookkeeping (name, shape, shared storage) per tensor, twice.
     if (!CheckedMul(elements, elem_bytes_, &bytes) || !CheckedAdd(bytes, 63 + 256, &per) ||
-        !CheckedMul(per / 64 * 64 * 2, count, &total) || !CheckedAdd(f_.bytes, total, &f_.bytes) ||
+        !CheckedMul(per / 64 * 64, 2 * count, &total) || !CheckedAdd(f_.bytes, total, &f_.bytes) ||
         !CheckedMul(elements, count, &total) || !CheckedAdd(f_.parameters, total, &f_.parameters) ||
         !CheckedAdd(f_.tensors, count, &f_.tensors))
       Fail("the model's size overflows int64");
