@@ -105,6 +105,21 @@ std::vector<Case> Cases() {
     off.lora_rank = 2;
     cases.push_back(off);
   }
+  // bf16 storage (weights, KV pages, logits; fp32 masters under optimizer), with LoRA over a frozen bf16 base and
+  // with offloaded sparse pages.
+  for (const char* strategy : {"full", "seco", "streambp"}) {
+    Case bf16{"tiny", strategy};
+    bf16.dtype = DType::kBF16;
+    cases.push_back(bf16);
+    bf16.lora_rank = 2;
+    cases.push_back(bf16);
+  }
+  Case bf16_offload{"tiny", "seco"};
+  bf16_offload.dtype = DType::kBF16;
+  bf16_offload.seq_len = 256;
+  bf16_offload.offload = true;
+  bf16_offload.sparse_pages = 2;
+  cases.push_back(bf16_offload);
   for (const char* objective : {"dpo", "grpo"})
     for (const char* strategy : {"seco", "full"}) {
       Case c{"tiny", strategy};
