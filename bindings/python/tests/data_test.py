@@ -5,11 +5,9 @@ a ChatML-style chat template in tokenizer_config.json) and loaded back with tran
 download is needed. transformers, tokenizers, jinja2 and datasets come from PyPI into a venv kept under
 ~/.cache/seqgrad-pip (built once, then reused), when the running Python lacks them.
 """
-import hashlib
 import json
 import math
 import os
-import pwd
 import subprocess
 import sys
 import tempfile
@@ -27,30 +25,10 @@ def _have_requirements():
 
 
 def _venv_python():
-    """A venv with REQUIREMENTS: built once under ~/.cache/seqgrad-pip (Bazel sets HOME to the test's tmpdir, so
-    the real home comes from the password database), in the test's tmpdir where that is not writable."""
-    cache = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".cache", "seqgrad-pip")
-    try:
-        os.makedirs(cache, exist_ok=True)
-        writable = os.access(cache, os.W_OK)
-    except OSError:
-        writable = False
-    key = hashlib.sha256(("%s\n%s" % (sys.version, REQUIREMENTS)).encode()).hexdigest()[:12]
-    venv = os.path.join(cache if writable else os.environ["TEST_TMPDIR"], "data-test-venv-" + key)
-    python = os.path.join(venv, "bin", "python")
-    if os.path.exists(os.path.join(venv, "complete")):
-        return python
-    build = tempfile.mkdtemp(prefix="venv-", dir=os.path.dirname(venv))  # then renamed: concurrent runs are safe
-    subprocess.run([sys.executable, "-m", "venv", build], check=True)
-    subprocess.run([os.path.join(build, "bin", "python"), "-m", "pip", "install", "--quiet",
-                    "--disable-pip-version-check", "--cache-dir", os.path.join(cache if writable else build, "cache")]
-                   + REQUIREMENTS, check=True)
-    open(os.path.join(build, "complete"), "w").close()
-    try:
-        os.rename(build, venv)
-    except OSError:  # another run finished first: use its venv
-        subprocess.run(["rm", "-rf", build], check=True)
-    return python
+    """The python of a venv with REQUIREMENTS, made once by tests/e2e/pip_venv.sh (kept in ~/.cache/seqgrad-pip)."""
+    script = os.path.join(os.environ["TEST_SRCDIR"], "seqgrad", "tests", "e2e", "pip_venv.sh")
+    venv = subprocess.run([script] + REQUIREMENTS, check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+    return os.path.join(venv, "bin", "python")
 
 
 if __name__ == "__main__" and not _have_requirements():
