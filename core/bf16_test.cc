@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/match.h"
+
 #include "core/checkpoint.h"
 #include "core/lora.h"
 #include "core/model_io.h"
@@ -15,23 +17,26 @@
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
+#include "core/mamba.h"
 
 namespace sg {
 namespace {
 
-std::unique_ptr<TransformerModel> Make(const std::string& preset, DType dtype) {
-  auto model = CreateTransformer(*TransformerPreset(preset), dtype);
+// A preset of either family with random weights (Mamba's scan initialised as HF does).
+std::unique_ptr<Model> Make(const std::string& preset, DType dtype) {
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(preset, dtype, 5);
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 5;
   init.stddev = 0.3;
   init.perturb_norms_and_biases = true;
   InitRandom(**model, init);
+  if (auto* mamba = dynamic_cast<MambaModel*>(model->get())) InitMambaScan(*mamba, 5);
   return std::move(*model);
 }
 
 // The f32 model holding exactly the bf16 model's values.
-std::unique_ptr<TransformerModel> Widened(const std::string& preset, Model& bf16) {
+std::unique_ptr<Model> Widened(const std::string& preset, Model& bf16) {
   auto f32 = Make(preset, DType::kF32);
   for (size_t i = 0; i < bf16.params().size(); ++i) {
     const Tensor& src = bf16.params()[i].value;
@@ -53,18 +58,24 @@ double MaxRelDiff(const Tensor& a, const Tensor& b) {
 
 int64_t Category(Model& m, MemCategory c) { return m.memory().Snapshot().current[static_cast<int>(c)]; }
 
+// Linear and embedding matrices are bf16; vectors, Mamba's conv filter and A_log (fed to the fp32 conv and scan) f32.
 TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
-  auto m = Make("tiny-qwen2", DType::kBF16);
-  EXPECT_EQ(m->dtype(), DType::kF32);  // the compute dtype
-  int64_t bytes = 0, f32_bytes = 0;
-  for (Param& p : m->params()) {
-    EXPECT_EQ(p.value.dtype(), p.value.shape().size() >= 2 ? DType::kBF16 : DType::kF32) << p.name;
-    EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
-    bytes += p.value.nbytes();
-    f32_bytes += 4 * p.value.numel();
+  for (const char* preset : {"tiny-qwen2", "tiny-ssm"}) {
+    auto m = Make(preset, DType::kBF16);
+    EXPECT_EQ(m->dtype(), DType::kF32);  // the compute dtype
+    int64_t bytes = 0, f32_bytes = 0;
+    for (Param& p : m->params()) {
+      const bool matrix = p.value.shape().size() >= 2 && !absl::EndsWith(p.name, "conv1d.weight") &&
+                          !absl::EndsWith(p.name, "A_log");
+      EXPECT_EQ(p.value.dtype(), matrix ? DType::kBF16 : DType::kF32) << p.name;
+      EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
+      bytes += p.value.nbytes();
+      f32_bytes += 4 * p.value.numel();
+    }
+    EXPECT_EQ(Category(*m, MemCategory::kWeights), bytes) << preset;
+    // tiny-ssm's fp32 conv filters and A_log are a larger share of its few weights than at real sizes.
+    EXPECT_LT(bytes, (m->family() == "ssm" ? 0.6 : 0.52) * f32_bytes) << preset;
   }
-  EXPECT_EQ(Category(*m, MemCategory::kWeights), bytes);
-  EXPECT_LT(bytes, 0.52 * f32_bytes);
 }
 
 // The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages and logits
@@ -100,10 +111,43 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
     }
 }
 
-TEST(BF16WeightsTest, FullTrainingStepsFp32MastersAndRoundsIntoWeights) {
-  auto m = Make("tiny", DType::kBF16);
-  int64_t state = 0;
-  for (Param& p : m->params()) state += (p.value.dtype() == DType::kBF16 ? 3 : 2) * 4 * p.value.numel();
+// Mamba: the bf16 matrices are read through gemm_mixed and the scan, conv and their states stay fp32, so the bf16
+// model differs from the f32 one on the same weights only by its bf16 logits chunks, which take half the bytes.
+TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
+  for (const std::string strategy : {"full", "seco", "streambp", "adjoint"}) {
+    auto bf16 = Make("tiny-ssm", DType::kBF16);
+    auto f32 = Widened("tiny-ssm", *bf16);
+    StrategyOptions so;
+    so.name = strategy;
+    so.chunk = 5;
+    const std::vector<Sequence> batch = RaggedBatch(bf16->vocab_size(), 3);
+    Trainer a(*bf16, so, OptimizerOptions{}), b(*f32, so, OptimizerOptions{});
+    absl::StatusOr<StepMetrics> ra = a.ComputeGradients(batch), rb = b.ComputeGradients(batch);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+    EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << strategy;
+    EXPECT_NE(ra->loss, rb->loss) << strategy;  // the logits are rounded
+    for (size_t i = 0; i < f32->params().size(); ++i)
+      EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
+          << strategy << " " << f32->params()[i].name;
+    const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
+    const int logits = static_cast<int>(MemCategory::kLogits), state = static_cast<int>(MemCategory::kKVCache);
+    EXPECT_EQ(2 * sa.peak[logits], sb.peak[logits]) << strategy;
+    EXPECT_EQ(sa.peak[state], sb.peak[state]) << strategy;  // scan states stay fp32
+  }
+}
+
+// Both families: the same storage rules, masters, LoRA and checkpoints.
+class BF16FamilyTest : public testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Families, BF16FamilyTest, testing::Values("tiny", "tiny-ssm"));
+
+TEST_P(BF16FamilyTest, FullTrainingStepsFp32MastersAndRoundsIntoWeights) {
+  const std::string preset = GetParam();
+  auto m = Make(preset, DType::kBF16);
+  int64_t state = 0, masters = 0;
+  for (Param& p : m->params()) {
+    state += (p.value.dtype() == DType::kBF16 ? 3 : 2) * 4 * p.value.numel();
+    if (p.value.dtype() == DType::kBF16) masters += 4 * p.value.numel();
+  }
   EXPECT_EQ(AdamW::StateBytes(*m), state);
   OptimizerOptions oo;
   oo.lr = 1e-4;  // steps below bf16's resolution for most weights: only the masters hold them
@@ -112,7 +156,8 @@ TEST(BF16WeightsTest, FullTrainingStepsFp32MastersAndRoundsIntoWeights) {
   std::vector<uint16_t> before(m->params()[0].value.data<uint16_t>(),
                                m->params()[0].value.data<uint16_t>() + m->params()[0].value.numel());
   for (int step = 0; step < 2; ++step) ASSERT_TRUE(t.Step(batch).ok());
-  EXPECT_EQ(Category(*m, MemCategory::kOptimizer), state);  // masters are counted as optimizer state
+  EXPECT_EQ(Category(*m, MemCategory::kOptimizer) + Category(*m, MemCategory::kMasterWeights), state);
+  EXPECT_EQ(Category(*m, MemCategory::kMasterWeights), masters);  // a master per bf16 matrix, in its own category
   const AdamW& opt = t.optimizer();
   int64_t unchanged = 0, total = 0;
   for (size_t i = 0; i < m->params().size(); ++i) {
@@ -128,12 +173,14 @@ TEST(BF16WeightsTest, FullTrainingStepsFp32MastersAndRoundsIntoWeights) {
   EXPECT_LT(unchanged, total);
 }
 
-TEST(BF16WeightsTest, LoraOverAFrozenBF16BaseHasNoFp32Copy) {
-  auto m = Make("tiny", DType::kBF16);
+TEST_P(BF16FamilyTest, LoraOverAFrozenBF16BaseHasNoFp32Copy) {
+  const std::string preset = GetParam();
+  auto m = Make(preset, DType::kBF16);
   const int64_t base = Category(*m, MemCategory::kWeights);
   LoraOptions lo;
   lo.rank = 2;
-  lo.targets = {"q_proj", "v_proj"};
+  lo.targets = m->family() == "ssm" ? std::vector<std::string>{"in_proj", "x_proj"}
+                                    : std::vector<std::string>{"q_proj", "v_proj"};
   ASSERT_TRUE(EnableLora(*m, lo).ok());
   int64_t adapters = 0;
   for (const LoraAdapter& ad : m->lora()->adapters) {
@@ -149,12 +196,13 @@ TEST(BF16WeightsTest, LoraOverAFrozenBF16BaseHasNoFp32Copy) {
   ASSERT_TRUE(t.Step(RaggedBatch(m->vocab_size(), 5)).ok());
   EXPECT_EQ(Category(*m, MemCategory::kWeights), base + adapters);
   EXPECT_EQ(Category(*m, MemCategory::kOptimizer), 2 * adapters);  // moments of the adapters, no masters
+  EXPECT_EQ(Category(*m, MemCategory::kMasterWeights), 0);
   for (const Tensor& master : t.optimizer().master()) EXPECT_FALSE(master.defined());
 
   // Saved merged, W + (alpha / r) B A rounded once into bf16.
-  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_lora_merged";
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_lora_merged_" + preset;
   ASSERT_TRUE(SaveModel(*m, dir).ok());
-  absl::StatusOr<std::unique_ptr<TransformerModel>> merged = LoadModel(dir, DType::kBF16, 0);
+  absl::StatusOr<std::unique_ptr<Model>> merged = LoadAnyModel(dir, DType::kBF16, 0);
   ASSERT_TRUE(merged.ok()) << merged.status();
   const LoraAdapter& ad = m->lora()->adapters[0];
   const uint16_t* w = m->params()[ad.weight].value.data<uint16_t>();
@@ -172,11 +220,12 @@ TEST(BF16WeightsTest, LoraOverAFrozenBF16BaseHasNoFp32Copy) {
   EXPECT_GT(moved, 0);
 }
 
-TEST(BF16WeightsTest, CheckpointRoundTripsInBF16WithoutAnFp32Copy) {
-  auto m = Make("tiny", DType::kBF16);
-  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_model";
+TEST_P(BF16FamilyTest, CheckpointRoundTripsInBF16WithoutAnFp32Copy) {
+  const std::string preset = GetParam();
+  auto m = Make(preset, DType::kBF16);
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/bf16_model_" + preset;
   ASSERT_TRUE(SaveModel(*m, dir).ok());
-  absl::StatusOr<std::unique_ptr<TransformerModel>> loaded = LoadModel(dir, DType::kBF16, 0);
+  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadAnyModel(dir, DType::kBF16, 0);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const MemorySnapshot s = (*loaded)->memory().Snapshot();
   EXPECT_EQ(s.peak[static_cast<int>(MemCategory::kWeights)], Category(*m, MemCategory::kWeights));

@@ -107,8 +107,11 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  Mamba(const MambaConfig& c, Device device) : cfg_(c), ops_(OpsFor<T>(device)) {
+  // weights: T, or bf16 over T = float (--dtype=bf16: the linear and embedding matrices in bf16; the conv filter,
+  // A_log and the vectors stay in T, as the scan and conv they feed accumulate in it).
+  Mamba(const MambaConfig& c, Device device, DType weights) : cfg_(c), ops_(OpsFor<T>(device)) {
     mem_.set_device(device);
+    if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
     const int64_t d = c.hidden_size, E = c.intermediate_size, N = c.state_size, R = c.time_step_rank;
     embed_ = Add("backbone.embeddings.weight", {c.vocab_size, d});
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -117,12 +120,12 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       L.norm = Add(p + "norm.weight", {d});
       L.in_proj = Add(p + "mixer.in_proj.weight", {2 * E, d});
       L.in_bias = c.use_bias ? Add(p + "mixer.in_proj.bias", {2 * E}) : -1;
-      L.conv_w = Add(p + "mixer.conv1d.weight", {E, 1, c.conv_kernel});
+      L.conv_w = Store::AddFullPrecision(p + "mixer.conv1d.weight", {E, 1, c.conv_kernel});
       L.conv_b = c.use_conv_bias ? Add(p + "mixer.conv1d.bias", {E}) : -1;
       L.x_proj = Add(p + "mixer.x_proj.weight", {R + 2 * N, E});
       L.dt_w = Add(p + "mixer.dt_proj.weight", {E, R});
       L.dt_b = Add(p + "mixer.dt_proj.bias", {E});
-      L.a_log = Add(p + "mixer.A_log", {E, N});
+      L.a_log = Store::AddFullPrecision(p + "mixer.A_log", {E, N});
       L.d = Add(p + "mixer.D", {E});
       L.out_proj = Add(p + "mixer.out_proj.weight", {d, E});
       L.out_bias = c.use_bias ? Add(p + "mixer.out_proj.bias", {d}) : -1;
@@ -174,8 +177,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.rmsnorm_forward(x_in.data<T>(), W(L.norm), n, d, cfg_.layer_norm_epsilon, xn.data<T>(), rstd.data<T>());
     // in_proj rows [0, E) give the scan input, rows [E, 2E) the gate.
     Tensor xin = New(act, {n, E}), z = New(act, {n, E});
-    Linear(xn.data<T>(), n, d, W(L.in_proj), L.in_bias, 0, xin.data<T>(), E);
-    Linear(xn.data<T>(), n, d, W(L.in_proj) + E * d, L.in_bias, E, z.data<T>(), E);
+    Linear(xn.data<T>(), n, d, WRows(L.in_proj, 0), L.in_bias, 0, xin.data<T>(), E);
+    Linear(xn.data<T>(), n, d, WRows(L.in_proj, E), L.in_bias, E, z.data<T>(), E);
     {
       typename Store::LoraAct a = Store::LoraIn(ops_, L.in_proj, xn.data<T>(), c, state.opts);
       Store::LoraOut(ops_, a, 0, E, xin.data<T>(), E);
@@ -202,10 +205,9 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
     // x_proj rows: [0, R) time step, [R, R + N) B, [R + N, R + 2N) C.
     Tensor dtr = New(act, {n, R}), B = New(act, {n, N}), C = New(act, {n, N});
-    const T* wx = W(L.x_proj);
-    Linear(u.data<T>(), n, E, wx, -1, 0, dtr.data<T>(), R);
-    Linear(u.data<T>(), n, E, wx + R * E, -1, 0, B.data<T>(), N);
-    Linear(u.data<T>(), n, E, wx + (R + N) * E, -1, 0, C.data<T>(), N);
+    Linear(u.data<T>(), n, E, WRows(L.x_proj, 0), -1, 0, dtr.data<T>(), R);
+    Linear(u.data<T>(), n, E, WRows(L.x_proj, R), -1, 0, B.data<T>(), N);
+    Linear(u.data<T>(), n, E, WRows(L.x_proj, R + N), -1, 0, C.data<T>(), N);
     {
       typename Store::LoraAct a = Store::LoraIn(ops_, L.x_proj, u.data<T>(), c, state.opts);
       Store::LoraOut(ops_, a, 0, R, dtr.data<T>(), R);
@@ -213,7 +215,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       Store::LoraOut(ops_, a, R + N, N, C.data<T>(), N);
     }
     Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
-    Linear(dtr.data<T>(), n, R, W(L.dt_w), L.dt_b, 0, dtpre.data<T>(), E);
+    Linear(dtr.data<T>(), n, R, WRows(L.dt_w, 0), L.dt_b, 0, dtpre.data<T>(), E);
     Store::LoraAdd(ops_, L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
     ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
     Tensor A = NegExp(L.a_log);
@@ -224,7 +226,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
     Tensor res = New(MemCategory::kActivations, {n, d});
     ops_.copy(res.data<T>(), x_in.data<T>(), n * d);
-    ops_.gemm(false, true, n, d, E, T(1), gated.data<T>(), E, W(L.out_proj), E, T(1), res.data<T>(), d);
+    Store::GemmW(ops_, true, n, d, E, T(1), gated.data<T>(), E, L.out_proj, E, T(1), res.data<T>(), d);
     if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
     Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
 
@@ -244,7 +246,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
 
     // out = x + out_proj(y * silu(z))
     Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
-    ops_.gemm(false, false, n, E, d, T(1), dy, d, W(L.out_proj), E, T(0), dgated.data<T>(), E);
+    Store::GemmW(ops_, false, n, E, d, T(1), dy, d, L.out_proj, E, T(0), dgated.data<T>(), E);
     if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, s[kGated].data<T>(), E, T(1), g, E);
     Store::LoraBackward(ops_, L.out_proj, s[kGated].data<T>(), dy, d, dgated.data<T>(), c, state.opts);
     if (L.out_bias >= 0)
@@ -289,16 +291,16 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E}), ddtr = New(ws, {n, R});
     ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
-    LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, W(L.dt_w), G(L.dt_w), G(L.dt_b), ddtr.data<T>(),
-                   T(0));
+    LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
+                   ddtr.data<T>(), T(0));
     Store::LoraBackward(ops_, L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
     // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
-    const T* wx = W(L.x_proj);
     T* gx = G(L.x_proj);
     const T* u = s[kU].data<T>();
-    LinearBackward(ddtr.data<T>(), R, u, n, E, wx, gx, nullptr, du.data<T>(), T(1));
-    LinearBackward(dB.data<T>(), N, u, n, E, wx + R * E, gx ? gx + R * E : nullptr, nullptr, du.data<T>(), T(1));
-    LinearBackward(dC.data<T>(), N, u, n, E, wx + (R + N) * E, gx ? gx + (R + N) * E : nullptr, nullptr,
+    LinearBackward(ddtr.data<T>(), R, u, n, E, WRows(L.x_proj, 0), gx, nullptr, du.data<T>(), T(1));
+    LinearBackward(dB.data<T>(), N, u, n, E, WRows(L.x_proj, R), gx ? gx + R * E : nullptr, nullptr, du.data<T>(),
+                   T(1));
+    LinearBackward(dC.data<T>(), N, u, n, E, WRows(L.x_proj, R + N), gx ? gx + (R + N) * E : nullptr, nullptr,
                    du.data<T>(), T(1));
     {
       typename Store::LoraAct a = Store::LoraIn(ops_, L.x_proj, u, c, state.opts);
@@ -321,8 +323,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     const T* xn = s[kXn].data<T>();
     T* gin_w = G(L.in_proj);
     T* gin_b = L.in_bias >= 0 ? G(L.in_bias) : nullptr;
-    LinearBackward(dxin.data<T>(), E, xn, n, d, W(L.in_proj), gin_w, gin_b, dxn.data<T>(), T(0));
-    LinearBackward(dz.data<T>(), E, xn, n, d, W(L.in_proj) + E * d, gin_w ? gin_w + E * d : nullptr,
+    LinearBackward(dxin.data<T>(), E, xn, n, d, WRows(L.in_proj, 0), gin_w, gin_b, dxn.data<T>(), T(0));
+    LinearBackward(dz.data<T>(), E, xn, n, d, WRows(L.in_proj, E), gin_w ? gin_w + E * d : nullptr,
                    gin_b ? gin_b + E : nullptr, dxn.data<T>(), T(1));
     {
       typename Store::LoraAct a = Store::LoraIn(ops_, L.in_proj, xn, c, state.opts);
@@ -382,15 +384,21 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(W(a_log)[i]);
     return A;
   }
+  // Rows [row0, ..) of weight matrix w (in its storage dtype): one block of a matrix the model splits by rows.
+  WeightView WRows(int w, int64_t row0) const {
+    const Tensor& t = params_[w].value;
+    const int64_t row = t.numel() / t.dim(0);
+    return {static_cast<const char*>(t.raw()) + row0 * row * static_cast<int64_t>(DTypeSize(t.dtype())), t.dtype()};
+  }
   // y[n][out] = x[n][in] w[out][in]^T (+ bias rows [b_off, b_off + out) of parameter b)
-  void Linear(const T* x, int64_t n, int64_t in, const T* w, int b, int64_t b_off, T* y, int64_t out) {
-    ops_.gemm(false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
+  void Linear(const T* x, int64_t n, int64_t in, WeightView w, int b, int64_t b_off, T* y, int64_t out) {
+    GemmWeight(ops_, false, true, n, out, in, T(1), x, in, w, in, T(0), y, out);
     if (b >= 0) ops_.add_bias(y, W(b) + b_off, n, out);
   }
   // dx (+)= dy w; dw += dy^T x; db += colsum(dy)
-  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int64_t in, const T* w, T* dw, T* db, T* dx,
+  void LinearBackward(const T* dy, int64_t out, const T* x, int64_t n, int64_t in, WeightView w, T* dw, T* db, T* dx,
                       T beta) {
-    ops_.gemm(false, false, n, in, out, T(1), dy, out, w, in, beta, dx, in);
+    GemmWeight(ops_, false, false, n, in, out, T(1), dy, out, w, in, beta, dx, in);
     if (dw) ops_.gemm(true, false, out, in, n, T(1), dy, out, x, in, T(1), dw, in);
     if (db) ops_.bias_backward(dy, n, out, db);
   }
@@ -425,6 +433,7 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
     for (int64_t i = 0; i < p.value.numel(); ++i) {
       const double v = value(i);
       if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
+      else if (p.value.dtype() == DType::kBF16) p.value.data<uint16_t>()[i] = F32ToBF16(static_cast<float>(v));
       else p.value.data<float>()[i] = static_cast<float>(v);
     }
   };
@@ -447,8 +456,13 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device));
-  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device));
+  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
+  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype));
+  // bf16 matrices over f32 compute (param_store.h), as the transformer; the CPU kernels read them, meta plans them.
+  if (dtype == DType::kBF16 && (device == Device::kCPU || device == Device::kMeta))
+    return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
+  if (dtype == DType::kBF16)
+    return absl::UnimplementedError("--dtype=bf16 runs on the CPU backend only so far (use --device=cpu or f32)");
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

@@ -17,7 +17,8 @@ class MambaModel : public Model {
   virtual const MambaConfig& config() const = 0;
 };
 
-// Validates the config (errors name the HF field) and allocates zero-initialised parameters (f32 or f64).
+// Validates the config (errors name the HF field) and allocates zero-initialised parameters: f32 or f64, or bf16
+// (CPU and meta: in_proj, x_proj, dt_proj, out_proj, embeddings and LM head stored in bf16 over f32 compute).
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype,
                                                          Device device = Device::kCPU);
 

@@ -16,8 +16,9 @@
 namespace sg {
 
 const char* MemCategoryName(MemCategory c) {
-  static constexpr const char* kNames[] = {"weights", "grads",   "optimizer", "activations",
-                                                "kv_cache", "kv_grad", "logits",    "workspace"};
+  static constexpr const char* kNames[] = {"weights",  "grads",   "optimizer", "activations",   "kv_cache",
+                                           "kv_grad",  "logits",  "workspace", "master_weights"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumMemCategories, "name every category");
   int i = static_cast<int>(c);
   return i >= 0 && i < kNumMemCategories ? kNames[i] : "?";
 }

@@ -19,8 +19,11 @@
 
 namespace sg {
 
+// New categories go at the end: the C ABI numbers them in this order.
 enum class MemCategory : int {
-  kWeights = 0, kGrads, kOptimizer, kActivations, kKVCache, kKVGrad, kLogits, kWorkspace, kCount
+  kWeights = 0, kGrads, kOptimizer, kActivations, kKVCache, kKVGrad, kLogits, kWorkspace,
+  kMasterWeights,  // fp32 master copies of trainable bf16 weights (--dtype=bf16); the AdamW moments are kOptimizer
+  kCount
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
 const char* MemCategoryName(MemCategory c);

@@ -106,8 +106,6 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
       config = *parsed;
     }
   }
-  if (config && dtype == DType::kBF16)
-    return absl::UnimplementedError("--dtype=bf16: Mamba (ssm) models run in f32 or f64 only so far");
   if (!config) {
     absl::StatusOr<std::unique_ptr<TransformerModel>> t = LoadModel(spec, dtype, seed, device);
     if (!t.ok()) return t.status();

@@ -143,7 +143,7 @@ absl::Status AdamW::EnsureMoments(Model& model) {
       m.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.grad.dtype(), p.grad.shape()));
       v.push_back(Tensor::Zeros(&model.memory(), MemCategory::kOptimizer, p.grad.dtype(), p.grad.shape()));
       if (NeedsMaster(p))
-        master.back() = Tensor::Empty(&model.memory(), MemCategory::kOptimizer, DType::kF32, p.value.shape());
+        master.back() = Tensor::Empty(&model.memory(), MemCategory::kMasterWeights, DType::kF32, p.value.shape());
     }
   } catch (const MemoryLimitExceeded& e) {
     return absl::ResourceExhaustedError(absl::StrCat("optimizer state: ", e.what()));

@@ -108,14 +108,21 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, 
   return WithLora(Create(*c, dtype, device, seed, text->second), lora);
 }
 
+DType CreatedDType(Model& model) {
+  for (const Param& p : model.params())
+    if (p.value.dtype() == DType::kBF16) return DType::kBF16;
+  return model.dtype();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   LoraOptions lora;
   if (model.lora()) lora = model.lora()->options;
   absl::StatusOr<std::unique_ptr<Model>> twin;
+  const DType dtype = CreatedDType(model);
   if (auto* t = dynamic_cast<TransformerModel*>(&model))
-    twin = Create(t->config(), model.dtype(), Device::kMeta, 0, "model");
+    twin = Create(t->config(), dtype, Device::kMeta, 0, "model");
   else if (auto* m = dynamic_cast<MambaModel*>(&model))
-    twin = Create(m->config(), model.dtype(), Device::kMeta, 0, "model");
+    twin = Create(m->config(), dtype, Device::kMeta, 0, "model");
   else
     return absl::InternalError(absl::StrCat("no meta twin for a model of family ", model.family()));
   return WithLora(std::move(twin), lora);

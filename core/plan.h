@@ -20,8 +20,12 @@ namespace sg {
 // `device` with LoRA when lora.rank > 0. On the CPU the weights are random (from seed); on meta there are none.
 absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, DType dtype, Device device,
                                                        const LoraOptions& lora, uint64_t seed);
-// The same architecture, dtype and LoRA as `model`, on meta.
+// The same architecture, dtype (bf16 storage included) and LoRA as `model`, on meta.
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model);
+
+// The dtype a model was created with: bf16 when it stores weight matrices in bf16 (--dtype=bf16, whose compute
+// dtype Model::dtype() is f32), else its compute dtype.
+DType CreatedDType(Model& model);
 
 struct MemoryPlan {
   int64_t seq_len = 0;

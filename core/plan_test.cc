@@ -105,10 +105,17 @@ std::vector<Case> Cases() {
     off.lora_rank = 2;
     cases.push_back(off);
   }
-  // bf16 storage (weights, KV pages, logits; fp32 masters under optimizer), with LoRA over a frozen bf16 base and
-  // with offloaded sparse pages.
+  // bf16 storage (weights, KV pages, logits; fp32 masters under master_weights), with LoRA over a frozen bf16 base
+  // and with offloaded sparse pages; Mamba's bf16 matrices under every strategy.
   for (const char* strategy : {"full", "seco", "streambp"}) {
     Case bf16{"tiny", strategy};
+    bf16.dtype = DType::kBF16;
+    cases.push_back(bf16);
+    bf16.lora_rank = 2;
+    cases.push_back(bf16);
+  }
+  for (const char* strategy : {"full", "seco", "streambp", "adjoint"}) {
+    Case bf16{"tiny-ssm", strategy};
     bf16.dtype = DType::kBF16;
     cases.push_back(bf16);
     bf16.lora_rank = 2;
@@ -159,6 +166,27 @@ TEST(PlanTest, PlansRespondToTheirOptions) {
   const MemoryPlan lora = Plan(c, Device::kMeta);
   EXPECT_LT(lora.device.peak[static_cast<int>(MemCategory::kOptimizer)],
             longer.device.peak[static_cast<int>(MemCategory::kOptimizer)]);
+}
+
+// The twin that --memory_budget and the memory check before training plan on has the model's storage: a bf16
+// model's twin plans bf16 weights and fp32 masters, not an f32 model.
+TEST(PlanTest, MetaTwinKeepsBF16Storage) {
+  for (const char* preset : {"tiny", "tiny-ssm"}) {
+    absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel(preset, DType::kBF16, Device::kCPU, {}, 3);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(CreatedDType(**m), DType::kBF16);
+    absl::StatusOr<std::unique_ptr<Model>> twin = MetaTwin(**m);
+    ASSERT_TRUE(twin.ok()) << twin.status();
+    EXPECT_EQ(CreatedDType(**twin), DType::kBF16) << preset;
+    const MemorySnapshot a = (*m)->memory().Snapshot(), b = (*twin)->memory().Snapshot();
+    EXPECT_EQ(a.current, b.current) << preset;
+    StrategyOptions s;
+    s.name = "seco";
+    s.chunk = 16;
+    absl::StatusOr<MemoryPlan> p = PlanStep(**twin, s, ObjectiveOptions{}, 64);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_GT(p->device.peak[static_cast<int>(MemCategory::kMasterWeights)], 0) << preset;
+  }
 }
 
 // Meta allocates nothing: Qwen2.5-7B at 128K tokens with LoRA (a plan of hundreds of GB) runs here in a few

@@ -111,12 +111,12 @@ int Main() {
   if (memory) std::printf("longest --seq_len that fits in %lld bytes (%s): %lld tokens\n",
                           static_cast<long long>(memory), Gib(memory).c_str(), static_cast<long long>(plan->seq_len));
   else std::printf("--seq_len=%lld\n", static_cast<long long>(plan->seq_len));
-  std::printf("\n%-12s %20s %14s %20s\n", "device", "peak bytes", "", "at the total's peak");
+  std::printf("\n%-14s %20s %14s %20s\n", "device", "peak bytes", "", "at the total's peak");
   for (int i = 0; i < kNumMemCategories; ++i)
-    std::printf("%-12s %20lld %14s %20lld\n", MemCategoryName(static_cast<MemCategory>(i)),
+    std::printf("%-14s %20lld %14s %20lld\n", MemCategoryName(static_cast<MemCategory>(i)),
                 static_cast<long long>(s.peak[i]), Gib(s.peak[i]).c_str(),
                 static_cast<long long>(s.at_total_peak[i]));
-  std::printf("%-12s %20lld %14s\n", "total", static_cast<long long>(s.total_peak), Gib(s.total_peak).c_str());
+  std::printf("%-14s %20lld %14s\n", "total", static_cast<long long>(s.total_peak), Gib(s.total_peak).c_str());
   if (strategy.offload)
     std::printf("host (offloaded KV and KV-gradient pages): %lld bytes (%s)\n",
                 static_cast<long long>(plan->host_bytes), Gib(plan->host_bytes).c_str());
