@@ -1,15 +1,19 @@
 // --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices, KV pages and logits are stored in bf16 computes
 // the loss and gradients of an f32 model holding the same (rounded) values to bf16's resolution; those bytes halve;
-// trainable bf16 parameters step through fp32 masters; LoRA's frozen bf16 base has no fp32 copy; an HF checkpoint
-// round-trips in bf16.
+// trainable bf16 parameters step through fp32 masters (master_weights); LoRA's frozen bf16 base has no fp32 copy; an
+// HF checkpoint round-trips in bf16 and saves in f32 on request. Llama/Qwen2 and Mamba alike.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
 
 #include "absl/strings/match.h"
-
 #include "core/checkpoint.h"
+#include "core/io/safetensors.h"
 #include "core/lora.h"
 #include "core/model_io.h"
 #include "core/optimizer.h"
@@ -234,6 +238,62 @@ TEST_P(BF16FamilyTest, CheckpointRoundTripsInBF16WithoutAnFp32Copy) {
     ASSERT_EQ(a.dtype(), b.dtype());
     EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << m->params()[i].name;
   }
+}
+
+// The dtypes model.safetensors holds, by tensor name, and config.json's text.
+std::map<std::string, io::StDType> SavedDTypes(const std::string& dir) {
+  absl::StatusOr<io::SafetensorsFile> f = io::SafetensorsFile::Open(dir + "/model.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status();
+  std::map<std::string, io::StDType> out;
+  if (f.ok())
+    for (const io::TensorInfo& t : f->tensors()) out[t.name] = t.dtype;
+  return out;
+}
+std::string SavedConfig(const std::string& dir) {
+  std::ifstream in(dir + "/config.json");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A bf16 model saves bf16 by default (its matrices as stored, config.json labelled bfloat16, for transformers);
+// --save_dtype=f32 widens every tensor exactly (config float32), and that file loads back into bf16 bit for bit;
+// bf16 is refused for an f32 model, naming the flag.
+TEST_P(BF16FamilyTest, SavesBF16ByDefaultAndF32OnRequest) {
+  const std::string preset = GetParam(), tmp = std::string(getenv("TEST_TMPDIR")) + "/save_dtype_" + preset;
+  auto m = Make(preset, DType::kBF16);
+  for (SaveDType as : {SaveDType(), SaveDType(DType::kBF16)}) {
+    ASSERT_TRUE(SaveModel(*m, tmp + "_bf16", "", as).ok());
+    const std::map<std::string, io::StDType> saved = SavedDTypes(tmp + "_bf16");
+    for (Param& p : m->params()) {
+      if (!saved.count(p.name)) continue;  // a tied head
+      EXPECT_EQ(saved.at(p.name), p.value.dtype() == DType::kBF16 ? io::StDType::kBF16 : io::StDType::kF32)
+          << p.name;
+    }
+    EXPECT_NE(SavedConfig(tmp + "_bf16").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  }
+  ASSERT_TRUE(SaveModel(*m, tmp + "_f32", "", DType::kF32).ok());
+  for (const auto& [name, dtype] : SavedDTypes(tmp + "_f32")) EXPECT_EQ(dtype, io::StDType::kF32) << name;
+  EXPECT_NE(SavedConfig(tmp + "_f32").find("\"torch_dtype\": \"float32\""), std::string::npos);
+  absl::StatusOr<std::unique_ptr<Model>> f32 = LoadAnyModel(tmp + "_f32", DType::kF32, 0);
+  absl::StatusOr<std::unique_ptr<Model>> back = LoadAnyModel(tmp + "_f32", DType::kBF16, 0);
+  ASSERT_TRUE(f32.ok() && back.ok()) << f32.status() << back.status();
+  auto widened = Widened(preset, *m);
+  for (size_t i = 0; i < m->params().size(); ++i) {
+    const Tensor &a = m->params()[i].value, &b = (*back)->params()[i].value;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << m->params()[i].name;
+    EXPECT_EQ(std::memcmp(widened->params()[i].value.raw(), (*f32)->params()[i].value.raw(),
+                          widened->params()[i].value.nbytes()),
+              0)
+        << m->params()[i].name;
+  }
+  absl::Status refused = SaveModel(*widened, tmp + "_refused", "", DType::kBF16);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("--save_dtype=bf16"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("--dtype=bf16"), std::string::npos) << refused;
+  struct stat st;
+  EXPECT_NE(stat((tmp + "_refused").c_str(), &st), 0);  // nothing written
+  absl::StatusOr<SaveDType> bad = ParseSaveDType("f16");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--save_dtype"), std::string::npos) << bad.status();
 }
 
 std::vector<uint16_t> Bits(Model& m) {

@@ -23,6 +23,7 @@
 #include "core/model_config.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
+#include "core/plan.h"
 #include "core/presets.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
@@ -234,16 +235,18 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
   return config.dump(2) + "\n";
 }
 
-// Everything a save writes, into the (new, empty) staging directory.
-absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir) {
+// Everything a save writes, into the (new, empty) staging directory; tensors in `dtype` (nullopt: as stored).
+absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir,
+                             SaveDType dtype) {
   auto* transformer = dynamic_cast<TransformerModel*>(&model);
   auto* mamba = dynamic_cast<MambaModel*>(&model);
   const bool tied = transformer ? transformer->config().tie_word_embeddings : mamba->config().tie_word_embeddings;
   std::vector<io::TensorToWrite> tensors;
   // A LoRA model is written merged: W + (alpha / r) B A for adapted weights, no adapter tensors.
   const LoraInfo* lora = model.lora();
-  std::vector<std::vector<char>> merged;
+  std::vector<std::vector<char>> merged, converted;
   merged.reserve(model.params().size());
+  converted.reserve(model.params().size());
   for (size_t i = 0; i < model.params().size(); ++i) {
     Param& p = model.params()[i];
     if (tied && p.name == "lm_head.weight") continue;
@@ -256,14 +259,22 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
         data = merged.back().data();
       }
     }
-    tensors.push_back({p.name, p.value.dtype(), p.value.shape(), data});
+    if (dtype == DType::kF32 && p.value.dtype() != DType::kF32) {  // --save_dtype=f32 of a bf16 or f64 model
+      converted.emplace_back(p.value.numel() * sizeof(float));
+      float* out = reinterpret_cast<float*>(converted.back().data());
+      for (int64_t j = 0; j < p.value.numel(); ++j)
+        out[j] = p.value.dtype() == DType::kBF16 ? BF16ToF32(static_cast<const uint16_t*>(data)[j])
+                                                 : static_cast<float>(static_cast<const double*>(data)[j]);
+      data = converted.back().data();
+    }
+    tensors.push_back({p.name, dtype.value_or(p.value.dtype()), p.value.shape(), data});
   }
   if (absl::Status s = io::WriteSafetensors(staging + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;
   absl::StatusOr<std::string> config =
       SavedConfig(transformer ? io::TransformerConfigToHFJson(transformer->config())
                               : io::MambaConfigToHFJson(mamba->config()),
-                  model.dtype(), source_dir);
+                  dtype.value_or(CreatedDType(model)), source_dir);
   if (!config.ok()) return config.status();
   if (absl::Status s = WriteFileAtomically(staging + "/config.json", *config); !s.ok()) return s;
   if (source_dir.empty()) return absl::OkStatus();
@@ -283,9 +294,27 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
 
 }  // namespace
 
-absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::string& source) {
+absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::string& what) {
+  if (name.empty()) return SaveDType();
+  if (name == "f32") return SaveDType(DType::kF32);
+  if (name == "bf16") return SaveDType(DType::kBF16);
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": '", name, "' is not a save dtype (f32, bf16, or empty: as the model stores its weights)"));
+}
+
+absl::Status CheckSaveDType(Model& model, SaveDType dtype) {
+  if (dtype == DType::kBF16 && CreatedDType(model) != DType::kBF16)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--save_dtype=bf16: the model stores its weights in ", DTypeName(model.dtype()),
+        "; bf16 checkpoints come from models created with --dtype=bf16 (save in f32 or as stored)"));
+  return absl::OkStatus();
+}
+
+absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::string& source, SaveDType dtype) {
   if (!dynamic_cast<TransformerModel*>(&model) && !dynamic_cast<MambaModel*>(&model))
     return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
+  if (absl::Status s = CheckSaveDType(model, dtype); !s.ok()) return s;
+  if (dtype == DType::kBF16) dtype.reset();  // what a bf16 model stores: its vectors stay f32
   std::string dir = dir_arg;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   struct stat st;
@@ -315,7 +344,7 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
   if (!mkdtemp(staging.data()))
     return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
   chmod(staging.c_str(), 0755);
-  absl::Status s = WriteModelFiles(model, staging, IsDirectory(source) ? source : "");
+  absl::Status s = WriteModelFiles(model, staging, IsDirectory(source) ? source : "", dtype);
   if (s.ok() && in_place) {
     std::vector<std::string> written;
     for (const char* name : kCarriedFiles)

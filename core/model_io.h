@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,8 +26,17 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
 absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
-// Writes a Hugging Face model directory that transformers loads: model.safetensors in the model's dtype and
-// config.json labelled with it (torch_dtype and dtype). `source` is the spec the model was loaded from: when it is a
+// What SaveModel writes the weights in: nullopt (the default) as the model stores them, a --dtype=bf16 model's
+// matrices in bf16 (its norms and biases in f32, as trained: nothing is rounded); kF32 every tensor in f32 (a bf16
+// model's matrices widened exactly, an f64 model's rounded); kBF16 only for a bf16 model (what it stores).
+using SaveDType = std::optional<DType>;
+// --save_dtype and the bindings' save_dtype: "" (as stored), "f32" or "bf16"; errors name `what`.
+absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::string& what = "--save_dtype");
+// Whether `model` can be saved in `dtype` (checked by SaveModel; tools check it before training).
+absl::Status CheckSaveDType(Model& model, SaveDType dtype);
+
+// Writes a Hugging Face model directory that transformers loads: model.safetensors in `dtype` (see SaveDType) and
+// config.json labelled with it (torch_dtype and dtype: bfloat16 for a bf16 model saved as stored). `source` is the spec the model was loaded from: when it is a
 // directory, config.json keeps every field of the source's that the engine does not write (bos /
 // eos / pad token ids, ...) and generation_config.json, the tokenizer files and the chat template are copied over.
 // Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
@@ -36,6 +46,7 @@ absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 // one rename, so `dir` holds exactly the new model (no stale shards or index). Where `dir` also holds entries that
 // are no model files (e.g. train's checkpoint-N directories), they stay: the model's files are replaced one by one
 // (each in one rename, config.json last), and an earlier sharded model there is refused, naming its file.
-absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "");
+absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "",
+                       SaveDType dtype = std::nullopt);
 
 }  // namespace sg

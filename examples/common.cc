@@ -331,9 +331,10 @@ std::string LoraJson(Model& model) {
       lora->adapters.size(), trainable);
 }
 
-absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge) {
+absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge,
+                         std::optional<DType> save_dtype) {
   if (model.lora() && !merge) return SaveLoraAdapter(model, dir, base);
-  return SaveModel(model, dir, base);
+  return SaveModel(model, dir, base, save_dtype);
 }
 
 void ExitIfError(const absl::Status& s, const char* what) {

@@ -1,6 +1,7 @@
 // Flags and helpers shared by the command-line tools (train, bench, gradcheck).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -68,8 +69,9 @@ std::string PeakByCategoryJson(const MemorySnapshot& s);
 std::string ApplyLoraFlags(Model& model);
 // The trained model into `dir`: HF config.json + model.safetensors; with LoRA on, the PEFT adapter files
 // (adapter_config.json + adapter_model.safetensors, base_model_name_or_path = base) unless merge, which writes the
-// merged weights as a plain HF model instead.
-absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge);
+// merged weights as a plain HF model instead; the model's weights in save_dtype (core/model_io.h's SaveDType).
+absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge,
+                         std::optional<DType> save_dtype = std::nullopt);
 // {"rank", "alpha", "dropout", "targets", "adapters", "trainable_params"} of the model's LoRA, or null.
 std::string LoraJson(Model& model);
 

@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, report, "", "write a JSON report here");
 ABSL_FLAG(std::string, save, "",
           "save the trained model (HF config.json + model.safetensors) to this directory; with LoRA, the PEFT adapter "
           "(adapter_config.json + adapter_model.safetensors) unless --merge_lora");
+ABSL_FLAG(std::string, save_dtype, "",
+          "--save and --out_dir's final model: the weights as the model stores them (empty, the default: a "
+          "--dtype=bf16 model saves bf16 matrices), or f32 (every tensor in f32), or bf16 (--dtype=bf16 models); "
+          "checkpoints keep the stored dtype, LoRA adapters are f32");
 ABSL_FLAG(bool, merge_lora, false,
           "with LoRA: save the base model with the adapters merged (W + alpha/r B A), a plain HF model, instead of "
           "the adapter files");
@@ -272,6 +276,13 @@ int Main() {
   const std::string lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
   if (lora.empty() && absl::GetFlag(FLAGS_merge_lora))
     tools::ExitIfError(absl::InvalidArgumentError("--merge_lora needs LoRA (--lora_rank or --lora_init)"), "flags");
+  absl::StatusOr<SaveDType> save_dtype = ParseSaveDType(absl::GetFlag(FLAGS_save_dtype));
+  tools::ExitIfError(save_dtype.status(), "flags");
+  tools::ExitIfError(CheckSaveDType(**model, *save_dtype), "flags");  // before training, not after it
+  if (*save_dtype && !lora.empty() && !absl::GetFlag(FLAGS_merge_lora))
+    tools::ExitIfError(absl::InvalidArgumentError("--save_dtype: LoRA saves the adapters, which are f32; add "
+                                                  "--merge_lora to save the merged model in a chosen dtype"),
+                       "flags");
   const int64_t vocab = (*model)->vocab_size();
   // The frozen reference: a preset gets the same seed, so it starts equal to the policy.
   std::unique_ptr<Model> reference;
@@ -541,10 +552,11 @@ int Main() {
 
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty() && lead)
     tools::ExitIfError(tools::SaveTrained(**model, tools::ResolveUserPath(save), tools::ModelSpec(),
-                                          absl::GetFlag(FLAGS_merge_lora)),
+                                          absl::GetFlag(FLAGS_merge_lora), *save_dtype),
                        "--save");
   if (!out_dir.empty() && finished && lead)  // the final model next to the checkpoints, as --save writes it
-    tools::ExitIfError(tools::SaveTrained(**model, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora)),
+    tools::ExitIfError(tools::SaveTrained(**model, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora),
+                                          *save_dtype),
                        "--out_dir");
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty() && lead) {
     std::string losses_json;
