@@ -214,13 +214,15 @@ constexpr size_t kTrainerOptionsSize0_5 = offsetof(sg_trainer_options, sparse_pa
 constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
 constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = the 0.2 size
 constexpr size_t kMetricsSize0_4 = offsetof(sg_metrics, lr);
+constexpr size_t kMetricsSize0_6 = offsetof(sg_metrics, peak_bytes_master_weights);  // = the 0.5 size
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
 static_assert(kTrainerOptionsSize0_4 == 288 && kMetricsSize0_4 == 208, "the 0.4 (LP64) layouts changed: append only");
-static_assert(kTrainerOptionsSize0_5 == 328 && sizeof(sg_metrics) == 224 && sizeof(sg_lora_options) == 48 &&
+static_assert(kTrainerOptionsSize0_5 == 328 && kMetricsSize0_6 == 224 && sizeof(sg_lora_options) == 48 &&
                   sizeof(sg_eval_result) == 1616,
               "the 0.5 (LP64) layouts changed: append only");
+static_assert(sizeof(sg_metrics) == 240, "the 0.7 (LP64) sg_metrics changed: append only");
 static_assert(sizeof(sg_trainer_options) == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
               "reserved_0_6 to num_threads, the same size)");
 
@@ -245,7 +247,10 @@ sg_status* CheckStructSize(const char* fn, const char* arg, size_t got, size_t w
 sg_status* CheckMetrics(const char* fn, const sg_metrics* out) {
   if (!out) return nullptr;
   return CheckStructSize(fn, "out", out->struct_size, sizeof(sg_metrics),
-                         {{"0.1", kMetricsSize0_1}, {"0.3", kMetricsSize0_3}, {"0.4", kMetricsSize0_4}});
+                         {{"0.1", kMetricsSize0_1},
+                          {"0.3", kMetricsSize0_3},
+                          {"0.4", kMetricsSize0_4},
+                          {"0.6", kMetricsSize0_6}});
 }
 
 void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
@@ -269,6 +274,10 @@ void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapsho
   if (out->struct_size > kMetricsSize0_4) {
     out->lr = m.lr;
     out->micro_batches = m.micro_batches;
+  }
+  if (out->struct_size > kMetricsSize0_6) {
+    out->peak_bytes_master_weights = snap.peak[SG_MEMORY_CATEGORY_MASTER_WEIGHTS];
+    out->bytes_at_peak_master_weights = snap.at_total_peak[SG_MEMORY_CATEGORY_MASTER_WEIGHTS];
   }
 }
 
@@ -720,11 +729,10 @@ const char* sg_dtype_name(int dtype) {
 }
 
 const char* sg_memory_category_name(int category) {
-  static const char* const kNames[SG_NUM_MEMORY_CATEGORIES] = {"weights",  "grads",   "optimizer", "activations",
-                                                               "kv_cache", "kv_grad", "logits",    "workspace"};
-  static_assert(SG_NUM_MEMORY_CATEGORIES == sg::kNumMemCategories, "category count changed: extend the C API");
-  if (category < 0 || category >= SG_NUM_MEMORY_CATEGORIES) return nullptr;
-  return kNames[category];
+  static_assert(SG_NUM_MEMORY_CATEGORIES_ALL == sg::kNumMemCategories, "category count changed: extend the C API");
+  static_assert(SG_MEMORY_CATEGORY_MASTER_WEIGHTS == static_cast<int>(sg::MemCategory::kMasterWeights));
+  if (category < 0 || category >= SG_NUM_MEMORY_CATEGORIES_ALL) return nullptr;
+  return sg::MemCategoryName(static_cast<sg::MemCategory>(category));
 }
 
 const char* const* sg_model_preset_names(void) {
@@ -794,6 +802,21 @@ sg_status* sg_model_save(sg_model* model, const char* dir) {
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
     return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir));
+  });
+}
+
+sg_status* sg_model_save_as(sg_model* model, const char* dir, const char* dtype) {
+  static const char fn[] = "sg_model_save_as";
+  return Guard(fn, [&]() -> sg_status* {
+    if (!model) return NullArg(fn, "model");
+    if (!dir) return NullArg(fn, "dir");
+    const std::string what = absl::StrCat(fn, ": argument 'dtype'");
+    absl::StatusOr<sg::SaveDType> as = sg::ParseSaveDType(dtype ? dtype : "", what);
+    if (!as.ok()) return FromAbsl(as.status());
+    if (absl::Status s = sg::CheckSaveDType(*model->core->model, *as, what); !s.ok()) return FromAbsl(s);
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir, *as));
   });
 }
 

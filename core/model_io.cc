@@ -302,11 +302,11 @@ absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::str
       absl::StrCat(what, ": '", name, "' is not a save dtype (f32, bf16, or empty: as the model stores its weights)"));
 }
 
-absl::Status CheckSaveDType(Model& model, SaveDType dtype) {
+absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& what) {
   if (dtype == DType::kBF16 && CreatedDType(model) != DType::kBF16)
     return absl::InvalidArgumentError(absl::StrCat(
-        "--save_dtype=bf16: the model stores its weights in ", DTypeName(model.dtype()),
-        "; bf16 checkpoints come from models created with --dtype=bf16 (save in f32 or as stored)"));
+        what, " is bf16 but the model stores its weights in ", DTypeName(model.dtype()),
+        "; bf16 saves come from models created with --dtype=bf16 (save in f32 or as stored)"));
   return absl::OkStatus();
 }
 

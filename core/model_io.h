@@ -33,7 +33,7 @@ using SaveDType = std::optional<DType>;
 // --save_dtype and the bindings' save_dtype: "" (as stored), "f32" or "bf16"; errors name `what`.
 absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::string& what = "--save_dtype");
 // Whether `model` can be saved in `dtype` (checked by SaveModel; tools check it before training).
-absl::Status CheckSaveDType(Model& model, SaveDType dtype);
+absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& what = "--save_dtype");
 
 // Writes a Hugging Face model directory that transformers loads: model.safetensors in `dtype` (see SaveDType) and
 // config.json labelled with it (torch_dtype and dtype: bfloat16 for a bf16 model saved as stored). `source` is the spec the model was loaded from: when it is a

@@ -80,7 +80,8 @@ static void test_version(void) {
   CHECK(strcmp(sg_code_name(SG_ERR_BUSY), "BUSY") == 0);
   CHECK(strcmp(sg_memory_category_name(0), "weights") == 0);
   CHECK(strcmp(sg_memory_category_name(SG_NUM_MEMORY_CATEGORIES - 1), "workspace") == 0);
-  CHECK(sg_memory_category_name(SG_NUM_MEMORY_CATEGORIES) == NULL);
+  CHECK(strcmp(sg_memory_category_name(SG_MEMORY_CATEGORY_MASTER_WEIGHTS), "master_weights") == 0);
+  CHECK(sg_memory_category_name(SG_NUM_MEMORY_CATEGORIES_ALL) == NULL);
   CHECK(sg_memory_category_name(-1) == NULL);
   CHECK(strcmp(sg_dtype_name(SG_DTYPE_F64), "f64") == 0);
   CHECK(strcmp(sg_model_preset_names()[0], "tiny") == 0);
@@ -2075,14 +2076,16 @@ static void test_grpo_score(void) {
 
 /* num_threads: any count trains (the sums split differently: equal to rounding); checkpoints record it, and a
  * resume with another count is not refused but warned about on stderr. */
-/* --dtype=bf16 through the C ABI: bf16 weight matrices over f32 compute, training works, weights take about half. */
+/* --dtype=bf16 through the C ABI: bf16 weight matrices over f32 compute, training works, weights take about half,
+ * fp32 masters are reported in their own category; Mamba too; saves in bf16 or f32. */
 static void test_bf16(void) {
-  sg_model *m = NULL, *f32 = tiny_model(), *none = NULL;
+  sg_model *m = NULL, *f32 = tiny_model(), *ssm = NULL, *loaded = NULL;
   sg_trainer *t, *tf;
   sg_metrics met = sg_metrics_init(), met32 = sg_metrics_init();
-  sg_param_info p = sg_param_info_init();
+  sg_param_info p = sg_param_info_init(), q = sg_param_info_init();
   double first = 0;
   int step;
+  char dir[1024];
   EXPECT_OK(sg_model_create_preset("tiny", "bf16", 1, &m));
   CHECK(sg_model_dtype(m) == SG_DTYPE_F32);
   EXPECT_OK(sg_model_param_info(m, 0, &p));
@@ -2096,7 +2099,35 @@ static void test_bf16(void) {
   EXPECT_OK(sg_trainer_step(tf, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met32));
   CHECK(isfinite(met.loss) && met.loss < first);
   CHECK(2 * met.peak_bytes_by_category[0] < 1.05 * met32.peak_bytes_by_category[0]); /* weights */
-  EXPECT_STATUS(sg_model_create_preset("tiny-ssm", "bf16", 1, &none), SG_ERR_UNIMPLEMENTED, "'dtype' = bf16");
+  CHECK(met.peak_bytes_master_weights > 0 && met32.peak_bytes_master_weights == 0);
+  CHECK(met.peak_bytes_master_weights < met.peak_bytes_by_category[2]); /* the moments: twice the masters and more */
+
+  /* Saved as stored (bf16 matrices) or in f32; both load back into bf16 with the same bits. */
+  tmp_path(dir, sizeof(dir), "c_bf16_f32");
+  EXPECT_OK(sg_model_save_as(m, dir, "f32"));
+  EXPECT_OK(sg_model_load(dir, "bf16", &loaded));
+  EXPECT_OK(sg_model_param_info(loaded, 0, &q));
+  CHECK(q.dtype == SG_DTYPE_BF16 && memcmp(p.data, q.data, (size_t)q.numel * 2) == 0);
+  sg_model_free(loaded);
+  EXPECT_OK(sg_model_load(dir, "f32", &loaded));
+  EXPECT_OK(sg_model_param_info(loaded, 0, &q));
+  CHECK(q.dtype == SG_DTYPE_F32);
+  sg_model_free(loaded);
+  tmp_path(dir, sizeof(dir), "c_bf16_bf16");
+  EXPECT_OK(sg_model_save_as(m, dir, NULL));
+  EXPECT_OK(sg_model_save_as(m, dir, "bf16"));
+  EXPECT_STATUS(sg_model_save_as(m, dir, "f16"), SG_ERR_INVALID_ARGUMENT, "argument 'dtype'");
+  EXPECT_STATUS(sg_model_save_as(f32, dir, "bf16"), SG_ERR_INVALID_ARGUMENT, "argument 'dtype' is bf16");
+  EXPECT_STATUS(sg_model_save_as(m, NULL, "f32"), SG_ERR_INVALID_ARGUMENT, "'dir'");
+
+  EXPECT_OK(sg_model_create_preset("tiny-ssm", "bf16", 1, &ssm));
+  EXPECT_OK(sg_model_param_info(ssm, 0, &q));
+  CHECK(q.dtype == SG_DTYPE_BF16);
+  sg_trainer_free(t);
+  t = new_trainer(ssm, "seco");
+  EXPECT_OK(sg_trainer_step(t, g_ids, NULL, 2 * SEQ, g_lengths, 2, &met));
+  CHECK(isfinite(met.loss) && met.peak_bytes_master_weights > 0);
+  sg_model_free(ssm);
   sg_trainer_free(t);
   sg_trainer_free(tf);
   sg_model_free(m);

@@ -123,9 +123,15 @@ typedef enum sg_dtype {
 /* "f32", "f64", ...; NULL for unknown values. */
 SG_API const char* sg_dtype_name(int dtype);
 
-/* Memory categories of the engine's allocator, in this order. */
+/* Memory categories of the engine's allocator, in this order: the SG_NUM_MEMORY_CATEGORIES of sg_metrics'
+ * per-category arrays (fixed since 0.1), then the categories added later, which sg_metrics reports in fields of
+ * their own; SG_NUM_MEMORY_CATEGORIES_ALL in all. */
 #define SG_NUM_MEMORY_CATEGORIES 8
-/* "weights", "grads", "optimizer", "activations", "kv_cache", "kv_grad", "logits", "workspace"; NULL out of range.
+/* Since 0.7: fp32 master copies of trainable bf16 weights (dtype "bf16"; the AdamW moments are "optimizer"). */
+#define SG_MEMORY_CATEGORY_MASTER_WEIGHTS 8
+#define SG_NUM_MEMORY_CATEGORIES_ALL 9
+/* "weights", "grads", "optimizer", "activations", "kv_cache", "kv_grad", "logits", "workspace", then (since 0.7)
+ * "master_weights"; NULL out of range.
  * "kv_cache"/"kv_grad" hold each model's sequence state and its gradient: the KV cache of a transformer, the scan
  * state and conv tail at chunk boundaries of an SSM. */
 SG_API const char* sg_memory_category_name(int category);
@@ -139,7 +145,8 @@ typedef struct sg_model sg_model;
 SG_API const char* const* sg_model_preset_names(void);
 
 /* A randomly initialised model (any family) from a built-in preset. dtype: "f32" or "f64" (NULL = "f32"), or "bf16"
- * (CPU, Llama/Qwen2: weight matrices, KV pages and logits in bf16 over f32 compute; sg_model_dtype is then f32 and
+ * (CPU; Llama/Qwen2/Qwen3: weight matrices, KV pages and logits in bf16 over f32 compute; since 0.7 Mamba too, its
+ * linear and embedding matrices and logits; sg_model_dtype is then f32 and
  * each parameter's sg_param dtype says how it is stored). */
 SG_API sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out);
 /* A model from a Hugging Face directory (config.json + model.safetensors[.index.json]) whose config.json
@@ -154,6 +161,11 @@ SG_API sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model*
  * one rename, so it holds exactly the new model, or is unchanged when the save fails; beside other entries the
  * model's files are replaced one by one, and an earlier sharded model there is refused (SG_ERR_FAILED_PRECONDITION). */
 SG_API sg_status* sg_model_save(sg_model* model, const char* dir);
+/* Since 0.7: sg_model_save with the weights in `dtype`: NULL or "" as the model stores them (what sg_model_save
+ * writes: a "bf16" model's weight matrices in bf16, its norms and biases in f32, config.json labelled bfloat16),
+ * "f32" every tensor in f32 (bf16 matrices widened exactly), "bf16" only for a model created with dtype "bf16".
+ * Other values, and "bf16" for an f32/f64 model: SG_ERR_INVALID_ARGUMENT naming the argument. */
+SG_API sg_status* sg_model_save_as(sg_model* model, const char* dir, const char* dtype);
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
 
@@ -349,6 +361,9 @@ typedef struct sg_metrics {
   int64_t micro_batches; /* batches whose gradients this call's optimizer step used: 1 after compute_gradients, the
                             number of sg_trainer_accumulate_gradients* calls since the last step after accumulation;
                             0 when no optimizer step ran */
+  /* Since 0.7: category SG_MEMORY_CATEGORY_MASTER_WEIGHTS, as in the arrays above. */
+  int64_t peak_bytes_master_weights;
+  int64_t bytes_at_peak_master_weights;
 } sg_metrics;
 
 /* A zeroed sg_metrics with struct_size set. */
