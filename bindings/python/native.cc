@@ -65,8 +65,8 @@ std::pair<py::dtype, py::ssize_t> NumpyDType(int dt) {
 // shape/strides and a deleter that drops `base`, and whose __dlpack_device__ returns (2, device id); torch/JAX/CuPy
 // take those zero-copy exactly as they take these arrays' NumPy-provided __dlpack__ now. sg_param_info would gain a
 // device field first.
-py::array View(const sg_param_info& p, void* data, py::object base) {
-  auto [dtype, elem] = NumpyDType(p.dtype);
+py::array View(const sg_param_info& p, int sg_dtype, void* data, py::object base) {
+  auto [dtype, elem] = NumpyDType(sg_dtype);
   std::vector<py::ssize_t> shape(p.shape, p.shape + p.ndim), strides(p.ndim);
   py::ssize_t stride = elem;
   for (int d = p.ndim - 1; d >= 0; --d) {
@@ -177,6 +177,8 @@ py::dict MetricsDict(const sg_metrics& m) {
     peak[sg_memory_category_name(c)] = m.peak_bytes_by_category[c];
     at_peak[sg_memory_category_name(c)] = m.bytes_at_peak_by_category[c];
   }
+  peak[sg_memory_category_name(SG_MEMORY_CATEGORY_MASTER_WEIGHTS)] = m.peak_bytes_master_weights;
+  at_peak[sg_memory_category_name(SG_MEMORY_CATEGORY_MASTER_WEIGHTS)] = m.bytes_at_peak_master_weights;
   d["peak_bytes_by_category"] = peak;
   d["bytes_at_peak_by_category"] = at_peak;
   d["seconds"] = m.seconds;
@@ -442,7 +444,7 @@ PYBIND11_MODULE(_native, mod) {
   mod.def("code_name", [](int c) { return std::string(sg_code_name(c)); });
   mod.def("memory_category_names", [] {
     py::list l;
-    for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) l.append(sg_memory_category_name(c));
+    for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES_ALL; ++c) l.append(sg_memory_category_name(c));
     return l;
   });
   mod.def("preset_names", [] {
@@ -475,11 +477,11 @@ PYBIND11_MODULE(_native, mod) {
                     return std::make_shared<NativeModel>(m);
                   })
       .def("save",
-           [](NativeModel& self, const std::string& dir) {
+           [](NativeModel& self, const std::string& dir, const std::string& dtype) {
              sg_status* st;
              {
                py::gil_scoped_release release;
-               st = sg_model_save(self.m, dir.c_str());
+               st = sg_model_save_as(self.m, dir.c_str(), dtype.c_str());
              }
              Check(st);
            })
@@ -545,9 +547,10 @@ PYBIND11_MODULE(_native, mod) {
         NativeModel& self = self_obj.cast<NativeModel&>();
         sg_param_info p = sg_param_info_init();
         Check(sg_model_param_info(self.m, i, &p));
-        py::array value = View(p, p.data, self_obj);
+        py::array value = View(p, p.dtype, p.data, self_obj);
         py::object grad = py::none();
-        if (p.grad) grad = View(p, p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
+        if (p.grad)  // in the compute dtype (a bf16 parameter's gradient is f32)
+          grad = View(p, sg_model_dtype(self.m), p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
         return py::make_tuple(std::string(p.name), value, grad);
       });
 

@@ -89,10 +89,14 @@ class Model:
             raise ClosedError("Model is closed")
         return self._native
 
-    def save(self, directory):
+    def save(self, directory, dtype=None):
         """config.json + model.safetensors that Hugging Face transformers loads; with LoRA the merged weights
-        W + (alpha / rank) B A (a plain model without adapters)."""
-        self._get().save(os.fspath(directory))
+        W + (alpha / rank) B A (a plain model without adapters). dtype: None saves the weights as the model stores
+        them (a "bf16" model: bf16 matrices, f32 norms and biases, labelled bfloat16), "f32" every tensor in f32,
+        "bf16" only for a bf16 model."""
+        if dtype is not None and not isinstance(dtype, str):
+            raise InvalidArgumentError("dtype must be None, 'f32' or 'bf16', got %r" % (dtype,))
+        self._get().save(os.fspath(directory), dtype or "")
 
     @property
     def vocab_size(self):
@@ -174,7 +178,8 @@ class Model:
 
     def parameters(self):
         """dict name -> C-contiguous numpy array sharing the engine's memory (writes change the model). NumPy's
-        __dlpack__ hands them to torch/JAX/CuPy without a copy: torch.from_dlpack(array)."""
+        __dlpack__ hands them to torch/JAX/CuPy without a copy: torch.from_dlpack(array). A dtype="bf16" model's
+        weight matrices are uint16 arrays of the raw bf16 bits (widen: (a.astype(np.uint32) << 16).view(np.float32))."""
         return {name: value for name, value, _ in self._params()}
 
     def gradients(self):

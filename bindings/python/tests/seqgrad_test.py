@@ -21,7 +21,8 @@ def model():
 
 def test_version_and_constants():
     assert seqgrad.version() == seqgrad.__version__
-    assert seqgrad.MEMORY_CATEGORIES[0] == "weights" and len(seqgrad.MEMORY_CATEGORIES) == 8
+    assert seqgrad.MEMORY_CATEGORIES[0] == "weights" and len(seqgrad.MEMORY_CATEGORIES) == 9
+    assert seqgrad.MEMORY_CATEGORIES[-1] == "master_weights"  # appended: the others keep their numbers
     assert "tiny" in seqgrad.PRESETS
 
 
@@ -37,6 +38,48 @@ def test_train_and_metrics(model):
     assert m["chunks"] == m["chunks_backpropagated"] == 3  # seco: one sequence of 24 tokens in chunks of 8
     assert [p["phase"] for p in seen[:2]] == ["gradients", "optimizer"]
     assert seen[-1]["step"] == 5 and seen[-1]["loss"] == m["loss"]
+
+
+def widen_bf16(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("preset,matrix", [("tiny", "model.embed_tokens.weight"),
+                                           ("tiny-ssm", "backbone.layers.0.mixer.in_proj.weight")])
+def test_bf16_model_trains_and_saves(preset, matrix, tmp_path):
+    """dtype="bf16": matrices are uint16 views of bf16 bits, vectors and gradients f32; training steps through fp32
+    masters (master_weights); save() writes bf16 by default (bit exact on reload) or f32 on request."""
+    with seqgrad.Model.from_preset(preset, dtype="bf16", seed=1) as m:
+        assert m.dtype == "f32"  # the compute dtype
+        params = m.parameters()
+        assert params[matrix].dtype == np.uint16
+        norm = [n for n in params if n.endswith("norm.weight") or n.endswith("norm_f.weight")][0]
+        assert params[norm].dtype == np.float32
+        before = params[matrix].copy()
+        with seqgrad.Trainer(m, strategy="seco", chunk=8, page_size=8, lr=3e-3) as tr:
+            losses = [tr.step(BATCH)["loss"] for _ in range(4)]
+            metrics = tr.step(BATCH)
+        assert losses[-1] < losses[0]
+        assert m.gradients()[matrix].dtype == np.float32
+        assert not np.array_equal(before, params[matrix])
+        assert metrics["peak_bytes_by_category"]["master_weights"] > 0
+        assert metrics["peak_bytes"] == sum(metrics["bytes_at_peak_by_category"].values())
+
+        m.save(tmp_path / "bf16")
+        with seqgrad.Model.load(tmp_path / "bf16", dtype="bf16") as back:
+            assert np.array_equal(back.parameters()[matrix], params[matrix])
+        with open(tmp_path / "bf16" / "config.json") as f:
+            assert '"torch_dtype": "bfloat16"' in f.read()
+        m.save(tmp_path / "f32", dtype="f32")
+        with seqgrad.Model.load(tmp_path / "f32") as f32:
+            assert np.array_equal(f32.parameters()[matrix], widen_bf16(params[matrix]))
+        with seqgrad.Model.load(tmp_path / "f32", dtype="bf16") as back:
+            assert np.array_equal(back.parameters()[matrix], params[matrix])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="'dtype'"):
+            m.save(tmp_path / "x", dtype="f16")
+    with seqgrad.Model.from_preset(preset, seed=1) as f32:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="'dtype' is bf16"):
+            f32.save(tmp_path / "x", dtype="bf16")
 
 
 def test_parameters_are_views(model):

@@ -201,7 +201,8 @@ typedef struct sg_param_info {
   int64_t shape[SG_MAX_DIMS];
   int64_t numel;
   void* data; /* the parameter's values; writable */
-  void* grad; /* its gradient, NULL for frozen parameters; valid after a compute_gradients/step */
+  void* grad; /* its gradient, NULL for frozen parameters; valid after a compute_gradients/step; in sg_model_dtype
+                 (the gradient of a bf16 parameter is f32) */
 } sg_param_info;
 
 /* A zeroed sg_param_info with struct_size set. */
