@@ -113,13 +113,17 @@ jdoubleArray ToJava(JNIEnv* env, const std::vector<double>& v) {
 
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
   // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs, lr,
-  //  micro_batches, peak_by_category x8, at_peak_by_category x8] (Metrics.java reads this layout)
+  //  micro_batches, peak_by_category x9, at_peak_by_category x9] (Metrics.java reads this layout; the 9th category,
+  //  master_weights, comes from its own sg_metrics fields)
   std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
                             static_cast<double>(m.peak_bytes), m.seconds, static_cast<double>(m.chunks),
                             static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs),
                             m.lr, static_cast<double>(m.micro_batches)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
+  v.push_back(static_cast<double>(m.peak_bytes_master_weights));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
+  v.push_back(static_cast<double>(m.bytes_at_peak_master_weights));
+  static_assert(SG_NUM_MEMORY_CATEGORIES_ALL == SG_NUM_MEMORY_CATEGORIES + 1, "report the new category here");
   return ToJava(env, v);
 }
 
@@ -292,10 +296,10 @@ JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype) {
   GUARD_END(0)
 }
 
-JNI_FN(void, modelSave)(JNIEnv* env, jclass, jlong h, jstring dir) {
+JNI_FN(void, modelSave)(JNIEnv* env, jclass, jlong h, jstring dir, jstring dtype) {
   GUARD_BEGIN
-  const std::string p = Str(env, dir);
-  Failed(env, sg_model_save(M(h), dir ? p.c_str() : nullptr));
+  const std::string p = Str(env, dir), d = Str(env, dtype);
+  Failed(env, sg_model_save_as(M(h), dir ? p.c_str() : nullptr, dtype ? d.c_str() : nullptr));
   GUARD_END()
 }
 
@@ -367,7 +371,8 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
   if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
   void* ptr = grad ? p.grad : p.data;
   if (!ptr) return nullptr;
-  const jlong elem = p.dtype == SG_DTYPE_F64 || p.dtype == SG_DTYPE_I64 ? 8 : p.dtype == SG_DTYPE_F32 || p.dtype == SG_DTYPE_I32 ? 4 : 2;
+  const int dtype = grad ? sg_model_dtype(M(h)) : p.dtype;  // a bf16 parameter's gradient is f32
+  const jlong elem = dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_I64 ? 8 : dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_I32 ? 4 : 2;
   jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * elem);
   if (!buffer) return nullptr;
   ++JM(h)->refs;

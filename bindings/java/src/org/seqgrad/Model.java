@@ -28,8 +28,8 @@ public final class Model extends NativeHandle {
    * A randomly initialised model from a built-in preset.
    *
    * @param name a preset of {@link #presetNames}: "tiny", ..., "tiny-ssm", ...
-   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU, Llama/Qwen2: bf16 weight matrices, KV pages and logits,
-   *     f32 compute)
+   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU; Llama/Qwen2/Qwen3: bf16 weight matrices, KV pages and
+   *     logits; Mamba: bf16 linear and embedding matrices and logits; f32 compute)
    * @param seed initialisation seed (all 64 bits, as unsigned)
    * @return the model
    * @throws InvalidArgumentException for a null name, an unknown preset or dtype
@@ -53,8 +53,8 @@ public final class Model extends NativeHandle {
    * A model from a Hugging Face directory (config.json + safetensors; model_type llama, qwen2 or mamba).
    *
    * @param dir the directory
-   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU, Llama/Qwen2: bf16 weight matrices, KV pages and logits,
-   *     f32 compute)
+   * @param dtype "f32" or "f64"; null = "f32"; or "bf16" (CPU; Llama/Qwen2/Qwen3: bf16 weight matrices, KV pages and
+   *     logits; Mamba: bf16 linear and embedding matrices and logits; f32 compute)
    * @return the model
    * @throws NotFoundException when the directory or its files do not exist
    * @throws InvalidArgumentException for a null dir or an unsupported config
@@ -108,10 +108,22 @@ public final class Model extends NativeHandle {
    * @param dir the output directory (created if missing)
    */
   public void save(String dir) {
+    save(dir, null);
+  }
+
+  /**
+   * {@link #save(String)} with the weights in a chosen dtype.
+   *
+   * @param dir the output directory (created if missing)
+   * @param dtype null: as the model stores them (a "bf16" model: bf16 weight matrices, f32 norms and biases, labelled
+   *     bfloat16); "f32": every tensor in f32; "bf16": only for a "bf16" model
+   * @throws InvalidArgumentException for another dtype, or "bf16" for an f32/f64 model
+   */
+  public void save(String dir, String dtype) {
     SeqgradException.notNull(dir, "Model.save: dir");
     long h = acquire();
     try {
-      NativeApi.modelSave(h, dir);
+      NativeApi.modelSave(h, dir, dtype);
     } finally {
       release();
     }
@@ -340,7 +352,7 @@ public final class Model extends NativeHandle {
    * A parameter's element type.
    *
    * @param i index in [0, {@link #numParams})
-   * @return "f32" or "f64"
+   * @return "f32" or "f64", or "bf16" for the weight matrices of a "bf16" model (their {@link #grad} is f32)
    * @throws OutOfRangeException for a bad index
    */
   public String paramDType(int i) {

@@ -88,7 +88,7 @@ final class NativeApi {
 
   static native long modelCreatePreset(String name, String dtype, long seed);
   static native long modelLoad(String dir, String dtype);
-  static native void modelSave(long h, String dir);
+  static native void modelSave(long h, String dir, String dtype);
   /** Drops the Model object's reference to the native model. */
   static native void modelFree(long h);
   /** Drops the reference of a view buffer from paramBuffer (its Cleaner). */

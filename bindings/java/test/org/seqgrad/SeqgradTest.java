@@ -565,6 +565,58 @@ class SeqgradTest {
     return out;
   }
 
+  /**
+   * dtype "bf16", both families: matrices are bf16 (2-byte views) with f32 gradients; training works and reports the
+   * fp32 masters under master_weights; a save in bf16 (the default) or f32 reloads into bf16 with the same bits.
+   */
+  @Test
+  void bf16ModelsTrainSaveAndReload() throws Exception {
+    List<String> categories = Model.memoryCategories();
+    assertEquals(9, categories.size());
+    int masters = categories.indexOf("master_weights");
+    assertEquals(8, masters);  // appended: the other categories keep their numbers
+    Path dir = Files.createTempDirectory("seqgrad-java-bf16");
+    for (String preset : List.of("tiny", "tiny-ssm")) {
+      try (Model m = Model.fromPreset(preset, "bf16", 1);
+           Trainer t = Trainer.create(m, new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(3e-3))) {
+        assertEquals("bf16", m.paramDType(0));  // the embedding
+        double first = 0;
+        Metrics r = null;
+        for (int i = 0; i < 4; ++i) {
+          r = t.step(List.of(A, B));
+          if (i == 0) first = r.loss;
+        }
+        assertTrue(r.loss < first, preset + ": loss went down: " + first + " -> " + r.loss);
+        assertEquals(9, r.peakBytesByCategory.length);
+        assertTrue(r.peakBytesByCategory[masters] > 0, preset);
+        assertEquals(r.peakBytes, Arrays.stream(r.bytesAtPeakByCategory).sum(), preset);
+        ByteBuffer w = m.param(0);
+        long numel = Arrays.stream(m.paramShape(0)).reduce(1, (a, b) -> a * b);
+        assertEquals(2 * numel, w.capacity());
+        assertEquals(4 * numel, m.grad(0).capacity());  // f32 gradients
+
+        String bf16 = dir.resolve(preset + "-bf16").toString(), f32 = dir.resolve(preset + "-f32").toString();
+        m.save(bf16);
+        m.save(f32, "f32");
+        for (String saved : List.of(bf16, f32)) {
+          try (Model back = Model.load(saved, "bf16")) {
+            assertEquals(w, back.param(0), saved);  // the same bf16 bits
+          }
+        }
+        try (Model wide = Model.load(f32, "f32")) {
+          assertEquals("f32", wide.paramDType(0));
+          assertEquals(Float.intBitsToFloat((w.getShort(10) & 0xffff) << 16), wide.param(0).asFloatBuffer().get(5));
+        }
+        assertThrows(InvalidArgumentException.class, () -> m.save(bf16, "f16"));
+      }
+    }
+    try (Model f32 = Model.fromPreset("tiny", "f32", 1)) {
+      InvalidArgumentException e =
+          assertThrows(InvalidArgumentException.class, () -> f32.save(dir.resolve("x").toString(), "bf16"));
+      assertTrue(e.getMessage().contains("'dtype' is bf16"), e.getMessage());
+    }
+  }
+
   @Test
   void ssmStrategiesMatchFullAndSaveLoadRoundTrips() throws Exception {
     List<String> presets = Model.presetNames();
