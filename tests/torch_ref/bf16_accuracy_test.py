@@ -1,49 +1,95 @@
 """--dtype=bf16 accuracy, the flash-attention habit: the engine's bf16 error must be within 2x (plus a floor) of
 PyTorch's own bf16 autograd error, both against the same float64 reference.
 
-For the tiny Llama (GQA) and Qwen2 models of torch_ref_test.py, with weights rounded to bf16 so that the bf16 and
-float64 models are the same function: the float64 reference is plain torch autograd in float64; PyTorch's bf16 run is
-the same code with every parameter and activation in bfloat16 (torch's CPU kernels); the engine runs grad_dump
---dtype=bf16 with strategies full, seco and streambp. For the loss and every parameter gradient,
-rel_err(engine) <= 2 * rel_err(torch bf16) + FLOOR, rel_err = max |x - ref| / max |ref| (torch_ref_test.rel_error).
+Models: the tiny Llama (GQA), Qwen2 and Qwen3 configs of torch_ref_test.py, and its two tiny Mamba configs, with
+weights rounded to bf16 so that the bf16 and float64 models are the same function. The float64 reference is plain
+torch autograd in float64. PyTorch's bf16 run:
+  - transformers: the same code with every parameter and activation in bfloat16 (torch's CPU kernels);
+  - Mamba: Hugging Face's own bf16 recipe (MambaMixer.slow_forward / MambaBlock): parameters, projections and the
+    conv in bf16, the scan in fp32 (A = -exp(A_log.float())), its outputs cast back to bf16, RMSNorm computed in fp32
+    and cast back, the residual stream in fp32 (residual_in_fp32) - a pure-bf16 scan would be a far looser yardstick.
+The engine runs grad_dump --dtype=bf16 with strategies full, seco and streambp (Mamba also adjoint). For the loss and
+every parameter gradient, rel_err(engine) <= 2 * rel_err(torch bf16) + FLOOR, rel_err = max |x - ref| / max |ref|
+(torch_ref_test.rel_error).
 
-The engine stores weights, KV / KV-gradient pages and logits in bf16 (other activations are still f32), so its error
-is below torch's (about 2e-2 against torch's 4-8e-2 on these models).
+The engine stores weights, KV / KV-gradient pages and logits in bf16 (other activations, and Mamba's scan, conv and
+their states, are f32), so its error is below torch's (about 2e-2 against torch's 4-8e-2 on the transformers).
 """
 import os
 import sys
 
-import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_ref_test as ref  # noqa: E402  (the plain-torch models, safetensors helpers and grad_dump runner)
 
 FLOOR = 1e-3  # absolute, on the relative error: below it differences are fp32 rounding, not bf16
 STRATEGIES = [("full", 512), ("seco", 16), ("streambp", 16)]
+MAMBA_STRATEGIES = [("full", 512), ("seco", 7), ("streambp", 5), ("adjoint", 7)]
+MAMBA_LENGTHS = [29, 17]
 
 
 def round_to_bf16(weights):
     return {k: torch.tensor(v).to(torch.bfloat16).double().numpy() for k, v in weights.items()}
 
 
-@pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied"])
-def test_bf16_error_within_twice_torch_bf16(config):
-    spec = ref.CONFIGS[config]
-    hf = spec["hf"]
-    root = ref.scratch_dir(f"bf16_{config}_")
-    weights = round_to_bf16(ref.make_weights(hf, spec["seed"]))
-    batch = ref.make_batch(hf, spec["lengths"], spec["seed"])
+def mamba_logits_hf_bf16(hf, W, ids):
+    """Logits of bf16 parameters W as Hugging Face's MambaForCausalLM computes them in bf16 (its slow path)."""
+    d, E, N, R, K = ref.mamba_dims(hf)
+    eps = float(hf["layer_norm_epsilon"])
+    bf16 = torch.bfloat16
+    residual_in_fp32 = hf.get("residual_in_fp32", True)
+    T = len(ids)
+
+    def norm(x, w):  # MambaRMSNorm: the variance in fp32, the result cast back to the input's dtype
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    x = W["backbone.embeddings.weight"][torch.tensor(ids, dtype=torch.long)]
+    for i in range(hf["num_hidden_layers"]):
+        p = f"backbone.layers.{i}.mixer."
+        residual = x.float() if residual_in_fp32 else x
+        xz = norm(x.to(bf16), W[f"backbone.layers.{i}.norm.weight"]) @ W[p + "in_proj.weight"].T
+        if hf["use_bias"]:
+            xz = xz + W[p + "in_proj.bias"]
+        xi, z = xz[:, :E], xz[:, E:]
+        conv = F.conv1d(xi.T[None], W[p + "conv1d.weight"], W[p + "conv1d.bias"], padding=K - 1, groups=E)
+        u = F.silu(conv[0, :, :T].T)
+        dt, B, C = torch.split(u @ W[p + "x_proj.weight"].T, [R, N, N], dim=-1)
+        delta = F.softplus(dt @ W[p + "dt_proj.weight"].T + W[p + "dt_proj.bias"])
+        A = -torch.exp(W[p + "A_log"].float())
+        decay = torch.exp(delta.float()[:, :, None] * A[None])  # [T, E, N] in fp32
+        drive = delta.float()[:, :, None] * B.float()[:, None, :] * u.float()[:, :, None]
+        h = torch.zeros(E, N, dtype=torch.float32)
+        ys = []
+        for t in range(T):
+            h = decay[t] * h + drive[t]
+            ys.append(h.to(bf16) @ C[t])
+        y = (torch.stack(ys) + u * W[p + "D"]) * F.silu(z)
+        out = y @ W[p + "out_proj.weight"].T
+        if hf["use_bias"]:
+            out = out + W[p + "out_proj.bias"]
+        x = residual + out
+    head = W["backbone.embeddings.weight"] if hf["tie_word_embeddings"] else W["lm_head.weight"]
+    return norm(x.to(bf16), W["backbone.norm_f.weight"]) @ head.T
+
+
+def check_within_twice_torch(label, hf, weights, batch, strategies, logits_fn=None):
+    """Writes the model and batch, runs the engine in bf16 under each strategy and checks every error against
+    2x torch's bf16 error + FLOOR (see the module docstring)."""
+    root = ref.scratch_dir(f"bf16_{label}_")
     model_dir = os.path.join(root, "model")
     ref.write_model_dir(model_dir, hf, weights)
     jsonl = os.path.join(root, "batch.jsonl")
     ref.write_jsonl(jsonl, batch)
-    exact = ref.reference(hf, weights, batch)
-    torch_bf16 = ref.reference(hf, weights, batch, dtype=torch.bfloat16)
+    exact = ref.reference(hf, weights, batch, logits_fn=logits_fn and logits_fn[0])
+    torch_bf16 = ref.reference(hf, weights, batch, logits_fn=logits_fn and logits_fn[1], dtype=torch.bfloat16)
 
     def errors(run):
         loss, grads = run
+        assert sorted(grads) == sorted(exact[1]), f"{label}: gradient names differ"
         out = {"loss": abs(loss - exact[0]) / abs(exact[0])}
         out.update({name: ref.rel_error(grads[name], g) for name, g in exact[1].items()})
         return out
@@ -51,7 +97,7 @@ def test_bf16_error_within_twice_torch_bf16(config):
     torch_err = errors(torch_bf16)
     assert max(torch_err.values()) > 1e-3, "torch's bf16 run must show bf16 rounding (is it really bf16?)"
     summary = []
-    for strategy, chunk in STRATEGIES:
+    for strategy, chunk in strategies:
         out = os.path.join(root, f"grads_{strategy}.safetensors")
         loss, grads, metadata = ref.grad_dump(model_dir, jsonl, out, strategy, page_size=16, lm_chunk=7, chunk=chunk,
                                               flags=["--dtype=bf16"])
@@ -59,11 +105,27 @@ def test_bf16_error_within_twice_torch_bf16(config):
         engine_err = errors((loss, grads))
         bad = {k: (e, torch_err[k]) for k, e in engine_err.items() if not e <= 2 * torch_err[k] + FLOOR}
         worst = max(engine_err, key=engine_err.get)
-        summary.append(f"{config}/{strategy}: engine worst {worst} {engine_err[worst]:.2e} "
+        summary.append(f"{label}/{strategy}: engine worst {worst} {engine_err[worst]:.2e} "
                        f"(torch bf16 there {torch_err[worst]:.2e}, torch worst {max(torch_err.values()):.2e})")
-        assert not bad, f"{config}/{strategy}: engine bf16 error above 2x torch's + {FLOOR}: " + ", ".join(
+        assert not bad, f"{label}/{strategy}: engine bf16 error above 2x torch's + {FLOOR}: " + ", ".join(
             f"{k}: {e:.2e} vs torch {t:.2e}" for k, (e, t) in sorted(bad.items()))
     print("\n".join(["SUMMARY"] + summary))
+
+
+@pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "qwen3"])
+def test_bf16_error_within_twice_torch_bf16(config):
+    spec = ref.ALL_CONFIGS[config]
+    hf = spec["hf"]
+    check_within_twice_torch(config, hf, round_to_bf16(ref.make_weights(hf, spec["seed"])),
+                             ref.make_batch(hf, spec["lengths"], spec["seed"]), STRATEGIES)
+
+
+@pytest.mark.parametrize("config", sorted(ref.MAMBA_CONFIGS))
+def test_mamba_bf16_error_within_twice_torch_bf16(config):
+    hf = ref.MAMBA_CONFIGS[config]
+    check_within_twice_torch(config, hf, round_to_bf16(ref.make_mamba_weights(hf, 5)),
+                             ref.make_batch(hf, MAMBA_LENGTHS, 5), MAMBA_STRATEGIES,
+                             logits_fn=(ref.mamba_logits, mamba_logits_hf_bf16))
 
 
 def test_grad_dump_refuses_other_dtypes():
