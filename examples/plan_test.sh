@@ -46,10 +46,16 @@ T=$(field "$tmp/fit.json" 'j["seq_len"]')
 # Offload reports host bytes; the text table names every category.
 "$plan" --model=tiny --strategy=seco --chunk=64 --page_size=16 --offload --sparse_pages=2 --seq_len=1024 \
   >"$tmp/offload.txt" || fail "offload"
-for w in weights grads optimizer activations kv_cache kv_grad logits workspace total "host (offloaded"; do
+for w in weights grads optimizer activations kv_cache kv_grad logits workspace master_weights total "host (offloaded"; do
   grep -q "^$w" "$tmp/offload.txt" || { cat "$tmp/offload.txt"; fail "no $w"; }
 done
 "$plan" --model=tiny-ssm --strategy=adjoint --chunk=64 --seq_len=4096 --objective=grpo >/dev/null || fail "ssm grpo"
+# bf16 Mamba plans its fp32 masters in master_weights: 4 bytes per element of its bf16 matrices (tiny-ssm: 3
+# layers of in_proj 2E x d, x_proj (R + 2N) x E, dt_proj E x R, out_proj d x E with d 16, E 32, N 4, R 2; the
+# embedding 97 x d, tied head).
+"$plan" --model=tiny-ssm --dtype=bf16 --strategy=seco --chunk=64 --seq_len=256 --json >"$tmp/ssm16.json" || fail "ssm bf16"
+[[ "$(field "$tmp/ssm16.json" 'j["device_peak"]["master_weights"]')" == $((4 * (97 * 16 + 3 * (64 * 16 + 10 * 32 + 32 * 2 + 16 * 32)))) ]] ||
+  { cat "$tmp/ssm16.json"; fail "bf16 Mamba's masters"; }
 
 # --memory_budget in train picks by the plan: the chunk it prints fits the budget.
 "$train" --model=demo --seq_len=2048 --strategy=seco --memory_budget=6000000 --steps=1 2>"$tmp/train.err" >/dev/null ||
