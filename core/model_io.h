@@ -36,9 +36,10 @@ absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::str
 absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& what = "--save_dtype");
 
 // Writes a Hugging Face model directory that transformers loads: model.safetensors in `dtype` (see SaveDType) and
-// config.json labelled with it (torch_dtype and dtype: bfloat16 for a bf16 model saved as stored). `source` is the spec the model was loaded from: when it is a
-// directory, config.json keeps every field of the source's that the engine does not write (bos /
-// eos / pad token ids, ...) and generation_config.json, the tokenizer files and the chat template are copied over.
+// config.json labelled with it (torch_dtype and dtype: bfloat16 for a bf16 model saved as stored). `source` is the
+// spec the model was loaded from: when it is a directory, config.json keeps every field of the source's that the
+// engine does not write (bos / eos / pad token ids, ...) and generation_config.json, the tokenizer files and the
+// chat template are copied over.
 // Transformers and Mamba models alike. A LoRA model is written merged (W + alpha/r B A, no adapter tensors): a
 // plain HF model; core/lora_io.h writes the adapters themselves.
 // The save is all or nothing: everything is written into a directory beside `dir` first, so that when anything fails

@@ -20,15 +20,18 @@ PY
 
 for model in tiny-ssm tiny; do
   "$train" --model="$model" --dtype=bf16 --seq_len=600 --chunk=128 --strategy=seco --steps=20 --lr=0.01 \
-    --report="$tmp/$model.json" --save="$tmp/$model-bf16" >"$tmp/$model.out" 2>&1 || { cat "$tmp/$model.out"; fail "train $model"; }
-  grep -q "master_weights" "$tmp/$model.out" || { cat "$tmp/$model.out"; fail "$model: no master_weights in the summary"; }
+    --report="$tmp/$model.json" --save="$tmp/$model-bf16" >"$tmp/$model.out" 2>&1 ||
+    { cat "$tmp/$model.out"; fail "train $model"; }
+  grep -q "master_weights" "$tmp/$model.out" ||
+    { cat "$tmp/$model.out"; fail "$model: no master_weights in the summary"; }
   /usr/bin/python3 - "$tmp/$model.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["losses"][-1] < r["losses"][0] - 0.3, r["losses"]
 assert r["peak_bytes_by_category"]["master_weights"] > 0, r["peak_bytes_by_category"]
 PY
-  [ "$(saved_dtypes "$tmp/$model-bf16")" = "bfloat16 BF16,F32" ] || fail "$model: bf16 save: $(saved_dtypes "$tmp/$model-bf16")"
+  [ "$(saved_dtypes "$tmp/$model-bf16")" = "bfloat16 BF16,F32" ] ||
+    fail "$model: bf16 save: $(saved_dtypes "$tmp/$model-bf16")"
   "$train" --model="$model" --dtype=bf16 --seq_len=600 --steps=1 --save="$tmp/$model-f32" --save_dtype=f32 \
     >/dev/null 2>&1 || fail "$model: --save_dtype=f32"
   [ "$(saved_dtypes "$tmp/$model-f32")" = "float32 F32" ] || fail "$model: f32 save: $(saved_dtypes "$tmp/$model-f32")"

@@ -372,7 +372,9 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
   void* ptr = grad ? p.grad : p.data;
   if (!ptr) return nullptr;
   const int dtype = grad ? sg_model_dtype(M(h)) : p.dtype;  // a bf16 parameter's gradient is f32
-  const jlong elem = dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_I64 ? 8 : dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_I32 ? 4 : 2;
+  const jlong elem = dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_I64   ? 8
+                     : dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_I32 ? 4
+                                                                      : 2;
   jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * elem);
   if (!buffer) return nullptr;
   ++JM(h)->refs;
