@@ -541,7 +541,7 @@ int Main() {
   std::printf("done: %lld steps, %s loss %.4f -> %.4f, %.0f tokens/s, peak %s\n", static_cast<long long>(losses.size()),
               objective.name.c_str(), losses.front(), losses.back(), tokens_per_s, Mib(mem.total_peak).c_str());
   for (int i = 0; i < kNumMemCategories; ++i)
-    std::printf("  peak %-12s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
+    std::printf("  peak %-14s %s\n", MemCategoryName(static_cast<MemCategory>(i)), Mib(mem.peak[i]).c_str());
   monitor.PrintEvalSummary(stdout);
   if (layer_sharded)
     std::printf("layer-sharded adjoint: %d ranks, %lld bytes sent by rank 0 in the last step\n", comm->size(),
