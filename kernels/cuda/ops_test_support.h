@@ -24,6 +24,12 @@ namespace ops_test {
 template <typename T> DType DTypeOf();
 template <> inline DType DTypeOf<float>() { return DType::kF32; }
 template <> inline DType DTypeOf<double>() { return DType::kF64; }
+template <> inline DType DTypeOf<uint16_t>() { return DType::kBF16; }  // bf16 bits (--dtype=bf16 storage)
+
+// An element as a number (bf16 bits widened).
+inline double AsDouble(float x) { return x; }
+inline double AsDouble(double x) { return x; }
+inline double AsDouble(uint16_t bf16) { return BF16ToF32(bf16); }
 
 inline MemoryTracker* TrackerFor(Device d) {
   if (d == Device::kCPU) return nullptr;  // aligned host memory
@@ -38,7 +44,9 @@ inline MemoryTracker* TrackerFor(Device d) {
 constexpr int64_t kGuard = 67;  // elements on each side of every buffer
 
 template <typename T> T Sentinel() { return static_cast<T>(-7777.25); }
+template <> inline uint16_t Sentinel<uint16_t>() { return F32ToBF16(-7777.25f); }
 template <typename T> T Nan() { return std::numeric_limits<T>::quiet_NaN(); }
+template <> inline uint16_t Nan<uint16_t>() { return F32ToBF16(std::numeric_limits<float>::quiet_NaN()); }
 
 // n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones holding a sentinel.
 template <typename T>
@@ -64,7 +72,7 @@ class Buf {
       if (std::memcmp(&b[i], &s, sizeof(T)) != 0) {
         const int64_t off = i < kGuard ? i - kGuard : i - kGuard - n_;
         ADD_FAILURE() << name_ << ": out-of-bounds write at " << (off < 0 ? "" : "end + ") << off << " (value "
-                      << b[i] << ")";
+                      << AsDouble(b[i]) << ")";
         return false;
       }
     }
@@ -76,7 +84,9 @@ class Buf {
   }
   std::vector<double> Values() const {
     GuardsIntact();
-    return std::vector<double>(data(), data() + n_);
+    std::vector<double> v(n_);
+    for (int64_t i = 0; i < n_; ++i) v[i] = AsDouble(data()[i]);
+    return v;
   }
 
  private:
