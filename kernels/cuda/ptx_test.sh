@@ -8,7 +8,8 @@ set -euo pipefail
 nvcc="${NVCC:-/usr/local/cuda/bin/nvcc}"
 [[ -x "$nvcc" ]] || nvcc="$(command -v nvcc || true)"
 if [[ -z "$nvcc" ]]; then
-  echo "SKIPPED: no nvcc (neither /usr/local/cuda/bin/nvcc nor nvcc on PATH): the PTX of the tensor-core kernels is not checked"
+  echo "SKIPPED: no nvcc (neither /usr/local/cuda/bin/nvcc nor nvcc on PATH):" \
+    "the PTX of the tensor-core kernels is not checked"
   exit 0
 fi
 

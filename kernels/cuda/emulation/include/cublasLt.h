@@ -96,8 +96,12 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, 
       if (v != CUBLAS_OP_N && v != CUBLAS_OP_T && v != CUBLAS_OP_C) return CUBLAS_STATUS_INVALID_VALUE;
       (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc->trans_a : desc->trans_b) = v;
       return CUBLAS_STATUS_SUCCESS;
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: desc->compute = static_cast<cublasComputeType_t>(v); return CUBLAS_STATUS_SUCCESS;
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: desc->scale = static_cast<cudaDataType>(v); return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+      desc->compute = static_cast<cublasComputeType_t>(v);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+      desc->scale = static_cast<cudaDataType>(v);
+      return CUBLAS_STATUS_SUCCESS;
   }
   return CUBLAS_STATUS_INVALID_VALUE;
 }
