@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
@@ -47,16 +48,78 @@ struct Tc {
 
 using Bf16Args = Args<float, uint16_t>;
 
+// Whether tiles move in 16-byte chunks (LoadTile): KV rows (kv) and q / dO rows (rows) all 16-byte aligned.
+struct TileVec {
+  bool kv, rows;
+};
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Row offsets are multiples of head_dim (and, for KV, of page_stride): with both multiples of 8 elements, every
+// row starts 16-byte aligned when its array does.
+TileVec VecFor(const AttentionShape& s, const PagedKV<uint16_t>& kv, const float* q, const float* dout) {
+  const bool hd8 = s.head_dim % 8 == 0;
+  return TileVec{hd8 && kv.page_stride % 8 == 0 && Aligned16(kv.k_pool) && Aligned16(kv.v_pool),
+                 hd8 && Aligned16(q) && (dout == nullptr || Aligned16(dout))};
+}
+
 __device__ inline uint16_t Bits(uint16_t x) { return x; }
 __device__ inline uint16_t Bits(float x) { return ToBf16(x); }
 
-// dst[r][d] = src[off[r] + d] as bf16 for d < hd; zero for padded dims and rows with off[r] < 0.
+// 16 bytes (8 bf16 or 4 f32) moved as one access; p 16-byte aligned.
+struct Chunk16 {
+  uint32_t w[4];
+};
+__device__ inline Chunk16 Load16(const void* p) {
+#ifdef __CUDACC__
+  const uint4 v = *static_cast<const uint4*>(p);
+  return Chunk16{{v.x, v.y, v.z, v.w}};
+#else
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) sg_emu::DeviceError("a 16-byte load is not 16-byte aligned");
+  Chunk16 c;
+  std::memcpy(&c, p, 16);
+  return c;
+#endif
+}
+__device__ inline void Store16(void* p, const Chunk16& c) {
+#ifdef __CUDACC__
+  *static_cast<uint4*>(p) = make_uint4(c.w[0], c.w[1], c.w[2], c.w[3]);
+#else
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) sg_emu::DeviceError("a 16-byte store is not 16-byte aligned");
+  std::memcpy(p, &c, 16);
+#endif
+}
+// 8 consecutive elements of src at p as bf16.
+__device__ inline Chunk16 Load8(const uint16_t* p) { return Load16(p); }
+__device__ inline Chunk16 Load8(const float* p) {
+  const Chunk16 lo = Load16(p), hi = Load16(p + 4);
+  Chunk16 c;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    c.w[i] = PackF(__int_as_float(static_cast<int>(lo.w[2 * i])), __int_as_float(static_cast<int>(lo.w[2 * i + 1])));
+    c.w[i + 2] =
+        PackF(__int_as_float(static_cast<int>(hi.w[2 * i])), __int_as_float(static_cast<int>(hi.w[2 * i + 1])));
+  }
+  return c;
+}
+
+// dst[r][d] = src[off[r] + d] as bf16 for d < hd; zero for padded dims and rows with off[r] < 0. vec: every row
+// offset and src are 16-byte aligned and hd % 8 == 0, so rows move in 8-element chunks.
 template <int HD, typename S>
-__device__ inline void LoadTile(uint16_t* dst, const S* src, const int64_t* off, int rows, int64_t hd) {
+__device__ inline void LoadTile(uint16_t* dst, const S* src, const int64_t* off, int rows, int64_t hd, bool vec) {
+  constexpr int LD = Tc<HD>::kLd;
+  if (vec) {
+    for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += kTcThreads) {
+      const int r = idx / (HD / 8), d = idx % (HD / 8) * 8;
+      const int64_t o = off[r];
+      Store16(dst + r * LD + d, o >= 0 && d < hd ? Load8(src + o + d) : Chunk16{{0, 0, 0, 0}});
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < rows * HD; idx += kTcThreads) {
     const int r = idx / HD, d = idx % HD;
     const int64_t o = off[r];
-    dst[r * Tc<HD>::kLd + d] = (o >= 0 && d < hd) ? Bits(src[o + d]) : uint16_t(0);
+    dst[r * LD + d] = (o >= 0 && d < hd) ? Bits(src[o + d]) : uint16_t(0);
   }
 }
 
@@ -82,7 +145,7 @@ __device__ inline void ZeroC(float (&c)[NT][4]) {
 __device__ inline int FragRow(int i) { return LaneGroup() + 8 * (i >> 1); }
 __device__ inline int FragCol(int i) { return 2 * LaneInGroup() + (i & 1); }
 
-// c = A B^T over the head dim: A the warp's 16 rows at a, B the NT * 8 rows at b (both [rows][kLd]).
+// c = A B^T over the head dim: A the warp's 16 rows at a, B the NT * 8 rows at b (both [rows][kLd]; NT even).
 template <int HD, int NT>
 __device__ inline void MulABt(float (&c)[NT][4], const uint16_t* a, const uint16_t* b) {
   constexpr int LD = Tc<HD>::kLd;
@@ -92,15 +155,16 @@ __device__ inline void MulABt(float (&c)[NT][4], const uint16_t* a, const uint16
     uint32_t af[4];
     LoadA(af, a + ks * 16, LD);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bf[2];
-      LoadBT(bf, b + nt * 8 * LD + ks * 16, LD);
-      MmaBf16(c[nt], af, bf);
+    for (int nt = 0; nt < NT; nt += 2) {
+      uint32_t bf[2][2];
+      LoadBT2(bf, b + nt * 8 * LD + ks * 16, LD);
+      MmaBf16(c[nt], af, bf[0]);
+      MmaBf16(c[nt + 1], af, bf[1]);
     }
   }
 }
 
-// acc += P B: P the warp's 16 x (NT * 8) f32 fragments (rounded to bf16), B the NT * 8 rows at b.
+// acc += P B: P the warp's 16 x (NT * 8) f32 fragments (rounded to bf16), B the NT * 8 rows at b (HD / 8 even).
 template <int HD, int NT>
 __device__ inline void MulPB(float (&acc)[HD / 8][4], const float (&p)[NT][4], const uint16_t* b) {
   constexpr int LD = Tc<HD>::kLd;
@@ -109,10 +173,11 @@ __device__ inline void MulPB(float (&acc)[HD / 8][4], const float (&p)[NT][4], c
     uint32_t af[4];
     AFromC(af, p, kk);
 #pragma unroll
-    for (int ht = 0; ht < HD / 8; ++ht) {
-      uint32_t bf[2];
-      LoadB(bf, b + kk * 16 * LD + ht * 8, LD);
-      MmaBf16(acc[ht], af, bf);
+    for (int ht = 0; ht < HD / 8; ht += 2) {
+      uint32_t bf[2][2];
+      LoadB2(bf, b + kk * 16 * LD + ht * 8, LD);
+      MmaBf16(acc[ht], af, bf[0]);
+      MmaBf16(acc[ht + 1], af, bf[1]);
     }
   }
 }
@@ -134,7 +199,8 @@ __device__ inline bool KeyRows(const Bf16Args& a, int64_t j0, int g, int count, 
 }
 
 template <int HD>
-__global__ void __launch_bounds__(kTcThreads) TcForwardKernel(Bf16Args a, const float* q, float* out, float* lse) {
+__global__ void __launch_bounds__(kTcThreads)
+    TcForwardKernel(Bf16Args a, TileVec vec, const float* q, float* out, float* lse) {
   using C = Tc<HD>;
   constexpr int LD = C::kLd, KT = C::kCols, NT = C::kCt;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -149,7 +215,7 @@ __global__ void __launch_bounds__(kTcThreads) TcForwardKernel(Bf16Args a, const 
   const int rows = static_cast<int>(Min64(kRows, a.n - i0));
   QueryRows(a, i0, h, kRows, qoff);
   __syncthreads();
-  LoadTile<HD>(sQ, q, qoff, kRows, a.hd);
+  LoadTile<HD>(sQ, q, qoff, kRows, a.hd, vec.rows);
   const uint16_t* wQ = sQ + warp * 16 * LD;
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
@@ -158,8 +224,8 @@ __global__ void __launch_bounds__(kTcThreads) TcForwardKernel(Bf16Args a, const 
   const int64_t kv_end = a.pos0 + i0 + rows;  // the block's last row sees keys [0, kv_end)
   for (int64_t j0 = 0; j0 < kv_end; j0 += KT) {
     if (!KeyRows(a, j0, g, KT, koff)) continue;  // the whole tile lies in unselected pages
-    LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd);
-    LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd);
+    LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd, vec.kv);
+    LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd, vec.kv);
     __syncthreads();
     float s[NT][4];
     MulABt<HD>(s, wQ, sK);
@@ -215,7 +281,8 @@ __global__ void __launch_bounds__(kTcThreads) TcForwardKernel(Bf16Args a, const 
 
 template <int HD>
 __global__ void __launch_bounds__(kTcThreads)
-    TcDqKernel(Bf16Args a, const float* q, const float* dout, const float* lse, const float* D, float* dq) {
+    TcDqKernel(Bf16Args a, TileVec vec, const float* q, const float* dout, const float* lse, const float* D,
+               float* dq) {
   using C = Tc<HD>;
   constexpr int LD = C::kLd, KT = C::kCols, NT = C::kCt;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -231,8 +298,8 @@ __global__ void __launch_bounds__(kTcThreads)
   const int rows = static_cast<int>(Min64(kRows, a.n - i0));
   QueryRows(a, i0, h, kRows, qoff);
   __syncthreads();
-  LoadTile<HD>(sQ, q, qoff, kRows, a.hd);
-  LoadTile<HD>(sdO, dout, qoff, kRows, a.hd);
+  LoadTile<HD>(sQ, q, qoff, kRows, a.hd, vec.rows);
+  LoadTile<HD>(sdO, dout, qoff, kRows, a.hd, vec.rows);
   const uint16_t* wQ = sQ + warp * 16 * LD;
   const uint16_t* wdO = sdO + warp * 16 * LD;
   float lr[2], dr[2];  // lse and D of the lane's rows; lse = -inf past the chunk gives P = 0 there
@@ -248,8 +315,8 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t kv_end = a.pos0 + i0 + rows;
   for (int64_t j0 = 0; j0 < kv_end; j0 += KT) {
     if (!KeyRows(a, j0, g, KT, koff)) continue;
-    LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd);
-    LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd);
+    LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd, vec.kv);
+    LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd, vec.kv);
     __syncthreads();
     float s[NT][4], dp[NT][4];
     MulABt<HD>(s, wQ, sK);
@@ -283,8 +350,8 @@ __global__ void __launch_bounds__(kTcThreads)
 
 template <int HD>
 __global__ void __launch_bounds__(kTcThreads)
-    TcDkdvKernel(Bf16Args a, const float* q, const float* dout, const float* lse, const float* D, uint16_t* dk_pool,
-                 uint16_t* dv_pool, const int32_t* gtable, int64_t gstride) {
+    TcDkdvKernel(Bf16Args a, TileVec vec, const float* q, const float* dout, const float* lse, const float* D,
+                 uint16_t* dk_pool, uint16_t* dv_pool, const int32_t* gtable, int64_t gstride) {
   using C = Tc<HD>;
   constexpr int LD = C::kLd, QT = C::kCols, NT = C::kCt;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -307,8 +374,8 @@ __global__ void __launch_bounds__(kTcThreads)
     any |= goff[c] >= 0;
   }
   if (!__syncthreads_or(any)) return;  // no key of this tile wants a gradient
-  LoadTile<HD>(sK, a.k_pool, koff, kRows, a.hd);
-  LoadTile<HD>(sV, a.v_pool, koff, kRows, a.hd);
+  LoadTile<HD>(sK, a.k_pool, koff, kRows, a.hd, vec.kv);
+  LoadTile<HD>(sV, a.v_pool, koff, kRows, a.hd, vec.kv);
   const uint16_t* wK = sK + warp * 16 * LD;
   const uint16_t* wV = sV + warp * 16 * LD;
   float dk[C::kHt][4], dv[C::kHt][4];  // the warp's 16 keys x head dim
@@ -326,8 +393,8 @@ __global__ void __launch_bounds__(kTcThreads)
         sD[r] = in ? D[h * a.n + i0 + r] : 0.0f;
       }
       __syncthreads();
-      LoadTile<HD>(sQ, q, qoff, QT, a.hd);
-      LoadTile<HD>(sdO, dout, qoff, QT, a.hd);
+      LoadTile<HD>(sQ, q, qoff, QT, a.hd, vec.rows);
+      LoadTile<HD>(sdO, dout, qoff, QT, a.hd, vec.rows);
       __syncthreads();
       float p[NT][4], ds[NT][4];  // transposed: rows = the warp's keys, columns = the tile's queries
       MulABt<HD>(p, wK, sQ);
@@ -377,7 +444,7 @@ void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV
       const size_t bytes =
           SharedMemory(TcForwardKernel<HD>, C::Bytes(kRows + 2 * C::kCols, kRows + C::kCols, 0), op);
       const dim3 grid(Tiles(s.n, kRows), static_cast<unsigned>(s.heads));
-      TcForwardKernel<HD><<<grid, kTcThreads, bytes, Stream()>>>(a, q, out, lse);
+      TcForwardKernel<HD><<<grid, kTcThreads, bytes, Stream()>>>(a, VecFor(s, kv, q, nullptr), q, out, lse);
     });
   }
   End(op);
@@ -393,18 +460,19 @@ void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedK
     const int32_t* gtable = Stage(dkv.page_table, pages, kSlotGradTable, op);
     // Like the scalar kernels and the CPU, selection follows kv.page_mask.
     const float* D = LaunchRowDot(s, dout, out, workspace, op);
+    const TileVec vec = VecFor(s, kv, q, dout);
     DispatchHeadDim(s.head_dim, op, [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
       using C = Tc<HD>;
       const size_t dq_bytes =
           SharedMemory(TcDqKernel<HD>, C::Bytes(2 * kRows + 2 * C::kCols, kRows + C::kCols, 0), op);
       const dim3 dq_grid(Tiles(s.n, kRows), static_cast<unsigned>(s.heads));
-      TcDqKernel<HD><<<dq_grid, kTcThreads, dq_bytes, Stream()>>>(a, q, dout, lse, D, dq);
+      TcDqKernel<HD><<<dq_grid, kTcThreads, dq_bytes, Stream()>>>(a, vec, q, dout, lse, D, dq);
       const size_t kv_bytes = SharedMemory(
           TcDkdvKernel<HD>, C::Bytes(2 * kRows + 2 * C::kCols, 2 * kRows + C::kCols, 2 * C::kCols), op);
       const dim3 kv_grid(Tiles(a.kv_total, kRows), static_cast<unsigned>(s.kv_heads));
-      TcDkdvKernel<HD><<<kv_grid, kTcThreads, kv_bytes, Stream()>>>(a, q, dout, lse, D, dkv.k_pool, dkv.v_pool,
-                                                                     gtable, dkv.page_stride);
+      TcDkdvKernel<HD><<<kv_grid, kTcThreads, kv_bytes, Stream()>>>(a, vec, q, dout, lse, D, dkv.k_pool,
+                                                                     dkv.v_pool, gtable, dkv.page_stride);
     });
   }
   End(op);

@@ -1,7 +1,7 @@
 // One warp's tensor-core multiply-accumulate, D[16 x 8] += A[16 x 16] B[16 x 8] with bf16 A and B and f32 D
-// (PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later), the bf16 conversions around it, and
-// the loads of its fragments from shared memory. Under the CPU emulation the mma is sg_emu::MmaM16N8K16Bf16
-// (emulation/include/sg_emu_mma.h), which reads the same fragments.
+// (PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, sm_80 and later), and the loads of its fragments from
+// shared memory (ldmatrix). Under the CPU emulation both are sg_emu's (emulation/include/sg_emu_mma.h), which
+// implement the same lane layouts.
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), with g = lane / 4 and
 // t = lane % 4; a 32-bit register holds two bf16, the lower-indexed element in the low half:
@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/cuda/bf16.cuh"
 
@@ -42,44 +41,56 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], c
 #endif
 }
 
-__device__ __forceinline__ uint32_t Pack(uint16_t lo, uint16_t hi) {
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+// Two floats rounded to bf16 in one register, lo in the low half.
+__device__ __forceinline__ uint32_t PackF(float lo, float hi) {
+  return static_cast<uint32_t>(ToBf16(lo)) | (static_cast<uint32_t>(ToBf16(hi)) << 16);
 }
-__device__ __forceinline__ uint32_t PackF(float lo, float hi) { return Pack(ToBf16(lo), ToBf16(hi)); }
 
-// Two adjacent bf16 at p (4-byte aligned).
-__device__ __forceinline__ uint32_t Load2(const uint16_t* p) {
+__device__ __forceinline__ int LaneGroup() { return (threadIdx.x & 31) >> 2; }  // g
+__device__ __forceinline__ int LaneInGroup() { return threadIdx.x & 3; }        // t
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices from shared memory for one warp. Lane
+// 8i + r gives the (16-byte aligned) address of row r of matrix i; lane 4g + t receives in m[i] matrix i's
+// (row g, columns 2t, 2t + 1), or transposed (kTrans) its (rows 2t, 2t + 1, column g).
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&m)[4], const uint16_t* row) {
 #ifdef __CUDACC__
-  return *reinterpret_cast<const uint32_t*>(p);
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+                 : "r"(addr));
 #else
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
+  sg_emu::LdMatrixX4(m, row, kTrans);
 #endif
 }
 
-__device__ __forceinline__ int LaneGroup() { return (threadIdx.x & 31) >> 2; }     // g
-__device__ __forceinline__ int LaneInGroup() { return threadIdx.x & 3; }           // t
-
-// A = the 16 x 16 block at p of a row-major bf16 tile with row stride ld (even).
+// Fragments from bf16 tiles in shared memory (row stride ld, a multiple of 8; p 16-byte aligned). The 8 x 8
+// matrices are chosen so that the lane layout ldmatrix delivers is the mma's.
+// A = the 16 x 16 block at p of a row-major tile: matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) -> a[0..3].
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* p, int ld) {
-  const int g = LaneGroup(), t = LaneInGroup();
-  a[0] = Load2(p + g * ld + 2 * t);
-  a[1] = Load2(p + (g + 8) * ld + 2 * t);
-  a[2] = Load2(p + g * ld + 2 * t + 8);
-  a[3] = Load2(p + (g + 8) * ld + 2 * t + 8);
+  const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+  LdMatrixX4<false>(a, p + (r + 8 * (i & 1)) * ld + 8 * (i >> 1));
 }
-// B(k, n) = p[n * ld + k]: the n-th column contiguous (rows of K for Q K^T).
-__device__ __forceinline__ void LoadBT(uint32_t (&b)[2], const uint16_t* p, int ld) {
-  const int g = LaneGroup(), t = LaneInGroup();
-  b[0] = Load2(p + g * ld + 2 * t);
-  b[1] = Load2(p + g * ld + 2 * t + 8);
+// The B fragments b[j] of n-tiles j = 0, 1 (n in [8j, 8j + 8)) over k in [0, 16), with B(k, n) = p[n * ld + k]:
+// each column contiguous (rows of K for Q K^T). An 8 x 8 matrix of rows n, columns k gives lane (g, t) exactly
+// B(2t, g), B(2t + 1, g).
+__device__ __forceinline__ void LoadBT2(uint32_t (&b)[2][2], const uint16_t* p, int ld) {
+  const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+  uint32_t m[4];
+  LdMatrixX4<false>(m, p + (r + 8 * (i >> 1)) * ld + 8 * (i & 1));
+  b[0][0] = m[0], b[0][1] = m[1], b[1][0] = m[2], b[1][1] = m[3];
 }
-// B(k, n) = p[k * ld + n]: rows contiguous (V for P V).
-__device__ __forceinline__ void LoadB(uint32_t (&b)[2], const uint16_t* p, int ld) {
-  const int g = LaneGroup(), t = LaneInGroup();
-  b[0] = Pack(p[2 * t * ld + g], p[(2 * t + 1) * ld + g]);
-  b[1] = Pack(p[(2 * t + 8) * ld + g], p[(2 * t + 9) * ld + g]);
+// The same with B(k, n) = p[k * ld + n]: rows contiguous (V for P V), read transposed.
+__device__ __forceinline__ void LoadB2(uint32_t (&b)[2][2], const uint16_t* p, int ld) {
+  const int lane = threadIdx.x & 31, i = lane >> 3, r = lane & 7;
+  uint32_t m[4];
+  LdMatrixX4<true>(m, p + (r + 8 * (i & 1)) * ld + 8 * (i >> 1));
+  b[0][0] = m[0], b[0][1] = m[1], b[1][0] = m[2], b[1][1] = m[3];
 }
 // The A fragment of columns [16 kk, 16 kk + 16) of a 16-row f32 accumulator held as C fragments c[n-tile][4],
 // rounded to bf16.

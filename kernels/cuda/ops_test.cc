@@ -1007,13 +1007,15 @@ void CheckAttentionBf16(const AttnCase& c) {
   AttnSetup<float> setup(c, 2000 + c.n * 31 + c.head_dim);
   const std::vector<uint16_t> k = Bf16Bits(setup.k), v = Bf16Bits(setup.v), dk0 = Bf16Bits(setup.dk0),
                               dv0 = Bf16Bits(setup.dv0);
-  auto run = [&](Device d, const std::vector<float>& q, const std::vector<float>& dout) {
+  // aligned: q, dO and the pools 16-byte aligned (the kernels' 16-byte tile loads, where head_dim and the page
+  // stride allow them); otherwise misaligned (element loads).
+  auto run = [&](Device d, const std::vector<float>& q, const std::vector<float>& dout, bool aligned) {
     const OpTable<float>& ops = OpsFor<float>(d);
     const AttentionShape& s = setup.s;
-    const int64_t qn = s.n * s.heads * s.head_dim;
-    Buf<float> Q(d, q, "q"), DO(d, dout, "dout"), out(d, qn, Nan<float>(), "out"),
+    const int64_t qn = s.n * s.heads * s.head_dim, guard = aligned ? kAlignedGuard : kGuard;
+    Buf<float> Q(d, q, "q", guard), DO(d, dout, "dout", guard), out(d, qn, Nan<float>(), "out"),
         lse(d, s.heads * s.n, Nan<float>(), "lse"), dq(d, qn, Nan<float>(), "dq");
-    Buf<uint16_t> K(d, k, "k pool"), V(d, v, "v pool"), dK(d, dk0, "dk pool"), dV(d, dv0, "dv pool");
+    Buf<uint16_t> K(d, k, "k pool", guard), V(d, v, "v pool", guard), dK(d, dk0, "dk pool"), dV(d, dv0, "dv pool");
     Buf<float> ws(d, std::max<int64_t>(1, ops.attention_workspace_elems(s, setup.page_size)), 0.0f, "workspace");
     ops.attention_forward_bf16(s, Q.data(), setup.View(K.data(), V.data(), setup.table), out.data(), lse.data(),
                                ws.data());
@@ -1028,18 +1030,19 @@ void CheckAttentionBf16(const AttnCase& c) {
     o.Add(dV);
     return o;
   };
-  const Outs cpu = run(Device::kCPU, setup.q, setup.dout), dut = run(Dut(), setup.q, setup.dout);
-  Outs rounded = run(Device::kCPU, RoundedBf16(setup.q), RoundedBf16(setup.dout));
+  const Outs cpu = run(Device::kCPU, setup.q, setup.dout, false);
+  Outs rounded = run(Device::kCPU, RoundedBf16(setup.q), RoundedBf16(setup.dout), false);
   for (size_t i = 0; i < 3; ++i)  // out, lse, dq are f32: rounded to bf16 like the pools
     for (double& x : rounded.v[i].second) x = RoundBf16(static_cast<float>(x));
+  const Outs dut = run(Dut(), setup.q, setup.dout, false);
   // The dK/dV pages: plus one bf16 ulp of the largest entry, as the device (once) and the CPU (per product) round
   // into the pages independently.
   for (size_t i = 0; i < cpu.v.size(); ++i)
     ExpectWithinTwiceRounded(dut.v[i].second, cpu.v[i].second, rounded.v[i].second, i < 3 ? 1e-6 : 1.0 / 128,
                              "bf16 attention " + cpu.v[i].first);
   ExpectGradientPagesOnly(setup, c, dut, dk0, dv0);
-  // Deterministic: a second run gives the same bits.
-  const Outs again = run(Dut(), setup.q, setup.dout);
+  // Deterministic, and the same bits whether the tiles move in 16-byte chunks or element by element.
+  const Outs again = run(Dut(), setup.q, setup.dout, true);
   for (size_t i = 0; i < dut.v.size(); ++i)
     EXPECT_TRUE(again.v[i].second == dut.v[i].second) << "bf16 " << dut.v[i].first << " differs between runs";
 }
