@@ -1,8 +1,9 @@
 // Every op of the CUDA backend's table against the CPU table on the same random inputs, in f32 and f64, on shapes
 // that exercise the edge cases (transposes and padded leading dimensions, empty GEMMs, repeated ids, GQA, ragged
 // and shuffled KV pages, a query chunk starting mid-page, sparse page masks, gradient views with missing pages,
-// ignored labels, conv tails shorter than the kernel, null optional arguments), plus bf16 GEMM accuracy,
-// determinism and errors reported as exceptions.
+// ignored labels, conv tails shorter than the kernel, null optional arguments), plus bf16 GEMM accuracy, the f32
+// table's bf16 entries (--dtype=bf16: cuBLASLt GEMMs, tensor-core attention, loss, conversions, AdamW masters)
+// against the CPU's, determinism and errors reported as exceptions.
 //
 // Every output buffer carries guard elements before and after it, set to a sentinel and checked after the op
 // (out-of-bounds writes); outputs the contract says are assigned start as NaN (an op that reads or accumulates
