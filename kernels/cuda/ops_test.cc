@@ -1181,19 +1181,32 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
     const std::vector<int32_t> table = {0};
     Buf<float> q(Device::kCUDA, 4096, 0.1f, "q"), kv(Device::kCUDA, 4096, 0.1f, "kv"), out(Device::kCUDA, 4096, 0.0f, "out"),
         lse(Device::kCUDA, 1, 0.0f, "lse"), ws(Device::kCUDA, 64, 0.0f, "ws");
-    PagedKV<float> view;
-    view.k_pool = kv.data();
-    view.v_pool = kv.data();
-    view.page_table = table.data();
-    view.page_size = 1;
-    view.page_stride = 4096;
-    view.kv_heads = 1;
-    view.head_dim = 4096;
+    // One one-token page holding both K and V.
+    auto one_page = [&](auto* pool) {
+      PagedKV<std::remove_pointer_t<decltype(pool)>> view;
+      view.k_pool = pool;
+      view.v_pool = pool;
+      view.page_table = table.data();
+      view.page_size = 1;
+      view.page_stride = 4096;
+      view.kv_heads = 1;
+      view.head_dim = 4096;
+      return view;
+    };
     try {
-      ops.attention_forward(s, q.data(), view, out.data(), lse.data(), ws.data());
+      ops.attention_forward(s, q.data(), one_page(kv.data()), out.data(), lse.data(), ws.data());
       ADD_FAILURE() << "attention_forward with head_dim 4096 did not throw";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
+    }
+    // The tensor-core kernels over bf16 pages have the same limit.
+    Buf<uint16_t> kv16(Device::kCUDA, 4096, F32ToBF16(0.1f), "kv bf16");
+    try {
+      ops.attention_forward_bf16(s, q.data(), one_page(kv16.data()), out.data(), lse.data(), ws.data());
+      ADD_FAILURE() << "attention_forward_bf16 with head_dim 4096 did not throw";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("attention_forward_bf16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
     }
   }
   // gemm_mixed over a type it does not take.
