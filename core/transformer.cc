@@ -639,11 +639,8 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
   if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype));
-  // bf16 weights over f32 compute (param_store.h); only the CPU kernels read bf16 so far (meta plans them).
-  if (dtype == DType::kBF16 && (device == Device::kCPU || device == Device::kMeta))
-    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
-  if (dtype == DType::kBF16)
-    return absl::UnimplementedError("--dtype=bf16 runs on the CPU backend only so far (use --device=cpu or f32)");
+  // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
+  if (dtype == DType::kBF16) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

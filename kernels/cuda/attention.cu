@@ -26,6 +26,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
 
@@ -33,7 +34,6 @@ namespace sg::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // 16 x 16
-constexpr int kMaxHeadDim = 256;
 
 // Shared memory of the largest kernel (dK/dV: K, V, Q, dO tiles, P and dS tiles, three row-offset arrays).
 constexpr size_t BackwardBytes(int tile, int hd, size_t elem) {
@@ -60,32 +60,10 @@ struct Cfg {
   static_assert(Bytes(4, 2) == BackwardBytes(kTile, HD, sizeof(T)), "tile choice and kernels disagree");
 };
 
-// The call's geometry and the (device-staged) page table of the forward view.
-template <typename T>
-struct Args {
-  int64_t n, pos0, heads, kv_heads, hd, group, page_size, page_stride, kv_total;
-  T scale;
-  const T* k_pool;
-  const T* v_pool;
-  const int32_t* table;  // device copy
-  const uint8_t* mask;   // device copy; null = every page selected
-};
-
-__host__ __device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__host__ __device__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ inline float Exp(float x) { return expf(x); }
 __device__ inline double Exp(double x) { return exp(x); }
 __device__ inline float Log(float x) { return logf(x); }
 __device__ inline double Log(double x) { return log(x); }
-
-// Pool offset of key j's row for kv head g, or -1 when the key is past the cache or its page is unselected/absent.
-template <typename T>
-__device__ inline int64_t KeyOffset(const Args<T>& a, int64_t j, int g) {
-  if (j >= a.kv_total) return -1;
-  const int64_t lp = j / a.page_size;
-  if ((a.mask && !a.mask[lp]) || a.table[lp] < 0) return -1;
-  return a.table[lp] * a.page_stride + (j - lp * a.page_size) * a.kv_heads * a.hd + g * a.hd;
-}
 
 // dst[r][d] = src[off[r] + d] for d < hd; zero for padded dims and rows with off[r] < 0 (masked or absent rows).
 template <int HD, int TILE, typename T>
@@ -255,21 +233,6 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(Args<T> a, const T* q,
   }
 }
 
-// D[h][i] = dO[i][h] . O[i][h], one warp per (i, h). Every lane of a warp runs the same iterations (the loop bound
-// is a multiple of 32), so the full-warp shuffle is safe.
-template <typename T>
-__global__ void RowDotKernel(const T* dout, const T* out, int64_t n, int64_t heads, int64_t hd, T* D) {
-  SG_CUDA_LOOP(t, n * heads * 32) {
-    const int64_t w = t / 32, i = w / heads, h = w % heads;
-    const int lane = static_cast<int>(t % 32);
-    const int64_t base = (i * heads + h) * hd;
-    T acc = 0;
-    for (int64_t d = lane; d < hd; d += 32) acc += dout[base + d] * out[base + d];
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) D[h * n + i] = acc;
-  }
-}
-
 // Recomputes P (masked, exp(S - lse)) and dS = P (dP - D) for a query tile x key tile; returns both in registers.
 template <typename T, int HD, int M>
 __device__ inline void ScoresBackward(const Args<T>& a, const T* sQ, const T* sdO, const T* sK, const T* sV,
@@ -380,13 +343,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j0 = int64_t(blockIdx.x) * TL;
   bool any = false;
   for (int c = threadIdx.x; c < TL; c += kThreads) {
-    const int64_t j = j0 + c, k = KeyOffset(a, j, g);
-    koff[c] = k;
-    goff[c] = -1;
-    if (k >= 0) {
-      const int64_t lp = j / a.page_size;
-      if (gtable[lp] >= 0) goff[c] = gtable[lp] * gstride + (j - lp * a.page_size) * a.kv_heads * a.hd + g * a.hd;
-    }
+    koff[c] = KeyOffset(a, j0 + c, g);
+    goff[c] = GradOffset(a, j0 + c, g, koff[c], gtable, gstride);
     any |= goff[c] >= 0;
   }
   if (!__syncthreads_or(any)) return;  // no key of this tile wants a gradient
@@ -433,50 +391,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls f(std::integral_constant<int, HD>) with the smallest supported HD >= head_dim.
-template <typename F>
-void DispatchHeadDim(int64_t hd, const char* op, F&& f) {
-  if (hd <= 16) f(std::integral_constant<int, 16>{});
-  else if (hd <= 32) f(std::integral_constant<int, 32>{});
-  else if (hd <= 64) f(std::integral_constant<int, 64>{});
-  else if (hd <= 128) f(std::integral_constant<int, 128>{});
-  else if (hd <= kMaxHeadDim) f(std::integral_constant<int, 256>{});
-  else throw CudaError(std::string(op) + ": head_dim " + std::to_string(hd) + " is past the kernels' limit of 256");
-}
-
-template <typename T>
-Args<T> MakeArgs(const AttentionShape& s, const PagedKV<T>& kv, const char* op) {
-  if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || kv.page_size <= 0 || s.head_dim <= 0)
-    throw CudaError(std::string(op) + ": bad attention shape (heads % kv_heads, page_size, head_dim)");
-  Args<T> a;
-  a.n = s.n;
-  a.pos0 = s.pos0;
-  a.heads = s.heads;
-  a.kv_heads = s.kv_heads;
-  a.hd = s.head_dim;
-  a.group = s.heads / s.kv_heads;
-  a.page_size = kv.page_size;
-  a.page_stride = kv.page_stride;
-  a.kv_total = s.pos0 + s.n;
-  a.scale = static_cast<T>(s.scale);
-  a.k_pool = kv.k_pool;
-  a.v_pool = kv.v_pool;
-  const int64_t pages = (a.kv_total + kv.page_size - 1) / kv.page_size;
-  a.table = Stage(kv.page_table, pages, kSlotPageTable, op);
-  a.mask = Stage(kv.page_mask, pages, kSlotPageMask, op);
-  return a;
-}
-
-// Opts the kernel into `bytes` of dynamic shared memory (over 48 KiB needs it) and returns bytes.
-template <typename K>
-size_t SharedMemory(K kernel, size_t bytes, const char* op) {
-  Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), op,
-        "setting the shared memory size");
-  return bytes;
-}
-
-unsigned Tiles(int64_t rows, int tile) { return static_cast<unsigned>((rows + tile - 1) / tile); }
-
 }  // namespace
 
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t /*page_size*/) {
@@ -487,7 +401,7 @@ template <typename T>
 void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* /*workspace*/) {
   const char* op = "attention_forward";
   if (s.n > 0) {
-    const Args<T> a = MakeArgs(s, kv, op);
+    const Args<T> a = MakeArgs<T>(s, kv, op);
     DispatchHeadDim(s.head_dim, op, [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
       using C = Cfg<T, HD>;
@@ -504,12 +418,11 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
                        const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace) {
   const char* op = "attention_backward";
   if (s.n > 0) {
-    const Args<T> a = MakeArgs(s, kv, op);
+    const Args<T> a = MakeArgs<T>(s, kv, op);
     const int64_t pages = (a.kv_total + kv.page_size - 1) / kv.page_size;
     const int32_t* gtable = Stage(dkv.page_table, pages, kSlotGradTable, op);
     // dkv.page_mask is the forward view's mask in the engine; like the CPU, selection follows kv.page_mask.
-    T* D = workspace ? workspace : static_cast<T*>(Scratch(s.n * s.heads * sizeof(T), kSlotWork0, op));
-    RowDotKernel<T><<<Blocks(s.n * s.heads * 32, 256), 256, 0, Stream()>>>(dout, out, s.n, s.heads, s.head_dim, D);
+    const T* D = LaunchRowDot(s, dout, out, workspace, op);
     DispatchHeadDim(s.head_dim, op, [&](auto hd) {
       constexpr int HD = decltype(hd)::value;
       using C = Cfg<T, HD>;

@@ -3,7 +3,7 @@
 // engine's allocator, so host code may also read them between ops); the small index and parameter arrays of the
 // table (ids, labels, page_table, page_mask, inv_freq, row_scale, and the outputs of token_logprobs/token_argmax)
 // are host memory in every backend: the kernels stage them through sg::cuda::Stage / copy results back.
-// Instantiated for float and double.
+// Instantiated for float and double; the bf16 entries of the f32 table (--dtype=bf16) are declared last.
 #pragma once
 
 #include "kernels/backend.h"
@@ -80,5 +80,21 @@ int64_t SelectiveScanBackwardPairs(const T* dy, const T* u, const T* delta, cons
 template <typename T>
 void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
            double weight_decay, int64_t step);
+
+// ---- bf16 storage over f32 compute (the f32 table's bf16 entries) ----
+// gemm.cu: cuBLASLt, fp32 compute. pointwise.cu: conversions. loss.cu: the loss templates above instantiated for
+// uint16_t (bf16 logits). attention_tc.cu: tensor-core attention over bf16 pages. optimizer.cu: AdamW on fp32
+// masters, then the bf16 weights.
+void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
+               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c, int64_t ldc);
+void Bf16ToF32(const uint16_t* src, int64_t count, float* dst);
+void F32ToBf16(const float* src, int64_t count, uint16_t* dst);
+void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
+                          float* lse, float* workspace);
+void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, const float* out,
+                           const float* lse, const float* dout, float* dq, const PagedKV<uint16_t>& dkv,
+                           float* workspace);
+void AdamWBf16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+               double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
 }  // namespace sg::cuda

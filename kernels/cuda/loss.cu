@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
 
@@ -22,57 +23,60 @@ inline unsigned RowBlocks(int64_t rows) {
 }
 
 // max_j row[j] and log sum_j exp(row[j] - max) of one row, as the CPU computes them; every thread gets both.
-template <typename T>
-__device__ void RowLogSumExp(const T* row, int64_t vocab, T* shared_max, double* shared_sum, T* mx_out,
+// Rows are stored as S and computed in T = Wide<S> (bf16 -> f32, as the CPU widens a bf16 row).
+template <typename S, typename T>
+__device__ void RowLogSumExp(const S* row, int64_t vocab, T* shared_max, double* shared_sum, T* mx_out,
                              double* log_sum_out) {
   T mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = max(mx, row[j]);
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = max(mx, Widen(row[j]));
   mx = BlockMax(mx, shared_max);
   double sum = 0;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(static_cast<double>(row[j] - mx));
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += exp(static_cast<double>(Widen(row[j]) - mx));
   sum = BlockSum(sum, shared_sum);
   *mx_out = mx;
   *log_sum_out = log(sum);
 }
 
 // Row i becomes scale_i (softmax - onehot(label)); losses[i] = lse - logit[label] (0 for ignored rows).
-template <typename T>
-__global__ void CrossEntropyKernel(T* logits, const int32_t* labels, int64_t n, int64_t vocab,
+template <typename S>
+__global__ void CrossEntropyKernel(S* logits, const int32_t* labels, int64_t n, int64_t vocab,
                                    const double* row_scale, double grad_scale, double* losses) {
+  using T = Wide<S>;
   __shared__ T shared_max[32];
   __shared__ double shared_sum[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    T* row = logits + i * vocab;
+    S* row = logits + i * vocab;
     const int32_t label = labels[i];
     if (label < 0) {
-      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) row[j] = T(0);
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) Narrow(row + j, T(0));
       if (threadIdx.x == 0) losses[i] = 0;
       continue;
     }
     // Read the label's logit before the row is overwritten: the block reductions below synchronize the block
     // before any thread writes.
-    const T picked = row[label];
+    const T picked = Widen(row[label]);
     T mx;
     double log_sum;
     RowLogSumExp(row, vocab, shared_max, shared_sum, &mx, &log_sum);
     const double lse = static_cast<double>(mx) + log_sum;
     const double scale = row_scale ? row_scale[i] * grad_scale : grad_scale;
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-      row[j] = static_cast<T>(exp(static_cast<double>(row[j]) - lse) * scale);
-    __syncthreads();  // the label's cell may have been written by another thread
-    if (threadIdx.x == 0) {
-      row[label] -= static_cast<T>(scale);
-      losses[i] = lse - static_cast<double>(picked);
+    // The CPU's arithmetic: softmax * scale rounded to T, the label's cell then less scale in T, once stored.
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      T v = static_cast<T>(exp(static_cast<double>(Widen(row[j])) - lse) * scale);
+      if (j == label) v -= static_cast<T>(scale);
+      Narrow(row + j, v);
     }
+    if (threadIdx.x == 0) losses[i] = lse - static_cast<double>(picked);
   }
 }
 
-template <typename T>
-__global__ void TokenLogprobsKernel(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
+template <typename S>
+__global__ void TokenLogprobsKernel(const S* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
+  using T = Wide<S>;
   __shared__ T shared_max[32];
   __shared__ double shared_sum[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const T* row = logits + i * vocab;
+    const S* row = logits + i * vocab;
     const int32_t label = labels[i];
     if (label < 0) {
       if (threadIdx.x == 0) out[i] = 0;
@@ -81,7 +85,7 @@ __global__ void TokenLogprobsKernel(const T* logits, const int32_t* labels, int6
     T mx;
     double log_sum;
     RowLogSumExp(row, vocab, shared_max, shared_sum, &mx, &log_sum);
-    if (threadIdx.x == 0) out[i] = static_cast<double>(row[label]) - (static_cast<double>(mx) + log_sum);
+    if (threadIdx.x == 0) out[i] = static_cast<double>(Widen(row[label])) - (static_cast<double>(mx) + log_sum);
   }
 }
 
@@ -107,8 +111,9 @@ __device__ inline void WarpArgmax(T* v, int* idx) {
   }
 }
 
-template <typename T>
-__global__ void TokenArgmaxKernel(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
+template <typename S>
+__global__ void TokenArgmaxKernel(const S* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
+  using T = Wide<S>;
   __shared__ T shared_v[32];
   __shared__ int shared_i[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -117,14 +122,16 @@ __global__ void TokenArgmaxKernel(const T* logits, const int32_t* labels, int64_
       if (threadIdx.x == 0) out[i] = -1;
       continue;
     }
-    const T* row = logits + i * vocab;
+    const S* row = logits + i * vocab;
     T best = NAN;  // loses to every entry: a NaN with the largest index
     int best_i = INT_MAX;
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x)
-      if (Better(row[j], static_cast<int>(j), best, best_i)) {
-        best = row[j];
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      const T v = Widen(row[j]);
+      if (Better(v, static_cast<int>(j), best, best_i)) {
+        best = v;
         best_i = static_cast<int>(j);
       }
+    }
     WarpArgmax(&best, &best_i);
     __syncthreads();  // the previous row's readers of shared_* are done
     if (lane == 0) {
@@ -194,5 +201,10 @@ template void TokenLogprobs<float>(const float*, const int32_t*, int64_t, int64_
 template void TokenLogprobs<double>(const double*, const int32_t*, int64_t, int64_t, double*);
 template void TokenArgmax<float>(const float*, const int32_t*, int64_t, int64_t, int32_t*);
 template void TokenArgmax<double>(const double*, const int32_t*, int64_t, int64_t, int32_t*);
+// bf16 logit chunks (--dtype=bf16): stored bf16, computed in f32.
+template double CrossEntropyForwardBackward<uint16_t>(uint16_t*, const int32_t*, int64_t, int64_t, const double*,
+                                                      double);
+template void TokenLogprobs<uint16_t>(const uint16_t*, const int32_t*, int64_t, int64_t, double*);
+template void TokenArgmax<uint16_t>(const uint16_t*, const int32_t*, int64_t, int64_t, int32_t*);
 
 }  // namespace sg::cuda

@@ -1,8 +1,9 @@
 // Every op of the CUDA backend's table against the CPU table on the same random inputs, in f32 and f64, on shapes
 // that exercise the edge cases (transposes and padded leading dimensions, empty GEMMs, repeated ids, GQA, ragged
 // and shuffled KV pages, a query chunk starting mid-page, sparse page masks, gradient views with missing pages,
-// ignored labels, conv tails shorter than the kernel, null optional arguments), plus bf16 GEMM accuracy,
-// determinism and errors reported as exceptions.
+// ignored labels, conv tails shorter than the kernel, null optional arguments), plus bf16 GEMM accuracy, the f32
+// table's bf16 entries (--dtype=bf16: cuBLASLt GEMMs, tensor-core attention, loss, conversions, AdamW masters)
+// against the CPU's, determinism and errors reported as exceptions.
 //
 // Every output buffer carries guard elements before and after it, set to a sentinel and checked after the op
 // (out-of-bounds writes); outputs the contract says are assigned start as NaN (an op that reads or accumulates
@@ -470,8 +471,9 @@ struct AttnSetup {
     dv0 = Rand<T>(pool_pages * stride, seed + 6);
   }
 
-  PagedKV<T> View(T* kp, T* vp, const std::vector<int32_t>& t) const {
-    PagedKV<T> p;
+  template <typename KV>
+  PagedKV<KV> View(KV* kp, KV* vp, const std::vector<int32_t>& t) const {
+    PagedKV<KV> p;
     p.k_pool = kp;
     p.v_pool = vp;
     p.page_table = t.data();
@@ -512,6 +514,35 @@ struct AttnSetup {
 
 class CudaAttentionTest : public GpuTest, public ::testing::WithParamInterface<AttnCase> {};
 
+// dut.v[3], dut.v[4]: the dK and dV pools after the backward, which started as dk0, dv0. Pool pages no gradient
+// view names (unused, or logical pages marked -1) keep their values exactly; so do the gaps between pages (stride
+// padding), and the pages of unselected logical pages.
+template <typename T, typename KV>
+void ExpectGradientPagesOnly(const AttnSetup<T>& setup, const AttnCase& c, const Outs& dut,
+                             const std::vector<KV>& dk0, const std::vector<KV>& dv0) {
+  std::vector<bool> named(setup.pool_pages, false);
+  for (int32_t p : setup.grad_table)
+    if (p >= 0) named[p] = true;
+  const int64_t used = setup.page_size * c.kv_heads * c.head_dim;
+  for (size_t which : {3, 4}) {
+    const std::vector<KV>& init = which == 3 ? dk0 : dv0;
+    const std::vector<double>& got = dut.v[which].second;
+    int64_t bad = 0;
+    for (int64_t p = 0; p < setup.pool_pages; ++p)
+      for (int64_t i = 0; i < setup.stride; ++i)
+        if ((!named[p] || i >= used) && got[p * setup.stride + i] != AsDouble(init[p * setup.stride + i])) ++bad;
+    EXPECT_EQ(bad, 0) << dut.v[which].first << ": elements outside the gradient view's pages were written";
+  }
+  if (c.mask)
+    for (int64_t l = 0; l < setup.pages; ++l) {
+      if (setup.mask[l] || setup.grad_table[l] < 0) continue;
+      const int64_t p = setup.grad_table[l];
+      for (int64_t i = 0; i < used; ++i)
+        ASSERT_EQ(dut.v[3].second[p * setup.stride + i], AsDouble(dk0[p * setup.stride + i]))
+            << "dK written for unselected logical page " << l;
+    }
+}
+
 template <typename T>
 void CheckAttention(const AttnCase& c) {
   SCOPED_TRACE(TypeName(T()));
@@ -520,30 +551,7 @@ void CheckAttention(const AttnCase& c) {
   ExpectClose(dut.v[0].second, cpu.v[0].second, kTight<T>, "out");
   ExpectClose(dut.v[1].second, cpu.v[1].second, kTight<T>, "lse");
   for (size_t i = 2; i < 5; ++i) ExpectClose(dut.v[i].second, cpu.v[i].second, kLoose<T>, cpu.v[i].first);
-  // Pool pages no gradient view names (unused, or logical pages marked -1) keep their values exactly; so do the
-  // gaps between pages (stride padding).
-  std::vector<bool> named(setup.pool_pages, false);
-  for (int32_t p : setup.grad_table)
-    if (p >= 0) named[p] = true;
-  const int64_t used = setup.page_size * c.kv_heads * c.head_dim;
-  for (size_t which : {3, 4}) {
-    const std::vector<T>& init = which == 3 ? setup.dk0 : setup.dv0;
-    const std::vector<double>& got = dut.v[which].second;
-    int64_t bad = 0;
-    for (int64_t p = 0; p < setup.pool_pages; ++p)
-      for (int64_t i = 0; i < setup.stride; ++i)
-        if ((!named[p] || i >= used) && got[p * setup.stride + i] != static_cast<double>(init[p * setup.stride + i])) ++bad;
-    EXPECT_EQ(bad, 0) << cpu.v[which].first << ": elements outside the gradient view's pages were written";
-  }
-  // Unselected pages get no dK/dV either.
-  if (c.mask)
-    for (int64_t l = 0; l < setup.pages; ++l) {
-      if (setup.mask[l] || setup.grad_table[l] < 0) continue;
-      const int64_t p = setup.grad_table[l];
-      for (int64_t i = 0; i < used; ++i)
-        ASSERT_EQ(dut.v[3].second[p * setup.stride + i], static_cast<double>(setup.dk0[p * setup.stride + i]))
-            << "dK written for unselected logical page " << l;
-    }
+  ExpectGradientPagesOnly(setup, c, dut, setup.dk0, setup.dv0);
 }
 
 TEST_P(CudaAttentionTest, ForwardBackwardMatchesCpu) {
@@ -798,6 +806,261 @@ TYPED_TEST(CudaOpsTest, SelectiveScanBackwardPairs) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// bf16 storage (--dtype=bf16): the f32 table's bf16 entries against the CPU table's. The device rounds where its
+// tensor cores do (GEMM operands, attention's q, dO, P and dS), the CPU does not: a device result must be at most
+// twice as far from the CPU table's as the bf16-rounded reference is, i.e. the CPU's computation on inputs rounded
+// to bf16 with its result rounded to the output's storage type.
+
+std::vector<uint16_t> Bf16Bits(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = F32ToBF16(x[i]);
+  return b;
+}
+float RoundBf16(float x) { return BF16ToF32(F32ToBF16(x)); }
+std::vector<float> RoundedBf16(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = RoundBf16(x[i]);
+  return r;
+}
+
+// max |dut - cpu| <= 2 max |rounded - cpu| + floor * max |cpu|; NaN where the CPU has none fails.
+void ExpectWithinTwiceRounded(const std::vector<double>& dut, const std::vector<double>& cpu,
+                              const std::vector<double>& rounded, double floor, const std::string& what) {
+  ASSERT_EQ(dut.size(), cpu.size()) << what;
+  ASSERT_EQ(rounded.size(), cpu.size()) << what;
+  double scale = 0, err = 0, ref_err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (std::isfinite(cpu[i])) scale = std::max(scale, std::abs(cpu[i]));
+    if (dut[i] == cpu[i]) continue;  // also equal infinities (lse of rows without keys)
+    const double e = std::isfinite(dut[i]) && std::isfinite(cpu[i]) ? std::abs(dut[i] - cpu[i]) : INFINITY;
+    if (e > err) err = e, worst = i;
+    if (rounded[i] != cpu[i] && std::isfinite(rounded[i]) && std::isfinite(cpu[i]))
+      ref_err = std::max(ref_err, std::abs(rounded[i] - cpu[i]));
+  }
+  EXPECT_LE(err, 2 * ref_err + floor * scale)
+      << what << ": max |cuda - cpu| = " << err << " at " << worst << " (cuda " << dut[worst] << ", cpu "
+      << cpu[worst] << "), bf16-rounded reference's max |ref - cpu| = " << ref_err << ", max |cpu| = " << scale;
+  if (std::getenv("SG_OPS_TEST_VERBOSE"))
+    std::cout << what << ": max |cuda - cpu| " << err << ", rounded reference " << ref_err << ", max |cpu| " << scale
+              << "\n";
+}
+
+struct MixedTypes {
+  DType a, b, c;
+};
+
+// gemm_mixed over every supported combination the engine uses (activation x bf16 weight, bf16 x bf16, bf16 C),
+// transposes, padded leading dimensions, alpha/beta and an empty product.
+TEST_F(GpuTest, Bf16GemmMixedWithinTwiceRoundedReference) {
+  const std::vector<MixedTypes> types = {{DType::kF32, DType::kBF16, DType::kF32},
+                                         {DType::kBF16, DType::kBF16, DType::kF32},
+                                         {DType::kBF16, DType::kBF16, DType::kBF16},
+                                         {DType::kF32, DType::kF32, DType::kBF16},
+                                         {DType::kBF16, DType::kF32, DType::kF32}};
+  const std::vector<GemmShape> shapes = {{37, 29, 53}, {1, 70, 19}, {64, 48, 256}, {5, 3, 1}, {4, 6, 0}, {0, 5, 3}};
+  uint64_t seed = 300;
+  for (const MixedTypes& t : types)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (const GemmShape& g : shapes)
+          for (auto [alpha, beta] : {std::pair<float, float>(1, 0), std::pair<float, float>(0.7f, -1.3f)}) {
+            const int64_t pad = 3;
+            const int64_t a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;
+            const int64_t b_rows = tb ? g.n : g.k, b_cols = tb ? g.k : g.n;
+            const int64_t lda = std::max<int64_t>(a_cols, 1) + pad, ldb = std::max<int64_t>(b_cols, 1) + pad,
+                          ldc = std::max<int64_t>(g.n, 1) + pad;
+            // Values as stored: bf16 operands hold bf16-representable values.
+            auto stored = [](DType d, std::vector<float> v) { return d == DType::kBF16 ? RoundedBf16(v) : v; };
+            const std::vector<float> a = stored(t.a, Normal<float>(a_rows * lda, seed++)),
+                                     b = stored(t.b, Normal<float>(b_rows * ldb, seed++)),
+                                     c = stored(t.c, Normal<float>(g.m * ldc, seed++));
+            auto run = [&](Device d, const std::vector<float>& av, const std::vector<float>& bv) {
+              Buf<float> fa(d, av, "A"), fb(d, bv, "B"), fc(d, c, "C");
+              Buf<uint16_t> ha(d, Bf16Bits(av), "A"), hb(d, Bf16Bits(bv), "B"), hc(d, Bf16Bits(c), "C");
+              auto ptr = [](DType dt, Buf<float>& f, Buf<uint16_t>& h) -> void* {
+                return dt == DType::kBF16 ? static_cast<void*>(h.data()) : static_cast<void*>(f.data());
+              };
+              OpsFor<float>(d).gemm_mixed(ta, tb, g.m, g.n, g.k, alpha, t.a, ptr(t.a, fa, ha), lda, t.b,
+                                          ptr(t.b, fb, hb), ldb, beta, t.c, ptr(t.c, fc, hc), ldc);
+              return t.c == DType::kBF16 ? hc.Values() : fc.Values();
+            };
+            const std::vector<double> cpu = run(Device::kCPU, a, b), dut = run(Dut(), a, b);
+            // The bf16-rounded reference: fp64 over the operands rounded to bf16, rounded to C's type.
+            std::vector<double> rounded(cpu.size());
+            for (int64_t i = 0; i < g.m; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                if (j >= g.n) {
+                  rounded[i * ldc + j] = c[i * ldc + j];  // padding: untouched
+                  continue;
+                }
+                double acc = 0;
+                for (int64_t p = 0; p < g.k; ++p)
+                  acc += double(RoundBf16(ta ? a[p * lda + i] : a[i * lda + p])) *
+                         RoundBf16(tb ? b[j * ldb + p] : b[p * ldb + j]);
+                const double v = alpha * acc + (beta == 0 ? 0.0 : double(beta) * c[i * ldc + j]);
+                rounded[i * ldc + j] = t.c == DType::kBF16 ? RoundBf16(static_cast<float>(v)) : static_cast<float>(v);
+              }
+            const std::string what = std::string("gemm_mixed ") + DTypeName(t.a) + "*" + DTypeName(t.b) + "->" +
+                                     DTypeName(t.c) + " " + (ta ? "T" : "N") + (tb ? "T" : "N") + " " +
+                                     std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) +
+                                     " beta " + std::to_string(beta);
+            ExpectWithinTwiceRounded(dut, cpu, rounded, 1e-5, what);
+            for (int64_t i = 0; i < g.m; ++i)
+              for (int64_t j = g.n; j < ldc; ++j)
+                ASSERT_EQ(dut[i * ldc + j], static_cast<double>(c[i * ldc + j]))  // bf16 C: representable
+                    << what << ": padding of C row " << i << " written";
+          }
+}
+
+TEST_F(GpuTest, Bf16ConversionsMatchCpuBitForBit) {
+  std::vector<float> x = Normal<float>(5000, 310, 100.0);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float special : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 1.0f + 1.0f / 256,
+                        1.0f + 3.0f / 256, -(1.0f + 1.0f / 256), 1e-40f, -1e-42f, 3.4e38f, -3.39e38f})
+    x.push_back(special);
+  std::vector<uint16_t> all(65536);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<std::vector<uint16_t>> narrowed;
+  std::vector<std::vector<uint32_t>> widened;
+  for (Device d : {Device::kCPU, Dut()}) {
+    Buf<float> src(d, x, "f32"), wide(d, static_cast<int64_t>(all.size()), Nan<float>(), "widened");
+    Buf<uint16_t> narrow(d, static_cast<int64_t>(x.size()), Nan<uint16_t>(), "bf16"), bits(d, all, "all bf16");
+    OpsFor<float>(d).f32_to_bf16(src.data(), static_cast<int64_t>(x.size()), narrow.data());
+    OpsFor<float>(d).bf16_to_f32(bits.data(), static_cast<int64_t>(all.size()), wide.data());
+    narrowed.push_back(narrow.Raw());
+    std::vector<uint32_t> w(all.size());
+    const std::vector<float> wf = wide.Raw();
+    std::memcpy(w.data(), wf.data(), w.size() * 4);
+    widened.push_back(std::move(w));
+  }
+  EXPECT_TRUE(narrowed[0] == narrowed[1]) << "f32_to_bf16 differs from the CPU's rounding";
+  EXPECT_TRUE(widened[0] == widened[1]) << "bf16_to_f32 differs from the CPU's";
+}
+
+TEST_F(GpuTest, Bf16LossMatchesCpu) {
+  for (int64_t vocab : {7, 1000, 32003}) {
+    const int64_t n = 9;
+    std::vector<int32_t> labels(n);
+    for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7919 + 3) % vocab);
+    labels[2] = -100;
+    labels[n - 1] = static_cast<int32_t>(vocab - 1);
+    const std::vector<double> scales = {0.5, -2.0, 7.0, 1.0, 0.0, 3.0, -0.25, 1.5, 2.0};
+    std::vector<float> logits = Normal<float>(n * vocab, 320 + vocab, 3.0);
+    for (int64_t j = 0; j < vocab; ++j) logits[3 * vocab + j] += 50.0f;  // needs the max shift
+    const std::vector<uint16_t> bits = Bf16Bits(logits);
+    for (bool row_scale : {false, true}) {
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<float>& ops = OpsFor<float>(dev);
+        Buf<uint16_t> grad(dev, bits, "dlogits"), L(dev, bits, "logits");
+        HostBuf<double> lp(n, Nan<double>(), "logprobs");
+        HostBuf<int32_t> am(n, 12345, "argmax");
+        Outs o;
+        o.scalar = ops.cross_entropy_bf16(grad.data(), labels.data(), n, vocab, row_scale ? scales.data() : nullptr,
+                                          0.37);
+        ops.token_logprobs_bf16(L.data(), labels.data(), n, vocab, lp.data());
+        ops.token_argmax_bf16(L.data(), labels.data(), n, vocab, am.data());
+        o.Add(grad);
+        o.Add("logprobs", lp.Raw());
+        const std::vector<int32_t> a = am.Raw();
+        o.Add("argmax", std::vector<double>(a.begin(), a.end()));
+        EXPECT_EQ(L.Raw(), bits);
+        return o;
+      });
+      const std::string what = "bf16 loss vocab=" + std::to_string(vocab) + (row_scale ? " row_scale" : "");
+      // The same f32 arithmetic on the same widened rows: the gradient rows may differ by one bf16 rounding.
+      ExpectClose(dut.v[0].second, cpu.v[0].second, 1.0 / 256, what + " dlogits");
+      ExpectClose(dut.v[1].second, cpu.v[1].second, kTight<float>, what + " logprobs");
+      EXPECT_EQ(dut.v[2].second, cpu.v[2].second) << what << " argmax";
+      EXPECT_NEAR(dut.scalar, cpu.scalar, kTight<float> * std::max(1.0, std::abs(cpu.scalar))) << what << " loss";
+    }
+  }
+}
+
+TEST_F(GpuTest, Bf16AdamWStepsMastersAndRoundsWeights) {
+  const int64_t count = 3001;
+  const std::vector<float> p = Rand<float>(count, 330), g = Rand<float>(count, 331, -3, 3),
+                           m = Rand<float>(count, 332, -0.1, 0.1), v = Rand<float>(count, 333, 0, 0.1);
+  for (int64_t step : {1, 7}) {
+    std::vector<uint16_t> dut_weights;
+    std::vector<float> dut_master;
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      Buf<float> P(dev, p, "master"), G(dev, g, "g"), M(dev, m, "m"), V(dev, v, "v");
+      Buf<uint16_t> W(dev, count, Nan<uint16_t>(), "weights");
+      OpsFor<float>(dev).adamw_bf16(W.data(), P.data(), G.data(), M.data(), V.data(), count, 1e-3, 0.9, 0.95, 1e-8,
+                                    0.1, step);
+      dut_weights = W.Raw();  // the device's: RunBoth runs it last
+      dut_master = P.Raw();
+      Outs o;
+      o.Add(P);
+      o.Add(M);
+      o.Add(V);
+      return o;
+    });
+    ExpectAllClose(dut, cpu, kTight<float>, "adamw_bf16 step " + std::to_string(step));
+    for (int64_t i = 0; i < count; ++i)
+      ASSERT_EQ(dut_weights[i], F32ToBF16(dut_master[i])) << "weight " << i << " is not its master rounded to bf16";
+  }
+}
+
+// Tensor-core attention over bf16 pages, forward and backward, on every shape of the f32/f64 test.
+void CheckAttentionBf16(const AttnCase& c) {
+  AttnSetup<float> setup(c, 2000 + c.n * 31 + c.head_dim);
+  const std::vector<uint16_t> k = Bf16Bits(setup.k), v = Bf16Bits(setup.v), dk0 = Bf16Bits(setup.dk0),
+                              dv0 = Bf16Bits(setup.dv0);
+  // aligned: q, dO and the pools 16-byte aligned (the kernels' 16-byte tile loads, where head_dim and the page
+  // stride allow them); otherwise misaligned (element loads).
+  auto run = [&](Device d, const std::vector<float>& q, const std::vector<float>& dout, bool aligned) {
+    const OpTable<float>& ops = OpsFor<float>(d);
+    const AttentionShape& s = setup.s;
+    const int64_t qn = s.n * s.heads * s.head_dim, guard = aligned ? kAlignedGuard : kGuard;
+    Buf<float> Q(d, q, "q", guard), DO(d, dout, "dout", guard), out(d, qn, Nan<float>(), "out"),
+        lse(d, s.heads * s.n, Nan<float>(), "lse"), dq(d, qn, Nan<float>(), "dq");
+    Buf<uint16_t> K(d, k, "k pool", guard), V(d, v, "v pool", guard), dK(d, dk0, "dk pool"), dV(d, dv0, "dv pool");
+    Buf<float> ws(d, std::max<int64_t>(1, ops.attention_workspace_elems(s, setup.page_size)), 0.0f, "workspace");
+    ops.attention_forward_bf16(s, Q.data(), setup.View(K.data(), V.data(), setup.table), out.data(), lse.data(),
+                               ws.data());
+    ops.attention_backward_bf16(s, Q.data(), setup.View(K.data(), V.data(), setup.table), out.data(), lse.data(),
+                                DO.data(), dq.data(), setup.View(dK.data(), dV.data(), setup.grad_table), ws.data());
+    EXPECT_TRUE(ws.GuardsIntact()) << "the workspace overflowed attention_workspace_elems";
+    EXPECT_EQ(K.Raw(), k);
+    EXPECT_EQ(V.Raw(), v);
+    Outs o;
+    for (const Buf<float>* b : {&out, &lse, &dq}) o.Add(*b);
+    o.Add(dK);
+    o.Add(dV);
+    return o;
+  };
+  const Outs cpu = run(Device::kCPU, setup.q, setup.dout, false);
+  Outs rounded = run(Device::kCPU, RoundedBf16(setup.q), RoundedBf16(setup.dout), false);
+  for (size_t i = 0; i < 3; ++i)  // out, lse, dq are f32: rounded to bf16 like the pools
+    for (double& x : rounded.v[i].second) x = RoundBf16(static_cast<float>(x));
+  const Outs dut = run(Dut(), setup.q, setup.dout, false);
+  // The dK/dV pages: plus one bf16 ulp of the largest entry, as the device (once) and the CPU (per product) round
+  // into the pages independently.
+  for (size_t i = 0; i < cpu.v.size(); ++i)
+    ExpectWithinTwiceRounded(dut.v[i].second, cpu.v[i].second, rounded.v[i].second, i < 3 ? 1e-6 : 1.0 / 128,
+                             "bf16 attention " + cpu.v[i].first);
+  ExpectGradientPagesOnly(setup, c, dut, dk0, dv0);
+  // Deterministic, and the same bits whether the tiles move in 16-byte chunks or element by element.
+  const Outs again = run(Dut(), setup.q, setup.dout, true);
+  for (size_t i = 0; i < dut.v.size(); ++i)
+    EXPECT_TRUE(again.v[i].second == dut.v[i].second) << "bf16 " << dut.v[i].first << " differs between runs";
+}
+
+TEST_P(CudaAttentionTest, Bf16TensorCoreMatchesCpu) { CheckAttentionBf16(GetParam()); }
+
+// Head dims the shared list lacks: 256 (the widest tiles), 16 (one mma k-step), 24 (padded to 32).
+TEST_F(GpuTest, Bf16TensorCoreAttentionHeadDims) {
+  for (const AttnCase& c : {AttnCase{2, 1, 256, 16, 40, 30, true, true, true, 0},
+                            AttnCase{4, 2, 16, 5, 67, 9, true, false, true, 2},
+                            AttnCase{2, 2, 24, 4, 17, 70, false, true, false, 0}}) {
+    SCOPED_TRACE("head_dim " + std::to_string(c.head_dim));
+    CheckAttentionBf16(c);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Determinism: run twice, bitwise-identical results (no floating-point atomics in the order-sensitive sums).
 
 TEST_F(GpuTest, AttentionBackwardIsDeterministic) {
@@ -918,20 +1181,42 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
     const std::vector<int32_t> table = {0};
     Buf<float> q(Device::kCUDA, 4096, 0.1f, "q"), kv(Device::kCUDA, 4096, 0.1f, "kv"), out(Device::kCUDA, 4096, 0.0f, "out"),
         lse(Device::kCUDA, 1, 0.0f, "lse"), ws(Device::kCUDA, 64, 0.0f, "ws");
-    PagedKV<float> view;
-    view.k_pool = kv.data();
-    view.v_pool = kv.data();
-    view.page_table = table.data();
-    view.page_size = 1;
-    view.page_stride = 4096;
-    view.kv_heads = 1;
-    view.head_dim = 4096;
+    // One one-token page holding both K and V.
+    auto one_page = [&](auto* pool) {
+      PagedKV<std::remove_pointer_t<decltype(pool)>> view;
+      view.k_pool = pool;
+      view.v_pool = pool;
+      view.page_table = table.data();
+      view.page_size = 1;
+      view.page_stride = 4096;
+      view.kv_heads = 1;
+      view.head_dim = 4096;
+      return view;
+    };
     try {
-      ops.attention_forward(s, q.data(), view, out.data(), lse.data(), ws.data());
+      ops.attention_forward(s, q.data(), one_page(kv.data()), out.data(), lse.data(), ws.data());
       ADD_FAILURE() << "attention_forward with head_dim 4096 did not throw";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
     }
+    // The tensor-core kernels over bf16 pages have the same limit.
+    Buf<uint16_t> kv16(Device::kCUDA, 4096, F32ToBF16(0.1f), "kv bf16");
+    try {
+      ops.attention_forward_bf16(s, q.data(), one_page(kv16.data()), out.data(), lse.data(), ws.data());
+      ADD_FAILURE() << "attention_forward_bf16 with head_dim 4096 did not throw";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("attention_forward_bf16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
+    }
+  }
+  // gemm_mixed over a type it does not take.
+  try {
+    ops.gemm_mixed(false, false, 2, 2, 2, 1.0f, DType::kF64, a.data(), 2, DType::kBF16, b.data(), 2, 0.0f,
+                   DType::kF32, c.data(), 2);
+    ADD_FAILURE() << "gemm_mixed with an f64 A did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm_mixed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
   }
   // Still usable: a small GEMM after the failures.
   std::vector<float> av = {1, 2, 3, 4}, bv = {5, 6, 7, 8};

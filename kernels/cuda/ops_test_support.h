@@ -24,6 +24,12 @@ namespace ops_test {
 template <typename T> DType DTypeOf();
 template <> inline DType DTypeOf<float>() { return DType::kF32; }
 template <> inline DType DTypeOf<double>() { return DType::kF64; }
+template <> inline DType DTypeOf<uint16_t>() { return DType::kBF16; }  // bf16 bits (--dtype=bf16 storage)
+
+// An element as a number (bf16 bits widened).
+inline double AsDouble(float x) { return x; }
+inline double AsDouble(double x) { return x; }
+inline double AsDouble(uint16_t bf16) { return BF16ToF32(bf16); }
 
 inline MemoryTracker* TrackerFor(Device d) {
   if (d == Device::kCPU) return nullptr;  // aligned host memory
@@ -35,36 +41,44 @@ inline MemoryTracker* TrackerFor(Device d) {
   return cuda;
 }
 
-constexpr int64_t kGuard = 67;  // elements on each side of every buffer
+// Elements on each side of every buffer: 67 leaves the data misaligned for any vector width (kernels must not
+// assume alignment they did not check); kAlignedGuard keeps it 16-byte aligned (their vectorized paths).
+constexpr int64_t kGuard = 67;
+constexpr int64_t kAlignedGuard = 64;
 
 template <typename T> T Sentinel() { return static_cast<T>(-7777.25); }
+template <> inline uint16_t Sentinel<uint16_t>() { return F32ToBF16(-7777.25f); }
 template <typename T> T Nan() { return std::numeric_limits<T>::quiet_NaN(); }
+template <> inline uint16_t Nan<uint16_t>() { return F32ToBF16(std::numeric_limits<float>::quiet_NaN()); }
 
-// n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones holding a sentinel.
+// n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones of `guard` elements
+// holding a sentinel.
 template <typename T>
 class Buf {
  public:
-  Buf(Device d, int64_t n, T init, std::string name) : n_(n), name_(std::move(name)) {
-    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n + 2 * kGuard});
+  Buf(Device d, int64_t n, T init, std::string name, int64_t guard = kGuard)
+      : n_(n), guard_(guard), name_(std::move(name)) {
+    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n + 2 * guard_});
     T* b = base();
-    for (int64_t i = 0; i < n + 2 * kGuard; ++i) b[i] = i < kGuard || i >= kGuard + n ? Sentinel<T>() : init;
+    for (int64_t i = 0; i < n + 2 * guard_; ++i) b[i] = i < guard_ || i >= guard_ + n ? Sentinel<T>() : init;
   }
-  Buf(Device d, const std::vector<T>& v, std::string name) : Buf(d, static_cast<int64_t>(v.size()), T(0), name) {
+  Buf(Device d, const std::vector<T>& v, std::string name, int64_t guard = kGuard)
+      : Buf(d, static_cast<int64_t>(v.size()), T(0), name, guard) {
     std::copy(v.begin(), v.end(), data());
   }
-  T* data() const { return base() + kGuard; }
+  T* data() const { return base() + guard_; }
   int64_t size() const { return n_; }
   const std::string& name() const { return name_; }
   // Fails the test (naming the buffer and the offset) if a guard element changed; returns whether all held.
   bool GuardsIntact() const {
     const T s = Sentinel<T>();
     const T* b = base();
-    for (int64_t i = 0; i < n_ + 2 * kGuard; ++i) {
-      if (i >= kGuard && i < kGuard + n_) continue;
+    for (int64_t i = 0; i < n_ + 2 * guard_; ++i) {
+      if (i >= guard_ && i < guard_ + n_) continue;
       if (std::memcmp(&b[i], &s, sizeof(T)) != 0) {
-        const int64_t off = i < kGuard ? i - kGuard : i - kGuard - n_;
+        const int64_t off = i < guard_ ? i - guard_ : i - guard_ - n_;
         ADD_FAILURE() << name_ << ": out-of-bounds write at " << (off < 0 ? "" : "end + ") << off << " (value "
-                      << b[i] << ")";
+                      << AsDouble(b[i]) << ")";
         return false;
       }
     }
@@ -76,13 +90,15 @@ class Buf {
   }
   std::vector<double> Values() const {
     GuardsIntact();
-    return std::vector<double>(data(), data() + n_);
+    std::vector<double> v(n_);
+    for (int64_t i = 0; i < n_; ++i) v[i] = AsDouble(data()[i]);
+    return v;
   }
 
  private:
   T* base() const { return t_.data<T>(); }
   Tensor t_;
-  int64_t n_;
+  int64_t n_, guard_;
   std::string name_;
 };
 

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
 
@@ -195,6 +196,12 @@ __global__ void FillKernel(T* x, int64_t count, T value) {
   SG_CUDA_LOOP(i, count) x[i] = value;
 }
 
+// Converts between storage types (bf16 <-> f32) with bf16.cuh's rounding.
+template <typename D, typename S>
+__global__ void ConvertKernel(const S* src, int64_t count, D* dst) {
+  SG_CUDA_LOOP(i, count) Narrow(dst + i, Widen(src[i]));
+}
+
 template <typename T>
 __global__ void SiluForwardKernel(const T* x, int64_t count, T* y) {
   SG_CUDA_LOOP(i, count) y[i] = x[i] / (T(1) + Exp(-x[i]));
@@ -366,6 +373,18 @@ void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
   if (count <= 0) return;
   SoftplusBackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dy, x, count, dx);
   End("softplus_backward");
+}
+
+void Bf16ToF32(const uint16_t* src, int64_t count, float* dst) {
+  if (count <= 0) return;
+  ConvertKernel<float, uint16_t><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(src, count, dst);
+  End("bf16_to_f32");
+}
+
+void F32ToBf16(const float* src, int64_t count, uint16_t* dst) {
+  if (count <= 0) return;
+  ConvertKernel<uint16_t, float><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(src, count, dst);
+  End("f32_to_bf16");
 }
 
 #define SG_INSTANTIATE(T)                                                                                   \

@@ -2,10 +2,14 @@
 
 CUDA_SRCS = [
     "attention.cu",
+    "attention.cuh",
+    "attention_tc.cu",
+    "bf16.cuh",
     "common.cuh",
     "cuda_ops.cuh",
     "gemm.cu",
     "loss.cu",
+    "mma.cuh",
     "optimizer.cu",
     "pointwise.cu",
     "runtime.cu",

@@ -1,4 +1,6 @@
 // Fills the backend table with the CUDA kernels and registers the backend when the library is linked in.
+#include <type_traits>
+
 #include "kernels/cuda/cuda_ops.cuh"
 
 namespace sg {
@@ -39,6 +41,17 @@ static OpTable<T> MakeCudaTable() {
   t.softplus_forward = cuda::SoftplusForward<T>;
   t.softplus_backward = cuda::SoftplusBackward<T>;
   t.adamw = cuda::AdamW<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    t.gemm_mixed = cuda::GemmMixed;
+    t.bf16_to_f32 = cuda::Bf16ToF32;
+    t.f32_to_bf16 = cuda::F32ToBf16;
+    t.cross_entropy_bf16 = cuda::CrossEntropyForwardBackward<uint16_t>;
+    t.token_logprobs_bf16 = cuda::TokenLogprobs<uint16_t>;
+    t.token_argmax_bf16 = cuda::TokenArgmax<uint16_t>;
+    t.attention_forward_bf16 = cuda::AttentionForwardBf16;
+    t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
+    t.adamw_bf16 = cuda::AdamWBf16;
+  }
   return t;
 }
 
