@@ -152,7 +152,42 @@ struct DeviceAllocator {
   void* (*alloc)(size_t bytes) = nullptr;
   void (*free)(void* p) = nullptr;
   void (*memset_zero)(void* p, size_t bytes) = nullptr;
+  // Copies between the device's memory and host memory, and within the device's memory. to_host and from_host
+  // return when the copy is done (after the device's earlier work: they report its faults); on_device may not.
+  void (*to_host)(void* dst, const void* src, size_t bytes) = nullptr;
+  void (*from_host)(void* dst, const void* src, size_t bytes) = nullptr;
+  void (*on_device)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 void RegisterDeviceAllocator(Device d, DeviceAllocator a);
+
+// Host access to memory of device d. Only CPU memory is host-addressable: host code reads or writes a CUDA
+// tensor through these copies (meta memory has no bytes: they copy nothing).
+inline bool HostAddressable(Device d) { return d == Device::kCPU; }
+void CopyToHost(Device d, void* dst, const void* src, size_t bytes);
+void CopyFromHost(Device d, void* dst, const void* src, size_t bytes);
+void CopyOnDevice(Device d, void* dst, const void* src, size_t bytes);
+// Whole tensors: t.nbytes() bytes; CopyTensor needs equal sizes on one device.
+void CopyToHost(const Tensor& t, void* dst);
+void CopyFromHost(const Tensor& t, const void* src);
+void CopyTensor(const Tensor& dst, const Tensor& src);
+// count elements at p in d's memory, readable by host code: p itself when host-addressable, else a host copy made
+// in *copy.
+template <typename T>
+const T* HostReadable(Device d, const T* p, int64_t count, std::vector<T>* copy) {
+  if (HostAddressable(d)) return p;
+  copy->resize(static_cast<size_t>(count));
+  CopyToHost(d, copy->data(), p, static_cast<size_t>(count) * sizeof(T));
+  return copy->data();
+}
+// The tensor's values as a host vector (T the tensor's element type).
+template <typename T>
+std::vector<T> HostCopy(const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  CopyToHost(t, v.data());
+  return v;
+}
+// The tensor's bytes for host code to read: its own memory when host-addressable, else a host copy appended to
+// *copies (valid while it is).
+const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies);
 
 }  // namespace sg

@@ -29,7 +29,7 @@ inline MemoryTracker* TrackerFor(Device d) {
   if (d == Device::kCPU) return nullptr;  // aligned host memory
   static MemoryTracker* cuda = [] {
     auto* t = new MemoryTracker;
-    t->set_device(Device::kCUDA);  // CUDA managed memory: host-writable, read back after the (synchronous) op
+    t->set_device(Device::kCUDA);  // device memory: written and read back through copies
     return t;
   }();
   return cuda;
@@ -40,17 +40,17 @@ constexpr int64_t kGuard = 67;  // elements on each side of every buffer
 template <typename T> T Sentinel() { return static_cast<T>(-7777.25); }
 template <typename T> T Nan() { return std::numeric_limits<T>::quiet_NaN(); }
 
-// n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones holding a sentinel.
+// n elements on device d (CPU: host memory; CUDA: device memory, written and read through copies) between two
+// guard zones holding a sentinel.
 template <typename T>
 class Buf {
  public:
-  Buf(Device d, int64_t n, T init, std::string name) : n_(n), name_(std::move(name)) {
-    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n + 2 * kGuard});
-    T* b = base();
-    for (int64_t i = 0; i < n + 2 * kGuard; ++i) b[i] = i < kGuard || i >= kGuard + n ? Sentinel<T>() : init;
-  }
-  Buf(Device d, const std::vector<T>& v, std::string name) : Buf(d, static_cast<int64_t>(v.size()), T(0), name) {
-    std::copy(v.begin(), v.end(), data());
+  Buf(Device d, int64_t n, T init, std::string name) : Buf(d, std::vector<T>(n, init), std::move(name)) {}
+  Buf(Device d, const std::vector<T>& v, std::string name) : n_(static_cast<int64_t>(v.size())), name_(std::move(name)) {
+    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n_ + 2 * kGuard});
+    std::vector<T> host(n_ + 2 * kGuard, Sentinel<T>());
+    std::copy(v.begin(), v.end(), host.begin() + kGuard);
+    CopyFromHost(t_, host.data());
   }
   T* data() const { return base() + kGuard; }
   int64_t size() const { return n_; }
@@ -58,7 +58,8 @@ class Buf {
   // Fails the test (naming the buffer and the offset) if a guard element changed; returns whether all held.
   bool GuardsIntact() const {
     const T s = Sentinel<T>();
-    const T* b = base();
+    const std::vector<T> host = HostCopy<T>(t_);
+    const T* b = host.data();
     for (int64_t i = 0; i < n_ + 2 * kGuard; ++i) {
       if (i >= kGuard && i < kGuard + n_) continue;
       if (std::memcmp(&b[i], &s, sizeof(T)) != 0) {
@@ -72,11 +73,12 @@ class Buf {
   }
   std::vector<T> Raw() const {
     GuardsIntact();
-    return std::vector<T>(data(), data() + n_);
+    const std::vector<T> host = HostCopy<T>(t_);
+    return std::vector<T>(host.begin() + kGuard, host.begin() + kGuard + n_);
   }
   std::vector<double> Values() const {
-    GuardsIntact();
-    return std::vector<double>(data(), data() + n_);
+    const std::vector<T> raw = Raw();
+    return std::vector<double>(raw.begin(), raw.end());
   }
 
  private:
