@@ -315,6 +315,14 @@ const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies) {
   return copies->back().data();
 }
 
+absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill) {
+  if (HostAddressable(t.device())) return fill(t.raw());
+  std::vector<char> host(t.nbytes());
+  if (absl::Status s = fill(host.data()); !s.ok()) return s;
+  CopyFromHost(t, host.data());
+  return absl::OkStatus();
+}
+
 void Tensor::SetZero() {
   if (storage_) g_allocators[static_cast<int>(device_)].memset_zero(storage_.get(), nbytes());
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -189,5 +190,8 @@ std::vector<T> HostCopy(const Tensor& t) {
 // The tensor's bytes for host code to read: its own memory when host-addressable, else a host copy appended to
 // *copies (valid while it is).
 const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies);
+// Fills t from host code: fill(dst) writes t.nbytes() bytes at dst, which is t's own memory when host-addressable,
+// else a host buffer copied into t when fill succeeds.
+absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill);
 
 }  // namespace sg

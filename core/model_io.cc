@@ -66,7 +66,10 @@ static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, 
     expected.insert(p.name);
     if (!files->Find(p.name))
       return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", p.name, "' is missing"));
-    if (absl::Status s = files->ReadInto(p.name, p.value.shape(), p.value.dtype(), p.value.raw()); !s.ok()) return s;
+    if (absl::Status s = FillFromHost(
+            p.value, [&](void* dst) { return files->ReadInto(p.name, p.value.shape(), p.value.dtype(), dst); });
+        !s.ok())
+      return s;
   }
   std::vector<std::string> unknown;
   for (const std::string& name : files->TensorNames()) {
@@ -249,7 +252,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
   for (size_t i = 0; i < model.params().size(); ++i) {
     Param& p = model.params()[i];
     if (tied && p.name == "lm_head.weight") continue;
-    const void* data = p.value.raw();
+    const void* data = nullptr;
     if (lora) {
       if (lora->AdapterOfParam(static_cast<int>(i))) continue;
       if (const LoraAdapter* ad = lora->AdapterOfWeight(static_cast<int>(i))) {
@@ -258,6 +261,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
         data = merged.back().data();
       }
     }
+    if (!data) data = HostBytes(p.value, &merged);  // a device's tensors: host copies
     tensors.push_back({p.name, p.value.dtype(), p.value.shape(), data});
   }
   if (absl::Status s = io::WriteSafetensors(staging + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())

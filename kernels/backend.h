@@ -229,6 +229,10 @@ struct DeviceBackend {
 void RegisterBackend(Device d, const DeviceBackend& b);
 // The registered backend of d (CPU always is); null when none (CUDA in a build without --config=cuda).
 const DeviceBackend* FindBackend(Device d);
+// Waits for d's work when its backend has any (a step's end); throws naming the work that failed.
+inline void SynchronizeDevice(Device d) {
+  if (const DeviceBackend* b = FindBackend(d); b && b->synchronize) b->synchronize();
+}
 // "" when d can run: CPU always; CUDA when the CUDA backend is linked in and a GPU is usable.
 std::string DeviceUnavailableReason(Device d);
 // The op table of d for T; throws std::runtime_error naming the device if it has none.

@@ -524,6 +524,11 @@ size_t DeviceCapacity() {
   return pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : size_t{1} << 34;
 }
 
+// Protection changes in units of transparent huge pages (the arena asks for them): the cost of mprotect grows
+// with the page-table entries it changes, 512 times fewer so.
+constexpr size_t kHugePage = size_t{2} << 20;
+size_t PageUp(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+
 struct Arena {
   char* base = nullptr;
   size_t capacity = 0;
@@ -541,14 +546,15 @@ struct sigaction g_previous_segv;
 Arena& TheArena() {
   static Arena* a = [] {
     auto* arena = new Arena;
-    const size_t page = PageSize();
-    arena->capacity = (DeviceCapacity() + page - 1) / page * page;
-    void* m = mmap(nullptr, arena->capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    arena->capacity = PageUp(DeviceCapacity());
+    void* m = mmap(nullptr, arena->capacity + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
     if (m == MAP_FAILED) {
       std::fprintf(stderr, "sg_emu: cannot reserve %zu bytes of address space for device memory\n", arena->capacity);
       std::abort();
     }
-    arena->base = static_cast<char*>(m);
+    arena->base = reinterpret_cast<char*>(PageUp(reinterpret_cast<uintptr_t>(m)));  // huge-page aligned
+    madvise(arena->base, arena->capacity, MADV_HUGEPAGE);  // where the kernel allows it
     arena->free_blocks[0] = arena->capacity;
     struct sigaction sa {};
     sa.sa_sigaction = OnSegv;
@@ -560,7 +566,6 @@ Arena& TheArena() {
   return *a;
 }
 
-size_t PageUp(size_t bytes) { return (bytes + PageSize() - 1) / PageSize() * PageSize(); }
 
 void OnSegv(int sig, siginfo_t* info, void* ctx) {
   Arena& a = TheArena();
@@ -636,6 +641,16 @@ bool DeviceFree(void* p) {
     }
   }
   a.free_blocks[offset] = size;
+  // Give the free pages back and lower the high-water mark: what opening and closing must reprotect (their cost
+  // grows with the pages populated).
+  const size_t first = PageUp(offset), last = (offset + size) / kHugePage * kHugePage;
+  if (last > first) madvise(a.base + first, last - first, MADV_DONTNEED);
+  const size_t high = a.blocks.empty() ? 0 : a.blocks.rbegin()->first + a.blocks.rbegin()->second;
+  if (high < a.mapped) {
+    if (a.open > 0 && PageUp(high) < PageUp(a.mapped))
+      mprotect(a.base + PageUp(high), PageUp(a.mapped) - PageUp(high), PROT_NONE);
+    a.mapped = high;
+  }
   return true;
 }
 
