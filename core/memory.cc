@@ -323,6 +323,15 @@ absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void
   return absl::OkStatus();
 }
 
+absl::Status WithHostBytes(const Tensor& t, bool write_back, const std::function<absl::Status(void*)>& f) {
+  if (HostAddressable(t.device())) return f(t.raw());
+  std::vector<char> host(t.nbytes());
+  CopyToHost(t, host.data());
+  if (absl::Status s = f(host.data()); !s.ok()) return s;
+  if (write_back) CopyFromHost(t, host.data());
+  return absl::OkStatus();
+}
+
 void Tensor::SetZero() {
   if (storage_) g_allocators[static_cast<int>(device_)].memset_zero(storage_.get(), nbytes());
 }

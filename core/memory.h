@@ -193,5 +193,8 @@ const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies);
 // Fills t from host code: fill(dst) writes t.nbytes() bytes at dst, which is t's own memory when host-addressable,
 // else a host buffer copied into t when fill succeeds.
 absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill);
+// Runs f on t's bytes in host memory: t's own when host-addressable, else a host copy of them, copied back into t
+// when f succeeds and write_back is set (e.g. a collective over a device's tensor).
+absl::Status WithHostBytes(const Tensor& t, bool write_back, const std::function<absl::Status(void*)>& f);
 
 }  // namespace sg
