@@ -100,6 +100,22 @@ TEST(CabiCudaEmulated, ModelsOnTheDeviceMatchTheCpu) {
   sg_model_free(cpu);
 }
 
+// A Mamba preset's initialisation (A_log, dt_proj, ...) reaches the device as on the CPU.
+TEST(CabiCudaEmulated, SsmPresetOnTheDevice) {
+  sg_model_options o = sg_model_default_options();
+  o.dtype = "f64";
+  o.seed = 4;
+  sg_model* cpu = nullptr;
+  ASSERT_SG_OK(sg_model_create_preset_with("tiny-ssm", &o, &cpu));
+  o.device = "cuda";
+  sg_model* gpu = nullptr;
+  ASSERT_SG_OK(sg_model_create_preset_with("tiny-ssm", &o, &gpu));
+  for (int64_t i = 0; i < sg_model_num_params(cpu); ++i)
+    EXPECT_EQ(Read(gpu, i, SG_PARAM_VALUE), Read(cpu, i, SG_PARAM_VALUE)) << i;
+  sg_model_free(gpu);
+  sg_model_free(cpu);
+}
+
 TEST(CabiCudaEmulated, BadArgumentsAreNamed) {
   sg_model_options o = sg_model_default_options();
   o.device = "tpu";

@@ -437,13 +437,7 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const double dt_min = 1e-3, dt_max = 1e-1, dt_floor = 1e-4, dt_std = 1.0 / std::sqrt(c.time_step_rank);
-  auto set = [&](Param& p, auto value) {
-    for (int64_t i = 0; i < p.value.numel(); ++i) {
-      const double v = value(i);
-      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
-      else p.value.data<float>()[i] = static_cast<float>(v);
-    }
-  };
+  auto set = [&](Param& p, auto value) { SetFromHost(p.value, value); };
   for (Param& p : model.params()) {
     if (absl::EndsWith(p.name, "mixer.A_log")) {
       set(p, [&](int64_t i) { return std::log(static_cast<double>(i % c.state_size + 1)); });

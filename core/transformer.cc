@@ -658,21 +658,11 @@ void InitRandom(Model& model, const InitOptions& opts) {
   for (Param& p : model.params()) {
     const bool is_vector = p.value.shape().size() == 1;
     const bool is_norm = p.name.find("norm") != std::string::npos;
-    std::vector<char> host(p.value.nbytes());  // then copied to the model's device
-    for (int64_t i = 0; i < p.value.numel(); ++i) {
-      double v;
-      if (!is_vector) {
-        v = opts.stddev * normal(rng);
-      } else if (is_norm) {
-        v = opts.perturb_norms_and_biases ? 1.0 + 0.1 * normal(rng) : 1.0;
-      } else {
-        v = opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
-      }
-      if (p.value.dtype() == DType::kF64) reinterpret_cast<double*>(host.data())[i] = v;
-      else if (p.value.dtype() == DType::kBF16) reinterpret_cast<uint16_t*>(host.data())[i] = F32ToBF16(static_cast<float>(v));
-      else reinterpret_cast<float*>(host.data())[i] = static_cast<float>(v);
-    }
-    CopyFromHost(p.value, host.data());
+    SetFromHost(p.value, [&](int64_t) {  // in index order: the same draws on every device
+      if (!is_vector) return opts.stddev * normal(rng);
+      if (is_norm) return opts.perturb_norms_and_biases ? 1.0 + 0.1 * normal(rng) : 1.0;
+      return opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
+    });
   }
 }
 
