@@ -40,8 +40,11 @@ class InFlight {
  public:
   void Add(const char* op) {
     std::lock_guard<std::mutex> l(mu_);
-    if (ops_.size() < kMax) ops_.push_back({op, label_});
-    else ++dropped_;
+    if (ops_.size() == kMax) {  // keep the newest
+      ops_.erase(ops_.begin(), ops_.begin() + kMax / 2);
+      dropped_ += kMax / 2;
+    }
+    ops_.push_back({op, label_});
   }
   void Label(std::string label) {
     std::lock_guard<std::mutex> l(mu_);
@@ -61,12 +64,18 @@ class InFlight {
     labels_.assign(1, std::move(current));
     label_ = 0;
   }
-  // "chunk [0, 4): embedding_forward, gemm x3, ...; chunk [4, 8): ..." (ops in issue order, repeats counted).
+  // "chunk [0, 4): embedding_forward, gemm x3, ...; chunk [4, 8): ..." (ops in issue order, repeats counted), for
+  // the last kChunksShown chunks: the device runs at most a queue's depth behind the host.
   std::string Describe() {
     std::lock_guard<std::mutex> l(mu_);
     if (ops_.empty()) return "none recorded";
-    std::string out;
-    size_t i = 0;
+    constexpr int kChunksShown = 4;
+    size_t i = ops_.size();
+    for (int shown = 0; i > 0 && shown < kChunksShown; ++shown) {
+      const size_t label = ops_[i - 1].second;
+      while (i > 0 && ops_[i - 1].second == label) --i;
+    }
+    std::string out = i + dropped_ > 0 ? std::to_string(i + dropped_) + " earlier ops not listed" : "";
     while (i < ops_.size()) {
       const size_t label = ops_[i].second;
       if (!out.empty()) out += "; ";
@@ -83,7 +92,6 @@ class InFlight {
         out += std::string(k ? ", " : " ") + counts[k].first +
                (counts[k].second > 1 ? " x" + std::to_string(counts[k].second) : "");
     }
-    if (dropped_ > 0) out += "; and " + std::to_string(dropped_) + " more";
     return out;
   }
 
@@ -136,7 +144,11 @@ cudaStream_t Stream() {
 
 void Check(cudaError_t e, const char* op, const char* what) {
   if (e == cudaSuccess) return;
-  throw CudaError(ErrorText(WithChunk(op), what, e));
+  // A call's own error names the call; anything else is a fault of earlier work that this call found.
+  const bool own = e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration || e == cudaErrorMemoryAllocation ||
+                   e == cudaErrorLaunchOutOfResources || e == cudaErrorInvalidDeviceFunction;
+  if (own) throw CudaError(ErrorText(WithChunk(op), what, e));
+  ThrowFault(WithChunk(op) + ": " + what, e);
 }
 
 void End(const char* op) {
