@@ -134,10 +134,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       layers_.push_back(L);
       ops_.fill(W(L.norm), d, T(1));
       ops_.fill(W(L.d), E, T(1));
-      std::vector<T> a_log(E * N);  // S4D-real: A_log[e][s] = log(s + 1)
-      for (int64_t e = 0; e < E; ++e)
-        for (int64_t s = 0; s < N; ++s) a_log[e * N + s] = static_cast<T>(std::log(s + 1.0));
-      CopyFromHost(params_[L.a_log].value, a_log.data());  // meta: nothing
+      if (device != Device::kMeta)  // meta tensors hold no values; S4D-real: A_log[e][s] = log(s + 1)
+        SetFromHost(params_[L.a_log].value, [&](int64_t i) { return std::log(i % N + 1.0); });
     }
     final_norm_ = Add("backbone.norm_f.weight", {d});
     ops_.fill(W(final_norm_), d, T(1));

@@ -133,11 +133,8 @@ class ParamStore {
       // PEFT: kaiming_uniform_(a=sqrt(5)) on [r][in], i.e. uniform in +-1/sqrt(in); B = 0.
       std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
                                                      1.0 / std::sqrt(static_cast<double>(ad.in)));
-      if (mem_.device() != Device::kMeta) {  // meta tensors hold no values
-        std::vector<T> a(o.rank * ad.in);
-        for (T& x : a) x = static_cast<T>(uniform(rng));
-        CopyFromHost(params_[ad.a].value, a.data());
-      }
+      if (mem_.device() != Device::kMeta)  // meta tensors hold no values
+        SetFromHost(params_[ad.a].value, [&](int64_t) { return uniform(rng); });
       adapter_of_[w] = static_cast<int>(info->adapters.size());
       info->adapters.push_back(ad);
     }
