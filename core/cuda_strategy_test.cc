@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint.h"
 #include "core/lora.h"
 #include "core/mamba.h"
 #include "core/model_io.h"
@@ -333,10 +334,28 @@ TEST_F(CudaStrategyTest, HostAccessPathsMatchCpu) {
 
   OptimizerOptions opt;
   opt.clip_grad_norm = 1e-3;  // clips: the norm and the scaling run on the device
-  for (Model* m : {p.cpu.get(), p.gpu.get()}) {
-    Trainer trainer(*m, Strategy("seco", 5, 3), opt);
-    ASSERT_TRUE(trainer.Step(batch).ok());
-  }
+  Trainer cpu_trainer(*p.cpu, Strategy("seco", 5, 3), opt), gpu_trainer(*p.gpu, Strategy("seco", 5, 3), opt);
+  ASSERT_TRUE(cpu_trainer.Step(batch).ok());
+  ASSERT_TRUE(gpu_trainer.Step(batch).ok());
+
+  // A checkpoint of the device's weights and moments, and back after another step changed them.
+  const std::string out_dir = std::string(std::getenv("TEST_TMPDIR")) + "/gpu_checkpoints";
+  CheckpointMeta meta;
+  meta.trainer = gpu_trainer.state();
+  absl::StatusOr<std::string> saved = SaveCheckpoint(out_dir, gpu_trainer, meta, 0);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto values = [&] {
+    std::vector<std::vector<double>> v;
+    for (const Param& q : p.gpu->params()) v.push_back(HostCopy<double>(q.value));
+    for (const Tensor& m : gpu_trainer.optimizer().m()) v.push_back(m.defined() ? HostCopy<double>(m) : std::vector<double>());
+    return v;
+  };
+  const std::vector<std::vector<double>> at_checkpoint = values();
+  ASSERT_TRUE(gpu_trainer.Step(batch).ok());
+  ASSERT_NE(values(), at_checkpoint);
+  absl::StatusOr<CheckpointMeta> loaded_meta = LoadCheckpoint(*saved, gpu_trainer);
+  ASSERT_TRUE(loaded_meta.ok()) << loaded_meta.status();
+  EXPECT_EQ(values(), at_checkpoint) << "weights and moments after loading the checkpoint on the device";
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/gpu_model";
   ASSERT_TRUE(SaveModel(*p.gpu, dir).ok());
   auto loaded = LoadModel(dir, DType::kF64, 0, Gpu());
