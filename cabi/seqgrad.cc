@@ -215,6 +215,7 @@ constexpr size_t kMetricsSize0_1 = offsetof(sg_metrics, chunks);
 constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = the 0.2 size
 constexpr size_t kMetricsSize0_4 = offsetof(sg_metrics, lr);
 constexpr size_t kMetricsSize0_6 = offsetof(sg_metrics, peak_bytes_master_weights);  // = the 0.5 size
+constexpr size_t kParamInfoSize0_6 = offsetof(sg_param_info, on_device);
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
@@ -748,10 +749,15 @@ const char* const* sg_model_preset_names(void) {
 }
 
 static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
-                              bool from_dir, sg_model** out) {
+                              bool from_dir, sg_model** out, const char* device = nullptr) {
   sg::DType dt = sg::DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
-  absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed);
+  const std::string device_name = device ? device : "cpu";
+  absl::StatusOr<sg::Device> dev = sg::ParseDevice(device_name);
+  if (!dev.ok() || *dev == sg::Device::kMeta)
+    return Invalid(absl::StrCat(fn, ": options->device is '", device_name, "'; supported: cpu, cuda"));
+  if (absl::Status usable = sg::CheckDevice(*dev); !usable.ok()) return FromAbslIn(fn, usable);
+  absl::StatusOr<std::unique_ptr<sg::Model>> m = sg::LoadAnyModel(spec, dt, seed, *dev);
   if (!m.ok()) return MakeStatus(static_cast<int>(m.status().code()), absl::StrCat(fn, ": ", FieldMessage(m.status().message())));
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
@@ -763,8 +769,9 @@ static sg_status* CreateModel(const char* fn, const std::string& spec, const cha
   return nullptr;
 }
 
-sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out) {
-  static const char fn[] = "sg_model_create_preset";
+namespace {
+sg_status* CreatePreset(const char* fn, const char* preset, const char* dtype, uint64_t seed, const char* device,
+                        sg_model** out) {
   return Guard(fn, [&]() -> sg_status* {
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
@@ -777,12 +784,11 @@ sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_
       for (const std::string& n : known) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
       return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
     }
-    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out);
+    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out, device);
   });
 }
 
-sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) {
-  static const char fn[] = "sg_model_load";
+sg_status* Load(const char* fn, const char* hf_dir, const char* dtype, const char* device, sg_model** out) {
   return Guard(fn, [&]() -> sg_status* {
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
@@ -790,8 +796,53 @@ sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) 
     struct stat st;
     if (stat(hf_dir, &st) != 0 || !S_ISDIR(st.st_mode))
       return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'hf_dir' ('", hf_dir, "') is not a directory"));
-    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out);
+    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out, device);
   });
+}
+
+// options (NULL: the defaults) into *o, its struct_size checked.
+sg_status* ModelOptions(const char* fn, const sg_model_options* options, sg_model_options* o) {
+  *o = sg_model_default_options();
+  if (!options) return nullptr;
+  if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_model_options))) return s;
+  o->dtype = options->dtype;
+  o->device = options->device;
+  o->seed = options->seed;
+  return nullptr;
+}
+}  // namespace
+
+sg_status* sg_model_create_preset(const char* preset, const char* dtype, uint64_t seed, sg_model** out) {
+  return CreatePreset("sg_model_create_preset", preset, dtype, seed, nullptr, out);
+}
+
+sg_status* sg_model_load(const char* hf_dir, const char* dtype, sg_model** out) {
+  return Load("sg_model_load", hf_dir, dtype, nullptr, out);
+}
+
+sg_model_options sg_model_default_options(void) {
+  sg_model_options o{};
+  o.struct_size = sizeof(sg_model_options);
+  return o;
+}
+
+sg_status* sg_model_create_preset_with(const char* preset, const sg_model_options* options, sg_model** out) {
+  static const char fn[] = "sg_model_create_preset_with";
+  sg_model_options o;
+  if (sg_status* s = ModelOptions(fn, options, &o)) return s;
+  return CreatePreset(fn, preset, o.dtype, o.seed, o.device, out);
+}
+
+sg_status* sg_model_load_with(const char* hf_dir, const sg_model_options* options, sg_model** out) {
+  static const char fn[] = "sg_model_load_with";
+  sg_model_options o;
+  if (sg_status* s = ModelOptions(fn, options, &o)) return s;
+  return Load(fn, hf_dir, o.dtype, o.device, out);
+}
+
+const char* sg_model_device(const sg_model* model) {
+  if (!model) return "";
+  return model->core->model->memory().device() == sg::Device::kCUDA ? "cuda" : "cpu";
 }
 
 sg_status* sg_model_save(sg_model* model, const char* dir) {
@@ -860,7 +911,9 @@ sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_in
   return Guard(fn, [&]() -> sg_status* {
     if (!model) return NullArg(fn, "model");
     if (!out) return NullArg(fn, "out");
-    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_param_info))) return s;
+    if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_param_info),
+                                       {{"0.6", kParamInfoSize0_6}}))
+      return s;
     std::vector<sg::Param>& params = model->core->model->params();
     if (index < 0 || index >= static_cast<int64_t>(params.size()))
       return MakeStatus(SG_ERR_OUT_OF_RANGE, absl::StrCat(fn, ": argument 'index' is ", index, "; the model has ",
@@ -875,6 +928,55 @@ sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_in
     out->numel = p.value.numel();
     out->data = p.value.raw();
     out->grad = p.grad.defined() ? p.grad.raw() : nullptr;
+    if (out->struct_size > kParamInfoSize0_6) out->on_device = !sg::HostAddressable(p.value.device());
+    return nullptr;
+  });
+}
+
+namespace {
+// The tensor sg_model_read_param / sg_model_write_param copy, checked.
+sg_status* ParamTensor(const char* fn, const sg_model* model, int64_t index, int which, size_t bytes,
+                       const sg::Tensor** out) {
+  if (!model) return NullArg(fn, "model");
+  const std::vector<sg::Param>& params = model->core->model->params();
+  if (index < 0 || index >= static_cast<int64_t>(params.size()))
+    return MakeStatus(SG_ERR_OUT_OF_RANGE, absl::StrCat(fn, ": argument 'index' is ", index, "; the model has ",
+                                                        params.size(), " parameters"));
+  if (which != SG_PARAM_VALUE && which != SG_PARAM_GRAD)
+    return Invalid(absl::StrCat(fn, ": argument 'which' is ", which, "; use SG_PARAM_VALUE (0) or SG_PARAM_GRAD (1)"));
+  const sg::Param& p = params[index];
+  const sg::Tensor& t = which == SG_PARAM_VALUE ? p.value : p.grad;
+  if (!t.defined())
+    return MakeStatus(SG_ERR_FAILED_PRECONDITION, absl::StrCat(fn, ": '", p.name, "' is frozen: it has no gradient"));
+  if (bytes != t.nbytes())
+    return Invalid(absl::StrCat(fn, ": argument 'bytes' is ", bytes, "; '", p.name, "' has ", t.nbytes(), " bytes"));
+  *out = &t;
+  return nullptr;
+}
+}  // namespace
+
+sg_status* sg_model_read_param(const sg_model* model, int64_t index, int which, void* dst, size_t bytes) {
+  static const char fn[] = "sg_model_read_param";
+  return Guard(fn, [&]() -> sg_status* {
+    const sg::Tensor* t = nullptr;
+    if (sg_status* s = ParamTensor(fn, model, index, which, bytes, &t)) return s;
+    if (!dst) return NullArg(fn, "dst");
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    sg::CopyToHost(*t, dst);
+    return nullptr;
+  });
+}
+
+sg_status* sg_model_write_param(sg_model* model, int64_t index, int which, const void* src, size_t bytes) {
+  static const char fn[] = "sg_model_write_param";
+  return Guard(fn, [&]() -> sg_status* {
+    const sg::Tensor* t = nullptr;
+    if (sg_status* s = ParamTensor(fn, model, index, which, bytes, &t)) return s;
+    if (!src) return NullArg(fn, "src");
+    BusyGuard guard(*model->core);
+    if (!guard.acquired()) return Busy(fn);
+    sg::CopyFromHost(*t, src);
     return nullptr;
   });
 }

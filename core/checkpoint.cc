@@ -387,7 +387,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
 
   // The files, each fsynced (WriteSafetensors writes a temporary, fsyncs, renames and fsyncs the directory).
   std::vector<io::TensorToWrite> weights;
-  for (const Param& p : model.params()) weights.push_back({p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
+  std::vector<std::vector<char>> host_copies;  // of a device's tensors
+  for (const Param& p : model.params())
+    weights.push_back({p.name, p.value.dtype(), p.value.shape(), HostBytes(p.value, &host_copies)});
   if (absl::Status s = io::WriteSafetensors(absl::StrCat(tmp, "/", kModelFile), weights, {{"format", "pt"}});
       !s.ok())
     return fail(s);
@@ -404,10 +406,11 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
       if (!m.defined() || !v.defined())
         return fail(absl::FailedPreconditionError(
             absl::StrCat("parameter '", params[i].name, "' has a gradient but no optimizer moments")));
-      moments.push_back({"m." + params[i].name, m.dtype(), m.shape(), m.raw()});
-      moments.push_back({"v." + params[i].name, v.dtype(), v.shape(), v.raw()});
+      moments.push_back({"m." + params[i].name, m.dtype(), m.shape(), HostBytes(m, &host_copies)});
+      moments.push_back({"v." + params[i].name, v.dtype(), v.shape(), HostBytes(v, &host_copies)});
       if (const Tensor& master = adam.master()[i]; master.defined())
-        moments.push_back({"master." + params[i].name, master.dtype(), master.shape(), master.raw()});
+        moments.push_back(
+            {"master." + params[i].name, master.dtype(), master.shape(), HostBytes(master, &host_copies)});
     }
   }
   if (absl::Status s = io::WriteSafetensors(absl::StrCat(tmp, "/", kOptimizerFile), moments,
@@ -623,21 +626,22 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
       if (t.defined()) t.SetZero();
   }
 
+  // Into the tensors (a device's through host buffers).
+  auto read = [](auto& files, const std::string& name, const Tensor& t) {
+    return FillFromHost(t, [&](void* dst) { return files->ReadInto(name, t.shape(), t.dtype(), dst); });
+  };
   for (Param& p : model.params())
-    if (absl::Status s = weights->ReadInto(p.name, p.value.shape(), p.value.dtype(), p.value.raw()); !s.ok())
-      return s;
+    if (absl::Status s = read(weights, p.name, p.value); !s.ok()) return s;
   if (meta->has_optimizer_state) {
     std::vector<Param>& params = model.params();
     for (size_t i = 0; i < params.size(); ++i) {
       if (!params[i].grad.defined()) continue;
       Tensor& m = adam.mutable_m()[i];
       Tensor& v = adam.mutable_v()[i];
-      if (absl::Status s = opt->ReadInto("m." + params[i].name, m.shape(), m.dtype(), m.raw()); !s.ok()) return s;
-      if (absl::Status s = opt->ReadInto("v." + params[i].name, v.shape(), v.dtype(), v.raw()); !s.ok()) return s;
+      if (absl::Status s = read(opt, "m." + params[i].name, m); !s.ok()) return s;
+      if (absl::Status s = read(opt, "v." + params[i].name, v); !s.ok()) return s;
       if (Tensor& master = adam.mutable_master()[i]; master.defined())
-        if (absl::Status s = opt->ReadInto("master." + params[i].name, master.shape(), master.dtype(), master.raw());
-            !s.ok())
-          return s;
+        if (absl::Status s = read(opt, "master." + params[i].name, master); !s.ok()) return s;
     }
   } else {
     adam.RefreshMasters(model);  // the masters (if any) start from the weights just read

@@ -4,21 +4,32 @@
 // GPU must be refused with FailedPrecondition naming the device.
 //
 // SG_STRATEGY_TEST_DEVICE=cpu runs the GPU side on the CPU (a check of the test itself on a machine without a GPU).
+//
+// Built with SG_CUDA_EMULATED (//core:cuda_strategy_emulated_test) it runs against the CPU emulation of the CUDA
+// backend (kernels/cuda/emulation), where device memory is not host-addressable (a stray host access faults), and
+// adds what only the emulator can do: inject a kernel fault, and a device small enough to run out of.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "core/checkpoint.h"
+#include "core/lora.h"
 #include "core/mamba.h"
+#include "core/model_io.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
 #include "kernels/backend.h"
+
+#ifdef SG_CUDA_EMULATED
+#include "sg_emu.h"
+#endif
 
 namespace sg {
 namespace {
@@ -65,7 +76,7 @@ InitOptions Init(uint64_t seed) {
   return init;
 }
 
-// to's parameter values := from's (host copies: the GPU's tensors are managed memory).
+// to's parameter values := from's (through host copies: device memory is not host-addressable).
 void CopyWeights(Model& from, Model& to) {
   ASSERT_EQ(from.params().size(), to.params().size());
   for (size_t i = 0; i < from.params().size(); ++i) {
@@ -74,7 +85,9 @@ void CopyWeights(Model& from, Model& to) {
     ASSERT_EQ(a.name, b.name);
     ASSERT_EQ(a.value.dtype(), b.value.dtype()) << a.name;
     ASSERT_EQ(a.value.numel(), b.value.numel()) << a.name;
-    std::memcpy(b.value.raw(), a.value.raw(), a.value.nbytes());
+    std::vector<char> host(a.value.nbytes());
+    CopyToHost(a.value, host.data());
+    CopyFromHost(b.value, host.data());
   }
 }
 
@@ -131,9 +144,9 @@ Grads Gradients(Model& model, const StrategyOptions& o, const std::vector<Sequen
   out.loss = m->loss;
   for (Param& p : model.params()) {
     out.names.push_back(p.name);
-    std::vector<double> g(p.grad.defined() ? p.grad.numel() : 0);
-    for (size_t i = 0; i < g.size(); ++i)
-      g[i] = model.dtype() == DType::kF64 ? p.grad.data<double>()[i] : p.grad.data<float>()[i];
+    std::vector<double> g;
+    if (p.grad.defined() && model.dtype() == DType::kF64) g = HostCopy<double>(p.grad);
+    else if (p.grad.defined()) for (float x : HostCopy<float>(p.grad)) g.push_back(x);
     out.g.push_back(std::move(g));
   }
   return out;
@@ -296,6 +309,143 @@ TEST(CudaDeviceTest, CreateWithoutGpuIsFailedPrecondition) {
     EXPECT_NE(message.find(why), std::string::npos) << message;       // the probe's reason, not "built without"
   }
 }
+
+// Host code reaches the device's tensors only through copies: LoRA's initialisation and dropout masks, KV offload,
+// an optimizer step (gradient norm, clipping), saving and loading a model give the CPU's numbers (f64). Under the
+// emulation a missed host access faults instead.
+TEST_F(CudaStrategyTest, HostAccessPathsMatchCpu) {
+  Pair p = Transformers("tiny", DType::kF64);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  LoraOptions lora;
+  lora.rank = 4;
+  lora.dropout = 0.25;
+  lora.targets = {"q_proj", "v_proj", "down_proj"};
+  lora.seed = 5;
+  for (Model* m : {p.cpu.get(), p.gpu.get()}) {
+    ASSERT_TRUE(EnableLora(*m, lora).ok());
+    RandomizeLoraB(*m, 9, 0.2);
+  }
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 4321);
+  StrategyOptions offload = Strategy("seco", 4, 2);
+  offload.offload = true;
+  for (const StrategyOptions& o : {Strategy("seco", 4, 3), offload})
+    ExpectClose(Gradients(*p.gpu, o, batch), Gradients(*p.cpu, o, batch), 1e-10,
+                "f64 tiny LoRA dropout: gpu " + Describe(o) + (o.offload ? " offload" : "") + " vs cpu");
+
+  OptimizerOptions opt;
+  opt.clip_grad_norm = 1e-3;  // clips: the norm and the scaling run on the device
+  Trainer cpu_trainer(*p.cpu, Strategy("seco", 5, 3), opt), gpu_trainer(*p.gpu, Strategy("seco", 5, 3), opt);
+  ASSERT_TRUE(cpu_trainer.Step(batch).ok());
+  ASSERT_TRUE(gpu_trainer.Step(batch).ok());
+
+  // A checkpoint of the device's weights and moments, and back after another step changed them.
+  const std::string out_dir = std::string(std::getenv("TEST_TMPDIR")) + "/gpu_checkpoints";
+  CheckpointMeta meta;
+  meta.trainer = gpu_trainer.state();
+  absl::StatusOr<std::string> saved = SaveCheckpoint(out_dir, gpu_trainer, meta, 0);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto values = [&] {
+    std::vector<std::vector<double>> v;
+    for (const Param& q : p.gpu->params()) v.push_back(HostCopy<double>(q.value));
+    for (const Tensor& m : gpu_trainer.optimizer().m()) v.push_back(m.defined() ? HostCopy<double>(m) : std::vector<double>());
+    return v;
+  };
+  const std::vector<std::vector<double>> at_checkpoint = values();
+  ASSERT_TRUE(gpu_trainer.Step(batch).ok());
+  ASSERT_NE(values(), at_checkpoint);
+  absl::StatusOr<CheckpointMeta> loaded_meta = LoadCheckpoint(*saved, gpu_trainer);
+  ASSERT_TRUE(loaded_meta.ok()) << loaded_meta.status();
+  EXPECT_EQ(values(), at_checkpoint) << "weights and moments after loading the checkpoint on the device";
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/gpu_model";
+  ASSERT_TRUE(SaveModel(*p.gpu, dir).ok());
+  auto loaded = LoadModel(dir, DType::kF64, 0, Gpu());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  for (size_t i = 0; i < p.cpu->params().size(); ++i) {
+    const Param& c = p.cpu->params()[i];
+    if (c.name.find("lora_") != std::string::npos) continue;  // saved merged into the base weights
+    const std::vector<double> cpu = HostCopy<double>(c.value), gpu = HostCopy<double>(p.gpu->params()[i].value);
+    double worst = 0;
+    for (size_t k = 0; k < cpu.size(); ++k) worst = std::max(worst, std::abs(cpu[k] - gpu[k]));
+    EXPECT_LE(worst, 1e-12) << c.name << " after an optimizer step";
+  }
+  // The loaded model has the base parameters, in order; adapted weights were saved merged.
+  ASSERT_LT((*loaded)->params().size(), p.gpu->params().size());
+  for (size_t i = 0; i < (*loaded)->params().size(); ++i) {
+    const Param& q = (*loaded)->params()[i];
+    ASSERT_EQ(q.name, p.gpu->params()[i].name);
+    if (p.gpu->lora()->AdapterOfWeight(static_cast<int>(i))) continue;
+    EXPECT_EQ(HostCopy<double>(q.value), HostCopy<double>(p.gpu->params()[i].value)) << q.name << " saved and loaded";
+  }
+}
+
+// SEQGRAD_CUDA_SYNC=1 (wait after every op) changes nothing but when faults show: the same bits.
+TEST_F(CudaStrategyTest, SyncEveryOpGivesTheSameBits) {
+  Pair p = Transformers("tiny", DType::kF32);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 777);
+  StrategyOptions sparse = Strategy("seco", 4, 2);
+  sparse.sparse_pages = 1;
+  for (const StrategyOptions& o : {Strategy("seco", 5, 3), sparse}) {
+    unsetenv("SEQGRAD_CUDA_SYNC");
+    const Grads async = Gradients(*p.gpu, o, batch);
+    setenv("SEQGRAD_CUDA_SYNC", "1", 1);
+    const Grads sync = Gradients(*p.gpu, o, batch);
+    unsetenv("SEQGRAD_CUDA_SYNC");
+    ASSERT_FALSE(async.g.empty());
+    EXPECT_EQ(async.loss, sync.loss) << Describe(o);
+    EXPECT_EQ(async.g, sync.g) << Describe(o) << ": gradients differ with SEQGRAD_CUDA_SYNC=1";
+  }
+}
+
+#ifdef SG_CUDA_EMULATED
+// A kernel fault (injected by the emulator) surfaces at the next check as a status naming the op and its chunk; with
+// SEQGRAD_CUDA_SYNC=1 at the op itself. The emulated device then stays usable (on a GPU a fault is sticky).
+TEST_F(CudaStrategyTest, KernelFaultNamesTheOpAndChunk) {
+  Pair p = Transformers("tiny", DType::kF32);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 4);
+  for (const bool sync : {false, true}) {
+    if (sync) setenv("SEQGRAD_CUDA_SYNC", "1", 1);
+    sg_emu::InjectKernelError("SwigluBackwardKernel", /*skip=*/4);  // in the backward of an earlier chunk
+    Trainer trainer(*p.gpu, Strategy("seco", 4, 3), {});
+    absl::StatusOr<StepMetrics> m = trainer.ComputeGradients(batch);
+    unsetenv("SEQGRAD_CUDA_SYNC");
+    ASSERT_FALSE(m.ok()) << "an injected kernel fault went unreported (sync " << sync << ")";
+    const std::string message(m.status().message());
+    std::cout << (sync ? "SEQGRAD_CUDA_SYNC=1: " : "default: ") << m.status() << "\n";
+    // The op with its chunk: exactly (sync), or among the ops in flight of that chunk, listed as
+    // "chunk [b, e): op, op x3, ...".
+    const std::regex named(sync ? R"(swiglu_backward \(chunk \[\d+, \d+\)\): kernel \(SEQGRAD_CUDA_SYNC=1: this op\))"
+                                : R"(ops in flight since the last check.*chunk \[\d+, \d+\):[^;]* swiglu_backward)");
+    EXPECT_TRUE(std::regex_search(message, named)) << message;
+    EXPECT_NE(message.find("injected kernel error"), std::string::npos) << message;
+  }
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
+              1e-5, "f32 tiny after kernel faults: gpu seco vs cpu");
+}
+
+// Out of device memory mid-step (the emulated device has SG_EMU_DEVICE_MEMORY bytes, see BUILD): RESOURCE_EXHAUSTED
+// naming the device's memory, and the model stays usable.
+TEST_F(CudaStrategyTest, OutOfDeviceMemoryIsResourceExhausted) {
+  Pair p = Transformers("tiny", DType::kF32);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  int64_t free_bytes = 0, total = 0;
+  FindBackend(Device::kCUDA)->memory_info(&free_bytes, &total);
+  Sequence s;  // KV + KV-gradient pools alone take 2 x 2 x layers x kv_heads x head_dim x 4 bytes per token
+  const int64_t per_token = 4 * p.gpu->num_layers() * 2 * 8 * 4;
+  for (int64_t i = 0; i < total / per_token + 1000; ++i) s.ids.push_back(static_cast<int32_t>(i % 90));
+  s.labels = s.ids;
+  Trainer trainer(*p.gpu, Strategy("seco", 4096, 256), {});
+  absl::StatusOr<StepMetrics> m = trainer.ComputeGradients({s});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted) << m.status();
+  EXPECT_NE(std::string(m.status().message()).find("out of device memory"), std::string::npos) << m.status();
+  std::cout << m.status() << "\n";
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
+              1e-5, "f32 tiny after running out of device memory: gpu seco vs cpu");
+}
+#endif
 
 }  // namespace
 }  // namespace sg

@@ -13,9 +13,9 @@ namespace {
 std::vector<std::vector<double>> CopyGrads(Model& model) {
   std::vector<std::vector<double>> out;
   for (Param& p : model.params()) {
-    std::vector<double> g(p.grad.defined() ? p.grad.numel() : 0);
-    for (size_t i = 0; i < g.size(); ++i)
-      g[i] = model.dtype() == DType::kF64 ? p.grad.data<double>()[i] : p.grad.data<float>()[i];
+    std::vector<double> g;
+    if (p.grad.defined() && model.dtype() == DType::kF64) g = HostCopy<double>(p.grad);
+    else if (p.grad.defined()) for (float x : HostCopy<float>(p.grad)) g.push_back(x);
     out.push_back(std::move(g));
   }
   return out;

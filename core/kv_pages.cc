@@ -26,7 +26,7 @@ int64_t PageStride(int64_t capacity, int64_t page_size, int64_t kv_heads, int64_
 
 PagePool::PagePool(MemoryTracker* tracker, MemCategory category, DType dtype, int64_t capacity, int64_t page_size,
                    int64_t kv_heads, int64_t head_dim)
-    : device_(tracker ? tracker->device() : Device::kCPU), capacity_(capacity), page_size_(page_size),
+    : device_(tracker ? tracker->device() : Device::kCPU), tracker_(tracker), capacity_(capacity), page_size_(page_size),
       kv_heads_(kv_heads), head_dim_(head_dim), page_stride_(PageStride(capacity, page_size, kv_heads, head_dim)) {
   k_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
   v_ = Tensor::Empty(tracker, category, dtype, {capacity, page_size, kv_heads, head_dim});
@@ -174,11 +174,16 @@ void PagePool::ScaleAs(int layer, int64_t begin, int64_t end, double factor) {
       const int64_t off = page * page_stride_ + (t % page_size_) * row;
       if (k_.dtype() == DType::kBF16) {
         if constexpr (std::is_same_v<T, float>) {
-          std::vector<float> rows(run * row);
+          // The widened rows in the device's memory: a host vector on the CPU, workspace elsewhere.
+          std::vector<float> host_rows(HostAddressable(device_) ? run * row : 0);
+          Tensor device_rows;
+          if (!HostAddressable(device_))
+            device_rows = Tensor::Empty(tracker_, MemCategory::kWorkspace, DType::kF32, {run * row});
+          float* rows = HostAddressable(device_) ? host_rows.data() : device_rows.data<float>();
           for (uint16_t* p : {k_.data<uint16_t>() + off, v_.data<uint16_t>() + off}) {
-            ops.bf16_to_f32(p, run * row, rows.data());
-            ops.scale(rows.data(), run * row, factor);
-            ops.f32_to_bf16(rows.data(), run * row, p);
+            ops.bf16_to_f32(p, run * row, rows);
+            ops.scale(rows, run * row, factor);
+            ops.f32_to_bf16(rows, run * row, p);
           }
         }
       } else {

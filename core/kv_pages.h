@@ -57,6 +57,7 @@ class PagePool {
   }
   template <typename T> void ScaleAs(int layer, int64_t begin, int64_t end, double factor);
   Device device_;
+  MemoryTracker* tracker_;  // for workspace on a device that is not host-addressable
   Tensor k_, v_;
   int64_t capacity_, page_size_, kv_heads_, head_dim_, page_stride_;
   std::vector<int32_t> free_;

@@ -114,11 +114,15 @@ template <typename T>
 void Merge(Model& model, const LoraAdapter& ad, void* dst) {
   const std::vector<Param>& params = model.params();
   const Tensor& base = params[ad.weight].value;  // bf16 under --dtype=bf16
-  auto w = [&](int64_t i) -> double {
-    return base.dtype() == DType::kBF16 ? BF16ToF32(base.data<uint16_t>()[i]) : base.data<T>()[i];
-  };
-  const T* a = params[ad.a].value.data<T>();
-  const T* b = params[ad.b].value.data<T>();
+  const Device device = base.device();
+  std::vector<uint16_t> base16;
+  std::vector<T> base_t, a_copy, b_copy;
+  const uint16_t* w16 = base.dtype() == DType::kBF16
+                            ? HostReadable(device, base.data<uint16_t>(), base.numel(), &base16) : nullptr;
+  const T* wt = w16 ? nullptr : HostReadable(device, base.data<T>(), base.numel(), &base_t);
+  auto w = [&](int64_t i) -> double { return w16 ? BF16ToF32(w16[i]) : wt[i]; };
+  const T* a = HostReadable(device, params[ad.a].value.data<T>(), params[ad.a].value.numel(), &a_copy);
+  const T* b = HostReadable(device, params[ad.b].value.data<T>(), params[ad.b].value.numel(), &b_copy);
   const int64_t r = model.lora()->options.rank;
   const double s = model.lora()->scale();
   for (int64_t o = 0; o < ad.out; ++o)
@@ -144,10 +148,13 @@ void RandomizeLoraB(Model& model, uint64_t seed, double stddev) {
   std::normal_distribution<double> normal(0.0, stddev);
   for (const LoraAdapter& ad : model.lora()->adapters) {
     Param& p = model.params()[ad.b];
+    std::vector<double> v64;
+    std::vector<float> v32;
     for (int64_t i = 0; i < p.value.numel(); ++i) {
-      if (model.dtype() == DType::kF64) p.value.data<double>()[i] = normal(rng);
-      else p.value.data<float>()[i] = static_cast<float>(normal(rng));
+      if (model.dtype() == DType::kF64) v64.push_back(normal(rng));
+      else v32.push_back(static_cast<float>(normal(rng)));
     }
+    CopyFromHost(p.value, model.dtype() == DType::kF64 ? static_cast<const void*>(v64.data()) : v32.data());
   }
 }
 

@@ -64,10 +64,12 @@ absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::st
   if (!lora) return absl::FailedPreconditionError("cannot save LoRA adapters: LoRA is not enabled on this model");
   if (absl::Status s = MakeDirectory(dir); !s.ok()) return s;
   std::vector<io::TensorToWrite> tensors;
+  std::vector<std::vector<char>> host_copies;  // of a device's tensors
   for (const LoraAdapter& ad : lora->adapters)
     for (int idx : {ad.a, ad.b}) {
       const Param& p = model.params()[idx];
-      tensors.push_back({io::kPeftTensorPrefix + p.name, p.value.dtype(), p.value.shape(), p.value.raw()});
+      tensors.push_back(
+          {io::kPeftTensorPrefix + p.name, p.value.dtype(), p.value.shape(), HostBytes(p.value, &host_copies)});
     }
   if (absl::Status s = io::WriteSafetensors(absl::StrCat(dir, "/", io::kPeftWeightsFile), tensors, {{"format", "pt"}});
       !s.ok())
@@ -184,8 +186,7 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
   for (const LoraAdapter& ad : model.lora()->adapters)
     for (int idx : {ad.a, ad.b}) {
       Param& p = model.params()[idx];
-      const std::vector<char>& v = values.at(p.name);
-      std::copy(v.begin(), v.end(), static_cast<char*>(p.value.raw()));
+      CopyFromHost(p.value, values.at(p.name).data());
     }
   return absl::OkStatus();
 }

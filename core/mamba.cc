@@ -72,6 +72,11 @@ class MambaState final : public SequenceState {
   }
   static void Scale(Tensor& t, double f) {
     if (!t.defined() || t.device() == Device::kMeta) return;  // meta tensors hold no values
+    if (!HostAddressable(t.device())) {
+      if (t.dtype() == DType::kF64) OpsFor<double>(t.device()).scale(t.data<double>(), t.numel(), f);
+      else OpsFor<float>(t.device()).scale(t.data<float>(), t.numel(), f);
+      return;
+    }
     if (t.dtype() == DType::kF64)
       for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= f;
     else
@@ -132,8 +137,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       layers_.push_back(L);
       ops_.fill(W(L.norm), d, T(1));
       ops_.fill(W(L.d), E, T(1));
-      for (int64_t e = 0; e < (device == Device::kMeta ? 0 : E); ++e)  // meta tensors hold no values
-        for (int64_t s = 0; s < N; ++s) W(L.a_log)[e * N + s] = static_cast<T>(std::log(s + 1.0));
+      if (device != Device::kMeta)  // meta tensors hold no values; S4D-real: A_log[e][s] = log(s + 1)
+        SetFromHost(params_[L.a_log].value, [&](int64_t i) { return std::log(i % N + 1.0); });
     }
     final_norm_ = Add("backbone.norm_f.weight", {d});
     ops_.fill(W(final_norm_), d, T(1));
@@ -285,8 +290,15 @@ class Mamba final : public MambaModel, private ParamStore<T> {
                                    W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
                                    dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
-    if (T* g = G(L.a_log); g && mem_.device() != Device::kMeta)  // A = -exp(A_log): dA_log = dA * A
-      for (int64_t i = 0; i < E * N; ++i) g[i] += dA.data<T>()[i] * A.data<T>()[i];
+    if (T* g = G(L.a_log); g && mem_.device() != Device::kMeta) {  // A = -exp(A_log): dA_log = dA * A
+      // On the host (a device's through copies: E x N values per layer and chunk).
+      std::vector<T> g_copy, dA_copy, A_copy;
+      T* gh = const_cast<T*>(HostReadable(mem_.device(), g, E * N, &g_copy));
+      const T* dAh = HostReadable(mem_.device(), dA.data<T>(), E * N, &dA_copy);
+      const T* Ah = HostReadable(mem_.device(), A.data<T>(), E * N, &A_copy);
+      for (int64_t i = 0; i < E * N; ++i) gh[i] += dAh[i] * Ah[i];
+      if (!HostAddressable(mem_.device())) CopyFromHost(mem_.device(), g, gh, E * N * sizeof(T));
+    }
 
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E}), ddtr = New(ws, {n, R});
@@ -379,9 +391,11 @@ class Mamba final : public MambaModel, private ParamStore<T> {
   Tensor NegExp(int a_log) {
     const int64_t count = params_[a_log].value.numel();
     Tensor A = New(MemCategory::kWorkspace, {count});
-    T* a = A.data<T>();
-    if (mem_.device() != Device::kMeta)  // meta tensors hold no values
-      for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(W(a_log)[i]);
+    if (mem_.device() == Device::kMeta) return A;  // meta tensors hold no values
+    std::vector<T> a_log_copy, a(count);  // on the host (a device's through copies)
+    const T* a_log_values = HostReadable(mem_.device(), W(a_log), count, &a_log_copy);
+    for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(a_log_values[i]);
+    CopyFromHost(A, a.data());
     return A;
   }
   // Rows [row0, ..) of weight matrix w (in its storage dtype): one block of a matrix the model splits by rows.
@@ -429,14 +443,7 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const double dt_min = 1e-3, dt_max = 1e-1, dt_floor = 1e-4, dt_std = 1.0 / std::sqrt(c.time_step_rank);
-  auto set = [&](Param& p, auto value) {
-    for (int64_t i = 0; i < p.value.numel(); ++i) {
-      const double v = value(i);
-      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
-      else if (p.value.dtype() == DType::kBF16) p.value.data<uint16_t>()[i] = F32ToBF16(static_cast<float>(v));
-      else p.value.data<float>()[i] = static_cast<float>(v);
-    }
-  };
+  auto set = [&](Param& p, auto value) { SetFromHost(p.value, value); };
   for (Param& p : model.params()) {
     if (absl::EndsWith(p.name, "mixer.A_log")) {
       set(p, [&](int64_t i) { return std::log(static_cast<double>(i % c.state_size + 1)); });

@@ -47,7 +47,20 @@ void* MetaAlloc(size_t) { return MetaAddress(); }
 void MetaFree(void*) {}
 void MetaZero(void*, size_t) {}
 
-DeviceAllocator g_allocators[kNumDevices] = {{HostAlloc, HostFree, HostZero}, {}, {MetaAlloc, MetaFree, MetaZero}};
+void HostMemmove(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+}
+void MetaCopy(void*, const void*, size_t) {}
+
+DeviceAllocator g_allocators[kNumDevices] = {{HostAlloc, HostFree, HostZero, HostMemmove, HostMemmove, HostMemmove},
+                                             {},
+                                             {MetaAlloc, MetaFree, MetaZero, MetaCopy, MetaCopy, MetaCopy}};
+
+const DeviceAllocator& AllocatorOf(Device d) {
+  const DeviceAllocator& a = g_allocators[static_cast<int>(d)];
+  if (!a.to_host) throw std::runtime_error("no allocator for the device (this build lacks its backend: --config=cuda)");
+  return a;
+}
 
 // Allocations at least this large first check that the host has the memory: overcommit would otherwise grant them
 // and the OOM killer end the process when the pages are touched. Smaller ones are not worth reading /proc for.
@@ -278,6 +291,46 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   t.numel_ = (end - begin) * row;
   t.storage_ = std::shared_ptr<void>(storage_, static_cast<char*>(storage_.get()) + begin * row * DTypeSize(dtype_));
   return t;
+}
+
+void CopyToHost(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).to_host(dst, src, bytes); }
+void CopyFromHost(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).from_host(dst, src, bytes); }
+void CopyOnDevice(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).on_device(dst, src, bytes); }
+void CopyToHost(const Tensor& t, void* dst) {
+  if (t.defined()) CopyToHost(t.device(), dst, t.raw(), t.nbytes());
+}
+void CopyFromHost(const Tensor& t, const void* src) {
+  if (t.defined()) CopyFromHost(t.device(), t.raw(), src, t.nbytes());
+}
+void CopyTensor(const Tensor& dst, const Tensor& src) {
+  if (dst.device() != src.device() || dst.nbytes() != src.nbytes())
+    throw std::invalid_argument(absl::StrCat("CopyTensor: ", src.nbytes(), " bytes on device ",
+                                             static_cast<int>(src.device()), " into ", dst.nbytes(),
+                                             " bytes on device ", static_cast<int>(dst.device())));
+  if (dst.defined()) CopyOnDevice(dst.device(), dst.raw(), src.raw(), dst.nbytes());
+}
+const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies) {
+  if (HostAddressable(t.device())) return t.raw();
+  copies->emplace_back(t.nbytes());
+  CopyToHost(t, copies->back().data());
+  return copies->back().data();
+}
+
+absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill) {
+  if (HostAddressable(t.device())) return fill(t.raw());
+  std::vector<char> host(t.nbytes());
+  if (absl::Status s = fill(host.data()); !s.ok()) return s;
+  CopyFromHost(t, host.data());
+  return absl::OkStatus();
+}
+
+absl::Status WithHostBytes(const Tensor& t, bool write_back, const std::function<absl::Status(void*)>& f) {
+  if (HostAddressable(t.device())) return f(t.raw());
+  std::vector<char> host(t.nbytes());
+  CopyToHost(t, host.data());
+  if (absl::Status s = f(host.data()); !s.ok()) return s;
+  if (write_back) CopyFromHost(t, host.data());
+  return absl::OkStatus();
 }
 
 void Tensor::SetZero() {

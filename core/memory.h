@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -155,7 +156,63 @@ struct DeviceAllocator {
   void* (*alloc)(size_t bytes) = nullptr;
   void (*free)(void* p) = nullptr;
   void (*memset_zero)(void* p, size_t bytes) = nullptr;
+  // Copies between the device's memory and host memory, and within the device's memory. to_host and from_host
+  // return when the copy is done (after the device's earlier work: they report its faults); on_device may not.
+  void (*to_host)(void* dst, const void* src, size_t bytes) = nullptr;
+  void (*from_host)(void* dst, const void* src, size_t bytes) = nullptr;
+  void (*on_device)(void* dst, const void* src, size_t bytes) = nullptr;
 };
 void RegisterDeviceAllocator(Device d, DeviceAllocator a);
+
+// Host access to memory of device d. Only CPU memory is host-addressable: host code reads or writes a CUDA
+// tensor through these copies (meta memory has no bytes: they copy nothing).
+inline bool HostAddressable(Device d) { return d == Device::kCPU; }
+void CopyToHost(Device d, void* dst, const void* src, size_t bytes);
+void CopyFromHost(Device d, void* dst, const void* src, size_t bytes);
+void CopyOnDevice(Device d, void* dst, const void* src, size_t bytes);
+// Whole tensors: t.nbytes() bytes; CopyTensor needs equal sizes on one device.
+void CopyToHost(const Tensor& t, void* dst);
+void CopyFromHost(const Tensor& t, const void* src);
+void CopyTensor(const Tensor& dst, const Tensor& src);
+// count elements at p in d's memory, readable by host code: p itself when host-addressable, else a host copy made
+// in *copy.
+template <typename T>
+const T* HostReadable(Device d, const T* p, int64_t count, std::vector<T>* copy) {
+  if (HostAddressable(d)) return p;
+  copy->resize(static_cast<size_t>(count));
+  CopyToHost(d, copy->data(), p, static_cast<size_t>(count) * sizeof(T));
+  return copy->data();
+}
+// The tensor's values as a host vector (T the tensor's element type).
+template <typename T>
+std::vector<T> HostCopy(const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  CopyToHost(t, v.data());
+  return v;
+}
+// The tensor's bytes for host code to read: its own memory when host-addressable, else a host copy appended to
+// *copies (valid while it is).
+const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies);
+// Fills t from host code: fill(dst) writes t.nbytes() bytes at dst, which is t's own memory when host-addressable,
+// else a host buffer copied into t when fill succeeds.
+absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill);
+// t[i] = value(i) (a double, stored as t's f32, f64 or bf16) for every element, computed by host code in index
+// order: in place on the CPU, else into a host buffer copied into t after.
+template <typename F>
+void SetFromHost(const Tensor& t, F value) {
+  const bool direct = HostAddressable(t.device());
+  std::vector<char> host(direct ? 0 : t.nbytes());
+  char* dst = direct ? static_cast<char*>(t.raw()) : host.data();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v = value(i);
+    if (t.dtype() == DType::kF64) reinterpret_cast<double*>(dst)[i] = v;
+    else if (t.dtype() == DType::kBF16) reinterpret_cast<uint16_t*>(dst)[i] = F32ToBF16(static_cast<float>(v));
+    else reinterpret_cast<float*>(dst)[i] = static_cast<float>(v);
+  }
+  if (!direct) CopyFromHost(t, host.data());
+}
+// Runs f on t's bytes in host memory: t's own when host-addressable, else a host copy of them, copied back into t
+// when f succeeds and write_back is set (e.g. a collective over a device's tensor).
+absl::Status WithHostBytes(const Tensor& t, bool write_back, const std::function<absl::Status(void*)>& f);
 
 }  // namespace sg

@@ -67,7 +67,10 @@ static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, 
     expected.insert(p.name);
     if (!files->Find(p.name))
       return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", p.name, "' is missing"));
-    if (absl::Status s = files->ReadInto(p.name, p.value.shape(), p.value.dtype(), p.value.raw()); !s.ok()) return s;
+    if (absl::Status s = FillFromHost(
+            p.value, [&](void* dst) { return files->ReadInto(p.name, p.value.shape(), p.value.dtype(), dst); });
+        !s.ok())
+      return s;
   }
   std::vector<std::string> unknown;
   for (const std::string& name : files->TensorNames()) {
@@ -250,7 +253,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
   for (size_t i = 0; i < model.params().size(); ++i) {
     Param& p = model.params()[i];
     if (tied && p.name == "lm_head.weight") continue;
-    const void* data = p.value.raw();
+    const void* data = nullptr;
     if (lora) {
       if (lora->AdapterOfParam(static_cast<int>(i))) continue;
       if (const LoraAdapter* ad = lora->AdapterOfWeight(static_cast<int>(i))) {
@@ -259,6 +262,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
         data = merged.back().data();
       }
     }
+    if (!data) data = HostBytes(p.value, &merged);  // a device's tensors: host copies
     if (dtype == DType::kF32 && p.value.dtype() != DType::kF32) {  // --save_dtype=f32 of a bf16 or f64 model
       converted.emplace_back(p.value.numel() * sizeof(float));
       float* out = reinterpret_cast<float*>(converted.back().data());

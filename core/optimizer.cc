@@ -27,9 +27,24 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
 
 namespace {
 template <typename T>
-double SumSquares(const Tensor& t) {
+double SumSquares(const Tensor& t, MemoryTracker& mem) {
   double s = 0;
   if (t.device() == Device::kMeta) return s;  // meta tensors hold no values: finite, zero
+  if (!HostAddressable(t.device())) {
+    // On the device: dot products t . t by the backend's GEMM in pieces that fit its int sizes, one number each
+    // brought back (not the gradient).
+    constexpr int64_t kPiece = int64_t{1} << 28;
+    const int64_t pieces = (t.numel() + kPiece - 1) / kPiece;
+    Tensor dots = Tensor::Empty(&mem, MemCategory::kWorkspace, t.dtype(), {pieces});
+    const OpTable<T>& ops = OpsFor<T>(t.device());
+    for (int64_t i = 0; i < pieces; ++i) {
+      const int64_t k = std::min(kPiece, t.numel() - i * kPiece);
+      const T* x = t.data<T>() + i * kPiece;
+      ops.gemm(false, true, 1, 1, k, T(1), x, k, x, k, T(0), dots.data<T>() + i, 1);
+    }
+    for (T d : HostCopy<T>(dots)) s += static_cast<double>(d);
+    return s;
+  }
   const T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
   return s;
@@ -37,7 +52,8 @@ double SumSquares(const Tensor& t) {
 template <typename T>
 int64_t FirstNonFinite(const Tensor& t, double* value) {
   if (t.device() == Device::kMeta) return -1;
-  const T* p = t.data<T>();
+  std::vector<T> copy;
+  const T* p = HostReadable(t.device(), t.data<T>(), t.numel(), &copy);
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(static_cast<double>(p[i]))) {
       *value = static_cast<double>(p[i]);
@@ -46,7 +62,9 @@ int64_t FirstNonFinite(const Tensor& t, double* value) {
   return -1;
 }
 int64_t FirstNonFiniteBF16(const Tensor& t, double* value) {
-  const uint16_t* p = t.data<uint16_t>();
+  if (t.device() == Device::kMeta) return -1;
+  std::vector<uint16_t> copy;
+  const uint16_t* p = HostReadable(t.device(), t.data<uint16_t>(), t.numel(), &copy);
   for (int64_t i = 0; i < t.numel(); ++i)
     if (!std::isfinite(BF16ToF32(p[i]))) {
       *value = BF16ToF32(p[i]);
@@ -57,6 +75,7 @@ int64_t FirstNonFiniteBF16(const Tensor& t, double* value) {
 template <typename T>
 void Scale(Tensor& t, double f) {
   if (t.device() == Device::kMeta) return;
+  if (!HostAddressable(t.device())) return OpsFor<T>(t.device()).scale(t.data<T>(), t.numel(), f);
   T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(p[i] * f);
 }
@@ -87,7 +106,7 @@ absl::StatusOr<double> GradSquaredNorm(Model& model, const std::string& when) {
   double sq = 0;
   for (Param& p : model.params()) {
     if (!p.grad.defined()) continue;
-    const double s = f64 ? SumSquares<double>(p.grad) : SumSquares<float>(p.grad);
+    const double s = f64 ? SumSquares<double>(p.grad, model.memory()) : SumSquares<float>(p.grad, model.memory());
     if (!std::isfinite(s)) {
       double value = 0;
       const int64_t at = f64 ? FirstNonFinite<double>(p.grad, &value) : FirstNonFinite<float>(p.grad, &value);

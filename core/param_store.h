@@ -134,7 +134,7 @@ class ParamStore {
       std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
                                                      1.0 / std::sqrt(static_cast<double>(ad.in)));
       if (mem_.device() != Device::kMeta)  // meta tensors hold no values
-        for (int64_t i = 0; i < o.rank * ad.in; ++i) W(ad.a)[i] = static_cast<T>(uniform(rng));
+        SetFromHost(params_[ad.a].value, [&](int64_t) { return uniform(rng); });
       adapter_of_[w] = static_cast<int>(info->adapters.size());
       info->adapters.push_back(ad);
     }
@@ -167,12 +167,21 @@ class ParamStore {
       T* xd = a.dropped.template data<T>();
       const T keep = static_cast<T>(1.0 / (1.0 - p));
       const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
+      // A device's memory is masked on the host, through copies.
+      std::vector<T> x_copy, host_dropped;
+      const T* xs = x;
+      if (!HostAddressable(mem_.device()) && rows > 0) {
+        xs = HostReadable(mem_.device(), x, n * in, &x_copy);
+        host_dropped.resize(n * in);
+        xd = host_dropped.data();
+      }
 #pragma omp parallel for if (n * in >= (1 << 16))
       for (int64_t i = 0; i < rows; ++i) {
         const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
-        for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? x[i * in + j] * keep : T(0);
+        for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? xs[i * in + j] * keep : T(0);
       }
-      a.x = xd;
+      if (!host_dropped.empty()) CopyFromHost(a.dropped, host_dropped.data());
+      a.x = a.dropped.template data<T>();
     }
     a.t = New(MemCategory::kWorkspace, {n, r});
     ops.gemm(false, true, n, r, in, T(1), a.x, in, W(a.ad->a), in, T(0), a.t.template data<T>(), r);
@@ -211,15 +220,30 @@ class ParamStore {
     const T keep = static_cast<T>(1.0 / (1.0 - p));
     const T* d = dxd.template data<T>();
     const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
+    // A device's memory: the masked gradient is made on the host and added on the device (the same sums).
+    std::vector<T> d_copy, masked;
+    T* out = dx;
+    if (!HostAddressable(mem_.device()) && rows > 0) {
+      d = HostReadable(mem_.device(), d, n * in, &d_copy);
+      masked.assign(n * in, T(0));
+      out = masked.data();
+    }
 #pragma omp parallel for if (n * in >= (1 << 16))
     for (int64_t i = 0; i < rows; ++i) {
       const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
       for (int64_t j = 0; j < in; ++j)
-        if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;
+        if (LoraKeep(key, j, p)) out[i * in + j] += d[i * in + j] * keep;
+    }
+    if (!masked.empty()) {
+      CopyFromHost(dxd, masked.data());
+      ops.add_inplace(dx, dxd.template data<T>(), n * in);
     }
   }
   // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
   Tensor EmbedRows(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c) {
+    // A chunk's pass starts here: an asynchronous device reports faults of earlier work and labels what follows.
+    if (const DeviceBackend* b = FindBackend(mem_.device()); b && b->begin_chunk)
+      b->begin_chunk(absl::StrCat("chunk [", c.begin, ", ", c.end, ")"));
     const int64_t d = params_[embed].value.dim(1);
     Tensor x = New(MemCategory::kActivations, {c.size(), d});
     if (params_[embed].value.dtype() == DType::kBF16) {

@@ -12,6 +12,7 @@
 #include "core/lora.h"
 #include "core/lr_schedule.h"
 #include "core/plan.h"
+#include "kernels/backend.h"
 
 namespace sg {
 
@@ -211,6 +212,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
               m.adjoint_pairs += r.adjoint_pairs;
               m.offloaded_bytes = std::max(m.offloaded_bytes, r.offloaded_bytes);
             }
+            SynchronizeDevice(model_.memory().device());  // faults of the step's device work, as this step's
             pass->loss_sum = m.loss;
           });
       !s.ok())

@@ -513,7 +513,9 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       double* sum = sums.data() + p * kvd;
       std::fill(sum, sum + kvd, 0.0);
       if (widen) state.kv.Gather<T>(l, p * ps, (p + 1) * ps, keys.data<T>(), values.data<T>());
-      const T* K = widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p);
+      std::vector<T> host_keys;  // a device's keys are summed from a host copy
+      const T* K = HostReadable(mem_.device(), widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p), ps * kvd,
+                                &host_keys);
       for (int64_t r = 0; r < ps; ++r)
         for (int64_t e = 0; e < kvd; ++e) sum[e] += static_cast<double>(K[r * kvd + e]);
     }
@@ -538,6 +540,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     }
     const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim, group = H / G, n = c.size();
     std::vector<double> mq(H * hd, 0.0);
+    std::vector<T> host_q;
+    q = HostReadable(mem_.device(), q, n * H * hd, &host_q);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t e = 0; e < H * hd; ++e) mq[e] += static_cast<double>(q[i * H * hd + e]);
     // per KV head: the sum over its query heads of the mean query
@@ -651,19 +655,11 @@ void InitRandom(Model& model, const InitOptions& opts) {
   for (Param& p : model.params()) {
     const bool is_vector = p.value.shape().size() == 1;
     const bool is_norm = p.name.find("norm") != std::string::npos;
-    for (int64_t i = 0; i < p.value.numel(); ++i) {
-      double v;
-      if (!is_vector) {
-        v = opts.stddev * normal(rng);
-      } else if (is_norm) {
-        v = opts.perturb_norms_and_biases ? 1.0 + 0.1 * normal(rng) : 1.0;
-      } else {
-        v = opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
-      }
-      if (p.value.dtype() == DType::kF64) p.value.data<double>()[i] = v;
-      else if (p.value.dtype() == DType::kBF16) p.value.data<uint16_t>()[i] = F32ToBF16(static_cast<float>(v));
-      else p.value.data<float>()[i] = static_cast<float>(v);
-    }
+    SetFromHost(p.value, [&](int64_t) {  // in index order: the same draws on every device
+      if (!is_vector) return opts.stddev * normal(rng);
+      if (is_norm) return opts.perturb_norms_and_biases ? 1.0 + 0.1 * normal(rng) : 1.0;
+      return opts.perturb_norms_and_biases ? 0.1 * normal(rng) : 0.0;
+    });
   }
 }
 

@@ -92,7 +92,9 @@ absl::StatusOr<StepMetrics> DataParallel::ComputeGradients(const Batch& shard, u
   m.micro_batches = 1;
   for (Param& p : trainer_.model().params()) {
     if (!p.grad.defined()) continue;
-    if (absl::Status s = comm_.AllReduce(p.grad.data<void>(), p.grad.numel(), p.grad.dtype(), ReduceOp::kSum); !s.ok())
+    if (absl::Status s = WithHostBytes(p.grad, /*write_back=*/true,  // the communicators take host memory
+                                       [&](void* g) { return comm_.AllReduce(g, p.grad.numel(), p.grad.dtype(), ReduceOp::kSum); });
+        !s.ok())
       return absl::Status(s.code(), absl::StrCat("all-reducing the gradient of ", p.name, ": ", s.message()));
   }
   bytes_last_step_ = comm_.bytes_communicated() - bytes_before;
@@ -149,7 +151,9 @@ absl::Status DataParallel::ShardedOptimizerStep(StepMetrics* metrics) {
   for (size_t i = 0; i < params.size(); ++i) {
     if (owner[i] < 0) continue;
     Tensor& v = params[i].value;
-    if (absl::Status s = comm_.Broadcast(v.raw(), v.numel(), v.dtype(), owner[i]); !s.ok())
+    if (absl::Status s = WithHostBytes(v, /*write_back=*/true,
+                                       [&](void* d) { return comm_.Broadcast(d, v.numel(), v.dtype(), owner[i]); });
+        !s.ok())
       return absl::Status(s.code(), absl::StrCat("broadcasting ", params[i].name, ": ", s.message()));
   }
   return absl::OkStatus();

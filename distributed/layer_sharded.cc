@@ -97,9 +97,12 @@ absl::Status LayerShardedAdjoint::Sequence1(const Sequence& s, double grad_scale
 
   auto receive = [&](Chunk c, int peer, int tag, Tensor* out) -> absl::Status {
     *out = Tensor::Empty(&md.memory(), MemCategory::kActivations, md.dtype(), {c.size(), H});
-    return comm_.Recv(out->raw(), out->numel(), md.dtype(), peer, tag);
+    // The communicators take host memory (a device's tensors through host copies).
+    return FillFromHost(*out, [&](void* d) { return comm_.Recv(d, out->numel(), md.dtype(), peer, tag); });
   };
-  auto send = [&](const Tensor& t, int peer, int tag) { return comm_.Send(t.raw(), t.numel(), md.dtype(), peer, tag); };
+  auto send = [&](const Tensor& t, int peer, int tag) {
+    return WithHostBytes(t, /*write_back=*/false, [&](void* d) { return comm_.Send(d, t.numel(), md.dtype(), peer, tag); });
+  };
 
   // Stage 1: every chunk but the last, forward through the pipeline, keeping only state.
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {
@@ -187,16 +190,28 @@ absl::StatusOr<StepMetrics> LayerShardedAdjoint::ComputeGradients(const std::vec
   if (tied_ && comm_.size() > 1 && params[embed_index_].grad.defined()) {
     Tensor& g = params[embed_index_].grad;
     if (comm_.rank() == comm_.size() - 1) {
-      if (absl::Status st = comm_.Send(g.raw(), g.numel(), g.dtype(), 0, kTiedTag); !st.ok()) return st;
+      if (absl::Status st = WithHostBytes(g, /*write_back=*/false,
+                                          [&](void* d) { return comm_.Send(d, g.numel(), g.dtype(), 0, kTiedTag); });
+          !st.ok())
+        return st;
       g.SetZero();  // not owned here
     } else if (comm_.rank() == 0) {
       Tensor head = Tensor::Empty(&model_.memory(), MemCategory::kWorkspace, g.dtype(), g.shape());
-      if (absl::Status st = comm_.Recv(head.raw(), head.numel(), g.dtype(), comm_.size() - 1, kTiedTag); !st.ok())
+      if (absl::Status st = FillFromHost(
+              head, [&](void* d) { return comm_.Recv(d, head.numel(), g.dtype(), comm_.size() - 1, kTiedTag); });
+          !st.ok())
         return st;
-      for (int64_t k = 0; k < g.numel(); ++k) {
-        if (g.dtype() == DType::kF64) g.data<double>()[k] += head.data<double>()[k];
-        else g.data<float>()[k] += head.data<float>()[k];
-      }
+      std::vector<std::vector<char>> head_copy;
+      const void* h = HostBytes(head, &head_copy);
+      if (absl::Status st = WithHostBytes(g, /*write_back=*/true, [&](void* d) {
+            for (int64_t k = 0; k < g.numel(); ++k) {
+              if (g.dtype() == DType::kF64) static_cast<double*>(d)[k] += static_cast<const double*>(h)[k];
+              else static_cast<float*>(d)[k] += static_cast<const float*>(h)[k];
+            }
+            return absl::OkStatus();
+          });
+          !st.ok())
+        return st;
     }
   }
 
@@ -237,7 +252,10 @@ absl::Status LayerShardedAdjoint::OptimizerStep(StepMetrics* metrics) {
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].grad.defined()) continue;  // frozen: unchanged everywhere
     Tensor& v = params[i].value;
-    if (absl::Status s = comm_.Broadcast(v.raw(), v.numel(), v.dtype(), owner_[i]); !s.ok()) return s;
+    if (absl::Status s = WithHostBytes(v, /*write_back=*/true,
+                                       [&](void* d) { return comm_.Broadcast(d, v.numel(), v.dtype(), owner_[i]); });
+        !s.ok())
+      return s;
   }
   return absl::OkStatus();
 }

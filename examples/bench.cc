@@ -706,7 +706,7 @@ int Main() {
   const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : MeasureSgemmGflops();
   if (gpu && !(sgemm > 0)) Fail("--device", "the peak FLOP rate of this GPU is unknown (sm_80 and sm_90 are)");
   // Caps the tracker at the GPU's free memory: a length that does not fit fails clearly (and is reported as the
-  // end of that strategy's rows) instead of paging managed memory.
+  // end of that strategy's rows) before the device runs out.
   if (gpu) tools::ExitIfError(tools::CheckDeviceMemory(model, base, 0), "--device");
   std::printf("seqgrad bench: model=%s (%s) dtype=%s device=%s matmul=%s threads=%d task=%s repeats=%d warmup=%d\n",
               absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),

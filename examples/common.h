@@ -53,7 +53,7 @@ Device DeviceFromFlags();
 // Refuses, before any step, a run whose plan (core/plan.h: a step at seq_len walked on a meta twin of the model,
 // optimizer moments included) does not fit in the device's free memory (the host's for the CPU, offloaded pages
 // included), naming the numbers per category; seq_len 0 plans nothing. Then caps the model's tracker at the free
-// memory, so that a later overflow is RESOURCE_EXHAUSTED rather than managed memory paging.
+// memory, so that a later overflow is RESOURCE_EXHAUSTED before the device runs out.
 absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t seq_len);
 // --adjoint_window: a positive token count or "none" (no truncation).
 absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text);

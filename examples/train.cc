@@ -455,7 +455,9 @@ int Main() {
   }
   if (comm) {  // start from rank 0's weights, whatever each rank loaded
     for (Param& p : (*model)->params())
-      tools::ExitIfError(comm->Broadcast(p.value.data<void>(), p.value.numel(), p.value.dtype(), 0), dist_what_flag.c_str());
+      tools::ExitIfError(WithHostBytes(p.value, /*write_back=*/true,  // the communicators take host memory
+                                       [&](void* d) { return comm->Broadcast(d, p.value.numel(), p.value.dtype(), 0); }),
+                         dist_what_flag.c_str());
     if (lead && layer_sharded)
       std::fprintf(stderr, "layer-sharded adjoint: %d ranks (%s), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
                    comm->backend().c_str(),

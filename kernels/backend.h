@@ -212,7 +212,12 @@ struct DeviceBackend {
   std::string (*probe)() = nullptr;
   // Free and total device memory in bytes.
   void (*memory_info)(int64_t* free_bytes, int64_t* total_bytes) = nullptr;
+  // Waits for the device's work (a step's end); throws naming the work that failed.
   void (*synchronize)() = nullptr;
+  // Asynchronous backends, at the start of each pass of a chunk: reports (throws) a fault of earlier work that has
+  // already shown, without waiting for the device, and labels the work that follows ("chunk [0, 512)") in error
+  // messages. Null: nothing to do.
+  void (*begin_chunk)(const std::string& label) = nullptr;
   // How f32 matmuls multiply: "fp32" (exact), "tf32" or "bf16" (tensor cores; bf16 inputs, f32 accumulation).
   // Returns "" or why the mode is refused. Null: "fp32" only.
   std::string (*set_matmul)(const std::string& mode) = nullptr;
@@ -224,6 +229,10 @@ struct DeviceBackend {
 void RegisterBackend(Device d, const DeviceBackend& b);
 // The registered backend of d (CPU always is); null when none (CUDA in a build without --config=cuda).
 const DeviceBackend* FindBackend(Device d);
+// Waits for d's work when its backend has any (a step's end); throws naming the work that failed.
+inline void SynchronizeDevice(Device d) {
+  if (const DeviceBackend* b = FindBackend(d); b && b->synchronize) b->synchronize();
+}
 // "" when d can run: CPU always; CUDA when the CUDA backend is linked in and a GPU is usable.
 std::string DeviceUnavailableReason(Device d);
 // The op table of d for T; throws std::runtime_error naming the device if it has none.

@@ -59,12 +59,8 @@ std::pair<py::dtype, py::ssize_t> NumpyDType(int dt) {
 // A numpy array over one parameter's (or gradient's) row-major memory; `base` keeps the memory alive. The byte
 // strides are given explicitly from the C ABI's element size, and the array numpy built is checked against them,
 // so a pybind11/NumPy mismatch raises instead of aliasing every element to the first.
-//
-// Device memory later: a CUDA model's tensors cannot be numpy arrays. There, parameters()/gradients() would return
-// small view objects whose __dlpack__ hands out a DLManagedTensor with device (kDLCUDA, the model's device id), these
-// shape/strides and a deleter that drops `base`, and whose __dlpack_device__ returns (2, device id); torch/JAX/CuPy
-// take those zero-copy exactly as they take these arrays' NumPy-provided __dlpack__ now. sg_param_info would gain a
-// device field first.
+// A CUDA model's tensors are not host memory: HostCopy below makes arrays of their values instead. `sg_dtype` is
+// the stored dtype (a bf16 parameter's gradient is f32, the model's dtype).
 py::array View(const sg_param_info& p, int sg_dtype, void* data, py::object base) {
   auto [dtype, elem] = NumpyDType(sg_dtype);
   std::vector<py::ssize_t> shape(p.shape, p.shape + p.ndim), strides(p.ndim);
@@ -81,6 +77,19 @@ py::array View(const sg_param_info& p, int sg_dtype, void* data, py::object base
                                    " does not have the layout asked for (itemsize " + std::to_string(a.itemsize()) +
                                    ", expected " + std::to_string(elem) +
                                    "): this pybind11 does not match the installed NumPy");
+  return a;
+}
+
+// A new array holding a copy of a device parameter's values (which = SG_PARAM_VALUE) or gradient, in sg_dtype.
+py::array HostCopy(sg_model* m, int64_t index, const sg_param_info& p, int which, int sg_dtype) {
+  auto [dtype, elem] = NumpyDType(sg_dtype);
+  py::array a(dtype, std::vector<py::ssize_t>(p.shape, p.shape + p.ndim));
+  sg_status* st;
+  {
+    py::gil_scoped_release release;
+    st = sg_model_read_param(m, index, which, a.mutable_data(), static_cast<size_t>(p.numel) * elem);
+  }
+  Check(st);
   return a;
 }
 
@@ -455,23 +464,30 @@ PYBIND11_MODULE(_native, mod) {
 
   py::class_<NativeModel, std::shared_ptr<NativeModel>>(mod, "Model")
       .def_static("create_preset",
-                  [](const std::string& name, const std::string& dtype, uint64_t seed) {
+                  [](const std::string& name, const std::string& dtype, uint64_t seed, const std::string& device) {
+                    sg_model_options o = sg_model_default_options();
+                    o.dtype = dtype.c_str();
+                    o.device = device.c_str();
+                    o.seed = seed;
                     sg_model* m = nullptr;
                     sg_status* st;
                     {
                       py::gil_scoped_release release;
-                      st = sg_model_create_preset(name.c_str(), dtype.c_str(), seed, &m);
+                      st = sg_model_create_preset_with(name.c_str(), &o, &m);
                     }
                     Check(st);
                     return std::make_shared<NativeModel>(m);
                   })
       .def_static("load",
-                  [](const std::string& dir, const std::string& dtype) {
+                  [](const std::string& dir, const std::string& dtype, const std::string& device) {
+                    sg_model_options o = sg_model_default_options();
+                    o.dtype = dtype.c_str();
+                    o.device = device.c_str();
                     sg_model* m = nullptr;
                     sg_status* st;
                     {
                       py::gil_scoped_release release;
-                      st = sg_model_load(dir.c_str(), dtype.c_str(), &m);
+                      st = sg_model_load_with(dir.c_str(), &o, &m);
                     }
                     Check(st);
                     return std::make_shared<NativeModel>(m);
@@ -491,6 +507,36 @@ PYBIND11_MODULE(_native, mod) {
       .def_property_readonly("num_params", [](NativeModel& s) { return sg_model_num_params(s.m); })
       .def_property_readonly("family", [](NativeModel& s) { return std::string(sg_model_family(s.m)); })
       .def_property_readonly("dtype", [](NativeModel& s) { return std::string(sg_dtype_name(sg_model_dtype(s.m))); })
+      .def_property_readonly("device", [](NativeModel& s) { return std::string(sg_model_device(s.m)); })
+      // (name, numpy dtype, shape) of parameter i.
+      .def("param_meta",
+           [](NativeModel& self, int64_t i) {
+             sg_param_info p = sg_param_info_init();
+             Check(sg_model_param_info(self.m, i, &p));
+             py::tuple shape(p.ndim);
+             for (int d = 0; d < p.ndim; ++d) shape[d] = p.shape[d];
+             return py::make_tuple(std::string(p.name), NumpyDType(p.dtype).first, shape);
+           })
+      // Writes parameter i's values from a C-contiguous array of its dtype and size (any device).
+      .def("write_param",
+           [](NativeModel& self, int64_t i, const py::array& values) {
+             sg_param_info p = sg_param_info_init();
+             Check(sg_model_param_info(self.m, i, &p));
+             const size_t bytes = static_cast<size_t>(p.numel) * NumpyDType(p.dtype).second;
+             if (!(values.flags() & py::array::c_style) || !values.dtype().is(NumpyDType(p.dtype).first) ||
+                 static_cast<size_t>(values.nbytes()) != bytes)
+               RaiseCode(SG_ERR_INVALID_ARGUMENT,
+                         std::string("values for '") + p.name + "' must be a C-contiguous " +
+                             std::string(py::str(NumpyDType(p.dtype).first)) + " array of " +
+                             std::to_string(p.numel) + " elements, got dtype " + std::string(py::str(values.dtype())) +
+                             ", " + std::to_string(values.size()) + " elements");
+             sg_status* st;
+             {
+               py::gil_scoped_release release;
+               st = sg_model_write_param(self.m, i, SG_PARAM_VALUE, values.data(), bytes);
+             }
+             Check(st);
+           })
       .def("set_memory_limit", [](NativeModel& s, int64_t bytes) { Check(sg_model_set_memory_limit(s.m, bytes)); })
       .def_property_readonly("memory_limit", [](NativeModel& s) { return sg_model_memory_limit(s.m); })
       // targets: comma-separated names, "all", or None (the family's default); alpha 0 = 2 * rank.
@@ -547,11 +593,16 @@ PYBIND11_MODULE(_native, mod) {
         NativeModel& self = self_obj.cast<NativeModel&>();
         sg_param_info p = sg_param_info_init();
         Check(sg_model_param_info(self.m, i, &p));
+        const int grad_dtype = sg_model_dtype(self.m);  // a bf16 parameter's gradient is f32
+        if (p.on_device) {  // copies: device memory is not host-addressable
+          py::object grad = py::none();
+          if (p.grad) grad = HostCopy(self.m, i, p, SG_PARAM_GRAD, grad_dtype);
+          return py::tuple(py::make_tuple(std::string(p.name), HostCopy(self.m, i, p, SG_PARAM_VALUE, p.dtype), grad));
+        }
         py::array value = View(p, p.dtype, p.data, self_obj);
         py::object grad = py::none();
-        if (p.grad)  // in the compute dtype (a bf16 parameter's gradient is f32)
-          grad = View(p, sg_model_dtype(self.m), p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
-        return py::make_tuple(std::string(p.name), value, grad);
+        if (p.grad) grad = View(p, grad_dtype, p.grad, GradViewBase(self_obj.cast<std::shared_ptr<NativeModel>>()));
+        return py::tuple(py::make_tuple(std::string(p.name), value, grad));
       });
 
   py::class_<NativeTrainer, std::shared_ptr<NativeTrainer>>(mod, "Trainer")

@@ -8,7 +8,6 @@
 // The LM head works per token, so the top layer and the head go together: the forward stops at the top layer's
 // input, and the backward of the top layer computes each partition's output, its head loss and gradient, and
 // backprops it at once — the top layer runs forward once, not twice.
-#include <cstring>
 
 #include "core/strategies/chunk_steps.h"
 
@@ -20,8 +19,7 @@ Tensor NewRows(Model& m, int64_t rows) {
 }
 
 void CopyRows(Tensor& dst, Chunk c, const Tensor& src) {
-  if (src.device() == Device::kMeta) return;  // meta tensors hold no values
-  std::memcpy(dst.Rows(c.begin, c.end).raw(), src.raw(), src.nbytes());
+  CopyTensor(dst.Rows(c.begin, c.end), src);  // meta: nothing
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ void CopyValues(Model& from, Model& to) {
     const Tensor& src = from.params()[i].value;
     Tensor& dst = to.params()[i].value;
     if (dst.dtype() == src.dtype()) {
-      std::memcpy(dst.raw(), src.raw(), src.nbytes());
+      CopyFromHost(dst, src.raw());  // from the CPU model into either device
       continue;
     }
     ASSERT_EQ(dst.dtype(), DType::kF64) << from.params()[i].name;
@@ -76,10 +76,12 @@ Grads Gradients(Model& model, const StrategyOptions& o, const std::vector<Sequen
   if (!m.ok()) return out;
   out.loss = m->loss;
   for (Param& p : model.params()) {
-    std::vector<double> g(p.grad.numel());
-    for (size_t i = 0; i < g.size(); ++i)
-      g[i] = p.grad.dtype() == DType::kF64 ? p.grad.data<double>()[i] : p.grad.data<float>()[i];
-    out.g.push_back(std::move(g));
+    if (p.grad.dtype() == DType::kF64) {
+      out.g.push_back(HostCopy<double>(p.grad));
+    } else {
+      const std::vector<float> g = HostCopy<float>(p.grad);  // a device's gradient through a copy
+      out.g.emplace_back(g.begin(), g.end());
+    }
   }
   return out;
 }
@@ -175,7 +177,7 @@ TEST(CudaBf16StrategyTest, TrainingStepsMastersAndRoundsWeights) {
   const std::vector<Sequence> batch = RaggedBatch(gpu->vocab_size(), 4);
   const Tensor& first = gpu->params()[0].value;
   ASSERT_EQ(first.dtype(), DType::kBF16);
-  const std::vector<uint16_t> before(first.data<uint16_t>(), first.data<uint16_t>() + first.numel());
+  const std::vector<uint16_t> before = HostCopy<uint16_t>(first);
   for (int step = 0; step < 2; ++step) {
     absl::StatusOr<StepMetrics> mg = tg.Step(batch), mc = tc.Step(batch);
     ASSERT_TRUE(mg.ok() && mc.ok()) << mg.status() << mc.status();
@@ -186,11 +188,14 @@ TEST(CudaBf16StrategyTest, TrainingStepsMastersAndRoundsWeights) {
     const Tensor& master = tg.optimizer().master()[i];
     ASSERT_EQ(master.defined(), p.value.dtype() == DType::kBF16) << p.name;
     if (!master.defined()) continue;
+    const std::vector<uint16_t> value = HostCopy<uint16_t>(p.value);
+    const std::vector<float> master_value = HostCopy<float>(master);
     for (int64_t j = 0; j < p.value.numel(); ++j)
-      ASSERT_EQ(p.value.data<uint16_t>()[j], F32ToBF16(master.data<float>()[j])) << p.name << " " << j;
+      ASSERT_EQ(value[j], F32ToBF16(master_value[j])) << p.name << " " << j;
   }
+  const std::vector<uint16_t> after = HostCopy<uint16_t>(first);
   int64_t changed = 0;
-  for (int64_t j = 0; j < first.numel(); ++j) changed += first.data<uint16_t>()[j] != before[j];
+  for (int64_t j = 0; j < first.numel(); ++j) changed += after[j] != before[j];
   EXPECT_GT(changed, 0) << "two steps at lr 1e-3 left every weight of " << gpu->params()[0].name << " unchanged";
 }
 

@@ -1,9 +1,12 @@
 // What every CUDA kernel file shares: the compute stream, error checks that name the op, launch sizes, device
 // scratch, staging of the table's host arrays, and block reductions.
 //
-// Every op runs on one compute stream and returns only after it finished (End): tensors live in managed memory
-// that host code (loading, checkpoints, gradcheck, bindings, LoRA dropout) may touch between ops, and a failing
-// kernel is then reported by the op that launched it. KV offload's copies run on their own streams and overlap.
+// Execution is asynchronous: every op enqueues its kernels on one compute stream and returns. End(op) checks the
+// launch and records the op as in flight; faults of the kernels themselves surface at the next check (a chunk's
+// start, a step's end, any copy to the host), as a CudaError naming the ops in flight and their chunks.
+// SEQGRAD_CUDA_SYNC=1 waits after every op instead, so that a fault names exactly its op. Tensors are device memory
+// (runtime.cu's caching allocator, ordered on the compute stream), never touched by host code except through the
+// allocator's copies. KV offload's copies run on their own streams, ordered against the compute stream by events.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,13 +25,15 @@ struct CudaError : std::runtime_error {
 cudaStream_t Stream();
 // Throws CudaError "<op>: <what> failed: <cuda error string>" unless e == cudaSuccess.
 void Check(cudaError_t e, const char* op, const char* what);
-// After an op's launches: checks the launch and waits for the stream, naming the op on failure.
+// After an op's launches: checks the launch and records the op as in flight (`op` must be a string literal);
+// with SEQGRAD_CUDA_SYNC=1 also waits for it and reports its fault.
 void End(const char* op);
 
 // Device scratch owned by the calling thread, one buffer per slot, grown as needed; valid until the next call
-// with the same slot (ops are synchronous, so within one op).
+// with the same slot. Reuse by a later op is safe without waiting: both run on the compute stream, in order.
 void* Scratch(size_t bytes, int slot, const char* op);
-// Copies count host elements into device scratch `slot` (on the compute stream) and returns the device copy.
+// Copies count host elements into device scratch `slot` (on the compute stream) and returns the device copy. The
+// host array may change once this returns (a copy from pageable memory reads it before returning).
 template <typename T>
 const T* Stage(const T* host, int64_t count, int slot, const char* op) {
   if (!host || count <= 0) return nullptr;

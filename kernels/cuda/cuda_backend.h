@@ -1,5 +1,5 @@
 // Host-side controls of the CUDA backend (no CUDA headers needed): linking //kernels/cuda registers the backend
-// (OpsFor<T>(Device::kCUDA), the managed-memory allocator, KV offload's copy engine) at start-up.
+// (OpsFor<T>(Device::kCUDA), the caching device-memory allocator, KV offload's copy engine) at start-up.
 #pragma once
 
 namespace sg::cuda {

@@ -1,6 +1,6 @@
 // CUDA implementations of the backend table (declarations; one .cu per op family), mirroring kernels/cpu/cpu_ops.h.
-// Same signatures and semantics as the CPU kernels. Tensors (T*) are device memory (CUDA managed memory from the
-// engine's allocator, so host code may also read them between ops); the small index and parameter arrays of the
+// Same signatures and semantics as the CPU kernels. Tensors (T*) are device memory (runtime.cu's caching
+// allocator over cudaMalloc: not host-addressable); the small index and parameter arrays of the
 // table (ids, labels, page_table, page_mask, inv_freq, row_scale, and the outputs of token_logprobs/token_argmax)
 // are host memory in every backend: the kernels stage them through sg::cuda::Stage / copy results back.
 // Instantiated for float and double; the bf16 entries of the f32 table (--dtype=bf16) are declared last.

@@ -395,11 +395,8 @@ TYPED_TEST(CudaOpsTest, AdamW) {
                        v = Rand<T>(count, 73, 0, 0.1);
   for (int64_t step : {1, 7}) {
     auto [dut, cpu] = RunBoth([&](Device dev) {
-      Buf<T> P(dev, p, "p"), G(dev, g, "g"), M(dev, m, "m"), V(dev, v, "v");
-      if (step == 1) {
-        std::fill(M.data(), M.data() + count, T(0));
-        std::fill(V.data(), V.data() + count, T(0));
-      }
+      const std::vector<T> zeros(count, T(0));  // the moments of a first step
+      Buf<T> P(dev, p, "p"), G(dev, g, "g"), M(dev, step == 1 ? zeros : m, "m"), V(dev, step == 1 ? zeros : v, "v");
       OpsFor<T>(dev).adamw(P.data(), G.data(), M.data(), V.data(), count, 1e-3, 0.9, 0.95, 1e-8, 0.1, step);
       Outs o;
       o.Add(P);

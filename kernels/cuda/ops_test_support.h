@@ -35,7 +35,7 @@ inline MemoryTracker* TrackerFor(Device d) {
   if (d == Device::kCPU) return nullptr;  // aligned host memory
   static MemoryTracker* cuda = [] {
     auto* t = new MemoryTracker;
-    t->set_device(Device::kCUDA);  // CUDA managed memory: host-writable, read back after the (synchronous) op
+    t->set_device(Device::kCUDA);  // device memory: written and read back through copies
     return t;
   }();
   return cuda;
@@ -51,20 +51,19 @@ template <> inline uint16_t Sentinel<uint16_t>() { return F32ToBF16(-7777.25f); 
 template <typename T> T Nan() { return std::numeric_limits<T>::quiet_NaN(); }
 template <> inline uint16_t Nan<uint16_t>() { return F32ToBF16(std::numeric_limits<float>::quiet_NaN()); }
 
-// n elements on device d (CPU: host memory; CUDA: managed memory) between two guard zones of `guard` elements
-// holding a sentinel.
+// n elements on device d (CPU: host memory; CUDA: device memory, written and read through copies) between two
+// guard zones of `guard` elements holding a sentinel.
 template <typename T>
 class Buf {
  public:
   Buf(Device d, int64_t n, T init, std::string name, int64_t guard = kGuard)
-      : n_(n), guard_(guard), name_(std::move(name)) {
-    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n + 2 * guard_});
-    T* b = base();
-    for (int64_t i = 0; i < n + 2 * guard_; ++i) b[i] = i < guard_ || i >= guard_ + n ? Sentinel<T>() : init;
-  }
+      : Buf(d, std::vector<T>(n, init), std::move(name), guard) {}
   Buf(Device d, const std::vector<T>& v, std::string name, int64_t guard = kGuard)
-      : Buf(d, static_cast<int64_t>(v.size()), T(0), name, guard) {
-    std::copy(v.begin(), v.end(), data());
+      : n_(static_cast<int64_t>(v.size())), guard_(guard), name_(std::move(name)) {
+    t_ = Tensor::Empty(TrackerFor(d), MemCategory::kWorkspace, DTypeOf<T>(), {n_ + 2 * guard_});
+    std::vector<T> host(n_ + 2 * guard_, Sentinel<T>());
+    std::copy(v.begin(), v.end(), host.begin() + guard_);
+    CopyFromHost(t_, host.data());
   }
   T* data() const { return base() + guard_; }
   int64_t size() const { return n_; }
@@ -72,7 +71,8 @@ class Buf {
   // Fails the test (naming the buffer and the offset) if a guard element changed; returns whether all held.
   bool GuardsIntact() const {
     const T s = Sentinel<T>();
-    const T* b = base();
+    const std::vector<T> host = HostCopy<T>(t_);
+    const T* b = host.data();
     for (int64_t i = 0; i < n_ + 2 * guard_; ++i) {
       if (i >= guard_ && i < guard_ + n_) continue;
       if (std::memcmp(&b[i], &s, sizeof(T)) != 0) {
@@ -86,12 +86,13 @@ class Buf {
   }
   std::vector<T> Raw() const {
     GuardsIntact();
-    return std::vector<T>(data(), data() + n_);
+    const std::vector<T> host = HostCopy<T>(t_);
+    return std::vector<T>(host.begin() + guard_, host.begin() + guard_ + n_);
   }
   std::vector<double> Values() const {
-    GuardsIntact();
+    const std::vector<T> raw = Raw();
     std::vector<double> v(n_);
-    for (int64_t i = 0; i < n_; ++i) v[i] = AsDouble(data()[i]);
+    for (int64_t i = 0; i < n_; ++i) v[i] = AsDouble(raw[i]);
     return v;
   }
 

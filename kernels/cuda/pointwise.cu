@@ -328,7 +328,7 @@ void AddInplace(T* y, const T* x, int64_t count) {
 template <typename T>
 void Copy(T* dst, const T* src, int64_t count) {
   if (count <= 0 || dst == src) return;
-  // cudaMemcpyDefault: the pointers are managed memory; the runtime picks the direction.
+  // cudaMemcpyDefault: unified addressing tells the runtime the direction (device to device here).
   Check(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, Stream()), "copy", "cudaMemcpyAsync");
   End("copy");
 }

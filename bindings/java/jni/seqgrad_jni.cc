@@ -276,25 +276,32 @@ JNI_FN(jstring, memoryCategoryName)(JNIEnv* env, jclass, jint c) {
   return n ? env->NewStringUTF(n) : nullptr;
 }
 
-JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtype, jlong seed) {
+JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtype, jlong seed, jstring device) {
   GUARD_BEGIN
   sg_model* m = nullptr;
-  const std::string n = Str(env, name), d = Str(env, dtype);
-  if (Failed(env, sg_model_create_preset(name ? n.c_str() : nullptr, dtype ? d.c_str() : nullptr,
-                                         static_cast<uint64_t>(seed), &m)))
-    return 0;
+  const std::string n = Str(env, name), d = Str(env, dtype), dev = Str(env, device);
+  sg_model_options o = sg_model_default_options();
+  o.dtype = dtype ? d.c_str() : nullptr;
+  o.device = device ? dev.c_str() : nullptr;
+  o.seed = static_cast<uint64_t>(seed);
+  if (Failed(env, sg_model_create_preset_with(name ? n.c_str() : nullptr, &o, &m))) return 0;
   return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)
 }
 
-JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype) {
+JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype, jstring device) {
   GUARD_BEGIN
   sg_model* m = nullptr;
-  const std::string p = Str(env, dir), d = Str(env, dtype);
-  if (Failed(env, sg_model_load(dir ? p.c_str() : nullptr, dtype ? d.c_str() : nullptr, &m))) return 0;
+  const std::string p = Str(env, dir), d = Str(env, dtype), dev = Str(env, device);
+  sg_model_options o = sg_model_default_options();
+  o.dtype = dtype ? d.c_str() : nullptr;
+  o.device = device ? dev.c_str() : nullptr;
+  if (Failed(env, sg_model_load_with(dir ? p.c_str() : nullptr, &o, &m))) return 0;
   return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)
 }
+
+JNI_FN(jstring, modelDevice)(JNIEnv* env, jclass, jlong h) { return env->NewStringUTF(sg_model_device(M(h))); }
 
 JNI_FN(void, modelSave)(JNIEnv* env, jclass, jlong h, jstring dir, jstring dtype) {
   GUARD_BEGIN
@@ -364,6 +371,13 @@ JNI_FN(jstring, paramDType)(JNIEnv* env, jclass, jlong h, jlong i) {
 
 // A direct ByteBuffer over the parameter (or its gradient): zero-copy; null for a missing gradient. The buffer holds
 // a reference to the model: the caller registers a Cleaner on it that calls viewRelease(h, grad).
+namespace {
+// The C ABI's element size of a dtype.
+jlong ElementBytes(int dtype) {
+  return dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_I64 ? 8 : dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_I32 ? 4 : 2;
+}
+}  // namespace
+
 JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad) {
   GUARD_BEGIN
   std::lock_guard<std::mutex> lock(JM(h)->mu);
@@ -372,15 +386,47 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
   void* ptr = grad ? p.grad : p.data;
   if (!ptr) return nullptr;
   const int dtype = grad ? sg_model_dtype(M(h)) : p.dtype;  // a bf16 parameter's gradient is f32
-  const jlong elem = dtype == SG_DTYPE_F64 || dtype == SG_DTYPE_I64   ? 8
-                     : dtype == SG_DTYPE_F32 || dtype == SG_DTYPE_I32 ? 4
-                                                                      : 2;
-  jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * elem);
+  jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * ElementBytes(dtype));
   if (!buffer) return nullptr;
   ++JM(h)->refs;
   if (grad) ++JM(h)->grad_views;
   return buffer;
   GUARD_END(nullptr)
+}
+
+JNI_FN(jboolean, paramOnDevice)(JNIEnv* env, jclass, jlong h, jlong i) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return JNI_FALSE;
+  return p.on_device ? JNI_TRUE : JNI_FALSE;
+  GUARD_END(JNI_FALSE)
+}
+
+JNI_FN(jlong, paramBytes)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return 0;
+  return p.numel * ElementBytes(grad ? sg_model_dtype(M(h)) : p.dtype);  // a bf16 parameter's gradient is f32
+  GUARD_END(0)
+}
+
+JNI_FN(jboolean, paramRead)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad, jobject dst) {
+  GUARD_BEGIN
+  sg_param_info p = sg_param_info_init();
+  if (Failed(env, sg_model_param_info(M(h), i, &p))) return JNI_FALSE;
+  if (grad && !p.grad) return JNI_FALSE;
+  if (Failed(env, sg_model_read_param(M(h), i, grad ? SG_PARAM_GRAD : SG_PARAM_VALUE, env->GetDirectBufferAddress(dst),
+                                      static_cast<size_t>(env->GetDirectBufferCapacity(dst)))))
+    return JNI_FALSE;
+  return JNI_TRUE;
+  GUARD_END(JNI_FALSE)
+}
+
+JNI_FN(void, paramWrite)(JNIEnv* env, jclass, jlong h, jlong i, jobject src) {
+  GUARD_BEGIN
+  Failed(env, sg_model_write_param(M(h), i, SG_PARAM_VALUE, env->GetDirectBufferAddress(src),
+                                   static_cast<size_t>(env->GetDirectBufferCapacity(src))));
+  GUARD_END()
 }
 
 JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jstring strategy, jlong chunk,

@@ -77,12 +77,15 @@ class Model:
         self._native = native
 
     @classmethod
-    def from_preset(cls, name="tiny", dtype="f32", seed=0):
-        return cls(_native.Model.create_preset(name, dtype, seed))
+    def from_preset(cls, name="tiny", dtype="f32", seed=0, device="cpu"):
+        """A randomly initialised preset. device: "cpu" or "cuda" (the model's tensors and steps on the GPU;
+        without a usable GPU FailedPreconditionError "device 'cuda' cannot run: ...")."""
+        return cls(_native.Model.create_preset(name, dtype, seed, device))
 
     @classmethod
-    def load(cls, hf_dir, dtype="f32"):
-        return cls(_native.Model.load(str(hf_dir), dtype))
+    def load(cls, hf_dir, dtype="f32", device="cpu"):
+        """A Hugging Face directory; dtype "f32", "f64" or "bf16", device "cpu" or "cuda" as in from_preset."""
+        return cls(_native.Model.load(os.fspath(hf_dir), dtype, device))
 
     def _get(self):
         if self._native is None:
@@ -117,6 +120,11 @@ class Model:
     @property
     def family(self):
         return self._get().family
+
+    @property
+    def device(self):
+        """"cpu" or "cuda"."""
+        return self._get().device
 
     def set_memory_limit(self, nbytes):
         """Caps the engine memory of this model's tensors (weights included) at nbytes; 0 removes the cap. A step
@@ -179,12 +187,29 @@ class Model:
     def parameters(self):
         """dict name -> C-contiguous numpy array sharing the engine's memory (writes change the model). NumPy's
         __dlpack__ hands them to torch/JAX/CuPy without a copy: torch.from_dlpack(array). A dtype="bf16" model's
-        weight matrices are uint16 arrays of the raw bf16 bits (widen: (a.astype(np.uint32) << 16).view(np.float32))."""
+        weight matrices are uint16 arrays of the raw bf16 bits (widen: (a.astype(np.uint32) << 16).view(np.float32)).
+
+        On a "cuda" model the arrays are copies (GPU memory is not host memory): writes to them do not reach the
+        model; use set_parameter."""
         return {name: value for name, value, _ in self._params()}
 
     def gradients(self):
-        """dict name -> numpy array view of each gradient (frozen parameters are left out)."""
+        """dict name -> numpy array view of each gradient (frozen parameters are left out); copies on "cuda"."""
         return {name: grad for name, _, grad in self._params() if grad is not None}
+
+    def set_parameter(self, name, values):
+        """Writes a parameter's values from an array of its shape (converted to its dtype), on any device."""
+        n = self._get()
+        for i in range(n.num_params):
+            pname, dtype, shape = n.param_meta(i)
+            if pname == name:
+                array = np.asarray(values, dtype=dtype)
+                if array.shape != tuple(shape):
+                    raise InvalidArgumentError("set_parameter: %r has shape %s, got %s" %
+                                               (name, tuple(shape), array.shape))
+                n.write_param(i, np.ascontiguousarray(array).reshape(-1))
+                return
+        raise InvalidArgumentError("set_parameter: no parameter named %r" % (name,))
 
     def close(self):
         self._native = None

@@ -100,6 +100,24 @@ def test_parameters_are_views(model):
         assert not np.array_equal(before, emb)  # the view sees the optimizer's update
 
 
+def test_devices_and_set_parameter(model, tmp_path):
+    assert model.device == "cpu"
+    # This library has no CUDA backend (or no GPU): the clear error of the C ABI.
+    with pytest.raises(seqgrad.FailedPreconditionError, match="device 'cuda' cannot run"):
+        seqgrad.Model.from_preset("tiny", device="cuda")
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->device is 'tpu'"):
+        seqgrad.Model.from_preset("tiny", device="tpu")
+    model.save(tmp_path / "m")
+    with pytest.raises(seqgrad.FailedPreconditionError, match="device 'cuda' cannot run"):
+        seqgrad.Model.load(tmp_path / "m", device="cuda")
+    model.set_parameter("model.norm.weight", np.arange(32) * 0.25)
+    assert np.array_equal(model.parameters()["model.norm.weight"], np.arange(32, dtype=np.float32) * 0.25)
+    with pytest.raises(seqgrad.InvalidArgumentError, match=r"has shape \(32,\), got \(31,\)"):
+        model.set_parameter("model.norm.weight", np.zeros(31))
+    with pytest.raises(seqgrad.InvalidArgumentError, match="no parameter named 'nope'"):
+        model.set_parameter("nope", np.zeros(1))
+
+
 def test_views_keep_model_alive():
     m = seqgrad.Model.from_preset("tiny")
     w = m.parameters()["model.embed_tokens.weight"]

@@ -169,6 +169,23 @@ SG_API sg_status* sg_model_save_as(sg_model* model, const char* dir, const char*
 /* Drops the caller's reference (see Lifetimes). NULL is ignored. */
 SG_API void sg_model_free(sg_model* model);
 
+/* Since 0.7: where a model lives and how it is stored, for sg_model_create_preset_with / sg_model_load_with. */
+typedef struct sg_model_options {
+  size_t struct_size; /* sizeof(sg_model_options) of the header the caller compiled with */
+  const char* dtype;  /* "f32" (NULL = "f32"), "f64" or "bf16", as the dtype argument of sg_model_create_preset */
+  const char* device; /* "cpu" (NULL = "cpu") or "cuda": the model's tensors live in GPU memory and its steps run
+                         there. Without a usable GPU, or in a library built without CUDA, SG_ERR_FAILED_PRECONDITION
+                         "device 'cuda' cannot run: <why>". GPU memory is not host-addressable: see sg_param_info */
+  uint64_t seed;      /* presets: the initialisation seed; ignored by sg_model_load_with */
+} sg_model_options;
+/* dtype "f32", device "cpu", seed 0, struct_size set. */
+SG_API sg_model_options sg_model_default_options(void);
+/* sg_model_create_preset / sg_model_load with options (NULL = the defaults). */
+SG_API sg_status* sg_model_create_preset_with(const char* preset, const sg_model_options* options, sg_model** out);
+SG_API sg_status* sg_model_load_with(const char* hf_dir, const sg_model_options* options, sg_model** out);
+/* Since 0.7. The model's device: "cpu" or "cuda" (static strings); "" for NULL. */
+SG_API const char* sg_model_device(const sg_model* model);
+
 /* Model family: "transformer" (Llama/Qwen2) or "ssm" (Mamba-1; since 0.3). Static string; "" for NULL. */
 SG_API const char* sg_model_family(const sg_model* model);
 /* Vocabulary size, number of layers, hidden size, parameter count; -1 for a NULL model. */
@@ -192,7 +209,9 @@ SG_API int64_t sg_model_memory_limit(const sg_model* model);
 
 #define SG_MAX_DIMS 8
 
-/* A zero-copy view of one parameter and its gradient (row-major, contiguous). */
+/* A zero-copy view of one parameter and its gradient (row-major, contiguous); on a GPU model (on_device != 0) the
+ * addresses are GPU memory, which host code must not dereference: copy through sg_model_read_param /
+ * sg_model_write_param instead. */
 typedef struct sg_param_info {
   size_t struct_size;
   const char* name; /* Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight" */
@@ -203,12 +222,21 @@ typedef struct sg_param_info {
   void* data; /* the parameter's values; writable */
   void* grad; /* its gradient, NULL for frozen parameters; valid after a compute_gradients/step; in sg_model_dtype
                  (the gradient of a bf16 parameter is f32) */
+  int32_t on_device; /* since 0.7: nonzero when data and grad are device (GPU) addresses, not host memory */
 } sg_param_info;
 
 /* A zeroed sg_param_info with struct_size set. */
 SG_API sg_param_info sg_param_info_init(void);
 /* Parameter `index` in [0, sg_model_num_params). out->struct_size must be set (sg_param_info_init). */
 SG_API sg_status* sg_model_param_info(const sg_model* model, int64_t index, sg_param_info* out);
+
+/* Since 0.7: copies of a parameter's values (which = SG_PARAM_VALUE) or gradient (SG_PARAM_GRAD) between the model,
+ * on any device, and host memory; bytes must be exactly numel x the element size (sg_param_info). A copy to the host
+ * waits for the device's work and reports its faults. SG_ERR_FAILED_PRECONDITION for the gradient of a frozen
+ * parameter, SG_ERR_BUSY while a step runs. */
+enum { SG_PARAM_VALUE = 0, SG_PARAM_GRAD = 1 };
+SG_API sg_status* sg_model_read_param(const sg_model* model, int64_t index, int which, void* dst, size_t bytes);
+SG_API sg_status* sg_model_write_param(sg_model* model, int64_t index, int which, const void* src, size_t bytes);
 
 /* ---- LoRA (since 0.5) ------------------------------------------------------------------------------------------
  *

@@ -1,5 +1,6 @@
 // The CPU emulation's device runtime: launches (blocks in order, threads as cooperative fibers), barriers, warp
 // exchanges, the CUDA runtime API on host memory, and a cuBLAS GEMM. See include/sg_emu.h for the model.
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -465,7 +466,204 @@ void SetLastError(cudaError_t e, const std::string& text) {
     ht.last_error_text = text;
   }
 }
+
+// An error of a kernel's execution: reported (once) by the next synchronizing call of any host thread, as a GPU
+// reports a fault of asynchronous work, not by cudaGetLastError right after the launch.
+std::mutex g_execution_mu;
+cudaError_t g_execution_error = cudaSuccess;
+std::string g_execution_text;
+void SetExecutionError(cudaError_t e, const std::string& text) {
+  std::lock_guard<std::mutex> l(g_execution_mu);
+  if (g_execution_error != cudaSuccess) return;
+  g_execution_error = e;
+  g_execution_text = text;
+}
+
+// InjectKernelError's pending request.
+std::mutex g_inject_mu;
+std::string g_inject_kernel;
+int g_inject_skip = -1;  // launches of the kernel to let pass first; -1: none pending
+bool TakeInjected(const char* kernel) {
+  std::lock_guard<std::mutex> l(g_inject_mu);
+  if (g_inject_skip < 0 || std::string(kernel).find(g_inject_kernel) == std::string::npos) return false;
+  return g_inject_skip-- == 0;
+}
 }  // namespace
+
+void InjectKernelError(const std::string& kernel, int skip) {
+  std::lock_guard<std::mutex> l(g_inject_mu);
+  g_inject_kernel = kernel;
+  g_inject_skip = skip;
+}
+
+std::pair<cudaError_t, std::string> TakeExecutionError() {
+  std::lock_guard<std::mutex> l(g_execution_mu);
+  std::pair<cudaError_t, std::string> e{g_execution_error, g_execution_text};
+  g_execution_error = cudaSuccess;
+  g_execution_text.clear();
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Device memory: one reserved range of address space, PROT_NONE to host code except while something the device
+// does runs (a launch, a copy, a memset, a cuBLAS call): a host access of device memory outside those faults,
+// and the handler below names it. Blocks are handed out first-fit in 256-byte units.
+
+namespace {
+constexpr size_t kDeviceAlign = 256;
+
+size_t DeviceCapacity() {
+  if (const char* e = std::getenv("SG_EMU_DEVICE_MEMORY")) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(e, &end, 10);
+    if (end != e && *end == '\0' && v > 0) return static_cast<size_t>(v);
+    std::fprintf(stderr, "sg_emu: SG_EMU_DEVICE_MEMORY='%s' is not a byte count\n", e);
+    std::abort();
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : size_t{1} << 34;
+}
+
+// Protection changes in units of transparent huge pages (the arena asks for them): the cost of mprotect grows
+// with the page-table entries it changes, 512 times fewer so.
+constexpr size_t kHugePage = size_t{2} << 20;
+size_t PageUp(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+
+struct Arena {
+  char* base = nullptr;
+  size_t capacity = 0;
+  size_t used = 0;     // bytes in blocks handed out
+  size_t mapped = 0;   // [base, base + mapped) has been handed out at some point (what opening must unprotect)
+  std::map<size_t, size_t> free_blocks;  // offset -> bytes
+  std::map<size_t, size_t> blocks;       // offset -> bytes, handed out
+  int open = 0;                          // DeviceAccess nesting over all host threads
+  std::mutex mu;
+};
+
+void OnSegv(int sig, siginfo_t* info, void* ctx);
+struct sigaction g_previous_segv;
+
+Arena& TheArena() {
+  static Arena* a = [] {
+    auto* arena = new Arena;
+    arena->capacity = PageUp(DeviceCapacity());
+    void* m = mmap(nullptr, arena->capacity + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+      std::fprintf(stderr, "sg_emu: cannot reserve %zu bytes of address space for device memory\n", arena->capacity);
+      std::abort();
+    }
+    arena->base = reinterpret_cast<char*>(PageUp(reinterpret_cast<uintptr_t>(m)));  // huge-page aligned
+    madvise(arena->base, arena->capacity, MADV_HUGEPAGE);  // where the kernel allows it
+    arena->free_blocks[0] = arena->capacity;
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSegv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+    return arena;
+  }();
+  return *a;
+}
+
+
+void OnSegv(int sig, siginfo_t* info, void* ctx) {
+  Arena& a = TheArena();
+  const char* at = static_cast<const char*>(info->si_addr);
+  if (at >= a.base && at < a.base + a.capacity && a.open == 0) {
+    char msg[256];
+    const int n = std::snprintf(msg, sizeof msg,
+                                "sg_emu: host code accessed emulated device memory at %p (offset %zu of the device's "
+                                "memory) outside a kernel or cudaMemcpy*: device memory is not host-addressable\n",
+                                static_cast<const void*>(at), static_cast<size_t>(at - a.base));
+    if (n > 0) (void)!write(2, msg, static_cast<size_t>(n));
+  }
+  // Let the previous handler (or the default action) take the fault: restore it and return to re-fault.
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);
+  (void)sig;
+  (void)ctx;
+}
+
+}  // namespace
+
+size_t DeviceMemoryCapacity() { return TheArena().capacity; }
+size_t DeviceMemoryUsed() {
+  Arena& a = TheArena();
+  std::lock_guard<std::mutex> l(a.mu);
+  return a.used;
+}
+
+void* DeviceAlloc(size_t bytes) {
+  Arena& a = TheArena();
+  const size_t size = (std::max<size_t>(bytes, 1) + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
+  std::lock_guard<std::mutex> l(a.mu);
+  for (auto it = a.free_blocks.begin(); it != a.free_blocks.end(); ++it) {
+    if (it->second < size) continue;
+    const size_t offset = it->first, left = it->second - size;
+    a.free_blocks.erase(it);
+    if (left > 0) a.free_blocks[offset + size] = left;
+    a.blocks[offset] = size;
+    a.used += size;
+    if (offset + size > a.mapped) {
+      const size_t old = PageUp(a.mapped), now = PageUp(offset + size);
+      if (a.open > 0 && now > old) mprotect(a.base + old, now - old, PROT_READ | PROT_WRITE);
+      a.mapped = offset + size;
+    }
+    return a.base + offset;
+  }
+  return nullptr;
+}
+
+bool IsDeviceMemory(const void* p) {
+  Arena& a = TheArena();
+  return p >= a.base && p < a.base + a.capacity;
+}
+
+bool DeviceFree(void* p) {
+  Arena& a = TheArena();
+  std::lock_guard<std::mutex> l(a.mu);
+  auto it = a.blocks.find(static_cast<size_t>(static_cast<char*>(p) - a.base));
+  if (!IsDeviceMemory(p) || it == a.blocks.end()) return false;
+  size_t offset = it->first, size = it->second;
+  a.blocks.erase(it);
+  a.used -= size;
+  auto next = a.free_blocks.lower_bound(offset);
+  if (next != a.free_blocks.end() && next->first == offset + size) {
+    size += next->second;
+    next = a.free_blocks.erase(next);
+  }
+  if (next != a.free_blocks.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      size += prev->second;
+      a.free_blocks.erase(prev);
+    }
+  }
+  a.free_blocks[offset] = size;
+  // Give the free pages back and lower the high-water mark: what opening and closing must reprotect (their cost
+  // grows with the pages populated).
+  const size_t first = PageUp(offset), last = (offset + size) / kHugePage * kHugePage;
+  if (last > first) madvise(a.base + first, last - first, MADV_DONTNEED);
+  const size_t high = a.blocks.empty() ? 0 : a.blocks.rbegin()->first + a.blocks.rbegin()->second;
+  if (high < a.mapped) {
+    if (a.open > 0 && PageUp(high) < PageUp(a.mapped))
+      mprotect(a.base + PageUp(high), PageUp(a.mapped) - PageUp(high), PROT_NONE);
+    a.mapped = high;
+  }
+  return true;
+}
+
+DeviceAccess::DeviceAccess() {
+  Arena& a = TheArena();
+  std::lock_guard<std::mutex> l(a.mu);
+  if (a.open++ == 0 && a.mapped > 0) mprotect(a.base, PageUp(a.mapped), PROT_READ | PROT_WRITE);
+}
+DeviceAccess::~DeviceAccess() {
+  Arena& a = TheArena();
+  std::lock_guard<std::mutex> l(a.mu);
+  if (--a.open == 0 && a.mapped > 0) mprotect(a.base, PageUp(a.mapped), PROT_NONE);
+}
 
 cudaError_t FuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) {
   if (!fn) return cudaErrorInvalidDeviceFunction;
@@ -517,6 +715,7 @@ cudaError_t LaunchImpl(const LaunchInfo& info, void (*thread_body)(void*), void*
     return cudaErrorInvalidValue;
   }
 
+  DeviceAccess access;  // the kernel may touch device memory
   std::vector<unsigned char> smem(info.smem + kSmemGuard + 16);
   unsigned char* base = smem.data();
   base += (16 - reinterpret_cast<uintptr_t>(base) % 16) % 16;
@@ -565,11 +764,14 @@ cudaError_t LaunchImpl(const LaunchInfo& info, void (*thread_body)(void*), void*
   ht.launch = nullptr;
   threadIdx = uint3{0, 0, 0};
   blockIdx = uint3{0, 0, 0};
+  if (ht.error.empty() && TakeInjected(info.kernel))
+    ht.error = std::string("injected kernel error (sg_emu::InjectKernelError)") + where;
   if (!ht.error.empty()) {
+    // The kernel ran (as far as it could): like a GPU, the launch itself succeeded and the fault shows at the
+    // next synchronization.
     std::fprintf(stderr, "sg_emu: %s\n", ht.error.c_str());
-    SetLastError(cudaErrorLaunchFailure, ht.error);
+    SetExecutionError(cudaErrorLaunchFailure, ht.error);
     ht.error.clear();
-    return cudaErrorLaunchFailure;
   }
   return cudaSuccess;
 }
@@ -635,11 +837,6 @@ struct CUstream_fake {
   unsigned flags;
 };
 
-const size_t kTotalMemory = [] {
-  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-  return pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : size_t{1} << 34;
-}();
-
 void* AlignedAlloc(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   return std::aligned_alloc(256, rounded);
@@ -667,7 +864,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   if (device != 0) return cudaErrorInvalidDevice;
   std::memset(p, 0, sizeof *p);
   std::snprintf(p->name, sizeof p->name, "CUDA emulation on the CPU (as H100)");
-  p->totalGlobalMem = kTotalMemory;
+  p->totalGlobalMem = sg_emu::DeviceMemoryCapacity();
   p->sharedMemPerBlock = 48 * 1024;
   p->sharedMemPerBlockOptin = 227 * 1024;
   p->regsPerBlock = 65536;
@@ -700,20 +897,32 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   }
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return TakeError(true); }
+namespace {
+// A synchronization reports (once) the fault of an earlier kernel, else (launch_errors) a launch error.
+cudaError_t Synchronize(bool launch_errors = true) {
+  const std::pair<cudaError_t, std::string> e = sg_emu::TakeExecutionError();
+  if (e.first == cudaSuccess) return launch_errors ? TakeError(true) : cudaSuccess;
+  g_detail = std::string(Text(e.first)) + " (CUDA emulation: " + e.second + ")";
+  g_detail_code = e.first;
+  return e.first;
+}
+}  // namespace
+
+cudaError_t cudaDeviceSynchronize() { return Synchronize(); }
 cudaError_t cudaDeviceReset() { return cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-  *total_bytes = kTotalMemory;
-  *free_bytes = pages > 0 && size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(size) : kTotalMemory / 2;
+  *total_bytes = sg_emu::DeviceMemoryCapacity();
+  *free_bytes = *total_bytes - sg_emu::DeviceMemoryUsed();
   return cudaSuccess;
 }
 
-// Device scratch (cudaMalloc) starts as 0xff bytes (NaN / -1), so that a kernel reading scratch it never wrote
-// shows up; managed and pinned memory start zeroed (fresh pages, as in practice).
+// Device memory (cudaMalloc) comes from the arena (SG_EMU_DEVICE_MEMORY bytes, default the host's) and starts as
+// 0xff bytes (NaN / -1), so that a kernel reading memory it never wrote shows up; managed and pinned memory are
+// host memory and start zeroed (fresh pages, as in practice).
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = AlignedAlloc(bytes);
+  *p = sg_emu::DeviceAlloc(bytes);
   if (!*p) return cudaErrorMemoryAllocation;
+  sg_emu::DeviceAccess access;
   std::memset(*p, 0xff, bytes);
   return cudaSuccess;
 }
@@ -727,7 +936,7 @@ cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags) {
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMallocManaged(p, bytes, cudaMemAttachGlobal); }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFree(void* p) {
-  std::free(p);
+  if (p && !sg_emu::DeviceFree(p)) std::free(p);  // managed memory
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
@@ -735,19 +944,33 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  if (const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr); e != cudaSuccess) return e;
+  return Synchronize();  // synchronous: reports earlier faults
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidValue;
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
-  std::memmove(dst, src, bytes);
-  return cudaSuccess;
+  // The direction must match where the pointers are (cudaMemcpyDefault: any).
+  const bool dst_device = sg_emu::IsDeviceMemory(dst), src_device = sg_emu::IsDeviceMemory(src);
+  if ((kind == cudaMemcpyHostToDevice && (!dst_device || src_device)) ||
+      (kind == cudaMemcpyDeviceToHost && (dst_device || !src_device)) ||
+      (kind == cudaMemcpyDeviceToDevice && (!dst_device || !src_device)) ||
+      (kind == cudaMemcpyHostToHost && (dst_device || src_device)))
+    return cudaErrorInvalidValue;
+  {
+    sg_emu::DeviceAccess access;
+    std::memmove(dst, src, bytes);
+  }
+  // A copy into pageable host memory returns when the bytes are there: after the work before it, whose faults
+  // it reports.
+  return !dst_device ? Synchronize() : cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   if (bytes == 0) return cudaSuccess;
   if (!p) return cudaErrorInvalidValue;
+  sg_emu::DeviceAccess access;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
@@ -764,9 +987,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<CUstream_fake*>(s);
   return cudaSuccess;
 }
-// Launches are synchronous: a synchronization reports (and clears) the error of an earlier launch.
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return TakeError(true); }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+// Launches run when issued: a stream is always idle, and a synchronization or query reports (once) the fault of an
+// earlier kernel.
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return Synchronize(); }
+cudaError_t cudaStreamQuery(cudaStream_t) { return Synchronize(/*launch_errors=*/false); }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new int(0));
   return cudaSuccess;
@@ -777,7 +1001,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return Synchronize(); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -862,6 +1086,7 @@ cublasStatus_t Gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   const T a = *alpha, b = *beta;
   if (m == 0 || n == 0 || ((a == T(0) || k == 0) && b == T(1))) return CUBLAS_STATUS_SUCCESS;
+  sg_emu::DeviceAccess access;
   const bool use_ab = a != T(0) && k > 0;
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {

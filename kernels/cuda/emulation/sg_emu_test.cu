@@ -18,9 +18,10 @@
 
 namespace {
 
-// Launch error, cleared, with its text.
+// The launch's error, else the fault it reported at the next synchronization; cleared, with its text.
 std::string TakeError(cudaError_t* code) {
   *code = cudaGetLastError();
+  if (*code == cudaSuccess) *code = cudaDeviceSynchronize();
   return cudaGetErrorString(*code);
 }
 
@@ -338,15 +339,22 @@ TEST(SgEmu, LaunchConfigurationChecks) {
 TEST(SgEmu, MemoryApi) {
   void* p = nullptr;
   ASSERT_EQ(cudaMalloc(&p, 100), cudaSuccess);
-  EXPECT_EQ(static_cast<unsigned char*>(p)[99], 0xff) << "device scratch starts as 0xff bytes";
+  unsigned char first[100];
+  ASSERT_EQ(cudaMemcpy(first, p, 100, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(first[99], 0xff) << "device memory starts as 0xff bytes";
   std::vector<char> h(100, 7);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   EXPECT_EQ(cudaMemcpyAsync(p, h.data(), 100, cudaMemcpyHostToDevice, s), cudaSuccess);
   EXPECT_EQ(cudaMemsetAsync(p, 3, 50, s), cudaSuccess);
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(static_cast<char*>(p)[49], 3);
-  EXPECT_EQ(static_cast<char*>(p)[50], 7);
+  std::vector<char> back(100);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), p, 100, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(back[49], 3);
+  EXPECT_EQ(back[50], 7);
+  // The direction must match the pointers.
+  EXPECT_EQ(cudaMemcpy(back.data(), p, 100, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(p, back.data(), 100, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
   EXPECT_EQ(cudaFree(p), cudaSuccess);
   int count = 0;
   EXPECT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -435,6 +443,68 @@ TEST(SgEmu, CublasGemmColumnMajor) {
   EXPECT_EQ(c[1], 1.0);
   EXPECT_STREQ(cublasGetStatusString(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
   cublasDestroy(h);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- device memory is not host-addressable ----
+
+TEST(SgEmuDeathTest, HostReadOfDeviceMemoryFaults) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, 64 * sizeof(float)), cudaSuccess);
+  EXPECT_DEATH({ volatile float x = d[3]; (void)x; }, "host code accessed emulated device memory");
+  EXPECT_DEATH({ d[5] = 1.0f; }, "host code accessed emulated device memory");
+  cudaFree(d);
+}
+
+__global__ void FillKernel(float* out, int n, float v) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) out[i] = v;
+}
+
+TEST(SgEmu, KernelsAndCopiesReachDeviceMemory) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 1000 * sizeof(float)), cudaSuccess);
+  FillKernel<<<3, 64>>>(d, 1000, 2.5f);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<float> h(1000);
+  ASSERT_EQ(cudaMemcpy(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (float x : h) ASSERT_EQ(x, 2.5f);
+  cudaFree(d);
+}
+
+TEST(SgEmu, AllocationsBeyondTheDeviceFail) {
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, total_b + 4096), cudaErrorMemoryAllocation);
+  ASSERT_EQ(cudaMalloc(&p, 1 << 20), cudaSuccess);
+  size_t free_after = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total_b), cudaSuccess);
+  EXPECT_EQ(free_b - free_after, size_t{1} << 20);
+  cudaFree(p);
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total_b), cudaSuccess);
+  EXPECT_EQ(free_after, free_b);
+}
+
+// A kernel's fault is not the launch's error: it shows at the next synchronization, once.
+TEST(SgEmu, InjectedFaultShowsAtTheNextSynchronization) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+  sg_emu::InjectKernelError("FillKernel", /*skip=*/1);
+  FillKernel<<<1, 64>>>(d, 64, 1.0f);  // passes
+  FillKernel<<<1, 64>>>(d, 64, 2.0f);  // fails
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "a fault is not a launch error";
+  const cudaError_t e = cudaStreamQuery(nullptr);
+  EXPECT_EQ(e, cudaErrorLaunchFailure);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("injected"), std::string::npos) << cudaGetErrorString(e);
+  EXPECT_NE(std::string(cudaGetErrorString(e)).find("FillKernel"), std::string::npos) << cudaGetErrorString(e);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "reported once";
+  FillKernel<<<1, 64>>>(d, 64, 3.0f);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "injected once";
+  cudaFree(d);
 }
 
 }  // namespace

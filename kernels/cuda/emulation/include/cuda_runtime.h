@@ -39,6 +39,8 @@ enum cudaMemcpyKind {
 #define cudaMemAttachGlobal 0x01
 #define cudaMemAttachHost 0x02
 #define cudaHostAllocDefault 0x00
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 #define cudaStreamPerThread ((cudaStream_t)0x2)
 
@@ -113,7 +115,7 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaDeviceReset();
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 
-// ---- memory (all host memory) ----
+// ---- memory (cudaMalloc: device memory, not host-addressable; managed and pinned: host memory) ----
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaMallocManaged(void** p, size_t bytes, unsigned flags = cudaMemAttachGlobal);
 cudaError_t cudaMallocHost(void** p, size_t bytes);

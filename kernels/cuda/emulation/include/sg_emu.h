@@ -16,15 +16,19 @@
 //  * Static __shared__ variables are `static thread_local` (one copy per host thread; blocks run one at a time).
 //    Dynamic shared memory is a fresh buffer per launch, filled with 0xff bytes (NaN) before every block and
 //    followed by a guard zone checked after every block.
-//  * Errors found while emulating (bad launch configuration, shared memory beyond the kernel's limit, bad warp
-//    masks, deadlocks, guard zone overwritten) become the launch's error: cudaGetLastError / cudaStreamSynchronize
-//    return cudaErrorLaunchFailure (or the configuration error), and cudaGetErrorString carries the details.
+//  * A bad launch configuration (or shared memory beyond the kernel's limit) is the launch's error, returned by
+//    cudaGetLastError. Faults found while a kernel runs (bad warp masks, deadlocks, guard zone overwritten, an
+//    injected error) are reported as a GPU reports faults of asynchronous work: by the next synchronizing call
+//    (cudaStreamSynchronize, cudaStreamQuery, cudaDeviceSynchronize, a copy into host memory), once, as
+//    cudaErrorLaunchFailure. cudaGetErrorString carries the details.
+//  * Device memory is not host-addressable: see DeviceAccess below.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -83,6 +87,29 @@ void* DynamicShared();
 void StaticShared(void* p, size_t bytes);
 // Records an error found by the emulated device code (the launch fails with it).
 void DeviceError(const char* what);
+
+// Device memory (cudaMalloc): one reserved range of SG_EMU_DEVICE_MEMORY bytes (default: the host's memory), not
+// accessible to host code except inside a DeviceAccess scope, which launches, copies, memsets and cuBLAS calls
+// open. A stray host access of device memory faults (SIGSEGV, with a message naming it).
+void* DeviceAlloc(size_t bytes);  // null when the arena has no room
+bool DeviceFree(void* p);         // false: p is not a device block
+bool IsDeviceMemory(const void* p);
+size_t DeviceMemoryCapacity();
+size_t DeviceMemoryUsed();
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+
+// Makes a later launch of the kernel whose expression contains `kernel` fail, after `skip` launches of it pass:
+// its fault (cudaErrorLaunchFailure, "injected kernel error") is reported by the next synchronizing call, as a
+// GPU reports a fault of asynchronous work. For tests of the engine's error reporting.
+void InjectKernelError(const std::string& kernel, int skip = 0);
+// The pending fault of an earlier kernel (cleared), and its details; cudaSuccess when none.
+std::pair<cudaError_t, std::string> TakeExecutionError();
 
 struct LaunchInfo {
   const char* kernel;  // the kernel expression as written

@@ -18,6 +18,10 @@ import java.util.function.IntFunction;
  * base parameters' gradients, so {@link #enableLora} (and {@link #loadLoraAdapter} on a model without LoRA) throws
  * {@link FailedPreconditionException} while gradient views of the model are still reachable: enable LoRA before
  * taking gradient views.
+ *
+ * <p>Devices: a model created or loaded with device "cuda" lives in GPU memory, which is not host memory. Its
+ * {@link #param} and {@link #grad} are then copies (direct buffers the model does not see): write parameters with
+ * {@link #setParam}.
  */
 public final class Model extends NativeHandle {
   private Model(long h) {
@@ -35,8 +39,23 @@ public final class Model extends NativeHandle {
    * @throws InvalidArgumentException for a null name, an unknown preset or dtype
    */
   public static Model fromPreset(String name, String dtype, long seed) {
+    return fromPreset(name, dtype, seed, null);
+  }
+
+  /**
+   * A randomly initialised model from a built-in preset on a device.
+   *
+   * @param name a preset of {@link #presetNames}
+   * @param dtype "f32", "f64" or "bf16"; null = "f32"
+   * @param seed initialisation seed (all 64 bits, as unsigned)
+   * @param device "cpu" or "cuda"; null = "cpu". On "cuda" the views are copies (see the class comment)
+   * @return the model
+   * @throws InvalidArgumentException for a null name, an unknown preset, dtype or device
+   * @throws FailedPreconditionException for "cuda" without a usable GPU (or a library built without CUDA)
+   */
+  public static Model fromPreset(String name, String dtype, long seed, String device) {
     SeqgradException.notNull(name, "Model.fromPreset: name");
-    return new Model(NativeApi.modelCreatePreset(name, dtype, seed));
+    return new Model(NativeApi.modelCreatePreset(name, dtype, seed, device));
   }
 
   /**
@@ -60,8 +79,57 @@ public final class Model extends NativeHandle {
    * @throws InvalidArgumentException for a null dir or an unsupported config
    */
   public static Model load(String dir, String dtype) {
+    return load(dir, dtype, null);
+  }
+
+  /**
+   * A model from a Hugging Face directory on a device.
+   *
+   * @param dir the directory
+   * @param dtype "f32", "f64" or "bf16"; null = "f32"
+   * @param device "cpu" or "cuda"; null = "cpu". On "cuda" the views are copies (see the class comment)
+   * @return the model
+   * @throws NotFoundException when the directory or its files do not exist
+   * @throws InvalidArgumentException for a null dir, an unsupported config or an unknown device
+   * @throws FailedPreconditionException for "cuda" without a usable GPU (or a library built without CUDA)
+   */
+  public static Model load(String dir, String dtype, String device) {
     SeqgradException.notNull(dir, "Model.load: dir");
-    return new Model(NativeApi.modelLoad(dir, dtype));
+    return new Model(NativeApi.modelLoad(dir, dtype, device));
+  }
+
+  /**
+   * Where the model lives.
+   *
+   * @return "cpu" or "cuda"
+   */
+  public String device() {
+    long h = acquire();
+    try {
+      return NativeApi.modelDevice(h);
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * Writes a parameter's values (any device).
+   *
+   * @param i index in [0, {@link #numParams})
+   * @param values exactly the parameter's bytes, in native byte order, from position 0 to the limit
+   * @throws InvalidArgumentException when the size differs
+   * @throws OutOfRangeException for a bad index
+   */
+  public void setParam(int i, ByteBuffer values) {
+    SeqgradException.notNull(values, "Model.setParam: values");
+    ByteBuffer direct = ByteBuffer.allocateDirect(values.remaining());
+    direct.put(values.duplicate());
+    long h = acquire();
+    try {
+      NativeApi.paramWrite(h, i, direct);
+    } finally {
+      release();
+    }
   }
 
   /**
@@ -366,6 +434,7 @@ public final class Model extends NativeHandle {
 
   /**
    * The parameter's memory; writes change the model. The view keeps the model's memory alive (see the class comment).
+   * On a "cuda" model: a copy of the values, which writes do not reach.
    *
    * @param i index in [0, {@link #numParams})
    * @return a direct buffer in native byte order
@@ -390,6 +459,11 @@ public final class Model extends NativeHandle {
   private ByteBuffer view(int i, boolean grad) {
     long h = acquire();
     try {
+      if (NativeApi.paramOnDevice(h, i)) {  // device memory is not host memory: a copy
+        int bytes = Math.toIntExact(NativeApi.paramBytes(h, i, grad));
+        ByteBuffer copy = ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());
+        return NativeApi.paramRead(h, i, grad, copy) ? copy : null;
+      }
       ByteBuffer b = NativeApi.paramBuffer(h, i, grad);
       if (b == null) return null;
       // The buffer holds a native reference to the model (paramBuffer); derived buffers keep b reachable.

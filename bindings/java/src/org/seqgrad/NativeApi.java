@@ -86,8 +86,9 @@ final class NativeApi {
   static native String codeName(int code);
   static native String memoryCategoryName(int c);
 
-  static native long modelCreatePreset(String name, String dtype, long seed);
-  static native long modelLoad(String dir, String dtype);
+  static native long modelCreatePreset(String name, String dtype, long seed, String device);
+  static native long modelLoad(String dir, String dtype, String device);
+  static native String modelDevice(long h);
   static native void modelSave(long h, String dir, String dtype);
   /** Drops the Model object's reference to the native model. */
   static native void modelFree(long h);
@@ -108,6 +109,14 @@ final class NativeApi {
   static native String paramDType(long h, long i);
   /** A view holding a reference to the model: register viewRelease(h, grad) as its Cleaner action. */
   static native ByteBuffer paramBuffer(long h, long i, boolean grad);
+  /** Whether parameter i lives in device memory (then paramBuffer must not be used: copies instead). */
+  static native boolean paramOnDevice(long h, long i);
+  /** The bytes of parameter i, or of its gradient (f32 for a bf16 parameter). */
+  static native long paramBytes(long h, long i, boolean grad);
+  /** Copies parameter i (or its gradient) into dst, a direct buffer of paramBytes; false: a frozen parameter. */
+  static native boolean paramRead(long h, long i, boolean grad, ByteBuffer dst);
+  /** Copies src, a direct buffer of paramBytes, into parameter i. */
+  static native void paramWrite(long h, long i, ByteBuffer src);
   static native void modelSetMemoryLimit(long h, long bytes);
   static native long modelMemoryLimit(long h);
   static native void modelEnableLora(long h, long rank, double alpha, double dropout, String targets, long seed);

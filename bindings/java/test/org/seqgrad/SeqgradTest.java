@@ -32,6 +32,34 @@ class SeqgradTest {
   static final int[] B = seq(16, 5, 1, 50);
 
   @Test
+  void devicesAndSetParam() throws Exception {
+    // This library has no CUDA backend (or no GPU): the C ABI's clear error.
+    FailedPreconditionException noGpu =
+        assertThrows(FailedPreconditionException.class, () -> Model.fromPreset("tiny", "f32", 0, "cuda"));
+    assertTrue(noGpu.getMessage().contains("device 'cuda' cannot run"), noGpu.getMessage());
+    InvalidArgumentException bad =
+        assertThrows(InvalidArgumentException.class, () -> Model.fromPreset("tiny", "f32", 0, "tpu"));
+    assertTrue(bad.getMessage().contains("options->device is 'tpu'"), bad.getMessage());
+    try (Model m = Model.fromPreset("tiny", "f32", 1, "cpu")) {
+      assertEquals("cpu", m.device());
+      int i = 0;
+      while (!m.paramName(i).equals("model.norm.weight")) ++i;
+      ByteBuffer values = ByteBuffer.allocate(32 * 4).order(java.nio.ByteOrder.nativeOrder());
+      for (int k = 0; k < 32; ++k) values.putFloat(k * 0.25f);
+      values.flip();
+      m.setParam(i, values);
+      FloatBuffer now = m.param(i).asFloatBuffer();
+      for (int k = 0; k < 32; ++k) assertEquals(k * 0.25f, now.get(k));
+      final int index = i;
+      assertThrows(InvalidArgumentException.class, () -> m.setParam(index, ByteBuffer.allocate(8)));
+      Path dir = Files.createTempDirectory("seqgrad-device");
+      m.save(dir.toString());
+      noGpu = assertThrows(FailedPreconditionException.class, () -> Model.load(dir.toString(), "f32", "cuda"));
+      assertTrue(noGpu.getMessage().contains("device 'cuda' cannot run"), noGpu.getMessage());
+    }
+  }
+
+  @Test
   void loadsFromJarAndTrains() throws Exception {
     assertEquals(Version.STRING, Model.version());  // both from cabi/version.bzl
     assertEquals("weights", Model.memoryCategories().get(0));
