@@ -203,6 +203,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t de
   // D may be C (in place) only with the same layout, as cuBLASLt requires.
   if (C == D && (c->ld != d->ld || c->type != d->type)) return CUBLAS_STATUS_INVALID_VALUE;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  sg_emu::DeviceAccess access;  // the matmul reads and writes device memory, as a kernel does
   const bool na = desc->trans_a == CUBLAS_OP_N, nb = desc->trans_b == CUBLAS_OP_N;
   const int64_t m = static_cast<int64_t>(d->rows), n = static_cast<int64_t>(d->cols);
   const int64_t k = static_cast<int64_t>(na ? a->cols : a->rows);
