@@ -100,20 +100,28 @@ TEST(Census, ModelFlopsCountEveryMatmulParameter) {
   EXPECT_LT(census.MfuBound(), 1);
 }
 
-// The CPU executes the step, meta does not: the records, one by one, are the same.
-TEST(Census, CpuAndMetaGiveIdenticalRecords) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (const std::string strategy : {"full", "seco", "streambp"}) {
-      SCOPED_TRACE(strategy + " " + DTypeName(dtype));
-      const StepCensus cpu = Census(strategy, dtype, Device::kCPU, /*keep=*/true);
-      const StepCensus meta = Census(strategy, dtype, Device::kMeta, /*keep=*/true);
-      ASSERT_GT(cpu.ops.records().size(), 100u);
-      ASSERT_EQ(cpu.ops.records().size(), meta.ops.records().size());
-      for (size_t i = 0; i < cpu.ops.records().size(); ++i)
-        ASSERT_EQ(cpu.ops.records()[i], meta.ops.records()[i]) << "record " << i << ": " << cpu.ops.records()[i].op;
-      EXPECT_GT(meta.ops.family(OpFamily::kOptimizer).calls, 0);
-      if (dtype == DType::kBF16) {
-        EXPECT_GT(meta.ops.family(OpFamily::kBf16Round).bytes, 0);
+// The CPU (and, linked into census_emulated_cuda_test, the emulated CUDA backend) executes the step, meta does
+// not: the records, one by one, are the same.
+TEST(Census, ExecutingAndMetaGiveIdenticalRecords) {
+  std::vector<Device> executing = {Device::kCPU};
+#ifdef SG_CENSUS_ON_CUDA
+  ASSERT_EQ(DeviceUnavailableReason(Device::kCUDA), "");
+  executing.push_back(Device::kCUDA);
+#endif
+  for (Device device : executing) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const std::string strategy : {"full", "seco", "streambp"}) {
+        SCOPED_TRACE(strategy + " " + DTypeName(dtype) + " on " + (device == Device::kCPU ? "cpu" : "cuda"));
+        const StepCensus run = Census(strategy, dtype, device, /*keep=*/true);
+        const StepCensus meta = Census(strategy, dtype, Device::kMeta, /*keep=*/true);
+        ASSERT_GT(run.ops.records().size(), 100u);
+        ASSERT_EQ(run.ops.records().size(), meta.ops.records().size());
+        for (size_t i = 0; i < run.ops.records().size(); ++i)
+          ASSERT_EQ(run.ops.records()[i], meta.ops.records()[i]) << "record " << i << ": " << run.ops.records()[i].op;
+        EXPECT_GT(meta.ops.family(OpFamily::kOptimizer).calls, 0);
+        if (dtype == DType::kBF16) {
+          EXPECT_GT(meta.ops.family(OpFamily::kBf16Round).bytes, 0);
+        }
       }
     }
   }
