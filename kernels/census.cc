@@ -77,7 +77,7 @@ void CountGemm(const char* op, int64_t m, int64_t n, int64_t k, int64_t a_size, 
         m * n * c_size);
 }
 
-// Keys [0, pos0 + n) of the pages kept by keep, times the bytes of one key's K (or V) row.
+// How many of the keys [0, pos0 + n) lie on the pages kept by keep.
 template <typename Keep>
 int64_t KeyTokens(const AttentionShape& s, int64_t page_size, Keep keep) {
   int64_t tokens = 0;

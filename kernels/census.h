@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -49,7 +49,7 @@ struct OpRecord {
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
   bool operator==(const OpRecord& o) const {
-    return std::string(op) == o.op && family == o.family && flops == o.flops && bytes_read == o.bytes_read &&
+    return std::string_view(op) == o.op && family == o.family && flops == o.flops && bytes_read == o.bytes_read &&
            bytes_written == o.bytes_written;
   }
 };
