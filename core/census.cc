@@ -43,7 +43,7 @@ absl::StatusOr<StepCensus> CensusOfStep(const std::string& spec, DType dtype, co
   census.ops.Clear();  // creating the model ran ops (norm weights filled with ones): not part of the step
   absl::StatusOr<MemoryPlan> step = PlanStep(**model, strategy, ObjectiveOptions{}, seq_len);
   if (!step.ok()) return step.status();
-  census.model_flops = ModelFlops(**model, seq_len);
+  if (strategy.name != "spaco" && strategy.sparse_pages == 0) census.model_flops = ModelFlops(**model, seq_len);
   return census;
 }
 

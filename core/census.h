@@ -21,11 +21,15 @@ struct StepCensus {
   OpCensus ops;
   // The step's model FLOPs, the numerator of MFU: 6 x (matmul parameters) x tokens, plus for transformers
   // 3 x the causal attention forward (4 x head_dim x heads x layers per (query, key) pair); recomputation and the
-  // kernels' extra products are not model FLOPs.
+  // kernels' extra products are not model FLOPs. 0 (undefined) for steps that skip model work by design: spaco
+  // (backprops sampled chunks) and sparse page attention.
   int64_t model_flops = 0;
   double Seconds() const { return ops.Total().seconds; }
-  // The highest MFU the step can reach at these limits: model FLOPs / (peak FLOP/s x the sum of roofline times).
-  double MfuBound() const { return static_cast<double>(model_flops) / (ops.limits().peak_flops * Seconds()); }
+  // The highest MFU the step can reach at these limits: model FLOPs / (peak FLOP/s x the sum of roofline times);
+  // 0 when model_flops is.
+  double MfuBound() const {
+    return model_flops > 0 ? static_cast<double>(model_flops) / (ops.limits().peak_flops * Seconds()) : 0;
+  }
 };
 
 // Model FLOPs of one sft step over a sequence of seq_len tokens (see StepCensus::model_flops).
