@@ -51,8 +51,8 @@ int CensusMain(const std::string& strategies, const std::string& seq_lens, const
   const RooflineLimits limits;
   const std::string spec = ModelSpec();
   std::printf("roofline census (a model, not a measurement): one training step (sft, AdamW) counted on the meta "
-              "device, the CUDA backend's kernels at H100 SXM limits: %.0f TFLOP/s dense bf16 (every GEMM, f32 operands "
-              "as with --matmul=bf16), %.2f TB/s; launch latency not modelled\n",
+              "device, the CUDA backend's kernels at H100 SXM limits: %.0f TFLOP/s dense bf16 (every GEMM, f32 "
+              "operands as with --matmul=bf16), %.2f TB/s; launch latency not modelled\n",
               limits.peak_flops / 1e12, limits.bandwidth / 1e12);
   std::printf("model=%s dtype=%s chunk=%lld page_size=%lld lm_chunk=%lld (--device=%s: counted, not run)\n",
               spec.c_str(), DTypeName(*dtype), static_cast<long long>(absl::GetFlag(FLAGS_chunk)),
