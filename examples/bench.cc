@@ -45,6 +45,7 @@
 #include "core/model_io.h"
 #include "kernels/backend.h"
 #include "core/trainer.h"
+#include "examples/census.h"
 #include "examples/common.h"
 #include "examples/svg_chart.h"
 #include "nlohmann/json.hpp"
@@ -68,6 +69,10 @@ ABSL_FLAG(double, spaco_fraction, 0.125,
           "spaco: budget as a fraction t/k of each length's k chunks (rounded, at least 1); 0 = use --spaco_budget");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "interpreter for --compare_torch (must have torch)");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
+// --census (examples/census.h): count, do not run.
+ABSL_FLAG(bool, census, false,
+          "print the roofline census of one training step per strategy and length instead of timing (counted on "
+          "the meta device: FLOPs, bytes and time at H100 limits per kernel family, the MFU upper bound)");
 
 namespace sg {
 namespace {
@@ -663,6 +668,10 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
 }
 
 int Main() {
+  // --census: before --device is checked, so that `--device=cuda --census` counts on any machine.
+  if (absl::GetFlag(FLAGS_census))
+    return tools::CensusMain(absl::GetFlag(FLAGS_strategies), absl::GetFlag(FLAGS_seq_lens), absl::GetFlag(FLAGS_json));
+
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
   const Device device = tools::DeviceFromFlags();
