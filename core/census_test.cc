@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string_view>
 #include <vector>
 
 #include "core/plan.h"
@@ -114,10 +115,30 @@ TEST(Census, ExecutingAndMetaGiveIdenticalRecords) {
         SCOPED_TRACE(strategy + " " + DTypeName(dtype) + " on " + (device == Device::kCPU ? "cpu" : "cuda"));
         const StepCensus run = Census(strategy, dtype, device, /*keep=*/true);
         const StepCensus meta = Census(strategy, dtype, Device::kMeta, /*keep=*/true);
-        ASSERT_GT(run.ops.records().size(), 100u);
-        ASSERT_EQ(run.ops.records().size(), meta.ops.records().size());
-        for (size_t i = 0; i < run.ops.records().size(); ++i)
-          ASSERT_EQ(run.ops.records()[i], meta.ops.records()[i]) << "record " << i << ": " << run.ops.records()[i].op;
+        // A device clips on the device (core/optimizer.cc): the gradient norm as 1x1 GEMM dot products and the
+        // rescale as `scale` ops, where the CPU and meta loop on the host. Those records are the device's own; every
+        // other record equals meta's, in order.
+        const std::vector<OpRecord>& executed = run.ops.records();
+        const std::vector<OpRecord>& planned = meta.ops.records();
+        ASSERT_GT(executed.size(), 100u);
+        size_t j = 0;
+        int64_t clipping = 0;
+        for (size_t i = 0; i < executed.size(); ++i) {
+          const OpRecord& r = executed[i];
+          if (j < planned.size() && r == planned[j]) {
+            ++j;
+            continue;
+          }
+          const bool norm_dot = std::string_view(r.op) == "gemm" &&
+                                r.bytes_written == static_cast<int64_t>(sizeof(float)) &&
+                                r.flops * static_cast<int64_t>(sizeof(float)) == r.bytes_read;
+          ASSERT_TRUE(device != Device::kCPU && (norm_dot || std::string_view(r.op) == "scale"))
+              << "record " << i << ": " << r.op << " is not meta's record " << j << ": "
+              << (j < planned.size() ? planned[j].op : "(none left)");
+          ++clipping;
+        }
+        EXPECT_EQ(j, planned.size()) << "meta's records past " << j << " were not executed";
+        if (device != Device::kCPU) EXPECT_GT(clipping, 0);
         EXPECT_GT(meta.ops.family(OpFamily::kOptimizer).calls, 0);
         if (dtype == DType::kBF16) {
           EXPECT_GT(meta.ops.family(OpFamily::kBf16Round).bytes, 0);
