@@ -74,11 +74,13 @@ class ParamStore {
   }
   void SetLmChunk(int64_t rows) { lm_chunk_ = std::max<int64_t>(1, rows); }
 
-  // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c.
+  // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c;
+  // vocab_parallel: head holds this rank's `vocab` rows of a vocabulary split over the group (lm_head.h).
   HeadResult Head(const OpTable<T>& ops, int final_norm, int head, double eps, int64_t d, int64_t vocab, Chunk c,
                   const Tensor& h, const int32_t* labels, const TokenObjective* objective, double grad_scale,
-                  bool need_grad) {
+                  bool need_grad, const TensorParallel* vocab_parallel = nullptr) {
     LmHeadWeights<T> w;
+    w.vocab_parallel = vocab_parallel;
     w.norm = W(final_norm);
     w.norm_grad = need_grad ? GradOrScratch(final_norm) : nullptr;
     w.head = Wv(head);
