@@ -130,7 +130,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     const T* hn_i = hn.data<T>() + i0 * d;
     if (bf16) ops.gemm_mixed(false, true, m, V, d, 1.0f, f32, hn_i, d, b16, w.head.data, d, 0.0f, b16, logits16, V);
     else GemmWeight(ops, false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
-    if (tp && values) {
+    if (tp && values) {  // the vocabulary is split: this rank's columns of the chunk become their gradient
       auto rows_of = [&](auto* l) {
         VocabParallelRows rows_tp(l, labels + i0, m, V, *tp);
         rows_tp.Logprobs(logprobs.data(), argmax ? argmax_ids.data() : nullptr);
@@ -142,22 +142,25 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
       if (bf16) rows_of(logits16);
       else rows_of(logits.data<T>());
       if (!need_grad) continue;
-    } else if (argmax) {
-      if (bf16) ops.token_argmax_bf16(logits16, labels + i0, m, V, argmax_ids.data());
-      else ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
-      for (int64_t j = 0; j < m; ++j)
-        if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
-    }
-    if (!need_grad || objective) {
-      if (bf16) ops.token_logprobs_bf16(logits16, labels + i0, m, V, logprobs.data());
-      else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
-      add_terms(i0, m);
-      if (!need_grad) continue;
-      if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
-      else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
     } else {
-      r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
-                         : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale);
+      if (argmax) {
+        if (bf16) ops.token_argmax_bf16(logits16, labels + i0, m, V, argmax_ids.data());
+        else ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
+        for (int64_t j = 0; j < m; ++j)
+          if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
+      }
+      if (!need_grad || objective) {
+        if (bf16) ops.token_logprobs_bf16(logits16, labels + i0, m, V, logprobs.data());
+        else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
+        add_terms(i0, m);
+        if (!need_grad) continue;
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
+      } else {
+        r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
+                           : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr,
+                                                                grad_scale);
+      }
     }
     T* dhn_i = dhn.data<T>() + i0 * d;
     if (bf16) {

@@ -1,0 +1,34 @@
+// Tensor parallelism across the ranks of a job (the layers' side is core/tensor_parallel.h): the grid of
+// tensor-parallel groups × data-parallel groups, its checks at start, and moving a split trainer to and from a whole
+// one (checkpoints and saves are ordinary, whole Hugging Face files).
+//
+// Layout: world rank w is tensor-parallel rank w % tp of group w / tp; the ranks with the same w % tp form a
+// data-parallel group (they hold the same blocks and see different records).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/tensor_parallel.h"
+#include "core/trainer.h"
+#include "distributed/communicator.h"
+
+namespace sg::dist {
+
+struct TensorParallelGrid {
+  std::unique_ptr<Communicator> tp;  // this rank's tensor-parallel group
+  std::unique_ptr<Communicator> dp;  // the ranks holding the same blocks
+  TensorParallel layers() const { return {tp->rank(), tp->size(), tp.get()}; }
+};
+
+// Collective over `world`: every rank passes its tp. Refused on every rank, with the numbers, when the ranks
+// disagree on tp (each rank's value listed), tp < 1, or the world size is not tp × dp.
+absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp);
+
+// Whole trainer (every rank) -> split trainer: weights, AdamW moments and fp32 masters (when `whole` has them),
+// step and sampling counter. No communication.
+absl::Status ScatterTrainer(Trainer& whole, Trainer& split);
+// Split trainer -> whole trainer on every rank of the group (collective over the split model's group).
+absl::Status GatherTrainer(Trainer& split, Trainer& whole);
+
+}  // namespace sg::dist
