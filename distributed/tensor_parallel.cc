@@ -3,10 +3,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/lora.h"
+#include "core/transformer.h"
 
 namespace sg::dist {
 
-absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp) {
+absl::Status CheckSameTp(Communicator& world, int tp) {
   const int n = world.size();
   std::vector<int64_t> all(n);
   const int64_t mine = tp;
@@ -18,6 +20,12 @@ absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world,
     for (int q = 0; q < n; ++q) absl::StrAppend(&each, q ? ", " : "", "rank ", q, ": ", all[q]);
     return absl::FailedPreconditionError(absl::StrCat("--tp differs across ranks (", each, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp) {
+  if (absl::Status s = CheckSameTp(world, tp); !s.ok()) return s;
+  const int n = world.size();
   if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", tp));
   if (n % tp != 0)
     return absl::InvalidArgumentError(absl::StrCat("--tp=", tp, ": the job has ", n, " ranks, which is not tp (", tp,
@@ -59,6 +67,43 @@ absl::Status ForEachOptimizerTensor(Trainer& whole, Trainer& split, const Split&
   return absl::OkStatus();
 }
 }  // namespace
+
+namespace {
+// The dtype a transformer was created with: bf16 when its matrices are stored in bf16.
+DType CreatedDType(Model& m) {
+  for (const Param& p : m.params())
+    if (p.value.dtype() == DType::kBF16) return DType::kBF16;
+  return m.dtype();
+}
+absl::StatusOr<std::unique_ptr<Model>> Transformer(Model& like, Device device, const TensorParallel& tp) {
+  auto* t = dynamic_cast<TransformerModel*>(&like);
+  if (!t)
+    return absl::UnimplementedError(absl::StrCat("--tp: a ", like.family(), " model is not split yet (transformers "
+                                                 "only; Mamba's d_inner split is planned, docs/design.md)"));
+  absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(t->config(), CreatedDType(like), device, tp);
+  if (!m.ok()) return m.status();
+  if (like.lora())
+    if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;
+  return std::unique_ptr<Model>(std::move(*m));
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp) {
+  absl::StatusOr<std::unique_ptr<Model>> split = Transformer(whole, whole.memory().device(), tp);
+  if (!split.ok()) return split.status();
+  if (absl::Status s = ScatterParams(whole, **split); !s.ok()) return s;
+  return split;
+}
+
+absl::StatusOr<WholeTrainer> MakeWholeTrainer(Trainer& split, Device device) {
+  WholeTrainer w;
+  absl::StatusOr<std::unique_ptr<Model>> m = Transformer(split.model(), device, {});
+  if (!m.ok()) return m.status();
+  w.model = std::move(*m);
+  w.trainer = std::make_unique<Trainer>(*w.model, split.strategy(), split.optimizer_options(), split.objective());
+  w.trainer->set_num_threads(split.num_threads());
+  return w;
+}
 
 absl::Status ScatterTrainer(Trainer& whole, Trainer& split) {
   absl::StatusOr<Split> s = SplitOf(split);

@@ -21,9 +21,26 @@ struct TensorParallelGrid {
   TensorParallel layers() const { return {tp->rank(), tp->size(), tp.get()}; }
 };
 
+// Collective over `world`: every rank passes its tp; refused on every rank, listing each rank's value, when they
+// differ. Every rank of a job calls it, also those that run without tensor parallelism (tp 1).
+absl::Status CheckSameTp(Communicator& world, int tp);
+
 // Collective over `world`: every rank passes its tp. Refused on every rank, with the numbers, when the ranks
 // disagree on tp (each rank's value listed), tp < 1, or the world size is not tp × dp.
 absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp);
+
+// This rank's part of a whole transformer (LoRA adapters included), on the whole model's device: a new model
+// holding its blocks of the whole one's values. Mamba is refused (its d_inner split is not built yet).
+absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp);
+
+// A whole, zero-initialised twin of a split trainer on `device` (meta: shapes only): the same configuration,
+// weight dtype, LoRA options and strategy, optimizer and objective options, so that its TrainerRunConfig, its
+// checkpoints and saves are those of one process.
+struct WholeTrainer {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Trainer> trainer;
+};
+absl::StatusOr<WholeTrainer> MakeWholeTrainer(Trainer& split, Device device);
 
 // Whole trainer (every rank) -> split trainer: weights, AdamW moments and fp32 masters (when `whole` has them),
 // step and sampling counter. No communication.
