@@ -199,4 +199,11 @@ absl::Status GatherParams(Model& split, Model& whole) {
   });
 }
 
+absl::Status GatherGrads(Model& split, Model& whole) {
+  return ForEachPair(whole, split, [](Param& w, Param& s, TpShard shard, const TensorParallel& tp) {
+    if (!w.grad.defined() || !s.grad.defined()) return absl::OkStatus();
+    return GatherTensor(s.grad, shard, tp, w.grad);
+  });
+}
+
 }  // namespace sg

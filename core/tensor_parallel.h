@@ -75,6 +75,8 @@ absl::StatusOr<double> TensorParallelGradSquaredNorm(Model& model, const std::st
 absl::Status ScatterParams(Model& whole, Model& split);
 // Every rank of the group assembles `whole` from the ranks' blocks (collective: all ranks call it).
 absl::Status GatherParams(Model& split, Model& whole);
+// The same for the gradients (of the parameters that have one on both sides).
+absl::Status GatherGrads(Model& split, Model& whole);
 // The same for one tensor of parameter `param` (optimizer moments and masters have their parameter's shape).
 absl::Status SliceTensor(const Tensor& whole, TpShard shard, const TensorParallel& tp, Tensor& block);
 absl::Status GatherTensor(const Tensor& block, TpShard shard, const TensorParallel& tp, Tensor& whole);

@@ -124,16 +124,15 @@ double Norm(const Tensor& t, const Tensor* minus = nullptr) {
 }
 
 // The worst relative difference ||split - whole|| / ||whole|| over the parameters (values or gradients), the split
-// model's blocks gathered first.
-double WorstRelDiff(Model& whole, Model& split, bool grads, std::string* where) {
-  const auto* tp = dynamic_cast<const TensorParallelModel*>(&split);
+// model's blocks gathered first (into a twin of the whole model).
+double WorstRelDiff(const TpRun& r, Model& whole, Model& split, bool grads, std::string* where) {
+  std::unique_ptr<TransformerModel> twin = Whole(r);
+  EXPECT_TRUE((grads ? GatherGrads(split, *twin) : GatherParams(split, *twin)).ok());
   double worst = 0;
   for (size_t i = 0; i < whole.params().size(); ++i) {
     const Tensor& ref = grads ? whole.params()[i].grad : whole.params()[i].value;
-    const Tensor& block = grads ? split.params()[i].grad : split.params()[i].value;
+    const Tensor& gathered = grads ? twin->params()[i].grad : twin->params()[i].value;
     if (!ref.defined()) continue;
-    Tensor gathered = Tensor::Empty(nullptr, MemCategory::kWorkspace, ref.dtype(), ref.shape());
-    EXPECT_TRUE(GatherTensor(block, tp->ShardOf(static_cast<int>(i)), tp->tensor_parallel(), gathered).ok());
     const double scale = Norm(ref), diff = Norm(gathered, &ref);
     const double rel = scale > 0 ? diff / scale : diff;
     if (rel > worst) worst = rel, *where = whole.params()[i].name;
@@ -184,7 +183,7 @@ void CheckAgainstSingleProcess(const TpRun& r, double tolerance) {
       ASSERT_TRUE(got.ok()) << name << ": " << got.status();
       EXPECT_NEAR(got->loss, want->loss, tolerance * std::abs(want->loss)) << name << " step " << step;
       std::string where;
-      const double grad_diff = WorstRelDiff(*whole, *split, /*grads=*/true, &where);
+      const double grad_diff = WorstRelDiff(r, *whole, *split, /*grads=*/true, &where);
       EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << where;
       ASSERT_TRUE(reference.OptimizerStep(&*want).ok());
       ASSERT_TRUE(trainer.OptimizerStep(&*got).ok());
@@ -194,7 +193,7 @@ void CheckAgainstSingleProcess(const TpRun& r, double tolerance) {
                     got->loss, want->loss, grad_diff, where.c_str());
     }
     std::string where;
-    const double weight_diff = WorstRelDiff(*whole, *split, /*grads=*/false, &where);
+    const double weight_diff = WorstRelDiff(r, *whole, *split, /*grads=*/false, &where);
     EXPECT_LE(weight_diff, tolerance) << name << ": weights after 3 steps, " << where;
     if (g_comm->rank() == 0)
       std::printf("%s: weights after 3 steps, worst relative difference %.3g (%s)\n", name.c_str(), weight_diff,

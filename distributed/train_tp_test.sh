@@ -1,10 +1,12 @@
 #!/bin/bash
+# examples:gradcheck --tp=2: grpo's gradient of the split model equals one process's (1e-12), dense and sparse.
 # examples:train --tp: 2 ranks (TP = 2) train with the per-step losses of one process (fp64, 1e-10); 4 ranks as
 # TP = 2 x DP = 2 too; a TP checkpoint resumes in one process and a one-process checkpoint under TP, both with the
 # uninterrupted run's losses; --save writes the whole model, the same bytes as one process's; bad --tp values stop
 # every rank at start with the numbers.
 set -uo pipefail
 train="$(pwd)/$1"
+gradcheck="$(pwd)/$2"
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
 # A private OpenMPI session and shared-memory directory (distributed/mpi_run_test.sh).
 mpi_dir="$(mktemp -d /tmp/sg-mpi.XXXXXX)"
@@ -21,6 +23,14 @@ print(sys.argv[1], a); print(sys.argv[2], b)
 assert len(a) == len(b) == int(sys.argv[3]) and all(abs(x - y) <= 1e-10 * abs(x) for x, y in zip(a, b))
 PY
 }
+"${mpi[@]}" -np 2 "$gradcheck" --model=demo --dtype=f64 --tp=2 --strategy=seco --chunk=16 --page_size=8 --seq_len=64 \
+  --sparse_sweep=0,2 --objective=grpo >gradcheck.json 2>gradcheck.log || { cat gradcheck.log; fail "gradcheck --tp=2"; }
+/usr/bin/python3 - <<'PY' || fail "gradcheck --tp=2: gradients differ"
+import json
+rows = [json.loads(l) for l in open("gradcheck.json")]
+print(rows)
+assert len(rows) == 2 and all(r["tp"] == 2 and r["max_rel_err"] <= 1e-12 for r in rows)
+PY
 # demo: 4 heads over 2 KV heads, vocabulary 128, SwiGLU 176: splits over 2 ranks. Short windows of random tokens.
 /usr/bin/python3 -c "
 import random, struct
