@@ -10,6 +10,7 @@
 #include "core/checkpoint.h"
 #include "core/gradcheck.h"
 #include "core/lora.h"
+#include "core/plan.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
@@ -272,6 +273,31 @@ TEST(TensorParallel, PerRankWeightAndKvBytes) {
                   static_cast<long long>(Bytes(w, MemCategory::kWeights, false)), weights,
                   static_cast<long long>(Bytes(s, MemCategory::kKVCache, true)),
                   static_cast<long long>(Bytes(w, MemCategory::kKVCache, true)), kv);
+  }
+}
+
+// The meta plan of one rank (no communicator, no storage: plan --tp) allocates what a rank of a real run does.
+TEST(TensorParallel, MetaPlanOfOneRankEqualsTheCpuRank) {
+  for (int tp : TpSizes()) {
+    Grid g = MakeGrid(tp);
+    TpRun r{"qwen2", "seco"};
+    r.lora = true;
+    auto whole = Whole(r);
+    auto cpu = SplitOf(r, *whole, g.grid.layers());
+    absl::StatusOr<std::unique_ptr<Model>> meta_whole = MetaTwin(*whole);
+    ASSERT_TRUE(meta_whole.ok()) << meta_whole.status();
+    absl::StatusOr<std::unique_ptr<Model>> meta = SplitModel(**meta_whole, {g.grid.tp->rank(), tp, nullptr});
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    StrategyOptions o = Strategy(r);
+    o.offload = true;
+    o.sparse_pages = 2;
+    absl::StatusOr<MemoryPlan> want = PlanStep(*cpu, o, ObjectiveOptions{}, 64);
+    absl::StatusOr<MemoryPlan> got = PlanStep(**meta, o, ObjectiveOptions{}, 64);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+    for (int c = 0; c < kNumMemCategories; ++c)
+      EXPECT_EQ(got->device.peak[c], want->device.peak[c]) << MemCategoryName(static_cast<MemCategory>(c));
+    EXPECT_EQ(got->device.total_peak, want->device.total_peak);
+    EXPECT_EQ(got->host_bytes, want->host_bytes);
   }
 }
 
