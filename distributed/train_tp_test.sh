@@ -1,9 +1,9 @@
 #!/bin/bash
 # examples:gradcheck --tp=2: grpo's gradient of the split model equals one process's (1e-12), dense and sparse.
 # examples:train --tp: 2 ranks (TP = 2) train with the per-step losses of one process (fp64, 1e-10); 4 ranks as
-# TP = 2 x DP = 2 too; a TP checkpoint resumes in one process and a one-process checkpoint under TP, both with the
-# uninterrupted run's losses; --save writes the whole model, the same bytes as one process's; bad --tp values stop
-# every rank at start with the numbers.
+# TP = 2 x DP = 2 too, also with ZeRO-1 over the data-parallel groups; a TP checkpoint resumes in one process and a
+# one-process checkpoint under TP, both with the uninterrupted run's losses; --save writes the whole model, the same
+# tensors as one process's; bad --tp values stop every rank at start with the numbers.
 set -uo pipefail
 train="$(pwd)/$1"
 gradcheck="$(pwd)/$2"
@@ -69,6 +69,9 @@ done
   || { cat grid.log; fail "--tp=2 on 4 ranks"; }
 grep -q "tensor parallel: 2 groups of 2 ranks" grid.log || { cat grid.log; fail "no 2 x 2 grid"; }
 same_losses single4.json grid.json 3 || fail "TP x DP losses differ"
+"${mpi[@]}" -np 4 "$train" --dist=mpi --tp=2 --dist_shard_optimizer "${base[@]}" --strategy=seco --batch=4 \
+  --report=zero.json >grid.log 2>&1 || { cat grid.log; fail "--tp=2 with ZeRO-1 on 4 ranks"; }
+same_losses single4.json zero.json 3 || fail "TP x DP with ZeRO-1: losses differ"
 # Checkpoints: TP -> one process, and one process -> TP, each with the straight run's losses.
 args=("${base[@]}" --steps=4 --strategy=seco)
 "$train" "${args[@]}" --report=straight.json >single.log 2>&1 || fail "straight run"
