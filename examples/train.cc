@@ -494,7 +494,7 @@ int Main() {
       std::fprintf(stderr, "layer-sharded adjoint: %d ranks (%s), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
                    comm->backend().c_str(),
                    layer_sharded->block().begin, layer_sharded->block().end, (*model)->num_layers());
-    else if (lead)
+    else if (lead && dp_comm->size() > 1)
       std::fprintf(stderr, "data parallel: %d ranks (%s)%s, each takes its share of the %lld records of a step\n",
                    dp_comm->size(), comm->backend().c_str(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
                    static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
@@ -595,7 +595,7 @@ int Main() {
   if (layer_sharded)
     std::printf("layer-sharded adjoint: %d ranks, %lld bytes sent by rank 0 in the last step\n", comm->size(),
                 static_cast<long long>(layer_sharded->bytes_last_step()));
-  else if (comm)
+  else if (comm && dp_comm->size() > 1)
     std::printf("data parallel: %d ranks, %lld bytes all-reduced per rank per step\n", dp_comm->size(),
                 static_cast<long long>(data_parallel->bytes_last_step()));
   if (grid)
