@@ -72,6 +72,10 @@ same_losses single4.json grid.json 3 || fail "TP x DP losses differ"
 "${mpi[@]}" -np 4 "$train" --dist=mpi --tp=2 --dist_shard_optimizer "${base[@]}" --strategy=seco --batch=4 \
   --report=zero.json >grid.log 2>&1 || { cat grid.log; fail "--tp=2 with ZeRO-1 on 4 ranks"; }
 same_losses single4.json zero.json 3 || fail "TP x DP with ZeRO-1: losses differ"
+# --memory_budget plans one rank of the split model (its MetaTwin) and picks the chunk.
+"${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "${base[@]}" --strategy=seco --memory_budget=2300000 >budget.log 2>&1 \
+  || { cat budget.log; fail "--tp=2 --memory_budget"; }
+grep -q "memory budget 2.2 MiB: --chunk=32 " budget.log || { cat budget.log; fail "--memory_budget: no chunk picked"; }
 # Checkpoints: TP -> one process, and one process -> TP, each with the straight run's losses.
 args=("${base[@]}" --steps=4 --strategy=seco)
 "$train" "${args[@]}" --report=straight.json >single.log 2>&1 || fail "straight run"

@@ -351,8 +351,6 @@ int Main() {
 
   // --memory_budget: the largest chunk / partition whose step fits (weights, gradients and optimizer state
   // included), before anything is trained.
-  if (memory_budget > 0 && grid)
-    tools::ExitIfError(absl::UnimplementedError("not planned for a split model yet: give --chunk"), "--memory_budget");
   if (memory_budget > 0) {
     const Sequence probe = LongestSequence(train_data, objective.name, seed);
     absl::StatusOr<BudgetFit> fit =
