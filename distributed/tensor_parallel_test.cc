@@ -239,6 +239,38 @@ TEST(TensorParallel, Bf16) {
   CheckAgainstSingleProcess(r, 5e-3);
 }
 
+// Gradient accumulation: the partial gradients (Qwen3's q/k norms, LoRA's A and B) are summed over the group once,
+// at the optimizer step, after both micro-batches.
+TEST(TensorParallel, AccumulatedMicroBatches) {
+  for (int tp : TpSizes()) {
+    Grid g = MakeGrid(tp);
+    for (bool lora : {false, true}) {
+      TpRun r{"qwen3", "seco"};
+      r.lora = lora;
+      auto whole = Whole(r);
+      auto split = SplitOf(r, *whole, g.grid.layers());
+      OptimizerOptions opt;
+      opt.lr = 3e-3;
+      opt.grad_accum = 2;
+      Trainer reference(*whole, Strategy(r), opt), trainer(*split, Strategy(r), opt);
+      const Batch batch = WholeBatch(r, *whole);
+      Batch first, second;
+      first.sequences = {batch.sequences[0], batch.sequences[1]};
+      second.sequences = {batch.sequences[2], batch.sequences[3]};
+      for (Trainer* t : {&reference, &trainer}) {
+        ASSERT_TRUE(t->AccumulateGradients(first).ok());
+        ASSERT_TRUE(t->AccumulateGradients(second).ok());
+        ASSERT_TRUE(t->OptimizerStep(nullptr).ok());
+      }
+      std::string where;
+      const double diff = WorstRelDiff(r, *whole, *split, /*grads=*/true, &where);
+      EXPECT_LE(diff, 1e-12) << "tp " << tp << (lora ? " lora" : "") << ": gradient of " << where;
+      const double weights = WorstRelDiff(r, *whole, *split, /*grads=*/false, &where);
+      EXPECT_LE(weights, 1e-12) << "tp " << tp << (lora ? " lora" : "") << ": weights, " << where;
+    }
+  }
+}
+
 int64_t Bytes(const MemorySnapshot& s, MemCategory c, bool peak) {
   return (peak ? s.peak : s.current)[static_cast<int>(c)];
 }
