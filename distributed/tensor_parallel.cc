@@ -88,8 +88,9 @@ absl::StatusOr<std::unique_ptr<Model>> Transformer(Model& like, Device device, c
 }
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp) {
-  absl::StatusOr<std::unique_ptr<Model>> split = Transformer(whole, whole.memory().device(), tp);
+absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp,
+                                                  std::optional<Device> device) {
+  absl::StatusOr<std::unique_ptr<Model>> split = Transformer(whole, device.value_or(whole.memory().device()), tp);
   if (!split.ok()) return split.status();
   if (absl::Status s = ScatterParams(whole, **split); !s.ok()) return s;
   return split;

@@ -284,11 +284,13 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
+  // --tp: the whole model in host memory; the device gets only this rank's blocks.
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadAnyModel(tools::ModelSpec(), *dtype, seed, grid ? Device::kCPU : device);
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
   if (grid) {  // every rank loaded the whole model: keep this rank's blocks
-    model = dist::SplitModel(**model, grid->layers());
+    model = dist::SplitModel(**model, grid->layers(), device);
     tools::ExitIfError(model.status(), "--tp");
   }
   if (lora.empty() && absl::GetFlag(FLAGS_merge_lora))
@@ -302,10 +304,11 @@ int Main() {
                                                   "or --lora_init): without adapters it is the policy itself"),
                        "--ref_model");
   if (!ref_model.empty() && !reference_is_base) {
-    absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, device);
+    absl::StatusOr<std::unique_ptr<Model>> r =
+        LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, grid ? Device::kCPU : device);
     tools::ExitIfError(r.status(), "--ref_model");
     if (grid) {
-      r = dist::SplitModel(**r, grid->layers());
+      r = dist::SplitModel(**r, grid->layers(), device);
       tools::ExitIfError(r.status(), "--ref_model");
     }
     if ((*r)->vocab_size() != vocab)
