@@ -78,7 +78,7 @@ DType CreatedDType(Model& m) {
 absl::StatusOr<std::unique_ptr<Model>> Transformer(Model& like, Device device, const TensorParallel& tp) {
   auto* t = dynamic_cast<TransformerModel*>(&like);
   if (!t)
-    return absl::UnimplementedError(absl::StrCat("--tp: a ", like.family(), " model is not split yet (transformers "
+    return absl::UnimplementedError(absl::StrCat("a ", like.family(), " model is not split yet (transformers "
                                                  "only; Mamba's d_inner split is planned, docs/design.md)"));
   absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(t->config(), CreatedDType(like), device, tp);
   if (!m.ok()) return m.status();

@@ -101,4 +101,7 @@ expect_error "--tp differs across ranks (rank 0: 2, rank 1: 1)" "${mpi[@]}" -np 
   --model=demo --steps=1 : -np 1 "$train" --dist=mpi --model=demo --steps=1
 expect_error "exceeds num_key_value_heads=2" "${mpi[@]}" -np 4 "$train" --dist=mpi --tp=4 --model=demo --steps=1
 expect_error "--tp: needs --dist=mpi or --dist=nccl" "$train" --tp=2 --model=demo --steps=1
+expect_error "a ssm model is not split yet" "${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 --model=tiny-ssm --steps=1
+expect_error "--lora_dropout with --tp: the adapter of o_proj (row-parallel)" "${mpi[@]}" -np 2 "$train" --dist=mpi \
+  --tp=2 --model=demo --steps=1 --lora_rank=4 --lora_targets=q_proj,o_proj --lora_dropout=0.1
 echo PASS
