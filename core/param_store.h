@@ -172,7 +172,8 @@ class ParamStore {
 #pragma omp parallel for if (n * in >= (1 << 16))
       for (int64_t i = 0; i < rows; ++i) {
         const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
-        for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? x[i * in + j] * keep : T(0);
+        for (int64_t j = 0; j < in; ++j)
+          xd[i * in + j] = LoraKeep(key, LoraColumn0(w) + j, p) ? x[i * in + j] * keep : T(0);
       }
       a.x = xd;
     }
@@ -217,7 +218,7 @@ class ParamStore {
     for (int64_t i = 0; i < rows; ++i) {
       const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
       for (int64_t j = 0; j < in; ++j)
-        if (LoraKeep(key, j, p)) dx[i * in + j] += d[i * in + j] * keep;
+        if (LoraKeep(key, LoraColumn0(a.ad->weight) + j, p)) dx[i * in + j] += d[i * in + j] * keep;
     }
   }
   // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
@@ -261,6 +262,10 @@ class ParamStore {
   std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device
   std::unique_ptr<LoraInfo> lora_;
   std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
+  // Tensor parallelism, per adapter: the whole input's column of its first input column (a row-parallel weight's
+  // input is split). Dropout masks are drawn per whole-input column, so every rank drops what one process would.
+  std::vector<int64_t> lora_col0_;  // empty: 0 for every adapter
+  int64_t LoraColumn0(int w) const { return lora_col0_.empty() ? 0 : lora_col0_[adapter_of_[w]]; }
 };
 
 }  // namespace sg

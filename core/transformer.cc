@@ -286,14 +286,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     std::vector<int> linears;
     for (const LayerParams& L : layers_)
       for (int w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) linears.push_back(w);
-    // Dropout masks are drawn per input column: a row-parallel adapter would need its columns' global indices.
-    if (tp_.on() && o.dropout > 0)
-      for (const std::string& t : o.targets)
-        if (t == "o_proj" || t == "down_proj")
-          return absl::UnimplementedError(absl::StrCat("--lora_dropout with --tp: the adapter of ", t,
-                                                       " (row-parallel) would draw its dropout mask per rank; use "
-                                                       "--lora_dropout=0 or leave ", t, " out of --lora_targets"));
-    return Store::EnableLoraOn(o, family(), linears);
+    if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
+    // A row-parallel adapter's input columns start at this rank's block of the whole input (dropout masks).
+    for (const LoraAdapter& ad : Store::LoraState()->adapters)
+      Store::lora_col0_.push_back(shards_[ad.weight].split == TpSplit::kCols ? tp_.rank * ad.in : 0);
+    return absl::OkStatus();
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
   // An adapter meets its weight's split: a column-parallel weight's B is split by rows and A sees the whole input
