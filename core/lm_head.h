@@ -3,10 +3,13 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <vector>
 
 #include "core/model.h"
 #include "core/objective.h"
+#include "core/tensor_parallel.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -19,6 +22,71 @@ struct LmHeadWeights {
   T* head_grad = nullptr;   // null when frozen
   double eps = 1e-6;
   int64_t d = 0, vocab = 0, lm_chunk = 256;
+  // Vocabulary-parallel head: `head` holds rows [rank vocab, (rank + 1) vocab) of the group's vocabulary.
+  const TensorParallel* vocab_parallel = nullptr;
+};
+
+// The cross-entropy of a logits chunk [m][V] of which this rank holds the columns [v0, v0 + V) (T, or bf16 as
+// uint16_t), without any rank holding a whole row: per row the maximum, then the sum of exponentials and the
+// label's logit, are reduced over the group (two all-reduces of m scalars, three with argmax).
+template <typename L>
+class VocabParallelRows {
+ public:
+  VocabParallelRows(L* logits, const int32_t* labels, int64_t m, int64_t V, const TensorParallel& tp)
+      : logits_(logits), labels_(labels), m_(m), V_(V), v0_(tp.rank * V), tp_(tp), max_(m, 0), sums_(2 * m, 0) {}
+  // logp[j] of every labelled row; argmax (if not null) gets the lowest id of the largest logit (NaN never wins).
+  void Logprobs(double* logp, int32_t* argmax) {
+    std::vector<int64_t> best(m_, -1);
+    for (int64_t j = 0; j < m_; ++j) {
+      max_[j] = -INFINITY;
+      if (labels_[j] < 0) continue;
+      for (int64_t v = 0; v < V_; ++v)
+        if (const double x = Get(j, v); x > max_[j]) max_[j] = x, best[j] = v;
+    }
+    std::vector<double> local_max = max_;
+    tp_.AllReduce(max_.data(), m_, DType::kF64, dist::ReduceOp::kMax);
+    for (int64_t j = 0; j < m_; ++j) {
+      if (labels_[j] < 0) continue;
+      double sum = 0;
+      for (int64_t v = 0; v < V_; ++v) sum += std::exp(Get(j, v) - max_[j]);
+      sums_[j] = sum;
+      const int64_t label = labels_[j] - v0_;
+      sums_[m_ + j] = label >= 0 && label < V_ ? Get(j, label) : 0.0;
+    }
+    tp_.AllReduce(sums_.data(), 2 * m_, DType::kF64);
+    for (int64_t j = 0; j < m_; ++j) logp[j] = labels_[j] < 0 ? 0.0 : sums_[m_ + j] - max_[j] - std::log(sums_[j]);
+    if (!argmax) return;
+    std::vector<int64_t> id(m_, INT64_MAX);
+    for (int64_t j = 0; j < m_; ++j)
+      if (labels_[j] >= 0 && best[j] >= 0 && local_max[j] == max_[j]) id[j] = v0_ + best[j];
+    tp_.AllReduce(id.data(), m_, DType::kI64, dist::ReduceOp::kMin);
+    for (int64_t j = 0; j < m_; ++j) argmax[j] = labels_[j] < 0 ? -1 : static_cast<int32_t>(id[j]);
+  }
+  // After Logprobs: the chunk becomes grad_scale row_scale[j] (softmax - onehot(label)) (rows without a label: 0).
+  void Gradient(const double* row_scale, double grad_scale) {
+    for (int64_t j = 0; j < m_; ++j) {
+      const double s = labels_[j] < 0 ? 0.0 : grad_scale * (row_scale ? row_scale[j] : 1.0);
+      for (int64_t v = 0; v < V_; ++v) {
+        const double p = labels_[j] < 0 ? 0.0 : std::exp(Get(j, v) - max_[j]) / sums_[j];
+        Set(j, v, s * (p - (labels_[j] - v0_ == v ? 1.0 : 0.0)));
+      }
+    }
+  }
+
+ private:
+  double Get(int64_t j, int64_t v) const {
+    if constexpr (std::is_same_v<L, uint16_t>) return BF16ToF32(logits_[j * V_ + v]);
+    else return static_cast<double>(logits_[j * V_ + v]);
+  }
+  void Set(int64_t j, int64_t v, double x) {
+    if constexpr (std::is_same_v<L, uint16_t>) logits_[j * V_ + v] = F32ToBF16(static_cast<float>(x));
+    else logits_[j * V_ + v] = static_cast<L>(x);
+  }
+  L* logits_;
+  const int32_t* labels_;
+  int64_t m_, V_, v0_;
+  const TensorParallel& tp_;
+  std::vector<double> max_, sums_;  // per row: max; sum of exp(x - max), then the label's logit
 };
 
 template <typename T>
@@ -43,6 +111,17 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   std::vector<double> logprobs(rows), row_scale(rows);
   const bool argmax = objective && objective->wants_argmax();
   std::vector<int32_t> argmax_ids(argmax ? rows : 0);
+  const TensorParallel* tp = w.vocab_parallel && w.vocab_parallel->on() ? w.vocab_parallel : nullptr;
+  const bool values = mem.device() != Device::kMeta;  // meta tensors hold no values
+  // The objective's terms of rows [i0, i0 + m) from their log-probs, and the factor each row's logit gradient gets.
+  auto add_terms = [&](int64_t i0, int64_t m) {
+    for (int64_t j = 0; j < m; ++j) {
+      if (labels[i0 + j] < 0) continue;
+      double dloss = -1;
+      r.loss_sum += objective ? objective->Term(c.begin + i0 + j, logprobs[j], &dloss) : -logprobs[j];
+      row_scale[j] = -dloss;  // d f / d logits = f'(logp) (onehot - softmax)
+    }
+  };
   for (int64_t i0 = 0; i0 < n; i0 += rows) {
     const int64_t m = std::min(rows, n - i0);
     const int64_t valid = std::count_if(labels + i0, labels + i0 + m, [](int32_t t) { return t >= 0; });
@@ -51,27 +130,37 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     const T* hn_i = hn.data<T>() + i0 * d;
     if (bf16) ops.gemm_mixed(false, true, m, V, d, 1.0f, f32, hn_i, d, b16, w.head.data, d, 0.0f, b16, logits16, V);
     else GemmWeight(ops, false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
-    if (argmax) {
-      if (bf16) ops.token_argmax_bf16(logits16, labels + i0, m, V, argmax_ids.data());
-      else ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
-      for (int64_t j = 0; j < m; ++j)
-        if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
-    }
-    if (!need_grad || objective) {
-      if (bf16) ops.token_logprobs_bf16(logits16, labels + i0, m, V, logprobs.data());
-      else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
-      for (int64_t j = 0; j < m; ++j) {
-        if (labels[i0 + j] < 0) continue;
-        double dloss = -1;
-        r.loss_sum += objective ? objective->Term(c.begin + i0 + j, logprobs[j], &dloss) : -logprobs[j];
-        row_scale[j] = -dloss;  // d f / d logits = f'(logp) (onehot - softmax)
-      }
+    if (tp && values) {  // the vocabulary is split: this rank's columns of the chunk become their gradient
+      auto rows_of = [&](auto* l) {
+        VocabParallelRows rows_tp(l, labels + i0, m, V, *tp);
+        rows_tp.Logprobs(logprobs.data(), argmax ? argmax_ids.data() : nullptr);
+        for (int64_t j = 0; j < m && argmax; ++j)
+          if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
+        add_terms(i0, m);
+        if (need_grad) rows_tp.Gradient(row_scale.data(), grad_scale);
+      };
+      if (bf16) rows_of(logits16);
+      else rows_of(logits.data<T>());
       if (!need_grad) continue;
-      if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
-      else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
     } else {
-      r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
-                         : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale);
+      if (argmax) {
+        if (bf16) ops.token_argmax_bf16(logits16, labels + i0, m, V, argmax_ids.data());
+        else ops.token_argmax(logits.data<T>(), labels + i0, m, V, argmax_ids.data());
+        for (int64_t j = 0; j < m; ++j)
+          if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);
+      }
+      if (!need_grad || objective) {
+        if (bf16) ops.token_logprobs_bf16(logits16, labels + i0, m, V, logprobs.data());
+        else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
+        add_terms(i0, m);
+        if (!need_grad) continue;
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
+      } else {
+        r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
+                           : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr,
+                                                                grad_scale);
+      }
     }
     T* dhn_i = dhn.data<T>() + i0 * d;
     if (bf16) {
@@ -84,6 +173,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     GemmWeight(ops, false, false, m, d, V, T(1), logits.data<T>(), V, w.head, d, T(0), dhn_i, d);
   }
   if (need_grad) {
+    if (tp) tp->AllReduce(dhn.raw(), n * d, dtype);  // each rank's vocabulary rows gave part of it
     r.dh = Tensor::Empty(&mem, MemCategory::kActivations, dtype, {n, d});
     ops.rmsnorm_backward(dhn.data<T>(), h_in.data<T>(), w.norm, rstd.data<T>(), n, d, r.dh.data<T>(), w.norm_grad,
                          false);

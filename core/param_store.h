@@ -74,11 +74,13 @@ class ParamStore {
   }
   void SetLmChunk(int64_t rows) { lm_chunk_ = std::max<int64_t>(1, rows); }
 
-  // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c.
+  // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c;
+  // vocab_parallel: head holds this rank's `vocab` rows of a vocabulary split over the group (lm_head.h).
   HeadResult Head(const OpTable<T>& ops, int final_norm, int head, double eps, int64_t d, int64_t vocab, Chunk c,
                   const Tensor& h, const int32_t* labels, const TokenObjective* objective, double grad_scale,
-                  bool need_grad) {
+                  bool need_grad, const TensorParallel* vocab_parallel = nullptr) {
     LmHeadWeights<T> w;
+    w.vocab_parallel = vocab_parallel;
     w.norm = W(final_norm);
     w.norm_grad = need_grad ? GradOrScratch(final_norm) : nullptr;
     w.head = Wv(head);
@@ -178,7 +180,8 @@ class ParamStore {
 #pragma omp parallel for if (n * in >= (1 << 16))
       for (int64_t i = 0; i < rows; ++i) {
         const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
-        for (int64_t j = 0; j < in; ++j) xd[i * in + j] = LoraKeep(key, j, p) ? xs[i * in + j] * keep : T(0);
+        for (int64_t j = 0; j < in; ++j)
+          xd[i * in + j] = LoraKeep(key, LoraColumn0(w) + j, p) ? xs[i * in + j] * keep : T(0);
       }
       if (!host_dropped.empty()) CopyFromHost(a.dropped, host_dropped.data());
       a.x = a.dropped.template data<T>();
@@ -232,7 +235,7 @@ class ParamStore {
     for (int64_t i = 0; i < rows; ++i) {
       const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
       for (int64_t j = 0; j < in; ++j)
-        if (LoraKeep(key, j, p)) out[i * in + j] += d[i * in + j] * keep;
+        if (LoraKeep(key, LoraColumn0(a.ad->weight) + j, p)) out[i * in + j] += d[i * in + j] * keep;
     }
     if (!masked.empty()) {
       CopyFromHost(dxd, masked.data());
@@ -283,6 +286,10 @@ class ParamStore {
   std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device
   std::unique_ptr<LoraInfo> lora_;
   std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
+  // Tensor parallelism, per adapter: the whole input's column of its first input column (a row-parallel weight's
+  // input is split). Dropout masks are drawn per whole-input column, so every rank drops what one process would.
+  std::vector<int64_t> lora_col0_;  // empty: 0 for every adapter
+  int64_t LoraColumn0(int w) const { return lora_col0_.empty() ? 0 : lora_col0_[adapter_of_[w]]; }
 };
 
 }  // namespace sg

@@ -12,6 +12,7 @@
 #include "core/lora.h"
 #include "core/lr_schedule.h"
 #include "core/plan.h"
+#include "core/tensor_parallel.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -80,14 +81,21 @@ absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& b
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
   pending_micro_batches_ = 0;  // gradients start afresh: a pending accumulation is dropped
   Pass pass{calls_++, 0, true};
-  return SftGradients(batch, 0, &pass, nullptr);
+  return WholeGradients(SftGradients(batch, 0, &pass, nullptr));
+}
+
+absl::StatusOr<StepMetrics> Trainer::WholeGradients(absl::StatusOr<StepMetrics> m) {
+  if (!m.ok()) return m;
+  partial_grads_ = false;
+  if (absl::Status s = ReducePartialGrads(model_); !s.ok()) return s;
+  return m;
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const Batch& batch) {
   if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
   pending_micro_batches_ = 0;
   Pass pass{calls_++, 0, true};
-  return Gradients(batch, 0, &pass, nullptr);
+  return WholeGradients(Gradients(batch, 0, &pass, nullptr));
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, double norm, uint64_t first_index) {
@@ -96,7 +104,7 @@ absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, d
     return absl::InvalidArgumentError(absl::StrCat("the normaliser of a shard's gradients must be positive, got ", norm));
   pending_micro_batches_ = 0;
   Pass pass{calls_++, first_index, true};
-  return Gradients(shard, norm, &pass, nullptr);
+  return WholeGradients(Gradients(shard, norm, &pass, nullptr));
 }
 
 absl::StatusOr<StepMetrics> Trainer::Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count) {
@@ -152,6 +160,7 @@ absl::StatusOr<StepMetrics> Trainer::AccumulateGradients(const Batch& micro_batc
     pending_units_ = 0;
   }
   ++pending_micro_batches_;
+  partial_grads_ = true;
   pending_units_ += count;
   pending_.loss += m->loss;
   pending_.tokens += m->tokens;
@@ -188,6 +197,7 @@ absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batche
     sum.adjoint_pairs += m->adjoint_pairs;
     sum.offloaded_bytes = std::max(sum.offloaded_bytes, m->offloaded_bytes);
   }
+  partial_grads_ = true;
   if (absl::Status s = OptimizerStep(&sum); !s.ok()) return s;
   return sum;
 }
@@ -359,7 +369,11 @@ absl::Status Trainer::OptimizerStep(StepMetrics* metrics) {
     }
     pending_micro_batches_ = 0;
   }
-  absl::StatusOr<double> sq = GradSquaredNorm(model_, when);
+  if (partial_grads_) {  // accumulated micro-batches: their tensor-parallel partial sums are reduced once
+    partial_grads_ = false;
+    if (absl::Status s = ReducePartialGrads(model_); !s.ok()) return s;
+  }
+  absl::StatusOr<double> sq = TensorParallelGradSquaredNorm(model_, when);
   if (!sq.ok()) return sq.status();
   const double norm = std::sqrt(*sq);
   if (metrics) metrics->grad_norm = norm;

@@ -147,6 +147,8 @@ class Trainer {
   // Runs the strategy over sequences (each with its objective).
   absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass);
   absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs, double norm, Pass* pass);
+  // A gradient pass's result once complete: a tensor-parallel model's partial gradients summed over its group.
+  absl::StatusOr<StepMetrics> WholeGradients(absl::StatusOr<StepMetrics> m);
   absl::StatusOr<StepMetrics> GrpoGradients(const std::vector<GrpoGroup>& groups, double norm, Pass* pass);
   StrategyOptions strategy_options_;
   OptimizerOptions opt_;
@@ -161,6 +163,7 @@ class Trainer {
   int64_t pending_micro_batches_ = 0;
   int64_t pending_units_ = 0;
   StepMetrics pending_;  // sums over the pending micro-batches (loss: sum, not mean)
+  bool partial_grads_ = false;  // AccumulateGradients left tensor-parallel partial gradients for OptimizerStep
 };
 
 // --memory_budget: the largest chunk (seco, spaco, adjoint) or partition (streambp) whose gradient pass on `probe`

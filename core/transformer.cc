@@ -13,6 +13,7 @@
 #include "core/kv_pages.h"
 #include "core/param_store.h"
 #include "core/objective.h"
+#include "core/tensor_parallel.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -205,7 +206,7 @@ struct LayerParams {
 enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kNumSaved };
 
 template <typename T>
-class Transformer final : public TransformerModel, private ParamStore<T> {
+class Transformer final : public TransformerModel, public TensorParallelModel, private ParamStore<T> {
   using Store = ParamStore<T>;
   using Store::Add;
   using Store::G;
@@ -216,37 +217,51 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   using Store::params_;
 
  public:
-  Transformer(const TransformerConfig& c, Device device, DType weights)
-      : cfg_(c), ops_(OpsFor<T>(device)), attention_factor_(RopeFor(c, 0).attention_factor) {
+  // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
+  Transformer(const TransformerConfig& c, Device device, DType weights, const TensorParallel& tp)
+      : cfg_(c),
+        ops_(OpsFor<T>(device)),
+        attention_factor_(RopeFor(c, 0).attention_factor),
+        tp_(tp),
+        heads_(c.num_heads / tp.size),
+        kv_heads_(c.num_kv_heads / tp.size),
+        inter_(c.intermediate_size / tp.size),
+        vocab_rows_(c.vocab_size / tp.size) {
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
-    const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-    embed_ = Add("model.embed_tokens.weight", {c.vocab_size, d});
+    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim, f = inter_;
+    // Column-parallel (rows of [out][in] split), row-parallel (columns split), replicated; see tensor_parallel.h.
+    const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, TpShard shard) {
+      shards_.push_back(shard);
+      return Add(name, std::move(shape));
+    };
+    embed_ = add("model.embed_tokens.weight", {vocab_rows_, d}, rows);
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = absl::StrCat("model.layers.", i, ".");
       LayerParams L;
-      L.norm1 = Add(p + "input_layernorm.weight", {d});
-      L.q = Add(p + "self_attn.q_proj.weight", {qd, d});
-      L.q_bias = c.attention_bias ? Add(p + "self_attn.q_proj.bias", {qd}) : -1;
-      L.k = Add(p + "self_attn.k_proj.weight", {kvd, d});
-      L.k_bias = c.attention_bias ? Add(p + "self_attn.k_proj.bias", {kvd}) : -1;
-      L.v = Add(p + "self_attn.v_proj.weight", {kvd, d});
-      L.v_bias = c.attention_bias ? Add(p + "self_attn.v_proj.bias", {kvd}) : -1;
-      L.o = Add(p + "self_attn.o_proj.weight", {d, qd});
-      L.o_bias = c.o_bias() ? Add(p + "self_attn.o_proj.bias", {d}) : -1;
-      L.q_norm = c.qk_norm() ? Add(p + "self_attn.q_norm.weight", {c.head_dim}) : -1;
-      L.k_norm = c.qk_norm() ? Add(p + "self_attn.k_norm.weight", {c.head_dim}) : -1;
-      L.norm2 = Add(p + "post_attention_layernorm.weight", {d});
-      L.gate = Add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
-      L.gate_bias = c.mlp_bias ? Add(p + "mlp.gate_proj.bias", {c.intermediate_size}) : -1;
-      L.up = Add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
-      L.up_bias = c.mlp_bias ? Add(p + "mlp.up_proj.bias", {c.intermediate_size}) : -1;
-      L.down = Add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
-      L.down_bias = c.mlp_bias ? Add(p + "mlp.down_proj.bias", {d}) : -1;
+      L.norm1 = add(p + "input_layernorm.weight", {d}, whole);
+      L.q = add(p + "self_attn.q_proj.weight", {qd, d}, rows);
+      L.q_bias = c.attention_bias ? add(p + "self_attn.q_proj.bias", {qd}, rows) : -1;
+      L.k = add(p + "self_attn.k_proj.weight", {kvd, d}, rows);
+      L.k_bias = c.attention_bias ? add(p + "self_attn.k_proj.bias", {kvd}, rows) : -1;
+      L.v = add(p + "self_attn.v_proj.weight", {kvd, d}, rows);
+      L.v_bias = c.attention_bias ? add(p + "self_attn.v_proj.bias", {kvd}, rows) : -1;
+      L.o = add(p + "self_attn.o_proj.weight", {d, qd}, cols);
+      L.o_bias = c.o_bias() ? add(p + "self_attn.o_proj.bias", {d}, whole) : -1;
+      L.q_norm = c.qk_norm() ? add(p + "self_attn.q_norm.weight", {c.head_dim}, partial) : -1;
+      L.k_norm = c.qk_norm() ? add(p + "self_attn.k_norm.weight", {c.head_dim}, partial) : -1;
+      L.norm2 = add(p + "post_attention_layernorm.weight", {d}, whole);
+      L.gate = add(p + "mlp.gate_proj.weight", {f, d}, rows);
+      L.gate_bias = c.mlp_bias ? add(p + "mlp.gate_proj.bias", {f}, rows) : -1;
+      L.up = add(p + "mlp.up_proj.weight", {f, d}, rows);
+      L.up_bias = c.mlp_bias ? add(p + "mlp.up_proj.bias", {f}, rows) : -1;
+      L.down = add(p + "mlp.down_proj.weight", {d, f}, cols);
+      L.down_bias = c.mlp_bias ? add(p + "mlp.down_proj.bias", {d}, whole) : -1;
       layers_.push_back(L);
     }
-    final_norm_ = Add("model.norm.weight", {d});
-    head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
+    final_norm_ = add("model.norm.weight", {d}, whole);
+    head_ = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {vocab_rows_, d}, rows);
     for (const LayerParams& L : layers_)
       for (int idx : {L.norm1, L.norm2, L.q_norm, L.k_norm})
         if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), T(1));
@@ -265,13 +280,31 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   const TransformerConfig& config() const override { return cfg_; }
   void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   int64_t StateBytesPerToken() const override {
-    return 2 * cfg_.num_kv_heads * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
+    return 2 * kv_heads_ * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
     std::vector<int> linears;
     for (const LayerParams& L : layers_)
       for (int w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) linears.push_back(w);
-    return Store::EnableLoraOn(o, family(), linears);
+    if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
+    // A row-parallel adapter's input columns start at this rank's block of the whole input (dropout masks).
+    for (const LoraAdapter& ad : Store::LoraState()->adapters)
+      Store::lora_col0_.push_back(shards_[ad.weight].split == TpSplit::kCols ? tp_.rank * ad.in : 0);
+    return absl::OkStatus();
+  }
+  const TensorParallel& tensor_parallel() const override { return tp_; }
+  // An adapter meets its weight's split: a column-parallel weight's B is split by rows and A sees the whole input
+  // (its gradient is each rank's part of the sum); a row-parallel weight's A is split by columns and B's gradient
+  // is partial.
+  TpShard ShardOf(int param) const override {
+    if (param < static_cast<int>(shards_.size())) return shards_[param];
+    const LoraInfo* info = Store::LoraState();
+    const LoraAdapter* ad = info ? info->AdapterOfParam(param) : nullptr;
+    if (!ad) return {};
+    const bool column_parallel = shards_[ad->weight].split == TpSplit::kRows;
+    const bool is_a = param == ad->a;
+    if (column_parallel) return is_a ? TpShard{TpSplit::kReplicated, true} : TpShard{TpSplit::kRows};
+    return is_a ? TpShard{TpSplit::kCols} : TpShard{TpSplit::kReplicated, true};
   }
   const LoraInfo* lora() const override { return Store::LoraState(); }
 
@@ -294,15 +327,39 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     }
     return std::make_unique<TransformerState>(
         PagePool(&mem_, MemCategory::kKVCache, KVDType(), pages_per_slot * kv_layers,
-                 o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
+                 o.page_size, kv_heads_, cfg_.head_dim),
         PagePool(&mem_, MemCategory::kKVGrad, KVDType(), pages_per_slot * grad_layers,
-                 o.page_size, cfg_.num_kv_heads, cfg_.head_dim),
+                 o.page_size, kv_heads_, cfg_.head_dim),
         o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
 
-  Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c); }
+  Tensor Embed(const int32_t* ids, Chunk c) override {
+    if (!tp_.on()) return Store::EmbedRows(ops_, embed_, ids, c);
+    // Vocabulary-parallel: this rank's rows, zeros for the other ranks' tokens, summed over the group.
+    const int64_t n = c.size(), d = cfg_.hidden_size;
+    Tensor x = New(MemCategory::kActivations, {n, d});
+    ops_.fill(x.data<T>(), n * d, T(0));
+    const Tensor& table = params_[embed_].value;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = LocalToken(ids[c.begin + i]);
+      if (id < 0) continue;
+      if (table.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>)
+          ops_.bf16_to_f32(table.data<uint16_t>() + id * d, d, x.data<float>() + i * d);
+      } else {
+        ops_.embedding_forward(&id, 1, W(embed_), d, x.data<T>() + i * d);
+      }
+    }
+    tp_.AllReduce(x.raw(), n * d, dtype());
+    return x;
+  }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
-    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx);
+    if (!tp_.on()) return Store::EmbedRowsBackward(ops_, embed_, ids, c, dx);
+    T* g = G(embed_);
+    if (!g) return;
+    for (int64_t i = 0; i < c.size(); ++i)
+      if (const int32_t id = LocalToken(ids[c.begin + i]); id >= 0)
+        ops_.embedding_backward(&id, 1, dx.data<T>() + i * cfg_.hidden_size, cfg_.hidden_size, g);
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
@@ -310,8 +367,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     const auto pass = saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward;
     state.PrepareLayer(l, c, pass);
     const LayerParams& L = layers_[l];
-    const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
-    const int64_t qd = cfg_.num_heads * cfg_.head_dim;
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    const int64_t qd = heads_ * cfg_.head_dim;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
     const T* x = x_in.data<T>();
 
@@ -320,16 +377,16 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor q = New(act, {n, qd}), q_raw, q_rstd;
     if (cfg_.qk_norm()) {
       q_raw = New(act, {n, qd});
-      q_rstd = New(act, {n * cfg_.num_heads});
+      q_rstd = New(act, {n * heads_});
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
-      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * cfg_.num_heads, cfg_.head_dim, cfg_.rms_norm_eps,
+      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * heads_, cfg_.head_dim, cfg_.rms_norm_eps,
                            q.data<T>(), q_rstd.data<T>());
     } else {
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
-    ops_.rope(q.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
+    ops_.rope(q.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
-    Tensor attn = New(act, {n, qd}), lse = New(act, {cfg_.num_heads, n});
+    Tensor attn = New(act, {n, qd}), lse = New(act, {heads_, n});
     {
       const AttentionShape shape = Shape(c);
       Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
@@ -349,9 +406,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     }
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
-    Store::GemmW(ops_, true, n, d, qd, T(1), attn.data<T>(), qd, L.o, qd, T(1), h.data<T>(), d);
-    if (L.o_bias >= 0) ops_.add_bias(h.data<T>(), W(L.o_bias), n, d);
-    Store::LoraAdd(ops_, L.o, attn.data<T>(), c, state.opts, h.data<T>(), d);
+    RowParallelAdd(attn.data<T>(), qd, L.o, L.o_bias, c, state.opts, h.data<T>());
 
     Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
@@ -361,9 +416,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
-    Store::GemmW(ops_, true, n, d, f, T(1), a.data<T>(), f, L.down, f, T(1), y.data<T>(), d);
-    if (L.down_bias >= 0) ops_.add_bias(y.data<T>(), W(L.down_bias), n, d);
-    Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
+    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, state.opts, y.data<T>());
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a, q_raw, q_rstd};
     return y;
@@ -384,8 +437,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     state.PrepareLayer(l, c, TransformerState::Pass::kBackward);
     const LayerParams& L = layers_[l];
     const std::vector<Tensor>& s = saved.tensors;
-    const int64_t n = c.size(), d = cfg_.hidden_size, f = cfg_.intermediate_size;
-    const int64_t qd = cfg_.num_heads * cfg_.head_dim, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    const int64_t qd = heads_ * cfg_.head_dim, kvd = kv_heads_ * cfg_.head_dim;
     const T* dy = dy_in.data<T>();
     constexpr MemCategory ws = MemCategory::kWorkspace;
 
@@ -408,6 +461,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       BiasBackward(L.up_bias, dup.data<T>(), n, f);
       Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
       Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
+      tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of gate/up gave part of it
       ops_.copy(dh.data<T>(), dy, n * d);
       NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
     }
@@ -441,12 +495,12 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
     state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
-    ops_.rope(dq.data<T>(), n, cfg_.num_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
-    ops_.rope(dk.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
+    ops_.rope(dq.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
+    ops_.rope(dk.data<T>(), n, kv_heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
     const T* xn1 = s[kXn1].data<T>();
     if (cfg_.qk_norm()) {
       // Through the per-head norms: q's input was saved; k's is projected again from xn1.
-      const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim;
+      const int64_t H = heads_, G = kv_heads_, hd = cfg_.head_dim;
       Tensor dq_raw = New(ws, {n, qd});
       ops_.rmsnorm_backward(dq.data<T>(), s[kQRaw].data<T>(), W(L.q_norm), s[kQRstd].data<T>(), n * H, hd,
                             dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
@@ -463,6 +517,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0), c, state.opts);
     LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1), c, state.opts);
     LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
+    tp_.AllReduce(dxn1.raw(), n * d, dtype());  // each rank's heads gave part of it
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
@@ -472,26 +527,26 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
                       double grad_scale, bool need_grad) override {
-    return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, cfg_.vocab_size, c, h, labels,
-                       objective, grad_scale, need_grad);
+    return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, vocab_rows_, c, h, labels,
+                       objective, grad_scale, need_grad, tp_.on() ? &tp_ : nullptr);
   }
 
  private:
   // K/V of chunk c from the normed input, roped and written into the layer's cache pages.
   void AppendKV(int l, Chunk c, const T* xn1, TransformerState& state) {
     const LayerParams& L = layers_[l];
-    const int64_t n = c.size(), d = cfg_.hidden_size, kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const int64_t n = c.size(), d = cfg_.hidden_size, kvd = kv_heads_ * cfg_.head_dim;
     Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
     Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
     Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd, c, state.opts);
     if (cfg_.qk_norm()) {
-      const int64_t rows = n * cfg_.num_kv_heads;
+      const int64_t rows = n * kv_heads_;
       Tensor k_raw = New(MemCategory::kWorkspace, {n, kvd}), rstd = New(MemCategory::kWorkspace, {rows});
       ops_.copy(k_raw.data<T>(), k.data<T>(), n * kvd);
       ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), rows, cfg_.head_dim, cfg_.rms_norm_eps, k.data<T>(),
                            rstd.data<T>());
     }
-    ops_.rope(k.data<T>(), n, cfg_.num_kv_heads, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
+    ops_.rope(k.data<T>(), n, kv_heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
     state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
     state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
     state.MarkKV(l, c);
@@ -501,7 +556,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   // Sparse attention's page summaries: the key sums of the pages chunk c completed (on the device: the chunk's
   // pages and the one before are resident).
   void SumPageKeys(int l, Chunk c, TransformerState& state) {
-    const int64_t ps = state.kv.page_size(), kvd = cfg_.num_kv_heads * cfg_.head_dim;
+    const int64_t ps = state.kv.page_size(), kvd = kv_heads_ * cfg_.head_dim;
     if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
     if (mem_.device() == Device::kMeta) return;  // no keys to sum: SelectPages picks without scores
     std::vector<double>& sums = state.key_sums[l];
@@ -538,7 +593,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       std::fill(mask.begin() + 1, mask.begin() + 1 + k, 1);
       return state.selection.emplace(key, std::move(mask)).first->second.data();
     }
-    const int64_t H = cfg_.num_heads, G = cfg_.num_kv_heads, hd = cfg_.head_dim, group = H / G, n = c.size();
+    const int64_t H = heads_, G = kv_heads_, hd = cfg_.head_dim, group = H / G, n = c.size();
     std::vector<double> mq(H * hd, 0.0);
     std::vector<T> host_q;
     q = HostReadable(mem_.device(), q, n * H * hd, &host_q);
@@ -555,6 +610,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
       for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * sums[p * G * hd + e];
       score[p - 1] = acc / static_cast<double>(ps);
     }
+    tp_.AllReduce(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
@@ -566,8 +622,8 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     AttentionShape s;
     s.n = c.size();
     s.pos0 = c.begin;
-    s.heads = cfg_.num_heads;
-    s.kv_heads = cfg_.num_kv_heads;
+    s.heads = heads_;
+    s.kv_heads = kv_heads_;
     s.head_dim = cfg_.head_dim;
     // transformers multiplies cos and sin, so both q and k, by the attention factor: the logits by its square.
     s.scale = attention_factor_ * attention_factor_ / std::sqrt(static_cast<double>(cfg_.head_dim));
@@ -589,6 +645,29 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     BiasBackward(b, dy, n, out);
     Store::LoraBackward(ops_, w, x, dy, out, dx, c, st);
   }
+  // y[n][d] += a[n][k] W[d][k]^T (+ b) (+ the LoRA adapter of W): o_proj and down_proj. Under tensor parallelism
+  // W holds this rank's k columns, so the product is summed over the group (the sub-layer's one all-reduce) before
+  // the replicated bias is added.
+  void RowParallelAdd(const T* a, int64_t k, int w, int b, Chunk c, const StateOptions& st, T* y) {
+    const int64_t n = c.size(), d = cfg_.hidden_size;
+    if (!tp_.on()) {
+      Store::GemmW(ops_, true, n, d, k, T(1), a, k, w, k, T(1), y, d);
+      if (b >= 0) ops_.add_bias(y, W(b), n, d);
+      Store::LoraAdd(ops_, w, a, c, st, y, d);
+      return;
+    }
+    Tensor part = New(MemCategory::kWorkspace, {n, d});
+    Store::GemmW(ops_, true, n, d, k, T(1), a, k, w, k, T(0), part.data<T>(), d);
+    Store::LoraAdd(ops_, w, a, c, st, part.data<T>(), d);
+    tp_.AllReduce(part.raw(), n * d, dtype());
+    ops_.add_inplace(y, part.data<T>(), n * d);
+    if (b >= 0) ops_.add_bias(y, W(b), n, d);
+  }
+  // The index of token `id` in this rank's vocabulary rows, or -1 when another rank holds it.
+  int32_t LocalToken(int32_t id) const {
+    const int64_t local = id - tp_.rank * vocab_rows_;
+    return local >= 0 && local < vocab_rows_ ? static_cast<int32_t>(local) : -1;
+  }
   // db += colsum(dy[n][m]) when the bias b exists and is trained.
   void BiasBackward(int b, const T* dy, int64_t n, int64_t m) {
     if (b >= 0)
@@ -605,6 +684,10 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
   TransformerConfig cfg_;
   const OpTable<T>& ops_;
   double attention_factor_;  // yarn's; 1 for the other RoPE types
+  TensorParallel tp_;
+  // This rank's query heads, KV heads, SwiGLU width and vocabulary rows (the config's, divided by tp_.size).
+  int64_t heads_, kv_heads_, inter_, vocab_rows_;
+  std::vector<TpShard> shards_;  // per base parameter (LoRA adapters: ShardOf)
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
 };
@@ -638,13 +721,22 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
-                                                                    Device device) {
+                                                                    Device device, const TensorParallel& tp) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
+  if (tp.rank < 0 || tp.rank >= tp.size)
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", tp.rank, " is outside [0, ", tp.size, ")"));
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
-  if (dtype == DType::kF64) return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype));
+  // The vocabulary-parallel head (lm_head.h) and embedding still loop over their rows on the host: device memory is
+  // not host memory, so a split model lives on the CPU (or meta, to plan a GPU rank) until they get kernels.
+  if (tp.size > 1 && device == Device::kCUDA)
+    return absl::UnimplementedError(absl::StrCat("--tp=", tp.size, " runs on --device=cpu (MPI) so far: on cuda the "
+                                                 "vocabulary-parallel head has no device kernels yet"));
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
+  if (dtype == DType::kF64)
+    return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp));
   // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
-  if (dtype == DType::kBF16) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype));
+  if (dtype == DType::kBF16) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "core/model.h"
 #include "core/model_config.h"
+#include "core/tensor_parallel.h"
 
 namespace sg {
 
@@ -24,9 +25,12 @@ class TransformerModel : public Model {
   virtual const TransformerConfig& config() const = 0;
 };
 
-// Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU.
+// Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU. With tp.size > 1
+// the model is rank tp.rank's part of a tensor-parallel split (core/tensor_parallel.h; the model is also a
+// TensorParallelModel): its parameters are that rank's blocks, under the whole model's names.
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
-                                                                    Device device = Device::kCPU);
+                                                                    Device device = Device::kCPU,
+                                                                    const TensorParallel& tp = {});
 
 // Random initialisation (normal(0, stddev) matrices, unit norms, zero biases).
 void InitRandom(Model& model, const InitOptions& opts);

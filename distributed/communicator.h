@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 
 namespace sg::dist {
@@ -43,6 +45,11 @@ class Communicator {
   virtual absl::Status Send(const void* data, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual absl::Status Recv(void* data, int64_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual absl::Status Barrier() = 0;
+  // Collective: a new communicator over the ranks that pass the same color, ranked by key (ties: by rank here), as
+  // MPI_Comm_split; it must not outlive this one. Tensor × data parallel grids split the job into both kinds of group.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) {
+    return absl::UnimplementedError(absl::StrCat("the ", backend(), " communicator cannot be split"));
+  }
   // Ends every rank of the job with `code` after printing `why` (MPI_Abort). Does not return.
   [[noreturn]] virtual void Abort(int code, const std::string& why) = 0;
 

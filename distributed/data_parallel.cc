@@ -7,6 +7,7 @@
 #include "core/checkpoint.h"
 #include "core/lr_schedule.h"
 #include "core/optimizer.h"
+#include "core/tensor_parallel.h"
 
 namespace sg::dist {
 
@@ -131,7 +132,7 @@ absl::Status DataParallel::ShardedOptimizerStep(StepMetrics* metrics) {
   if (absl::Status s = ValidateOptimizerOptions(opt); !s.ok()) return s;
   Model& model = trainer_.model();
   // The gradients are already the same on every rank: so are the norm and the clipping.
-  absl::StatusOr<double> sq = GradSquaredNorm(model, absl::StrCat("at step ", trainer_.step() + 1));
+  absl::StatusOr<double> sq = TensorParallelGradSquaredNorm(model, absl::StrCat("at step ", trainer_.step() + 1));
   if (!sq.ok()) return sq.status();
   const double norm = std::sqrt(*sq);
   if (metrics) metrics->grad_norm = norm;

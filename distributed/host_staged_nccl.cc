@@ -28,6 +28,19 @@ class HostStagedNccl : public Communicator {
     nccl_.reset();  // before the MPI bootstrap (MPI_Finalize)
     bootstrap_.reset();
   }
+  // The MPI bootstrap is split, and a NCCL communicator made over each part on this rank's device.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    absl::StatusOr<std::unique_ptr<Communicator>> mpi = bootstrap_->Split(color, key);
+    if (!mpi.ok()) return mpi.status();
+    NcclOptions options;
+    options.device = device_;
+    absl::StatusOr<std::unique_ptr<Communicator>> nccl = CreateNcclCommunicator(mpi->get(), options);
+    if (!nccl.ok()) return nccl.status();
+    cudaStream_t stream;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
+      return absl::InternalError(absl::StrCat("cudaStreamCreate failed: CUDA error ", cudaGetErrorString(e)));
+    return std::unique_ptr<Communicator>(new HostStagedNccl(std::move(*mpi), std::move(*nccl), device_, stream));
+  }
   int rank() const override { return nccl_->rank(); }
   int size() const override { return nccl_->size(); }
   std::string backend() const override { return "nccl"; }

@@ -110,6 +110,14 @@ class MpiCommunicator : public Communicator {
   absl::Status Barrier() override {
     return Run("barrier", 0, DType::kI32, [&](MPI_Datatype, int, MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   }
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    if (broken_)
+      return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": cannot split a broken communicator"));
+    MPI_Comm sub;
+    if (int rc = MPI_Comm_split(comm_, color, key, &sub); rc != MPI_SUCCESS) return MpiError(rc, "comm_split");
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, timeout_s_));
+  }
   [[noreturn]] void Abort(int code, const std::string& why) override {
     std::fprintf(stderr, "rank %d: aborting the job: %s\n", rank_, why.c_str());
     std::fflush(stderr);

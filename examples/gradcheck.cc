@@ -16,9 +16,14 @@
 #include "core/gradcheck.h"
 #include "core/lora.h"
 #include "core/model_io.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/tensor_parallel.h"
 #include "examples/common.h"
 
 ABSL_FLAG(std::string, json, "", "write the result here");
+ABSL_FLAG(int, tp, 1,
+          "under mpirun (tp ranks): the strategy's gradient of the model split over the ranks (README \"Tensor "
+          "parallel\"), gathered, against one process's gradient of the same strategy");
 ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many calls (spaco: independent samples)");
 ABSL_FLAG(std::string, adjoint_windows, "",
           "adjoint: comma-separated truncation windows T̄ (or none) to sweep; prints the gradient error against "
@@ -32,6 +37,48 @@ ABSL_FLAG(int64_t, seq_len, 61,
 
 namespace sg {
 namespace {
+
+// --tp: per strategy, the split model's gradient (gathered) against the whole model's, both by the strategy.
+int TensorParallelCheck(Model& whole, const Batch& batch, const std::vector<StrategyOptions>& runs,
+                        const ObjectiveOptions& objective, int tp) {
+  absl::StatusOr<std::unique_ptr<dist::Communicator>> world = dist::CreateMpiCommunicator();
+  tools::ExitIfError(world.status(), "--tp");
+  absl::StatusOr<dist::TensorParallelGrid> grid = dist::CreateTensorParallelGrid(**world, tp);
+  tools::ExitIfError(grid.status(), "--tp");
+  absl::StatusOr<std::unique_ptr<Model>> split = dist::SplitModel(whole, grid->layers());
+  tools::ExitIfError(split.status(), "--tp");
+  Trainer shape(**split, runs[0], OptimizerOptions{}, objective);
+  absl::StatusOr<dist::WholeTrainer> gathered = dist::MakeWholeTrainer(shape, Device::kCPU);  // to gather into
+  tools::ExitIfError(gathered.status(), "--tp");
+  if ((*world)->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // rank 0 prints
+  for (const StrategyOptions& run : runs) {
+    Trainer one(whole, run, OptimizerOptions{}, objective), parted(**split, run, OptimizerOptions{}, objective);
+    absl::StatusOr<StepMetrics> want = one.ComputeGradients(batch), got = parted.ComputeGradients(batch);
+    tools::ExitIfError(want.status(), "gradcheck");
+    tools::ExitIfError(got.status(), "--tp");
+    tools::ExitIfError(GatherGrads(**split, *gathered->model), "--tp");
+    double worst = 0;  // max |difference| / max |one process's| per parameter, the worst parameter
+    std::string worst_param;
+    for (size_t i = 0; i < whole.params().size(); ++i) {
+      const Tensor& a = whole.params()[i].grad;
+      const Tensor& b = gathered->model->params()[i].grad;
+      if (!a.defined()) continue;
+      double diff = 0, scale = 0;
+      for (int64_t k = 0; k < a.numel(); ++k) {
+        const double x = a.dtype() == DType::kF64 ? a.data<double>()[k] : a.data<float>()[k];
+        const double y = b.dtype() == DType::kF64 ? b.data<double>()[k] : b.data<float>()[k];
+        diff = std::max(diff, std::abs(x - y));
+        scale = std::max(scale, std::abs(x));
+      }
+      if (scale > 0 && diff / scale > worst) worst = diff / scale, worst_param = whole.params()[i].name;
+    }
+    std::printf("{\"model\": \"%s\", \"strategy\": \"%s\", \"objective\": \"%s\", \"tp\": %d, "
+                "\"loss\": %.17g, \"one_process_loss\": %.17g, \"max_rel_err\": %.3e, \"worst_param\": \"%s\"}\n",
+                absl::GetFlag(FLAGS_model).c_str(), run.name.c_str(), objective.name.c_str(), tp, got->loss,
+                want->loss, worst, worst_param.c_str());
+  }
+  return 0;
+}
 
 int Main() {
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
@@ -81,6 +128,7 @@ int Main() {
       tools::ExitIfError(ValidateStrategyOptions(runs.back()), "--sparse_sweep");
     }
   }
+  if (const int tp = absl::GetFlag(FLAGS_tp); tp != 1) return TensorParallelCheck(**model, *batch, runs, objective, tp);
   const int64_t layers = (*model)->num_layers();
   std::vector<std::string> rows;
   for (const StrategyOptions& run : runs) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "core/plan.h"
 #include "nlohmann/json.hpp"
+#include "distributed/tensor_parallel.h"
 #include "examples/common.h"
 
 ABSL_FLAG(int64_t, seq_len, 4096, "tokens per sequence (dpo: of each response of the pair; grpo: of each completion)");
@@ -22,6 +23,7 @@ ABSL_FLAG(std::string, memory, "",
           "step fits instead");
 ABSL_FLAG(int64_t, max_seq_len, int64_t{1} << 24, "--memory: the longest --seq_len the search tries");
 ABSL_FLAG(bool, json, false, "print the plan as one JSON object instead of a table");
+ABSL_FLAG(int, tp, 1, "plan one rank of a tensor-parallel run over this many GPUs (README \"Tensor parallel\")");
 
 namespace sg {
 namespace {
@@ -62,6 +64,10 @@ int Main() {
       CreatePlanModel(spec, *dtype, Device::kMeta, LoraOptions{}, absl::GetFlag(FLAGS_seed));
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);
+  if (const int tp = absl::GetFlag(FLAGS_tp); tp != 1) {  // rank 0's blocks; the others' are the same size
+    model = dist::SplitModel(**model, TensorParallel{0, tp, nullptr});
+    tools::ExitIfError(model.status(), "--tp");
+  }
   tools::ExitIfError(ValidateStrategyForModel(strategy, **model), "flags");
 
   const std::string memory_text = absl::GetFlag(FLAGS_memory);
@@ -93,6 +99,7 @@ int Main() {
     j["strategy"] = strategy_text;
     j["objective"] = objective.name;
     j["lora"] = nlohmann::ordered_json::parse(tools::LoraJson(**model));
+    j["tp"] = absl::GetFlag(FLAGS_tp);
     j["seq_len"] = plan->seq_len;
     j["memory"] = memory ? nlohmann::ordered_json(memory) : nlohmann::ordered_json(nullptr);
     for (int i = 0; i < kNumMemCategories; ++i) {
@@ -104,8 +111,9 @@ int Main() {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("plan of one training step on --device=meta (no storage, no compute): %s, %s, %d layers, %s\n",
-              spec.c_str(), (*model)->family().c_str(), (*model)->num_layers(), DTypeName(*dtype));
+  std::printf("plan of one training step on --device=meta (no storage, no compute): %s, %s, %d layers, %s%s\n",
+              spec.c_str(), (*model)->family().c_str(), (*model)->num_layers(), DTypeName(*dtype),
+              absl::GetFlag(FLAGS_tp) > 1 ? absl::StrCat(", one rank of --tp=", absl::GetFlag(FLAGS_tp)).c_str() : "");
   std::printf("strategy %s, objective %s%s\n", strategy_text.c_str(), objective.name.c_str(),
               lora.empty() ? "" : absl::StrCat("; ", lora).c_str());
   if (memory) std::printf("longest --seq_len that fits in %lld bytes (%s): %lld tokens\n",

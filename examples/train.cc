@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "distributed/host_staged_nccl.h"
 #include "distributed/layer_sharded.h"
 #include "distributed/mpi_communicator.h"
+#include "distributed/tensor_parallel.h"
 #include "examples/common.h"
 #include "examples/report.h"
 
@@ -85,6 +87,10 @@ ABSL_FLAG(bool, dist_layers, false,
 ABSL_FLAG(bool, dist_shard_optimizer, false,
           "with --dist=mpi (data parallel): ZeRO-1, each rank keeps AdamW moments only for its share of the "
           "parameters and broadcasts them after its step. Not with --out_dir");
+ABSL_FLAG(int, tp, 1,
+          "with --dist: tensor parallel over groups of this many ranks (transformers; heads, KV heads, SwiGLU width "
+          "and vocabulary split, README \"Tensor parallel\"); the job's ranks form tp x (ranks / tp) data-parallel "
+          "groups. Checkpoints and saves hold the whole model");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: before starting, pick the largest --chunk (seco, spaco, adjoint) or partition (streambp) whose "
           "step fits, probed with the engine's memory limit, or refuse with the numbers (0 = no budget)");
@@ -225,6 +231,17 @@ int Main() {
                        "flags");
   }
   const bool lead = !comm || comm->rank() == 0;  // prints, reports, saves
+  // --tp: the ranks form tensor-parallel groups; data parallelism runs across them (over `dp_comm`).
+  std::optional<dist::TensorParallelGrid> grid;
+  const int tp = absl::GetFlag(FLAGS_tp);
+  if (comm) tools::ExitIfError(dist::CheckSameTp(*comm, tp), "--tp");
+  if (tp != 1) {
+    if (!comm) tools::ExitIfError(absl::InvalidArgumentError("needs --dist=mpi or --dist=nccl"), "--tp");
+    absl::StatusOr<dist::TensorParallelGrid> g = dist::CreateTensorParallelGrid(*comm, tp);
+    tools::ExitIfError(g.status(), "--tp");
+    grid = std::move(*g);
+  }
+  dist::Communicator* dp_comm = grid ? grid->dp.get() : comm.get();
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
   if (absl::GetFlag(FLAGS_steps) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--steps must be positive"), "flags");
@@ -271,9 +288,15 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
+  // --tp: the whole model in host memory; the device gets only this rank's blocks.
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadAnyModel(tools::ModelSpec(), *dtype, seed, grid ? Device::kCPU : device);
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
+  if (grid) {  // every rank loaded the whole model: keep this rank's blocks
+    model = dist::SplitModel(**model, grid->layers(), device);
+    tools::ExitIfError(model.status(), "--tp");
+  }
   if (lora.empty() && absl::GetFlag(FLAGS_merge_lora))
     tools::ExitIfError(absl::InvalidArgumentError("--merge_lora needs LoRA (--lora_rank or --lora_init)"), "flags");
   absl::StatusOr<SaveDType> save_dtype = ParseSaveDType(absl::GetFlag(FLAGS_save_dtype));
@@ -292,8 +315,13 @@ int Main() {
                                                   "or --lora_init): without adapters it is the policy itself"),
                        "--ref_model");
   if (!ref_model.empty() && !reference_is_base) {
-    absl::StatusOr<std::unique_ptr<Model>> r = LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, device);
+    absl::StatusOr<std::unique_ptr<Model>> r =
+        LoadAnyModel(tools::ModelSpecOf(ref_model), *dtype, seed, grid ? Device::kCPU : device);
     tools::ExitIfError(r.status(), "--ref_model");
+    if (grid) {
+      r = dist::SplitModel(**r, grid->layers(), device);
+      tools::ExitIfError(r.status(), "--ref_model");
+    }
     if ((*r)->vocab_size() != vocab)
       tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("vocabulary size ", (*r)->vocab_size(),
                                                                  " differs from --model's ", vocab)),
@@ -357,6 +385,9 @@ int Main() {
   std::unique_ptr<dist::LayerShardedAdjoint> layer_sharded;
   const bool dist_layers = absl::GetFlag(FLAGS_dist_layers), shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
   const char* dist_what = dist_layers ? "--dist_layers" : "--dist_shard_optimizer";
+  if (dist_layers && grid)
+    tools::ExitIfError(absl::InvalidArgumentError("layer sharding and --tp split the model two ways: pick one"),
+                       dist_what);
   if ((dist_layers || shard_optimizer) && !comm)
     tools::ExitIfError(absl::InvalidArgumentError("needs --dist=mpi or --dist=nccl"), dist_what);
   if ((dist_layers || shard_optimizer) && !out_dir.empty())
@@ -372,12 +403,19 @@ int Main() {
     layer_sharded = std::make_unique<dist::LayerShardedAdjoint>(**model, strategy, opt, *comm);
     tools::ExitIfError(layer_sharded->Validate(), dist_what);
   } else if (comm) {
-    data_parallel = std::make_unique<dist::DataParallel>(trainer, *comm);
+    data_parallel = std::make_unique<dist::DataParallel>(trainer, *dp_comm);
     data_parallel->set_shard_optimizer(shard_optimizer);
   }
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   // What a resume must match (core/checkpoint.h): model, LoRA, strategy, optimizer, objective, and the data.
-  RunConfig run_config = TrainerRunConfig(trainer);
+  // --tp: the whole model's configuration (a meta twin), so that checkpoints resume across tp and one process.
+  std::optional<dist::WholeTrainer> meta_whole;
+  if (grid) {
+    absl::StatusOr<dist::WholeTrainer> w = dist::MakeWholeTrainer(trainer, Device::kMeta);
+    tools::ExitIfError(w.status(), "--tp");
+    meta_whole = std::move(*w);
+  }
+  RunConfig run_config = TrainerRunConfig(grid ? *meta_whole->trainer : trainer);
   run_config["data"] = data.empty() ? "synthetic retrieval" : tools::ResolveUserPath(data);
   if (sft) run_config["seq_len"] = absl::StrCat(seq_len);
   if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
@@ -419,8 +457,15 @@ int Main() {
       absl::StatusOr<std::string> latest = FindLatestCheckpoint(out_dir, &skipped);
       for (const std::string& why : skipped) std::fprintf(stderr, "warning: --resume: skipping %s\n", why.c_str());
       if (latest.ok()) {
-        absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(*latest, trainer, &run_config);
+        std::optional<dist::WholeTrainer> whole;  // --tp: the checkpoint holds the whole model
+        if (grid) {
+          absl::StatusOr<dist::WholeTrainer> w = dist::MakeWholeTrainer(trainer, Device::kCPU);
+          tools::ExitIfError(w.status(), "--resume");
+          whole = std::move(*w);
+        }
+        absl::StatusOr<CheckpointMeta> meta = LoadCheckpoint(*latest, grid ? *whole->trainer : trainer, &run_config);
         tools::ExitIfError(meta.status(), "--resume");
+        if (grid) tools::ExitIfError(dist::ScatterTrainer(*whole->trainer, trainer), "--resume");
         for (const std::string& w : meta->warnings) std::fprintf(stderr, "warning: --resume: %s\n", w.c_str());
         const int64_t done = meta->trainer.step;
         if (static_cast<int64_t>(meta->history["loss"].size()) != done)
@@ -453,22 +498,34 @@ int Main() {
       }
     }
   }
-  if (comm) {  // start from rank 0's weights, whatever each rank loaded
+  if (comm) {  // start from rank 0's weights (of the same blocks), whatever each rank loaded
     for (Param& p : (*model)->params())
       tools::ExitIfError(WithHostBytes(p.value, /*write_back=*/true,  // the communicators take host memory
-                                       [&](void* d) { return comm->Broadcast(d, p.value.numel(), p.value.dtype(), 0); }),
+                                       [&](void* d) { return dp_comm->Broadcast(d, p.value.numel(), p.value.dtype(), 0); }),
                          dist_what_flag.c_str());
     if (lead && layer_sharded)
       std::fprintf(stderr, "layer-sharded adjoint: %d ranks (%s), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
                    comm->backend().c_str(),
                    layer_sharded->block().begin, layer_sharded->block().end, (*model)->num_layers());
-    else if (lead)
+    else if (lead && dp_comm->size() > 1)
       std::fprintf(stderr, "data parallel: %d ranks (%s)%s, each takes its share of the %lld records of a step\n",
-                   comm->size(), comm->backend().c_str(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
+                   dp_comm->size(), comm->backend().c_str(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
                    static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
+    if (lead && grid)
+      std::fprintf(stderr, "tensor parallel: %d groups of %d ranks, each rank holding 1/%d of the weights and KV\n",
+                   dp_comm->size(), grid->tp->size(), grid->tp->size());
   }
+  // --tp: checkpoints and saves write the whole model, gathered from every group's blocks (every rank takes part).
+  auto gathered = [&]() {
+    absl::StatusOr<dist::WholeTrainer> w = dist::MakeWholeTrainer(trainer, Device::kCPU);
+    tools::ExitIfError(w.status(), "--tp");
+    tools::ExitIfError(dist::GatherTrainer(trainer, *w->trainer), "--tp");
+    return std::move(*w);
+  };
   tools::Progress notes = tools::Progress::ForStdout();  // checkpoint notes above the progress line
   auto save_checkpoint = [&]() {
+    std::optional<dist::WholeTrainer> whole;
+    if (grid) whole = gathered();
     if (!lead) return;
     CheckpointMeta meta;
     meta.trainer = trainer.state();
@@ -476,7 +533,8 @@ int Main() {
     meta.data_position = train_data.next;
     meta.history = history;
     meta.run_config = run_config;
-    absl::StatusOr<std::string> path = SaveCheckpoint(out_dir, trainer, meta, static_cast<int>(keep));
+    absl::StatusOr<std::string> path =
+        SaveCheckpoint(out_dir, grid ? *whole->trainer : trainer, meta, static_cast<int>(keep));
     tools::ExitIfError(path.status(), "--out_dir");
     const std::string line = absl::StrCat("saved ", *path);
     if (notes.tty()) notes.Note(line);
@@ -484,7 +542,7 @@ int Main() {
   };
 
   std::vector<double>& losses = history["loss"];
-  int64_t tokens = 0;
+  int64_t tokens = 0, tp_bytes_last_step = 0;
   double seconds = 0;
   const int64_t last_step = stop_at_step > 0 ? std::min(steps, stop_at_step) : steps;
   monitor.set_last_step(last_step);
@@ -497,6 +555,7 @@ int Main() {
       batch_tokens += t;
     }
     monitor.BeginStep(step);
+    const int64_t tp_bytes_before = grid ? grid->tp->bytes_communicated() : 0;
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<StepMetrics> m;
     if (layer_sharded) {  // every rank runs every sequence through its own layers
@@ -512,13 +571,14 @@ int Main() {
         whole.groups.insert(whole.groups.end(), b.groups.begin(), b.groups.end());
       }
       uint64_t first = 0;
-      const Batch shard = dist::ShardOf(whole, comm->rank(), comm->size(), &first);
+      const Batch shard = dist::ShardOf(whole, dp_comm->rank(), dp_comm->size(), &first);
       m = data_parallel->Step(shard, first);
       if (m.ok()) m->micro_batches = opt.grad_accum;
     } else {
       m = trainer.Step(micro_batches);
     }
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (grid) tp_bytes_last_step = grid->tp->bytes_communicated() - tp_bytes_before;
     seconds += step_seconds;
     tools::ExitIfError(m.status(), absl::StrCat("step ", step).c_str());
     tokens += batch_tokens;
@@ -548,16 +608,23 @@ int Main() {
   if (layer_sharded)
     std::printf("layer-sharded adjoint: %d ranks, %lld bytes sent by rank 0 in the last step\n", comm->size(),
                 static_cast<long long>(layer_sharded->bytes_last_step()));
-  else if (comm)
-    std::printf("data parallel: %d ranks, %lld bytes all-reduced per rank per step\n", comm->size(),
+  else if (comm && dp_comm->size() > 1)
+    std::printf("data parallel: %d ranks, %lld bytes all-reduced per rank per step\n", dp_comm->size(),
                 static_cast<long long>(data_parallel->bytes_last_step()));
+  if (grid)
+    std::printf("tensor parallel: %d ranks per group, %lld bytes all-reduced per rank in the last step\n",
+                grid->tp->size(), static_cast<long long>(tp_bytes_last_step));
+
+  std::optional<dist::WholeTrainer> whole;  // --tp: what --save and --out_dir write
+  if (grid && (!absl::GetFlag(FLAGS_save).empty() || (!out_dir.empty() && finished))) whole = gathered();
+  Model& saved = grid ? *whole->model : **model;
 
   if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty() && lead)
-    tools::ExitIfError(tools::SaveTrained(**model, tools::ResolveUserPath(save), tools::ModelSpec(),
+    tools::ExitIfError(tools::SaveTrained(saved, tools::ResolveUserPath(save), tools::ModelSpec(),
                                           absl::GetFlag(FLAGS_merge_lora), *save_dtype),
                        "--save");
   if (!out_dir.empty() && finished && lead)  // the final model next to the checkpoints, as --save writes it
-    tools::ExitIfError(tools::SaveTrained(**model, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora),
+    tools::ExitIfError(tools::SaveTrained(saved, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora),
                                           *save_dtype),
                        "--out_dir");
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty() && lead) {

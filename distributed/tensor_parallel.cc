@@ -1,0 +1,133 @@
+#include "distributed/tensor_parallel.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/lora.h"
+#include "core/transformer.h"
+
+namespace sg::dist {
+
+absl::Status CheckSameTp(Communicator& world, int tp) {
+  const int n = world.size();
+  std::vector<int64_t> all(n);
+  const int64_t mine = tp;
+  if (absl::Status s = world.AllGather(&mine, all.data(), 1, DType::kI64); !s.ok())
+    return absl::Status(s.code(), absl::StrCat("--tp: agreeing on the tensor-parallel size: ", s.message()));
+  for (int r = 1; r < n; ++r) {
+    if (all[r] == all[0]) continue;
+    std::string each;
+    for (int q = 0; q < n; ++q) absl::StrAppend(&each, q ? ", " : "", "rank ", q, ": ", all[q]);
+    return absl::FailedPreconditionError(absl::StrCat("--tp differs across ranks (", each, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp) {
+  if (absl::Status s = CheckSameTp(world, tp); !s.ok()) return s;
+  const int n = world.size();
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", tp));
+  if (n % tp != 0)
+    return absl::InvalidArgumentError(absl::StrCat("--tp=", tp, ": the job has ", n, " ranks, which is not tp (", tp,
+                                                   ") x a data-parallel size (", n, " % ", tp, " = ", n % tp, ")"));
+  TensorParallelGrid g;
+  absl::StatusOr<std::unique_ptr<Communicator>> t = world.Split(world.rank() / tp, world.rank());
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::unique_ptr<Communicator>> d = world.Split(world.rank() % tp, world.rank());
+  if (!d.ok()) return d.status();
+  g.tp = std::move(*t);
+  g.dp = std::move(*d);
+  return g;
+}
+
+namespace {
+// The split model's parameters' shards, with its group.
+struct Split {
+  const TensorParallelModel* model;
+  TensorParallel tp;
+};
+absl::StatusOr<Split> SplitOf(Trainer& split) {
+  const auto* m = dynamic_cast<const TensorParallelModel*>(&split.model());
+  if (!m) return absl::InvalidArgumentError("tensor parallel: the trainer's model cannot be split");
+  return Split{m, m->tensor_parallel()};
+}
+// f(whole tensor, split tensor, shard) over the moments and masters both optimizers hold.
+template <typename F>
+absl::Status ForEachOptimizerTensor(Trainer& whole, Trainer& split, const Split& s, F f) {
+  const std::vector<Param>& params = split.model().params();
+  for (auto pick : {&AdamW::mutable_m, &AdamW::mutable_v, &AdamW::mutable_master}) {
+    std::vector<Tensor>& w = (whole.optimizer().*pick)();
+    std::vector<Tensor>& b = (split.optimizer().*pick)();
+    for (size_t i = 0; i < params.size() && i < w.size() && i < b.size(); ++i) {
+      if (!w[i].defined() || !b[i].defined()) continue;
+      if (absl::Status st = f(w[i], b[i], s.model->ShardOf(static_cast<int>(i))); !st.ok())
+        return absl::Status(st.code(), absl::StrCat("optimizer state of ", params[i].name, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+namespace {
+// The dtype a transformer was created with: bf16 when its matrices are stored in bf16.
+DType CreatedDType(Model& m) {
+  for (const Param& p : m.params())
+    if (p.value.dtype() == DType::kBF16) return DType::kBF16;
+  return m.dtype();
+}
+absl::StatusOr<std::unique_ptr<Model>> Transformer(Model& like, Device device, const TensorParallel& tp) {
+  auto* t = dynamic_cast<TransformerModel*>(&like);
+  if (!t)
+    return absl::UnimplementedError(absl::StrCat("a ", like.family(), " model is not split yet (transformers "
+                                                 "only; Mamba's d_inner split is planned, docs/design.md)"));
+  absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(t->config(), CreatedDType(like), device, tp);
+  if (!m.ok()) return m.status();
+  if (like.lora())
+    if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;
+  return std::unique_ptr<Model>(std::move(*m));
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp,
+                                                  std::optional<Device> device) {
+  absl::StatusOr<std::unique_ptr<Model>> split = Transformer(whole, device.value_or(whole.memory().device()), tp);
+  if (!split.ok()) return split.status();
+  if (absl::Status s = ScatterParams(whole, **split); !s.ok()) return s;
+  return split;
+}
+
+absl::StatusOr<WholeTrainer> MakeWholeTrainer(Trainer& split, Device device) {
+  WholeTrainer w;
+  absl::StatusOr<std::unique_ptr<Model>> m = Transformer(split.model(), device, {});
+  if (!m.ok()) return m.status();
+  w.model = std::move(*m);
+  w.trainer = std::make_unique<Trainer>(*w.model, split.strategy(), split.optimizer_options(), split.objective());
+  w.trainer->set_num_threads(split.num_threads());
+  return w;
+}
+
+absl::Status ScatterTrainer(Trainer& whole, Trainer& split) {
+  absl::StatusOr<Split> s = SplitOf(split);
+  if (!s.ok()) return s.status();
+  if (absl::Status st = ScatterParams(whole.model(), split.model()); !st.ok()) return st;
+  split.set_state(whole.state());
+  if (!whole.optimizer().has_moments()) return absl::OkStatus();
+  if (absl::Status st = split.optimizer().EnsureMoments(split.model()); !st.ok()) return st;
+  return ForEachOptimizerTensor(whole, split, *s, [&](Tensor& w, Tensor& b, TpShard shard) {
+    return SliceTensor(w, shard, s->tp, b);
+  });
+}
+
+absl::Status GatherTrainer(Trainer& split, Trainer& whole) {
+  absl::StatusOr<Split> s = SplitOf(split);
+  if (!s.ok()) return s.status();
+  if (absl::Status st = GatherParams(split.model(), whole.model()); !st.ok()) return st;
+  whole.set_state(split.state());
+  if (!split.optimizer().has_moments()) return absl::OkStatus();
+  if (absl::Status st = whole.optimizer().EnsureMoments(whole.model()); !st.ok()) return st;
+  return ForEachOptimizerTensor(whole, split, *s, [&](Tensor& w, Tensor& b, TpShard shard) {
+    return GatherTensor(b, shard, s->tp, w);
+  });
+}
+
+}  // namespace sg::dist
