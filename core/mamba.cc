@@ -231,7 +231,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
-    return res;
+    return Store::Boundary(ops_, std::move(res));
   }
 
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
@@ -337,7 +337,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.copy(dx.data<T>(), dy, n * d);
     ops_.rmsnorm_backward(dxn.data<T>(), s[kX].data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
                           GradOrScratch(L.norm), true);
-    return dx;
+    return Store::Boundary(ops_, std::move(dx));
   }
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,

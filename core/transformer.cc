@@ -366,7 +366,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Store::LoraAdd(ops_, L.down, a.data<T>(), c, state.opts, y.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a, q_raw, q_rstd};
-    return y;
+    return Store::Boundary(ops_, std::move(y));
   }
 
   // The layer's K/V of the chunk are all that later positions need of it: norm, K/V projections, rope.
@@ -467,7 +467,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
     NormBackward(dxn1.data<T>(), s[kX].data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
-    return dx;
+    return Store::Boundary(ops_, std::move(dx));
   }
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,

@@ -8,23 +8,9 @@
 // The LM head works per token, so the top layer and the head go together: the forward stops at the top layer's
 // input, and the backward of the top layer computes each partition's output, its head loss and gradient, and
 // backprops it at once — the top layer runs forward once, not twice.
-#include <cstring>
-
 #include "core/strategies/chunk_steps.h"
 
 namespace sg {
-namespace {
-
-Tensor NewRows(Model& m, int64_t rows) {
-  return Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {rows, m.hidden_size()});
-}
-
-void CopyRows(Tensor& dst, Chunk c, const Tensor& src) {
-  if (src.device() == Device::kMeta) return;  // meta tensors hold no values
-  std::memcpy(dst.Rows(c.begin, c.end).raw(), src.raw(), src.nbytes());
-}
-
-}  // namespace
 
 GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
   const int64_t T = static_cast<int64_t>(s.ids.size());
@@ -33,13 +19,14 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}.Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
-  std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence
-  inputs[0] = m.Embed(s.ids.data(), {0, T});
+  std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence (Model::NewRows)
+  inputs[0] = m.NewRows(T);
+  for (const Chunk& c : parts) m.StoreRows(inputs[0], c, m.Embed(s.ids.data(), c));
   for (int l = 0; l + 1 < L; ++l) {
     ThrowIfCancelled(o);
-    inputs[l + 1] = NewRows(m, T);
+    inputs[l + 1] = m.NewRows(T);
     for (const Chunk& c : parts)
-      CopyRows(inputs[l + 1], c, m.LayerForward(l, c, inputs[l].Rows(c.begin, c.end), *state, /*saved=*/nullptr));
+      m.StoreRows(inputs[l + 1], c, m.LayerForward(l, c, m.ReadRows(inputs[l], c), *state, /*saved=*/nullptr));
     state->Release(l, 0);
   }
 
@@ -47,11 +34,11 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   Tensor dy;  // gradient of the current layer's output, whole sequence
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
-    for (const Chunk& c : parts) m.LayerAppendState(l, c, inputs[l].Rows(c.begin, c.end), *state);
-    Tensor dx = NewRows(m, T);
+    for (const Chunk& c : parts) m.LayerAppendState(l, c, m.ReadRows(inputs[l], c), *state);
+    Tensor dx = m.NewRows(T);
     for (auto c = parts.rbegin(); c != parts.rend(); ++c) {
       LayerSaved saved;
-      Tensor y = m.LayerForward(l, *c, inputs[l].Rows(c->begin, c->end), *state, &saved);
+      Tensor y = m.LayerForward(l, *c, m.ReadRows(inputs[l], *c), *state, &saved);
       Tensor dyc;
       if (l == L - 1) {
         HeadResult head = m.HeadLoss(*c, y, s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
@@ -59,16 +46,16 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
         result.tokens += head.tokens;
         dyc = std::move(head.dh);
       } else {
-        dyc = dy.Rows(c->begin, c->end);
+        dyc = m.ReadRows(dy, *c);
       }
       y.Reset();
-      CopyRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
+      m.StoreRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
       state->Release(l, c->begin);
     }
     inputs[l].Reset();
     dy = std::move(dx);
   }
-  m.EmbedBackward(s.ids.data(), {0, T}, dy);
+  for (const Chunk& c : parts) m.EmbedBackward(s.ids.data(), c, m.ReadRows(dy, c));
   return result;
 }
 
