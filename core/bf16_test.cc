@@ -140,6 +140,94 @@ TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
   }
 }
 
+// A sequence of n pseudo-random tokens, every one labelled.
+Sequence RandomSequence(int64_t n, int64_t vocab) {
+  Sequence s;
+  uint64_t x = 11;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s.ids.push_back(static_cast<int32_t>((x >> 33) % vocab));
+    s.labels.push_back(static_cast<int32_t>((x >> 17) % vocab));
+  }
+  return s;
+}
+
+// The allocator's peak of the activations category over one gradient pass of a sequence of n tokens.
+int64_t ActivationPeak(const std::string& preset, DType dtype, const std::string& strategy, int64_t n) {
+  auto m = Make(preset, dtype);
+  StrategyOptions so;
+  so.name = strategy;
+  so.chunk = 8;
+  so.page_size = 8;
+  Trainer t(*m, so, OptimizerOptions{});
+  m->memory().ResetPeak();
+  absl::StatusOr<StepMetrics> r = t.ComputeGradients({RandomSequence(n, m->vocab_size())});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return m->memory().Snapshot().peak[static_cast<int>(MemCategory::kActivations)];
+}
+
+// The hidden states a strategy keeps for the whole sequence are bf16: streambp's layer inputs and dy/dx rows (its
+// activations' growth with T halves exactly), ckpt's kept layer inputs (below the layer being recomputed, which is
+// widened to f32 for its recompute: (L - 1) T d 2 bytes fewer; the recomputed layer's own activations stay f32).
+// seco keeps nothing of the sequence but its state (the same bytes).
+TEST(BF16ActivationsTest, WholeSequenceHiddenStatesHalve) {
+  for (const std::string preset : {"tiny", "tiny-ssm"}) {
+    auto m = Make(preset, DType::kF32);
+    const int64_t L = m->num_layers(), d = m->hidden_size();
+    for (const std::string strategy : {"ckpt", "streambp", "seco"}) {
+      std::map<int64_t, int64_t> f32, bf16;
+      for (int64_t n : {64, 128}) {
+        f32[n] = ActivationPeak(preset, DType::kF32, strategy, n);
+        bf16[n] = ActivationPeak(preset, DType::kBF16, strategy, n);
+      }
+      const std::string what = preset + " " + strategy;
+      if (strategy == "streambp") {
+        EXPECT_GT(f32[128], f32[64]) << what;
+        EXPECT_EQ(2 * (bf16[128] - bf16[64]), f32[128] - f32[64]) << what;
+      }
+      for (int64_t n : {64, 128}) {
+        if (strategy == "ckpt") EXPECT_EQ(f32[n] - bf16[n], (L - 1) * n * d * 2) << what << " T=" << n;
+        if (strategy == "seco") EXPECT_EQ(f32[n], bf16[n]) << what << " T=" << n;
+      }
+    }
+  }
+}
+
+// Every layer hands on its output and input gradient rounded to bf16 (param_store.h, Boundary), whichever strategy
+// runs it: ckpt's recompute from its bf16 inputs gives full's gradients bit for bit, and on Mamba (whose scan
+// states stay f32) every exact strategy gives full's to f32 rounding. On transformers the chunked strategies round
+// each chunk's contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that
+// (the largest on a k_proj bias, whose true gradient cancels), their losses do not.
+TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    auto full = Make(preset, DType::kBF16);
+    const bool mamba = full->family() == "ssm";
+    const std::vector<Sequence> batch = RaggedBatch(full->vocab_size(), 3);
+    StrategyOptions fo;
+    fo.page_size = 4;
+    Trainer ft(*full, fo, OptimizerOptions{});
+    absl::StatusOr<StepMetrics> rf = ft.ComputeGradients(batch);
+    ASSERT_TRUE(rf.ok()) << rf.status();
+    for (const std::string strategy : {"ckpt", "streambp", "seco", "adjoint"}) {
+      if (strategy == "adjoint" && !mamba) continue;
+      auto m = Make(preset, DType::kBF16);
+      StrategyOptions so;
+      so.name = strategy;
+      so.chunk = 5;
+      so.page_size = 4;
+      Trainer t(*m, so, OptimizerOptions{});
+      absl::StatusOr<StepMetrics> r = t.ComputeGradients(batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      const std::string what = preset + " " + strategy;
+      EXPECT_NEAR(r->loss, rf->loss, 1e-6 * std::abs(rf->loss)) << what;
+      const double bound = strategy == "ckpt" ? 0 : mamba ? 1e-5 : 4e-2;
+      for (size_t i = 0; i < m->params().size(); ++i)
+        EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
+            << what << " " << m->params()[i].name;
+    }
+  }
+}
+
 // Both families: the same storage rules, masters, LoRA and checkpoints.
 class BF16FamilyTest : public testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Families, BF16FamilyTest, testing::Values("tiny", "tiny-ssm"));

@@ -26,8 +26,9 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
     LayerSaved saved;
-    m.LayerForward(l, all, m.ReadRows(inputs[l], all), *state, &saved);
+    const Tensor input = m.ReadRows(inputs[l], all);  // in the compute dtype
     inputs[l].Reset();
+    m.LayerForward(l, all, input, *state, &saved);
     dx = m.LayerBackward(l, all, dx, saved, *state);
     state->Release(l, 0);
   }
