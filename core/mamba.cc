@@ -337,7 +337,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.copy(dx.data<T>(), dy, n * d);
     ops_.rmsnorm_backward(dxn.data<T>(), s[kX].data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
                           GradOrScratch(L.norm), true);
-    return Store::Boundary(ops_, std::move(dx));
+    return dx;
   }
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,

@@ -18,6 +18,10 @@ Tensor Model::NewRows(int64_t rows) {
   return Tensor::Empty(&memory(), MemCategory::kActivations, activation_dtype(), {rows, hidden_size()});
 }
 
+Tensor Model::NewGradRows(int64_t rows) {
+  return Tensor::Empty(&memory(), MemCategory::kActivations, dtype(), {rows, hidden_size()});
+}
+
 void Model::StoreRows(Tensor& dst, Chunk c, const Tensor& src) {
   Tensor rows = dst.Rows(c.begin, c.end);
   if (dst.dtype() == src.dtype()) {

@@ -54,9 +54,9 @@ class ParamStore {
              int w, int64_t ldw, T beta, T* y, int64_t ldy) const {
     GemmWeight(ops, false, trans_w, m, n, k, alpha, x, ldx, Wv(w), ldw, beta, y, ldy);
   }
-  // A layer's output or input gradient as the layer hands it on: under --dtype=bf16 rounded to bf16 values (the
-  // activation dtype, Model::activation_dtype), so that a strategy storing it in bf16 (Model::StoreRows) and one
-  // keeping it in f32 differentiate the same function, and a recompute starts from what the forward used.
+  // A layer's output as the layer hands it on: under --dtype=bf16 rounded to bf16 values (the activation dtype,
+  // Model::activation_dtype), so that a strategy storing it in bf16 (Model::StoreRows) and one keeping it in f32
+  // differentiate the same function, and a recompute starts from what the forward used.
   Tensor Boundary(const OpTable<T>& ops, Tensor t) {
     if constexpr (std::is_same_v<T, float>) {
       if (weight_dtype_ == DType::kBF16) {

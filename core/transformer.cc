@@ -467,7 +467,7 @@ class Transformer final : public TransformerModel, private ParamStore<T> {
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
     NormBackward(dxn1.data<T>(), s[kX].data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
-    return Store::Boundary(ops_, std::move(dx));
+    return dx;
   }
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,

@@ -35,7 +35,7 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
     for (const Chunk& c : parts) m.LayerAppendState(l, c, m.ReadRows(inputs[l], c), *state);
-    Tensor dx = m.NewRows(T);
+    Tensor dx = m.NewGradRows(T);
     for (auto c = parts.rbegin(); c != parts.rend(); ++c) {
       LayerSaved saved;
       Tensor y = m.LayerForward(l, *c, m.ReadRows(inputs[l], *c), *state, &saved);
@@ -46,7 +46,7 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
         result.tokens += head.tokens;
         dyc = std::move(head.dh);
       } else {
-        dyc = m.ReadRows(dy, *c);
+        dyc = dy.Rows(c->begin, c->end);
       }
       y.Reset();
       m.StoreRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
@@ -55,7 +55,7 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
     inputs[l].Reset();
     dy = std::move(dx);
   }
-  for (const Chunk& c : parts) m.EmbedBackward(s.ids.data(), c, m.ReadRows(dy, c));
+  m.EmbedBackward(s.ids.data(), {0, T}, dy);
   return result;
 }
 
