@@ -1,7 +1,8 @@
 // --dtype=bf16 (param_store.h, optimizer.h): a model whose matrices, KV pages and logits are stored in bf16 computes
 // the loss and gradients of an f32 model holding the same (rounded) values to bf16's resolution; those bytes halve;
 // trainable bf16 parameters step through fp32 masters (master_weights); LoRA's frozen bf16 base has no fp32 copy; an
-// HF checkpoint round-trips in bf16 and saves in f32 on request. Llama/Qwen2 and Mamba alike.
+// HF checkpoint round-trips in bf16 and saves in f32 on request; the layer inputs ckpt and streambp keep for the
+// whole sequence are bf16, and every exact strategy still gives full's gradients. Llama/Qwen2 and Mamba alike.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -82,8 +83,8 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
   }
 }
 
-// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages and logits
-// chunks: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
+// The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages, logits
+// chunks and layer outputs: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
 // tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
 TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
@@ -116,7 +117,8 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
 }
 
 // Mamba: the bf16 matrices are read through gemm_mixed and the scan, conv and their states stay fp32, so the bf16
-// model differs from the f32 one on the same weights only by its bf16 logits chunks, which take half the bytes.
+// model differs from the f32 one on the same weights only by its bf16 logits chunks, which take half the bytes, and
+// its layer outputs rounded to bf16.
 TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
   for (const std::string strategy : {"full", "seco", "streambp", "adjoint"}) {
     auto bf16 = Make("tiny-ssm", DType::kBF16);
@@ -129,7 +131,7 @@ TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
     absl::StatusOr<StepMetrics> ra = a.ComputeGradients(batch), rb = b.ComputeGradients(batch);
     ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
     EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << strategy;
-    EXPECT_NE(ra->loss, rb->loss) << strategy;  // the logits are rounded
+    EXPECT_NE(ra->loss, rb->loss) << strategy;  // the logits and layer outputs are rounded
     for (size_t i = 0; i < f32->params().size(); ++i)
       EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
           << strategy << " " << f32->params()[i].name;
@@ -137,6 +139,85 @@ TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
     const int logits = static_cast<int>(MemCategory::kLogits), state = static_cast<int>(MemCategory::kKVCache);
     EXPECT_EQ(2 * sa.peak[logits], sb.peak[logits]) << strategy;
     EXPECT_EQ(sa.peak[state], sb.peak[state]) << strategy;  // scan states stay fp32
+  }
+}
+
+// A sequence of n pseudo-random tokens, every one labelled.
+Sequence RandomSequence(int64_t n, int64_t vocab) {
+  Sequence s;
+  uint64_t x = 11;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    s.ids.push_back(static_cast<int32_t>((x >> 33) % vocab));
+    s.labels.push_back(static_cast<int32_t>((x >> 17) % vocab));
+  }
+  return s;
+}
+
+// The allocator's peak of the activations category over one gradient pass of a sequence of n tokens.
+int64_t ActivationPeak(const std::string& preset, DType dtype, const std::string& strategy, int64_t n) {
+  auto m = Make(preset, dtype);
+  StrategyOptions so;
+  so.name = strategy;
+  so.chunk = 8;
+  so.page_size = 8;
+  Trainer t(*m, so, OptimizerOptions{});
+  m->memory().ResetPeak();
+  absl::StatusOr<StepMetrics> r = t.ComputeGradients({RandomSequence(n, m->vocab_size())});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return m->memory().Snapshot().peak[static_cast<int>(MemCategory::kActivations)];
+}
+
+// The hidden states a strategy keeps for the whole sequence are bf16: ckpt's and streambp's layer inputs. At their
+// peak (the recompute of a layer, whose input is widened to f32 for it) they hold the other L - 1 layers' inputs:
+// (L - 1) T d 2 bytes fewer than in f32, at every T. The recomputed layer's own activations and streambp's two
+// gradient rows stay f32. seco keeps nothing of the sequence but its state: the same bytes.
+TEST(BF16ActivationsTest, WholeSequenceHiddenStatesHalve) {
+  for (const std::string preset : {"tiny", "tiny-ssm"}) {
+    auto m = Make(preset, DType::kF32);
+    const int64_t L = m->num_layers(), d = m->hidden_size();
+    for (const std::string strategy : {"ckpt", "streambp", "seco"})
+      for (int64_t n : {64, 128}) {
+        const int64_t f32 = ActivationPeak(preset, DType::kF32, strategy, n);
+        const int64_t bf16 = ActivationPeak(preset, DType::kBF16, strategy, n);
+        const std::string what = preset + " " + strategy + " T=" + std::to_string(n);
+        EXPECT_EQ(f32 - bf16, strategy == "seco" ? 0 : (L - 1) * n * d * 2) << what;
+      }
+  }
+}
+
+// Every layer hands on its output rounded to bf16 (param_store.h, Boundary), whichever strategy runs it: ckpt's
+// recompute from its bf16 inputs gives full's gradients bit for bit, and on Mamba (whose scan states stay f32) every
+// exact strategy gives full's to f32 rounding. On transformers the chunked strategies round each chunk's
+// contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the most on
+// a k_proj bias, whose true gradient nearly cancels), their losses do not.
+TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    auto full = Make(preset, DType::kBF16);
+    const bool mamba = full->family() == "ssm";
+    const std::vector<Sequence> batch = RaggedBatch(full->vocab_size(), 3);
+    StrategyOptions fo;
+    fo.page_size = 4;
+    Trainer ft(*full, fo, OptimizerOptions{});
+    absl::StatusOr<StepMetrics> rf = ft.ComputeGradients(batch);
+    ASSERT_TRUE(rf.ok()) << rf.status();
+    for (const std::string strategy : {"ckpt", "streambp", "seco", "adjoint"}) {
+      if (strategy == "adjoint" && !mamba) continue;
+      auto m = Make(preset, DType::kBF16);
+      StrategyOptions so;
+      so.name = strategy;
+      so.chunk = 5;
+      so.page_size = 4;
+      Trainer t(*m, so, OptimizerOptions{});
+      absl::StatusOr<StepMetrics> r = t.ComputeGradients(batch);
+      ASSERT_TRUE(r.ok()) << r.status();
+      const std::string what = preset + " " + strategy;
+      EXPECT_NEAR(r->loss, rf->loss, 1e-6 * std::abs(rf->loss)) << what;
+      const double bound = strategy == "ckpt" ? 0 : mamba ? 1e-5 : 4e-2;
+      for (size_t i = 0; i < m->params().size(); ++i)
+        EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
+            << what << " " << m->params()[i].name;
+    }
   }
 }
 

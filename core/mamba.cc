@@ -236,7 +236,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
 
     if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
-    return res;
+    return Store::Boundary(ops_, std::move(res));
   }
 
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {

@@ -133,6 +133,26 @@ class Model {
   // Bytes of state (cache) and state gradient per token per layer, for memory planning and reports.
   virtual int64_t StateBytesPerToken() const = 0;
 
+  // Hidden states that a strategy keeps for the whole sequence across layers (ckpt's and streambp's layer inputs)
+  // are stored in the activation dtype: bf16 when the model stores its weight matrices in bf16 (--dtype=bf16), else
+  // dtype(). Layers compute in dtype(): a strategy reads and writes those tensors a chunk at a time through these
+  // accessors. Under bf16 every layer's output is already rounded to bf16 values (by the model, whatever the
+  // strategy), so storing it loses nothing and every strategy differentiates the same function. Their gradients
+  // stay in dtype() (NewGradRows): a strategy keeps two such rows, not one per layer, and rounding them would add
+  // error to every parameter gradient below.
+  DType activation_dtype();
+  // [rows][hidden_size] in the activation dtype (category activations).
+  Tensor NewRows(int64_t rows);
+  // [rows][hidden_size] in dtype() (category activations), for gradients of hidden states.
+  Tensor NewGradRows(int64_t rows);
+  // dst's rows c := src ([c.size()][hidden_size] in dtype()), rounded into dst's dtype.
+  void StoreRows(Tensor& dst, Chunk c, const Tensor& src);
+  // src's rows c in dtype(): a view when src is in dtype(), else a widened copy of those rows only.
+  Tensor ReadRows(const Tensor& src, Chunk c);
+  // x ([n][hidden_size] in dtype()) as kept for later: x itself when the activation dtype is dtype(), else a copy
+  // in the activation dtype.
+  Tensor KeepRows(const Tensor& x);
+
   // LoRA (core/lora.h; use sg::EnableLora): adds adapters to the target modules and freezes the base parameters.
   virtual absl::Status EnableLora(const LoraOptions& options);
   // The adapters; null while LoRA is off.

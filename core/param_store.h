@@ -54,6 +54,19 @@ class ParamStore {
              int w, int64_t ldw, T beta, T* y, int64_t ldy) const {
     GemmWeight(ops, false, trans_w, m, n, k, alpha, x, ldx, Wv(w), ldw, beta, y, ldy);
   }
+  // A layer's output as the layer hands it on: under --dtype=bf16 rounded to bf16 values (the activation dtype,
+  // Model::activation_dtype), so that a strategy storing it in bf16 (Model::StoreRows) and one keeping it in f32
+  // differentiate the same function, and a recompute starts from what the forward used.
+  Tensor Boundary(const OpTable<T>& ops, Tensor t) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (weight_dtype_ == DType::kBF16) {
+        Tensor half = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kBF16, t.shape());
+        ops.f32_to_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
+        ops.bf16_to_f32(half.template data<uint16_t>(), t.numel(), t.template data<float>());
+      }
+    }
+    return t;
+  }
   T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
   int AddIn(DType value_dtype, const std::string& name, const std::vector<int64_t>& shape) {
     Param p;

@@ -108,11 +108,7 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, 
   return WithLora(Create(*c, dtype, device, seed, text->second), lora);
 }
 
-DType CreatedDType(Model& model) {
-  for (const Param& p : model.params())
-    if (p.value.dtype() == DType::kBF16) return DType::kBF16;
-  return model.dtype();
-}
+DType CreatedDType(Model& model) { return model.activation_dtype(); }
 
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   LoraOptions lora;

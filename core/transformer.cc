@@ -419,7 +419,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, state.opts, y.data<T>());
 
     if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a, q_raw, q_rstd};
-    return y;
+    return Store::Boundary(ops_, std::move(y));
   }
 
   // The layer's K/V of the chunk are all that later positions need of it: norm, K/V projections, rope.

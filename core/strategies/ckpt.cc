@@ -15,7 +15,7 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
   Tensor x = m.Embed(s.ids.data(), all);
   for (int l = 0; l < L; ++l) {
     ThrowIfCancelled(o);
-    inputs[l] = x;
+    inputs[l] = m.KeepRows(x);  // in the activation dtype
     x = m.LayerForward(l, all, x, *state, /*saved=*/nullptr);
     state->Release(l, 0);
   }
@@ -26,8 +26,9 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
     LayerSaved saved;
-    m.LayerForward(l, all, inputs[l], *state, &saved);
+    const Tensor input = m.ReadRows(inputs[l], all);  // in the compute dtype
     inputs[l].Reset();
+    m.LayerForward(l, all, input, *state, &saved);
     dx = m.LayerBackward(l, all, dx, saved, *state);
     state->Release(l, 0);
   }

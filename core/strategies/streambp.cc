@@ -8,21 +8,9 @@
 // The LM head works per token, so the top layer and the head go together: the forward stops at the top layer's
 // input, and the backward of the top layer computes each partition's output, its head loss and gradient, and
 // backprops it at once — the top layer runs forward once, not twice.
-
 #include "core/strategies/chunk_steps.h"
 
 namespace sg {
-namespace {
-
-Tensor NewRows(Model& m, int64_t rows) {
-  return Tensor::Empty(&m.memory(), MemCategory::kActivations, m.dtype(), {rows, m.hidden_size()});
-}
-
-void CopyRows(Tensor& dst, Chunk c, const Tensor& src) {
-  CopyTensor(dst.Rows(c.begin, c.end), src);  // meta: nothing
-}
-
-}  // namespace
 
 GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o) {
   const int64_t T = static_cast<int64_t>(s.ids.size());
@@ -31,13 +19,14 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}.Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
-  std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence
-  inputs[0] = m.Embed(s.ids.data(), {0, T});
+  std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence (Model::NewRows)
+  inputs[0] = m.NewRows(T);
+  for (const Chunk& c : parts) m.StoreRows(inputs[0], c, m.Embed(s.ids.data(), c));
   for (int l = 0; l + 1 < L; ++l) {
     ThrowIfCancelled(o);
-    inputs[l + 1] = NewRows(m, T);
+    inputs[l + 1] = m.NewRows(T);
     for (const Chunk& c : parts)
-      CopyRows(inputs[l + 1], c, m.LayerForward(l, c, inputs[l].Rows(c.begin, c.end), *state, /*saved=*/nullptr));
+      m.StoreRows(inputs[l + 1], c, m.LayerForward(l, c, m.ReadRows(inputs[l], c), *state, /*saved=*/nullptr));
     state->Release(l, 0);
   }
 
@@ -45,11 +34,11 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   Tensor dy;  // gradient of the current layer's output, whole sequence
   for (int l = L - 1; l >= 0; --l) {
     ThrowIfCancelled(o);
-    for (const Chunk& c : parts) m.LayerAppendState(l, c, inputs[l].Rows(c.begin, c.end), *state);
-    Tensor dx = NewRows(m, T);
+    for (const Chunk& c : parts) m.LayerAppendState(l, c, m.ReadRows(inputs[l], c), *state);
+    Tensor dx = m.NewGradRows(T);
     for (auto c = parts.rbegin(); c != parts.rend(); ++c) {
       LayerSaved saved;
-      Tensor y = m.LayerForward(l, *c, inputs[l].Rows(c->begin, c->end), *state, &saved);
+      Tensor y = m.LayerForward(l, *c, m.ReadRows(inputs[l], *c), *state, &saved);
       Tensor dyc;
       if (l == L - 1) {
         HeadResult head = m.HeadLoss(*c, y, s.labels.data(), s.objective.get(), grad_scale, /*need_grad=*/true);
@@ -60,7 +49,7 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
         dyc = dy.Rows(c->begin, c->end);
       }
       y.Reset();
-      CopyRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
+      m.StoreRows(dx, *c, m.LayerBackward(l, *c, dyc, saved, *state));
       state->Release(l, c->begin);
     }
     inputs[l].Reset();
