@@ -244,12 +244,13 @@ TEST(TensorParallel, DpoOnTheDistributedCrossEntropy) {
   CheckAgainstSingleProcess(r, 1e-12);
 }
 
-// bf16 weights, KV pages and logits (f32 compute): the split sums round differently and a logit or weight one
-// bf16 step apart (2^-8) moves the next steps, so only close (measured: 2e-4 relative at TP = 4 by step 3).
+// bf16 weights, KV pages, logits and layer outputs (f32 compute): the split sums round differently and a value one
+// bf16 step apart (2^-8 = 4e-3 relative) moves the next steps, so only close (measured: 1.05e-2 relative for a norm
+// gradient at TP = 4 by step 3, since layer outputs are rounded to bf16).
 TEST(TensorParallel, Bf16) {
   TpRun r{"llama", "seco"};
   r.dtype = DType::kBF16;
-  CheckAgainstSingleProcess(r, 5e-3);
+  CheckAgainstSingleProcess(r, 3e-2);
 }
 
 // Gradient accumulation: the partial gradients (Qwen3's q/k norms, LoRA's A and B) are summed over the group once,
