@@ -465,11 +465,8 @@ absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& confi
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
   if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype));
-  // bf16 matrices over f32 compute (param_store.h), as the transformer; the CPU kernels read them, meta plans them.
-  if (dtype == DType::kBF16 && (device == Device::kCPU || device == Device::kMeta))
-    return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
-  if (dtype == DType::kBF16)
-    return absl::UnimplementedError("--dtype=bf16 runs on the CPU backend only so far (use --device=cpu or f32)");
+  // bf16 matrices over f32 compute (param_store.h), as the transformer: the CPU and CUDA tables' bf16 entries.
+  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }
