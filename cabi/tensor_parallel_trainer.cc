@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
 #include "distributed/mpi_communicator.h"
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelRun>> JoinTensorParallel(Model& who
   if (local.ok()) {
     absl::StatusOr<std::unique_ptr<Model>> split = dist::SplitModel(whole, run->grid.layers());
     if (split.ok()) run->split = std::move(*split);
+    else if (absl::StartsWith(split.status().message(), "--tp")) local = split.status();
     else local = absl::Status(split.status().code(), absl::StrCat("--tp=", tp, ": ", split.status().message()));
   }
   if (absl::Status s = AgreeAcrossRanks(*run->world, local); !s.ok()) return s;
