@@ -373,6 +373,9 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
  * parallelism by setting options.tp = N on every rank. Every rank runs the same program: it creates or loads the
  * same whole model (same preset and seed, or directory; LoRA enabled the same way), creates its trainer with the
  * same options, and makes the same calls with the same arguments (the same batches) in the same order.
+ *  - MPI comes from libseqgrad_mpi.so, which the library loads only then (libseqgrad.so itself needs no MPI): beside
+ *    libseqgrad.so, or where the environment variable SEQGRAD_MPI_PLUGIN names it; it links the system's OpenMPI
+ *    (libmpi.so.40), the one mpirun belongs to. Without it: SG_ERR_FAILED_PRECONDITION naming both.
  *  - sg_trainer_create is collective: it joins the job and keeps this rank's blocks of the model (a copy the trainer
  *    trains). Refused on every rank, with the numbers, never a hang: tp not dividing the heads, KV heads,
  *    intermediate_size or vocabulary ("options->tp = 2: vocab_size=97 is not divisible by 2 (1 left over)";
