@@ -2,7 +2,6 @@
 # The wheel is self-contained: a manylinux tag, no RUNPATH into Bazel's tree or /usr, and it installs into a fresh
 # venv without system site packages (NumPy 2 from PyPI) and trains with Debian's copies of the libraries it bundles
 # hidden from the loader (tools/hide_system_libs.sh), also with tp=2 under mpirun -np 2 (the system's OpenMPI).
-# hidden from the loader (tools/hide_system_libs.sh).
 # usage: wheel_test.sh WHEEL NUMPY2_DIR HIDE_SYSTEM_LIBS (NUMPY2_DIR: PyPI's NumPy 2, pip-installed by ./bazelw)
 set -euo pipefail
 whl="$(readlink -f "$1")"
