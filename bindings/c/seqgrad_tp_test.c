@@ -139,6 +139,46 @@ int main(void) {
   EXPECT_OK(sg_trainer_evaluate(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
   CHECK(close_rel(m2.loss, m1.loss, m1.loss));
 
+  /* Scores and detailed evaluation through the distributed cross-entropy. */
+  double lp1[2 * SEQ], lp2[2 * SEQ];
+  EXPECT_OK(sg_trainer_score(t1, g_ids, NULL, 2 * SEQ, g_lengths, 2, lp1, NULL));
+  EXPECT_OK(sg_trainer_score(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, lp2, NULL));
+  for (int i = 0; i < 2 * SEQ; ++i) CHECK(isnan(lp1[i]) ? isnan(lp2[i]) : close_rel(lp1[i], lp2[i], fabs(lp1[i])));
+  sg_eval_result e1 = sg_eval_result_init(), e2 = sg_eval_result_init();
+  EXPECT_OK(sg_trainer_evaluate_detailed(t1, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &e1));
+  EXPECT_OK(sg_trainer_evaluate_detailed(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, NULL, &e2));
+  CHECK(close_rel(e1.loss, e2.loss, e1.loss) && e1.correct == e2.correct && e1.tokens == e2.tokens);
+
+  /* LoRA with dropout on every linear layer: the adapters' gradients and steps are one process's too. */
+  {
+    sg_lora_options lo = sg_lora_default_options();
+    lo.rank = 4;
+    lo.dropout = 0.2;
+    lo.targets = "all";
+    sg_model *la = demo(), *lb = demo();
+    EXPECT_OK(sg_model_enable_lora(la, &lo));
+    EXPECT_OK(sg_model_enable_lora(lb, &lo));
+    sg_trainer *ta = NULL, *tb = NULL;
+    EXPECT_OK(sg_trainer_create(la, &o1, &ta));
+    EXPECT_OK(sg_trainer_create(lb, &o2, &tb));
+    sg_metrics ma = sg_metrics_init(), mb = sg_metrics_init();
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_OK(sg_trainer_step(ta, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ma));
+      EXPECT_OK(sg_trainer_step(tb, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mb));
+      CHECK(close_rel(ma.loss, mb.loss, ma.loss));
+    }
+    EXPECT_OK(sg_trainer_compute_gradients(ta, g_ids, NULL, 2 * SEQ, g_lengths, 2, &ma));
+    EXPECT_OK(sg_trainer_compute_gradients(tb, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mb));
+    for (int64_t i = 0; i < sg_model_num_params(la); ++i) {
+      CHECK(same_tensor(la, lb, i, 0));
+      CHECK(same_tensor(la, lb, i, 1));
+    }
+    sg_trainer_free(ta);
+    sg_trainer_free(tb);
+    sg_model_free(la);
+    sg_model_free(lb);
+  }
+
   /* Saves: collective, rank 0 writes the whole model, the same tensors as one process's. */
   char dir_tp[512], dir_one[512], dir_ckpt[512];
   snprintf(dir_tp, sizeof dir_tp, "%s/tp_model", tmp);
