@@ -179,6 +179,7 @@ struct sg_trainer {
   sg_progress_fn progress = nullptr;
   void* progress_user = nullptr;
   sg::StepMetrics last;  // loss/tokens of the last compute_gradients, reported by optimizer_step
+  bool agreed = false;   // tensor parallel: the call in progress has agreed with the other ranks (Agree)
   ~sg_trainer() {
     if (!trainer) return;
     std::lock_guard<std::mutex> lock(core->mu);
@@ -316,6 +317,25 @@ absl::Status ShowWholeModel(sg_trainer* t, bool grads, bool values) {
 }
 int64_t TpBytes(const sg_trainer* t) { return t->tp ? t->tp->grid.tp->bytes_communicated() : 0; }
 
+// Tensor parallel: before the collective part of a call, every rank learns whether all got there; `local` is this
+// rank's verdict (NULL = ready). A rank that failed returns its own error, the others one naming it, so no rank waits
+// in a collective another skipped (a bad argument on one rank fails every rank at once).
+sg_status* Agree(const char* fn, sg_trainer* t, sg_status* local) {
+  if (!t->tp || t->agreed) return local;
+  t->agreed = true;
+  const absl::Status all =
+      sg::cabi::AgreeAcrossRanks(*t->tp->grid.tp, local ? absl::AbortedError("failed") : absl::OkStatus());
+  return local ? local : FromAbslIn(fn, all);
+}
+
+// Runs a trainer call `f` (-> sg_status*) that calls Agree before its collective part; a failure before it agrees.
+template <typename F>
+sg_status* Agreed(const char* fn, sg_trainer* t, F&& f) {
+  if (t) t->agreed = false;
+  sg_status* s = f();
+  return t ? Agree(fn, t, s) : s;
+}
+
 void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
   if (!t->progress) return;
   sg_progress p;
@@ -416,15 +436,16 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
                Compute&& compute) {
   ModelCore& core = *t->core;
   BusyGuard guard(core);
-  if (!guard.acquired()) return Busy(fn);
+  if (!guard.acquired()) return Agree(fn, t, Busy(fn));
   std::unique_ptr<BusyGuard> reference_guard;
   if (with_reference && t->reference) {
     reference_guard = std::make_unique<BusyGuard>(*t->reference);
     if (!reference_guard->acquired())
-      return MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer's reference model is in use by another call"));
+      return Agree(fn, t, MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer's reference model is in use by another call")));
   }
-  if (sg_status* s = check()) return s;
-  if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+  if (sg_status* s = check()) return Agree(fn, t, s);
+  if (t->cancel.exchange(false)) return Agree(fn, t, MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled")));
+  if (sg_status* s = Agree(fn, t, nullptr)) return s;
   sg::ScopedThreads threads(t->trainer->num_threads());
   const auto t0 = std::chrono::steady_clock::now();
   if (absl::Status s = TakeHandleValues(t); !s.ok()) return FromAbslIn(fn, s);
@@ -479,7 +500,7 @@ absl::StatusOr<sg::StepMetrics> Score(sg::Trainer& trainer, const std::vector<sg
 }
 
 // Shared body of compute_gradients / step / evaluate / accumulate_gradients / score (which writes `logprobs`).
-sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                    const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call,
                    double* logprobs = nullptr) {
   if (!t) return NullArg(fn, "trainer");
@@ -543,7 +564,7 @@ sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, i
                               "] is 1, so there are no next-token labels; the loss is undefined"));
 }
 
-sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
+sg_status* RunDpoOn(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
                   const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
                   const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
                   const int64_t* rejected_lengths, const double* ref_chosen_logp, const double* ref_rejected_logp,
@@ -604,7 +625,7 @@ sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_id
   });
 }
 
-sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
+sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
                    const int64_t* lengths, const double* advantages, const double* const* old_logprobs,
                    const double* const* ref_logprobs, int64_t num_completions, const int64_t* group_offsets,
                    int64_t num_groups, sg_metrics* out, Call call) {
@@ -691,6 +712,20 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
   });
 }
 
+// The trainer calls, agreeing across tensor-parallel ranks (Agreed).
+template <typename... A>
+sg_status* RunStep(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunStepOn(fn, t, a...); });
+}
+template <typename... A>
+sg_status* RunDpo(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunDpoOn(fn, t, a...); });
+}
+template <typename... A>
+sg_status* RunGrpo(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunGrpoOn(fn, t, a...); });
+}
+
 // The family's default LoRA targets (as examples:train's --lora_targets default).
 std::string DefaultLoraTargets(const sg::Model& m) { return sg::DefaultLoraTargets(m.family()); }
 
@@ -708,6 +743,7 @@ sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
 
 // Loads a checkpoint directory into the trainer (its busy guard held), refusing a differing run configuration.
 sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* step, int64_t* data_position) {
+  if (sg_status* s = Agree(fn, t, nullptr)) return s;
   std::optional<sg::dist::WholeTrainer> whole;  // tensor parallel: the checkpoint holds the whole model
   if (t->tp) {
     absl::StatusOr<sg::dist::WholeTrainer> w = sg::dist::MakeWholeTrainer(*t->trainer, sg::Device::kCPU);
@@ -1233,12 +1269,13 @@ sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_
 
 sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
   static const char fn[] = "sg_trainer_optimizer_step";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (sg_status* s = CheckMetrics(fn, out)) return s;
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
     sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
     if (absl::Status s = TakeHandleValues(trainer); !s.ok()) return FromAbslIn(fn, s);
@@ -1253,7 +1290,7 @@ sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     FillMetrics(m, trainer, secs, out);
     return nullptr;
-  });
+  }); });
 }
 
 int64_t sg_trainer_step_count(const sg_trainer* trainer) { return trainer ? trainer->trainer->step() : -1; }
@@ -1501,7 +1538,7 @@ sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir) {
 
 sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, int64_t data_position, int64_t keep) {
   static const char fn[] = "sg_trainer_save_checkpoint";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out_dir) return NullArg(fn, "out_dir");
     if (data_position < 0)
@@ -1510,6 +1547,7 @@ sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, 
       return Invalid(absl::StrCat(fn, ": argument 'keep' is ", keep, "; need >= 0 (0 = keep every checkpoint)"));
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
     std::optional<sg::dist::WholeTrainer> whole;  // tensor parallel: the checkpoint holds the whole model
     if (trainer->tp) {
       absl::StatusOr<sg::dist::WholeTrainer> w = sg::cabi::GatherWhole(*trainer->trainer);
@@ -1526,13 +1564,13 @@ sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, 
       return sg::SaveCheckpoint(out_dir, t, meta, static_cast<int>(keep)).status();
     };
     return FromAbslIn(fn, whole ? sg::cabi::WriteOnRankZero(*trainer->tp->grid.tp, save) : save());
-  });
+  }); });
 }
 
 sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoint_dir, int64_t* step,
                                       int64_t* data_position) {
   static const char fn[] = "sg_trainer_load_checkpoint";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!checkpoint_dir) return NullArg(fn, "checkpoint_dir");
     struct stat st;
@@ -1542,12 +1580,12 @@ sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoin
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     return LoadInto(fn, trainer, checkpoint_dir, step, data_position);
-  });
+  }); });
 }
 
 sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* step, int64_t* data_position) {
   static const char fn[] = "sg_trainer_resume";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out_dir) return NullArg(fn, "out_dir");
     BusyGuard guard(*trainer->core);
@@ -1560,7 +1598,7 @@ sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* 
       return MakeStatus(static_cast<int>(latest.status().code()), std::move(msg));
     }
     return LoadInto(fn, trainer, latest->c_str(), step, data_position);
-  });
+  }); });
 }
 
 // ---- 0.7: per-token log-probs ----
@@ -1585,7 +1623,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
                                         int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                         const int64_t* distances, sg_eval_result* out) {
   static const char fn[] = "sg_trainer_evaluate_detailed";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out) return NullArg(fn, "out");
     if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_eval_result))) return s;
@@ -1609,6 +1647,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
     sg::Model& model = trainer->trainer->model();
     sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
@@ -1637,7 +1676,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
       out->bucket_loss[k] = in ? r->by_distance[k].loss() : 0;
     }
     return nullptr;
-  });
+  }); });
 }
 
 }  // extern "C"

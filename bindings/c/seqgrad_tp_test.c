@@ -78,7 +78,10 @@ static int same_tensor(sg_model* a, sg_model* b, int64_t i, int grad) {
   return 0;
 }
 
+static sg_metrics old_size;  /* struct_size 4: neither a published size nor this library's */
+
 int main(void) {
+  old_size.struct_size = 4;
   const char* rank_env = getenv("OMPI_COMM_WORLD_RANK");
   const char* tmp = getenv("TEST_TMPDIR");
   g_rank = rank_env ? atoi(rank_env) : 0;
@@ -215,6 +218,23 @@ int main(void) {
   EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
   EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
   CHECK(close_rel(m3.loss, m2.loss, m2.loss));
+
+  /* A bad argument on one rank fails the call on every rank at once (no rank waits in a collective), and the next
+   * call trains on. */
+  {
+    const int64_t bad_lengths[2] = {SEQ, SEQ + 1};
+    const int64_t* lengths = g_rank == 1 ? bad_lengths : g_lengths;
+    EXPECT_STATUS(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, lengths, 2, &m2),
+                  g_rank == 1 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED,
+                  g_rank == 1 ? "'lengths' sums to more than" : "rank 1 of 2 failed");
+    EXPECT_STATUS(sg_trainer_save_checkpoint(t2, dir_ckpt, 0, g_rank == 1 ? -1 : 0),
+                  g_rank == 1 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED, g_rank == 1 ? "'keep'" : "rank 1 of 2");
+    EXPECT_STATUS(sg_trainer_optimizer_step(t2, g_rank == 1 ? &old_size : NULL),
+                  g_rank == 1 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED, g_rank == 1 ? "struct_size" : "rank 1 of 2");
+    const int64_t before = sg_trainer_step_count(t2);
+    EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
+    CHECK(sg_trainer_step_count(t2) == before + 1 && m2.tp == 2);
+  }
 
   /* Bad input: refused on every rank with the numbers. */
   sg_trainer* bad = NULL;

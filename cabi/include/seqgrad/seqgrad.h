@@ -394,9 +394,11 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
  *    the whole AdamW moments), written by rank 0 alone, exactly what one process writes; every rank returns rank
  *    0's status. A checkpoint resumes across tp and one process both ways.
  *  - sg_metrics' memory fields are this rank's; sg_metrics.tp and tp_bytes_reduced report the split.
- *  - A call that fails on one rank (a bad argument) while the others run it leaves them waiting in a collective
- *    until the MPI timeout (SEQGRAD_DIST_TIMEOUT_S, default 300 s) ends it with SG_ERR_DEADLINE_EXCEEDED: pass the
- *    same arguments on every rank. */
+ *  - A trainer call that fails on one rank before its collective part (a bad argument, SG_ERR_BUSY, a cancel) fails
+ *    on every rank at once: that rank returns its error, the others SG_ERR_ABORTED "rank r of N failed", and the next
+ *    call trains on. Ranks are not checked to pass the same batch: different batches give a wrong step. A rank that
+ *    stops calling (or dies) leaves the others in a collective until the MPI timeout (SEQGRAD_DIST_TIMEOUT_S, default
+ *    300 s) ends it with SG_ERR_DEADLINE_EXCEEDED. */
 
 /* A trainer over `model` (which it keeps alive). Validates the options (strategy and objective names, sizes, lr...)
  * and that the strategy suits the model's family ("adjoint": SSMs only); errors are SG_ERR_INVALID_ARGUMENT naming
