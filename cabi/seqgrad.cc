@@ -1112,133 +1112,146 @@ sg_trainer_options sg_trainer_default_options(void) {
   return o;
 }
 
+// sg_trainer_create's body; *joined tells whether it reached the tensor-parallel job.
+static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_trainer_options* options,
+                                sg_trainer** out, bool* joined) {
+  if (!out) return NullArg(fn, "out");
+  *out = nullptr;
+  if (!model) return NullArg(fn, "model");
+  if (!options) return NullArg(fn, "options");
+  if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
+                                     {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
+                                      {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
+                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6}}))
+    return s;
+  for (uint64_t r : options->reserved)
+    if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
+  sg::StrategyOptions so;
+  so.name = options->strategy ? options->strategy : "full";
+  so.chunk = options->chunk;
+  so.page_size = options->page_size;
+  so.lm_chunk = options->lm_chunk;
+  if (options->struct_size > kTrainerOptionsSize0_1) {  // a 0.1 caller's options keep the spaco defaults
+    so.spaco_budget = options->spaco_budget;
+    so.spaco_cap = options->spaco_cap;
+    so.seed = options->seed;
+  }
+  if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
+    so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
+    so.adjoint_window = options->adjoint_window;
+  }
+  int num_threads = 0;
+  if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
+    so.sparse_pages = options->sparse_pages;
+    so.offload = options->offload != 0;
+    num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
+  }
+  if (num_threads < 0)
+    return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
+                                "; need >= 0 (0 = the calling thread's OpenMP default)"));
+  const int64_t tp = options->struct_size > kTrainerOptionsSize0_6 && options->tp != 0 ? options->tp : 1;
+  if (tp < 1 || tp > INT32_MAX)
+    return Invalid(absl::StrCat(fn, ": options->tp is ", tp, "; need >= 1 (0 or 1 = no tensor parallelism)"));
+  if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(f.status().message())));
+  // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
+  if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
+    return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
+                                "'; known forms: pairs, scan, paper"));
+  if (so.adjoint_window <= 0)
+    return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
+                                "; need a positive number of tokens (INT64_MAX = no window)"));
+  if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  sg::ObjectiveOptions obj;
+  if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
+    obj.name = options->objective ? options->objective : "sft";
+    obj.dpo_beta = options->dpo_beta;
+    obj.grpo_clip_eps = options->grpo_clip_eps;
+    obj.grpo_kl_beta = options->grpo_kl_beta;
+  }
+  if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
+    return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
+  if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
+    return Invalid(absl::StrCat(fn, ": options->dpo_beta is ", obj.dpo_beta, "; need a finite value > 0"));
+  if (!(obj.grpo_clip_eps > 0 && obj.grpo_clip_eps < 1))
+    return Invalid(absl::StrCat(fn, ": options->grpo_clip_eps is ", obj.grpo_clip_eps, "; need (0, 1)"));
+  if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
+    return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
+  if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  auto positive = [](double v) { return v > 0 && v < 1e300; };
+  if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
+  if (!(options->beta1 >= 0 && options->beta1 < 1))
+    return Invalid(absl::StrCat(fn, ": options->beta1 is ", options->beta1, "; need [0, 1)"));
+  if (!(options->beta2 >= 0 && options->beta2 < 1))
+    return Invalid(absl::StrCat(fn, ": options->beta2 is ", options->beta2, "; need [0, 1)"));
+  if (!positive(options->eps)) return Invalid(absl::StrCat(fn, ": options->eps is ", options->eps, "; need > 0"));
+  if (!(options->weight_decay >= 0))
+    return Invalid(absl::StrCat(fn, ": options->weight_decay is ", options->weight_decay, "; need >= 0"));
+  if (!(options->clip_grad_norm >= 0))
+    return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", options->clip_grad_norm, "; need >= 0"));
+  sg::OptimizerOptions oo;
+  oo.lr = options->lr;
+  oo.beta1 = options->beta1;
+  oo.beta2 = options->beta2;
+  oo.eps = options->eps;
+  oo.weight_decay = options->weight_decay;
+  oo.clip_grad_norm = options->clip_grad_norm;
+  if (options->struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
+    oo.lr_schedule = options->lr_schedule ? options->lr_schedule : "constant";
+    oo.warmup_steps = options->warmup_steps;
+    oo.min_lr = options->min_lr;
+    oo.total_steps = options->total_steps;
+    oo.grad_accum = options->grad_accum;
+  }
+  if (absl::Status s = sg::ValidateOptimizerOptions(oo); !s.ok())
+    return Invalid(absl::StrCat(fn, ": options->", s.message()));
+  auto t = std::make_unique<sg_trainer>();
+  t->core = model->core;
+  t->objective = obj;
+  std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
+  if (tp > 1) {  // collective over the MPI job: every rank gets here, also with a local error
+    absl::Status local;
+    if (t->core->tp_group)
+      local = absl::FailedPreconditionError("--tp: the model already has a tensor-parallel trainer (one per model)");
+    else if (!sg::HostAddressable(t->core->model->memory().device()))
+      local = absl::UnimplementedError(absl::StrCat("--tp=", tp, ": the model is on '", sg_model_device(model),
+                                                    "'; tensor parallelism in the C API runs CPU models"));
+    *joined = true;
+    absl::StatusOr<std::unique_ptr<sg::cabi::TensorParallelRun>> run =
+        sg::cabi::JoinTensorParallel(*t->core->model, static_cast<int>(tp), local);
+    if (!run.ok()) return FromAbslIn(fn, run.status());
+    t->tp = std::move(*run);
+  }
+  sg::Model& trained = t->tp ? *t->tp->split : *t->core->model;
+  t->trainer = std::make_unique<sg::Trainer>(trained, so, oo, obj);
+  t->trainer->set_cancel_flag(&t->cancel);
+  t->trainer->set_num_threads(num_threads);
+  if (t->tp) {
+    if (absl::Status s = sg::cabi::CheckSameRun(*t->tp, *t->trainer); !s.ok()) {
+      t->trainer.reset();  // not counted among the model's trainers
+      return FromAbslIn(fn, s);
+    }
+    t->core->tp_group = t->tp->grid.tp.get();
+  }
+  ++t->core->trainers;
+  *out = t.release();
+  return nullptr;
+}
+
 sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options, sg_trainer** out) {
   static const char fn[] = "sg_trainer_create";
   return Guard(fn, [&]() -> sg_status* {
-    if (!out) return NullArg(fn, "out");
-    *out = nullptr;
-    if (!model) return NullArg(fn, "model");
-    if (!options) return NullArg(fn, "options");
-    if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
-                                       {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
-                                        {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
-                                        {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6}}))
-      return s;
-    for (uint64_t r : options->reserved)
-      if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
-    sg::StrategyOptions so;
-    so.name = options->strategy ? options->strategy : "full";
-    so.chunk = options->chunk;
-    so.page_size = options->page_size;
-    so.lm_chunk = options->lm_chunk;
-    if (options->struct_size > kTrainerOptionsSize0_1) {  // a 0.1 caller's options keep the spaco defaults
-      so.spaco_budget = options->spaco_budget;
-      so.spaco_cap = options->spaco_cap;
-      so.seed = options->seed;
-    }
-    if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
-      so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
-      so.adjoint_window = options->adjoint_window;
-    }
-    int num_threads = 0;
-    if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
-      so.sparse_pages = options->sparse_pages;
-      so.offload = options->offload != 0;
-      num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
-    }
-    if (num_threads < 0)
-      return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
-                                  "; need >= 0 (0 = the calling thread's OpenMP default)"));
-    const int64_t tp = options->struct_size > kTrainerOptionsSize0_6 && options->tp != 0 ? options->tp : 1;
-    if (tp < 1 || tp > INT32_MAX)
-      return Invalid(absl::StrCat(fn, ": options->tp is ", tp, "; need >= 1 (0 or 1 = no tensor parallelism)"));
-    if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(f.status().message())));
-    // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
-    if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
-      return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
-                                  "'; known forms: pairs, scan, paper"));
-    if (so.adjoint_window <= 0)
-      return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
-                                  "; need a positive number of tokens (INT64_MAX = no window)"));
-    if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    sg::ObjectiveOptions obj;
-    if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
-      obj.name = options->objective ? options->objective : "sft";
-      obj.dpo_beta = options->dpo_beta;
-      obj.grpo_clip_eps = options->grpo_clip_eps;
-      obj.grpo_kl_beta = options->grpo_kl_beta;
-    }
-    if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
-      return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
-    if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
-      return Invalid(absl::StrCat(fn, ": options->dpo_beta is ", obj.dpo_beta, "; need a finite value > 0"));
-    if (!(obj.grpo_clip_eps > 0 && obj.grpo_clip_eps < 1))
-      return Invalid(absl::StrCat(fn, ": options->grpo_clip_eps is ", obj.grpo_clip_eps, "; need (0, 1)"));
-    if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
-      return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
-    if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    auto positive = [](double v) { return v > 0 && v < 1e300; };
-    if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
-    if (!(options->beta1 >= 0 && options->beta1 < 1))
-      return Invalid(absl::StrCat(fn, ": options->beta1 is ", options->beta1, "; need [0, 1)"));
-    if (!(options->beta2 >= 0 && options->beta2 < 1))
-      return Invalid(absl::StrCat(fn, ": options->beta2 is ", options->beta2, "; need [0, 1)"));
-    if (!positive(options->eps)) return Invalid(absl::StrCat(fn, ": options->eps is ", options->eps, "; need > 0"));
-    if (!(options->weight_decay >= 0))
-      return Invalid(absl::StrCat(fn, ": options->weight_decay is ", options->weight_decay, "; need >= 0"));
-    if (!(options->clip_grad_norm >= 0))
-      return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", options->clip_grad_norm, "; need >= 0"));
-    sg::OptimizerOptions oo;
-    oo.lr = options->lr;
-    oo.beta1 = options->beta1;
-    oo.beta2 = options->beta2;
-    oo.eps = options->eps;
-    oo.weight_decay = options->weight_decay;
-    oo.clip_grad_norm = options->clip_grad_norm;
-    if (options->struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
-      oo.lr_schedule = options->lr_schedule ? options->lr_schedule : "constant";
-      oo.warmup_steps = options->warmup_steps;
-      oo.min_lr = options->min_lr;
-      oo.total_steps = options->total_steps;
-      oo.grad_accum = options->grad_accum;
-    }
-    if (absl::Status s = sg::ValidateOptimizerOptions(oo); !s.ok())
-      return Invalid(absl::StrCat(fn, ": options->", s.message()));
-    auto t = std::make_unique<sg_trainer>();
-    t->core = model->core;
-    t->objective = obj;
-    std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
-    if (tp > 1) {  // collective over the MPI job: every rank gets here, also with a local error
-      absl::Status local;
-      if (t->core->tp_group)
-        local = absl::FailedPreconditionError("--tp: the model already has a tensor-parallel trainer (one per model)");
-      else if (!sg::HostAddressable(t->core->model->memory().device()))
-        local = absl::UnimplementedError(absl::StrCat("--tp=", tp, ": the model is on '", sg_model_device(model),
-                                                      "'; tensor parallelism in the C API runs CPU models"));
-      absl::StatusOr<std::unique_ptr<sg::cabi::TensorParallelRun>> run =
-          sg::cabi::JoinTensorParallel(*t->core->model, static_cast<int>(tp), local);
-      if (!run.ok()) return FromAbslIn(fn, run.status());
-      t->tp = std::move(*run);
-    }
-    sg::Model& trained = t->tp ? *t->tp->split : *t->core->model;
-    t->trainer = std::make_unique<sg::Trainer>(trained, so, oo, obj);
-    t->trainer->set_cancel_flag(&t->cancel);
-    t->trainer->set_num_threads(num_threads);
-    if (t->tp) {
-      if (absl::Status s = sg::cabi::CheckSameRun(*t->tp, *t->trainer); !s.ok()) {
-        t->trainer.reset();  // not counted among the model's trainers
-        return FromAbslIn(fn, s);
-      }
-      t->core->tp_group = t->tp->grid.tp.get();
-    }
-    ++t->core->trainers;
-    *out = t.release();
-    return nullptr;
+    bool joined = false;
+    sg_status* s = CreateTrainer(fn, model, options, out, &joined);
+    // A rank whose own options failed still joins a tensor-parallel job, so that the others learn of it at once.
+    const int64_t tp = options && options->struct_size > kTrainerOptionsSize0_6 ? options->tp : 1;
+    if (s && !joined && model && tp > 1 && tp <= INT32_MAX)
+      (void)sg::cabi::JoinTensorParallel(*model->core->model, static_cast<int>(tp), absl::AbortedError("failed"));
+    return s;
   });
 }
 

@@ -255,6 +255,11 @@ int main(void) {
   /* A rank whose own model differs: the other rank hears of it instead of waiting. */
   EXPECT_STATUS(sg_trainer_create(g_rank == 1 ? tiny : second, &o2, &bad), g_rank == 1 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED,
                 g_rank == 1 ? "vocab_size=97" : "rank 1 of 2 failed");
+  /* A rank whose other options are bad: refused there, the other rank hears of it. */
+  o = options(2);
+  if (g_rank == 0) o.chunk = -5;
+  EXPECT_STATUS(sg_trainer_create(second, &o, &bad), g_rank == 0 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED,
+                g_rank == 0 ? "options->chunk" : "rank 0 of 2 failed");
   CHECK(bad == NULL);
   /* A 0.6 caller's options (no tp field): one process. */
   o = options(2);
