@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -26,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cabi/tensor_parallel_trainer.h"
 #include "core/checkpoint.h"
 #include "core/eval.h"
 #include "core/lora.h"
@@ -70,7 +73,7 @@ std::string FieldMessage(absl::string_view message) {
       "strategy", "chunk", "page_size", "lm_chunk", "spaco_budget", "spaco_cap", "seed", "objective", "dpo_beta",
       "grpo_clip_eps", "grpo_kl_beta", "adjoint_form", "adjoint_window", "lr_schedule", "warmup_steps", "min_lr",
       "total_steps", "grad_accum", "sparse_pages", "offload", "lr", "beta1", "beta2", "eps", "weight_decay",
-      "clip_grad_norm", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"};
+      "clip_grad_norm", "tp", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"};
   std::string out;
   size_t i = 0;
   while (i < message.size()) {
@@ -158,6 +161,8 @@ struct ModelCore {
   int trainers = 0;
   std::string lora_targets;  // sg_model_lora's targets string (joined once LoRA is on)
   std::string source_dir;    // sg_model_load's directory (absolute), whose tokenizer etc. sg_model_save carries over
+  // The group of this model's tensor-parallel trainer (at most one), under mu: saves are then written by its rank 0.
+  sg::dist::Communicator* tp_group = nullptr;
 };
 
 struct sg_model {
@@ -168,15 +173,18 @@ struct sg_trainer {
   std::shared_ptr<ModelCore> core;
   sg::ObjectiveOptions objective;
   std::shared_ptr<ModelCore> reference;  // NULL: none; kept alive here while `trainer` points to it
+  std::unique_ptr<sg::cabi::TensorParallelRun> tp;  // options.tp > 1: the job and this rank's blocks (`trainer`'s)
   std::unique_ptr<sg::Trainer> trainer;
   std::atomic<bool> cancel{false};
   sg_progress_fn progress = nullptr;
   void* progress_user = nullptr;
   sg::StepMetrics last;  // loss/tokens of the last compute_gradients, reported by optimizer_step
+  bool agreed = false;   // tensor parallel: the call in progress has agreed with the other ranks (Agree)
   ~sg_trainer() {
     if (!trainer) return;
     std::lock_guard<std::mutex> lock(core->mu);
     --core->trainers;
+    if (tp) core->tp_group = nullptr;
   }
 };
 
@@ -216,6 +224,8 @@ constexpr size_t kMetricsSize0_3 = offsetof(sg_metrics, adjoint_pairs);  // = th
 constexpr size_t kMetricsSize0_4 = offsetof(sg_metrics, lr);
 constexpr size_t kMetricsSize0_6 = offsetof(sg_metrics, peak_bytes_master_weights);  // = the 0.5 size
 constexpr size_t kParamInfoSize0_6 = offsetof(sg_param_info, on_device);
+constexpr size_t kTrainerOptionsSize0_6 = offsetof(sg_trainer_options, tp);  // = 0.7 before tp
+constexpr size_t kMetricsSize0_7 = offsetof(sg_metrics, tp);                 // 0.7 before tp
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
@@ -223,9 +233,10 @@ static_assert(kTrainerOptionsSize0_4 == 288 && kMetricsSize0_4 == 208, "the 0.4 
 static_assert(kTrainerOptionsSize0_5 == 328 && kMetricsSize0_6 == 224 && sizeof(sg_lora_options) == 48 &&
                   sizeof(sg_eval_result) == 1616,
               "the 0.5 (LP64) layouts changed: append only");
-static_assert(sizeof(sg_metrics) == 240, "the 0.7 (LP64) sg_metrics changed: append only");
-static_assert(sizeof(sg_trainer_options) == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
+static_assert(kMetricsSize0_7 == 240, "the 0.7 (LP64) sg_metrics changed: append only");
+static_assert(kTrainerOptionsSize0_6 == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
               "reserved_0_6 to num_threads, the same size)");
+static_assert(sizeof(sg_metrics) == 256 && sizeof(sg_trainer_options) == 352, "the 0.7 (LP64) layouts with tp");
 
 struct PublishedSize {
   const char* version;
@@ -251,12 +262,15 @@ sg_status* CheckMetrics(const char* fn, const sg_metrics* out) {
                          {{"0.1", kMetricsSize0_1},
                           {"0.3", kMetricsSize0_3},
                           {"0.4", kMetricsSize0_4},
-                          {"0.6", kMetricsSize0_6}});
+                          {"0.6", kMetricsSize0_6},
+                          {"0.7 (before tp)", kMetricsSize0_7}});
 }
 
-void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapshot& snap, double seconds,
-                 sg_metrics* out) {
+// The memory is that of the trained model: this rank's blocks under tensor parallelism.
+void FillMetrics(const sg::StepMetrics& m, const sg_trainer* t, double seconds, sg_metrics* out) {
   if (!out) return;
+  const int64_t step = t->trainer->step();
+  const sg::MemorySnapshot snap = t->trainer->model().memory().Snapshot();
   out->loss = m.loss;
   out->tokens = m.tokens;
   out->grad_norm = m.grad_norm;
@@ -280,6 +294,46 @@ void FillMetrics(const sg::StepMetrics& m, int64_t step, const sg::MemorySnapsho
     out->peak_bytes_master_weights = snap.peak[SG_MEMORY_CATEGORY_MASTER_WEIGHTS];
     out->bytes_at_peak_master_weights = snap.at_total_peak[SG_MEMORY_CATEGORY_MASTER_WEIGHTS];
   }
+  if (out->struct_size > kMetricsSize0_7) {
+    out->tp = t->tp ? t->tp->grid.tp->size() : 1;
+    out->tp_bytes_reduced = t->tp ? t->tp->bytes_last_call : 0;
+  }
+}
+
+// Tensor parallel: the handle's whole values (which the caller may have written) into this rank's blocks, before a
+// call of the trainer.
+absl::Status TakeHandleValues(sg_trainer* t) {
+  if (!t->tp) return absl::OkStatus();
+  t->tp->split->memory().set_limit(t->core->model->memory().limit());
+  return sg::ScatterParams(*t->core->model, *t->tp->split);
+}
+// ... and after it the group's blocks gathered into the handle (collective), so that it shows the whole model.
+absl::Status ShowWholeModel(sg_trainer* t, bool grads, bool values) {
+  if (!t->tp) return absl::OkStatus();
+  if (grads)
+    if (absl::Status s = sg::GatherGrads(*t->tp->split, *t->core->model); !s.ok()) return s;
+  if (values) return sg::GatherParams(*t->tp->split, *t->core->model);
+  return absl::OkStatus();
+}
+int64_t TpBytes(const sg_trainer* t) { return t->tp ? t->tp->grid.tp->bytes_communicated() : 0; }
+
+// Tensor parallel: before the collective part of a call, every rank learns whether all got there; `local` is this
+// rank's verdict (NULL = ready). A rank that failed returns its own error, the others one naming it, so no rank waits
+// in a collective another skipped (a bad argument on one rank fails every rank at once).
+sg_status* Agree(const char* fn, sg_trainer* t, sg_status* local) {
+  if (!t->tp || t->agreed) return local;
+  t->agreed = true;
+  const absl::Status all =
+      sg::cabi::AgreeAcrossRanks(*t->tp->grid.tp, local ? absl::AbortedError("failed") : absl::OkStatus());
+  return local ? local : FromAbslIn(fn, all);
+}
+
+// Runs a trainer call `f` (-> sg_status*) that calls Agree before its collective part; a failure before it agrees.
+template <typename F>
+sg_status* Agreed(const char* fn, sg_trainer* t, F&& f) {
+  if (t) t->agreed = false;
+  sg_status* s = f();
+  return t ? Agree(fn, t, s) : s;
 }
 
 void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
@@ -361,7 +415,7 @@ sg_status* WrongObjective(const char* fn, const sg_trainer* t, const char* needs
 // The first optimizer step allocates AdamW's two moments per trained parameter. Checked up front against the memory
 // limit: the core would fail halfway through that allocation and keep the moments it got.
 sg_status* CheckOptimizerMemory(const char* fn, sg_trainer* t) {
-  sg::Model& model = *t->core->model;
+  sg::Model& model = t->trainer->model();
   const int64_t limit = model.memory().limit();
   if (limit <= 0 || t->trainer->step() > 0) return nullptr;
   int64_t need = 0;
@@ -382,18 +436,21 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
                Compute&& compute) {
   ModelCore& core = *t->core;
   BusyGuard guard(core);
-  if (!guard.acquired()) return Busy(fn);
+  if (!guard.acquired()) return Agree(fn, t, Busy(fn));
   std::unique_ptr<BusyGuard> reference_guard;
   if (with_reference && t->reference) {
     reference_guard = std::make_unique<BusyGuard>(*t->reference);
     if (!reference_guard->acquired())
-      return MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer's reference model is in use by another call"));
+      return Agree(fn, t, MakeStatus(SG_ERR_BUSY, absl::StrCat(fn, ": the trainer's reference model is in use by another call")));
   }
-  if (sg_status* s = check()) return s;
-  if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+  if (sg_status* s = check()) return Agree(fn, t, s);
+  if (t->cancel.exchange(false)) return Agree(fn, t, MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled")));
+  if (sg_status* s = Agree(fn, t, nullptr)) return s;
   sg::ScopedThreads threads(t->trainer->num_threads());
   const auto t0 = std::chrono::steady_clock::now();
-  core.model->memory().ResetPeak();
+  if (absl::Status s = TakeHandleValues(t); !s.ok()) return FromAbslIn(fn, s);
+  t->trainer->model().memory().ResetPeak();
+  const int64_t bytes_before = TpBytes(t);
   absl::StatusOr<sg::StepMetrics> m = compute();
   if (!m.ok()) {
     if (m.status().code() == absl::StatusCode::kCancelled) t->cancel.store(false);
@@ -407,13 +464,16 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
     if (t->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
     if (sg_status* s = CheckOptimizerMemory(fn, t)) return s;
     if (absl::Status s = t->trainer->OptimizerStep(&*m); !s.ok()) return FromAbsl(s);
-    Report(t, *m, 1);
   } else {  // no optimizer step in this call
     m->lr = 0;
     m->micro_batches = 0;
   }
+  if (t->tp) t->tp->bytes_last_call = TpBytes(t) - bytes_before;
+  if (absl::Status s = ShowWholeModel(t, call != Call::kEvaluate, call == Call::kStep); !s.ok())
+    return FromAbslIn(fn, s);
+  if (call == Call::kStep) Report(t, *m, 1);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  FillMetrics(*m, t->trainer->step(), core.model->memory().Snapshot(), secs, out);
+  FillMetrics(*m, t, secs, out);
   return nullptr;
 }
 
@@ -440,7 +500,7 @@ absl::StatusOr<sg::StepMetrics> Score(sg::Trainer& trainer, const std::vector<sg
 }
 
 // Shared body of compute_gradients / step / evaluate / accumulate_gradients / score (which writes `logprobs`).
-sg_status* RunStep(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
+sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                    const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call,
                    double* logprobs = nullptr) {
   if (!t) return NullArg(fn, "trainer");
@@ -504,7 +564,7 @@ sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, i
                               "] is 1, so there are no next-token labels; the loss is undefined"));
 }
 
-sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
+sg_status* RunDpoOn(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
                   const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
                   const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
                   const int64_t* rejected_lengths, const double* ref_chosen_logp, const double* ref_rejected_logp,
@@ -565,7 +625,7 @@ sg_status* RunDpo(const char* fn, sg_trainer* t, const int32_t* const* chosen_id
   });
 }
 
-sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
+sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
                    const int64_t* lengths, const double* advantages, const double* const* old_logprobs,
                    const double* const* ref_logprobs, int64_t num_completions, const int64_t* group_offsets,
                    int64_t num_groups, sg_metrics* out, Call call) {
@@ -652,6 +712,20 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, const int32_t* const* ids, con
   });
 }
 
+// The trainer calls, agreeing across tensor-parallel ranks (Agreed).
+template <typename... A>
+sg_status* RunStep(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunStepOn(fn, t, a...); });
+}
+template <typename... A>
+sg_status* RunDpo(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunDpoOn(fn, t, a...); });
+}
+template <typename... A>
+sg_status* RunGrpo(const char* fn, sg_trainer* t, A... a) {
+  return Agreed(fn, t, [&] { return RunGrpoOn(fn, t, a...); });
+}
+
 // The family's default LoRA targets (as examples:train's --lora_targets default).
 std::string DefaultLoraTargets(const sg::Model& m) { return sg::DefaultLoraTargets(m.family()); }
 
@@ -669,9 +743,21 @@ sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
 
 // Loads a checkpoint directory into the trainer (its busy guard held), refusing a differing run configuration.
 sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* step, int64_t* data_position) {
-  sg::Trainer& trainer = *t->trainer;
+  if (sg_status* s = Agree(fn, t, nullptr)) return s;
+  std::optional<sg::dist::WholeTrainer> whole;  // tensor parallel: the checkpoint holds the whole model
+  if (t->tp) {
+    absl::StatusOr<sg::dist::WholeTrainer> w = sg::dist::MakeWholeTrainer(*t->trainer, sg::Device::kCPU);
+    if (!w.ok()) return FromAbslIn(fn, w.status());
+    whole = std::move(*w);
+  }
+  sg::Trainer& trainer = whole ? *whole->trainer : *t->trainer;
   const sg::RunConfig expected = sg::TrainerRunConfig(trainer);
   absl::StatusOr<sg::CheckpointMeta> meta = sg::LoadCheckpoint(dir, trainer, &expected);
+  if (t->tp) {  // every rank loads it; all restore, or none
+    if (absl::Status s = sg::cabi::AgreeAcrossRanks(*t->tp->grid.tp, meta.status()); !s.ok()) return FromAbslIn(fn, s);
+    if (absl::Status s = sg::dist::ScatterTrainer(trainer, *t->trainer); !s.ok()) return FromAbslIn(fn, s);
+    if (absl::Status s = ShowWholeModel(t, false, true); !s.ok()) return FromAbslIn(fn, s);
+  }
   if (!meta.ok()) return FromAbslIn(fn, meta.status());
   // The header promises these on stderr: the load succeeded, but the run is no longer bit-exact.
   for (const std::string& w : meta->warnings) std::fprintf(stderr, "seqgrad: warning: %s: %s: %s\n", fn, dir, w.c_str());
@@ -746,6 +832,14 @@ const char* const* sg_model_preset_names(void) {
     return v;
   }();
   return kNames->data();
+}
+
+// Writes the model's files; under a tensor-parallel trainer rank 0 alone writes (the handle holds the whole model on
+// every rank) and every rank returns its status.
+static absl::Status SaveWhole(ModelCore& core, const std::function<absl::Status()>& save) {
+  std::lock_guard<std::mutex> lock(core.mu);
+  if (!core.tp_group) return save();
+  return sg::cabi::WriteOnRankZero(*core.tp_group, save);
 }
 
 static sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed,
@@ -852,7 +946,7 @@ sg_status* sg_model_save(sg_model* model, const char* dir) {
     if (!dir) return NullArg(fn, "dir");
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
-    return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir));
+    return FromAbsl(SaveWhole(*model->core, [&] { return sg::SaveModel(*model->core->model, dir, model->core->source_dir); }));
   });
 }
 
@@ -867,7 +961,8 @@ sg_status* sg_model_save_as(sg_model* model, const char* dir, const char* dtype)
     if (absl::Status s = sg::CheckSaveDType(*model->core->model, *as, what); !s.ok()) return FromAbsl(s);
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
-    return FromAbsl(sg::SaveModel(*model->core->model, dir, model->core->source_dir, *as));
+    return FromAbsl(
+        SaveWhole(*model->core, [&] { return sg::SaveModel(*model->core->model, dir, model->core->source_dir, *as); }));
   });
 }
 
@@ -1017,110 +1112,146 @@ sg_trainer_options sg_trainer_default_options(void) {
   return o;
 }
 
+// sg_trainer_create's body; *joined tells whether it reached the tensor-parallel job.
+static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_trainer_options* options,
+                                sg_trainer** out, bool* joined) {
+  if (!out) return NullArg(fn, "out");
+  *out = nullptr;
+  if (!model) return NullArg(fn, "model");
+  if (!options) return NullArg(fn, "options");
+  if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
+                                     {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
+                                      {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
+                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6}}))
+    return s;
+  for (uint64_t r : options->reserved)
+    if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
+  sg::StrategyOptions so;
+  so.name = options->strategy ? options->strategy : "full";
+  so.chunk = options->chunk;
+  so.page_size = options->page_size;
+  so.lm_chunk = options->lm_chunk;
+  if (options->struct_size > kTrainerOptionsSize0_1) {  // a 0.1 caller's options keep the spaco defaults
+    so.spaco_budget = options->spaco_budget;
+    so.spaco_cap = options->spaco_cap;
+    so.seed = options->seed;
+  }
+  if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
+    so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
+    so.adjoint_window = options->adjoint_window;
+  }
+  int num_threads = 0;
+  if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
+    so.sparse_pages = options->sparse_pages;
+    so.offload = options->offload != 0;
+    num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
+  }
+  if (num_threads < 0)
+    return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
+                                "; need >= 0 (0 = the calling thread's OpenMP default)"));
+  const int64_t tp = options->struct_size > kTrainerOptionsSize0_6 && options->tp != 0 ? options->tp : 1;
+  if (tp < 1 || tp > INT32_MAX)
+    return Invalid(absl::StrCat(fn, ": options->tp is ", tp, "; need >= 1 (0 or 1 = no tensor parallelism)"));
+  if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(f.status().message())));
+  // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
+  if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
+    return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
+                                "'; known forms: pairs, scan, paper"));
+  if (so.adjoint_window <= 0)
+    return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
+                                "; need a positive number of tokens (INT64_MAX = no window)"));
+  if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  sg::ObjectiveOptions obj;
+  if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
+    obj.name = options->objective ? options->objective : "sft";
+    obj.dpo_beta = options->dpo_beta;
+    obj.grpo_clip_eps = options->grpo_clip_eps;
+    obj.grpo_kl_beta = options->grpo_kl_beta;
+  }
+  if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
+    return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
+  if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
+    return Invalid(absl::StrCat(fn, ": options->dpo_beta is ", obj.dpo_beta, "; need a finite value > 0"));
+  if (!(obj.grpo_clip_eps > 0 && obj.grpo_clip_eps < 1))
+    return Invalid(absl::StrCat(fn, ": options->grpo_clip_eps is ", obj.grpo_clip_eps, "; need (0, 1)"));
+  if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
+    return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
+  if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
+    return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
+  auto positive = [](double v) { return v > 0 && v < 1e300; };
+  if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
+  if (!(options->beta1 >= 0 && options->beta1 < 1))
+    return Invalid(absl::StrCat(fn, ": options->beta1 is ", options->beta1, "; need [0, 1)"));
+  if (!(options->beta2 >= 0 && options->beta2 < 1))
+    return Invalid(absl::StrCat(fn, ": options->beta2 is ", options->beta2, "; need [0, 1)"));
+  if (!positive(options->eps)) return Invalid(absl::StrCat(fn, ": options->eps is ", options->eps, "; need > 0"));
+  if (!(options->weight_decay >= 0))
+    return Invalid(absl::StrCat(fn, ": options->weight_decay is ", options->weight_decay, "; need >= 0"));
+  if (!(options->clip_grad_norm >= 0))
+    return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", options->clip_grad_norm, "; need >= 0"));
+  sg::OptimizerOptions oo;
+  oo.lr = options->lr;
+  oo.beta1 = options->beta1;
+  oo.beta2 = options->beta2;
+  oo.eps = options->eps;
+  oo.weight_decay = options->weight_decay;
+  oo.clip_grad_norm = options->clip_grad_norm;
+  if (options->struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
+    oo.lr_schedule = options->lr_schedule ? options->lr_schedule : "constant";
+    oo.warmup_steps = options->warmup_steps;
+    oo.min_lr = options->min_lr;
+    oo.total_steps = options->total_steps;
+    oo.grad_accum = options->grad_accum;
+  }
+  if (absl::Status s = sg::ValidateOptimizerOptions(oo); !s.ok())
+    return Invalid(absl::StrCat(fn, ": options->", s.message()));
+  auto t = std::make_unique<sg_trainer>();
+  t->core = model->core;
+  t->objective = obj;
+  std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
+  if (tp > 1) {  // collective over the MPI job: every rank gets here, also with a local error
+    absl::Status local;
+    if (t->core->tp_group)
+      local = absl::FailedPreconditionError("--tp: the model already has a tensor-parallel trainer (one per model)");
+    else if (!sg::HostAddressable(t->core->model->memory().device()))
+      local = absl::UnimplementedError(absl::StrCat("--tp=", tp, ": the model is on '", sg_model_device(model),
+                                                    "'; tensor parallelism in the C API runs CPU models"));
+    *joined = true;
+    absl::StatusOr<std::unique_ptr<sg::cabi::TensorParallelRun>> run =
+        sg::cabi::JoinTensorParallel(*t->core->model, static_cast<int>(tp), local);
+    if (!run.ok()) return FromAbslIn(fn, run.status());
+    t->tp = std::move(*run);
+  }
+  sg::Model& trained = t->tp ? *t->tp->split : *t->core->model;
+  t->trainer = std::make_unique<sg::Trainer>(trained, so, oo, obj);
+  t->trainer->set_cancel_flag(&t->cancel);
+  t->trainer->set_num_threads(num_threads);
+  if (t->tp) {
+    if (absl::Status s = sg::cabi::CheckSameRun(*t->tp, *t->trainer); !s.ok()) {
+      t->trainer.reset();  // not counted among the model's trainers
+      return FromAbslIn(fn, s);
+    }
+    t->core->tp_group = t->tp->grid.tp.get();
+  }
+  ++t->core->trainers;
+  *out = t.release();
+  return nullptr;
+}
+
 sg_status* sg_trainer_create(sg_model* model, const sg_trainer_options* options, sg_trainer** out) {
   static const char fn[] = "sg_trainer_create";
   return Guard(fn, [&]() -> sg_status* {
-    if (!out) return NullArg(fn, "out");
-    *out = nullptr;
-    if (!model) return NullArg(fn, "model");
-    if (!options) return NullArg(fn, "options");
-    if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
-                                       {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
-                                        {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
-                                        {"0.5", kTrainerOptionsSize0_5}}))
-      return s;
-    for (uint64_t r : options->reserved)
-      if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
-    sg::StrategyOptions so;
-    so.name = options->strategy ? options->strategy : "full";
-    so.chunk = options->chunk;
-    so.page_size = options->page_size;
-    so.lm_chunk = options->lm_chunk;
-    if (options->struct_size > kTrainerOptionsSize0_1) {  // a 0.1 caller's options keep the spaco defaults
-      so.spaco_budget = options->spaco_budget;
-      so.spaco_cap = options->spaco_cap;
-      so.seed = options->seed;
-    }
-    if (options->struct_size > kTrainerOptionsSize0_3) {  // older callers' options keep the adjoint defaults
-      so.adjoint_form = options->adjoint_form ? options->adjoint_form : "pairs";
-      so.adjoint_window = options->adjoint_window;
-    }
-    int num_threads = 0;
-    if (options->struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
-      so.sparse_pages = options->sparse_pages;
-      so.offload = options->offload != 0;
-      num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
-    }
-    if (num_threads < 0)
-      return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
-                                  "; need >= 0 (0 = the calling thread's OpenMP default)"));
-    if (absl::StatusOr<sg::StrategyFn> f = sg::FindStrategy(so.name); !f.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(f.status().message())));
-    // Checked whatever the strategy (the core checks them for "adjoint" only): a bad value is never silently kept.
-    if (so.adjoint_form != "pairs" && so.adjoint_form != "scan" && so.adjoint_form != "paper")
-      return Invalid(absl::StrCat(fn, ": options->adjoint_form is '", so.adjoint_form,
-                                  "'; known forms: pairs, scan, paper"));
-    if (so.adjoint_window <= 0)
-      return Invalid(absl::StrCat(fn, ": options->adjoint_window is ", so.adjoint_window,
-                                  "; need a positive number of tokens (INT64_MAX = no window)"));
-    if (absl::Status s = sg::ValidateStrategyOptions(so); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    if (absl::Status s = sg::ValidateStrategyForModel(so, *model->core->model); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    sg::ObjectiveOptions obj;
-    if (options->struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
-      obj.name = options->objective ? options->objective : "sft";
-      obj.dpo_beta = options->dpo_beta;
-      obj.grpo_clip_eps = options->grpo_clip_eps;
-      obj.grpo_kl_beta = options->grpo_kl_beta;
-    }
-    if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
-      return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
-    if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
-      return Invalid(absl::StrCat(fn, ": options->dpo_beta is ", obj.dpo_beta, "; need a finite value > 0"));
-    if (!(obj.grpo_clip_eps > 0 && obj.grpo_clip_eps < 1))
-      return Invalid(absl::StrCat(fn, ": options->grpo_clip_eps is ", obj.grpo_clip_eps, "; need (0, 1)"));
-    if (!(obj.grpo_kl_beta >= 0 && std::isfinite(obj.grpo_kl_beta)))
-      return Invalid(absl::StrCat(fn, ": options->grpo_kl_beta is ", obj.grpo_kl_beta, "; need a finite value >= 0"));
-    if (absl::Status s = sg::ValidateObjectiveOptions(obj); !s.ok())
-      return Invalid(absl::StrCat(fn, ": ", FieldMessage(s.message())));
-    auto positive = [](double v) { return v > 0 && v < 1e300; };
-    if (!positive(options->lr)) return Invalid(absl::StrCat(fn, ": options->lr is ", options->lr, "; need > 0"));
-    if (!(options->beta1 >= 0 && options->beta1 < 1))
-      return Invalid(absl::StrCat(fn, ": options->beta1 is ", options->beta1, "; need [0, 1)"));
-    if (!(options->beta2 >= 0 && options->beta2 < 1))
-      return Invalid(absl::StrCat(fn, ": options->beta2 is ", options->beta2, "; need [0, 1)"));
-    if (!positive(options->eps)) return Invalid(absl::StrCat(fn, ": options->eps is ", options->eps, "; need > 0"));
-    if (!(options->weight_decay >= 0))
-      return Invalid(absl::StrCat(fn, ": options->weight_decay is ", options->weight_decay, "; need >= 0"));
-    if (!(options->clip_grad_norm >= 0))
-      return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", options->clip_grad_norm, "; need >= 0"));
-    sg::OptimizerOptions oo;
-    oo.lr = options->lr;
-    oo.beta1 = options->beta1;
-    oo.beta2 = options->beta2;
-    oo.eps = options->eps;
-    oo.weight_decay = options->weight_decay;
-    oo.clip_grad_norm = options->clip_grad_norm;
-    if (options->struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
-      oo.lr_schedule = options->lr_schedule ? options->lr_schedule : "constant";
-      oo.warmup_steps = options->warmup_steps;
-      oo.min_lr = options->min_lr;
-      oo.total_steps = options->total_steps;
-      oo.grad_accum = options->grad_accum;
-    }
-    if (absl::Status s = sg::ValidateOptimizerOptions(oo); !s.ok())
-      return Invalid(absl::StrCat(fn, ": options->", s.message()));
-    auto t = std::make_unique<sg_trainer>();
-    t->core = model->core;
-    t->objective = obj;
-    std::lock_guard<std::mutex> lock(t->core->mu);  // LoRA is not enabled while a trainer is being created
-    t->trainer = std::make_unique<sg::Trainer>(*t->core->model, so, oo, obj);
-    t->trainer->set_cancel_flag(&t->cancel);
-    t->trainer->set_num_threads(num_threads);
-    ++t->core->trainers;
-    *out = t.release();
-    return nullptr;
+    bool joined = false;
+    sg_status* s = CreateTrainer(fn, model, options, out, &joined);
+    // A rank whose own options failed still joins a tensor-parallel job, so that the others learn of it at once.
+    const int64_t tp = options && options->struct_size > kTrainerOptionsSize0_6 ? options->tp : 1;
+    if (s && !joined && model && tp > 1 && tp <= INT32_MAX)
+      (void)sg::cabi::JoinTensorParallel(*model->core->model, static_cast<int>(tp), absl::AbortedError("failed"));
+    return s;
   });
 }
 
@@ -1151,23 +1282,28 @@ sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_
 
 sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
   static const char fn[] = "sg_trainer_optimizer_step";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (sg_status* s = CheckMetrics(fn, out)) return s;
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
     sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
-    trainer->core->model->memory().ResetPeak();
+    if (absl::Status s = TakeHandleValues(trainer); !s.ok()) return FromAbslIn(fn, s);
+    trainer->trainer->model().memory().ResetPeak();
     if (sg_status* s = CheckOptimizerMemory(fn, trainer)) return s;
     sg::StepMetrics m = trainer->last;
+    const int64_t bytes_before = TpBytes(trainer);
     if (absl::Status s = trainer->trainer->OptimizerStep(&m); !s.ok()) return FromAbsl(s);
+    if (trainer->tp) trainer->tp->bytes_last_call = TpBytes(trainer) - bytes_before;
+    if (absl::Status s = ShowWholeModel(trainer, false, true); !s.ok()) return FromAbslIn(fn, s);
     Report(trainer, m, 1);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    FillMetrics(m, trainer->trainer->step(), trainer->core->model->memory().Snapshot(), secs, out);
+    FillMetrics(m, trainer, secs, out);
     return nullptr;
-  });
+  }); });
 }
 
 int64_t sg_trainer_step_count(const sg_trainer* trainer) { return trainer ? trainer->trainer->step() : -1; }
@@ -1415,7 +1551,7 @@ sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir) {
 
 sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, int64_t data_position, int64_t keep) {
   static const char fn[] = "sg_trainer_save_checkpoint";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out_dir) return NullArg(fn, "out_dir");
     if (data_position < 0)
@@ -1424,21 +1560,30 @@ sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, 
       return Invalid(absl::StrCat(fn, ": argument 'keep' is ", keep, "; need >= 0 (0 = keep every checkpoint)"));
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
-    sg::Trainer& t = *trainer->trainer;
-    sg::CheckpointMeta meta;
-    meta.trainer = t.state();
-    meta.seed = t.strategy().seed;
-    meta.data_position = data_position;
-    meta.run_config = sg::TrainerRunConfig(t);
-    absl::StatusOr<std::string> path = sg::SaveCheckpoint(out_dir, t, meta, static_cast<int>(keep));
-    return FromAbslIn(fn, path.status());
-  });
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
+    std::optional<sg::dist::WholeTrainer> whole;  // tensor parallel: the checkpoint holds the whole model
+    if (trainer->tp) {
+      absl::StatusOr<sg::dist::WholeTrainer> w = sg::cabi::GatherWhole(*trainer->trainer);
+      if (!w.ok()) return FromAbslIn(fn, w.status());
+      whole = std::move(*w);
+    }
+    sg::Trainer& t = whole ? *whole->trainer : *trainer->trainer;
+    auto save = [&]() -> absl::Status {
+      sg::CheckpointMeta meta;
+      meta.trainer = t.state();
+      meta.seed = t.strategy().seed;
+      meta.data_position = data_position;
+      meta.run_config = sg::TrainerRunConfig(t);
+      return sg::SaveCheckpoint(out_dir, t, meta, static_cast<int>(keep)).status();
+    };
+    return FromAbslIn(fn, whole ? sg::cabi::WriteOnRankZero(*trainer->tp->grid.tp, save) : save());
+  }); });
 }
 
 sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoint_dir, int64_t* step,
                                       int64_t* data_position) {
   static const char fn[] = "sg_trainer_load_checkpoint";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!checkpoint_dir) return NullArg(fn, "checkpoint_dir");
     struct stat st;
@@ -1448,12 +1593,12 @@ sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoin
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     return LoadInto(fn, trainer, checkpoint_dir, step, data_position);
-  });
+  }); });
 }
 
 sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* step, int64_t* data_position) {
   static const char fn[] = "sg_trainer_resume";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out_dir) return NullArg(fn, "out_dir");
     BusyGuard guard(*trainer->core);
@@ -1466,7 +1611,7 @@ sg_status* sg_trainer_resume(sg_trainer* trainer, const char* out_dir, int64_t* 
       return MakeStatus(static_cast<int>(latest.status().code()), std::move(msg));
     }
     return LoadInto(fn, trainer, latest->c_str(), step, data_position);
-  });
+  }); });
 }
 
 // ---- 0.7: per-token log-probs ----
@@ -1491,7 +1636,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
                                         int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                         const int64_t* distances, sg_eval_result* out) {
   static const char fn[] = "sg_trainer_evaluate_detailed";
-  return Guard(fn, [&]() -> sg_status* {
+  return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!out) return NullArg(fn, "out");
     if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_eval_result))) return s;
@@ -1515,9 +1660,11 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));
-    sg::Model& model = *trainer->core->model;
+    if (sg_status* s = Agree(fn, trainer, nullptr)) return s;
+    sg::Model& model = trainer->trainer->model();
     sg::ScopedThreads threads(trainer->trainer->num_threads());
     const auto t0 = std::chrono::steady_clock::now();
+    if (absl::Status s = TakeHandleValues(trainer); !s.ok()) return FromAbslIn(fn, s);
     model.memory().ResetPeak();
     absl::StatusOr<sg::EvalResult> r = sg::Evaluate(model, set, trainer->trainer->strategy());
     if (!r.ok()) {
@@ -1542,7 +1689,7 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
       out->bucket_loss[k] = in ? r->by_distance[k].loss() : 0;
     }
     return nullptr;
-  });
+  }); });
 }
 
 }  // extern "C"

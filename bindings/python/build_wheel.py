@@ -2,7 +2,8 @@
 linux_x86_64 wheel (PEP 427, with zipfile), then `auditwheel repair` copies every shared library they need outside
 the manylinux policy (Abseil, OpenBLAS, libgomp, libgfortran, ...) into seqgrad.libs/ and retags it.
 
-usage: build_wheel.py OUT.whl VERSION PLATFORM PATCHELF AUDITWHEEL_DIR _native.so libseqgrad.so PACKAGE_FILE...
+usage: build_wheel.py OUT.whl VERSION PLATFORM PATCHELF AUDITWHEEL_DIR _native.so libseqgrad.so libseqgrad_mpi.so
+       PACKAGE_FILE... (libseqgrad_mpi.so links the system OpenMPI, which is left out of the bundle)
   OUT.whl's name must be what auditwheel names the repaired wheel (seqgrad-VERSION-cp311-cp311-PLATFORM.whl).
 """
 import base64
@@ -48,8 +49,8 @@ def _write_wheel(path, version, files):
 
 
 def main():
-    out, version, platform, patchelf, auditwheel, native, lib = sys.argv[1:8]
-    package_files = sys.argv[8:]
+    out, version, platform, patchelf, auditwheel, native, lib, mpi_plugin = sys.argv[1:9]
+    package_files = sys.argv[9:]
     work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)))
     try:
         # libseqgrad.so goes in under its SONAME (what _native.so's DT_NEEDED asks for). _native.so finds it
@@ -62,14 +63,16 @@ def main():
         os.chmod(native_copy, 0o755)
         subprocess.check_call([patchelf, "--set-rpath", "$ORIGIN", native_copy])
         files = [(os.path.basename(f), f) for f in package_files]
-        files += [("_native.so", native_copy), (soname, lib)]
+        # libseqgrad_mpi.so (tensor parallelism) beside libseqgrad.so, which loads it from there. It links the
+        # system's OpenMPI, which is not bundled: a job must use the OpenMPI its mpirun belongs to.
+        files += [("_native.so", native_copy), (soname, lib), ("libseqgrad_mpi.so", mpi_plugin)]
         plain = os.path.join(work, "seqgrad-%s-cp311-cp311-linux_x86_64.whl" % version)
         _write_wheel(plain, version, files)
         env = dict(os.environ, PYTHONPATH=auditwheel,
                    PATH=os.path.dirname(patchelf) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
         repaired = os.path.join(work, "repaired")
         run = subprocess.run([sys.executable, "-m", "auditwheel", "repair", "--plat", platform, "--only-plat",
-                              "-w", repaired, plain], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              "--exclude", "libmpi.so.40", "-w", repaired, plain], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
         if run.returncode != 0:
             sys.exit("build_wheel.py: auditwheel repair failed:\n" + run.stdout)

@@ -196,6 +196,8 @@ py::dict MetricsDict(const sg_metrics& m) {
   d["adjoint_pairs"] = m.adjoint_pairs;
   d["lr"] = m.lr;
   d["micro_batches"] = m.micro_batches;
+  d["tp"] = m.tp;
+  d["tp_bytes_reduced"] = m.tp_bytes_reduced;
   return d;
 }
 
@@ -612,7 +614,7 @@ PYBIND11_MODULE(_native, mod) {
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
                        const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
                        int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
-                       int64_t sparse_pages, bool offload, int32_t num_threads) {
+                       int64_t sparse_pages, bool offload, int32_t num_threads, int64_t tp) {
              sg_trainer_options o = sg_trainer_default_options();
              o.strategy = strategy.c_str();
              o.chunk = chunk;
@@ -641,6 +643,7 @@ PYBIND11_MODULE(_native, mod) {
              o.sparse_pages = sparse_pages;
              o.offload = offload ? 1 : 0;
              o.num_threads = num_threads;
+             o.tp = tp;
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -654,7 +657,7 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
            py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
            py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
-           py::arg("offload"), py::arg("num_threads"))
+           py::arg("offload"), py::arg("num_threads"), py::arg("tp"))
       .def("step", [](NativeTrainer& s, py::object ids, py::object labels,
                       py::object lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::object ids, py::object labels,

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The wheel is self-contained: a manylinux tag, no RUNPATH into Bazel's tree or /usr, and it installs into a fresh
 # venv without system site packages (NumPy 2 from PyPI) and trains with Debian's copies of the libraries it bundles
-# hidden from the loader (tools/hide_system_libs.sh).
+# hidden from the loader (tools/hide_system_libs.sh), also with tp=2 under mpirun -np 2 (the system's OpenMPI).
 # usage: wheel_test.sh WHEEL NUMPY2_DIR HIDE_SYSTEM_LIBS (NUMPY2_DIR: PyPI's NumPy 2, pip-installed by ./bazelw)
 set -euo pipefail
 whl="$(readlink -f "$1")"
@@ -72,3 +72,20 @@ print("seqgrad", seqgrad.version(), "numpy", np.__version__, "loss", loss, "libr
 PY
 cd /  # import the installed package, not the source tree
 "$hide" "$tmp/venv/bin/python" "$tmp/check.py"
+
+# Tensor parallelism from the installed wheel: its libseqgrad_mpi.so with the system's OpenMPI, under mpirun -np 2.
+cat >"$tmp/tp_check.py" <<'PY'
+import seqgrad
+batch = [[(i * 37 + 11) % 128 for i in range(40)]]
+with seqgrad.Model.from_preset("demo", dtype="f64", seed=3) as a, seqgrad.Model.from_preset("demo", dtype="f64", seed=3) as b:
+    one, tp = seqgrad.Trainer(a, strategy="seco", chunk=16, page_size=8), seqgrad.Trainer(b, strategy="seco", chunk=16, page_size=8, tp=2)
+    x, y = one.step(batch), tp.step(batch)
+    assert y["tp"] == 2 and abs(x["loss"] - y["loss"]) <= 1e-12 * x["loss"], (x["loss"], y["loss"])
+print("tp=2 from the wheel: loss", y["loss"], "one process", x["loss"])
+PY
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1
+mpi_dir="$(mktemp -d /tmp/sg-mpi.XXXXXX)"  # a private OpenMPI session directory (distributed/mpi_run_test.sh)
+trap 'rm -rf "$mpi_dir"' EXIT
+export OMPI_MCA_orte_tmpdir_base="$mpi_dir" OMPI_MCA_btl_vader_backing_directory="$mpi_dir"
+timeout --signal=KILL 120 mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np 2 \
+  "$hide" "$tmp/venv/bin/python" "$tmp/tp_check.py"

@@ -52,4 +52,10 @@ for exe in "$work/example_pc" "$work/cmake/build/example"; do
     fail "$exe loads the libraries above from outside the SDK"
   fi
 done
+# libseqgrad_mpi.so (tensor parallelism): the bundled Abseil, the system's OpenMPI.
+deps="$("$hide" ldd "$prefix/lib/libseqgrad_mpi.so")"
+if grep -E 'not found' <<<"$deps" || grep 'libabsl' <<<"$deps" | grep -v "$prefix/lib/"; then
+  fail "libseqgrad_mpi.so does not find its libraries"
+fi
+grep -q 'libmpi.so.40 => /' <<<"$deps" || fail "libseqgrad_mpi.so does not load the system's libmpi.so.40"
 echo "sdk_test: OK ($version, $soname)"

@@ -113,12 +113,13 @@ jdoubleArray ToJava(JNIEnv* env, const std::vector<double>& v) {
 
 jdoubleArray MetricsArray(JNIEnv* env, const sg_metrics& m) {
   // [loss, tokens, grad_norm, step, peak_bytes, seconds, chunks, chunks_backpropagated, adjoint_pairs, lr,
-  //  micro_batches, peak_by_category x9, at_peak_by_category x9] (Metrics.java reads this layout; the 9th category,
-  //  master_weights, comes from its own sg_metrics fields)
+  //  micro_batches, tp, tp_bytes_reduced, peak_by_category x9, at_peak_by_category x9] (Metrics.java reads this
+  //  layout; the 9th category, master_weights, comes from its own sg_metrics fields)
   std::vector<jdouble> v = {m.loss, static_cast<double>(m.tokens), m.grad_norm, static_cast<double>(m.step),
                             static_cast<double>(m.peak_bytes), m.seconds, static_cast<double>(m.chunks),
                             static_cast<double>(m.chunks_backpropagated), static_cast<double>(m.adjoint_pairs),
-                            m.lr, static_cast<double>(m.micro_batches)};
+                            m.lr, static_cast<double>(m.micro_batches), static_cast<double>(m.tp),
+                            static_cast<double>(m.tp_bytes_reduced)};
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.peak_bytes_by_category[c]));
   v.push_back(static_cast<double>(m.peak_bytes_master_weights));
   for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES; ++c) v.push_back(static_cast<double>(m.bytes_at_peak_by_category[c]));
@@ -435,7 +436,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
                              jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
                              jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
-                             jlong sparse_pages, jboolean offload, jint num_threads) {
+                             jlong sparse_pages, jboolean offload, jint num_threads, jlong tp) {
   GUARD_BEGIN
   const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
   const std::string schedule = Str(env, lr_schedule);
@@ -467,6 +468,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.sparse_pages = sparse_pages;
   o.offload = offload ? 1 : 0;
   o.num_threads = num_threads;
+  o.tp = tp;
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;

@@ -292,6 +292,12 @@ def _thread_count(n):
     return int(n)
 
 
+def _tp_size(n):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= np.iinfo(np.int32).max:
+        raise InvalidArgumentError("tp must be an integer >= 1 (1 = no tensor parallelism), got %r" % (n,))
+    return int(n)
+
+
 def _fields(item, what, required, optional):
     if not isinstance(item, dict):
         raise InvalidArgumentError("%s must be a dict with keys %s" % (what, ", ".join(required + optional)))
@@ -357,6 +363,16 @@ class Trainer:
 
     num_threads: OpenMP/OpenBLAS threads of this trainer's calls (0 = OMP_NUM_THREADS, else one per core).
 
+    tp: tensor parallelism (transformers, CPU). With tp=N > 1 in a program launched as `mpirun -np N python ...`,
+    creating the trainer joins the MPI job and keeps this rank's blocks of the model (1/N of the heads, KV cache,
+    SwiGLU width and vocabulary); every rank must create the same model and trainer and make the same calls with the
+    same batches. The Model keeps showing the whole model (its parameters and gradients are gathered after each
+    call), and Model.save(), save_checkpoint(), load_checkpoint() and resume() are then collective: every rank
+    calls them, rank 0 alone writes the whole model (what one process writes). Metrics' memory is this rank's;
+    "tp" and "tp_bytes_reduced" (bytes this rank sent to its group in the call) report the split. Bad values (tp not
+    dividing the heads or vocabulary, a job that is not tp ranks, ranks disagreeing) raise on every rank with the
+    numbers. README "Tensor parallel".
+
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError. A step past the model's memory limit
     (Model.set_memory_limit) raises ResourceExhaustedError.
@@ -366,7 +382,7 @@ class Trainer:
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
                  adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
-                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0):
+                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0, tp=1):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         if adjoint_window is None:
@@ -385,7 +401,7 @@ class Trainer:
                                        grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
                                        int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
                                        warmup_steps, min_lr, total_steps, grad_accum, sparse_pages,
-                                       bool(offload), _thread_count(num_threads))
+                                       bool(offload), _thread_count(num_threads), _tp_size(tp))
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:

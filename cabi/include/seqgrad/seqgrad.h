@@ -358,9 +358,47 @@ typedef struct sg_trainer_options {
                               per core). Recorded in checkpoints: a resume with another count works but is no longer
                               bit-identical to an uninterrupted run (reductions split differently), which
                               sg_trainer_load_checkpoint/resume report as a warning on stderr */
+  /* Since 0.7 (appended after num_threads; the size without it is still accepted: tp = 1): tensor parallelism. */
+  int64_t tp;              /* 0 or 1 (default): one process. N > 1: the trainer joins the MPI job the program was
+                              launched in (mpirun -np N; OpenMPI) and splits the model over its N ranks, Megatron
+                              style (README "Tensor parallel"; transformers only): each rank holds 1/N of the heads,
+                              KV cache, SwiGLU width and vocabulary. See "Tensor parallel" below */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
+
+/* ---- Tensor parallel (since 0.7) ------------------------------------------------------------------------------
+ *
+ * A program launched under mpirun -np N (OpenMPI, one process per rank, on CPU models) trains with N-way tensor
+ * parallelism by setting options.tp = N on every rank. Every rank runs the same program: it creates or loads the
+ * same whole model (same preset and seed, or directory; LoRA enabled the same way), creates its trainer with the
+ * same options, and makes the same calls with the same arguments (the same batches) in the same order.
+ *  - MPI comes from libseqgrad_mpi.so, which the library loads only then (libseqgrad.so itself needs no MPI): beside
+ *    libseqgrad.so, or where the environment variable SEQGRAD_MPI_PLUGIN names it; it links the system's OpenMPI
+ *    (libmpi.so.40), the one mpirun belongs to. Without it: SG_ERR_FAILED_PRECONDITION naming both.
+ *  - sg_trainer_create is collective: it joins the job and keeps this rank's blocks of the model (a copy the trainer
+ *    trains). Refused on every rank, with the numbers, never a hang: tp not dividing the heads, KV heads,
+ *    intermediate_size or vocabulary ("options->tp = 2: vocab_size=97 is not divisible by 2 (1 left over)";
+ *    presets "tiny" and "tiny-qwen2" have prime vocabularies, "demo" splits over 2), tp above the KV heads, a job
+ *    whose size is not tp ("the job has 2 ranks, which is not tp (3) x ..."; a job of k x tp ranks is refused too:
+ *    data parallelism across groups is not in the C API yet), ranks given different tp (each rank's listed), ranks
+ *    with different models or options, a model the engine does not split (SSMs so far), a model on "cuda", a
+ *    second tp trainer of the same model.
+ *  - The handle keeps showing the whole model: after each call that computes gradients or steps, this rank's
+ *    blocks of the gradients and weights are gathered into the handle's model, so sg_model_param_info views,
+ *    sg_model_read_param and the gradients show exactly what one process would hold; values written through them
+ *    (sg_model_write_param, a view's data) are taken by the next call. (The cost: the handle holds a whole copy
+ *    beside the trainer's blocks, and each call gathers the model over the group.)
+ *  - sg_model_save / sg_model_save_as of the model, sg_trainer_save_checkpoint, sg_trainer_load_checkpoint and
+ *    sg_trainer_resume become collective (every rank calls them): saves and checkpoints hold the whole model (and
+ *    the whole AdamW moments), written by rank 0 alone, exactly what one process writes; every rank returns rank
+ *    0's status. A checkpoint resumes across tp and one process both ways.
+ *  - sg_metrics' memory fields are this rank's; sg_metrics.tp and tp_bytes_reduced report the split.
+ *  - A trainer call that fails on one rank before its collective part (a bad argument, SG_ERR_BUSY, a cancel) fails
+ *    on every rank at once: that rank returns its error, the others SG_ERR_ABORTED "rank r of N failed", and the next
+ *    call trains on. Ranks are not checked to pass the same batch: different batches give a wrong step. A rank that
+ *    stops calling (or dies) leaves the others in a collective until the MPI timeout (SEQGRAD_DIST_TIMEOUT_S, default
+ *    300 s) ends it with SG_ERR_DEADLINE_EXCEEDED. */
 
 /* A trainer over `model` (which it keeps alive). Validates the options (strategy and objective names, sizes, lr...)
  * and that the strategy suits the model's family ("adjoint": SSMs only); errors are SG_ERR_INVALID_ARGUMENT naming
@@ -393,6 +431,11 @@ typedef struct sg_metrics {
   /* Since 0.7: category SG_MEMORY_CATEGORY_MASTER_WEIGHTS, as in the arrays above. */
   int64_t peak_bytes_master_weights;
   int64_t bytes_at_peak_master_weights;
+  /* Since 0.7 (appended; the size without them is still accepted). With options.tp = N > 1 every memory field above
+   * is this rank's (its blocks of the weights, gradients and moments, its KV heads), about 1/N of one process's. */
+  int64_t tp;                 /* ranks the model is split over (1 without tensor parallelism) */
+  int64_t tp_bytes_reduced;   /* bytes this rank sent to its group in the call's forward, backward and optimizer step
+                                 (the all-reduces of tensor parallelism); 0 with tp = 1 */
 } sg_metrics;
 
 /* A zeroed sg_metrics with struct_size set. */

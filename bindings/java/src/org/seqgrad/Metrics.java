@@ -30,7 +30,14 @@ public final class Metrics {
    * accumulateGradients calls since the last step after accumulation; 0 when no optimizer step ran.
    */
   public final long microBatches;
-  /** Each memory category's own peak, in the order of {@link Model#memoryCategories()}. */
+  /** Ranks the model is split over ({@link Trainer.Options#tp}; 1 without tensor parallelism). */
+  public final long tp;
+  /** Bytes this rank sent to its tensor-parallel group in the call (its all-reduces); 0 without. */
+  public final long tpBytesReduced;
+  /**
+   * Each memory category's own peak, in the order of {@link Model#memoryCategories()}; with {@link Trainer.Options#tp}
+   * &gt; 1 this rank's (its blocks and KV heads).
+   */
   public final long[] peakBytesByCategory;
   /** The split of peakBytes over the categories. */
   public final long[] bytesAtPeakByCategory;
@@ -47,7 +54,9 @@ public final class Metrics {
     adjointPairs = (long) a[8];
     lr = a[9];
     microBatches = (long) a[10];
-    final int head = 11;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
+    tp = (long) a[11];
+    tpBytesReduced = (long) a[12];
+    final int head = 13;  // the scalars above; then the two per-category arrays (layout: seqgrad_jni.cc)
     int n = (a.length - head) / 2;
     peakBytesByCategory = new long[n];
     bytesAtPeakByCategory = new long[n];

@@ -19,7 +19,9 @@ import java.util.List;
  * /org/seqgrad/native/&lt;os&gt;-&lt;arch&gt;/ holds libseqgrad_jni.so, libseqgrad.so and every library they need
  * beyond glibc, libstdc++ and libgcc_s (Abseil, OpenBLAS, libgomp, libgfortran, ...; listed in libs.txt, each with
  * RUNPATH $ORIGIN): all are extracted into one temporary directory and the JNI library is loaded from there, so the
- * loader finds its dependencies beside it and never on the system.
+ * loader finds its dependencies beside it and never on the system. /org/seqgrad/native/mpi/&lt;os&gt;-&lt;arch&gt;/ holds
+ * libseqgrad_mpi.so, extracted beside them: libseqgrad.so loads it only for tensor parallelism
+ * ({@link Trainer.Options#tp}), and it links the system's OpenMPI (the one mpirun belongs to).
  */
 final class NativeApi {
   private NativeApi() {}
@@ -51,6 +53,14 @@ final class NativeApi {
       for (String lib : resourceLines(base + "libs.txt")) {
         try (InputStream in = resource(base + lib)) {
           Path out = tmp.resolve(lib);
+          Files.copy(in, out, StandardCopyOption.REPLACE_EXISTING);
+          out.toFile().deleteOnExit();
+        }
+      }
+      try (InputStream in = NativeApi.class.getResourceAsStream("/org/seqgrad/native/mpi/" + platform()
+          + "/libseqgrad_mpi.so")) {
+        if (in != null) {
+          Path out = tmp.resolve("libseqgrad_mpi.so");
           Files.copy(in, out, StandardCopyOption.REPLACE_EXISTING);
           out.toFile().deleteOnExit();
         }
@@ -129,7 +139,7 @@ final class NativeApi {
       long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
       long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
       double grpoKlBeta, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
-      long totalSteps, long gradAccum, long sparsePages, boolean offload, int numThreads);
+      long totalSteps, long gradAccum, long sparsePages, boolean offload, int numThreads, long tp);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);

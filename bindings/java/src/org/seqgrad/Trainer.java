@@ -136,6 +136,18 @@ public final class Trainer extends NativeHandle {
      * competes for the CPU.
      */
     public int numThreads = 0;
+    /**
+     * Tensor parallelism (transformers, CPU): 1 (the default) = one process; N &gt; 1 in a JVM launched as one of the
+     * N ranks of {@code mpirun -np N java ...}: {@link #create} joins the MPI job and keeps this rank's blocks of the
+     * model (1/N of the heads, KV cache, SwiGLU width and vocabulary). Every rank must create the same model and
+     * trainer and make the same calls with the same batches. The {@link Model} keeps showing the whole model
+     * (parameters and gradients are gathered after each call); {@link Model#save}, {@link Trainer#saveCheckpoint},
+     * loadCheckpoint and resume are then collective: every rank calls them and rank 0 alone writes the whole model.
+     * {@link Metrics}' memory is this rank's; {@link Metrics#tp} and {@link Metrics#tpBytesReduced} report the split.
+     * tp not dividing the heads or vocabulary, a job that is not tp ranks, or ranks disagreeing: an exception on every
+     * rank with the numbers. README "Tensor parallel".
+     */
+    public long tp = 1;
 
     /** Sets {@link #strategy}; returns these options. */
     public Options strategy(String s) { strategy = s; return this; }
@@ -181,6 +193,8 @@ public final class Trainer extends NativeHandle {
     public Options offload(boolean o) { offload = o; return this; }
     /** Sets {@link #numThreads}; returns these options. */
     public Options numThreads(int n) { numThreads = n; return this; }
+    /** Sets {@link #tp}; returns these options. */
+    public Options tp(long n) { tp = n; return this; }
   }
 
   private volatile ProgressListener listener;
@@ -207,7 +221,7 @@ public final class Trainer extends NativeHandle {
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
           o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
-          o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads);
+          o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads, o.tp);
       Trainer t = holder.bind(new Trainer(h));
       if (o.reference != null) {
         try {

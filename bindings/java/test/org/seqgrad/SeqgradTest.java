@@ -154,6 +154,20 @@ class SeqgradTest {
   }
 
   @Test
+  void tensorParallelOptionReachesTheLibrary() {
+    try (Model m = Model.fromPreset("tiny", "f32", 1)) {
+      try (Trainer t = Trainer.create(m, new Trainer.Options().tp(1))) {  // tp 1: one process, nothing reduced
+        Metrics r = t.step(List.of(A, B));
+        assertEquals(1, r.tp);
+        assertEquals(0, r.tpBytesReduced);
+      }
+      InvalidArgumentException bad = assertThrows(InvalidArgumentException.class,
+          () -> Trainer.create(m, new Trainer.Options().tp(-2)));
+      assertTrue(bad.getMessage().contains("options->tp is -2"), bad.getMessage());
+    }
+  }
+
+  @Test
   void spacoTrainsOnASampleOfChunks() {
     try (Model m = Model.fromPreset("tiny", "f32", 1); Trainer t = Trainer.create(m, spaco(1).seed(7).lr(3e-3))) {
       for (int i = 1; i <= 4; ++i) {
