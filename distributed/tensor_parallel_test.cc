@@ -106,7 +106,7 @@ std::unique_ptr<Model> Whole(const TpRun& r) {
   }
   InitOptions init;
   init.seed = 7;
-  init.stddev = 0.3;
+  init.stddev = r.family == "bench-ssm" ? 0.05 : 0.3;  // 256 wide: 0.3 saturates it (loss 17 over 512 tokens)
   init.perturb_norms_and_biases = true;
   InitRandom(**m, init);  // adapters too: B != 0, so every adapter gradient is exercised
   // Mamba: a slowly decaying scan (long memory), so that the states carried across chunks matter.
@@ -186,10 +186,8 @@ std::vector<int> TpSizes() {
   return sizes;
 }
 
-// Gradients of the first step, then the weights after 3 AdamW steps, against one process on the whole batch; the
-// gradients of steps 2 and 3 too, within later_grad_tolerance (default: tolerance).
-void CheckAgainstSingleProcess(const TpRun& r, double tolerance, double later_grad_tolerance = 0) {
-  if (later_grad_tolerance == 0) later_grad_tolerance = tolerance;
+// Gradients of the first step, then the weights after 3 AdamW steps, against one process on the whole batch.
+void CheckAgainstSingleProcess(const TpRun& r, double tolerance) {
   for (int tp : TpSizes()) {
     Grid g = MakeGrid(tp);
     const std::string name = Name(r, g.tp, g.dp);
@@ -214,8 +212,7 @@ void CheckAgainstSingleProcess(const TpRun& r, double tolerance, double later_gr
       EXPECT_NEAR(got->loss, want->loss, tolerance * std::abs(want->loss)) << name << " step " << step;
       std::string where;
       const double grad_diff = WorstRelDiff(r, *whole, *split, /*grads=*/true, &where);
-      EXPECT_LE(grad_diff, step == 1 ? tolerance : later_grad_tolerance)
-          << name << " step " << step << ": gradient of " << where;
+      EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << where;
       ASSERT_TRUE(reference.OptimizerStep(&*want).ok());
       ASSERT_TRUE(trainer.OptimizerStep(&*got).ok());
       EXPECT_NEAR(got->grad_norm, want->grad_norm, tolerance * want->grad_norm) << name << " step " << step;
@@ -252,9 +249,7 @@ TEST_P(MambaTensorParallel, TinySsmBiasesUntiedHead) {
 INSTANTIATE_TEST_SUITE_P(All, MambaTensorParallel,
                          ::testing::Values("full", "ckpt", "seco", "spaco", "streambp", "adjoint", "adjoint-scan"));
 
-// Steps 2 and 3 start from weights that differ in the last bits (3.6e-14 relative after 3 steps), and layer 3's
-// A_log gradient amplifies that: measured 2.7e-12 at step 3 (first step: 1.9e-14 over every parameter).
-TEST(MambaTensorParallel, BenchSsm) { CheckAgainstSingleProcess(TpRun{"bench-ssm", "seco"}, 1e-12, 1e-11); }
+TEST(MambaTensorParallel, BenchSsm) { CheckAgainstSingleProcess(TpRun{"bench-ssm", "seco"}, 1e-12); }
 
 // PEFT's Mamba targets: in_proj (column-parallel: B split by x/z channels, A's gradient partial) and x_proj
 // (row-parallel: A split by channels, B's gradient partial), without and with dropout.
@@ -267,6 +262,7 @@ TEST(MambaTensorParallel, LoraInProjXProj) {
   }
 }
 
+// bf16 matrices (f32 compute): close, not equal, for the reasons of the transformer's Bf16 below.
 TEST(MambaTensorParallel, Bf16) {
   TpRun r{"tiny-ssm", "seco"};
   r.dtype = DType::kBF16;
