@@ -88,15 +88,20 @@ same_losses single4.json zero.json 3 || fail "TP x DP with ZeRO-1: losses differ
   || { cat budget.log; fail "--tp=2 --memory_budget"; }
 grep -q "memory budget 2.2 MiB: --chunk=32 " budget.log || { cat budget.log; fail "--memory_budget: no chunk picked"; }
 # Checkpoints: TP -> one process, and one process -> TP, each with the straight run's losses.
-args=("${base[@]}" --steps=4 --strategy=seco)
-"$train" "${args[@]}" --report=straight.json >single.log 2>&1 || fail "straight run"
-"${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "${args[@]}" --out_dir=a --stop_at_step=2 >tp.log 2>&1 || { cat tp.log; fail "TP checkpoint"; }
-"$train" "${args[@]}" --out_dir=a --resume --report=a.json >resume.log 2>&1 || { cat resume.log; fail "resume in one process"; }
-same_losses straight.json a.json 4 || fail "TP checkpoint -> one process: losses differ"
-"$train" "${args[@]}" --out_dir=b --stop_at_step=2 >single.log 2>&1 || fail "one-process checkpoint"
-"${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "${args[@]}" --out_dir=b --resume --report=b.json >tp.log 2>&1 \
-  || { cat tp.log; fail "resume under TP"; }
-same_losses straight.json b.json 4 || fail "one-process checkpoint -> TP: losses differ"
+checkpoints_both_ways() {  # checkpoints_both_ways WHAT TRAIN_ARGS... (4 steps, checkpoints at step 2)
+  local what="$1"; shift
+  rm -rf ck_a ck_b
+  "$train" "$@" --report=straight.json >single.log 2>&1 || fail "$what: straight run"
+  "${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "$@" --out_dir=ck_a --stop_at_step=2 >tp.log 2>&1 \
+    || { cat tp.log; fail "$what: TP checkpoint"; }
+  "$train" "$@" --out_dir=ck_a --resume --report=a.json >resume.log 2>&1 || { cat resume.log; fail "$what: resume in one process"; }
+  same_losses straight.json a.json 4 || fail "$what: TP checkpoint -> one process: losses differ"
+  "$train" "$@" --out_dir=ck_b --stop_at_step=2 >single.log 2>&1 || fail "$what: one-process checkpoint"
+  "${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "$@" --out_dir=ck_b --resume --report=b.json >tp.log 2>&1 \
+    || { cat tp.log; fail "$what: resume under TP"; }
+  same_losses straight.json b.json 4 || fail "$what: one-process checkpoint -> TP: losses differ"
+}
+checkpoints_both_ways demo "${base[@]}" --steps=4 --strategy=seco
 # Mamba (bench-ssm: d_inner 512, vocabulary 512), the d_inner channels split: seco and the exact adjoint at TP = 2
 # with one process's losses and saved model, TP = 2 x DP = 2, checkpoints across TP and one process both ways.
 ssm=(--model=bench-ssm --dtype=f64 --data=tokens.bin --data_dtype=uint16 --seq_len=48 --batch=2 --steps=3 --chunk=16)
@@ -112,16 +117,7 @@ done
 "${mpi[@]}" -np 4 "$train" --dist=mpi --tp=2 "${ssm[@]}" --strategy=seco --batch=4 --report=ssm_grid.json >grid.log 2>&1 \
   || { cat grid.log; fail "Mamba: --tp=2 on 4 ranks"; }
 same_losses ssm4.json ssm_grid.json 3 || fail "Mamba: TP x DP losses differ"
-ssm_args=("${ssm[@]}" --steps=4 --strategy=seco)
-"$train" "${ssm_args[@]}" --report=ssm_straight.json >single.log 2>&1 || fail "Mamba: straight run"
-"${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "${ssm_args[@]}" --out_dir=c --stop_at_step=2 >tp.log 2>&1 \
-  || { cat tp.log; fail "Mamba: TP checkpoint"; }
-"$train" "${ssm_args[@]}" --out_dir=c --resume --report=c.json >resume.log 2>&1 || { cat resume.log; fail "Mamba: resume"; }
-same_losses ssm_straight.json c.json 4 || fail "Mamba: TP checkpoint -> one process: losses differ"
-"$train" "${ssm_args[@]}" --out_dir=d --stop_at_step=2 >single.log 2>&1 || fail "Mamba: one-process checkpoint"
-"${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 "${ssm_args[@]}" --out_dir=d --resume --report=d.json >tp.log 2>&1 \
-  || { cat tp.log; fail "Mamba: resume under TP"; }
-same_losses ssm_straight.json d.json 4 || fail "Mamba: one-process checkpoint -> TP: losses differ"
+checkpoints_both_ways bench-ssm "${ssm[@]}" --steps=4 --strategy=seco
 # Bad input, refused at start on every rank with the numbers: a vocabulary of 97 (tiny), a world size that is not
 # tp x dp, ranks disagreeing on --tp.
 expect_error() {  # expect_error TEXT CMD...
