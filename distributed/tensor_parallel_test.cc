@@ -73,6 +73,7 @@ StrategyOptions Strategy(const TpRun& r) {
   StrategyOptions o;
   o.name = r.strategy;
   if (r.strategy == "adjoint-scan") o.name = "adjoint", o.adjoint_form = "scan";
+  if (r.strategy == "adjoint-window") o.name = "adjoint", o.adjoint_window = 3;  // truncated: the relay is split too
   o.chunk = 5;
   o.page_size = 4;
   o.lm_chunk = 7;
@@ -247,7 +248,8 @@ TEST_P(MambaTensorParallel, TinySsmBiasesUntiedHead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, MambaTensorParallel,
-                         ::testing::Values("full", "ckpt", "seco", "spaco", "streambp", "adjoint", "adjoint-scan"));
+                         ::testing::Values("full", "ckpt", "seco", "spaco", "streambp", "adjoint", "adjoint-scan",
+                                           "adjoint-window"));
 
 TEST(MambaTensorParallel, BenchSsm) { CheckAgainstSingleProcess(TpRun{"bench-ssm", "seco"}, 1e-12); }
 
