@@ -101,7 +101,7 @@ struct LayerParams {
 enum Saved { kX, kXn, kRstd, kXin, kZ, kXc, kU, kDtr, kB, kC, kDtPre, kDelta, kY, kGated, kH0, kTail0, kNumSaved };
 
 template <typename T>
-class Mamba final : public MambaModel, private ParamStore<T> {
+class Mamba final : public MambaModel, public TensorParallelModel, private ParamStore<T> {
   using Store = ParamStore<T>;
   using Store::Add;
   using Store::G;
@@ -114,35 +114,48 @@ class Mamba final : public MambaModel, private ParamStore<T> {
  public:
   // weights: T, or bf16 over T = float (--dtype=bf16: the linear and embedding matrices in bf16; the conv filter,
   // A_log and the vectors stay in T, as the scan and conv they feed accumulate in it).
-  Mamba(const MambaConfig& c, Device device, DType weights) : cfg_(c), ops_(OpsFor<T>(device)) {
+  // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
+  Mamba(const MambaConfig& c, Device device, DType weights, const TensorParallel& tp)
+      : cfg_(c),
+        ops_(OpsFor<T>(device)),
+        tp_(tp),
+        inter_(c.intermediate_size / tp.size),
+        vocab_rows_(c.vocab_size / tp.size) {
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
-    const int64_t d = c.hidden_size, E = c.intermediate_size, N = c.state_size, R = c.time_step_rank;
-    embed_ = Add("backbone.embeddings.weight", {c.vocab_size, d});
+    const int64_t d = c.hidden_size, E = inter_, N = c.state_size, R = c.time_step_rank;
+    // By channel (rows; in_proj's x and z channels each), by columns (x_proj, out_proj: their input is the
+    // channels), replicated; see tensor_parallel.h.
+    const TpShard channels{TpSplit::kRows}, x_and_z{TpSplit::kRows, false, 2}, cols{TpSplit::kCols}, whole{};
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, TpShard shard, bool full_precision = false) {
+      shards_.push_back(shard);
+      return full_precision ? Store::AddFullPrecision(name, std::move(shape)) : Add(name, std::move(shape));
+    };
+    embed_ = add("backbone.embeddings.weight", {vocab_rows_, d}, channels);
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = absl::StrCat("backbone.layers.", i, ".");
       LayerParams L;
-      L.norm = Add(p + "norm.weight", {d});
-      L.in_proj = Add(p + "mixer.in_proj.weight", {2 * E, d});
-      L.in_bias = c.use_bias ? Add(p + "mixer.in_proj.bias", {2 * E}) : -1;
-      L.conv_w = Store::AddFullPrecision(p + "mixer.conv1d.weight", {E, 1, c.conv_kernel});
-      L.conv_b = c.use_conv_bias ? Add(p + "mixer.conv1d.bias", {E}) : -1;
-      L.x_proj = Add(p + "mixer.x_proj.weight", {R + 2 * N, E});
-      L.dt_w = Add(p + "mixer.dt_proj.weight", {E, R});
-      L.dt_b = Add(p + "mixer.dt_proj.bias", {E});
-      L.a_log = Store::AddFullPrecision(p + "mixer.A_log", {E, N});
-      L.d = Add(p + "mixer.D", {E});
-      L.out_proj = Add(p + "mixer.out_proj.weight", {d, E});
-      L.out_bias = c.use_bias ? Add(p + "mixer.out_proj.bias", {d}) : -1;
+      L.norm = add(p + "norm.weight", {d}, whole);
+      L.in_proj = add(p + "mixer.in_proj.weight", {2 * E, d}, x_and_z);
+      L.in_bias = c.use_bias ? add(p + "mixer.in_proj.bias", {2 * E}, x_and_z) : -1;
+      L.conv_w = add(p + "mixer.conv1d.weight", {E, 1, c.conv_kernel}, channels, true);
+      L.conv_b = c.use_conv_bias ? add(p + "mixer.conv1d.bias", {E}, channels) : -1;
+      L.x_proj = add(p + "mixer.x_proj.weight", {R + 2 * N, E}, cols);
+      L.dt_w = add(p + "mixer.dt_proj.weight", {E, R}, channels);
+      L.dt_b = add(p + "mixer.dt_proj.bias", {E}, channels);
+      L.a_log = add(p + "mixer.A_log", {E, N}, channels, true);
+      L.d = add(p + "mixer.D", {E}, channels);
+      L.out_proj = add(p + "mixer.out_proj.weight", {d, E}, cols);
+      L.out_bias = c.use_bias ? add(p + "mixer.out_proj.bias", {d}, whole) : -1;
       layers_.push_back(L);
       ops_.fill(W(L.norm), d, T(1));
       ops_.fill(W(L.d), E, T(1));
       if (device != Device::kMeta)  // meta tensors hold no values; S4D-real: A_log[e][s] = log(s + 1)
         SetFromHost(params_[L.a_log].value, [&](int64_t i) { return std::log(i % N + 1.0); });
     }
-    final_norm_ = Add("backbone.norm_f.weight", {d});
+    final_norm_ = add("backbone.norm_f.weight", {d}, whole);
     ops_.fill(W(final_norm_), d, T(1));
-    head_ = c.tie_word_embeddings ? embed_ : Add("lm_head.weight", {c.vocab_size, d});
+    head_ = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {vocab_rows_, d}, channels);
   }
 
   std::string family() const override { return "ssm"; }
@@ -160,21 +173,25 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     std::vector<int> linears;
     for (const LayerParams& L : layers_)
       for (int w : {L.in_proj, L.x_proj, L.dt_w, L.out_proj}) linears.push_back(w);
-    return Store::EnableLoraOn(o, family(), linears);
+    if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
+    Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
+    return absl::OkStatus();
   }
   const LoraInfo* lora() const override { return Store::LoraState(); }
+  const TensorParallel& tensor_parallel() const override { return tp_; }
+  TpShard ShardOf(int param) const override { return ShardOfParam(shards_, Store::LoraState(), param); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override { return std::make_unique<MambaState>(o); }
 
-  Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c); }
+  Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c, Group()); }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
-    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx);
+    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx, Group());
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
     auto& state = static_cast<MambaState&>(state_base);
     const LayerParams& L = layers_[l];
-    const int64_t n = c.size(), d = cfg_.hidden_size, E = cfg_.intermediate_size, N = cfg_.state_size;
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = inter_, N = cfg_.state_size;
     const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
 
@@ -209,7 +226,9 @@ class Mamba final : public MambaModel, private ParamStore<T> {
                         xc.data<T>(), out ? out->tail.data<T>() : nullptr);
     ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
     // x_proj rows: [0, R) time step, [R, R + N) B, [R + N, R + 2N) C.
-    Tensor dtr = New(act, {n, R}), B = New(act, {n, N}), C = New(act, {n, N});
+    // In one buffer: under tensor parallelism each rank's channels gave part of all three, summed in one all-reduce.
+    Tensor proj = New(act, {n * (R + 2 * N)});
+    Tensor dtr = proj.Rows(0, n * R), B = proj.Rows(n * R, n * (R + N)), C = proj.Rows(n * (R + N), n * (R + 2 * N));
     Linear(u.data<T>(), n, E, WRows(L.x_proj, 0), -1, 0, dtr.data<T>(), R);
     Linear(u.data<T>(), n, E, WRows(L.x_proj, R), -1, 0, B.data<T>(), N);
     Linear(u.data<T>(), n, E, WRows(L.x_proj, R + N), -1, 0, C.data<T>(), N);
@@ -219,6 +238,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       Store::LoraOut(ops_, a, R, N, B.data<T>(), N);
       Store::LoraOut(ops_, a, R + N, N, C.data<T>(), N);
     }
+    tp_.AllReduce(proj.raw(), proj.numel(), dtype());
     Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
     Linear(dtr.data<T>(), n, R, WRows(L.dt_w, 0), L.dt_b, 0, dtpre.data<T>(), E);
     Store::LoraAdd(ops_, L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
@@ -231,9 +251,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
     Tensor res = New(MemCategory::kActivations, {n, d});
     ops_.copy(res.data<T>(), x_in.data<T>(), n * d);
-    Store::GemmW(ops_, true, n, d, E, T(1), gated.data<T>(), E, L.out_proj, E, T(1), res.data<T>(), d);
-    if (L.out_bias >= 0) ops_.add_bias(res.data<T>(), W(L.out_bias), n, d);
-    Store::LoraAdd(ops_, L.out_proj, gated.data<T>(), c, state.opts, res.data<T>(), d);
+    Store::RowParallelAdd(ops_, Group(), gated.data<T>(), n, E, d, L.out_proj, L.out_bias, c, state.opts,
+                          res.data<T>());
 
     if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
     return Store::Boundary(ops_, std::move(res));
@@ -243,7 +262,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     auto& state = static_cast<MambaState&>(state_base);
     const LayerParams& L = layers_[l];
     const std::vector<Tensor>& s = saved.tensors;
-    const int64_t n = c.size(), d = cfg_.hidden_size, E = cfg_.intermediate_size, N = cfg_.state_size;
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = inter_, N = cfg_.state_size;
     const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
     const T* dy = dy_in.data<T>();
     constexpr MemCategory ws = MemCategory::kWorkspace;
@@ -270,7 +289,10 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       }
     }
 
-    Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E}), dB = New(ws, {n, N}), dC = New(ws, {n, N});
+    // The gradient of x_proj's output (d(dt), dB, dC) in one buffer, as its forward's.
+    Tensor dproj = New(ws, {n * (R + 2 * N)});
+    Tensor ddtr = dproj.Rows(0, n * R), dB = dproj.Rows(n * R, n * (R + N)), dC = dproj.Rows(n * (R + N), n * (R + 2 * N));
+    Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E});
     Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
     if (adjoint) {
       LaterTokens& later = state.Later(l);
@@ -301,11 +323,12 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     }
 
     // delta = softplus(dt_proj(dtr) + bias)
-    Tensor ddtpre = New(ws, {n, E}), ddtr = New(ws, {n, R});
+    Tensor ddtpre = New(ws, {n, E});
     ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
     LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
                    ddtr.data<T>(), T(0));
     Store::LoraBackward(ops_, L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
+    tp_.AllReduce(dproj.raw(), dproj.numel(), dtype());  // each rank's channels gave part of it
     // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
     T* gx = G(L.x_proj);
     const T* u = s[kU].data<T>();
@@ -344,6 +367,7 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       Store::LoraOutBackward(ops_, a, E, E, dz.data<T>(), E);
       Store::LoraInBackward(ops_, a, dxn.data<T>(), c, state.opts);
     }
+    tp_.AllReduce(dxn.raw(), n * d, dtype());  // each rank's channels gave part of it
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dy, n * d);
@@ -354,8 +378,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
 
   HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
                       double grad_scale, bool need_grad) override {
-    return Store::Head(ops_, final_norm_, head_, cfg_.layer_norm_epsilon, cfg_.hidden_size, cfg_.vocab_size, c, h, labels,
-                       objective, grad_scale, need_grad);
+    return Store::Head(ops_, final_norm_, head_, cfg_.layer_norm_epsilon, cfg_.hidden_size, vocab_rows_, c, h, labels,
+                       objective, grad_scale, need_grad, Group());
   }
 
  private:
@@ -378,8 +402,8 @@ class Mamba final : public MambaModel, private ParamStore<T> {
       if (from_after) ops_.copy(t.data<T>() + from_c * width, there.data<T>(), from_after * width);
       return t;
     };
-    out.dy = join(dy, after.dy, cfg_.intermediate_size);
-    out.delta = join(delta, after.delta, cfg_.intermediate_size);
+    out.dy = join(dy, after.dy, inter_);
+    out.delta = join(delta, after.delta, inter_);
     out.C = join(C, after.C, cfg_.state_size);
     return out;
   }
@@ -417,8 +441,14 @@ class Mamba final : public MambaModel, private ParamStore<T> {
     if (db) ops_.bias_backward(dy, n, out, db);
   }
 
+  // The group when split over more than one rank, else null (no communication).
+  const TensorParallel* Group() const { return tp_.on() ? &tp_ : nullptr; }
+
   MambaConfig cfg_;
   const OpTable<T>& ops_;
+  TensorParallel tp_;
+  int64_t inter_, vocab_rows_;  // this rank's channels and vocabulary rows (the config's, divided by tp_.size)
+  std::vector<TpShard> shards_;  // per base parameter (LoRA adapters: ShardOf)
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
 };
@@ -460,13 +490,16 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device) {
+absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device,
+                                                         const TensorParallel& tp) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
+  if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
+  if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
-  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype));
+  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp));
+  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype, tp));
   // bf16 matrices over f32 compute (param_store.h), as the transformer: the CPU and CUDA tables' bf16 entries.
-  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype));
+  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "core/lm_head.h"
 #include "core/lora.h"
+#include "core/tensor_parallel.h"
 
 namespace sg {
 
@@ -256,26 +257,66 @@ class ParamStore {
     }
   }
   // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
-  Tensor EmbedRows(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c) {
+  // vocab_parallel: the table holds this rank's rows of a vocabulary split over the group; other ranks' tokens get
+  // zeros here and the rows are summed over the group.
+  Tensor EmbedRows(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c,
+                   const TensorParallel* vocab_parallel = nullptr) {
     // A chunk's pass starts here: an asynchronous device reports faults of earlier work and labels what follows.
     if (const DeviceBackend* b = FindBackend(mem_.device()); b && b->begin_chunk)
       b->begin_chunk(absl::StrCat("chunk [", c.begin, ", ", c.end, ")"));
-    const int64_t d = params_[embed].value.dim(1);
-    Tensor x = New(MemCategory::kActivations, {c.size(), d});
-    if (params_[embed].value.dtype() == DType::kBF16) {
-      if constexpr (std::is_same_v<T, float>) {
-        const uint16_t* table = params_[embed].value.template data<uint16_t>();
-        for (int64_t i = 0; i < c.size(); ++i)
-          ops.bf16_to_f32(table + ids[c.begin + i] * d, d, x.data<float>() + i * d);
-      }
+    const Tensor& table = params_[embed].value;
+    const int64_t n = c.size(), d = table.dim(1);
+    Tensor x = New(MemCategory::kActivations, {n, d});
+    if (!vocab_parallel && table.dtype() != DType::kBF16) {  // one call for the chunk's tokens
+      ops.embedding_forward(ids + c.begin, n, W(embed), d, x.template data<T>());
       return x;
     }
-    ops.embedding_forward(ids + c.begin, c.size(), W(embed), d, x.template data<T>());
+    if (vocab_parallel) ops.fill(x.template data<T>(), n * d, T(0));
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = LocalToken(embed, ids[c.begin + i], vocab_parallel);
+      if (id < 0) continue;
+      if (table.dtype() == DType::kBF16) {
+        if constexpr (std::is_same_v<T, float>)
+          ops.bf16_to_f32(table.template data<uint16_t>() + id * d, d, x.template data<float>() + i * d);
+      } else {
+        ops.embedding_forward(&id, 1, W(embed), d, x.template data<T>() + i * d);
+      }
+    }
+    if (vocab_parallel) vocab_parallel->AllReduce(x.raw(), n * d, kDType);
     return x;
   }
-  void EmbedRowsBackward(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c, const Tensor& dx) {
-    if (T* g = G(embed))
-      ops.embedding_backward(ids + c.begin, c.size(), dx.template data<T>(), params_[embed].value.dim(1), g);
+  void EmbedRowsBackward(const OpTable<T>& ops, int embed, const int32_t* ids, Chunk c, const Tensor& dx,
+                         const TensorParallel* vocab_parallel = nullptr) {
+    T* g = G(embed);
+    if (!g) return;
+    const int64_t d = params_[embed].value.dim(1);
+    if (!vocab_parallel) return ops.embedding_backward(ids + c.begin, c.size(), dx.template data<T>(), d, g);
+    for (int64_t i = 0; i < c.size(); ++i)
+      if (const int32_t id = LocalToken(embed, ids[c.begin + i], vocab_parallel); id >= 0)
+        ops.embedding_backward(&id, 1, dx.template data<T>() + i * d, d, g);
+  }
+  // The row of token `id` in table `embed`, or -1 when another rank of vocab_parallel holds it.
+  int32_t LocalToken(int embed, int32_t id, const TensorParallel* vocab_parallel) const {
+    if (!vocab_parallel) return id;
+    const int64_t rows = params_[embed].value.dim(0), local = id - vocab_parallel->rank * rows;
+    return local >= 0 && local < rows ? static_cast<int32_t>(local) : -1;
+  }
+  // y[n][d] += a[n][k] W[d][k]^T (+ bias b) (+ the LoRA adapter of W). Row-parallel (tp non-null): W holds this
+  // rank's k columns, so the product is summed over the group (one all-reduce) before the replicated bias is added.
+  void RowParallelAdd(const OpTable<T>& ops, const TensorParallel* tp, const T* a, int64_t n, int64_t k, int64_t d,
+                      int w, int b, Chunk c, const StateOptions& st, T* y) {
+    if (!tp) {
+      GemmW(ops, true, n, d, k, T(1), a, k, w, k, T(1), y, d);
+      if (b >= 0) ops.add_bias(y, W(b), n, d);
+      LoraAdd(ops, w, a, c, st, y, d);
+      return;
+    }
+    Tensor part = New(MemCategory::kWorkspace, {n, d});
+    GemmW(ops, true, n, d, k, T(1), a, k, w, k, T(0), part.template data<T>(), d);
+    LoraAdd(ops, w, a, c, st, part.template data<T>(), d);
+    tp->AllReduce(part.raw(), n * d, kDType);
+    ops.add_inplace(y, part.template data<T>(), n * d);
+    if (b >= 0) ops.add_bias(y, W(b), n, d);
   }
 
   // A whole adapter on one linear op: y[n][out] += its output for input x over chunk c (no-op without an adapter);

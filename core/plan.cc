@@ -115,13 +115,9 @@ absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   if (model.lora()) lora = model.lora()->options;
   absl::StatusOr<std::unique_ptr<Model>> twin;
   const DType dtype = CreatedDType(model);
-  if (const TensorParallelModel* tp = TensorParallelOf(model)) {  // one rank of a split model: its blocks
-    absl::StatusOr<std::unique_ptr<TransformerModel>> t =
-        CreateTransformer(dynamic_cast<TransformerModel&>(model).config(), dtype, Device::kMeta,
-                          {tp->tensor_parallel().rank, tp->tensor_parallel().size, nullptr});
-    if (!t.ok()) return t.status();
-    twin = std::unique_ptr<Model>(std::move(*t));
-  } else if (auto* t = dynamic_cast<TransformerModel*>(&model))
+  if (const TensorParallelModel* tp = TensorParallelOf(model))  // one rank of a split model: its blocks, LoRA too
+    return CreateModelLike(model, Device::kMeta, {tp->tensor_parallel().rank, tp->tensor_parallel().size, nullptr});
+  if (auto* t = dynamic_cast<TransformerModel*>(&model))
     twin = Create(t->config(), dtype, Device::kMeta, 0, "model");
   else if (auto* m = dynamic_cast<MambaModel*>(&model))
     twin = Create(m->config(), dtype, Device::kMeta, 0, "model");

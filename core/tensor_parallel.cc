@@ -8,7 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/mamba.h"
 #include "core/optimizer.h"
+#include "core/plan.h"
+#include "core/transformer.h"
 
 namespace sg {
 
@@ -23,6 +26,17 @@ const TensorParallelModel* TensorParallelOf(Model& model) {
   return m && m->tensor_parallel().on() ? m : nullptr;
 }
 
+namespace {
+absl::Status Divisible(int tp, std::initializer_list<std::pair<const char*, int64_t>> fields) {
+  for (auto [field, v] : fields) {
+    if (v % tp != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tp=", tp, ": ", field, "=", v, " is not divisible by ", tp, " (", v % tp, " left over)"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status ValidateTensorParallel(const TransformerConfig& c, int tp) {
   if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", tp));
   if (c.num_kv_heads > 0 && c.num_kv_heads < tp)
@@ -30,15 +44,60 @@ absl::Status ValidateTensorParallel(const TransformerConfig& c, int tp) {
         "--tp=", tp, " exceeds num_key_value_heads=", c.num_kv_heads,
         ": every rank needs a KV head of its own (KV heads are not replicated, which would keep the KV cache from "
         "shrinking with tp); use --tp <= ", c.num_kv_heads, " and combine with data parallelism"));
-  for (auto [field, v] : {std::pair<const char*, int64_t>{"num_attention_heads", c.num_heads},
-                          {"num_key_value_heads", c.num_kv_heads},
-                          {"intermediate_size", c.intermediate_size},
-                          {"vocab_size", c.vocab_size}}) {
-    if (v % tp != 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tp=", tp, ": ", field, "=", v, " is not divisible by ", tp, " (", v % tp, " left over)"));
-  }
+  return Divisible(tp, {{"num_attention_heads", c.num_heads},
+                        {"num_key_value_heads", c.num_kv_heads},
+                        {"intermediate_size", c.intermediate_size},
+                        {"vocab_size", c.vocab_size}});
+}
+
+absl::Status ValidateTensorParallel(const MambaConfig& c, int tp) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", tp));
+  return Divisible(tp, {{"intermediate_size", c.intermediate_size}, {"vocab_size", c.vocab_size}});
+}
+
+absl::Status CheckTensorParallelPlacement(const TensorParallel& tp, Device device) {
+  if (tp.rank < 0 || tp.rank >= tp.size)
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", tp.rank, " is outside [0, ", tp.size, ")"));
+  // Device memory is not host memory: a split model lives on the CPU (or meta) until the head gets kernels.
+  if (tp.size > 1 && device == Device::kCUDA)
+    return absl::UnimplementedError(absl::StrCat("--tp=", tp.size, " runs on --device=cpu (MPI) so far: on cuda the "
+                                                 "vocabulary-parallel head has no device kernels yet"));
   return absl::OkStatus();
+}
+
+TpShard ShardOfParam(const std::vector<TpShard>& shards, const LoraInfo* lora, int param) {
+  if (param < static_cast<int>(shards.size())) return shards[param];
+  const LoraAdapter* ad = lora ? lora->AdapterOfParam(param) : nullptr;
+  if (!ad) return {};
+  const TpShard weight = shards[ad->weight];
+  const TpShard partial{TpSplit::kReplicated, true};
+  if (weight.split == TpSplit::kRows) return param == ad->a ? partial : weight;
+  if (weight.split == TpSplit::kCols) return param == ad->a ? TpShard{TpSplit::kCols} : partial;
+  return {};
+}
+
+std::vector<int64_t> LoraFirstColumns(const std::vector<TpShard>& shards, const LoraInfo& lora, int rank) {
+  std::vector<int64_t> cols;
+  for (const LoraAdapter& ad : lora.adapters) cols.push_back(shards[ad.weight].split == TpSplit::kCols ? rank * ad.in : 0);
+  return cols;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& tp) {
+  absl::StatusOr<std::unique_ptr<Model>> m;
+  if (auto* t = dynamic_cast<TransformerModel*>(&like)) {
+    absl::StatusOr<std::unique_ptr<TransformerModel>> made = CreateTransformer(t->config(), CreatedDType(like), device, tp);
+    if (!made.ok()) return made.status();
+    m = std::unique_ptr<Model>(std::move(*made));
+  } else if (auto* s = dynamic_cast<MambaModel*>(&like)) {
+    absl::StatusOr<std::unique_ptr<MambaModel>> made = CreateMamba(s->config(), CreatedDType(like), device, tp);
+    if (!made.ok()) return made.status();
+    m = std::unique_ptr<Model>(std::move(*made));
+  } else {
+    return absl::UnimplementedError(absl::StrCat("a ", like.family(), " model cannot be split"));
+  }
+  if (like.lora())
+    if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;
+  return m;
 }
 
 namespace {
@@ -51,28 +110,24 @@ double SumSquares(const Tensor& t) {
   return s;
 }
 
-int64_t BlockOf(int64_t n, int tp, const std::string& name) {
-  if (n % tp != 0)
-    throw std::invalid_argument(absl::StrCat(name, ": dimension ", n, " is not divisible by tp ", tp));
-  return n / tp;
-}
-
-// Rows x cols view of a tensor's bytes: the first dimension, and the rest flattened (in bytes).
+// A tensor's bytes as rows, each of which the split cuts into tp equal blocks: for kCols the first dimension's rows;
+// for kRows the `parts` stacked matrices (one row each).
 struct Layout {
   int64_t rows = 1, row_bytes = 0;
 };
-Layout LayoutOf(const Tensor& t) {
+Layout LayoutOf(const Tensor& t, TpShard shard) {
   Layout l;
-  l.rows = t.shape().empty() ? 1 : t.dim(0);
+  l.rows = shard.split == TpSplit::kRows ? shard.parts : t.shape().empty() ? 1 : t.dim(0);
   l.row_bytes = l.rows > 0 ? static_cast<int64_t>(t.nbytes()) / l.rows : 0;
   return l;
 }
 
 absl::Status CheckBlock(const Tensor& whole, TpShard shard, int tp, const Tensor& block) {
   std::vector<int64_t> expect = whole.shape();
-  if (shard.split == TpSplit::kRows && !expect.empty()) expect[0] /= tp;
+  const bool rows_split = shard.split == TpSplit::kRows && !expect.empty() && expect[0] % (shard.parts * tp) == 0;
+  if (rows_split) expect[0] /= tp;
   if (shard.split == TpSplit::kCols && expect.size() == 2) expect[1] /= tp;
-  if (block.shape() != expect || block.dtype() != whole.dtype())
+  if (block.shape() != expect || block.dtype() != whole.dtype() || (shard.split == TpSplit::kRows && !rows_split))
     return absl::InvalidArgumentError(absl::StrCat("tensor parallel: a block of shape [", absl::StrJoin(block.shape(), ", "),
                                                    "] does not belong to a tensor of shape [",
                                                    absl::StrJoin(whole.shape(), ", "), "] split over ", tp,
@@ -128,13 +183,11 @@ absl::Status SliceTensor(const Tensor& whole, TpShard shard, const TensorParalle
   char* dst = static_cast<char*>(block.raw());
   if (shard.split == TpSplit::kReplicated) {
     std::memcpy(dst, src, whole.nbytes());
-  } else if (shard.split == TpSplit::kRows) {
-    std::memcpy(dst, src + tp.rank * block.nbytes(), block.nbytes());
-  } else {
-    const Layout w = LayoutOf(whole), b = LayoutOf(block);
-    for (int64_t i = 0; i < w.rows; ++i)
-      std::memcpy(dst + i * b.row_bytes, src + i * w.row_bytes + tp.rank * b.row_bytes, b.row_bytes);
+    return absl::OkStatus();
   }
+  const Layout w = LayoutOf(whole, shard), b = LayoutOf(block, shard);
+  for (int64_t i = 0; i < w.rows; ++i)
+    std::memcpy(dst + i * b.row_bytes, src + i * w.row_bytes + tp.rank * b.row_bytes, b.row_bytes);
   return absl::OkStatus();
 }
 
@@ -152,15 +205,11 @@ absl::Status GatherTensor(const Tensor& block, TpShard shard, const TensorParall
   std::memcpy(mine.data(), block.raw(), block.nbytes());
   if (absl::Status s = tp.comm->AllGather(mine.data(), all.data(), words, DType::kI32); !s.ok()) return s;
   char* dst = static_cast<char*>(whole.raw());
-  const Layout b = LayoutOf(block), w = LayoutOf(whole);
+  const Layout b = LayoutOf(block, shard), w = LayoutOf(whole, shard);
   for (int r = 0; r < tp.size; ++r) {
     const char* src = reinterpret_cast<const char*>(all.data() + r * words);
-    if (shard.split == TpSplit::kRows) {
-      std::memcpy(dst + r * block.nbytes(), src, block.nbytes());
-    } else {
-      for (int64_t i = 0; i < b.rows; ++i)
-        std::memcpy(dst + i * w.row_bytes + r * b.row_bytes, src + i * b.row_bytes, b.row_bytes);
-    }
+    for (int64_t i = 0; i < b.rows; ++i)
+      std::memcpy(dst + i * w.row_bytes + r * b.row_bytes, src + i * b.row_bytes, b.row_bytes);
   }
   return absl::OkStatus();
 }

@@ -9,17 +9,26 @@
 // all-reduces of per-row scalars per logits chunk, so no rank holds a full row of logits. Each rank's KV-cache and
 // KV-gradient pages hold only its KV heads.
 //
+// Mamba: the d_inner channels are split. in_proj by rows (each rank its block of the x channels and of the z
+// channels), the conv, A_log, D and dt_proj (rows, bias) by channel, x_proj and out_proj by columns; the scan and its
+// carried state (h, conv tail) are per channel and stay local. Two all-reduces each way per layer: forward x_proj's
+// (dt, B, C) and out_proj's output, backward the gradient of x_proj's output (d(dt), dB, dC: every rank's channels
+// gave part of it) and in_proj's input gradient. Embedding and LM head as the transformer's.
+//
 // Replicated parameters (norms, o_proj / down_proj biases) get identical gradients on every rank, except those
 // marked partial_grad (Qwen3's q_norm / k_norm, which see only the rank's heads, and the LoRA matrices that meet a
 // split dimension): those are summed over the group once per step (ReducePartialGrads).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/model.h"
+#include "core/lora.h"
 #include "core/model_config.h"
 #include "distributed/communicator.h"
 
@@ -43,9 +52,11 @@ enum class TpSplit { kReplicated, kRows, kCols };
 struct TpShard {
   TpSplit split = TpSplit::kReplicated;
   bool partial_grad = false;  // replicated, but each rank's gradient is only its part of the sum
+  // kRows: the first dimension stacks `parts` equal matrices, each split by rows (Mamba's in_proj: x, then z).
+  int parts = 1;
 };
 
-// Implemented by models that can be split (transformers so far; Mamba's d_inner split is planned).
+// Implemented by models that can be split (transformers and Mamba).
 class TensorParallelModel {
  public:
   virtual ~TensorParallelModel() = default;
@@ -61,6 +72,23 @@ const TensorParallelModel* TensorParallelOf(Model& model);
 // Errors give the numbers ("--tp=4: num_key_value_heads=2 is not divisible by 4 ..."). KV heads are never
 // replicated: a KV head on two ranks would double its cache, which TP is there to split.
 absl::Status ValidateTensorParallel(const TransformerConfig& config, int tp);
+// Mamba: intermediate_size (d_inner) and vocabulary divisible by tp.
+absl::Status ValidateTensorParallel(const MambaConfig& config, int tp);
+// tp.rank inside the group, and a device the split model can run on (the vocabulary-parallel head and embedding
+// loop over their rows on the host: CPU, or meta to plan a GPU rank).
+absl::Status CheckTensorParallelPlacement(const TensorParallel& tp, Device device);
+
+// The split of a LoRA parameter follows its weight's (shards: per base parameter): a column-parallel weight's B is
+// split as the weight and its A sees the whole input (partial gradient); a row-parallel weight's A is split by
+// columns and its B's gradient is partial. Base parameters: shards[param].
+TpShard ShardOfParam(const std::vector<TpShard>& shards, const LoraInfo* lora, int param);
+// Per adapter, the whole input's column of its first input column (ParamStore::lora_col0_): rank * in for a
+// row-parallel weight, whose input is split, else 0.
+std::vector<int64_t> LoraFirstColumns(const std::vector<TpShard>& shards, const LoraInfo& lora, int rank);
+
+// A zero-initialised model of `like`'s family, configuration, created dtype and LoRA options on `device`, split
+// over tp (whole for tp.size 1).
+absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& tp);
 
 // Sums the partial_grad parameters' gradients over the group (no-op for an unsplit model).
 absl::Status ReducePartialGrads(Model& model);

@@ -287,25 +287,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     for (const LayerParams& L : layers_)
       for (int w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) linears.push_back(w);
     if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
-    // A row-parallel adapter's input columns start at this rank's block of the whole input (dropout masks).
-    for (const LoraAdapter& ad : Store::LoraState()->adapters)
-      Store::lora_col0_.push_back(shards_[ad.weight].split == TpSplit::kCols ? tp_.rank * ad.in : 0);
+    Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
     return absl::OkStatus();
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
-  // An adapter meets its weight's split: a column-parallel weight's B is split by rows and A sees the whole input
-  // (its gradient is each rank's part of the sum); a row-parallel weight's A is split by columns and B's gradient
-  // is partial.
-  TpShard ShardOf(int param) const override {
-    if (param < static_cast<int>(shards_.size())) return shards_[param];
-    const LoraInfo* info = Store::LoraState();
-    const LoraAdapter* ad = info ? info->AdapterOfParam(param) : nullptr;
-    if (!ad) return {};
-    const bool column_parallel = shards_[ad->weight].split == TpSplit::kRows;
-    const bool is_a = param == ad->a;
-    if (column_parallel) return is_a ? TpShard{TpSplit::kReplicated, true} : TpShard{TpSplit::kRows};
-    return is_a ? TpShard{TpSplit::kCols} : TpShard{TpSplit::kReplicated, true};
-  }
+  // An adapter meets its weight's split (ShardOfParam).
+  TpShard ShardOf(int param) const override { return ShardOfParam(shards_, Store::LoraState(), param); }
   const LoraInfo* lora() const override { return Store::LoraState(); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
@@ -334,32 +321,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override {
-    if (!tp_.on()) return Store::EmbedRows(ops_, embed_, ids, c);
-    // Vocabulary-parallel: this rank's rows, zeros for the other ranks' tokens, summed over the group.
-    const int64_t n = c.size(), d = cfg_.hidden_size;
-    Tensor x = New(MemCategory::kActivations, {n, d});
-    ops_.fill(x.data<T>(), n * d, T(0));
-    const Tensor& table = params_[embed_].value;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = LocalToken(ids[c.begin + i]);
-      if (id < 0) continue;
-      if (table.dtype() == DType::kBF16) {
-        if constexpr (std::is_same_v<T, float>)
-          ops_.bf16_to_f32(table.data<uint16_t>() + id * d, d, x.data<float>() + i * d);
-      } else {
-        ops_.embedding_forward(&id, 1, W(embed_), d, x.data<T>() + i * d);
-      }
-    }
-    tp_.AllReduce(x.raw(), n * d, dtype());
-    return x;
+    return Store::EmbedRows(ops_, embed_, ids, c, tp_.on() ? &tp_ : nullptr);
   }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
-    if (!tp_.on()) return Store::EmbedRowsBackward(ops_, embed_, ids, c, dx);
-    T* g = G(embed_);
-    if (!g) return;
-    for (int64_t i = 0; i < c.size(); ++i)
-      if (const int32_t id = LocalToken(ids[c.begin + i]); id >= 0)
-        ops_.embedding_backward(&id, 1, dx.data<T>() + i * cfg_.hidden_size, cfg_.hidden_size, g);
+    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx, tp_.on() ? &tp_ : nullptr);
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
@@ -645,28 +610,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     BiasBackward(b, dy, n, out);
     Store::LoraBackward(ops_, w, x, dy, out, dx, c, st);
   }
-  // y[n][d] += a[n][k] W[d][k]^T (+ b) (+ the LoRA adapter of W): o_proj and down_proj. Under tensor parallelism
-  // W holds this rank's k columns, so the product is summed over the group (the sub-layer's one all-reduce) before
-  // the replicated bias is added.
+  // o_proj and down_proj (ParamStore::RowParallelAdd).
   void RowParallelAdd(const T* a, int64_t k, int w, int b, Chunk c, const StateOptions& st, T* y) {
-    const int64_t n = c.size(), d = cfg_.hidden_size;
-    if (!tp_.on()) {
-      Store::GemmW(ops_, true, n, d, k, T(1), a, k, w, k, T(1), y, d);
-      if (b >= 0) ops_.add_bias(y, W(b), n, d);
-      Store::LoraAdd(ops_, w, a, c, st, y, d);
-      return;
-    }
-    Tensor part = New(MemCategory::kWorkspace, {n, d});
-    Store::GemmW(ops_, true, n, d, k, T(1), a, k, w, k, T(0), part.data<T>(), d);
-    Store::LoraAdd(ops_, w, a, c, st, part.data<T>(), d);
-    tp_.AllReduce(part.raw(), n * d, dtype());
-    ops_.add_inplace(y, part.data<T>(), n * d);
-    if (b >= 0) ops_.add_bias(y, W(b), n, d);
-  }
-  // The index of token `id` in this rank's vocabulary rows, or -1 when another rank holds it.
-  int32_t LocalToken(int32_t id) const {
-    const int64_t local = id - tp_.rank * vocab_rows_;
-    return local >= 0 && local < vocab_rows_ ? static_cast<int32_t>(local) : -1;
+    Store::RowParallelAdd(ops_, tp_.on() ? &tp_ : nullptr, a, c.size(), k, cfg_.hidden_size, w, b, c, st, y);
   }
   // db += colsum(dy[n][m]) when the bias b exists and is trained.
   void BiasBackward(int b, const T* dy, int64_t n, int64_t m) {
@@ -724,14 +670,8 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                                     Device device, const TensorParallel& tp) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
-  if (tp.rank < 0 || tp.rank >= tp.size)
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", tp.rank, " is outside [0, ", tp.size, ")"));
+  if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  // The vocabulary-parallel head (lm_head.h) and embedding still loop over their rows on the host: device memory is
-  // not host memory, so a split model lives on the CPU (or meta, to plan a GPU rank) until they get kernels.
-  if (tp.size > 1 && device == Device::kCUDA)
-    return absl::UnimplementedError(absl::StrCat("--tp=", tp.size, " runs on --device=cpu (MPI) so far: on cuda the "
-                                                 "vocabulary-parallel head has no device kernels yet"));
   if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
   if (dtype == DType::kF64)
     return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp));

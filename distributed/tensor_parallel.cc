@@ -3,8 +3,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/lora.h"
-#include "core/transformer.h"
 
 namespace sg::dist {
 
@@ -68,29 +66,9 @@ absl::Status ForEachOptimizerTensor(Trainer& whole, Trainer& split, const Split&
 }
 }  // namespace
 
-namespace {
-// The dtype a transformer was created with: bf16 when its matrices are stored in bf16.
-DType CreatedDType(Model& m) {
-  for (const Param& p : m.params())
-    if (p.value.dtype() == DType::kBF16) return DType::kBF16;
-  return m.dtype();
-}
-absl::StatusOr<std::unique_ptr<Model>> Transformer(Model& like, Device device, const TensorParallel& tp) {
-  auto* t = dynamic_cast<TransformerModel*>(&like);
-  if (!t)
-    return absl::UnimplementedError(absl::StrCat("a ", like.family(), " model is not split yet (transformers "
-                                                 "only; Mamba's d_inner split is planned, docs/design.md)"));
-  absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(t->config(), CreatedDType(like), device, tp);
-  if (!m.ok()) return m.status();
-  if (like.lora())
-    if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;
-  return std::unique_ptr<Model>(std::move(*m));
-}
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp,
                                                   std::optional<Device> device) {
-  absl::StatusOr<std::unique_ptr<Model>> split = Transformer(whole, device.value_or(whole.memory().device()), tp);
+  absl::StatusOr<std::unique_ptr<Model>> split = CreateModelLike(whole, device.value_or(whole.memory().device()), tp);
   if (!split.ok()) return split.status();
   if (absl::Status s = ScatterParams(whole, **split); !s.ok()) return s;
   return split;
@@ -98,7 +76,7 @@ absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorPara
 
 absl::StatusOr<WholeTrainer> MakeWholeTrainer(Trainer& split, Device device) {
   WholeTrainer w;
-  absl::StatusOr<std::unique_ptr<Model>> m = Transformer(split.model(), device, {});
+  absl::StatusOr<std::unique_ptr<Model>> m = CreateModelLike(split.model(), device, {});
   if (!m.ok()) return m.status();
   w.model = std::move(*m);
   w.trainer = std::make_unique<Trainer>(*w.model, split.strategy(), split.optimizer_options(), split.objective());

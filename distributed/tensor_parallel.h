@@ -30,9 +30,9 @@ absl::Status CheckSameTp(Communicator& world, int tp);
 // disagree on tp (each rank's value listed), tp < 1, or the world size is not tp × dp.
 absl::StatusOr<TensorParallelGrid> CreateTensorParallelGrid(Communicator& world, int tp);
 
-// This rank's part of a whole transformer (LoRA adapters included) on `device` (the whole model's when omitted): a
-// new model holding its blocks of the whole one's values. A GPU run loads the whole model into host memory and
-// splits it onto the GPU, which then holds only its blocks. Mamba is refused (its d_inner split is not built yet).
+// This rank's part of a whole transformer or Mamba (LoRA adapters included) on `device` (the whole model's when
+// omitted): a new model holding its blocks of the whole one's values. A GPU run loads the whole model into host
+// memory and splits it onto the GPU, which then holds only its blocks.
 absl::StatusOr<std::unique_ptr<Model>> SplitModel(Model& whole, const TensorParallel& tp,
                                                   std::optional<Device> device = std::nullopt);
 

@@ -88,8 +88,9 @@ ABSL_FLAG(bool, dist_shard_optimizer, false,
           "with --dist=mpi (data parallel): ZeRO-1, each rank keeps AdamW moments only for its share of the "
           "parameters and broadcasts them after its step. Not with --out_dir");
 ABSL_FLAG(int, tp, 1,
-          "with --dist: tensor parallel over groups of this many ranks (transformers; heads, KV heads, SwiGLU width "
-          "and vocabulary split, README \"Tensor parallel\"); the job's ranks form tp x (ranks / tp) data-parallel "
+          "with --dist: tensor parallel over groups of this many ranks (transformers: heads, KV heads, SwiGLU width "
+          "and vocabulary split; Mamba: d_inner channels and vocabulary; README \"Tensor parallel\"); the job's "
+          "ranks form tp x (ranks / tp) data-parallel "
           "groups. Checkpoints and saves hold the whole model");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: before starting, pick the largest --chunk (seco, spaco, adjoint) or partition (streambp) whose "

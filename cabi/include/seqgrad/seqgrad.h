@@ -382,8 +382,8 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
  *    presets "tiny" and "tiny-qwen2" have prime vocabularies, "demo" splits over 2), tp above the KV heads, a job
  *    whose size is not tp ("the job has 2 ranks, which is not tp (3) x ..."; a job of k x tp ranks is refused too:
  *    data parallelism across groups is not in the C API yet), ranks given different tp (each rank's listed), ranks
- *    with different models or options, a model the engine does not split (SSMs so far), a model on "cuda", a
- *    second tp trainer of the same model.
+ *    with different models or options (Mamba: d_inner, i.e. intermediate_size, and the vocabulary must divide),
+ *    a model on "cuda", a second tp trainer of the same model.
  *  - The handle keeps showing the whole model: after each call that computes gradients or steps, this rank's
  *    blocks of the gradients and weights are gathered into the handle's model, so sg_model_param_info views,
  *    sg_model_read_param and the gradients show exactly what one process would hold; values written through them
