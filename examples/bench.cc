@@ -58,7 +58,9 @@ ABSL_FLAG(std::string, seq_lens, "1024,2048,4096", "comma-separated sequence len
 ABSL_FLAG(int32_t, repeats, 3, "timed rounds per length (each runs every strategy once); the best is reported");
 ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
 ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
-ABSL_FLAG(bool, compare_torch, false, "also time the same model in plain PyTorch (examples/bench_torch.py)");
+ABSL_FLAG(bool, compare_torch, false,
+          "also time the same model in PyTorch (examples/bench_torch.py: plain torch ops, and Hugging Face "
+          "transformers' model class with SDPA where --python has transformers)");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: for each strategy, search the longest sequence whose measured peak fits (0 = no search)");
 ABSL_FLAG(std::string, task, "random",
@@ -66,7 +68,9 @@ ABSL_FLAG(std::string, task, "random",
           "(sg::RetrievalTask: only the query values are labelled, so the LM head does little work)");
 ABSL_FLAG(double, spaco_fraction, 0.125,
           "spaco: budget as a fraction t/k of each length's k chunks (rounded, at least 1); 0 = use --spaco_budget");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "interpreter for --compare_torch (must have torch)");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "interpreter for --compare_torch (must have torch; with transformers too for the hf rows), e.g. the venv "
+          "of tests/e2e/pip_venv.sh");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
 
 namespace sg {
@@ -451,7 +455,7 @@ std::string TempRoot() {
 }
 
 // Runs the PyTorch reference on the same model and sequences (bench_torch.py on the CPU, bench_torch_gpu.py on a
-// GPU); returns its JSON (rows with engine "torch").
+// GPU); returns its JSON (rows with engine "torch", or "hf" for transformers' model class, each with a "label").
 json RunTorch(Model& model, const std::vector<std::string>& strategies,
               const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype, bool gpu) {
   std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
@@ -534,10 +538,10 @@ std::string Chart(const json& rows, const std::vector<std::string>& strategies, 
   time.set_title("time vs T").set_x_label("sequence length T (tokens)").set_y_label("forward + backward (s)");
   mem.set_log2_x(true);
   time.set_log2_x(true);
-  for (const char* engine : {"seqgrad", "torch"}) {
+  for (const char* engine : {"seqgrad", "torch", "hf"}) {
     for (size_t si = 0; si < strategies.size(); ++si) {
       svg::Series m, t;
-      const bool torch = std::string(engine) == "torch";
+      const bool torch = std::string(engine) != "seqgrad";
       // seqgrad: the engine's own accounting; torch: its allocator's step peak (profiler) + weights and grads.
       m.name = absl::StrCat(engine, " ", strategies[si], torch ? " (profiler)" : "");
       t.name = absl::StrCat(engine, " ", strategies[si]);
@@ -806,7 +810,7 @@ int Main() {
       for (json r : t["rows"]) {
         const int64_t T = r["seq_len"].get<int64_t>();
         if (!r["time_s"].is_number()) {  // out of GPU memory
-          skipped_rows.push_back({{"engine", "torch"}, {"strategy", r["strategy"]}, {"seq_len", T},
+          skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
                                   {"reason", "out of GPU memory"}});
           continue;
         }
@@ -828,25 +832,34 @@ int Main() {
   // seqgrad / torch per (strategy, T), and how well the two losses agree (same weights, same tokens).
   json ratios = json::array();
   if (compare_torch) {
-    std::printf("\nseqgrad / torch tokens/s:\n%-8s %7s %12s %12s %8s %12s\n", "strategy", "T", "seqgrad tok/s",
-                "torch tok/s", "ratio", "loss rel.diff");
+    std::printf("\nPyTorch engines:\n");
+    const json labels = torch_info.value("labels", json::object());
+    const json skipped_engines = torch_info.value("skipped_engines", json::object());
+    for (const auto& [engine, label] : labels.items())
+      std::printf("  %-6s %s\n", engine.c_str(), label.get<std::string>().c_str());
+    for (const auto& [engine, why] : skipped_engines.items())
+      std::printf("  %-6s skipped: %s\n", engine.c_str(), why.get<std::string>().c_str());
+    std::printf("\nseqgrad / PyTorch tokens/s:\n%-8s %-6s %7s %12s %12s %8s %12s\n", "strategy", "vs", "T",
+                "seqgrad tok/s", "torch tok/s", "ratio", "loss rel.diff");
     for (const json& a : rows) {
       if (a["engine"] != "seqgrad") continue;
       for (const json& b : rows) {
-        if (b["engine"] != "torch" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
+        if (b["engine"] == "seqgrad" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
         const double ra = a["tokens_per_s"].get<double>(), rb = b["tokens_per_s"].get<double>();
         const double la = a["loss"].get<double>(), lb = b["loss"].get<double>();
         const double diff = std::fabs(la - lb) / std::max(1e-12, std::fabs(lb));
         json r;
         r["strategy"] = a["strategy"];
+        r["versus"] = b["engine"];
         r["seq_len"] = a["seq_len"];
         r["seqgrad_tokens_per_s"] = ra;
         r["torch_tokens_per_s"] = rb;
         r["seqgrad_over_torch"] = ra / rb;
         r["loss_rel_diff"] = diff;
         ratios.push_back(r);
-        std::printf("%-8s %7lld %12.0f %12.0f %7.2fx %12.2e\n", a["strategy"].get<std::string>().c_str(),
-                    static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb, ra / rb, diff);
+        std::printf("%-8s %-6s %7lld %12.0f %12.0f %7.2fx %12.2e\n", a["strategy"].get<std::string>().c_str(),
+                    b["engine"].get<std::string>().c_str(), static_cast<long long>(a["seq_len"].get<int64_t>()), ra,
+                    rb, ra / rb, diff);
       }
     }
   }
