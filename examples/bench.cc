@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -100,22 +101,38 @@ std::vector<std::string> SplitList(const std::string& s) {
 
 // --- the machine's yardstick ------------------------------------------------------------------------------------
 
-// Best-of-10 cblas_sgemm 1024 x 1024 x 1024 with all OpenMP threads, in GFLOP/s.
-double MeasureSgemmGflops() {
+// The machine's f32 GEMM rate: best-of-10 1024 x 1024 x 1024 with all OpenMP threads, in GFLOP/s, of OpenBLAS's
+// cblas_sgemm and of the engine's own f32 GEMM (oneDNN); the yardstick is the faster of the two.
+struct SgemmRates {
+  double openblas = 0;
+  double engine = 0;
+  double best() const { return std::max(openblas, engine); }
+};
+
+SgemmRates MeasureSgemmGflops() {
   constexpr int n = 1024;
   std::vector<float> a(n * n), b(n * n), c(n * n);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& x : a) x = u(rng);
   for (float& x : b) x = u(rng);
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < 11; ++rep) {  // the first is a warm-up
-    const auto t0 = std::chrono::steady_clock::now();
+  auto rate = [&](const std::function<void()>& gemm) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep < 11; ++rep) {  // the first is a warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      gemm();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) best = std::min(best, dt);
+    }
+    return 2.0 * n * n * n / best / 1e9;
+  };
+  SgemmRates r;
+  r.openblas = rate([&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::min(best, dt);
-  }
-  return 2.0 * n * n * n / best / 1e9;
+  });
+  const OpTable<float>& ops = CpuOps<float>();
+  r.engine = rate([&] { ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
+  return r;
 }
 
 // --- peak RSS, the OS's view (comparable between engines) -------------------------------------------------------
@@ -707,7 +724,8 @@ int Main() {
   // rate in the --matmul mode (the fraction is then the MFU).
   const DeviceBackend* backend = FindBackend(device);
   const bool gpu = device == Device::kCUDA;
-  const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : MeasureSgemmGflops();
+  const SgemmRates sgemm_rates = gpu ? SgemmRates{} : MeasureSgemmGflops();
+  const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : sgemm_rates.best();
   if (gpu && !(sgemm > 0)) Fail("--device", "the peak FLOP rate of this GPU is unknown (sm_80 and sm_90 are)");
   // Caps the tracker at the GPU's free memory: a length that does not fit fails clearly (and is reported as the
   // end of that strategy's rows) instead of paging managed memory.
@@ -716,7 +734,8 @@ int Main() {
               absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),
               absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup);
   if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
-  else std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
+  else std::printf("sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
+                   "f32 GEMM %.1f)\n", sgemm, threads, sgemm_rates.openblas, sgemm_rates.engine);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;
@@ -895,6 +914,11 @@ int Main() {
     config["threads"] = threads;
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // tools::InitTool sets PASSIVE unless the user did
     config["omp_wait_policy"] = wait_policy ? wait_policy : "";
+    // The CPU kernels' environment switches (kernels/cpu: isa.h, bf16.cc), as this run had them.
+    for (const char* env : {"SG_CPU_ISA", "SG_BF16_MATMUL", "SG_GEMM"}) {
+      const char* v = std::getenv(env);
+      config[absl::AsciiStrToLower(env)] = v ? v : "";
+    }
     config["task"] = task;
     config["batch"] = 1;
     config["strategies"] = strategies;
@@ -913,6 +937,7 @@ int Main() {
     json out;
     out["rows"] = rows;
     out["sgemm_gflops"] = sgemm;
+    if (!gpu) out["sgemm_gflops_by_library"] = {{"openblas", sgemm_rates.openblas}, {"engine", sgemm_rates.engine}};
     out["config"] = config;
     if (compare_torch) {
       out["ratios"] = ratios;

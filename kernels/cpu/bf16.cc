@@ -4,10 +4,17 @@
 // operand is f32, which must not be rounded — bf16 operands are converted tile by tile into per-thread fp32 buffers
 // (a few hundred KB, never a whole tensor) and each tile product runs in sgemm (Debian's OpenBLAS 0.3.21 does not
 // export cblas_sbgemm); a bf16 C is accumulated in an fp32 tile and rounded once.
+//
+// SG_BF16_MATMUL=autocast (opt-in) changes one case: an f32 A times a bf16 weight B into an f32 C (activations x
+// weights) rounds A to bf16, tile by tile, and runs the bf16 matmul: PyTorch's bf16 autocast numerics (inputs in
+// bf16, fp32 accumulation), about twice the GEMM rate of widening the weight.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -92,9 +99,19 @@ void MatmulBF16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
 
 // bf16 x bf16 in oneDNN's bf16 matmul: where the CPU has bf16 dot products, outside parallel regions (attention's
 // per-page products are small and run per thread) and for products big enough to pay for a primitive call.
-bool UseMatmulBF16(DType a_type, DType b_type, int64_t m, int64_t n, int64_t k) {
-  return a_type == DType::kBF16 && b_type == DType::kBF16 && k > 0 && ActiveIsa() >= Isa::kAvx512Bf16 &&
-         !omp_in_parallel() && m * n * k >= (int64_t{1} << 18);
+bool UseMatmulBF16(int64_t m, int64_t n, int64_t k) {
+  return k > 0 && ActiveIsa() >= Isa::kAvx512Bf16 && !omp_in_parallel() && m * n * k >= (int64_t{1} << 18);
+}
+
+bool AutocastMatmul() {
+  static const bool on = [] {
+    const char* v = std::getenv("SG_BF16_MATMUL");
+    if (!v || !*v) return false;
+    if (std::string_view(v) == "autocast") return true;
+    std::fprintf(stderr, "error: SG_BF16_MATMUL=%s: expected autocast (or unset)\n", v);
+    std::exit(2);
+  }();
+  return on;
 }
 
 }  // namespace
@@ -108,7 +125,26 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
                 static_cast<float*>(c), ldc);
     return;
   }
-  if (UseMatmulBF16(a_type, b_type, m, n, k)) {
+  if (a_type == DType::kF32 && b_type == DType::kBF16 && c_type == DType::kF32 && AutocastMatmul() &&
+      UseMatmulBF16(m, n, k)) {
+    // Rows of op(A) rounded to bf16 a block of at most 8 MB at a time (A itself is [k][m] when transposed).
+    static thread_local std::vector<uint16_t> a_rows;
+    const float* af = static_cast<const float*>(a);
+    const int64_t block = std::max<int64_t>(kTileM, (int64_t{4} << 20) / k);
+    for (int64_t i0 = 0; i0 < m; i0 += block) {
+      const int64_t mi = std::min(block, m - i0);
+      a_rows.resize(mi * k);
+      if (ta) {
+        for (int64_t p = 0; p < k; ++p) F32ToBF16Row(af + p * lda + i0, mi, a_rows.data() + p * mi);
+      } else {
+        for (int64_t r = 0; r < mi; ++r) F32ToBF16Row(af + (i0 + r) * lda, k, a_rows.data() + r * k);
+      }
+      MatmulBF16(ta, tb, mi, n, k, alpha, a_rows.data(), ta ? mi : k, static_cast<const uint16_t*>(b), ldb, beta,
+                 static_cast<float*>(c) + i0 * ldc, ldc);
+    }
+    return;
+  }
+  if (a_type == DType::kBF16 && b_type == DType::kBF16 && UseMatmulBF16(m, n, k)) {
     const uint16_t* a16 = static_cast<const uint16_t*>(a);
     const uint16_t* b16 = static_cast<const uint16_t*>(b);
     if (c_type == DType::kF32) {
