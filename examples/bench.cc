@@ -17,6 +17,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,7 +61,9 @@ ABSL_FLAG(std::string, seq_lens, "1024,2048,4096", "comma-separated sequence len
 ABSL_FLAG(int32_t, repeats, 3, "timed rounds per length (each runs every strategy once); the best is reported");
 ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
 ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
-ABSL_FLAG(bool, compare_torch, false, "also time the same model in plain PyTorch (examples/bench_torch.py)");
+ABSL_FLAG(bool, compare_torch, false,
+          "also time the same model in PyTorch (examples/bench_torch.py: plain torch ops, and Hugging Face "
+          "transformers' model class with SDPA where --python has transformers)");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: for each strategy, search the longest sequence whose measured peak fits (0 = no search)");
 ABSL_FLAG(std::string, task, "random",
@@ -67,7 +71,9 @@ ABSL_FLAG(std::string, task, "random",
           "(sg::RetrievalTask: only the query values are labelled, so the LM head does little work)");
 ABSL_FLAG(double, spaco_fraction, 0.125,
           "spaco: budget as a fraction t/k of each length's k chunks (rounded, at least 1); 0 = use --spaco_budget");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "interpreter for --compare_torch (must have torch)");
+ABSL_FLAG(std::string, python, "/usr/bin/python3",
+          "interpreter for --compare_torch (must have torch; with transformers too for the hf rows), e.g. the venv "
+          "of tests/e2e/pip_venv.sh");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
 // --census (examples/census.h): count, do not run.
 ABSL_FLAG(bool, census, false,
@@ -101,22 +107,46 @@ std::vector<std::string> SplitList(const std::string& s) {
 
 // --- the machine's yardstick ------------------------------------------------------------------------------------
 
-// Best-of-10 cblas_sgemm 1024 x 1024 x 1024 with all OpenMP threads, in GFLOP/s.
-double MeasureSgemmGflops() {
+// The machine's f32 GEMM rate: best-of-10 1024 x 1024 x 1024 with all OpenMP threads, in GFLOP/s, of OpenBLAS's
+// cblas_sgemm and of the engine's own f32 GEMM (oneDNN); the yardstick is the faster of the two.
+struct SgemmRates {
+  double openblas = 0;
+  double engine = 0;
+  double best() const { return std::max(openblas, engine); }
+};
+
+SgemmRates MeasureSgemmGflops() {
   constexpr int n = 1024;
   std::vector<float> a(n * n), b(n * n), c(n * n);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& x : a) x = u(rng);
   for (float& x : b) x = u(rng);
-  double best = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < 11; ++rep) {  // the first is a warm-up
-    const auto t0 = std::chrono::steady_clock::now();
+  auto rate = [&](const std::function<void()>& gemm) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep < 11; ++rep) {  // the first is a warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      gemm();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) best = std::min(best, dt);
+    }
+    return 2.0 * n * n * n / best / 1e9;
+  };
+  SgemmRates r;
+  r.openblas = rate([&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::min(best, dt);
-  }
-  return 2.0 * n * n * n / best / 1e9;
+  });
+  const OpTable<float>& ops = CpuOps<float>();
+  r.engine = rate([&] { ops.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); });
+  return r;
+}
+
+// User + system CPU time of the process so far (all threads), in seconds.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 // --- peak RSS, the OS's view (comparable between engines) -------------------------------------------------------
@@ -243,6 +273,9 @@ constexpr char kForwardOnly[] = "forward";
 struct Measurement {
   double best_s = std::numeric_limits<double>::infinity();
   double mean_s = 0;
+  // The least CPU time (user + system, all threads) over the runs: on a shared machine it moves less than wall
+  // time when other jobs take the cores.
+  double best_cpu_s = std::numeric_limits<double>::infinity();
   double loss = 0;
   double chunks = 0;                 // mean over timed runs
   double chunks_backpropagated = 0;  // mean over timed runs
@@ -267,14 +300,17 @@ absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, boo
   for (int i = 0; i < runs; ++i) {
     const int64_t base = rss ? ResetPeakRss() : -1;
     model.memory().ResetPeak();
+    const double cpu0 = ProcessCpuSeconds();
     const auto t0 = std::chrono::steady_clock::now();
     absl::StatusOr<StepMetrics> m = run();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = ProcessCpuSeconds() - cpu0;
     const MemorySnapshot snap = model.memory().Snapshot();
     const int64_t top = rss ? PeakRss() : -1;
     if (!m.ok()) return m.status();
     if (i == 0) r.mem = snap;
     r.best_s = std::min(r.best_s, dt);
+    r.best_cpu_s = std::min(r.best_cpu_s, cpu);
     r.mean_s += dt / runs;
     r.loss = m->loss;
     r.chunks += static_cast<double>(m->chunks) / runs;
@@ -302,6 +338,7 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   row["time_stat"] = sampled ? "mean" : "best";
   row["best_time_s"] = m.best_s;
   row["mean_time_s"] = m.mean_s;
+  row["cpu_s"] = m.best_cpu_s;
   row["tokens_per_s"] = T / secs;
   row["chunks"] = m.chunks;
   row["chunks_backpropagated"] = m.chunks_backpropagated;
@@ -456,7 +493,7 @@ std::string TempRoot() {
 }
 
 // Runs the PyTorch reference on the same model and sequences (bench_torch.py on the CPU, bench_torch_gpu.py on a
-// GPU); returns its JSON (rows with engine "torch").
+// GPU); returns its JSON (rows with engine "torch", or "hf" for transformers' model class, each with a "label").
 json RunTorch(Model& model, const std::vector<std::string>& strategies,
               const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype, bool gpu) {
   std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
@@ -514,13 +551,14 @@ std::string Cell(const json& row, const char* key, const char* fmt, double scale
 }
 
 void PrintTable(const json& rows) {
-  std::printf("%-8s %-12s %7s %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s", "tok/s",
-              "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
+  std::printf("%-8s %-12s %7s %9s %8s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s",
+              "cpu_s", "tok/s", "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
   for (const json& r : rows) {
     const double mib = 1.0 / 1048576.0;
-    std::printf("%-8s %-12s %7lld %9s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
+    std::printf("%-8s %-12s %7lld %9s %8s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
                 r["strategy"].get<std::string>().c_str(), static_cast<long long>(r["seq_len"].get<int64_t>()),
-                Cell(r, "time_s", "%.4f").c_str(), Cell(r, "tokens_per_s", "%.0f").c_str(),
+                Cell(r, "time_s", "%.4f").c_str(), Cell(r, "cpu_s", "%.3f").c_str(),
+                Cell(r, "tokens_per_s", "%.0f").c_str(),
                 Cell(r, "gflops_per_s", "%.1f").c_str(), Cell(r, "sgemm_fraction", "%.1f%%", 100).c_str(),
                 Cell(r, "peak_bytes", "%.1f", mib).c_str(), Cell(r, "activation_peak_bytes", "%.1f", mib).c_str(),
                 Cell(r, "kv_bytes", "%.1f", mib).c_str(), Cell(r, "step_peak_bytes", "%.1f", mib).c_str(),
@@ -539,10 +577,10 @@ std::string Chart(const json& rows, const std::vector<std::string>& strategies, 
   time.set_title("time vs T").set_x_label("sequence length T (tokens)").set_y_label("forward + backward (s)");
   mem.set_log2_x(true);
   time.set_log2_x(true);
-  for (const char* engine : {"seqgrad", "torch"}) {
+  for (const char* engine : {"seqgrad", "torch", "hf"}) {
     for (size_t si = 0; si < strategies.size(); ++si) {
       svg::Series m, t;
-      const bool torch = std::string(engine) == "torch";
+      const bool torch = std::string(engine) != "seqgrad";
       // seqgrad: the engine's own accounting; torch: its allocator's step peak (profiler) + weights and grads.
       m.name = absl::StrCat(engine, " ", strategies[si], torch ? " (profiler)" : "");
       t.name = absl::StrCat(engine, " ", strategies[si]);
@@ -712,7 +750,8 @@ int Main() {
   // rate in the --matmul mode (the fraction is then the MFU).
   const DeviceBackend* backend = FindBackend(device);
   const bool gpu = device == Device::kCUDA;
-  const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : MeasureSgemmGflops();
+  const SgemmRates sgemm_rates = gpu ? SgemmRates{} : MeasureSgemmGflops();
+  const double sgemm = gpu ? backend->peak_flops(*dtype == DType::kF64) / 1e9 : sgemm_rates.best();
   if (gpu && !(sgemm > 0)) Fail("--device", "the peak FLOP rate of this GPU is unknown (sm_80 and sm_90 are)");
   // Caps the tracker at the GPU's free memory: a length that does not fit fails clearly (and is reported as the
   // end of that strategy's rows) before the device runs out.
@@ -721,7 +760,8 @@ int Main() {
               absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),
               absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup);
   if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
-  else std::printf("sgemm_gflops: %.1f (cblas_sgemm 1024^3, %d threads)\n", sgemm, threads);
+  else std::printf("sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
+                   "f32 GEMM %.1f)\n", sgemm, threads, sgemm_rates.openblas, sgemm_rates.engine);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;
@@ -765,6 +805,7 @@ int Main() {
           acc.mean_s = acc.chunks = acc.chunks_backpropagated = 0;
         } else {
           acc.best_s = std::min(acc.best_s, m->best_s);
+          acc.best_cpu_s = std::min(acc.best_cpu_s, m->best_cpu_s);
           acc.rss_delta = std::max(acc.rss_delta, m->rss_delta);
         }
         acc.mean_s += m->mean_s / repeats;
@@ -815,7 +856,7 @@ int Main() {
       for (json r : t["rows"]) {
         const int64_t T = r["seq_len"].get<int64_t>();
         if (!r["time_s"].is_number()) {  // out of GPU memory
-          skipped_rows.push_back({{"engine", "torch"}, {"strategy", r["strategy"]}, {"seq_len", T},
+          skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
                                   {"reason", "out of GPU memory"}});
           continue;
         }
@@ -837,25 +878,40 @@ int Main() {
   // seqgrad / torch per (strategy, T), and how well the two losses agree (same weights, same tokens).
   json ratios = json::array();
   if (compare_torch) {
-    std::printf("\nseqgrad / torch tokens/s:\n%-8s %7s %12s %12s %8s %12s\n", "strategy", "T", "seqgrad tok/s",
-                "torch tok/s", "ratio", "loss rel.diff");
+    std::printf("\nPyTorch engines:\n");
+    const json labels = torch_info.value("labels", json::object());
+    const json skipped_engines = torch_info.value("skipped_engines", json::object());
+    for (const auto& [engine, label] : labels.items())
+      std::printf("  %-6s %s\n", engine.c_str(), label.get<std::string>().c_str());
+    for (const auto& [engine, why] : skipped_engines.items())
+      std::printf("  %-6s skipped: %s\n", engine.c_str(), why.get<std::string>().c_str());
+    std::printf("\nseqgrad / PyTorch tokens/s (and the same by CPU seconds per step, steadier on a shared machine):\n"
+                "%-8s %-6s %7s %12s %12s %8s %10s %12s\n", "strategy", "vs", "T", "seqgrad tok/s", "torch tok/s",
+                "ratio", "cpu ratio", "loss rel.diff");
     for (const json& a : rows) {
       if (a["engine"] != "seqgrad") continue;
       for (const json& b : rows) {
-        if (b["engine"] != "torch" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
+        if (b["engine"] == "seqgrad" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
         const double ra = a["tokens_per_s"].get<double>(), rb = b["tokens_per_s"].get<double>();
         const double la = a["loss"].get<double>(), lb = b["loss"].get<double>();
         const double diff = std::fabs(la - lb) / std::max(1e-12, std::fabs(lb));
         json r;
         r["strategy"] = a["strategy"];
+        r["versus"] = b["engine"];
         r["seq_len"] = a["seq_len"];
         r["seqgrad_tokens_per_s"] = ra;
         r["torch_tokens_per_s"] = rb;
         r["seqgrad_over_torch"] = ra / rb;
+        const bool cpu_known = a.contains("cpu_s") && b.contains("cpu_s") && b["cpu_s"].is_number();
+        r["seqgrad_over_torch_by_cpu_time"] =
+            cpu_known ? json(b["cpu_s"].get<double>() / a["cpu_s"].get<double>()) : json(nullptr);
         r["loss_rel_diff"] = diff;
         ratios.push_back(r);
-        std::printf("%-8s %7lld %12.0f %12.0f %7.2fx %12.2e\n", a["strategy"].get<std::string>().c_str(),
-                    static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb, ra / rb, diff);
+        const std::string cpu_ratio =
+            cpu_known ? absl::StrFormat("%.2fx", r["seqgrad_over_torch_by_cpu_time"].get<double>()) : "-";
+        std::printf("%-8s %-6s %7lld %12.0f %12.0f %7.2fx %10s %12.2e\n", a["strategy"].get<std::string>().c_str(),
+                    b["engine"].get<std::string>().c_str(), static_cast<long long>(a["seq_len"].get<int64_t>()), ra,
+                    rb, ra / rb, cpu_ratio.c_str(), diff);
       }
     }
   }
@@ -891,6 +947,11 @@ int Main() {
     config["threads"] = threads;
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // tools::InitTool sets PASSIVE unless the user did
     config["omp_wait_policy"] = wait_policy ? wait_policy : "";
+    // The CPU kernels' environment switches (kernels/cpu: isa.h, bf16.cc), as this run had them.
+    for (const char* env : {"SG_CPU_ISA", "SG_BF16_MATMUL", "SG_GEMM"}) {
+      const char* v = std::getenv(env);
+      config[absl::AsciiStrToLower(env)] = v ? v : "";
+    }
     config["task"] = task;
     config["batch"] = 1;
     config["strategies"] = strategies;
@@ -909,6 +970,7 @@ int Main() {
     json out;
     out["rows"] = rows;
     out["sgemm_gflops"] = sgemm;
+    if (!gpu) out["sgemm_gflops_by_library"] = {{"openblas", sgemm_rates.openblas}, {"engine", sgemm_rates.engine}};
     out["config"] = config;
     if (compare_torch) {
       out["ratios"] = ratios;

@@ -37,7 +37,16 @@ for (e, s, t) in want:
     if e == "seqgrad":
         a, b = loss[(e, s, t)], loss[("torch", s, t)]
         assert abs(a - b) <= 1e-3 * abs(b), (s, t, a, b)
-assert len(d["ratios"]) == 4, d["ratios"]
+# Every PyTorch engine is labelled with its versions; transformers' engine (hf) either ran or says why not.
+torch_info = d["torch"]
+assert torch_info["labels"]["torch"].startswith("torch " + torch_info["torch_version"]), torch_info
+if "hf" in torch_info["labels"]:
+    assert any(r["engine"] == "hf" for r in rows), rows
+else:
+    assert "transformers" in torch_info["skipped_engines"]["hf"], torch_info
+n_engines = len(torch_info["labels"])
+assert len(d["ratios"]) == 4 * n_engines, d["ratios"]
+assert {r["versus"] for r in d["ratios"]} == set(torch_info["labels"]), d["ratios"]
 assert d["config"]["model"] == "tiny"
 budget = {b["strategy"]: b for b in d["budget"]}
 assert set(budget) == {"full", "ckpt"}, budget
@@ -53,6 +62,20 @@ texts = " ".join(t.text or "" for t in root.iter() if t.tag.endswith("text"))
 for word in ("peak memory vs T", "time vs T", "seqgrad full", "torch ckpt"):
     assert word in texts, (word, texts)
 print("bench smoke test OK:", len(rows), "rows")
+PY
+
+# bf16 storage against PyTorch's bf16 autocast: both losses close to each other (bf16 rounding apart).
+out3="${TEST_TMPDIR:-$(mktemp -d)}/bf16.json"
+"$bench" --model=tiny --dtype=bf16 --strategies=full --seq_lens=64 --repeats=1 --warmup=0 --compare_torch \
+  --json="$out3"
+/usr/bin/python3 - "$out3" <<'PY'
+import json, sys
+
+d = json.load(open(sys.argv[1]))
+assert d["config"]["dtype"] == "bf16" and d["torch"]["dtype"] == "bf16 autocast", (d["config"], d["torch"])
+loss = {r["engine"]: r["loss"] for r in d["rows"]}
+assert abs(loss["seqgrad"] - loss["torch"]) <= 2e-2 * abs(loss["torch"]), loss
+print("bf16 bench OK")
 PY
 
 # The chunked strategies, the forward-only baseline and the checks the bench derives from them.

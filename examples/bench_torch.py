@@ -1,11 +1,17 @@
-"""PyTorch reference for //examples:bench: the same Llama/Qwen2 model in plain torch ops, timed the same way.
+"""PyTorch references for //examples:bench: the same Llama/Qwen2 model, timed the same way.
 
 bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
-sequences to a directory and runs this script with the pinned /usr/bin/python3. For each strategy and sequence
-length it times best-of-N of one gradient computation (zero grads, forward, loss.backward()) after warm-up:
-  full: plain autograd (every activation kept)
-  ckpt: torch.utils.checkpoint around each decoder layer (recomputed in backward)
-and prints one JSON object {"rows": [...], ...} as the last line of stdout (progress goes to stderr).
+sequences to a directory and runs this script with --python (default /usr/bin/python3; a PyTorch 2.x venv from
+PyPI is what users have). Two engines, each timed best-of-N of one gradient computation (zero grads, forward,
+loss.backward()) after warm-up:
+  torch: the model in plain torch ops (F.scaled_dot_product_attention where torch has it)
+         full: plain autograd; ckpt: torch.utils.checkpoint around each decoder layer
+  hf:    Hugging Face transformers' own model class (AutoModelForCausalLM, attn_implementation="sdpa"), when
+         transformers is importable; full: plain autograd; ckpt: model.gradient_checkpointing_enable()
+Both take the same loss (sum of token cross-entropies over the valid labels / their count, on the logits) so the
+losses compare with seqgrad's. --dtype=bf16 runs both in fp32 weights under torch.autocast("cpu", bfloat16), the
+bf16 mixed precision PyTorch users train with on CPUs. Rows carry "label" (engine and versions). Prints one JSON
+object {"rows": [...], ...} as the last line of stdout (progress goes to stderr).
 
 Peak memory is not visible to seqgrad's allocator here: rows carry peak_bytes = null and
   rss_delta_bytes: growth of the process's peak RSS during a timed step (VmHWM after minus VmRSS before; VmHWM is
@@ -15,10 +21,11 @@ Peak memory is not visible to seqgrad's allocator here: rows carry peak_bytes = 
   resting_bytes:   weights + gradients, allocated between steps (seqgrad's peak_bytes includes them).
 
 usage: bench_torch.py --model_dir D --seq_dir S --strategies full,ckpt --seq_lens 1024,2048 \
-                      --repeats 3 --warmup 1 --threads 2
+                      --repeats 3 --warmup 1 --threads 2 [--dtype f32|f64|bf16] [--engines torch,hf]
 The sequence for length T is S/seq_<T>.i32: T little-endian int32 input ids, then T labels (-100 = ignored).
 """
 import argparse
+import contextlib
 import json
 import math
 import struct
@@ -173,7 +180,7 @@ class Llama:
         x = F.embedding(ids, self.p["model.embed_tokens.weight"])
         for i in range(self.L):
             if strategy == "ckpt":
-                x = torch.utils.checkpoint.checkpoint(self.layer, i, x, cos, sin, mask)
+                x = torch.utils.checkpoint.checkpoint(self.layer, i, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = self.layer(i, x, cos, sin, mask)
         hn = self.rms_norm(x, self.p["model.norm.weight"])
@@ -217,12 +224,44 @@ def allocator_peak(step):
     except Exception as e:  # an older/newer profiler API: leave the field empty
         log(f"torch.profiler memory events unavailable: {e}")
         return None
-    events.sort(key=lambda e: e.start_us())  # stable: ties keep the recorded order
+    # start_ns in torch 2.x, start_us before; sort is stable: ties keep the recorded order.
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, "start_ns") else 1000 * e.start_us())
     cur = peak = 0
     for e in events:
         cur += e.nbytes()
         peak = max(peak, cur)
     return peak
+
+
+class HFModel:
+    """transformers' own causal LM class over the saved directory, with SDPA attention."""
+
+    def __init__(self, model_dir, dtype):
+        from transformers import AutoModelForCausalLM
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        self.model.train()
+        self.ckpt = None
+
+    def params(self):
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def loss(self, ids, labels, valid, strategy):
+        if self.ckpt != strategy:
+            m = self.model
+            m.config.use_cache = False  # a training step keeps no KV cache
+            kwargs = {"use_reentrant": False}
+            if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.x renamed gradient_checkpointing_*
+                on = lambda: m.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+                off = m.activation_checkpointing_disable
+            else:
+                on = lambda: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+                off = m.gradient_checkpointing_disable
+            on() if strategy == "ckpt" else off()
+            self.ckpt = strategy
+        # seqgrad's labels[t] is the target of position t: the loss is taken here on the logits rather than by HF
+        # (which shifts labels itself and cannot score the last position), so both engines sum the same terms.
+        logits = self.model(input_ids=ids[None]).logits[0]
+        return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum") / valid
 
 
 def main():
@@ -234,79 +273,113 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f64"])
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f64", "bf16"],
+                    help="bf16: fp32 weights under torch.autocast('cpu', bfloat16)")
+    ap.add_argument("--engines", default="torch,hf",
+                    help="torch (plain ops) and/or hf (transformers; skipped with a message where not installed)")
     ap.add_argument("--no_profile_memory", action="store_true",
                     help="skip the extra (untimed) profiled step that measures the allocator peak")
     args = ap.parse_args()
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    dtype = torch.float32 if args.dtype == "f32" else torch.float64
-    with open(f"{args.model_dir}/config.json") as f:
-        cfg = json.load(f)
-    model = Llama(cfg, read_safetensors(f"{args.model_dir}/model.safetensors"), dtype)
-    params = model.params()
-    # Weights and (after the first backward) gradients: what stays allocated between steps, as in seqgrad.
-    resting = 2 * sum(p.numel() * p.element_size() for p in params)
-
+    dtype = torch.float64 if args.dtype == "f64" else torch.float32
+    autocast = args.dtype == "bf16"
+    if autocast and not hasattr(torch, "autocast"):
+        raise SystemExit(f"bench_torch.py: --dtype=bf16 needs torch.autocast (torch >= 1.10; this is {torch.__version__})")
     strategies = [s for s in args.strategies.split(",") if s]
     for s in strategies:
         if s not in STRATEGIES:
             raise SystemExit(f"bench_torch.py: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
     seq_lens = [int(t) for t in args.seq_lens.split(",") if t]
+    engines = [e for e in args.engines.split(",") if e]
+    for e in engines:
+        if e not in ("torch", "hf"):
+            raise SystemExit(f"bench_torch.py: unknown engine {e!r} (known: torch, hf)")
+
+    with open(f"{args.model_dir}/config.json") as f:
+        cfg = json.load(f)
+    precision = "bf16 autocast" if autocast else args.dtype
+    attention = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "baddbmm+softmax+bmm"
+    models, labels_by_engine, skipped = {}, {}, {}
+    if "torch" in engines:
+        models["torch"] = Llama(cfg, read_safetensors(f"{args.model_dir}/model.safetensors"), dtype)
+        labels_by_engine["torch"] = f"torch {torch.__version__} plain ops ({attention}, {precision})"
+    transformers_version = None
+    if "hf" in engines:
+        try:
+            import transformers
+            transformers_version = transformers.__version__
+            models["hf"] = HFModel(args.model_dir, dtype)
+            labels_by_engine["hf"] = (f"transformers {transformers.__version__} {cfg.get('architectures', ['?'])[0]} "
+                                      f"(torch {torch.__version__}, sdpa, {precision})")
+        except ImportError as e:
+            skipped["hf"] = f"transformers is not importable by {sys.executable}: {e}"
+            log(f"bench_torch.py: skipping hf: {skipped['hf']}")
 
     rows = []
-    for strategy in strategies:
-        for T in seq_lens:
-            raw = np.fromfile(f"{args.seq_dir}/seq_{T}.i32", dtype="<i4")
-            if raw.size != 2 * T:
-                raise SystemExit(f"bench_torch.py: seq_{T}.i32 holds {raw.size} int32, expected {2 * T}")
-            ids = torch.from_numpy(raw[:T].astype(np.int64))
-            labels = torch.from_numpy(raw[T:].astype(np.int64))
-            valid = int((labels >= 0).sum())
+    for engine, model in models.items():
+        params = model.params()
+        # Weights and (after the first backward) gradients: what stays allocated between steps, as in seqgrad.
+        resting = 2 * sum(p.numel() * p.element_size() for p in params)
+        for strategy in strategies:
+            for T in seq_lens:
+                raw = np.fromfile(f"{args.seq_dir}/seq_{T}.i32", dtype="<i4")
+                if raw.size != 2 * T:
+                    raise SystemExit(f"bench_torch.py: seq_{T}.i32 holds {raw.size} int32, expected {2 * T}")
+                ids = torch.from_numpy(raw[:T].astype(np.int64))
+                labels = torch.from_numpy(raw[T:].astype(np.int64))
+                valid = int((labels >= 0).sum())
 
-            def step():
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.zero_()
-                loss = model.loss(ids, labels, valid, strategy)
-                loss.backward()
-                return float(loss)
+                def step():
+                    for p in params:
+                        p.grad = None
+                    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+                    with ctx:
+                        loss = model.loss(ids, labels, valid, strategy)
+                    loss.backward()
+                    return loss.item()
 
-            for _ in range(args.warmup):
-                step()
-            best, loss, rss = math.inf, None, None
-            for _ in range(max(1, args.repeats)):
-                base = reset_peak_rss()
-                t0 = time.perf_counter()
-                loss = step()
-                dt = time.perf_counter() - t0
-                best = min(best, dt)
-                top = peak_rss()
-                if base is not None and top is not None:
-                    rss = max(rss or 0, top - base)
-            alloc = None if args.no_profile_memory else allocator_peak(step)
-            log(f"torch {strategy:>5} T={T:>6}: {best:.4f} s  {T / best:,.0f} tok/s  loss {loss:.5f}"
-                + ("" if alloc is None else f"  step peak {alloc / 2**20:.1f} MiB"))
-            rows.append({
-                "engine": "torch",
-                "strategy": strategy,
-                "seq_len": T,
-                "time_s": best,
-                "tokens_per_s": T / best,
-                "loss": loss,
-                "peak_bytes": None,
-                "rss_delta_bytes": rss,
-                # torch's CPU allocator: peak above the resting state during one step, and the resting state.
-                "step_peak_bytes": alloc,
-                "resting_bytes": resting,
-            })
+                for _ in range(args.warmup):
+                    step()
+                best, best_cpu, loss, rss = math.inf, math.inf, None, None
+                for _ in range(max(1, args.repeats)):
+                    base = reset_peak_rss()
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    loss = step()
+                    dt = time.perf_counter() - t0
+                    best = min(best, dt)
+                    best_cpu = min(best_cpu, time.process_time() - c0)
+                    top = peak_rss()
+                    if base is not None and top is not None:
+                        rss = max(rss or 0, top - base)
+                alloc = None if args.no_profile_memory else allocator_peak(step)
+                log(f"{engine} {strategy:>5} T={T:>6}: {best:.4f} s  {T / best:,.0f} tok/s  loss {loss:.5f}"
+                    + ("" if alloc is None else f"  step peak {alloc / 2**20:.1f} MiB"))
+                rows.append({
+                    "engine": engine,
+                    "label": labels_by_engine[engine],
+                    "strategy": strategy,
+                    "seq_len": T,
+                    "time_s": best,
+                    "cpu_s": best_cpu,  # user + system CPU seconds of the process (all threads), fastest run
+                    "tokens_per_s": T / best,
+                    "loss": loss,
+                    "peak_bytes": None,
+                    "rss_delta_bytes": rss,
+                    # torch's CPU allocator: peak above the resting state during one step, and the resting state.
+                    "step_peak_bytes": alloc,
+                    "resting_bytes": resting,
+                })
     print(json.dumps({
         "rows": rows,
         "torch_version": torch.__version__,
+        "transformers_version": transformers_version,
+        "labels": labels_by_engine,
+        "skipped_engines": skipped,
         "threads": torch.get_num_threads(),
-        "attention": "scaled_dot_product_attention" if hasattr(F, "scaled_dot_product_attention")
-                     else "baddbmm+softmax+bmm",
+        "dtype": precision,
+        "attention": attention,
     }))
 
 

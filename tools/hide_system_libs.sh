@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs a command with this build machine's non-glibc libraries hidden from the dynamic loader, as on a machine that
 # never had them: inside a private mount namespace, /dev/null is bind-mounted over every Abseil, OpenBLAS, BLAS/LAPACK,
-# libgomp, libgfortran and libquadmath file, so loading one fails ("file too short") unless a bundled copy is found
+# oneDNN, OpenCL, libgomp, libgfortran and libquadmath file, so loading one fails ("file too short") unless a bundled copy is found
 # first. Needs root or unprivileged user namespaces.
 # usage: hide_system_libs.sh COMMAND [ARG...]
 set -euo pipefail
@@ -12,7 +12,7 @@ if [[ "${SG_LIBS_HIDDEN:-}" != 1 ]]; then
 fi
 shopt -s nullglob
 hidden=0
-for f in /usr/lib/x86_64-linux-gnu/{libabsl_,libopenblas,libblas,liblapack,libgomp,libgfortran,libquadmath}*.so* \
+for f in /usr/lib/x86_64-linux-gnu/{libabsl_,libopenblas,libblas,liblapack,libdnnl,libOpenCL,libgomp,libgfortran,libquadmath}*.so* \
          /usr/lib/x86_64-linux-gnu/openblas*/*.so*; do
   [[ -f "$f" ]] || continue
   mount --bind /dev/null "$f"

@@ -6,13 +6,15 @@
 // stripe s owns the pages p with p % stripes == s, so dK/dV pages have a single writer (deterministic, no
 // atomics); dQ partial sums per stripe go to private buffers that are added up at the end. Gradient pages marked
 // absent (-1) get no dK/dV: their positions' state gradient is not wanted (spaco's dropped chunks). Pages stored in
-// bf16 (--dtype=bf16) are read tile by tile in fp32; dK/dV accumulate in fp32 per product, rounded once into a page.
+// bf16 (--dtype=bf16) are read in fp32 (forward: tile by tile; backward: a page at a time); a call's dK/dV for a
+// page sum in fp32 and are rounded once into it.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vexp.h"
@@ -29,6 +31,33 @@ int64_t BackwardStripes(const AttentionShape& s) {
   return s.kv_heads >= threads ? 1 : CeilDiv(threads, s.kv_heads);
 }
 
+// Per-row loops: the ISA-dispatched f32 builds (vexp.h), plain loops for f64 (the exactness reference).
+inline float RowMax(const float* x, int64_t n) { return ActiveRowOps().max(x, n); }
+inline float ExpShiftedSum(float* x, int64_t n, float shift) { return ActiveRowOps().exp_shifted_sum(x, n, shift); }
+inline void SoftmaxBackward(float* dp, const float* p, int64_t n, float d) {
+  ActiveRowOps().softmax_backward(dp, p, n, d);
+}
+inline float Dot(const float* a, const float* b, int64_t n) { return ActiveRowOps().dot(a, b, n); }
+inline void ScaleRow(float* x, int64_t n, float a) { ActiveRowOps().scale(x, n, a); }
+
+inline double RowMax(const double* x, int64_t n) { return *std::max_element(x, x + n); }
+inline double ExpShiftedSum(double* x, int64_t n, double shift) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+inline void SoftmaxBackward(double* dp, const double* p, int64_t n, double d) {
+  for (int64_t i = 0; i < n; ++i) dp[i] = p[i] * (dp[i] - d);
+}
+inline double Dot(const double* a, const double* b, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+inline void ScaleRow(double* x, int64_t n, double a) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
 // Products with a KV page stored as KV: T, or bf16 (--dtype=bf16), whose tiles GemmMixed converts.
 // C = alpha A op(page) + beta C.
 template <typename T, typename KV>
@@ -41,16 +70,80 @@ void GemmPage(bool trans_page, int64_t m, int64_t n, int64_t k, T alpha, const T
               ldc);
   }
 }
-// page += alpha A^T B (dK, dV), accumulated in fp32 and rounded once into a bf16 page.
+
+// One kv head's slice of one page as the backward reads and writes it: K and V in T, and where dK/dV go. Pages
+// in T are used in place. bf16 pages (KV = uint16_t) are widened once per page into per-thread buffers (reused by
+// every query block), and dK/dV sum in fp32 buffers that Finish() adds into the bf16 pages, rounding once.
 template <typename T, typename KV>
-void GemmIntoPage(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
-                  KV* page, int64_t ldp) {
-  if constexpr (std::is_same_v<T, KV>) {
-    Gemm<T>(true, false, m, n, k, alpha, a, lda, b, ldb, T(1), page, ldp);
-  } else {
-    GemmMixed(true, false, m, n, k, alpha, DType::kF32, a, lda, DType::kF32, b, ldb, 1.0f, DType::kBF16, page, ldp);
+struct PageSlice {
+  const T* k;
+  const T* v;
+  int64_t ld;  // of k and v
+  T* dk = nullptr;
+  T* dv = nullptr;
+  int64_t ldd = 0;  // of dk and dv
+  PageSlice(const PagedKV<KV>& kv, const PagedKV<KV>& dkv, int64_t lp, int64_t g, int64_t cols, int64_t hd,
+            int64_t ldk, bool grad) {
+    k = kv.k_page(lp) + g * hd;
+    v = kv.v_page(lp) + g * hd;
+    ld = ldk;
+    if (grad) {
+      dk = dkv.k_page(lp) + g * hd;
+      dv = dkv.v_page(lp) + g * hd;
+      ldd = ldk;
+    }
   }
-}
+  void Finish() {}
+};
+
+template <>
+struct PageSlice<float, uint16_t> {
+  const float* k;
+  const float* v;
+  int64_t ld;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  int64_t ldd = 0;
+  uint16_t* dk_page = nullptr;
+  uint16_t* dv_page = nullptr;
+  int64_t rows, hd, ldk;
+  PageSlice(const PagedKV<uint16_t>& kv, const PagedKV<uint16_t>& dkv, int64_t lp, int64_t g, int64_t cols,
+            int64_t head_dim, int64_t ld_page, bool grad)
+      : rows(cols), hd(head_dim), ldk(ld_page) {
+    // Per thread, kept between calls: a few pages' worth of floats (not a tensor's), like GemmMixed's tiles.
+    static thread_local std::vector<float> buf;
+    buf.resize(4 * rows * hd);
+    float* kf = buf.data();
+    float* vf = kf + rows * hd;
+    const uint16_t* kp = kv.k_page(lp) + g * hd;
+    const uint16_t* vp = kv.v_page(lp) + g * hd;
+    for (int64_t r = 0; r < rows; ++r) {
+      BF16ToF32Row(kp + r * ldk, hd, kf + r * hd);
+      BF16ToF32Row(vp + r * ldk, hd, vf + r * hd);
+    }
+    k = kf;
+    v = vf;
+    ld = hd;
+    if (grad) {
+      dk = vf + rows * hd;
+      dv = dk + rows * hd;
+      std::fill(dk, dk + 2 * rows * hd, 0.0f);
+      ldd = hd;
+      dk_page = dkv.k_page(lp) + g * hd;
+      dv_page = dkv.v_page(lp) + g * hd;
+    }
+  }
+  void Finish() {
+    if (!dk) return;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < hd; ++c) {
+        uint16_t& a = dk_page[r * ldk + c];
+        a = F32ToBF16(BF16ToF32(a) + dk[r * hd + c]);
+        uint16_t& b = dv_page[r * ldk + c];
+        b = F32ToBF16(BF16ToF32(b) + dv[r * hd + c]);
+      }
+  }
+};
 
 }  // namespace
 
@@ -99,34 +192,25 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
           std::fill(Sr, Sr + cols, T(0));
           continue;
         }
-        T mx = Sr[0];
-#pragma omp simd reduction(max : mx)
-        for (int64_t c = 1; c < valid; ++c) mx = std::max(mx, Sr[c]);
-        const T m_new = std::max(m[r], mx);
+        const T m_new = std::max(m[r], RowMax(Sr, valid));
         const T alpha = std::exp(m[r] - m_new);
-        ExpShifted(Sr, valid, m_new);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < valid; ++c) sum += Sr[c];
+        const T sum = ExpShiftedSum(Sr, valid, m_new);
         std::fill(Sr + valid, Sr + cols, T(0));
         l[r] = l[r] * alpha + sum;
         m[r] = m_new;
-        if (alpha != T(1)) {
-          T* o = Ob + r * ldq;
-          for (int64_t c = 0; c < hd; ++c) o[c] *= alpha;
-        }
+        if (alpha != T(1)) ScaleRow(Ob + r * ldq, hd, alpha);
       }
       GemmPage<T, KV>(false, bq, hd, cols, T(1), S, cols, Vp, ldk, T(1), Ob, ldq);
     }
     for (int64_t r = 0; r < bq; ++r) {
-      const T inv = T(1) / l[r];
-      T* o = Ob + r * ldq;
-      for (int64_t c = 0; c < hd; ++c) o[c] *= inv;
+      ScaleRow(Ob + r * ldq, hd, T(1) / l[r]);
       lse[h * s.n + i0 + r] = m[r] + std::log(l[r]);
     }
   }
 }
 
+// Page-major (flash-attention 2's order): a work item owns a kv head's pages of its stripe and, page by page, runs
+// every query block that sees the page, so the page's K, V, dK and dV stay in cache while Q, dO and dQ stream.
 template <typename T, typename KV>
 void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
                        const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace) {
@@ -144,6 +228,7 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
   } else {
     std::fill(dq, dq + dq_elems, T(0));
   }
+  const int64_t kv_len = s.pos0 + s.n;
 
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < s.kv_heads * stripes; ++item) {
@@ -152,46 +237,40 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
     T* dP = P + kQueryBlock * ps;
     T* D = dP + kQueryBlock * ps;
     T* dq_target = stripes > 1 ? dq_private + stripe * dq_elems : dq;
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t i0 = b * kQueryBlock, bq = std::min(kQueryBlock, s.n - i0);
-        const int64_t kv_len = s.pos0 + i0 + bq;
-        const T* Qb = q + i0 * ldq + h * hd;
-        const T* dOb = dout + i0 * ldq + h * hd;
-        const T* Ob = out + i0 * ldq + h * hd;
-        T* dQb = dq_target + i0 * ldq + h * hd;
-        const T* lse_b = lse + h * s.n + i0;
-        for (int64_t r = 0; r < bq; ++r) {
-          T acc = 0;
-          for (int64_t c = 0; c < hd; ++c) acc += dOb[r * ldq + c] * Ob[r * ldq + c];
-          D[r] = acc;
-        }
-        for (int64_t lp = stripe; lp * ps < kv_len; lp += stripes) {
-          if (!kv.selected(lp)) continue;
-          const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
-          const KV* Kp = kv.k_page(lp) + g * hd;
-          const KV* Vp = kv.v_page(lp) + g * hd;
-          GemmPage<T, KV>(true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), P, cols);
-          GemmPage<T, KV>(true, bq, cols, hd, T(1), dOb, ldq, Vp, ldk, T(0), dP, cols);
+    for (int64_t lp = stripe; lp * ps < kv_len; lp += stripes) {
+      if (!kv.selected(lp)) continue;
+      const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
+      PageSlice<T, KV> page(kv, dkv, lp, g, cols, hd, ldk, dkv.has_page(lp));
+      // The first query block whose last row sees key j0.
+      const int64_t first_block = std::max<int64_t>(0, (j0 - s.pos0) / kQueryBlock);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t b = first_block; b < blocks; ++b) {
+          const int64_t i0 = b * kQueryBlock, bq = std::min(kQueryBlock, s.n - i0);
+          if (s.pos0 + i0 + bq - 1 < j0) continue;
+          const T* Qb = q + i0 * ldq + h * hd;
+          const T* dOb = dout + i0 * ldq + h * hd;
+          const T* Ob = out + i0 * ldq + h * hd;
+          T* dQb = dq_target + i0 * ldq + h * hd;
+          const T* lse_b = lse + h * s.n + i0;
+          for (int64_t r = 0; r < bq; ++r) D[r] = Dot(dOb + r * ldq, Ob + r * ldq, hd);
+          Gemm<T>(false, true, bq, cols, hd, scale, Qb, ldq, page.k, page.ld, T(0), P, cols);
+          Gemm<T>(false, true, bq, cols, hd, T(1), dOb, ldq, page.v, page.ld, T(0), dP, cols);
           for (int64_t r = 0; r < bq; ++r) {
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
             const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
             ExpShifted(Pr, valid, lse_b[r]);
-            const T Dr = D[r];
-#pragma omp simd
-            for (int64_t c = 0; c < valid; ++c) dPr[c] = Pr[c] * (dPr[c] - Dr);  // dS
+            SoftmaxBackward(dPr, Pr, valid, D[r]);  // dS
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
-          GemmPage<T, KV>(false, bq, hd, cols, scale, dP, cols, Kp, ldk, T(1), dQb, ldq);
-          if (!dkv.has_page(lp)) continue;
-          KV* dKp = dkv.k_page(lp) + g * hd;
-          KV* dVp = dkv.v_page(lp) + g * hd;
-          GemmIntoPage<T, KV>(cols, hd, bq, scale, dP, cols, Qb, ldq, dKp, ldk);
-          GemmIntoPage<T, KV>(cols, hd, bq, T(1), P, cols, dOb, ldq, dVp, ldk);
+          Gemm<T>(false, false, bq, hd, cols, scale, dP, cols, page.k, page.ld, T(1), dQb, ldq);
+          if (!page.dk) continue;
+          Gemm<T>(true, false, cols, hd, bq, scale, dP, cols, Qb, ldq, T(1), page.dk, page.ldd);
+          Gemm<T>(true, false, cols, hd, bq, T(1), P, cols, dOb, ldq, T(1), page.dv, page.ldd);
         }
       }
+      page.Finish();
     }
   }
   if (stripes > 1) {

@@ -1,14 +1,29 @@
 // bf16 storage on the CPU: row conversions and a GEMM over f32/bf16 operands that accumulates in fp32.
-// Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16: its cblas.h declares cblas_sbgemm but the library does
-// not export it. So bf16 operands are converted tile by tile into per-thread fp32 buffers (a few hundred KB, never
-// a whole tensor) and each tile product runs in sgemm; a bf16 C is accumulated in an fp32 tile and rounded once.
-#include <cblas.h>
+// bf16 x bf16 runs in oneDNN's bf16 matmul (AVX512_BF16 dot products or AMX, fp32 accumulation: bf16 products are
+// exact in fp32, so this is the same contract) where the CPU has bf16 instructions. Otherwise — and whenever one
+// operand is f32, which must not be rounded — bf16 operands are converted tile by tile into per-thread fp32 buffers
+// (a few hundred KB, never a whole tensor) and each tile product runs in sgemm (Debian's OpenBLAS 0.3.21 does not
+// export cblas_sbgemm); a bf16 C is accumulated in an fp32 tile and rounded once.
+//
+// SG_BF16_MATMUL=autocast (opt-in) changes one case: an f32 A times a bf16 weight B into an f32 C (activations x
+// weights) rounds A to bf16, tile by tile, and runs the bf16 matmul: PyTorch's bf16 autocast numerics (inputs in
+// bf16, fp32 accumulation). The bf16 matmul ran 1.2-2x oneDNN's sgemm on 4096-row products in a micro-benchmark;
+// bench-cpu's step, which attention dominates, did not get faster with it.
+#include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/isa.h"
 
 namespace sg::cpu {
 
@@ -41,6 +56,65 @@ const float* Tile(DType t, const void* src, int64_t ld, int64_t r0, int64_t c0, 
   return buf.data();
 }
 
+// C (f32) = alpha op(A) op(B) + beta C with A and B bf16, in oneDNN's matmul. Primitives are kept per shape
+// (a run has a few dozen).
+void MatmulBF16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  using dnnl::memory;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+  struct Entry {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul prim;
+  };
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static std::mutex mu;
+  static std::map<Key, Entry> cache;
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
+  Entry* e;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      const memory::desc ad({m, k}, memory::data_type::bf16, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+      const memory::desc bd({k, n}, memory::data_type::bf16, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+      const memory::desc cd({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (beta != 0.0f) {
+        dnnl::post_ops po;
+        po.append_sum(beta);
+        attr.set_post_ops(po);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, engine);
+      it = cache.emplace(key, Entry{pd, dnnl::matmul(pd)}).first;
+    }
+    e = &it->second;
+  }
+  dnnl::stream stream(engine);
+  memory am(e->pd.src_desc(), engine, const_cast<uint16_t*>(a));
+  memory bm(e->pd.weights_desc(), engine, const_cast<uint16_t*>(b));
+  memory cm(e->pd.dst_desc(), engine, c);
+  e->prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+}
+
+// bf16 x bf16 in oneDNN's bf16 matmul: where the CPU has bf16 dot products, outside parallel regions (attention's
+// per-page products are small and run per thread) and for products big enough to pay for a primitive call.
+bool UseMatmulBF16(int64_t m, int64_t n, int64_t k) {
+  return k > 0 && ActiveIsa() >= Isa::kAvx512Bf16 && !omp_in_parallel() && m * n * k >= (int64_t{1} << 18);
+}
+
+bool AutocastMatmul() {
+  static const bool on = [] {
+    const char* v = std::getenv("SG_BF16_MATMUL");
+    if (!v || !*v) return false;
+    if (std::string_view(v) == "autocast") return true;
+    std::fprintf(stderr, "error: SG_BF16_MATMUL=%s: expected autocast (or unset)\n", v);
+    std::exit(2);
+  }();
+  return on;
+}
+
 }  // namespace
 
 void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
@@ -50,6 +124,45 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
   if (a_type == DType::kF32 && b_type == DType::kF32 && c_type == DType::kF32) {
     Gemm<float>(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
                 static_cast<float*>(c), ldc);
+    return;
+  }
+  if (a_type == DType::kF32 && b_type == DType::kBF16 && c_type == DType::kF32 && AutocastMatmul() &&
+      UseMatmulBF16(m, n, k)) {
+    // Rows of op(A) rounded to bf16 a block of at most 8 MB at a time (A itself is [k][m] when transposed).
+    static thread_local std::vector<uint16_t> a_rows;
+    const float* af = static_cast<const float*>(a);
+    const int64_t block = std::max<int64_t>(kTileM, (int64_t{4} << 20) / k);
+    for (int64_t i0 = 0; i0 < m; i0 += block) {
+      const int64_t mi = std::min(block, m - i0);
+      a_rows.resize(mi * k);
+      if (ta) {
+        for (int64_t p = 0; p < k; ++p) F32ToBF16Row(af + p * lda + i0, mi, a_rows.data() + p * mi);
+      } else {
+        for (int64_t r = 0; r < mi; ++r) F32ToBF16Row(af + (i0 + r) * lda, k, a_rows.data() + r * k);
+      }
+      MatmulBF16(ta, tb, mi, n, k, alpha, a_rows.data(), ta ? mi : k, static_cast<const uint16_t*>(b), ldb, beta,
+                 static_cast<float*>(c) + i0 * ldc, ldc);
+    }
+    return;
+  }
+  if (a_type == DType::kBF16 && b_type == DType::kBF16 && UseMatmulBF16(m, n, k)) {
+    const uint16_t* a16 = static_cast<const uint16_t*>(a);
+    const uint16_t* b16 = static_cast<const uint16_t*>(b);
+    if (c_type == DType::kF32) {
+      MatmulBF16(ta, tb, m, n, k, alpha, a16, lda, b16, ldb, beta, static_cast<float*>(c), ldc);
+      return;
+    }
+    // A bf16 C: an fp32 block of rows at a time (widened first when beta reads it), rounded once.
+    static thread_local std::vector<float> c_rows;
+    uint16_t* c16 = static_cast<uint16_t*>(c);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileM) {
+      const int64_t mi = std::min(kTileM, m - i0);
+      c_rows.resize(mi * n);
+      if (beta != 0)
+        for (int64_t r = 0; r < mi; ++r) BF16ToF32Row(c16 + (i0 + r) * ldc, n, c_rows.data() + r * n);
+      MatmulBF16(ta, tb, mi, n, k, alpha, ta ? a16 + i0 : a16 + i0 * lda, lda, b16, ldb, beta, c_rows.data(), n);
+      for (int64_t r = 0; r < mi; ++r) F32ToBF16Row(c_rows.data() + r * n, n, c16 + (i0 + r) * ldc);
+    }
     return;
   }
   const int64_t m_tiles = (m + kTileM - 1) / kTileM, n_tiles = (n + kTileN - 1) / kTileN;
@@ -85,9 +198,8 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
                                : Tile(a_type, a, lda, i0, k0, mi, kk, a_buf, &at_ld);
           const float* bt = tb ? Tile(b_type, b, ldb, j0, k0, nj, kk, b_buf, &bt_ld)
                                : Tile(b_type, b, ldb, k0, j0, kk, nj, b_buf, &bt_ld);
-          cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, mi, nj, kk,
-                      alpha, at, std::max<int64_t>(at_ld, 1), bt, std::max<int64_t>(bt_ld, 1), tile_beta, ct,
-                      ct_ld);
+          Gemm<float>(ta, tb, mi, nj, kk, alpha, at, std::max<int64_t>(at_ld, 1), bt, std::max<int64_t>(bt_ld, 1),
+                      tile_beta, ct, ct_ld);
           tile_beta = 1.0f;
         }
         if (c_type == DType::kBF16) {

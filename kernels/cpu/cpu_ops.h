@@ -82,7 +82,8 @@ CopyEngine HostCopyEngine();
 void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst);
 void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst);
 // Gemm<float>'s contract where each of A, B and C is f32 or bf16 (a_type, b_type, c_type): products accumulate in
-// fp32 and a bf16 C is rounded once, after the whole sum.
+// fp32 and a bf16 C is rounded once, after the whole sum. SG_BF16_MATMUL=autocast makes one exception (bf16.cc):
+// in f32 A x bf16 B -> f32 C, A is rounded to bf16 first.
 void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
                int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
                int64_t ldc);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vexp.h"
 
 namespace sg::cpu {
 
@@ -104,20 +105,20 @@ void BiasBackward(const T* dy, int64_t n, int64_t m, T* db) {
   }
 }
 
-template <typename T>
-static inline T Sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
+// f32 through vexp.h's polynomial exp, which vectorizes (std::exp on float is a scalar libm call); f64 keeps
+// std::exp, the exactness reference.
+static inline float Sigmoid(float x) { return 1.0f / (1.0f + ExpF32(-x)); }
+static inline double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 template <typename T>
 void SwigluForward(const T* gate, const T* up, int64_t count, T* out) {
-#pragma omp parallel for if (count > 65536)
+#pragma omp parallel for simd if (count > 65536)
   for (int64_t i = 0; i < count; ++i) out[i] = gate[i] * Sigmoid(gate[i]) * up[i];
 }
 
 template <typename T>
 void SwigluBackward(const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup) {
-#pragma omp parallel for if (count > 65536)
+#pragma omp parallel for simd if (count > 65536)
   for (int64_t i = 0; i < count; ++i) {
     const T g = gate[i], s = Sigmoid(g);
     const T silu = g * s;

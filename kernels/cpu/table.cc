@@ -1,56 +1,123 @@
 // Fills the backend table with the CPU kernels.
+//
+// SG_PROFILE_OPS=1 wraps every entry in a timer and prints, at exit, the wall time spent per op family (GEMM,
+// attention forward/backward, norms, pointwise, loss, bf16 conversion, optimizer) to stderr: where a step's time
+// goes. Kernels that call each other directly (attention's GEMMs) count under the caller.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
 
 namespace sg {
+namespace {
+
+enum OpFamily { kGemm, kAttentionForward, kAttentionBackward, kNorm, kPointwise, kLoss, kConvert, kSsm,
+                kOptimizer, kNumFamilies };
+constexpr const char* kFamilyNames[kNumFamilies] = {"gemm",      "attention_fwd", "attention_bwd",
+                                                    "norm",      "pointwise",     "loss",
+                                                    "bf16_convert", "ssm",       "optimizer"};
+
+struct OpProfile {
+  std::atomic<int64_t> ns[kNumFamilies] = {};
+  std::atomic<int64_t> calls[kNumFamilies] = {};
+  ~OpProfile() {
+    int64_t total = 0;
+    for (const auto& n : ns) total += n.load();
+    if (total == 0) return;
+    std::fprintf(stderr, "SG_PROFILE_OPS: wall time inside the CPU op table, by family\n");
+    std::fprintf(stderr, "  %-14s %10s %6s %10s\n", "family", "seconds", "share", "calls");
+    for (int f = 0; f < kNumFamilies; ++f) {
+      if (calls[f] == 0) continue;
+      std::fprintf(stderr, "  %-14s %10.3f %5.1f%% %10lld\n", kFamilyNames[f], ns[f] * 1e-9, 100.0 * ns[f] / total,
+                   static_cast<long long>(calls[f].load()));
+    }
+    std::fprintf(stderr, "  %-14s %10.3f\n", "total", total * 1e-9);
+  }
+};
+
+OpProfile& Profile() {
+  static OpProfile p;
+  return p;
+}
+
+bool ProfilingOps() {
+  const char* v = std::getenv("SG_PROFILE_OPS");
+  return v && *v && std::string_view(v) != "0";
+}
+
+// Timed<family, F>::Call has F's signature: it times the call into its family's total.
+template <int Family, auto F> struct Timed;
+template <int Family, typename R, typename... A, R (*F)(A...)>
+struct Timed<Family, F> {
+  static R Call(A... args) {
+    struct Stop {
+      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      ~Stop() {
+        const auto dt = std::chrono::steady_clock::now() - t0;
+        Profile().ns[Family] += std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();
+        Profile().calls[Family] += 1;
+      }
+    } stop;
+    return F(args...);
+  }
+};
 
 template <typename T>
-static OpTable<T> MakeCpuTable() {
+OpTable<T> MakeCpuTable() {
   OpTable<T> t;
-  t.gemm = cpu::Gemm<T>;
-  t.embedding_forward = cpu::EmbeddingForward<T>;
-  t.embedding_backward = cpu::EmbeddingBackward<T>;
-  t.rmsnorm_forward = cpu::RmsNormForward<T>;
-  t.rmsnorm_backward = cpu::RmsNormBackward<T>;
-  t.rope = cpu::Rope<T>;
-  t.add_bias = cpu::AddBias<T>;
-  t.bias_backward = cpu::BiasBackward<T>;
-  t.swiglu_forward = cpu::SwigluForward<T>;
-  t.swiglu_backward = cpu::SwigluBackward<T>;
-  t.add_inplace = cpu::AddInplace<T>;
-  t.copy = cpu::Copy<T>;
-  t.fill = cpu::Fill<T>;
-  t.scale = cpu::Scale<T>;
-  t.attention_forward = cpu::AttentionForward<T>;
-  t.attention_backward = cpu::AttentionBackward<T>;
+  const bool profile = ProfilingOps();
+  if (profile) Profile();  // constructed before the first call, so destroyed (and printed) after the last
+#define SG_OP(field, family, fn) t.field = profile ? &Timed<family, fn>::Call : fn
+  SG_OP(gemm, kGemm, cpu::Gemm<T>);
+  SG_OP(embedding_forward, kPointwise, cpu::EmbeddingForward<T>);
+  SG_OP(embedding_backward, kPointwise, cpu::EmbeddingBackward<T>);
+  SG_OP(rmsnorm_forward, kNorm, cpu::RmsNormForward<T>);
+  SG_OP(rmsnorm_backward, kNorm, cpu::RmsNormBackward<T>);
+  SG_OP(rope, kPointwise, cpu::Rope<T>);
+  SG_OP(add_bias, kPointwise, cpu::AddBias<T>);
+  SG_OP(bias_backward, kPointwise, cpu::BiasBackward<T>);
+  SG_OP(swiglu_forward, kPointwise, cpu::SwigluForward<T>);
+  SG_OP(swiglu_backward, kPointwise, cpu::SwigluBackward<T>);
+  SG_OP(add_inplace, kPointwise, cpu::AddInplace<T>);
+  SG_OP(copy, kPointwise, cpu::Copy<T>);
+  SG_OP(fill, kPointwise, cpu::Fill<T>);
+  SG_OP(scale, kPointwise, cpu::Scale<T>);
+  SG_OP(attention_forward, kAttentionForward, (cpu::AttentionForward<T, T>));
+  SG_OP(attention_backward, kAttentionBackward, (cpu::AttentionBackward<T, T>));
   t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
-  t.cross_entropy_forward_backward = cpu::CrossEntropyForwardBackward<T>;
-  t.token_logprobs = cpu::TokenLogprobs<T>;
-  t.token_argmax = cpu::TokenArgmax<T>;
-  t.conv1d_forward = cpu::Conv1dForward<T>;
-  t.conv1d_backward = cpu::Conv1dBackward<T>;
-  t.selective_scan_forward = cpu::SelectiveScanForward<T>;
-  t.selective_scan_backward = cpu::SelectiveScanBackward<T>;
-  t.selective_scan_backward_pairs = cpu::SelectiveScanBackwardPairs<T>;
-  t.silu_forward = cpu::SiluForward<T>;
-  t.silu_backward = cpu::SiluBackward<T>;
-  t.softplus_forward = cpu::SoftplusForward<T>;
-  t.softplus_backward = cpu::SoftplusBackward<T>;
-  t.adamw = cpu::AdamW<T>;
+  SG_OP(cross_entropy_forward_backward, kLoss, cpu::CrossEntropyForwardBackward<T>);
+  SG_OP(token_logprobs, kLoss, cpu::TokenLogprobs<T>);
+  SG_OP(token_argmax, kLoss, cpu::TokenArgmax<T>);
+  SG_OP(conv1d_forward, kSsm, cpu::Conv1dForward<T>);
+  SG_OP(conv1d_backward, kSsm, cpu::Conv1dBackward<T>);
+  SG_OP(selective_scan_forward, kSsm, cpu::SelectiveScanForward<T>);
+  SG_OP(selective_scan_backward, kSsm, cpu::SelectiveScanBackward<T>);
+  SG_OP(selective_scan_backward_pairs, kSsm, cpu::SelectiveScanBackwardPairs<T>);
+  SG_OP(silu_forward, kSsm, cpu::SiluForward<T>);
+  SG_OP(silu_backward, kSsm, cpu::SiluBackward<T>);
+  SG_OP(softplus_forward, kSsm, cpu::SoftplusForward<T>);
+  SG_OP(softplus_backward, kSsm, cpu::SoftplusBackward<T>);
+  SG_OP(adamw, kOptimizer, cpu::AdamW<T>);
   if constexpr (std::is_same_v<T, float>) {
-    t.gemm_mixed = cpu::GemmMixed;
-    t.bf16_to_f32 = cpu::BF16ToF32Row;
-    t.f32_to_bf16 = cpu::F32ToBF16Row;
-    t.cross_entropy_bf16 = cpu::CrossEntropyForwardBackwardBF16;
-    t.token_logprobs_bf16 = cpu::TokenLogprobsBF16;
-    t.token_argmax_bf16 = cpu::TokenArgmaxBF16;
-    t.attention_forward_bf16 = cpu::AttentionForward<float, uint16_t>;
-    t.attention_backward_bf16 = cpu::AttentionBackward<float, uint16_t>;
-    t.adamw_bf16 = cpu::AdamWBF16;
+    SG_OP(gemm_mixed, kGemm, cpu::GemmMixed);
+    SG_OP(bf16_to_f32, kConvert, cpu::BF16ToF32Row);
+    SG_OP(f32_to_bf16, kConvert, cpu::F32ToBF16Row);
+    SG_OP(cross_entropy_bf16, kLoss, cpu::CrossEntropyForwardBackwardBF16);
+    SG_OP(token_logprobs_bf16, kLoss, cpu::TokenLogprobsBF16);
+    SG_OP(token_argmax_bf16, kLoss, cpu::TokenArgmaxBF16);
+    SG_OP(attention_forward_bf16, kAttentionForward, (cpu::AttentionForward<float, uint16_t>));
+    SG_OP(attention_backward_bf16, kAttentionBackward, (cpu::AttentionBackward<float, uint16_t>));
+    SG_OP(adamw_bf16, kOptimizer, cpu::AdamWBF16);
   }
+#undef SG_OP
   return t;
 }
+
+}  // namespace
 
 template <typename T>
 const OpTable<T>& CpuOps() {

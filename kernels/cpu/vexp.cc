@@ -1,25 +1,35 @@
 #include "kernels/cpu/vexp.h"
 
 namespace sg::cpu {
-namespace {
 
-// The same loop compiled twice; the AVX2 + FMA build (8 lanes) is chosen at run time where the CPU has them.
-// (target_clones("arch=haswell") would dispatch on the CPU model, not its features, and miss newer CPUs.)
-__attribute__((target("avx2,fma"))) void ExpShiftedAvx2(float* x, int64_t n, float shift) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = ExpF32(x[i] - shift);
-}
+// The same loops compiled for three ISAs. (target_clones("arch=...") would dispatch on the CPU model, not its
+// features, and miss newer CPUs; and SG_CPU_ISA must be able to pick a lower build.)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512")
+namespace avx512 {
+#include "kernels/cpu/row_ops.inc"
+}  // namespace avx512
+#pragma GCC pop_options
 
-void ExpShiftedBase(float* x, int64_t n, float shift) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] = ExpF32(x[i] - shift);
-}
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "kernels/cpu/row_ops.inc"
+}  // namespace avx2
+#pragma GCC pop_options
 
-}  // namespace
+namespace generic {
+#include "kernels/cpu/row_ops.inc"
+}  // namespace generic
 
-void ExpShifted(float* x, int64_t n, float shift) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  (avx2 ? ExpShiftedAvx2 : ExpShiftedBase)(x, n, shift);
+const RowOps& RowOpsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16: return avx512::kOps;
+    case Isa::kAvx2: return avx2::kOps;
+    case Isa::kGeneric: break;
+  }
+  return generic::kOps;
 }
 
 }  // namespace sg::cpu

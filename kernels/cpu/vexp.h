@@ -1,13 +1,18 @@
 // exp over arrays in a form the compiler vectorizes (std::exp on float is a scalar libm call, and attention
-// spends most of its time in it). f32: range reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial for e^r
-// (Cephes' minimax coefficients), 2^n from the exponent bits; max relative error ~2e-7. f64 keeps std::exp,
-// the exactness reference.
+// spends most of its time in it), and the other per-row loops of attention. f32: range reduction to r in
+// [-ln2/2, ln2/2], a degree-6 polynomial for e^r (Cephes' minimax coefficients), 2^n from the exponent bits; max
+// relative error ~2e-7. f64 keeps std::exp, the exactness reference.
+//
+// The row loops are compiled three times — AVX-512, AVX2 + FMA and the compiler's baseline — and RowOps() picks
+// the build for ActiveIsa() (kernels/cpu/isa.h: the CPU's best, or lower with SG_CPU_ISA).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/cpu/isa.h"
 
 namespace sg::cpu {
 
@@ -36,8 +41,30 @@ inline float ExpF32(float x) {
   return y;
 }
 
-// x[i] = exp(x[i] - shift) for i < n; built for AVX2+FMA too, picked at load time where the CPU has them.
-void ExpShifted(float* x, int64_t n, float shift);
+// The f32 row loops of attention, one build per ISA.
+struct RowOps {
+  // max of x[0..n), n >= 1
+  float (*max)(const float* x, int64_t n);
+  // x[i] = exp(x[i] - shift)
+  void (*exp_shifted)(float* x, int64_t n, float shift);
+  // x[i] = exp(x[i] - shift); returns the sum of the new x
+  float (*exp_shifted_sum)(float* x, int64_t n, float shift);
+  // dp[i] = p[i] * (dp[i] - d): softmax's backward through one row
+  void (*softmax_backward)(float* dp, const float* p, int64_t n, float d);
+  // sum a[i] b[i]
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // x[i] *= a
+  void (*scale)(float* x, int64_t n, float a);
+};
+
+const RowOps& RowOpsFor(Isa isa);
+inline const RowOps& ActiveRowOps() {
+  static const RowOps& ops = RowOpsFor(ActiveIsa());
+  return ops;
+}
+
+// x[i] = exp(x[i] - shift) for i < n, in the active ISA's build.
+inline void ExpShifted(float* x, int64_t n, float shift) { ActiveRowOps().exp_shifted(x, n, shift); }
 inline void ExpShifted(double* x, int64_t n, double shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
 }
