@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs a command with this build machine's non-glibc libraries hidden from the dynamic loader, as on a machine that
-# never had them: inside a private mount namespace, /dev/null is bind-mounted over every Abseil, OpenBLAS, BLAS/LAPACK,
-# oneDNN, OpenCL, libgomp, libgfortran and libquadmath file, so loading one fails ("file too short") unless a bundled copy is found
-# first. Needs root or unprivileged user namespaces.
+# never had them: inside a private mount namespace, /dev/null is bind-mounted over every Abseil, OpenBLAS,
+# BLAS/LAPACK, oneDNN, OpenCL, libgomp, libgfortran and libquadmath file, so loading one fails ("file too short")
+# unless a bundled copy is found first. Needs root or unprivileged user namespaces.
 # usage: hide_system_libs.sh COMMAND [ARG...]
 set -euo pipefail
 if [[ "${SG_LIBS_HIDDEN:-}" != 1 ]]; then
