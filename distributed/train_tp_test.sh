@@ -123,9 +123,10 @@ checkpoints_both_ways bench-ssm "${ssm[@]}" --steps=4 --strategy=seco
 expect_error() {  # expect_error TEXT CMD...
   local text="$1"; shift
   out=$("$@" 2>&1); rc=$?
-  echo "$out" | grep -m3 -e "--tp"
+  grep -m3 -e "--tp" <<<"$out"
   [[ $rc -ne 0 ]] || fail "accepted: $*"
-  echo "$out" | grep -qF -- "$text" || { echo "$out"; fail "no '$text'"; }
+  # A here-string, not a pipe: grep -q stops at the first match and, under pipefail, echo's SIGPIPE failed the test.
+  grep -qF -- "$text" <<<"$out" || { echo "$out"; fail "no '$text'"; }
 }
 expect_error "vocab_size=97 is not divisible by 2" "${mpi[@]}" -np 2 "$train" --dist=mpi --tp=2 --model=tiny --steps=1
 expect_error "the job has 2 ranks, which is not tp (3)" "${mpi[@]}" -np 2 "$train" --dist=mpi --tp=3 --model=demo --steps=1

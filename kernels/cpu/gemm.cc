@@ -35,6 +35,11 @@ void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                 lda, b, ldb, beta, c, ldc);
     return;
   }
+  if (k == 0) {  // C = beta C, as BLAS defines it (beta 0: zeros, whatever C held); dnnl_sgemm leaves C untouched
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
   ActiveIsa();  // caps oneDNN's ISA before its first call
   // dnnl_sgemm is row-major, like the rest of the engine.
   const dnnl_status_t st =

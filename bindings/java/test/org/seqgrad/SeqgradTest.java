@@ -375,7 +375,8 @@ class SeqgradTest {
   static void assertGradsClose(float[] got, float[] want, double rel, String what) {
     assertEquals(want.length, got.length);
     for (int i = 0; i < want.length; ++i) {
-      assertEquals(want[i], got[i], rel * (Math.abs(want[i]) + 1e-3), what + ": gradient " + i);
+      // The floor: f32 GEMMs of different shapes (a chunk vs the whole sequence) block their sums differently.
+      assertEquals(want[i], got[i], rel * (Math.abs(want[i]) + 1e-2), what + ": gradient " + i);
     }
   }
 
