@@ -13,8 +13,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <regex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/checkpoint.h"
@@ -394,6 +396,199 @@ TEST_F(CudaStrategyTest, SyncEveryOpGivesTheSameBits) {
     ASSERT_FALSE(async.g.empty());
     EXPECT_EQ(async.loss, sync.loss) << Describe(o);
     EXPECT_EQ(async.g, sync.g) << Describe(o) << ": gradients differ with SEQGRAD_CUDA_SYNC=1";
+  }
+}
+
+// The ops that replaced host loops inside a chunk (backend.h's last block) give the CPU table's bits on the device:
+// LoRA dropout (its mask is kernels/dropout_mask.h's hash), A = -exp(A_log) and its gradient, column sums in f64
+// and sparse attention's page scores.
+template <typename T>
+void ExpectChunkOpsMatchCpu() {
+  const std::string type = std::is_same_v<T, double> ? "f64" : "f32";
+  const DType dtype = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
+  const OpTable<T>& gpu = OpsFor<T>(Gpu());
+  const OpTable<T>& cpu = CpuOps<T>();
+  MemoryTracker mem;
+  mem.set_device(Gpu());
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> normal;
+  auto random = [&](int64_t count) {
+    std::vector<T> v(count);
+    for (T& x : v) x = static_cast<T>(normal(rng));
+    return v;
+  };
+  auto on_device = [&](const auto& host, DType t) {
+    Tensor d = Tensor::Empty(&mem, MemCategory::kWorkspace, t, {static_cast<int64_t>(host.size())});
+    CopyFromHost(d, host.data());
+    return d;
+  };
+
+  // LoRA dropout over 37 positions from 5 and 53 features from 11 (module 4, seed 99, p 0.3).
+  const int64_t n = 37, cols = 53;
+  const std::vector<T> x = random(n * cols), y0 = random(n * cols);
+  for (bool accumulate : {false, true}) {
+    std::vector<T> want = y0;
+    cpu.lora_dropout(x.data(), n, cols, 99, 4, 5, 11, 0.3, accumulate, want.data());
+    Tensor dx = on_device(x, dtype), dy = on_device(y0, dtype);
+    gpu.lora_dropout(dx.template data<T>(), n, cols, 99, 4, 5, 11, 0.3, accumulate, dy.template data<T>());
+    EXPECT_EQ(HostCopy<T>(dy), want) << type << " lora_dropout, accumulate " << accumulate;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool keep = LoraKeep(LoraRowKey(99, 4, 5 + i), 11 + j, 0.3);
+        kept += keep;
+        const T expected = accumulate ? (keep ? y0[i * cols + j] + x[i * cols + j] * static_cast<T>(1 / 0.7)
+                                              : y0[i * cols + j])
+                                      : (keep ? x[i * cols + j] * static_cast<T>(1 / 0.7) : T(0));
+        ASSERT_EQ(want[i * cols + j], expected) << type << " the mask of kernels/dropout_mask.h at " << i << ", " << j;
+      }
+    EXPECT_NEAR(static_cast<double>(kept) / (n * cols), 0.7, 0.05);
+  }
+
+  // Mamba's A = -exp(A_log), dA_log += dA * A.
+  const std::vector<T> a_log = random(50), da = random(50), g0 = random(50);
+  std::vector<T> a(50), g = g0;
+  cpu.ssm_neg_exp(a_log.data(), 50, a.data());
+  cpu.ssm_neg_exp_backward(da.data(), a.data(), 50, g.data());
+  Tensor d_a_log = on_device(a_log, dtype), d_a = on_device(a_log, dtype), d_da = on_device(da, dtype),
+         d_g = on_device(g0, dtype);
+  gpu.ssm_neg_exp(d_a_log.template data<T>(), 50, d_a.template data<T>());
+  gpu.ssm_neg_exp_backward(d_da.template data<T>(), d_a.template data<T>(), 50, d_g.template data<T>());
+  EXPECT_EQ(HostCopy<T>(d_a), a) << type << " ssm_neg_exp";
+  EXPECT_EQ(HostCopy<T>(d_g), g) << type << " ssm_neg_exp_backward";
+
+  // Column sums (13 rows of 29), then page scores of 5 pages from page 1 (4 query heads, 2 KV heads of 8 dims).
+  const std::vector<T> rows = random(13 * 29);
+  std::vector<double> sums(29);
+  cpu.column_sums_f64(rows.data(), 13, 29, sums.data());
+  Tensor d_rows = on_device(rows, dtype), d_sums = on_device(sums, DType::kF64);
+  gpu.column_sums_f64(d_rows.template data<T>(), 13, 29, d_sums.template data<double>());
+  EXPECT_EQ(HostCopy<double>(d_sums), sums) << type << " column_sums_f64";
+  std::vector<double> q_sums(4 * 8), key_sums(7 * 2 * 8), scores(5);
+  for (double& v : q_sums) v = normal(rng);
+  for (double& v : key_sums) v = normal(rng);
+  cpu.page_scores(q_sums.data(), 6, 4, 2, 8, key_sums.data(), 1, 5, 3, scores.data());
+  Tensor d_q = on_device(q_sums, DType::kF64), d_k = on_device(key_sums, DType::kF64),
+         d_scores = on_device(scores, DType::kF64);
+  gpu.page_scores(d_q.template data<double>(), 6, 4, 2, 8, d_k.template data<double>(), 1, 5, 3,
+                  d_scores.template data<double>());
+  EXPECT_EQ(HostCopy<double>(d_scores), scores) << type << " page_scores";
+}
+
+TEST_F(CudaStrategyTest, ChunkOpsMatchCpuBits) {
+  ExpectChunkOpsMatchCpu<float>();
+  ExpectChunkOpsMatchCpu<double>();
+}
+
+// Host copies of the device's memory (DeviceHostCopies) made inside chunks: from a chunk's start (the backend's
+// begin_chunk) to the next chunk's start or the step's end (its synchronize), per chunk.
+class InChunkCopies {
+ public:
+  struct Window {
+    std::string label;
+    HostCopyCounts copies;
+  };
+  explicit InChunkCopies(Device d) : device_(d), saved_(*FindBackend(d)) {
+    active_ = this;
+    DeviceBackend b = saved_;
+    b.begin_chunk = [](const std::string& label) {
+      active_->Close();
+      if (active_->saved_.begin_chunk) active_->saved_.begin_chunk(label);
+      active_->open_ = true;
+      active_->label_ = label;
+      active_->start_ = DeviceHostCopies();
+    };
+    b.synchronize = [] {
+      active_->Close();
+      if (active_->saved_.synchronize) active_->saved_.synchronize();
+    };
+    RegisterBackend(d, b);
+  }
+  ~InChunkCopies() {
+    RegisterBackend(device_, saved_);
+    active_ = nullptr;
+  }
+  const std::vector<Window>& windows() const { return windows_; }
+
+ private:
+  void Close() {
+    if (!open_) return;
+    open_ = false;
+    const HostCopyCounts now = DeviceHostCopies();
+    windows_.push_back({label_, {now.to_host - start_.to_host, now.from_host - start_.from_host}});
+  }
+  static inline InChunkCopies* active_ = nullptr;
+  Device device_;
+  DeviceBackend saved_;
+  bool open_ = false;
+  std::string label_;
+  HostCopyCounts start_;
+  std::vector<Window> windows_;
+};
+
+// Runs o on the GPU model and returns its gradients, expecting no host copy inside any chunk but `score_copies`
+// (sparse attention's page scores, one per layer of each chunk that selects pages) in all.
+Grads GradientsWithoutHostCopies(Model& gpu, const StrategyOptions& o, const std::vector<Sequence>& batch,
+                                 int64_t score_copies, const std::string& what) {
+  InChunkCopies copies(Gpu());
+  Grads g = Gradients(gpu, o, batch);
+  int64_t to_host = 0;
+  for (const InChunkCopies::Window& w : copies.windows()) {
+    to_host += w.copies.to_host;
+    EXPECT_EQ(w.copies.from_host, 0) << what << ", " << w.label << ": copies from the host";
+    EXPECT_LE(w.copies.to_host, o.sparse_pages > 0 ? gpu.num_layers() : 0) << what << ", " << w.label;
+  }
+  EXPECT_FALSE(copies.windows().empty()) << what << ": no chunk started";
+  EXPECT_EQ(to_host, SelfCheck() ? 0 : score_copies) << what << ": copies to the host inside chunks";
+  std::cout << what << ": " << copies.windows().size() << " chunk passes, " << to_host
+            << " copies to the host inside them (page scores)\n";
+  return g;
+}
+
+// LoRA with dropout on every module the family allows, on both models of p (B random: every gradient nonzero).
+void EnableLoraDropout(Pair& p, const std::string& family) {
+  LoraOptions lora;
+  lora.rank = 4;
+  lora.dropout = 0.25;
+  lora.seed = 5;
+  lora.targets = LoraTargetModules(family);
+  for (Model* m : {p.cpu.get(), p.gpu.get()}) {
+    ASSERT_TRUE(EnableLora(*m, lora).ok());
+    RandomizeLoraB(*m, 9, 0.2);
+  }
+}
+
+// No chunk waits for the device through a host copy (issue 19): LoRA dropout masks, Mamba's A and its gradient
+// and sparse attention's key sums run on the device; a chunk that selects pages reads back only their scores. The
+// gradients still match the CPU's.
+TEST_F(CudaStrategyTest, ChunksMakeNoHostCopies) {
+  {
+    Pair p = Transformers("tiny", DType::kF64);
+    ASSERT_TRUE(p.gpu && p.cpu);
+    EnableLoraDropout(p, "transformer");
+    const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 4321);
+    StrategyOptions sparse = Strategy("seco", 4, 2);
+    sparse.sparse_pages = 1;
+    int64_t selecting = 0;  // chunks whose first pass picks pages: more than sparse_pages candidates before them
+    for (const Sequence& s : batch)
+      for (int64_t b = 0; b < static_cast<int64_t>(s.ids.size()); b += sparse.chunk)
+        selecting += b / sparse.page_size - 2 > sparse.sparse_pages;
+    ASSERT_GT(selecting, 0);
+    for (const StrategyOptions& o : {sparse, Strategy("streambp", 4, 3), Strategy("ckpt", 512, 4)}) {
+      const std::string what = "f64 tiny LoRA dropout " + Describe(o);
+      const int64_t scores = o.sparse_pages > 0 ? selecting * p.gpu->num_layers() : 0;
+      ExpectClose(GradientsWithoutHostCopies(*p.gpu, o, batch, scores, what), Gradients(*p.cpu, o, batch), 1e-10,
+                  what + ": gpu vs cpu");
+    }
+  }
+  Pair p = Mambas(DType::kF64);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  EnableLoraDropout(p, "ssm");
+  const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 999);
+  for (const StrategyOptions& o : {Strategy("seco", 7, 4), Strategy("adjoint", 5, 4), Strategy("streambp", 5, 4)}) {
+    const std::string what = "f64 tiny-ssm LoRA dropout " + Describe(o);
+    ExpectClose(GradientsWithoutHostCopies(*p.gpu, o, batch, 0, what), Gradients(*p.cpu, o, batch), 1e-10,
+                what + ": gpu vs cpu");
   }
 }
 

@@ -7,8 +7,9 @@
 // adapters only.
 //
 // Dropout acts on the adapter's input only. Its mask is a hash of (the sequence's seed, the module, the absolute
-// position, the feature): every pass over the same position of the same sequence (seco's and streambp's
-// recomputation, ckpt's replay) draws the same mask, so chunked strategies stay exact against full backprop. The
+// position, the feature; kernels/dropout_mask.h): every pass over the same position of the same sequence (seco's and
+// streambp's recomputation, ckpt's replay) draws the same mask, so chunked strategies stay exact against full
+// backprop. The backends apply it in a kernel (OpTable::lora_dropout): the same bits on every device. The
 // seed is StrategyOptions::seed, which the Trainer derives per step and sequence; passes without gradients
 // (evaluation, log-prob passes) use no dropout.
 //
@@ -22,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/dropout_mask.h"  // the dropout mask: LoraRowKey, LoraKeep
 
 namespace sg {
 
@@ -98,22 +100,5 @@ void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst);
 // Tests and gradient checks: B starts at zero, which makes every gradient of A zero; this draws B from
 // normal(0, stddev) so that both are exercised.
 void RandomizeLoraB(Model& model, uint64_t seed, double stddev);
-
-// The dropout mask: element (position, feature) of a module's adapter input is kept when a hash of (seed, module,
-// position, feature), as a uniform number in [0, 1), is >= p; kept elements are scaled by 1 / (1 - p).
-inline uint64_t LoraMix(uint64_t x) {  // splitmix64's finaliser
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-inline uint64_t LoraRowKey(uint64_t seed, uint64_t module, int64_t position) {
-  return LoraMix(LoraMix(LoraMix(seed ^ 0x4C6F524144726F70ull) + module) + static_cast<uint64_t>(position));
-}
-inline bool LoraKeep(uint64_t row_key, int64_t feature, double p) {
-  const uint64_t h = LoraMix(row_key + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(feature + 1));
-  return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;
-}
 
 }  // namespace sg

@@ -312,15 +312,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
                                    W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
                                    dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
-    if (T* g = G(L.a_log); g && mem_.device() != Device::kMeta) {  // A = -exp(A_log): dA_log = dA * A
-      // On the host (a device's through copies: E x N values per layer and chunk).
-      std::vector<T> g_copy, dA_copy, A_copy;
-      T* gh = const_cast<T*>(HostReadable(mem_.device(), g, E * N, &g_copy));
-      const T* dAh = HostReadable(mem_.device(), dA.data<T>(), E * N, &dA_copy);
-      const T* Ah = HostReadable(mem_.device(), A.data<T>(), E * N, &A_copy);
-      for (int64_t i = 0; i < E * N; ++i) gh[i] += dAh[i] * Ah[i];
-      if (!HostAddressable(mem_.device())) CopyFromHost(mem_.device(), g, gh, E * N * sizeof(T));
-    }
+    if (T* g = G(L.a_log)) ops_.ssm_neg_exp_backward(dA.data<T>(), A.data<T>(), E * N, g);  // A = -exp(A_log)
 
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E});
@@ -415,11 +407,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   Tensor NegExp(int a_log) {
     const int64_t count = params_[a_log].value.numel();
     Tensor A = New(MemCategory::kWorkspace, {count});
-    if (mem_.device() == Device::kMeta) return A;  // meta tensors hold no values
-    std::vector<T> a_log_copy, a(count);  // on the host (a device's through copies)
-    const T* a_log_values = HostReadable(mem_.device(), W(a_log), count, &a_log_copy);
-    for (int64_t i = 0; i < count; ++i) a[i] = -std::exp(a_log_values[i]);
-    CopyFromHost(A, a.data());
+    ops_.ssm_neg_exp(W(a_log), count, A.data<T>());
     return A;
   }
   // Rows [row0, ..) of weight matrix w (in its storage dtype): one block of a matrix the model splits by rows.

@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -293,8 +294,22 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   return t;
 }
 
-void CopyToHost(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).to_host(dst, src, bytes); }
-void CopyFromHost(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).from_host(dst, src, bytes); }
+namespace {
+std::atomic<int64_t> g_to_host{0}, g_from_host{0};
+// A copy between host memory and a device's (meta memory holds nothing to copy).
+bool CountsAsHostCopy(Device d, size_t bytes) { return bytes > 0 && d != Device::kMeta && !HostAddressable(d); }
+}  // namespace
+
+HostCopyCounts DeviceHostCopies() { return {g_to_host.load(), g_from_host.load()}; }
+
+void CopyToHost(Device d, void* dst, const void* src, size_t bytes) {
+  if (CountsAsHostCopy(d, bytes)) ++g_to_host;
+  AllocatorOf(d).to_host(dst, src, bytes);
+}
+void CopyFromHost(Device d, void* dst, const void* src, size_t bytes) {
+  if (CountsAsHostCopy(d, bytes)) ++g_from_host;
+  AllocatorOf(d).from_host(dst, src, bytes);
+}
 void CopyOnDevice(Device d, void* dst, const void* src, size_t bytes) { AllocatorOf(d).on_device(dst, src, bytes); }
 void CopyToHost(const Tensor& t, void* dst) {
   if (t.defined()) CopyToHost(t.device(), dst, t.raw(), t.nbytes());

@@ -183,6 +183,13 @@ const T* HostReadable(Device d, const T* p, int64_t count, std::vector<T>* copy)
   CopyToHost(d, copy->data(), p, static_cast<size_t>(count) * sizeof(T));
   return copy->data();
 }
+// How many copies between host memory and a device's memory (not host-addressable, not meta) this process has made
+// through CopyToHost and CopyFromHost, the only way host code reaches a device's tensors. Each waits for the
+// device; tests check with these counts that a chunk's work makes none.
+struct HostCopyCounts {
+  int64_t to_host = 0, from_host = 0;
+};
+HostCopyCounts DeviceHostCopies();
 // The tensor's values as a host vector (T the tensor's element type).
 template <typename T>
 std::vector<T> HostCopy(const Tensor& t) {

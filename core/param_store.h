@@ -180,24 +180,8 @@ class ParamStore {
     const double p = lora_->options.dropout;
     if (st.training && p > 0) {
       a.dropped = New(MemCategory::kWorkspace, {n, in});
-      T* xd = a.dropped.template data<T>();
-      const T keep = static_cast<T>(1.0 / (1.0 - p));
-      const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
-      // A device's memory is masked on the host, through copies.
-      std::vector<T> x_copy, host_dropped;
-      const T* xs = x;
-      if (!HostAddressable(mem_.device()) && rows > 0) {
-        xs = HostReadable(mem_.device(), x, n * in, &x_copy);
-        host_dropped.resize(n * in);
-        xd = host_dropped.data();
-      }
-#pragma omp parallel for if (n * in >= (1 << 16))
-      for (int64_t i = 0; i < rows; ++i) {
-        const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(w), c.begin + i);
-        for (int64_t j = 0; j < in; ++j)
-          xd[i * in + j] = LoraKeep(key, LoraColumn0(w) + j, p) ? xs[i * in + j] * keep : T(0);
-      }
-      if (!host_dropped.empty()) CopyFromHost(a.dropped, host_dropped.data());
+      ops.lora_dropout(x, n, in, st.seed, static_cast<uint64_t>(w), c.begin, LoraColumn0(w), p, false,
+                       a.dropped.template data<T>());
       a.x = a.dropped.template data<T>();
     }
     a.t = New(MemCategory::kWorkspace, {n, r});
@@ -233,28 +217,8 @@ class ParamStore {
     }
     Tensor dxd = New(MemCategory::kWorkspace, {n, in});
     ops.gemm(false, false, n, in, r, T(1), dt, r, W(a.ad->a), in, T(0), dxd.template data<T>(), in);
-    const double p = lora_->options.dropout;
-    const T keep = static_cast<T>(1.0 / (1.0 - p));
-    const T* d = dxd.template data<T>();
-    const int64_t rows = mem_.device() == Device::kMeta ? 0 : n;  // meta tensors hold no values
-    // A device's memory: the masked gradient is made on the host and added on the device (the same sums).
-    std::vector<T> d_copy, masked;
-    T* out = dx;
-    if (!HostAddressable(mem_.device()) && rows > 0) {
-      d = HostReadable(mem_.device(), d, n * in, &d_copy);
-      masked.assign(n * in, T(0));
-      out = masked.data();
-    }
-#pragma omp parallel for if (n * in >= (1 << 16))
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint64_t key = LoraRowKey(st.seed, static_cast<uint64_t>(a.ad->weight), c.begin + i);
-      for (int64_t j = 0; j < in; ++j)
-        if (LoraKeep(key, LoraColumn0(a.ad->weight) + j, p)) out[i * in + j] += d[i * in + j] * keep;
-    }
-    if (!masked.empty()) {
-      CopyFromHost(dxd, masked.data());
-      ops.add_inplace(dx, dxd.template data<T>(), n * in);
-    }
+    ops.lora_dropout(dxd.template data<T>(), n, in, st.seed, static_cast<uint64_t>(a.ad->weight), c.begin,
+                     LoraColumn0(a.ad->weight), lora_->options.dropout, true, dx);
   }
   // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
   // vocab_parallel: the table holds this rank's rows of a vocabulary split over the group; other ranks' tokens get

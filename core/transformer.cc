@@ -179,9 +179,9 @@ class TransformerState final : public SequenceState {
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
   // pass without gradients) and reused unchanged by its recompute and backward.
   std::map<std::pair<int, int64_t>, std::vector<uint8_t>> selection;
-  // Sparse attention: per layer, [page][kv_heads * head_dim] sums of each complete page's cached keys, so that
-  // pages are scored without being on the device.
-  std::vector<std::vector<double>> key_sums;
+  // Sparse attention: per layer, [page][kv_heads * head_dim] f64 sums of each complete page's cached keys, on the
+  // model's device (in the KV cache's category), so that pages are scored without being on the device.
+  std::vector<Tensor> key_sums;
   std::unique_ptr<KvOffload> offload;  // declared after the pools: destroyed (waiting for its copies) first
 
  private:
@@ -519,25 +519,22 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   }
 
   // Sparse attention's page summaries: the key sums of the pages chunk c completed (on the device: the chunk's
-  // pages and the one before are resident).
+  // pages and the one before are resident), summed there in f64.
   void SumPageKeys(int l, Chunk c, TransformerState& state) {
     const int64_t ps = state.kv.page_size(), kvd = kv_heads_ * cfg_.head_dim;
     if (static_cast<int>(state.key_sums.size()) <= l) state.key_sums.resize(l + 1);
-    if (mem_.device() == Device::kMeta) return;  // no keys to sum: SelectPages picks without scores
-    std::vector<double>& sums = state.key_sums[l];
+    Tensor& sums = state.key_sums[l];
+    const int64_t pages = state.seq_len / ps;  // the sequence's complete pages
+    if (!sums.defined())
+      sums = Tensor::Empty(&mem_, MemCategory::kKVCache, DType::kF64, {std::max<int64_t>(pages, 1), kvd});
     const bool widen = state.kv.dtype() != dtype();  // bf16 pages are read through a widened copy of the page
     Tensor keys, values;
     if (widen) keys = New(MemCategory::kWorkspace, {ps, kvd}), values = New(MemCategory::kWorkspace, {ps, kvd});
     for (int64_t p = c.begin / ps; (p + 1) * ps <= c.end; ++p) {
-      if (static_cast<int64_t>(sums.size()) < (p + 1) * kvd) sums.resize((p + 1) * kvd, 0.0);
-      double* sum = sums.data() + p * kvd;
-      std::fill(sum, sum + kvd, 0.0);
+      if (p >= pages) throw std::logic_error(absl::StrCat("sparse attention: page ", p, " past the sequence"));
       if (widen) state.kv.Gather<T>(l, p * ps, (p + 1) * ps, keys.data<T>(), values.data<T>());
-      std::vector<T> host_keys;  // a device's keys are summed from a host copy
-      const T* K = HostReadable(mem_.device(), widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p), ps * kvd,
-                                &host_keys);
-      for (int64_t r = 0; r < ps; ++r)
-        for (int64_t e = 0; e < kvd; ++e) sum[e] += static_cast<double>(K[r * kvd + e]);
+      ops_.column_sums_f64(widen ? keys.data<T>() : state.kv.View<T>(l).k_page(p), ps, kvd,
+                           sums.data<double>() + p * kvd);
     }
   }
 
@@ -545,36 +542,29 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   // chunk's roped queries and the cached keys, then reused: the recompute and the backward read the stored mask.
   // Always kept: page 0, the pages the chunk overlaps and the page before them; of the other earlier pages the
   // sparse_pages ones with the highest score sum_h mean_q[h] . mean_k[page][group(h)] (ties: lower page).
+  // The scores are computed on the device (OpTable::page_scores); they are the one thing a chunk reads back: one
+  // f64 per candidate page, once per layer and chunk, because the host picks the pages (its page masks and the
+  // offload's transfers follow from them).
   const uint8_t* SelectPages(int l, Chunk c, const T* q, TransformerState& state) {
     auto key = std::make_pair(l, c.begin);
     if (auto it = state.selection.find(key); it != state.selection.end()) return it->second.data();
     std::vector<uint8_t> mask = state.KeptPages(c);
     if (mask.empty()) return nullptr;  // dense
     const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
-    const int64_t candidates = c.begin / ps - 2;  // pages 1 .. first_local - 2
+    const int64_t candidates = c.begin / ps - 2;  // pages 1 .. first_local - 2, all complete
+    const int64_t H = heads_, hd = cfg_.head_dim;
+    Tensor q_sums = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kF64, {H * hd});
+    Tensor scores = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kF64, {candidates});
+    ops_.column_sums_f64(q, c.size(), H * hd, q_sums.data<double>());
+    ops_.page_scores(q_sums.data<double>(), c.size(), H, kv_heads_, hd, state.key_sums.at(l).data<double>(), 1,
+                     candidates, ps, scores.data<double>());
     if (mem_.device() == Device::kMeta) {
       // No scores on meta: pages 1..k. Any choice is the worst case: the page pools are allocated whole when the
       // sequence starts, so the bytes do not depend on which pages are picked.
       std::fill(mask.begin() + 1, mask.begin() + 1 + k, 1);
       return state.selection.emplace(key, std::move(mask)).first->second.data();
     }
-    const int64_t H = heads_, G = kv_heads_, hd = cfg_.head_dim, group = H / G, n = c.size();
-    std::vector<double> mq(H * hd, 0.0);
-    std::vector<T> host_q;
-    q = HostReadable(mem_.device(), q, n * H * hd, &host_q);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t e = 0; e < H * hd; ++e) mq[e] += static_cast<double>(q[i * H * hd + e]);
-    // per KV head: the sum over its query heads of the mean query
-    std::vector<double> gq(G * hd, 0.0);
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t e = 0; e < hd; ++e) gq[(h / group) * hd + e] += mq[h * hd + e] / static_cast<double>(n);
-    const double* sums = state.key_sums.at(l).data();  // the candidates are complete pages
-    std::vector<double> score(candidates);
-    for (int64_t p = 1; p <= candidates; ++p) {
-      double acc = 0;
-      for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * sums[p * G * hd + e];
-      score[p - 1] = acc / static_cast<double>(ps);
-    }
+    std::vector<double> score = HostCopy<double>(scores);
     tp_.AllReduce(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);

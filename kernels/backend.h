@@ -165,6 +165,26 @@ struct OpTable {
   // adamw on fp32 master weights, then weights = the masters rounded to bf16.
   void (*adamw_bf16)(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step) = nullptr;
+
+  // ---- Work inside a chunk that host loops did over copies of device memory (kernels/cpu/chunk_ops.cc,
+  // kernels/cuda/chunk_ops.cu): a chunk reads nothing back but sparse attention's page scores. ----
+  // LoRA dropout over x [n][cols], rows at positions pos0.., columns at input features col0.. (the mask of
+  // kernels/dropout_mask.h with `seed`, `module`): y = x / (1 - p) where kept, 0 elsewhere; accumulate: y += x /
+  // (1 - p) where kept, untouched elsewhere.
+  void (*lora_dropout)(const T* x, int64_t n, int64_t cols, uint64_t seed, uint64_t module, int64_t pos0,
+                       int64_t col0, double p, bool accumulate, T* y) = nullptr;
+  // Mamba's A = -exp(a_log), and its backward da_log += dA * A (count elements).
+  void (*ssm_neg_exp)(const T* a_log, int64_t count, T* a) = nullptr;
+  void (*ssm_neg_exp_backward)(const T* da, const T* a, int64_t count, T* da_log) = nullptr;
+  // sums[j] = the f64 sum over rows i = 0, 1, .. (in order) of x[i][j], x [rows][cols]; sums assigned. Sparse
+  // attention's key sums of a page and query sums of a chunk.
+  void (*column_sums_f64)(const T* x, int64_t rows, int64_t cols, double* sums) = nullptr;
+  // Sparse attention's page scores, in f64: g[kv][e] = sum over the query heads h of KV head kv (in order) of
+  // q_sums[h][e] / n, then scores[i] = (sum over kv, e in order of g[kv][e] key_sums[first + i][kv][e]) /
+  // page_size for i < count. q_sums [heads][head_dim] (a chunk of n queries), key_sums [pages][kv_heads][head_dim].
+  void (*page_scores)(const double* q_sums, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                      const double* key_sums, int64_t first, int64_t count, int64_t page_size,
+                      double* scores) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

@@ -102,6 +102,11 @@ OpTable<T> MakeCpuTable() {
   SG_OP(softplus_forward, kSsm, cpu::SoftplusForward<T>);
   SG_OP(softplus_backward, kSsm, cpu::SoftplusBackward<T>);
   SG_OP(adamw, kOptimizer, cpu::AdamW<T>);
+  SG_OP(lora_dropout, kPointwise, cpu::LoraDropout<T>);
+  SG_OP(ssm_neg_exp, kSsm, cpu::SsmNegExp<T>);
+  SG_OP(ssm_neg_exp_backward, kSsm, cpu::SsmNegExpBackward<T>);
+  SG_OP(column_sums_f64, kPointwise, cpu::ColumnSumsF64<T>);
+  SG_OP(page_scores, kPointwise, cpu::PageScores);
   if constexpr (std::is_same_v<T, float>) {
     SG_OP(gemm_mixed, kGemm, cpu::GemmMixed);
     SG_OP(bf16_to_f32, kConvert, cpu::BF16ToF32Row);

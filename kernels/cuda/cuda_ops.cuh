@@ -97,4 +97,14 @@ void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedK
 void AdamWBf16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
                double beta1, double beta2, double eps, double weight_decay, int64_t step);
 
+// chunk_ops.cu: work inside a chunk that core once did on the host (backend.h's last block).
+template <typename T>
+void LoraDropout(const T* x, int64_t n, int64_t cols, uint64_t seed, uint64_t module, int64_t pos0, int64_t col0,
+                 double p, bool accumulate, T* y);
+template <typename T> void SsmNegExp(const T* a_log, int64_t count, T* a);
+template <typename T> void SsmNegExpBackward(const T* da, const T* a, int64_t count, T* da_log);
+template <typename T> void ColumnSumsF64(const T* x, int64_t rows, int64_t cols, double* sums);
+void PageScores(const double* q_sums, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                const double* key_sums, int64_t first, int64_t count, int64_t page_size, double* scores);
+
 }  // namespace sg::cuda

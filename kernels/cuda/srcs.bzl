@@ -5,6 +5,7 @@ CUDA_SRCS = [
     "attention.cuh",
     "attention_tc.cu",
     "bf16.cuh",
+    "chunk_ops.cu",
     "common.cuh",
     "cuda_ops.cuh",
     "gemm.cu",

@@ -41,6 +41,11 @@ static OpTable<T> MakeCudaTable() {
   t.softplus_forward = cuda::SoftplusForward<T>;
   t.softplus_backward = cuda::SoftplusBackward<T>;
   t.adamw = cuda::AdamW<T>;
+  t.lora_dropout = cuda::LoraDropout<T>;
+  t.ssm_neg_exp = cuda::SsmNegExp<T>;
+  t.ssm_neg_exp_backward = cuda::SsmNegExpBackward<T>;
+  t.column_sums_f64 = cuda::ColumnSumsF64<T>;
+  t.page_scores = cuda::PageScores;
   if constexpr (std::is_same_v<T, float>) {
     t.gemm_mixed = cuda::GemmMixed;
     t.bf16_to_f32 = cuda::Bf16ToF32;

@@ -60,6 +60,11 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, attention_forward_bf16);
   SG_META_NOP(t, attention_backward_bf16);
   SG_META_NOP(t, adamw_bf16);
+  SG_META_NOP(t, lora_dropout);
+  SG_META_NOP(t, ssm_neg_exp);
+  SG_META_NOP(t, ssm_neg_exp_backward);
+  SG_META_NOP(t, column_sums_f64);
+  SG_META_NOP(t, page_scores);
   return t;
 }
 #undef SG_META_NOP
