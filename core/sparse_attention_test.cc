@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "core/gradcheck.h"
@@ -9,6 +10,7 @@
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
+#include "kernels/backend.h"
 
 namespace sg {
 namespace {
@@ -96,6 +98,47 @@ TEST(SparsePagesTest, SmallBudgetIsExactGradientOfSparseModel) {
       }
     }
   }
+}
+
+// The page scores come from two ops (OpTable::column_sums_f64, page_scores) that run on the model's device; on the
+// CPU they give the bits of the host loops SelectPages used before (key sums per page and query sums in f64, the
+// mean query per KV head, dot products), so the selection is unchanged, in f32 and f64.
+template <typename T>
+void ExpectScoresOfHostLoops() {
+  const int64_t H = 6, G = 2, hd = 5, group = H / G, ps = 3, pages = 7, n = 4, kvd = G * hd;
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal;
+  std::vector<T> keys(pages * ps * kvd), q(n * H * hd);
+  for (T& x : keys) x = static_cast<T>(normal(rng));
+  for (T& x : q) x = static_cast<T>(normal(rng));
+  // The host loops as they were.
+  std::vector<double> sums(pages * kvd, 0.0), mq(H * hd, 0.0), gq(kvd, 0.0), want(pages - 1);
+  for (int64_t p = 0; p < pages; ++p)
+    for (int64_t r = 0; r < ps; ++r)
+      for (int64_t e = 0; e < kvd; ++e) sums[p * kvd + e] += static_cast<double>(keys[(p * ps + r) * kvd + e]);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t e = 0; e < H * hd; ++e) mq[e] += static_cast<double>(q[i * H * hd + e]);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t e = 0; e < hd; ++e) gq[(h / group) * hd + e] += mq[h * hd + e] / static_cast<double>(n);
+  for (int64_t p = 1; p < pages; ++p) {
+    double acc = 0;
+    for (int64_t e = 0; e < kvd; ++e) acc += gq[e] * sums[p * kvd + e];
+    want[p - 1] = acc / static_cast<double>(ps);
+  }
+  const OpTable<T>& ops = CpuOps<T>();
+  std::vector<double> got_sums(pages * kvd), q_sums(H * hd), got(pages - 1);
+  for (int64_t p = 0; p < pages; ++p)
+    ops.column_sums_f64(keys.data() + p * ps * kvd, ps, kvd, got_sums.data() + p * kvd);
+  ops.column_sums_f64(q.data(), n, H * hd, q_sums.data());
+  ops.page_scores(q_sums.data(), n, H, G, hd, got_sums.data(), 1, pages - 1, ps, got.data());
+  EXPECT_EQ(got_sums, sums);
+  EXPECT_EQ(q_sums, mq);
+  EXPECT_EQ(got, want);
+}
+
+TEST(SparsePagesTest, ScoresAreTheHostLoopsBits) {
+  ExpectScoresOfHostLoops<float>();
+  ExpectScoresOfHostLoops<double>();
 }
 
 TEST(SparsePagesTest, BadOptions) {
