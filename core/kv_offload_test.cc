@@ -1,5 +1,6 @@
-// KV offload (StateOptions::offload, core/kv_offload.h) on the CPU backend, in fp64: the bookkeeping on its own
-// against a copy engine that delays every copy as long as it may, then seco --offload against seco.
+// KV offload (StateOptions::offload, core/kv_offload.h) on the CPU backend: the bookkeeping on its own against a
+// copy engine that delays every copy as long as it may, then seco --offload against seco (f64, f32, bf16 pages,
+// LoRA, sparse pages, attention streamed through the ring in page groups).
 #include "core/kv_offload.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,9 @@
 #include <deque>
 #include <iostream>
 
+#include "core/lora.h"
 #include "core/mamba.h"
+#include "core/paged_attention.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
@@ -228,14 +231,24 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
     EXPECT_EQ(dv[t * kRow], t / kPage == 0 || t / kPage == 5 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
 }
 
-std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config) {
-  auto model = CreateTransformer(config, DType::kF64);
+std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config, DType dtype = DType::kF64,
+                                            int lora_rank = 0) {
+  auto model = CreateTransformer(config, dtype);
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 7;
   init.stddev = 0.3;
   init.perturb_norms_and_biases = true;
   InitRandom(**model, init);
+  if (lora_rank > 0) {
+    LoraOptions lora;
+    lora.rank = lora_rank;
+    lora.targets = {"q_proj", "k_proj", "v_proj", "down_proj"};
+    lora.dropout = 0.1;
+    lora.seed = 3;
+    EXPECT_TRUE(EnableLora(**model, lora).ok());
+    RandomizeLoraB(**model, 11, 0.2);
+  }
   return std::move(*model);
 }
 
@@ -246,7 +259,8 @@ TransformerConfig Deep(int64_t layers) {
   return c;
 }
 
-StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool offload) {
+// group: StrategyOptions::attention_group in tokens (0: the default, one group at these lengths).
+StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool offload, int64_t group = 0) {
   StrategyOptions o;
   o.name = "seco";
   o.chunk = chunk;
@@ -254,9 +268,11 @@ StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool off
   o.lm_chunk = 5;
   o.sparse_pages = sparse_pages;
   o.offload = offload;
+  o.attention_group = group;
   return o;
 }
 
+// Every parameter's gradient widened to double (empty for a frozen base under LoRA).
 std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const std::vector<Sequence>& batch,
                                        StepMetrics* metrics) {
   Trainer t(m, o, {});
@@ -264,7 +280,11 @@ std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) *metrics = *r;
   std::vector<std::vector<double>> g;
-  for (Param& p : m.params()) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+  for (Param& p : m.params()) {
+    if (!p.grad.defined()) g.emplace_back();
+    else if (p.grad.dtype() == DType::kF64) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+    else g.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+  }
   return g;
 }
 
@@ -272,25 +292,34 @@ struct Case {
   std::string name;
   TransformerConfig config;
   int64_t chunk, page, sparse_pages;
+  int64_t group = 0;  // attention group in tokens
+  DType dtype = DType::kF64;
+  int lora_rank = 0;
 };
 
 class OffloadTest : public ::testing::TestWithParam<Case> {};
 
-// Offload only moves bytes: loss and gradients are bit-identical to seco's. The batch has sequences of 23 and 9
-// tokens, so the last chunk is ragged; no page size divides its chunk.
+// Offload only moves bytes: loss and gradients are bit-identical to seco's with the same attention groups (dense
+// offload streams the groups through the ring). The batch has sequences of 23 and 9 tokens, so the last chunk is
+// ragged; no page size divides its chunk.
 TEST_P(OffloadTest, BitIdenticalToSeco) {
   const Case& c = GetParam();
-  auto model = MakeModel(c.config);
+  auto model = MakeModel(c.config, c.dtype, c.lora_rank);
   const std::vector<Sequence> batch = RaggedBatch(model->vocab_size(), 12345);
   StepMetrics plain, offloaded;
-  const auto expected = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, false), batch, &plain);
-  const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true), batch, &offloaded);
+  const auto expected = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, false, c.group), batch, &plain);
+  const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true, c.group), batch, &offloaded);
   EXPECT_EQ(offloaded.loss, plain.loss);
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i], expected[i]) << model->params()[i].name;
   EXPECT_EQ(plain.offloaded_bytes, 0);
   EXPECT_GT(offloaded.offloaded_bytes, 0);
+}
+
+Case Grouped(std::string name, TransformerConfig config, int64_t chunk, int64_t page, int64_t group,
+             DType dtype = DType::kF64, int lora_rank = 0, int64_t sparse_pages = 0) {
+  return Case{std::move(name), std::move(config), chunk, page, sparse_pages, group, dtype, lora_rank};
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -304,15 +333,60 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
                       Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
                       Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2},
-                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1}),
+                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1},
+                      // Attention in groups of pages, streamed through the ring under dense offload.
+                      Grouped("tiny_chunk4_page3_group3", *TransformerPreset("tiny"), 4, 3, 3),
+                      Grouped("tinyqwen_chunk5_page2_group4", *TransformerPreset("tiny-qwen2"), 5, 2, 4),
+                      Grouped("layers7_chunk4_page2_group4", Deep(7), 4, 2, 4),
+                      Grouped("layers7_chunk6_page4_group5", Deep(7), 6, 4, 5),
+                      Grouped("layers8_chunk1_page2_group2", Deep(8), 1, 2, 2),
+                      Grouped("layers1_chunk4_page3_group6", Deep(1), 4, 3, 6),
+                      Grouped("f32_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF32),
+                      Grouped("bf16_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kBF16),
+                      Grouped("f64_lora_layers4_chunk5_page2_group2", Deep(4), 5, 2, 2, DType::kF64, 4),
+                      Grouped("bf16_lora_layers4_chunk4_page3_group3", Deep(4), 4, 3, 3, DType::kBF16, 4),
+                      Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Groups change only the rounding: attention over groups of one page (merged forward, dQ summed over groups)
+// against one call over every page, in f64, for dense and sparse attention.
+TEST(AttentionGroupsTest, GroupsOfOnePageMatchOneCall) {
+  for (int64_t sparse : {0, 2}) {
+    auto model = MakeModel(Deep(3));
+    const std::vector<Sequence> batch = RaggedBatch(model->vocab_size(), 777);
+    StepMetrics one, grouped;
+    const auto expected = Grads(*model, Seco(4, 2, sparse, false), batch, &one);
+    const auto got = Grads(*model, Seco(4, 2, sparse, false, /*group=*/2), batch, &grouped);
+    EXPECT_NEAR(grouped.loss, one.loss, 1e-12 * std::abs(one.loss));
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      double scale = 0, diff = 0;
+      for (size_t j = 0; j < got[i].size(); ++j) {
+        scale = std::max(scale, std::abs(expected[i][j]));
+        diff = std::max(diff, std::abs(got[i][j] - expected[i][j]));
+      }
+      EXPECT_LE(diff, 1e-11 * std::max(scale, 1e-3)) << model->params()[i].name << " sparse " << sparse;
+    }
+  }
+}
+
+TEST(AttentionGroupsTest, GroupPages) {
+  StateOptions o;
+  o.page_size = 256;
+  EXPECT_EQ(AttentionGroupPages(o), kDefaultAttentionGroup / 256);
+  o.attention_group = 1000;  // whole pages
+  EXPECT_EQ(AttentionGroupPages(o), 3);
+  o.attention_group = 100;  // at least one
+  EXPECT_EQ(AttentionGroupPages(o), 1);
+  EXPECT_FALSE(ValidateStrategyOptions(Seco(4, 4, 0, false, -1)).ok());
+}
 
 struct StateBytes {
   int64_t kv_cache = 0, kv_grad = 0, host = 0;
 };
 
-// Peak device bytes of the KV cache and KV gradient over one seco pass (chunk 8, pages of 4) of a sequence of
-// `tokens`, and the host bytes offload used.
+// Peak device bytes of the KV cache and KV gradient over one seco pass (chunk 8, pages of 4, attention groups of 8
+// tokens) of a sequence of `tokens`, and the host bytes offload used.
 StateBytes Measure(Model& m, bool offload, int64_t tokens = 64, int64_t sparse_pages = 0) {
   Sequence s = RaggedBatch(m.vocab_size(), 99)[0];
   while (static_cast<int64_t>(s.ids.size()) < tokens) {
@@ -322,14 +396,14 @@ StateBytes Measure(Model& m, bool offload, int64_t tokens = 64, int64_t sparse_p
   s.ids.resize(tokens);
   s.labels.resize(tokens);
   m.memory().ResetPeak();
-  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, sparse_pages, offload));
+  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, sparse_pages, offload, /*group=*/8));
   const MemorySnapshot snap = m.memory().Snapshot();
   return {snap.peak[static_cast<int>(MemCategory::kKVCache)], snap.peak[static_cast<int>(MemCategory::kKVGrad)],
           r.offloaded_bytes};
 }
 
-// The device holds KvOffload::kSlots layers of pages: its KV memory is that of 3 layers whatever the depth, while
-// every layer's pages live in host memory outside the model's tracker.
+// The device holds at most KvOffload::kSlots layers' pages: its KV memory is at most that of 3 layers whatever
+// the depth, while every layer's pages live in host memory outside the model's tracker.
 TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   StateBytes at4, at8;
   for (int64_t layers : {4, 8}) {
@@ -349,19 +423,30 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   EXPECT_EQ(at4.kv_grad, at8.kv_grad);
 }
 
-// With sparse pages the device holds, per resident layer, only the pages a chunk reads (page 0, k selected, the
-// chunk's and the one before): device KV memory no longer grows with the sequence; host memory does.
-TEST(OffloadMemoryTest, SparseDeviceBytesFlatInTokens) {
+// Device KV memory no longer grows with the sequence; host memory does. With sparse pages the device holds, per
+// resident layer, only the pages a chunk reads (page 0, k selected, the chunk's and the one before); dense, only
+// the chunk's pages per resident layer and the ring of page groups attention streams the others through.
+TEST(OffloadMemoryTest, DeviceBytesFlatInTokens) {
   auto model = MakeModel(Deep(4));
-  const StateBytes at64 = Measure(*model, true, 64, 2), at256 = Measure(*model, true, 256, 2);
+  const StateBytes plain = Measure(*model, false, 256, 0);
+  for (int64_t sparse : {2, 0}) {
+    const StateBytes at64 = Measure(*model, true, 64, sparse), at256 = Measure(*model, true, 256, sparse);
+    std::cout << "sparse_pages " << sparse << ", offload: device kv_cache + kv_grad peak " << at64.kv_cache << " + "
+              << at64.kv_grad << " B at 64 tokens, " << at256.kv_cache << " + " << at256.kv_grad
+              << " B at 256 (without offload at 256: " << plain.kv_cache << " + " << plain.kv_grad << " B); host "
+              << at64.host << " -> " << at256.host << " B\n";
+    EXPECT_EQ(at64.kv_cache, at256.kv_cache);
+    EXPECT_EQ(at64.kv_grad, at256.kv_grad);
+    EXPECT_EQ(at256.host, 4 * at64.host);
+    EXPECT_LT(at256.kv_cache, plain.kv_cache / 4);
+    EXPECT_LT(at256.kv_grad, plain.kv_grad / 4);
+  }
+  // Dense: 3 slots of the chunk's pages (8 / 4 + 1) and a ring of 2 (K/V) or 3 (gradients) groups of 2 pages, of
+  // 4 tokens x 2 KV heads x 8 dims x 2 (K and V) in f64.
+  const int64_t page_bytes = 4 * 2 * 8 * 2 * 8;
   const StateBytes dense = Measure(*model, true, 256, 0);
-  std::cout << "sparse_pages 2, offload: device kv_cache + kv_grad peak " << at64.kv_cache << " + " << at64.kv_grad
-            << " B at 64 tokens, " << at256.kv_cache << " + " << at256.kv_grad << " B at 256 (dense offload at 256: "
-            << dense.kv_cache << " + " << dense.kv_grad << " B); host " << at64.host << " -> " << at256.host << " B\n";
-  EXPECT_EQ(at64.kv_cache, at256.kv_cache);
-  EXPECT_EQ(at64.kv_grad, at256.kv_grad);
-  EXPECT_EQ(at256.host, 4 * at64.host);
-  EXPECT_LT(at256.kv_cache, dense.kv_cache / 4);
+  EXPECT_EQ(dense.kv_cache, (3 * 3 + 2 * 2) * page_bytes);
+  EXPECT_EQ(dense.kv_grad, (3 * 3 + 3 * 2) * page_bytes);
 }
 
 TEST(OffloadOptionsTest, OnlySecoOnTransformers) {
