@@ -8,28 +8,20 @@
 namespace sg {
 namespace {
 
-// The groups' page masks over logical pages [0, pages): only non-empty groups, in order.
-std::vector<std::vector<uint8_t>> GroupMasks(const PagedAttention& a, int64_t pages) {
-  std::vector<std::vector<uint8_t>> masks;
+// The selected pages of each non-empty group over logical pages [0, pages), in order.
+std::vector<std::vector<int64_t>> Groups(const PagedAttention& a, int64_t pages) {
+  std::vector<std::vector<int64_t>> groups;
   for (int64_t first = 0; first < pages; first += a.group_pages) {
-    std::vector<uint8_t> mask(pages, 0);
-    bool any = false;
+    std::vector<int64_t> group;
     for (int64_t p = first; p < std::min(pages, first + a.group_pages); ++p)
-      any |= (mask[p] = a.selected == nullptr || a.selected[p]) != 0;
-    if (any) masks.push_back(std::move(mask));
+      if (a.selected == nullptr || a.selected[p]) group.push_back(p);
+    if (!group.empty()) groups.push_back(std::move(group));
   }
-  return masks;
+  return groups;
 }
 
-std::vector<int64_t> PagesOf(const std::vector<uint8_t>& mask) {
-  std::vector<int64_t> pages;
-  for (int64_t p = 0; p < static_cast<int64_t>(mask.size()); ++p)
-    if (mask[p]) pages.push_back(p);
-  return pages;
-}
-
-// Runs call(mask) for every group in order (mask null: one group of every selected page), streaming the groups'
-// pages with the offload's ring when there is one: group i + 1 is fetched while group i computes.
+// Runs call(mask, first) for every group in order (mask null: one group of every selected page), streaming the
+// groups' pages with the offload's ring when there is one: group i + 1 is fetched while group i computes.
 template <typename Call>
 void Walk(const PagedAttention& a, int64_t key_end, bool grad, Call call) {
   const int64_t pages = (key_end + a.kv->page_size() - 1) / a.kv->page_size();
@@ -37,14 +29,21 @@ void Walk(const PagedAttention& a, int64_t key_end, bool grad, Call call) {
     call(a.selected, /*first=*/true);
     return;
   }
-  const std::vector<std::vector<uint8_t>> masks = GroupMasks(a, pages);
-  if (a.stream && !masks.empty()) a.stream->StreamGroup(a.layer, PagesOf(masks[0]), grad);
-  for (size_t i = 0; i < masks.size(); ++i) {
+  const std::vector<std::vector<int64_t>> groups = Groups(a, pages);
+  std::vector<uint8_t> mask(groups.size() > 1 ? pages : 0, 0);  // the group's pages, set while it computes
+  if (a.stream && !groups.empty()) a.stream->StreamGroup(a.layer, groups[0], grad);
+  for (size_t i = 0; i < groups.size(); ++i) {
     if (a.stream) {
       a.stream->AwaitGroup();
-      if (i + 1 < masks.size()) a.stream->StreamGroup(a.layer, PagesOf(masks[i + 1]), grad);
+      if (i + 1 < groups.size()) a.stream->StreamGroup(a.layer, groups[i + 1], grad);
     }
-    call(masks.size() > 1 ? masks[i].data() : a.selected, /*first=*/i == 0);
+    if (groups.size() == 1) {
+      call(a.selected, /*first=*/true);
+    } else {
+      for (int64_t p : groups[i]) mask[p] = 1;
+      call(mask.data(), /*first=*/i == 0);
+      for (int64_t p : groups[i]) mask[p] = 0;
+    }
     if (a.stream) a.stream->FinishGroup();
   }
   if (a.stream) a.stream->FlushGroups();
