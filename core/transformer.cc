@@ -313,7 +313,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
             ? std::min(pages_per_layer, KvOffload::SparsePagesPerLayer(o.sparse_pages, o.chunk, o.page_size))
         : streams ? std::min(pages_per_layer, KvOffload::ChunkPages(o))
                   : pages_per_layer;
-    const int64_t group = std::min(pages_per_layer, AttentionGroupPages(o));
+    // The ring holds pages of one layer at a time: never more than a layer's.
+    auto ring = [&](int groups) { return streams ? std::min(pages_per_layer, groups * AttentionGroupPages(o)) : 0; };
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
     const int slots = std::min(num_layers(), KvOffload::kSlots);
     const int kv_layers = o.offload ? std::min(o.resident_layers, slots) : o.resident_layers;
@@ -326,10 +327,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
     return std::make_unique<TransformerState>(
         PagePool(&mem_, MemCategory::kKVCache, KVDType(),
-                 pages_per_slot * kv_layers + (streams ? KvOffload::kKvRingGroups * group : 0), o.page_size,
-                 kv_heads_, cfg_.head_dim),
+                 pages_per_slot * kv_layers + ring(KvOffload::kKvRingGroups), o.page_size, kv_heads_,
+                 cfg_.head_dim),
         PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
-                 pages_per_slot * grad_layers + (streams && grad_layers > 0 ? KvOffload::kGradRingGroups * group : 0),
+                 pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0),
                  o.page_size, kv_heads_, cfg_.head_dim),
         o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
