@@ -231,6 +231,65 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
     EXPECT_EQ(dv[t * kRow], t / kPage == 0 || t / kPage == 5 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
 }
 
+// Dense offload's ring by hand (1 KV head of 2 dims, pages of 2, groups of 2 pages), against the lazy copy engine:
+// a layer keeps only its chunk's pages, attention's other pages come through the ring a group at a time with the
+// rows home holds, and gradient pages accumulate at home across two backward walks. The pools hold 2 slots of a
+// chunk's pages (3) plus the ring (2 groups of K/V, 3 of gradients): an overflow would throw.
+TEST(KvOffloadTest, StreamedGroupsComeThroughTheRing) {
+  constexpr int kLayers = 2;
+  constexpr int64_t kSeqLen = 16, kPage = 2, kRow = 2, kChunk = 4;
+  PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 2 * 3 + 2 * 2, kPage, 1, kRow);
+  PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 2 * 3 + 3 * 2, kPage, 1, kRow);
+  KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
+  for (const Chunk c : SplitIntoChunks(kSeqLen, kChunk))
+    for (int l = 0; l < kLayers; ++l) {
+      offload.Visit({l, c.begin, c, 0, KvOffload::ChunkPageMask(c, kPage)}, {});
+      kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
+      std::vector<double> k, v;
+      for (int64_t t = c.begin; t < c.end; ++t)
+        for (int64_t e = 0; e < kRow; ++e) {
+          k.push_back(Value(l, t, e, false));
+          v.push_back(Value(l, t, e, true));
+        }
+      kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+    }
+  const Chunk last{12, 16};
+  const std::vector<std::vector<int64_t>> groups = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  // Streams layer 0's groups for the last chunk's backward, adding 1 to every gradient row of each group.
+  auto backward_walk = [&]() {
+    offload.Visit({0, kSeqLen, {}, kSeqLen, KvOffload::ChunkPageMask(last, kPage)}, {});
+    grad.Ensure(0, last.begin, last.end, /*zero_new=*/true);
+    offload.StreamGroup(0, groups[0], /*grad=*/true);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      offload.AwaitGroup();
+      if (i + 1 < groups.size()) offload.StreamGroup(0, groups[i + 1], /*grad=*/true);
+      const int64_t begin = groups[i].front() * kPage, end = (groups[i].back() + 1) * kPage;
+      std::vector<double> k((end - begin) * kRow), v((end - begin) * kRow);
+      kv.Gather<double>(0, begin, end, k.data(), v.data());
+      for (int64_t t = begin; t < end; ++t) ASSERT_EQ(v[(t - begin) * kRow + 1], Value(0, t, 1, true)) << t;
+      std::vector<double> dk((end - begin) * kRow), dv((end - begin) * kRow);
+      grad.Gather<double>(0, begin, end, dk.data(), dv.data());
+      for (double& x : dk) x += 1;
+      for (double& x : dv) x += 1;
+      grad.Scatter<double>(0, begin, end, dk.data(), dv.data());
+      offload.FinishGroup();
+    }
+    offload.FlushGroups();
+    // Only the chunk's pages stay on the device.
+    for (int64_t p = 0; p < 6; ++p) EXPECT_LT(grad.pool_page(0, p), 0) << p;
+  };
+  backward_walk();
+  const int64_t fetched = offload.fetched_bytes();
+  backward_walk();
+  // The second walk fetches K/V and gradients of the 6 streamed pages, which the first walk sent home.
+  EXPECT_EQ(offload.fetched_bytes() - fetched, 2 * 6 * kPage * 2 * kRow * static_cast<int64_t>(sizeof(double)));
+  offload.Visit({1, kSeqLen, {}, 0, KvOffload::ChunkPageMask(last, kPage)}, {});  // layer 0's pages go home
+  offload.Visit({0, kSeqLen, {}, kSeqLen, KvOffload::ChunkPageMask({0, kSeqLen}, kPage)}, {});
+  std::vector<double> dk(kSeqLen * kRow), dv(kSeqLen * kRow);
+  grad.Gather<double>(0, 0, kSeqLen, dk.data(), dv.data());
+  for (int64_t i = 0; i < kSeqLen * kRow; ++i) ASSERT_EQ(dk[i], 2.0) << "element " << i;
+}
+
 std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config, DType dtype = DType::kF64,
                                             int lora_rank = 0) {
   auto model = CreateTransformer(config, dtype);
