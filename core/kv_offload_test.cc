@@ -45,6 +45,18 @@ CopyEngine LazyCopyEngine() {
 // A distinct value for each (layer, row, element, K or V).
 double Value(int layer, int64_t row, int64_t e, bool v) { return layer * 1000 + row * 10 + e + (v ? 0.5 : 0); }
 
+// Appends rows c of `layer` to its pages (row_elems elements each), with their Values.
+void Append(PagePool& kv, int layer, Chunk c, int64_t row_elems) {
+  kv.Ensure(layer, c.begin, c.end, /*zero_new=*/false);
+  std::vector<double> k, v;
+  for (int64_t t = c.begin; t < c.end; ++t)
+    for (int64_t e = 0; e < row_elems; ++e) {
+      k.push_back(Value(layer, t, e, false));
+      v.push_back(Value(layer, t, e, true));
+    }
+  kv.Scatter<double>(layer, c.begin, c.end, k.data(), v.data());
+}
+
 // Stage 1 of seco by hand over 6 layers, 3 slots: chunks [0, 4), [4, 8), [8, 10), each layer appending its rows.
 // Every layer's rows survive eviction, the device never holds more than 3 layers, and only what is needed moves:
 // each visit fetches the rows before its chunk once, and every appended row goes home once (but the last
@@ -63,14 +75,7 @@ TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
       if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0, {}};
       else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0, {}};  // layer 0 of the next chunk
       offload.Visit(now, next);
-      kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-      std::vector<double> k, v;
-      for (int64_t t = c.begin; t < c.end; ++t)
-        for (int64_t e = 0; e < kHeadDim; ++e) {
-          k.push_back(Value(l, t, e, false));
-          v.push_back(Value(l, t, e, true));
-        }
-      kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+      Append(kv, l, c, kHeadDim);
       int resident = 0;
       for (int j = 0; j < kLayers; ++j) resident += offload.resident(j);
       EXPECT_LE(resident, 3);
@@ -104,16 +109,7 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
   PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
   PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
   KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
-  auto append = [&](int l, Chunk c) {
-    kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-    std::vector<double> k, v;
-    for (int64_t t = c.begin; t < c.end; ++t)
-      for (int64_t e = 0; e < kRow; ++e) {
-        k.push_back(Value(l, t, e, false));
-        v.push_back(Value(l, t, e, true));
-      }
-    kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
-  };
+  auto append = [&](int l, Chunk c) { Append(kv, l, c, kRow); };
   const Chunk first{0, 4}, last{4, 8};
   for (int l = 0; l < kLayers; ++l) {
     offload.Visit({l, 0, first, 0, {}}, {l + 1 < kLayers ? l + 1 : 0, l + 1 < kLayers ? 0 : first.end, {}, 0, {}});
@@ -171,14 +167,7 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
   KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
   for (int l = 0; l < kLayers; ++l) {  // every layer appends all its rows; the sweep leaves layer 0 at home only
     offload.Visit({l, 0, {0, kSeqLen}, 0, {}}, l + 1 < kLayers ? LayerAccess{l + 1, 0, {}, 0, {}} : LayerAccess{});
-    kv.Ensure(l, 0, kSeqLen, /*zero_new=*/false);
-    std::vector<double> k, v;
-    for (int64_t t = 0; t < kSeqLen; ++t)
-      for (int64_t e = 0; e < kRow; ++e) {
-        k.push_back(Value(l, t, e, false));
-        v.push_back(Value(l, t, e, true));
-      }
-    kv.Scatter<double>(l, 0, kSeqLen, k.data(), v.data());
+    Append(kv, l, {0, kSeqLen}, kRow);
   }
   ASSERT_FALSE(offload.resident(0));
   auto resident_pages = [](const PagePool& pool, int l) {
@@ -244,14 +233,7 @@ TEST(KvOffloadTest, StreamedGroupsComeThroughTheRing) {
   for (const Chunk c : SplitIntoChunks(kSeqLen, kChunk))
     for (int l = 0; l < kLayers; ++l) {
       offload.Visit({l, c.begin, c, 0, KvOffload::ChunkPageMask(c, kPage)}, {});
-      kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-      std::vector<double> k, v;
-      for (int64_t t = c.begin; t < c.end; ++t)
-        for (int64_t e = 0; e < kRow; ++e) {
-          k.push_back(Value(l, t, e, false));
-          v.push_back(Value(l, t, e, true));
-        }
-      kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+      Append(kv, l, c, kRow);
     }
   const Chunk last{12, 16};
   const std::vector<std::vector<int64_t>> groups = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
