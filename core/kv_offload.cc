@@ -156,6 +156,63 @@ void KvOffload::Evict(Slot& s) {
   s = Slot{};
 }
 
+std::vector<uint8_t> KvOffload::ChunkPageMask(Chunk c, int64_t page_size) {
+  const int64_t first = c.begin / page_size, end = std::max(first + 1, (c.end + page_size - 1) / page_size);
+  std::vector<uint8_t> mask(end, 0);
+  std::fill(mask.begin() + first, mask.end(), 1);
+  return mask;
+}
+
+void KvOffload::StreamGroup(int layer, const std::vector<int64_t>& pages, bool grad) {
+  auto resident = [&](const PagePool& pool, int64_t p) { return p < pool.pages(layer) && pool.pool_page(layer, p) >= 0; };
+  Group g;
+  g.layer = layer;
+  for (int64_t p : pages) {
+    if (resident(kv_, p)) continue;
+    kv_.Ensure(layer, p * page_size_, (p + 1) * page_size_, /*zero_new=*/false);
+    CopyRows(kv_, kv_home_, layer, p * page_size_, std::min(home_kv_rows_[layer], (p + 1) * page_size_),
+             /*to_device=*/true);
+    g.kv.push_back(p);
+  }
+  if (grad && grad_) {
+    const std::vector<uint8_t>& home = home_grad_pages_[layer];
+    for (int64_t p : pages) {
+      if (resident(*grad_, p)) continue;
+      const bool at_home = p < static_cast<int64_t>(home.size()) && home[p];
+      grad_->Ensure(layer, p * page_size_, (p + 1) * page_size_, /*zero_new=*/!at_home);
+      if (!resident(*grad_, p)) continue;  // nobody needs its gradient (PagePool::SkipRows)
+      if (at_home) CopyRows(*grad_, grad_home_, layer, p * page_size_, (p + 1) * page_size_, /*to_device=*/true);
+      g.grad.push_back(p);
+    }
+  }
+  streamed_.push_back(std::move(g));
+}
+
+void KvOffload::AwaitGroup() { Wait(kFetchLane); }
+
+void KvOffload::FinishGroup() {
+  if (streamed_.empty()) throw std::logic_error("KvOffload::FinishGroup: no group streamed");
+  Group g = std::move(streamed_.front());
+  streamed_.erase(streamed_.begin());
+  for (int64_t p : g.kv) kv_.ReleasePage(g.layer, p);  // read only: a later copy into the page waits for compute
+  if (g.grad.empty()) return;
+  FlushGroups();  // the previous group's write-back has had this group's compute to finish
+  std::vector<uint8_t>& home = home_grad_pages_[g.layer];
+  for (int64_t p : g.grad) {
+    CopyRows(*grad_, grad_home_, g.layer, p * page_size_, (p + 1) * page_size_, /*to_device=*/false);
+    if (static_cast<int64_t>(home.size()) <= p) home.resize(p + 1, 0);
+    home[p] = 1;
+  }
+  written_ = std::move(g);
+}
+
+void KvOffload::FlushGroups() {
+  if (written_.grad.empty()) return;
+  Wait(kWriteBackLane);
+  for (int64_t p : written_.grad) grad_->ReleasePage(written_.layer, p);
+  written_ = Group{};
+}
+
 void KvOffload::Wait(int lane) {
   copies_.wait(lane);
   for (Slot& s : slots_) (lane == kFetchLane ? s.fetching : s.writing_back) = false;

@@ -2,6 +2,10 @@
 // memory, and the device page pools hold only a few layers ("slots"): the layer being computed, the one the
 // schedule touches next (prefetched on one copy lane) and the one before (written back on another lane). Device
 // memory for the cache is then flat in the number of layers.
+// Dense attention (no sparse pages) goes further: a slot holds only the pages of the chunk being computed, and
+// attention streams the layer's other pages through a small ring of device pages a group at a time
+// (core/paged_attention.h: the next group is fetched while one computes, gradient pages go home behind it), so
+// device memory for the cache is flat in the sequence length too.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +58,27 @@ class KvOffload {
     return k + (chunk + page_size - 1) / page_size + 3;
   }
 
+  // Streaming (dense offload, o.chunk > 0): the pages of a chunk of o.chunk tokens, which a slot holds, and the
+  // device pages of each pool: slots x the chunk's pages + the ring (K/V: the group computing and the next one
+  // being fetched; gradients: also the one before, being written back). Groups of group_pages pages.
+  static bool Streams(const StateOptions& o) { return o.offload && o.sparse_pages == 0 && o.chunk > 0; }
+  static constexpr int kKvRingGroups = 2, kGradRingGroups = 3;
+  static int64_t ChunkPages(const StateOptions& o) { return (o.chunk + o.page_size - 1) / o.page_size + 1; }
+  // The logical pages a slot holds for chunk c: those it overlaps, and the one holding position c.begin even
+  // when c is empty (the next chunk's first page, prefetched).
+  static std::vector<uint8_t> ChunkPageMask(Chunk c, int64_t page_size);
+
+  // The ring: Stream issues the fetch of one group's pages of `layer` that are not on the device (K/V; with
+  // grad, gradient pages too: copied when home holds them, else new zeroed ones). Groups are streamed in order,
+  // at most two ahead of the one computing: AwaitGroup makes the oldest streamed group's pages resident (waits
+  // for its fetch), FinishGroup is called once it is computed (its K/V pages are freed; its gradient pages go
+  // home and are freed once that write-back is done, at the next FinishGroup or FlushGroups). Pages already on the
+  // device (the chunk's own) are left alone.
+  void StreamGroup(int layer, const std::vector<int64_t>& pages, bool grad);
+  void AwaitGroup();
+  void FinishGroup();
+  void FlushGroups();
+
   int64_t host_bytes() const { return host_bytes_; }
   bool resident(int layer) const { return FindSlot(layer) >= 0; }
   // Bytes copied so far, host to device and device to host.
@@ -97,6 +122,12 @@ class KvOffload {
   std::vector<int64_t> home_kv_rows_;    // per layer: K/V rows [0, n) are valid at home
   std::vector<std::vector<uint8_t>> home_grad_pages_;  // per layer and page: the gradient page is valid at home
   std::vector<Slot> slots_;
+  struct Group {  // pages the ring brought to the device
+    int layer = -1;
+    std::vector<int64_t> kv, grad;
+  };
+  std::vector<Group> streamed_;  // streamed and not finished, oldest first
+  Group written_;                // gradient pages of the last finished group, being written back
   int previous_ = -1;  // layer of the previous visit
   int64_t clock_ = 0;
   int64_t host_bytes_ = 0, fetched_bytes_ = 0, written_back_bytes_ = 0;

@@ -1,5 +1,6 @@
-// KV offload (StateOptions::offload, core/kv_offload.h) on the CPU backend, in fp64: the bookkeeping on its own
-// against a copy engine that delays every copy as long as it may, then seco --offload against seco.
+// KV offload (StateOptions::offload, core/kv_offload.h) on the CPU backend: the bookkeeping on its own against a
+// copy engine that delays every copy as long as it may, then seco --offload against seco (f64, f32, bf16 pages,
+// LoRA, sparse pages, attention streamed through the ring in page groups).
 #include "core/kv_offload.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,9 @@
 #include <deque>
 #include <iostream>
 
+#include "core/lora.h"
 #include "core/mamba.h"
+#include "core/paged_attention.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
@@ -42,6 +45,18 @@ CopyEngine LazyCopyEngine() {
 // A distinct value for each (layer, row, element, K or V).
 double Value(int layer, int64_t row, int64_t e, bool v) { return layer * 1000 + row * 10 + e + (v ? 0.5 : 0); }
 
+// Appends rows c of `layer` to its pages (row_elems elements each), with their Values.
+void Append(PagePool& kv, int layer, Chunk c, int64_t row_elems) {
+  kv.Ensure(layer, c.begin, c.end, /*zero_new=*/false);
+  std::vector<double> k, v;
+  for (int64_t t = c.begin; t < c.end; ++t)
+    for (int64_t e = 0; e < row_elems; ++e) {
+      k.push_back(Value(layer, t, e, false));
+      v.push_back(Value(layer, t, e, true));
+    }
+  kv.Scatter<double>(layer, c.begin, c.end, k.data(), v.data());
+}
+
 // Stage 1 of seco by hand over 6 layers, 3 slots: chunks [0, 4), [4, 8), [8, 10), each layer appending its rows.
 // Every layer's rows survive eviction, the device never holds more than 3 layers, and only what is needed moves:
 // each visit fetches the rows before its chunk once, and every appended row goes home once (but the last
@@ -60,14 +75,7 @@ TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
       if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0, {}};
       else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0, {}};  // layer 0 of the next chunk
       offload.Visit(now, next);
-      kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-      std::vector<double> k, v;
-      for (int64_t t = c.begin; t < c.end; ++t)
-        for (int64_t e = 0; e < kHeadDim; ++e) {
-          k.push_back(Value(l, t, e, false));
-          v.push_back(Value(l, t, e, true));
-        }
-      kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
+      Append(kv, l, c, kHeadDim);
       int resident = 0;
       for (int j = 0; j < kLayers; ++j) resident += offload.resident(j);
       EXPECT_LE(resident, 3);
@@ -101,16 +109,7 @@ TEST(KvOffloadTest, BackwardSweepAccumulatesGradientsAtHome) {
   PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
   PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 3 * pages_per_layer, kPage, 1, kRow);
   KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
-  auto append = [&](int l, Chunk c) {
-    kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-    std::vector<double> k, v;
-    for (int64_t t = c.begin; t < c.end; ++t)
-      for (int64_t e = 0; e < kRow; ++e) {
-        k.push_back(Value(l, t, e, false));
-        v.push_back(Value(l, t, e, true));
-      }
-    kv.Scatter<double>(l, c.begin, c.end, k.data(), v.data());
-  };
+  auto append = [&](int l, Chunk c) { Append(kv, l, c, kRow); };
   const Chunk first{0, 4}, last{4, 8};
   for (int l = 0; l < kLayers; ++l) {
     offload.Visit({l, 0, first, 0, {}}, {l + 1 < kLayers ? l + 1 : 0, l + 1 < kLayers ? 0 : first.end, {}, 0, {}});
@@ -168,14 +167,7 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
   KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
   for (int l = 0; l < kLayers; ++l) {  // every layer appends all its rows; the sweep leaves layer 0 at home only
     offload.Visit({l, 0, {0, kSeqLen}, 0, {}}, l + 1 < kLayers ? LayerAccess{l + 1, 0, {}, 0, {}} : LayerAccess{});
-    kv.Ensure(l, 0, kSeqLen, /*zero_new=*/false);
-    std::vector<double> k, v;
-    for (int64_t t = 0; t < kSeqLen; ++t)
-      for (int64_t e = 0; e < kRow; ++e) {
-        k.push_back(Value(l, t, e, false));
-        v.push_back(Value(l, t, e, true));
-      }
-    kv.Scatter<double>(l, 0, kSeqLen, k.data(), v.data());
+    Append(kv, l, {0, kSeqLen}, kRow);
   }
   ASSERT_FALSE(offload.resident(0));
   auto resident_pages = [](const PagePool& pool, int l) {
@@ -228,14 +220,76 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
     EXPECT_EQ(dv[t * kRow], t / kPage == 0 || t / kPage == 5 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
 }
 
-std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config) {
-  auto model = CreateTransformer(config, DType::kF64);
+// Dense offload's ring by hand (1 KV head of 2 dims, pages of 2, groups of 2 pages), against the lazy copy engine:
+// a layer keeps only its chunk's pages, attention's other pages come through the ring a group at a time with the
+// rows home holds, and gradient pages accumulate at home across two backward walks. The pools hold 2 slots of a
+// chunk's pages (3) plus the ring (2 groups of K/V, 3 of gradients): an overflow would throw.
+TEST(KvOffloadTest, StreamedGroupsComeThroughTheRing) {
+  constexpr int kLayers = 2;
+  constexpr int64_t kSeqLen = 16, kPage = 2, kRow = 2, kChunk = 4;
+  PagePool kv(nullptr, MemCategory::kKVCache, DType::kF64, 2 * 3 + 2 * 2, kPage, 1, kRow);
+  PagePool grad(nullptr, MemCategory::kKVGrad, DType::kF64, 2 * 3 + 3 * 2, kPage, 1, kRow);
+  KvOffload offload(kv, &grad, LazyCopyEngine(), kLayers, kSeqLen);
+  for (const Chunk c : SplitIntoChunks(kSeqLen, kChunk))
+    for (int l = 0; l < kLayers; ++l) {
+      offload.Visit({l, c.begin, c, 0, KvOffload::ChunkPageMask(c, kPage)}, {});
+      Append(kv, l, c, kRow);
+    }
+  const Chunk last{12, 16};
+  const std::vector<std::vector<int64_t>> groups = {{0, 1}, {2, 3}, {4, 5}, {6, 7}};
+  // Streams layer 0's groups for the last chunk's backward, adding 1 to every gradient row of each group.
+  auto backward_walk = [&]() {
+    offload.Visit({0, kSeqLen, {}, kSeqLen, KvOffload::ChunkPageMask(last, kPage)}, {});
+    grad.Ensure(0, last.begin, last.end, /*zero_new=*/true);
+    offload.StreamGroup(0, groups[0], /*grad=*/true);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      offload.AwaitGroup();
+      if (i + 1 < groups.size()) offload.StreamGroup(0, groups[i + 1], /*grad=*/true);
+      const int64_t begin = groups[i].front() * kPage, end = (groups[i].back() + 1) * kPage;
+      std::vector<double> k((end - begin) * kRow), v((end - begin) * kRow);
+      kv.Gather<double>(0, begin, end, k.data(), v.data());
+      for (int64_t t = begin; t < end; ++t) ASSERT_EQ(v[(t - begin) * kRow + 1], Value(0, t, 1, true)) << t;
+      std::vector<double> dk((end - begin) * kRow), dv((end - begin) * kRow);
+      grad.Gather<double>(0, begin, end, dk.data(), dv.data());
+      for (double& x : dk) x += 1;
+      for (double& x : dv) x += 1;
+      grad.Scatter<double>(0, begin, end, dk.data(), dv.data());
+      offload.FinishGroup();
+    }
+    offload.FlushGroups();
+    // Only the chunk's pages stay on the device.
+    for (int64_t p = 0; p < 6; ++p) EXPECT_LT(grad.pool_page(0, p), 0) << p;
+  };
+  backward_walk();
+  const int64_t fetched = offload.fetched_bytes();
+  backward_walk();
+  // The second walk fetches K/V and gradients of the 6 streamed pages, which the first walk sent home.
+  EXPECT_EQ(offload.fetched_bytes() - fetched, 2 * 6 * kPage * 2 * kRow * static_cast<int64_t>(sizeof(double)));
+  offload.Visit({1, kSeqLen, {}, 0, KvOffload::ChunkPageMask(last, kPage)}, {});  // layer 0's pages go home
+  offload.Visit({0, kSeqLen, {}, kSeqLen, KvOffload::ChunkPageMask({0, kSeqLen}, kPage)}, {});
+  std::vector<double> dk(kSeqLen * kRow), dv(kSeqLen * kRow);
+  grad.Gather<double>(0, 0, kSeqLen, dk.data(), dv.data());
+  for (int64_t i = 0; i < kSeqLen * kRow; ++i) ASSERT_EQ(dk[i], 2.0) << "element " << i;
+}
+
+std::unique_ptr<TransformerModel> MakeModel(const TransformerConfig& config, DType dtype = DType::kF64,
+                                            int lora_rank = 0) {
+  auto model = CreateTransformer(config, dtype);
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 7;
   init.stddev = 0.3;
   init.perturb_norms_and_biases = true;
   InitRandom(**model, init);
+  if (lora_rank > 0) {
+    LoraOptions lora;
+    lora.rank = lora_rank;
+    lora.targets = {"q_proj", "k_proj", "v_proj", "down_proj"};
+    lora.dropout = 0.1;
+    lora.seed = 3;
+    EXPECT_TRUE(EnableLora(**model, lora).ok());
+    RandomizeLoraB(**model, 11, 0.2);
+  }
   return std::move(*model);
 }
 
@@ -246,7 +300,8 @@ TransformerConfig Deep(int64_t layers) {
   return c;
 }
 
-StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool offload) {
+// group: StrategyOptions::attention_group in tokens (0: the default, one group at these lengths).
+StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool offload, int64_t group = 0) {
   StrategyOptions o;
   o.name = "seco";
   o.chunk = chunk;
@@ -254,9 +309,11 @@ StrategyOptions Seco(int64_t chunk, int64_t page, int64_t sparse_pages, bool off
   o.lm_chunk = 5;
   o.sparse_pages = sparse_pages;
   o.offload = offload;
+  o.attention_group = group;
   return o;
 }
 
+// Every parameter's gradient widened to double (empty for a frozen base under LoRA).
 std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const std::vector<Sequence>& batch,
                                        StepMetrics* metrics) {
   Trainer t(m, o, {});
@@ -264,7 +321,11 @@ std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const
   EXPECT_TRUE(r.ok()) << r.status();
   if (r.ok()) *metrics = *r;
   std::vector<std::vector<double>> g;
-  for (Param& p : m.params()) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+  for (Param& p : m.params()) {
+    if (!p.grad.defined()) g.emplace_back();
+    else if (p.grad.dtype() == DType::kF64) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+    else g.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+  }
   return g;
 }
 
@@ -272,25 +333,34 @@ struct Case {
   std::string name;
   TransformerConfig config;
   int64_t chunk, page, sparse_pages;
+  int64_t group = 0;  // attention group in tokens
+  DType dtype = DType::kF64;
+  int lora_rank = 0;
 };
 
 class OffloadTest : public ::testing::TestWithParam<Case> {};
 
-// Offload only moves bytes: loss and gradients are bit-identical to seco's. The batch has sequences of 23 and 9
-// tokens, so the last chunk is ragged; no page size divides its chunk.
+// Offload only moves bytes: loss and gradients are bit-identical to seco's with the same attention groups (dense
+// offload streams the groups through the ring). The batch has sequences of 23 and 9 tokens, so the last chunk is
+// ragged; no page size divides its chunk.
 TEST_P(OffloadTest, BitIdenticalToSeco) {
   const Case& c = GetParam();
-  auto model = MakeModel(c.config);
+  auto model = MakeModel(c.config, c.dtype, c.lora_rank);
   const std::vector<Sequence> batch = RaggedBatch(model->vocab_size(), 12345);
   StepMetrics plain, offloaded;
-  const auto expected = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, false), batch, &plain);
-  const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true), batch, &offloaded);
+  const auto expected = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, false, c.group), batch, &plain);
+  const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true, c.group), batch, &offloaded);
   EXPECT_EQ(offloaded.loss, plain.loss);
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(got[i], expected[i]) << model->params()[i].name;
   EXPECT_EQ(plain.offloaded_bytes, 0);
   EXPECT_GT(offloaded.offloaded_bytes, 0);
+}
+
+Case Grouped(std::string name, TransformerConfig config, int64_t chunk, int64_t page, int64_t group,
+             DType dtype = DType::kF64, int lora_rank = 0, int64_t sparse_pages = 0) {
+  return Case{std::move(name), std::move(config), chunk, page, sparse_pages, group, dtype, lora_rank};
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -304,15 +374,60 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
                       Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
                       Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2},
-                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1}),
+                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1},
+                      // Attention in groups of pages, streamed through the ring under dense offload.
+                      Grouped("tiny_chunk4_page3_group3", *TransformerPreset("tiny"), 4, 3, 3),
+                      Grouped("tinyqwen_chunk5_page2_group4", *TransformerPreset("tiny-qwen2"), 5, 2, 4),
+                      Grouped("layers7_chunk4_page2_group4", Deep(7), 4, 2, 4),
+                      Grouped("layers7_chunk6_page4_group5", Deep(7), 6, 4, 5),
+                      Grouped("layers8_chunk1_page2_group2", Deep(8), 1, 2, 2),
+                      Grouped("layers1_chunk4_page3_group6", Deep(1), 4, 3, 6),
+                      Grouped("f32_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF32),
+                      Grouped("bf16_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kBF16),
+                      Grouped("f64_lora_layers4_chunk5_page2_group2", Deep(4), 5, 2, 2, DType::kF64, 4),
+                      Grouped("bf16_lora_layers4_chunk4_page3_group3", Deep(4), 4, 3, 3, DType::kBF16, 4),
+                      Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Groups change only the rounding: attention over groups of one page (merged forward, dQ summed over groups)
+// against one call over every page, in f64, for dense and sparse attention.
+TEST(AttentionGroupsTest, GroupsOfOnePageMatchOneCall) {
+  for (int64_t sparse : {0, 2}) {
+    auto model = MakeModel(Deep(3));
+    const std::vector<Sequence> batch = RaggedBatch(model->vocab_size(), 777);
+    StepMetrics one, grouped;
+    const auto expected = Grads(*model, Seco(4, 2, sparse, false), batch, &one);
+    const auto got = Grads(*model, Seco(4, 2, sparse, false, /*group=*/2), batch, &grouped);
+    EXPECT_NEAR(grouped.loss, one.loss, 1e-12 * std::abs(one.loss));
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      double scale = 0, diff = 0;
+      for (size_t j = 0; j < got[i].size(); ++j) {
+        scale = std::max(scale, std::abs(expected[i][j]));
+        diff = std::max(diff, std::abs(got[i][j] - expected[i][j]));
+      }
+      EXPECT_LE(diff, 1e-11 * std::max(scale, 1e-3)) << model->params()[i].name << " sparse " << sparse;
+    }
+  }
+}
+
+TEST(AttentionGroupsTest, GroupPages) {
+  StateOptions o;
+  o.page_size = 256;
+  EXPECT_EQ(AttentionGroupPages(o), kDefaultAttentionGroup / 256);
+  o.attention_group = 1000;  // whole pages
+  EXPECT_EQ(AttentionGroupPages(o), 3);
+  o.attention_group = 100;  // at least one
+  EXPECT_EQ(AttentionGroupPages(o), 1);
+  EXPECT_FALSE(ValidateStrategyOptions(Seco(4, 4, 0, false, -1)).ok());
+}
 
 struct StateBytes {
   int64_t kv_cache = 0, kv_grad = 0, host = 0;
 };
 
-// Peak device bytes of the KV cache and KV gradient over one seco pass (chunk 8, pages of 4) of a sequence of
-// `tokens`, and the host bytes offload used.
+// Peak device bytes of the KV cache and KV gradient over one seco pass (chunk 8, pages of 4, attention groups of 8
+// tokens) of a sequence of `tokens`, and the host bytes offload used.
 StateBytes Measure(Model& m, bool offload, int64_t tokens = 64, int64_t sparse_pages = 0) {
   Sequence s = RaggedBatch(m.vocab_size(), 99)[0];
   while (static_cast<int64_t>(s.ids.size()) < tokens) {
@@ -322,14 +437,14 @@ StateBytes Measure(Model& m, bool offload, int64_t tokens = 64, int64_t sparse_p
   s.ids.resize(tokens);
   s.labels.resize(tokens);
   m.memory().ResetPeak();
-  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, sparse_pages, offload));
+  const GradResult r = ChunkedBackprop(m, s, 1.0, Seco(8, 4, sparse_pages, offload, /*group=*/8));
   const MemorySnapshot snap = m.memory().Snapshot();
   return {snap.peak[static_cast<int>(MemCategory::kKVCache)], snap.peak[static_cast<int>(MemCategory::kKVGrad)],
           r.offloaded_bytes};
 }
 
-// The device holds KvOffload::kSlots layers of pages: its KV memory is that of 3 layers whatever the depth, while
-// every layer's pages live in host memory outside the model's tracker.
+// The device holds at most KvOffload::kSlots layers' pages: its KV memory is at most that of 3 layers whatever
+// the depth, while every layer's pages live in host memory outside the model's tracker.
 TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   StateBytes at4, at8;
   for (int64_t layers : {4, 8}) {
@@ -349,23 +464,33 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   EXPECT_EQ(at4.kv_grad, at8.kv_grad);
 }
 
-// With sparse pages the device holds, per resident layer, only the pages a chunk reads (page 0, k selected, the
-// chunk's and the one before): device KV pages no longer grow with the sequence (only their key sums); host memory
-// does.
-TEST(OffloadMemoryTest, SparseDeviceBytesFlatInTokens) {
+// Device KV pages no longer grow with the sequence (sparse attention's key sums do); host memory does. With sparse pages the device holds, per
+// resident layer, only the pages a chunk reads (page 0, k selected, the chunk's and the one before); dense, only
+// the chunk's pages per resident layer and the ring of page groups attention streams the others through.
+TEST(OffloadMemoryTest, DeviceBytesFlatInTokens) {
   auto model = MakeModel(Deep(4));
-  const StateBytes at64 = Measure(*model, true, 64, 2), at256 = Measure(*model, true, 256, 2);
+  const StateBytes plain = Measure(*model, false, 256, 0);
+  for (int64_t sparse : {2, 0}) {
+    const StateBytes at64 = Measure(*model, true, 64, sparse), at256 = Measure(*model, true, 256, sparse);
+    std::cout << "sparse_pages " << sparse << ", offload: device kv_cache + kv_grad peak " << at64.kv_cache << " + "
+              << at64.kv_grad << " B at 64 tokens, " << at256.kv_cache << " + " << at256.kv_grad
+              << " B at 256 (without offload at 256: " << plain.kv_cache << " + " << plain.kv_grad << " B); host "
+              << at64.host << " -> " << at256.host << " B\n";
+    // The pages are flat; with sparse pages what grows is the key sums pages are scored by (f64 on the device, per
+    // layer, complete page and KV dimension), 1/8 of the pages' bytes here (1/128 for bf16 pages of 256 tokens).
+    const auto key_sums = [&](int64_t tokens) { return sparse > 0 ? 4 * (tokens / 4) * 2 * 8 * 8 : 0; };
+    EXPECT_EQ(at64.kv_cache - key_sums(64), at256.kv_cache - key_sums(256));
+    EXPECT_EQ(at64.kv_grad, at256.kv_grad);
+    EXPECT_EQ(at256.host, 4 * at64.host);
+    EXPECT_LT(at256.kv_cache - key_sums(256), plain.kv_cache / 4);
+    EXPECT_LT(at256.kv_grad, plain.kv_grad / 4);
+  }
+  // Dense: 3 slots of the chunk's pages (8 / 4 + 1) and a ring of 2 (K/V) or 3 (gradients) groups of 2 pages, of
+  // 4 tokens x 2 KV heads x 8 dims x 2 (K and V) in f64.
+  const int64_t page_bytes = 4 * 2 * 8 * 2 * 8;
   const StateBytes dense = Measure(*model, true, 256, 0);
-  std::cout << "sparse_pages 2, offload: device kv_cache + kv_grad peak " << at64.kv_cache << " + " << at64.kv_grad
-            << " B at 64 tokens, " << at256.kv_cache << " + " << at256.kv_grad << " B at 256 (dense offload at 256: "
-            << dense.kv_cache << " + " << dense.kv_grad << " B); host " << at64.host << " -> " << at256.host << " B\n";
-  // The pages are flat; what grows is the key sums pages are scored by (f64 on the device, per layer, complete page
-  // and KV dimension), 1/8 of the pages' bytes here (1/128 for bf16 pages of 256 tokens).
-  const auto key_sums = [](int64_t tokens) { return 4 * (tokens / 4) * 2 * 8 * 8; };
-  EXPECT_EQ(at64.kv_cache - key_sums(64), at256.kv_cache - key_sums(256));
-  EXPECT_EQ(at64.kv_grad, at256.kv_grad);
-  EXPECT_EQ(at256.host, 4 * at64.host);
-  EXPECT_LT(at256.kv_cache - key_sums(256), dense.kv_cache / 4);
+  EXPECT_EQ(dense.kv_cache, (3 * 3 + 2 * 2) * page_bytes);
+  EXPECT_EQ(dense.kv_grad, (3 * 3 + 3 * 2) * page_bytes);
 }
 
 TEST(OffloadOptionsTest, OnlySecoOnTransformers) {

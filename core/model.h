@@ -58,6 +58,11 @@ struct StateOptions {
   // Tokens per chunk (the chunked strategies): with offload and sparse pages, the device then holds a number of
   // pages per layer that does not grow with seq_len.
   int64_t chunk = 0;
+  // Transformers: attention visits the cache in groups of this many tokens (whole pages, at least one; 0: the
+  // default of core/paged_attention.h) and merges the groups' results. Dense offload streams one group of a
+  // layer's earlier pages through the device at a time; the walk is the same without offload, so both give the
+  // same bits.
+  int64_t attention_group = 0;
   // Passes that compute gradients (Training(seed)): random masks (LoRA dropout) are on, drawn from `seed` per
   // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
   bool training = false;

@@ -23,6 +23,7 @@ struct Case {
   double lora_dropout = 0;
   bool offload = false;
   int64_t sparse_pages = 0;
+  int64_t attention_group = 0;  // tokens (StrategyOptions::attention_group)
   std::string objective = "sft";
   std::string adjoint_form = "pairs";
   DType dtype = DType::kF32;
@@ -31,6 +32,7 @@ struct Case {
 std::string Name(const Case& c) {
   return absl::StrCat(c.model, "/", c.strategy, " T=", c.seq_len, " chunk=", c.chunk, " lora=", c.lora_rank,
                       c.lora_dropout > 0 ? "+dropout" : "", c.offload ? " offload" : "", " sparse=", c.sparse_pages,
+                      c.attention_group > 0 ? absl::StrCat(" group=", c.attention_group) : "",
                       " ", c.objective, " ", DTypeName(c.dtype));
 }
 
@@ -50,6 +52,7 @@ MemoryPlan Plan(const Case& c, Device device) {
   s.lm_chunk = 24;
   s.offload = c.offload;
   s.sparse_pages = c.sparse_pages;
+  s.attention_group = c.attention_group;
   s.spaco_budget = 2;
   s.adjoint_form = c.adjoint_form;
   ObjectiveOptions o;
@@ -127,6 +130,19 @@ std::vector<Case> Cases() {
   bf16_offload.offload = true;
   bf16_offload.sparse_pages = 2;
   cases.push_back(bf16_offload);
+  // Attention in page groups of 2 pages: dense offload streams them through the ring; without offload only the
+  // groups' merge buffers are added.
+  for (DType dtype : {DType::kF32, DType::kBF16})
+    for (bool offload : {true, false}) {
+      Case grouped{"tiny", "seco"};
+      grouped.dtype = dtype;
+      grouped.seq_len = 256;
+      grouped.offload = offload;
+      grouped.attention_group = 32;
+      cases.push_back(grouped);
+      grouped.lora_rank = 2;
+      cases.push_back(grouped);
+    }
   for (const char* objective : {"dpo", "grpo"})
     for (const char* strategy : {"seco", "full"}) {
       Case c{"tiny", strategy};
@@ -166,6 +182,22 @@ TEST(PlanTest, PlansRespondToTheirOptions) {
   const MemoryPlan lora = Plan(c, Device::kMeta);
   EXPECT_LT(lora.device.peak[static_cast<int>(MemCategory::kOptimizer)],
             longer.device.peak[static_cast<int>(MemCategory::kOptimizer)]);
+}
+
+// Dense offload: the device's KV cache and KV gradient do not grow with T (the chunk's pages per resident layer and
+// the ring of page groups), while the host's pages do.
+TEST(PlanTest, DenseOffloadIsFlatInT) {
+  Case c{"tiny", "seco"};
+  c.offload = true;
+  c.attention_group = 64;
+  c.seq_len = 256;
+  const MemoryPlan short_plan = Plan(c, Device::kMeta);
+  c.seq_len = 1024;
+  const MemoryPlan long_plan = Plan(c, Device::kMeta);
+  for (MemCategory cat : {MemCategory::kKVCache, MemCategory::kKVGrad})
+    EXPECT_EQ(long_plan.device.peak[static_cast<int>(cat)], short_plan.device.peak[static_cast<int>(cat)])
+        << MemCategoryName(cat);
+  EXPECT_EQ(long_plan.host_bytes, 4 * short_plan.host_bytes);
 }
 
 // The twin that --memory_budget and the memory check before training plan on has the model's storage: a bf16

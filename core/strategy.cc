@@ -48,6 +48,9 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--sparse_pages is implemented for --strategy=seco (and full, whose single chunk attends densely), not '",
         o.name, "'"));
+  if (o.attention_group < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--attention_group must be 0 (the default) or a positive number of tokens, got ", o.attention_group));
   if (o.offload && o.name != "seco")
     return absl::InvalidArgumentError(
         absl::StrCat("--offload is implemented for --strategy=seco (the chunked schedule it prefetches for), not '",

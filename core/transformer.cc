@@ -13,6 +13,7 @@
 #include "core/kv_pages.h"
 #include "core/param_store.h"
 #include "core/objective.h"
+#include "core/paged_attention.h"
 #include "core/tensor_parallel.h"
 #include "kernels/backend.h"
 
@@ -184,6 +185,12 @@ class TransformerState final : public SequenceState {
   std::vector<Tensor> key_sums;
   std::unique_ptr<KvOffload> offload;  // declared after the pools: destroyed (waiting for its copies) first
 
+  // What attention over layer l's pages reads and writes (core/paged_attention.h).
+  PagedAttention AttentionPages(int l, const uint8_t* selected, MemoryTracker* memory) {
+    return {&kv, &grad, l, selected, AttentionGroupPages(opts), KvOffload::Streams(opts) ? offload.get() : nullptr,
+            memory};
+  }
+
  private:
   LayerAccess Access(int l, Chunk c, Pass pass) const {
     LayerAccess a;
@@ -191,7 +198,8 @@ class TransformerState final : public SequenceState {
     a.kv_rows = std::min(c.end, KvEnd(l));
     if (pass != Pass::kBackward && !HoldsKV(l, c)) a.kv_appended = c;
     if (pass == Pass::kBackward) a.grad_rows = c.end;
-    a.pages = KnownPages(l, c);
+    // Streamed (dense offload), a layer keeps on the device only its chunk's pages; attention streams the others.
+    a.pages = KvOffload::Streams(opts) ? KvOffload::ChunkPageMask(c, kv.page_size()) : KnownPages(l, c);
     return a;
   }
 };
@@ -297,11 +305,16 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
-    // Offloaded sparse attention keeps on the device only the pages a chunk reads (KvOffload drops the others).
+    // Offloaded sparse attention keeps on the device only the pages a chunk reads (KvOffload drops the others);
+    // offloaded dense attention only the chunk's own pages, plus a ring of page groups it streams the others through.
+    const bool streams = KvOffload::Streams(o);
     const int64_t pages_per_slot =
         o.offload && o.sparse_pages > 0 && o.chunk > 0
             ? std::min(pages_per_layer, KvOffload::SparsePagesPerLayer(o.sparse_pages, o.chunk, o.page_size))
-            : pages_per_layer;
+        : streams ? std::min(pages_per_layer, KvOffload::ChunkPages(o))
+                  : pages_per_layer;
+    // The ring holds pages of one layer at a time: never more than a layer's.
+    auto ring = [&](int groups) { return streams ? std::min(pages_per_layer, groups * AttentionGroupPages(o)) : 0; };
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
     const int slots = std::min(num_layers(), KvOffload::kSlots);
     const int kv_layers = o.offload ? std::min(o.resident_layers, slots) : o.resident_layers;
@@ -313,9 +326,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       copies = &backend->copies;
     }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, KVDType(), pages_per_slot * kv_layers,
-                 o.page_size, kv_heads_, cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, KVDType(), pages_per_slot * grad_layers,
+        PagePool(&mem_, MemCategory::kKVCache, KVDType(),
+                 pages_per_slot * kv_layers + ring(KvOffload::kKvRingGroups), o.page_size, kv_heads_,
+                 cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
+                 pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0),
                  o.page_size, kv_heads_, cfg_.head_dim),
         o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
@@ -353,21 +368,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
     Tensor attn = New(act, {n, qd}), lse = New(act, {heads_, n});
     {
-      const AttentionShape shape = Shape(c);
-      Tensor ws = New(MemCategory::kWorkspace, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
       if (selected) state.RequireSelected(l, c, pass);
-      if (state.kv.dtype() == DType::kBF16) {  // --dtype=bf16 pages (T = float)
-        if constexpr (std::is_same_v<T, float>) {
-          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l);
-          view.page_mask = selected;
-          ops_.attention_forward_bf16(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
-        }
-      } else {
-        PagedKV<T> view = state.kv.View<T>(l);
-        view.page_mask = selected;
-        ops_.attention_forward(shape, q.data<T>(), view, attn.data<T>(), lse.data<T>(), ws.data<T>());
-      }
+      PagedAttentionForward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(),
+                               attn.data<T>(), lse.data<T>());
     }
     Tensor h = New(act, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
@@ -438,24 +442,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
       BiasBackward(L.o_bias, dh.data<T>(), n, d);
       Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
-      // Only the selected pages receive gradients (and exist).
       const uint8_t* selected = SelectPages(l, c, s[kQ].data<T>(), state);
-      state.grad.Ensure(l, 0, c.end, /*zero_new=*/true, selected);
-      const AttentionShape shape = Shape(c);
-      Tensor wsp = New(ws, {ops_.attention_workspace_elems(shape, state.kv.page_size())});
-      if (state.kv.dtype() == DType::kBF16) {
-        if constexpr (std::is_same_v<T, float>) {
-          PagedKV<uint16_t> view = state.kv.View<uint16_t>(l), grad_view = state.grad.View<uint16_t>(l);
-          view.page_mask = grad_view.page_mask = selected;
-          ops_.attention_backward_bf16(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
-                                       dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
-        }
-      } else {
-        PagedKV<T> view = state.kv.View<T>(l), grad_view = state.grad.View<T>(l);
-        view.page_mask = grad_view.page_mask = selected;
-        ops_.attention_backward(shape, s[kQ].data<T>(), view, s[kAttn].data<T>(), s[kLse].data<T>(),
-                                dattn.data<T>(), dq.data<T>(), grad_view, wsp.data<T>());
-      }
+      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), s[kQ].data<T>(),
+                                s[kAttn].data<T>(), s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});

@@ -52,6 +52,9 @@ ABSL_FLAG(int64_t, sparse_pages, 0,
 ABSL_FLAG(bool, offload, false,
           "seco on transformers: keep every layer's KV and KV-gradient pages in (pinned) host memory and only a "
           "few layers on the device, prefetched and written back on copy streams (SeCOv2 4.2)");
+ABSL_FLAG(int64_t, attention_group, 0,
+          "seco: attention visits the KV cache in groups of this many tokens (whole pages) and merges them; with "
+          "--offload a group is what the device holds of a layer's earlier pages at once; 0 = 16384");
 ABSL_FLAG(int64_t, spaco_budget, 8,
           "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
 ABSL_FLAG(double, spaco_cap, 2.0,
@@ -213,6 +216,7 @@ StrategyOptions StrategyFromFlags() {
   o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
   o.sparse_pages = absl::GetFlag(FLAGS_sparse_pages);
   o.offload = absl::GetFlag(FLAGS_offload);
+  o.attention_group = absl::GetFlag(FLAGS_attention_group);
   o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   o.seed = absl::GetFlag(FLAGS_seed);

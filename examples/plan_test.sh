@@ -2,7 +2,7 @@
 # examples:plan: a preset, a bare config.json and an HF directory plan the same; --json carries every category;
 # the memory check before training agrees with the plan (train refuses a --seq_len the plan says does not fit in
 # a smaller host, via --memory_budget); --memory's answer fits and one more token does not; 7B at 128K is quick;
-# bad input is refused by name (an overflowing --seq_len, --memory, --lora_init, --device, the model).
+# dense --offload keeps the 7B's device memory flat from 100K to 110K tokens (bf16 LoRA, the issue's yardstick); bad input is refused by name (an overflowing --seq_len, --memory, --lora_init, --device, the model).
 # usage: plan_test.sh <plan> <train>
 set -uo pipefail
 plan="$1" train="$2"
@@ -49,6 +49,17 @@ T=$(field "$tmp/fit.json" 'j["seq_len"]')
 for w in weights grads optimizer activations kv_cache kv_grad logits workspace master_weights total "host (offloaded"; do
   grep -q "^$w" "$tmp/offload.txt" || { cat "$tmp/offload.txt"; fail "no $w"; }
 done
+# Dense offload streams attention's pages through a ring: Qwen2.5-7B's device peak does not grow from 100K to 110K
+# tokens (the target: <= 20 MB per 10K), and the host holds 28 layers x T (whole pages of 256) x (K, V and their
+# gradients: 4 x 512) x 2 bytes.
+for T in 100000 110000; do
+  "$plan" --model=qwen2.5-7b-shape --dtype=bf16 --lora_rank=16 --strategy=seco --chunk=1024 --offload --seq_len=$T \
+    --json >"$tmp/dense$T.json" || fail "dense offload at $T"
+  [[ "$(field "$tmp/dense$T.json" 'j["host_bytes"]')" == $((28 * ((T + 255) / 256 * 256) * 4 * 512 * 2)) ]] ||
+    { cat "$tmp/dense$T.json"; fail "dense offload host bytes at $T"; }
+done
+growth=$(( $(field "$tmp/dense110000.json" 'j["device_total_peak"]') - $(field "$tmp/dense100000.json" 'j["device_total_peak"]') ))
+(( growth <= 20000000 )) || fail "dense offload grows by $growth bytes per 10K tokens"
 "$plan" --model=tiny-ssm --strategy=adjoint --chunk=64 --seq_len=4096 --objective=grpo >/dev/null || fail "ssm grpo"
 # bf16 Mamba plans its fp32 masters in master_weights: 4 bytes per element of its bf16 matrices (tiny-ssm: 3
 # layers of in_proj 2E x d, x_proj (R + 2N) x E, dt_proj E x R, out_proj d x E with d 16, E 32, N 4, R 2; the

@@ -185,6 +185,12 @@ struct OpTable {
   void (*page_scores)(const double* q_sums, int64_t n, int64_t heads, int64_t kv_heads, int64_t head_dim,
                       const double* key_sums, int64_t first, int64_t count, int64_t page_size,
                       double* scores) = nullptr;
+  // Attention over page groups (core/paged_attention.h, dense offload streams the cache a group at a time).
+  // Merges attention over a second set of keys (out_b, lse_b) into attention over the first (out, lse), per query
+  // row and head: with L = logaddexp(lse, lse_b), out = out e^(lse - L) + out_b e^(lse_b - L), lse = L. out, out_b:
+  // [n][heads][head_dim]; lse, lse_b: [heads][n]. A side whose lse is -inf (no key visible) contributes nothing,
+  // whatever its out holds (a row without keys comes out of attention_forward as NaN).
+  void (*attention_merge)(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

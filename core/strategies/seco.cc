@@ -40,6 +40,7 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
                      /*sparse_pages=*/o.sparse_pages};
   state.offload = o.offload;  // the pools then hold a few layers (core/kv_offload.h)
   state.chunk = o.chunk;
+  state.attention_group = o.attention_group;
   return SecoSchedule(m, s, grad_scale, o, state.Training(o.seed));
 }
 

@@ -38,6 +38,8 @@ template <typename T, typename KV = T>
 void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
                        const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace);
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
+template <typename T>
+void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b);
 
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,

@@ -46,6 +46,9 @@ template <typename T>
 void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
                        const T* dout, T* dq, const PagedKV<T>& dkv, T* workspace);
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
+// attention_merge.cu
+template <typename T>
+void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b);
 
 // loss.cu
 template <typename T>

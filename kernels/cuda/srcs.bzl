@@ -3,6 +3,7 @@
 CUDA_SRCS = [
     "attention.cu",
     "attention.cuh",
+    "attention_merge.cu",
     "attention_tc.cu",
     "bf16.cuh",
     "chunk_ops.cu",

@@ -57,6 +57,7 @@ static OpTable<T> MakeCudaTable() {
     t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
     t.adamw_bf16 = cuda::AdamWBf16;
   }
+  t.attention_merge = cuda::AttentionMerge<T>;
   return t;
 }
 

@@ -65,6 +65,7 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, ssm_neg_exp_backward);
   SG_META_NOP(t, column_sums_f64);
   SG_META_NOP(t, page_scores);
+  SG_META_NOP(t, attention_merge);
   return t;
 }
 #undef SG_META_NOP
