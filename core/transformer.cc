@@ -575,7 +575,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       for (int64_t e = 0; e < G * hd; ++e) acc += gq[e] * sums[p * G * hd + e];
       score[p - 1] = acc / static_cast<double>(ps);
     }
-    tp_.AllReduce(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
+    tp_.AllReduceHost(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });

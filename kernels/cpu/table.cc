@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vocab_parallel.h"
 
 namespace sg {
 namespace {
@@ -114,6 +115,7 @@ OpTable<T> MakeCpuTable() {
     SG_OP(adamw_bf16, kOptimizer, cpu::AdamWBF16);
   }
 #undef SG_OP
+  cpu::AddVocabParallelOps(t);  // tensor parallelism (not profiled)
   return t;
 }
 

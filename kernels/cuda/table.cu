@@ -6,6 +6,8 @@
 namespace sg {
 namespace cuda {
 void RegisterRuntime(DeviceBackend& b);  // runtime.cu
+template <typename T>
+void AddVocabParallelOps(OpTable<T>& t);  // vocab_parallel.cu
 }  // namespace cuda
 
 template <typename T>
@@ -52,6 +54,7 @@ static OpTable<T> MakeCudaTable() {
     t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
     t.adamw_bf16 = cuda::AdamWBf16;
   }
+  cuda::AddVocabParallelOps(t);
   return t;
 }
 
