@@ -20,6 +20,7 @@ done
 for b in "$out"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' | grep -v -E '/usr/local/cuda|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda\.so' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-cp examples/bench_torch_gpu.py examples/train_device_test.sh examples/train_nccl_gpu_test.sh "$out/scripts/"
+cp examples/bench_torch_gpu.py examples/train_device_test.sh examples/train_nccl_gpu_test.sh \
+  distributed/train_tp_gpu_test.sh "$out/scripts/"
 cp tools/run_gpu_checks.sh "$out/run_gpu_checks.sh"
 du -sh "$out"
