@@ -49,13 +49,9 @@ void CheckOnCuda(const TpRun& r, double tolerance, bool reference_on_cuda = fals
     ASSERT_TRUE(want.ok()) << name << ": " << want.status();
     ASSERT_TRUE(got.ok()) << name << ": " << got.status();
     copy_back(/*grads=*/true);
-    EXPECT_NEAR(got->loss, want->loss, tolerance * std::abs(want->loss)) << name << " step " << step;
     std::string where;
-    const double grad_diff = WorstRelDiff(r, *whole, *split, /*grads=*/true, &where);
-    EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << where;
-    ASSERT_TRUE(reference.OptimizerStep(&*want).ok());
-    ASSERT_TRUE(trainer.OptimizerStep(&*got).ok());
-    EXPECT_NEAR(got->grad_norm, want->grad_norm, tolerance * want->grad_norm) << name << " step " << step;
+    const double grad_diff =
+        CheckStep(r, name, step, tolerance, *whole, *split, reference, trainer, *want, *got, &where);
     if (step == 1 && g_comm->rank() == 0)
       std::printf("%s: loss %.17g vs %.17g, worst relative gradient difference %.3g (%s)\n", name.c_str(), got->loss,
                   want->loss, grad_diff, where.c_str());

@@ -66,13 +66,9 @@ void CheckAgainstSingleProcess(const TpRun& r, double tolerance) {
       absl::StatusOr<StepMetrics> got = data_parallel.ComputeGradients(shard, first);
       ASSERT_TRUE(want.ok()) << name << ": " << want.status();
       ASSERT_TRUE(got.ok()) << name << ": " << got.status();
-      EXPECT_NEAR(got->loss, want->loss, tolerance * std::abs(want->loss)) << name << " step " << step;
       std::string where;
-      const double grad_diff = WorstRelDiff(r, *whole, *split, /*grads=*/true, &where);
-      EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << where;
-      ASSERT_TRUE(reference.OptimizerStep(&*want).ok());
-      ASSERT_TRUE(trainer.OptimizerStep(&*got).ok());
-      EXPECT_NEAR(got->grad_norm, want->grad_norm, tolerance * want->grad_norm) << name << " step " << step;
+      const double grad_diff =
+          CheckStep(r, name, step, tolerance, *whole, *split, reference, trainer, *want, *got, &where);
       // Adjoint sharding: every rank forms all the (t, i) pairs, each over its own channels only.
       EXPECT_EQ(got->adjoint_pairs, want->adjoint_pairs) << name << " step " << step;
       if (step == 1 && g_comm->rank() == 0)

@@ -18,6 +18,7 @@
 #include "core/mamba.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
+#include "core/trainer.h"
 #include "core/transformer.h"
 #include "distributed/tensor_parallel.h"
 
@@ -168,6 +169,21 @@ inline double WorstRelDiff(const TpRun& r, Model& whole, Model& split, bool grad
     if (rel > worst) worst = rel, *where = whole.params()[i].name;
   }
   return worst;
+}
+
+// After both trainers computed a step's gradients (want: one process, got: split): loss, the split gradients
+// (gathered) and, after both optimizer steps, the clipped norm agree within `tolerance`. Returns the worst relative
+// gradient difference (where: its parameter).
+inline double CheckStep(const TpRun& r, const std::string& name, int step, double tolerance, Model& whole,
+                        Model& split, Trainer& reference, Trainer& trainer, StepMetrics& want, StepMetrics& got,
+                        std::string* where) {
+  EXPECT_NEAR(got.loss, want.loss, tolerance * std::abs(want.loss)) << name << " step " << step;
+  const double grad_diff = WorstRelDiff(r, whole, split, /*grads=*/true, where);
+  EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << *where;
+  EXPECT_TRUE(reference.OptimizerStep(&want).ok()) << name << " step " << step;
+  EXPECT_TRUE(trainer.OptimizerStep(&got).ok()) << name << " step " << step;
+  EXPECT_NEAR(got.grad_norm, want.grad_norm, tolerance * want.grad_norm) << name << " step " << step;
+  return grad_diff;
 }
 
 }  // namespace sg::dist

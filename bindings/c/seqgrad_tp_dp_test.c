@@ -1,55 +1,23 @@
 /* Tensor × data parallelism through the C API, run on each rank of mpirun -np 4: options.tp = 2 makes a grid of 2
  * tensor-parallel groups × 2 data-parallel ranks (world rank w is tensor rank w % 2 of group w / 2), every rank
  * passing the whole batch; each group computes its half of it. On "demo" (fp64) the losses, weights and gradients
- * equal one process's on the whole batch within 1e-12 relative (also for one record, which only group 1 computes),
- * a save is one process's (written once), and
- * accumulating micro-batches across groups is refused on every rank. Every rank also runs the one-process
- * reference itself (no communication). */
+ * equal one process's on the whole batch within 1e-12 relative (also for one record, which only group 1
+ * computes), a save is one process's (written once), and accumulating micro-batches across groups is refused on
+ * every rank. Every rank also runs the one-process reference itself (no communication). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bindings/c/tp_test_harness.h"
 #include "seqgrad/seqgrad.h"
-
-static int g_failures = 0;
-static int g_rank = 0;
-
-#define CHECK(cond)                                                                             \
-  do {                                                                                          \
-    if (!(cond)) {                                                                              \
-      fprintf(stderr, "rank %d: %s:%d: CHECK failed: %s\n", g_rank, __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                                             \
-    }                                                                                           \
-  } while (0)
-
-static void expect_status(sg_status* st, int code, const char* needle, int line) {
-  if (sg_status_code(st) != code || (needle && !strstr(sg_status_message(st), needle))) {
-    fprintf(stderr, "rank %d line %d: expected %s containing '%s', got %s: %s\n", g_rank, line, sg_code_name(code),
-            needle ? needle : "", sg_code_name(sg_status_code(st)), sg_status_message(st));
-    ++g_failures;
-  } else if (st) {
-    printf("rank %d: refused as expected: %s\n", g_rank, sg_status_message(st));
-  }
-  sg_status_free(st);
-}
-#define EXPECT_STATUS(st, code, needle) expect_status((st), (code), (needle), __LINE__)
-#define EXPECT_OK(st) expect_status((st), SG_OK, NULL, __LINE__)
 
 #define SEQ 24
 #define NSEQ 4
 #define STEPS 3
 static int32_t g_ids[NSEQ * SEQ];
 static const int64_t g_lengths[NSEQ] = {SEQ, SEQ, SEQ, SEQ};
-
-static int close_rel(double a, double b, double scale) { return fabs(a - b) <= 1e-12 * (scale > 0 ? scale : 1); }
-
-static sg_model* demo(void) {
-  sg_model* m = NULL;
-  EXPECT_OK(sg_model_create_preset("demo", "f64", 7, &m));
-  return m;
-}
 
 static sg_trainer_options options(int64_t tp) {
   sg_trainer_options o = sg_trainer_default_options();
@@ -60,25 +28,6 @@ static sg_trainer_options options(int64_t tp) {
   o.clip_grad_norm = 0.5; /* the global norm over split and whole gradients, after the groups' sum */
   o.tp = tp;
   return o;
-}
-
-/* ||x - y|| <= 1e-12 ||x|| for parameter i's values or gradients. */
-static int same_tensor(sg_model* a, sg_model* b, int64_t i, int grad) {
-  sg_param_info pa = sg_param_info_init(), pb = sg_param_info_init();
-  EXPECT_OK(sg_model_param_info(a, i, &pa));
-  EXPECT_OK(sg_model_param_info(b, i, &pb));
-  if (strcmp(pa.name, pb.name) != 0 || pa.numel != pb.numel) return 0;
-  const double* x = (const double*)(grad ? pa.grad : pa.data);
-  const double* y = (const double*)(grad ? pb.grad : pb.data);
-  if (!x || !y) return x == y;
-  double norm = 0, diff = 0;
-  for (int64_t k = 0; k < pa.numel; ++k) {
-    norm += x[k] * x[k];
-    diff += (x[k] - y[k]) * (x[k] - y[k]);
-  }
-  if (sqrt(diff) <= 1e-12 * sqrt(norm)) return 1;
-  fprintf(stderr, "rank %d: %s%s differs: relative %.3g\n", g_rank, pa.name, grad ? ".grad" : "", sqrt(diff / norm));
-  return 0;
 }
 
 int main(void) {
