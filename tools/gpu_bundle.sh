@@ -5,7 +5,8 @@
 #   device run, carry=["gpu_bundle"]:  gpu_bundle/run_gpu_checks.sh [out_dir]   # there
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-targets=(//examples:train //examples:bench //examples:gradcheck //kernels/cuda:ops_test //core:cuda_strategy_test)
+targets=(//examples:train //examples:bench //examples:gradcheck //kernels/cuda:ops_test //core:cuda_strategy_test
+         //kernels/cuda:vocab_parallel_ops_test)
 ./bazelw build --config=cuda "${targets[@]}"
 out=gpu_bundle
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/scripts"
