@@ -161,7 +161,7 @@ struct ModelCore {
   int trainers = 0;
   std::string lora_targets;  // sg_model_lora's targets string (joined once LoRA is on)
   std::string source_dir;    // sg_model_load's directory (absolute), whose tokenizer etc. sg_model_save carries over
-  // The group of this model's tensor-parallel trainer (at most one), under mu: saves are then written by its rank 0.
+  // The job of this model's tensor-parallel trainer (at most one), under mu: saves are then written by its rank 0.
   sg::dist::Communicator* tp_group = nullptr;
 };
 
@@ -324,7 +324,7 @@ sg_status* Agree(const char* fn, sg_trainer* t, sg_status* local) {
   if (!t->tp || t->agreed) return local;
   t->agreed = true;
   const absl::Status all =
-      sg::cabi::AgreeAcrossRanks(*t->tp->grid.tp, local ? absl::AbortedError("failed") : absl::OkStatus());
+      sg::cabi::AgreeAcrossRanks(*t->tp->world, local ? absl::AbortedError("failed") : absl::OkStatus());
   return local ? local : FromAbslIn(fn, all);
 }
 
@@ -519,12 +519,9 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const in
              [&]() -> absl::StatusOr<sg::StepMetrics> {
                if (call == Call::kEvaluate) return trainer.EvaluateLoss(batch);
                if (call == Call::kScore) return Score(trainer, batch, logprobs);
-               if (call == Call::kAccumulate) {
-                 sg::Batch micro;
-                 micro.sequences = std::move(batch);
-                 return trainer.AccumulateGradients(micro);
-               }
-               return trainer.ComputeGradients(batch);
+               sg::Batch whole;
+               whole.sequences = std::move(batch);
+               return sg::cabi::Gradients(trainer, t->tp.get(), whole, call == Call::kAccumulate);
              });
 }
 
@@ -620,9 +617,8 @@ sg_status* RunDpoOn(const char* fn, sg_trainer* t, const int32_t* const* chosen_
     return nullptr;
   };
   sg::Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check, [&] {
-    return call == Call::kAccumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
-  });
+  return Run(fn, t, call, true, out, check,
+             [&] { return sg::cabi::Gradients(trainer, t->tp.get(), batch, call == Call::kAccumulate); });
 }
 
 sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, const int32_t* const* labels,
@@ -707,9 +703,8 @@ sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, c
     return nullptr;
   };
   sg::Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check, [&] {
-    return call == Call::kAccumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
-  });
+  return Run(fn, t, call, true, out, check,
+             [&] { return sg::cabi::Gradients(trainer, t->tp.get(), batch, call == Call::kAccumulate); });
 }
 
 // The trainer calls, agreeing across tensor-parallel ranks (Agreed).
@@ -754,7 +749,7 @@ sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* ste
   const sg::RunConfig expected = sg::TrainerRunConfig(trainer);
   absl::StatusOr<sg::CheckpointMeta> meta = sg::LoadCheckpoint(dir, trainer, &expected);
   if (t->tp) {  // every rank loads it; all restore, or none
-    if (absl::Status s = sg::cabi::AgreeAcrossRanks(*t->tp->grid.tp, meta.status()); !s.ok()) return FromAbslIn(fn, s);
+    if (absl::Status s = sg::cabi::AgreeAcrossRanks(*t->tp->world, meta.status()); !s.ok()) return FromAbslIn(fn, s);
     if (absl::Status s = sg::dist::ScatterTrainer(trainer, *t->trainer); !s.ok()) return FromAbslIn(fn, s);
     if (absl::Status s = ShowWholeModel(t, false, true); !s.ok()) return FromAbslIn(fn, s);
   }
@@ -1235,7 +1230,7 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
       t->trainer.reset();  // not counted among the model's trainers
       return FromAbslIn(fn, s);
     }
-    t->core->tp_group = t->tp->grid.tp.get();
+    t->core->tp_group = t->tp->world.get();  // the job's rank 0 writes (every group holds the same model)
   }
   ++t->core->trainers;
   *out = t.release();
@@ -1576,7 +1571,7 @@ sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, 
       meta.run_config = sg::TrainerRunConfig(t);
       return sg::SaveCheckpoint(out_dir, t, meta, static_cast<int>(keep)).status();
     };
-    return FromAbslIn(fn, whole ? sg::cabi::WriteOnRankZero(*trainer->tp->grid.tp, save) : save());
+    return FromAbslIn(fn, whole ? sg::cabi::WriteOnRankZero(*trainer->tp->world, save) : save());
   }); });
 }
 

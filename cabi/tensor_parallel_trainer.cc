@@ -86,11 +86,6 @@ absl::StatusOr<std::unique_ptr<TensorParallelRun>> JoinTensorParallel(Model& who
   if (!grid.ok()) return grid.status();  // the same verdict on every rank
   run->grid = std::move(*grid);
   absl::Status local = precheck;
-  if (local.ok() && run->grid.dp->size() > 1)
-    local = absl::UnimplementedError(absl::StrCat(
-        "--tp=", tp, ": the job has ", run->world->size(), " ranks, i.e. ", run->grid.dp->size(),
-        " tensor-parallel groups; the C API trains one group (data parallelism across groups is not in it yet): "
-        "launch tp ranks"));
   if (local.ok()) {
     absl::StatusOr<std::unique_ptr<Model>> split = dist::SplitModel(whole, run->grid.layers());
     if (split.ok()) run->split = std::move(*split);
@@ -111,7 +106,20 @@ absl::Status CheckSameRun(TensorParallelRun& run, Trainer& split) {
     config.erase(absl::StrCat(kRuntimePrefix, "threads"));  // ranks may use different thread counts
   }
   if (absl::Status s = AgreeAcrossRanks(*run.world, local); !s.ok()) return s;
-  return dist::CheckSameConfig(*run.world, config);
+  if (absl::Status s = dist::CheckSameConfig(*run.world, config); !s.ok()) return s;
+  if (run.grid.dp->size() > 1) run.data_parallel = std::make_unique<dist::DataParallel>(split, *run.grid.dp);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepMetrics> Gradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch, bool accumulate) {
+  if (!run || !run->data_parallel) return accumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
+  if (accumulate)
+    return absl::UnimplementedError(absl::StrCat(
+        "accumulating micro-batches across ", run->grid.dp->size(),
+        " tensor-parallel groups: pass the whole batch to compute_gradients / step (each group takes its share)"));
+  uint64_t first = 0;
+  const Batch shard = dist::ShardOf(batch, run->grid.dp->rank(), run->grid.dp->size(), &first);
+  return run->data_parallel->ComputeGradients(shard, first);
 }
 
 absl::Status WriteOnRankZero(dist::Communicator& comm, const std::function<absl::Status()>& write) {

@@ -12,6 +12,7 @@
 #include "core/model.h"
 #include "core/trainer.h"
 #include "distributed/communicator.h"
+#include "distributed/data_parallel.h"
 #include "distributed/tensor_parallel.h"
 
 namespace sg::cabi {
@@ -20,17 +21,26 @@ struct TensorParallelRun {
   std::unique_ptr<dist::Communicator> world;  // the job (outlives the grid split from it)
   dist::TensorParallelGrid grid;
   std::unique_ptr<Model> split;  // this rank's blocks of the whole model
+  // More than one group (a job of tp x dp ranks): the groups' gradients summed over the ranks holding the same
+  // blocks, each group computing its share of the batch every rank passes (train's TP x DP grid).
+  std::unique_ptr<dist::DataParallel> data_parallel;
   int64_t bytes_last_call = 0;   // sent over the group by the last call's forward, backward and optimizer step
 };
 
-// Collective over the job: joins it (MPI), forms the groups of tp ranks and splits `whole` onto this rank's blocks.
-// Refused on every rank, with the numbers, when the ranks disagree on tp, the job is not tp x 1 ranks (data
-// parallelism across groups is not in the C ABI), or the model does not split over tp; a failure on one rank
-// fails the others too, naming it: `precheck` is this rank's verdict on its own arguments.
+// The gradients of `batch` (the same on every rank) by the trainer of `run` (null: no tensor parallelism):
+// with more than one group, each computes its shard (dist::ShardOf) and the gradients are summed across groups.
+// accumulate: Trainer::AccumulateGradients (one group only: refused across groups).
+absl::StatusOr<StepMetrics> Gradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch, bool accumulate);
+
+// Collective over the job: joins it (MPI), forms the grid of tp-rank groups x data-parallel groups (world rank w is
+// tensor rank w % tp of group w / tp) and splits `whole` onto this rank's blocks. Refused on every rank, with the
+// numbers, when the ranks disagree on tp, the job is not a multiple of tp ranks, or the model does not split over
+// tp; a failure on one rank fails the others too, naming it: `precheck` is this rank's verdict on its own arguments.
 absl::StatusOr<std::unique_ptr<TensorParallelRun>> JoinTensorParallel(Model& whole, int tp,
                                                                       const absl::Status& precheck);
 
-// Collective over the job: every rank must train the same model with the same options.
+// Collective over the job: every rank must train the same model with the same options. Then, with more than one
+// group, run.data_parallel over `split`.
 absl::Status CheckSameRun(TensorParallelRun& run, Trainer& split);
 
 // Collective over `comm`: OK when every rank's `local` is; otherwise this rank's error, or one naming the first

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/model.h"
@@ -27,61 +28,44 @@ struct LmHeadWeights {
 };
 
 // The cross-entropy of a logits chunk [m][V] of which this rank holds the columns [v0, v0 + V) (T, or bf16 as
-// uint16_t), without any rank holding a whole row: per row the maximum, then the sum of exponentials and the
-// label's logit, are reduced over the group (two all-reduces of m scalars, three with argmax).
-template <typename L>
+// uint16_t), without any rank holding a whole row: the backend's vocab_shard_* ops reduce the chunk on its device
+// to per-row scalars, and only those are reduced over the group: the maximum, then the sum of exponentials and the
+// label's logit (two all-reduces of m and 2m scalars, three with argmax).
+template <typename T, typename L>
 class VocabParallelRows {
  public:
-  VocabParallelRows(L* logits, const int32_t* labels, int64_t m, int64_t V, const TensorParallel& tp)
-      : logits_(logits), labels_(labels), m_(m), V_(V), v0_(tp.rank * V), tp_(tp), max_(m, 0), sums_(2 * m, 0) {}
+  VocabParallelRows(const OpTable<T>& ops, L* logits, const int32_t* labels, int64_t m, int64_t V,
+                    const TensorParallel& tp)
+      : ops_(ops), logits_(logits), labels_(labels), m_(m), V_(V), v0_(tp.rank * V), tp_(tp), max_(m), sums_(2 * m) {}
   // logp[j] of every labelled row; argmax (if not null) gets the lowest id of the largest logit (NaN never wins).
   void Logprobs(double* logp, int32_t* argmax) {
-    std::vector<int64_t> best(m_, -1);
-    for (int64_t j = 0; j < m_; ++j) {
-      max_[j] = -INFINITY;
-      if (labels_[j] < 0) continue;
-      for (int64_t v = 0; v < V_; ++v)
-        if (const double x = Get(j, v); x > max_[j]) max_[j] = x, best[j] = v;
-    }
-    std::vector<double> local_max = max_;
-    tp_.AllReduce(max_.data(), m_, DType::kF64, dist::ReduceOp::kMax);
-    for (int64_t j = 0; j < m_; ++j) {
-      if (labels_[j] < 0) continue;
-      double sum = 0;
-      for (int64_t v = 0; v < V_; ++v) sum += std::exp(Get(j, v) - max_[j]);
-      sums_[j] = sum;
-      const int64_t label = labels_[j] - v0_;
-      sums_[m_ + j] = label >= 0 && label < V_ ? Get(j, label) : 0.0;
-    }
-    tp_.AllReduce(sums_.data(), 2 * m_, DType::kF64);
+    std::vector<int64_t> best(m_);
+    if constexpr (std::is_same_v<L, uint16_t>)
+      ops_.vocab_shard_max_bf16(logits_, labels_, m_, V_, v0_, max_.data(), best.data());
+    else ops_.vocab_shard_max(logits_, labels_, m_, V_, v0_, max_.data(), best.data());
+    const std::vector<double> local_max = max_;
+    tp_.AllReduceHost(max_.data(), m_, DType::kF64, dist::ReduceOp::kMax);
+    if constexpr (std::is_same_v<L, uint16_t>)
+      ops_.vocab_shard_sums_bf16(logits_, labels_, m_, V_, v0_, max_.data(), sums_.data());
+    else ops_.vocab_shard_sums(logits_, labels_, m_, V_, v0_, max_.data(), sums_.data());
+    tp_.AllReduceHost(sums_.data(), 2 * m_, DType::kF64);
     for (int64_t j = 0; j < m_; ++j) logp[j] = labels_[j] < 0 ? 0.0 : sums_[m_ + j] - max_[j] - std::log(sums_[j]);
     if (!argmax) return;
-    std::vector<int64_t> id(m_, INT64_MAX);
+    std::vector<int64_t> id(m_, INT64_MAX);  // the ranks whose shard holds the row's maximum offer their column
     for (int64_t j = 0; j < m_; ++j)
-      if (labels_[j] >= 0 && best[j] >= 0 && local_max[j] == max_[j]) id[j] = v0_ + best[j];
-    tp_.AllReduce(id.data(), m_, DType::kI64, dist::ReduceOp::kMin);
+      if (labels_[j] >= 0 && best[j] >= 0 && local_max[j] == max_[j]) id[j] = best[j];
+    tp_.AllReduceHost(id.data(), m_, DType::kI64, dist::ReduceOp::kMin);
     for (int64_t j = 0; j < m_; ++j) argmax[j] = labels_[j] < 0 ? -1 : static_cast<int32_t>(id[j]);
   }
   // After Logprobs: the chunk becomes grad_scale row_scale[j] (softmax - onehot(label)) (rows without a label: 0).
   void Gradient(const double* row_scale, double grad_scale) {
-    for (int64_t j = 0; j < m_; ++j) {
-      const double s = labels_[j] < 0 ? 0.0 : grad_scale * (row_scale ? row_scale[j] : 1.0);
-      for (int64_t v = 0; v < V_; ++v) {
-        const double p = labels_[j] < 0 ? 0.0 : std::exp(Get(j, v) - max_[j]) / sums_[j];
-        Set(j, v, s * (p - (labels_[j] - v0_ == v ? 1.0 : 0.0)));
-      }
-    }
+    if constexpr (std::is_same_v<L, uint16_t>)
+      ops_.vocab_shard_gradient_bf16(logits_, labels_, m_, V_, v0_, max_.data(), sums_.data(), row_scale, grad_scale);
+    else ops_.vocab_shard_gradient(logits_, labels_, m_, V_, v0_, max_.data(), sums_.data(), row_scale, grad_scale);
   }
 
  private:
-  double Get(int64_t j, int64_t v) const {
-    if constexpr (std::is_same_v<L, uint16_t>) return BF16ToF32(logits_[j * V_ + v]);
-    else return static_cast<double>(logits_[j * V_ + v]);
-  }
-  void Set(int64_t j, int64_t v, double x) {
-    if constexpr (std::is_same_v<L, uint16_t>) logits_[j * V_ + v] = F32ToBF16(static_cast<float>(x));
-    else logits_[j * V_ + v] = static_cast<L>(x);
-  }
+  const OpTable<T>& ops_;
   L* logits_;
   const int32_t* labels_;
   int64_t m_, V_, v0_;
@@ -132,7 +116,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     else GemmWeight(ops, false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
     if (tp && values) {  // the vocabulary is split: this rank's columns of the chunk become their gradient
       auto rows_of = [&](auto* l) {
-        VocabParallelRows rows_tp(l, labels + i0, m, V, *tp);
+        VocabParallelRows<T, std::remove_pointer_t<decltype(l)>> rows_tp(ops, l, labels + i0, m, V, *tp);
         rows_tp.Logprobs(logprobs.data(), argmax ? argmax_ids.data() : nullptr);
         for (int64_t j = 0; j < m && argmax; ++j)
           if (labels[i0 + j] >= 0) objective->Argmax(c.begin + i0 + j, argmax_ids[j]);

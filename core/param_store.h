@@ -229,22 +229,17 @@ class ParamStore {
     if (const DeviceBackend* b = FindBackend(mem_.device()); b && b->begin_chunk)
       b->begin_chunk(absl::StrCat("chunk [", c.begin, ", ", c.end, ")"));
     const Tensor& table = params_[embed].value;
-    const int64_t n = c.size(), d = table.dim(1);
+    const int64_t n = c.size(), rows = table.dim(0), d = table.dim(1);
+    const int64_t v0 = vocab_parallel ? vocab_parallel->rank * rows : 0;  // a whole table: one shard of all rows
     Tensor x = New(MemCategory::kActivations, {n, d});
-    if (!vocab_parallel && table.dtype() != DType::kBF16) {  // one call for the chunk's tokens
+    if (table.dtype() == DType::kBF16) {
+      if constexpr (std::is_same_v<T, float>)
+        ops.embedding_shard_forward_bf16(ids + c.begin, n, table.template data<uint16_t>(), rows, v0, d,
+                                         x.template data<float>());
+    } else if (vocab_parallel) {
+      ops.embedding_shard_forward(ids + c.begin, n, W(embed), rows, v0, d, x.template data<T>());
+    } else {
       ops.embedding_forward(ids + c.begin, n, W(embed), d, x.template data<T>());
-      return x;
-    }
-    if (vocab_parallel) ops.fill(x.template data<T>(), n * d, T(0));
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = LocalToken(embed, ids[c.begin + i], vocab_parallel);
-      if (id < 0) continue;
-      if (table.dtype() == DType::kBF16) {
-        if constexpr (std::is_same_v<T, float>)
-          ops.bf16_to_f32(table.template data<uint16_t>() + id * d, d, x.template data<float>() + i * d);
-      } else {
-        ops.embedding_forward(&id, 1, W(embed), d, x.template data<T>() + i * d);
-      }
     }
     if (vocab_parallel) vocab_parallel->AllReduce(x.raw(), n * d, kDType);
     return x;
@@ -253,17 +248,10 @@ class ParamStore {
                          const TensorParallel* vocab_parallel = nullptr) {
     T* g = G(embed);
     if (!g) return;
-    const int64_t d = params_[embed].value.dim(1);
+    const int64_t rows = params_[embed].value.dim(0), d = params_[embed].value.dim(1);
     if (!vocab_parallel) return ops.embedding_backward(ids + c.begin, c.size(), dx.template data<T>(), d, g);
-    for (int64_t i = 0; i < c.size(); ++i)
-      if (const int32_t id = LocalToken(embed, ids[c.begin + i], vocab_parallel); id >= 0)
-        ops.embedding_backward(&id, 1, dx.template data<T>() + i * d, d, g);
-  }
-  // The row of token `id` in table `embed`, or -1 when another rank of vocab_parallel holds it.
-  int32_t LocalToken(int embed, int32_t id, const TensorParallel* vocab_parallel) const {
-    if (!vocab_parallel) return id;
-    const int64_t rows = params_[embed].value.dim(0), local = id - vocab_parallel->rank * rows;
-    return local >= 0 && local < rows ? static_cast<int32_t>(local) : -1;
+    ops.embedding_shard_backward(ids + c.begin, c.size(), dx.template data<T>(), rows, vocab_parallel->rank * rows, d,
+                                 g);
   }
   // y[n][d] += a[n][k] W[d][k]^T (+ bias b) (+ the LoRA adapter of W). Row-parallel (tp non-null): W holds this
   // rank's k columns, so the product is summed over the group (one all-reduce) before the replicated bias is added.

@@ -12,13 +12,29 @@
 #include "core/optimizer.h"
 #include "core/plan.h"
 #include "core/transformer.h"
+#include "kernels/backend.h"
 
 namespace sg {
 
-void TensorParallel::AllReduce(void* data, int64_t count, DType dtype, dist::ReduceOp op) const {
+void TensorParallel::AllReduceHost(void* data, int64_t count, DType dtype, dist::ReduceOp op) const {
   if (!comm || size <= 1) return;
   if (absl::Status s = comm->AllReduce(data, count, dtype, op); !s.ok())
     throw std::runtime_error(absl::StrCat("tensor parallel all-reduce: ", s.message()));
+}
+
+void TensorParallel::AllReduce(void* data, int64_t count, DType dtype, dist::ReduceOp op) const {
+  if (!comm || size <= 1 || HostAddressable(device)) return AllReduceHost(data, count, dtype, op);
+  if (dist::Communicator* on_device = comm->device_memory()) {
+    SynchronizeDevice(device);  // the communicator runs on its own stream
+    if (absl::Status s = on_device->AllReduce(data, count, dtype, op); !s.ok())
+      throw std::runtime_error(absl::StrCat("tensor parallel all-reduce: ", s.message()));
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(count) * DTypeSize(dtype);
+  std::vector<char> host(bytes);
+  CopyToHost(device, host.data(), data, bytes);
+  AllReduceHost(host.data(), count, dtype, op);
+  CopyFromHost(device, data, host.data(), bytes);
 }
 
 const TensorParallelModel* TensorParallelOf(Model& model) {
@@ -58,10 +74,10 @@ absl::Status ValidateTensorParallel(const MambaConfig& c, int tp) {
 absl::Status CheckTensorParallelPlacement(const TensorParallel& tp, Device device) {
   if (tp.rank < 0 || tp.rank >= tp.size)
     return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", tp.rank, " is outside [0, ", tp.size, ")"));
-  // Device memory is not host memory: a split model lives on the CPU (or meta) until the head gets kernels.
-  if (tp.size > 1 && device == Device::kCUDA)
-    return absl::UnimplementedError(absl::StrCat("--tp=", tp.size, " runs on --device=cpu (MPI) so far: on cuda the "
-                                                 "vocabulary-parallel head has no device kernels yet"));
+  if (tp.comm && tp.size > 1 && tp.device != device)
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: the group's buffers are on ", DeviceName(tp.device),
+                                                   " but the model is on ", DeviceName(device),
+                                                   " (split models with SplitModel / CreateModelLike)"));
   return absl::OkStatus();
 }
 
@@ -82,7 +98,9 @@ std::vector<int64_t> LoraFirstColumns(const std::vector<TpShard>& shards, const 
   return cols;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& tp) {
+absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& group) {
+  TensorParallel tp = group;
+  tp.device = device;
   absl::StatusOr<std::unique_ptr<Model>> m;
   if (auto* t = dynamic_cast<TransformerModel*>(&like)) {
     absl::StatusOr<std::unique_ptr<TransformerModel>> made = CreateTransformer(t->config(), CreatedDType(like), device, tp);
@@ -104,7 +122,8 @@ namespace {
 
 template <typename T>
 double SumSquares(const Tensor& t) {
-  const T* p = t.data<T>();
+  std::vector<T> copy;
+  const T* p = HostReadable(t.device(), t.data<T>(), t.numel(), &copy);
   double s = 0;
   for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
   return s;
@@ -144,10 +163,12 @@ absl::Status ReducePartialGrads(Model& model) {
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor& g = params[i].grad;
     if (!g.defined() || !tp->ShardOf(static_cast<int>(i)).partial_grad) continue;
-    if (!tp->tensor_parallel().comm) continue;
-    if (absl::Status s = tp->tensor_parallel().comm->AllReduce(g.raw(), g.numel(), g.dtype()); !s.ok())
-      return absl::Status(s.code(), absl::StrCat("summing the gradient of ", params[i].name,
-                                                 " over the tensor-parallel group: ", s.message()));
+    try {
+      tp->tensor_parallel().AllReduce(g.raw(), g.numel(), g.dtype());
+    } catch (const std::runtime_error& e) {
+      return absl::InternalError(
+          absl::StrCat("summing the gradient of ", params[i].name, " over the tensor-parallel group: ", e.what()));
+    }
   }
   return absl::OkStatus();
 }
@@ -178,40 +199,48 @@ absl::StatusOr<double> TensorParallelGradSquaredNorm(Model& model, const std::st
 
 absl::Status SliceTensor(const Tensor& whole, TpShard shard, const TensorParallel& tp, Tensor& block) {
   if (absl::Status s = CheckBlock(whole, shard, tp.size, block); !s.ok()) return s;
-  if (whole.device() == Device::kMeta) return absl::OkStatus();
-  const char* src = static_cast<const char*>(whole.raw());
-  char* dst = static_cast<char*>(block.raw());
-  if (shard.split == TpSplit::kReplicated) {
-    std::memcpy(dst, src, whole.nbytes());
+  if (whole.device() == Device::kMeta || block.device() == Device::kMeta) return absl::OkStatus();
+  std::vector<std::vector<char>> copies;  // either side may be device memory
+  const char* src = static_cast<const char*>(HostBytes(whole, &copies));
+  return FillFromHost(block, [&](void* out) {
+    char* dst = static_cast<char*>(out);
+    if (shard.split == TpSplit::kReplicated) {
+      std::memcpy(dst, src, whole.nbytes());
+      return absl::OkStatus();
+    }
+    const Layout w = LayoutOf(whole, shard), b = LayoutOf(block, shard);
+    for (int64_t i = 0; i < w.rows; ++i)
+      std::memcpy(dst + i * b.row_bytes, src + i * w.row_bytes + tp.rank * b.row_bytes, b.row_bytes);
     return absl::OkStatus();
-  }
-  const Layout w = LayoutOf(whole, shard), b = LayoutOf(block, shard);
-  for (int64_t i = 0; i < w.rows; ++i)
-    std::memcpy(dst + i * b.row_bytes, src + i * w.row_bytes + tp.rank * b.row_bytes, b.row_bytes);
-  return absl::OkStatus();
+  });
 }
 
 absl::Status GatherTensor(const Tensor& block, TpShard shard, const TensorParallel& tp, Tensor& whole) {
   if (absl::Status s = CheckBlock(whole, shard, tp.size, block); !s.ok()) return s;
-  if (whole.device() == Device::kMeta) return absl::OkStatus();
-  if (shard.split == TpSplit::kReplicated || tp.size == 1) {
-    std::memcpy(whole.raw(), block.raw(), whole.nbytes());
-    return absl::OkStatus();
-  }
+  if (whole.device() == Device::kMeta || block.device() == Device::kMeta) return absl::OkStatus();
+  std::vector<std::vector<char>> copies;  // either side may be device memory
+  const void* mine = HostBytes(block, &copies);
+  if (shard.split == TpSplit::kReplicated || tp.size == 1)
+    return FillFromHost(whole, [&](void* dst) {
+      std::memcpy(dst, mine, whole.nbytes());
+      return absl::OkStatus();
+    });
   if (!tp.comm) return absl::FailedPreconditionError("tensor parallel: gathering needs the group's communicator");
   // Bytes travel as int32 words (bf16 blocks may have an odd element count).
   const int64_t words = (static_cast<int64_t>(block.nbytes()) + 3) / 4;
-  std::vector<int32_t> mine(words, 0), all(words * tp.size);
-  std::memcpy(mine.data(), block.raw(), block.nbytes());
-  if (absl::Status s = tp.comm->AllGather(mine.data(), all.data(), words, DType::kI32); !s.ok()) return s;
-  char* dst = static_cast<char*>(whole.raw());
+  std::vector<int32_t> padded(words, 0), all(words * tp.size);
+  std::memcpy(padded.data(), mine, block.nbytes());
+  if (absl::Status s = tp.comm->AllGather(padded.data(), all.data(), words, DType::kI32); !s.ok()) return s;
   const Layout b = LayoutOf(block, shard), w = LayoutOf(whole, shard);
-  for (int r = 0; r < tp.size; ++r) {
-    const char* src = reinterpret_cast<const char*>(all.data() + r * words);
-    for (int64_t i = 0; i < b.rows; ++i)
-      std::memcpy(dst + i * w.row_bytes + r * b.row_bytes, src + i * b.row_bytes, b.row_bytes);
-  }
-  return absl::OkStatus();
+  return FillFromHost(whole, [&](void* out) {
+    char* dst = static_cast<char*>(out);
+    for (int r = 0; r < tp.size; ++r) {
+      const char* src = reinterpret_cast<const char*>(all.data() + r * words);
+      for (int64_t i = 0; i < b.rows; ++i)
+        std::memcpy(dst + i * w.row_bytes + r * b.row_bytes, src + i * b.row_bytes, b.row_bytes);
+    }
+    return absl::OkStatus();
+  });
 }
 
 namespace {

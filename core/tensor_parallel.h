@@ -40,10 +40,16 @@ struct TensorParallel {
   int size = 1;
   // The group's ranks; null with size > 1: shapes only, no communication (meta plans of one rank of a TP run).
   dist::Communicator* comm = nullptr;
+  // Where the layers' tensors live (CreateModelLike sets the model's device).
+  Device device = Device::kCPU;
   bool on() const { return size > 1; }
-  // In place over the group (no-op without a communicator). Throws std::runtime_error on failure: the layer
+  // In place over the group (no-op without a communicator), data in `device`'s memory: a communicator that takes
+  // device memory (NCCL's, Communicator::device_memory) gets it after the device's earlier work; any other
+  // (MPI: Debian's OpenMPI is not CUDA-aware) a host copy. Throws std::runtime_error on failure: the layer
   // primitives run inside the strategies' error capture (CatchStrategyErrors).
   void AllReduce(void* data, int64_t count, DType dtype, dist::ReduceOp op = dist::ReduceOp::kSum) const;
+  // The same for host arrays (per-row scalars, page scores).
+  void AllReduceHost(void* data, int64_t count, DType dtype, dist::ReduceOp op = dist::ReduceOp::kSum) const;
 };
 
 // How a parameter is split over the group: whole on every rank, or rank r holding block r of its first (rows) or
@@ -74,8 +80,7 @@ const TensorParallelModel* TensorParallelOf(Model& model);
 absl::Status ValidateTensorParallel(const TransformerConfig& config, int tp);
 // Mamba: intermediate_size (d_inner) and vocabulary divisible by tp.
 absl::Status ValidateTensorParallel(const MambaConfig& config, int tp);
-// tp.rank inside the group, and a device the split model can run on (the vocabulary-parallel head and embedding
-// loop over their rows on the host: CPU, or meta to plan a GPU rank).
+// tp.rank inside the group, and tp.device the model's device (when it communicates).
 absl::Status CheckTensorParallelPlacement(const TensorParallel& tp, Device device);
 
 // The split of a LoRA parameter follows its weight's (shards: per base parameter): a column-parallel weight's B is

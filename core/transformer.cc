@@ -554,7 +554,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       return state.selection.emplace(key, std::move(mask)).first->second.data();
     }
     std::vector<double> score = HostCopy<double>(scores);
-    tp_.AllReduce(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
+    tp_.AllReduceHost(score.data(), candidates, DType::kF64);  // over every rank's heads: one selection for all
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });

@@ -53,8 +53,13 @@ class Communicator {
   // Ends every rank of the job with `code` after printing `why` (MPI_Abort). Does not return.
   [[noreturn]] virtual void Abort(int code, const std::string& why) = 0;
 
+  // The same ranks over buffers in the memory of this rank's CUDA device (NCCL), or null: every buffer handed to
+  // this communicator is host memory, and device data goes through a host copy (core/tensor_parallel.h). MPI
+  // returns null: Debian's OpenMPI is not built CUDA-aware (ompi_info: opal_built_with_cuda_support false).
+  virtual Communicator* device_memory() { return nullptr; }
+
   // Bytes this rank handed to the transport so far (payloads of collectives and sends), for reports.
-  int64_t bytes_communicated() const { return bytes_; }
+  virtual int64_t bytes_communicated() const { return bytes_; }
 
   // Typed conveniences.
   absl::Status AllReduce(std::vector<double>& v, ReduceOp op = ReduceOp::kSum) {

@@ -41,6 +41,9 @@ class HostStagedNccl : public Communicator {
       return absl::InternalError(absl::StrCat("cudaStreamCreate failed: CUDA error ", cudaGetErrorString(e)));
     return std::unique_ptr<Communicator>(new HostStagedNccl(std::move(*mpi), std::move(*nccl), device_, stream));
   }
+  // Device buffers (a split model on the GPU) go to NCCL directly, without the staging copies.
+  Communicator* device_memory() override { return nccl_.get(); }
+  int64_t bytes_communicated() const override { return nccl_->bytes_communicated(); }
   int rank() const override { return nccl_->rank(); }
   int size() const override { return nccl_->size(); }
   std::string backend() const override { return "nccl"; }
@@ -123,7 +126,6 @@ class HostStagedNccl : public Communicator {
   }
   // After the (synchronous) NCCL operation: copies `bytes` of device `src` back to host `out`.
   absl::Status Finish(const std::string& op, const absl::Status& done, void* out, const void* src, int64_t bytes) {
-    bytes_ = nccl_->bytes_communicated();
     if (!done.ok()) return absl::Status(done.code(), absl::StrCat("host-staged NCCL ", op, ": ", done.message()));
     if (bytes > 0) {
       if (cudaError_t e = cudaMemcpyAsync(out, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_);

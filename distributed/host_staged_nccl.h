@@ -1,7 +1,8 @@
 // --dist=nccl for engines whose gradients and weights live in host memory (the CPU backend): a Communicator over
 // the NCCL backend (nccl_communicator.h) that copies each host buffer into a device staging buffer (cudaMalloc'd
 // once, grown as needed), runs the NCCL collective there and copies the result back, synchronising its stream, so
-// every buffer handed to it is HOST memory. No CUDA or NCCL header is included here: in builds without
+// every buffer handed to it is HOST memory; device_memory() is the NCCL communicator itself, for device buffers
+// (tensor parallelism's activations on the GPU). No CUDA or NCCL header is included here: in builds without
 // --config=cuda the factory is compiled from host_staged_nccl_nocuda.cc and only returns an error.
 #pragma once
 

@@ -50,6 +50,8 @@
 #include "examples/census.h"
 #include "examples/common.h"
 #include "examples/svg_chart.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/tensor_parallel.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, strategies, "full,ckpt",
@@ -76,6 +78,10 @@ ABSL_FLAG(std::string, python, "/usr/bin/python3",
           "of tests/e2e/pip_venv.sh");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
 // --census (examples/census.h): count, do not run.
+ABSL_FLAG(int32_t, tp, 1,
+          "tensor parallel: run under `mpirun -np N` with --tp=N; per strategy and length, the step time of the model "
+          "split over the N ranks against rank 0 alone running the whole model with N times its threads (the same "
+          "cores), and the bytes each rank all-reduces per step (README \"Tensor parallel\")");
 ABSL_FLAG(bool, census, false,
           "print the roofline census of one training step per strategy and length instead of timing (counted on "
           "the meta device: FLOPs, bytes and time at H100 limits per kernel family, the MFU upper bound)");
@@ -705,11 +711,80 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
   return out;
 }
 
+// --tp=N: see the flag. Returns the exit code.
+int TensorParallelBench(dist::Communicator& world, int tp, Model& whole, const StrategyOptions& base,
+                        const std::vector<std::string>& strategies, const std::vector<int64_t>& seq_lens,
+                        const std::map<int64_t, Sequence>& seqs, double spaco_fraction, int warmup, int repeats,
+                        const std::string& json_path) {
+  absl::StatusOr<dist::TensorParallelGrid> grid = dist::CreateTensorParallelGrid(world, tp);
+  tools::ExitIfError(grid.status(), "--tp");
+  if (grid->dp->size() != 1)
+    Fail("--tp", absl::StrCat("bench times one tensor-parallel group: launch mpirun -np ", tp, ", not ", world.size()));
+  absl::StatusOr<std::unique_ptr<Model>> split = dist::SplitModel(whole, grid->layers());
+  tools::ExitIfError(split.status(), "--tp");
+  const int threads = omp_get_max_threads();
+  std::printf("\ntensor parallel: %d ranks x %d thread(s) against one rank x %d threads (the same cores); best of %d\n"
+              "%-8s %7s %9s %9s %8s %12s %10s %11s %11s\n",
+              tp, threads, tp * threads, repeats, "strategy", "T", "tp=1 s", absl::StrCat("tp=", tp, " s").c_str(),
+              "speedup", "reduced MB", "B/token", "peak MiB 1", absl::StrCat("peak MiB ", tp).c_str());
+  json rows = json::array();
+  for (const std::string& name : strategies) {
+    for (int64_t T : seq_lens) {
+      const bool forward_only = name == kForwardOnly;
+      double one_s = std::numeric_limits<double>::infinity(), split_s = one_s;
+      int64_t reduced = 0, one_peak = 0, split_peak = 0;
+      for (int round = 0; round < warmup + repeats; ++round) {
+        StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
+        so.seed += static_cast<uint64_t>(round);
+        if (world.rank() == 0) {  // the others wait (the MPI communicator's waits sleep)
+          omp_set_num_threads(tp * threads);
+          absl::StatusOr<Measurement> m = Measure(whole, so, forward_only, seqs.at(T), 0, 1, /*rss=*/false);
+          omp_set_num_threads(threads);
+          tools::ExitIfError(m.status(), absl::StrCat("--tp: strategy ", name, " T=", T, ", one rank").c_str());
+          if (round >= warmup) one_s = std::min(one_s, m->best_s), one_peak = m->mem.total_peak;
+        }
+        tools::ExitIfError(world.Barrier(), "--tp");
+        const int64_t before = grid->tp->bytes_communicated();
+        absl::StatusOr<Measurement> m = Measure(**split, so, forward_only, seqs.at(T), 0, 1, /*rss=*/false);
+        tools::ExitIfError(m.status(), absl::StrCat("--tp: strategy ", name, " T=", T, ", split").c_str());
+        const int64_t sent = grid->tp->bytes_communicated() - before;
+        std::vector<double> slowest = {m->best_s};  // a step ends when its last rank does
+        tools::ExitIfError(world.AllReduce(slowest, dist::ReduceOp::kMax), "--tp");
+        if (round >= warmup) split_s = std::min(split_s, slowest[0]), reduced = sent, split_peak = m->mem.total_peak;
+      }
+      std::printf("%-8s %7lld %9.4f %9.4f %7.2fx %12.2f %10.0f %11.1f %11.1f\n", name.c_str(),
+                  static_cast<long long>(T), one_s, split_s, one_s / split_s, reduced / 1e6,
+                  static_cast<double>(reduced) / T, Mib(one_peak), Mib(split_peak));
+      rows.push_back({{"strategy", name}, {"seq_len", T}, {"tp", tp}, {"threads_per_rank", threads},
+                      {"time_s_tp1", one_s}, {"time_s_split", split_s}, {"speedup", one_s / split_s},
+                      {"bytes_all_reduced_per_rank", reduced}, {"bytes_all_reduced_per_token",
+                      static_cast<double>(reduced) / T}, {"peak_bytes_tp1", one_peak}, {"peak_bytes_split", split_peak}});
+    }
+  }
+  if (!json_path.empty() && world.rank() == 0)
+    tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(json_path),
+                                            json({{"model", absl::GetFlag(FLAGS_model)}, {"tensor_parallel", rows}})
+                                                    .dump(2) +
+                                                "\n"),
+                       "--json");
+  return 0;
+}
+
 int Main() {
   // --census: before --device is checked, so that `--device=cuda --census` counts on any machine.
   if (absl::GetFlag(FLAGS_census))
     return tools::CensusMain(absl::GetFlag(FLAGS_strategies), absl::GetFlag(FLAGS_seq_lens), absl::GetFlag(FLAGS_json));
 
+  // --tp: join the mpirun job first, so that every later error is a rank's own; rank 0 prints.
+  const int tp = absl::GetFlag(FLAGS_tp);
+  std::unique_ptr<dist::Communicator> world;
+  if (tp != 1) {
+    if (tp < 1) Fail("--tp", absl::StrCat("must be at least 1, got ", tp));
+    absl::StatusOr<std::unique_ptr<dist::Communicator>> c = dist::CreateMpiCommunicator();
+    tools::ExitIfError(c.status(), "--tp");
+    world = std::move(*c);
+    if (world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;
+  }
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
   const Device device = tools::DeviceFromFlags();
@@ -766,6 +841,12 @@ int Main() {
 
   std::map<int64_t, Sequence> seqs;
   for (int64_t T : seq_lens) seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
+
+  if (world && (compare_torch || budget > 0))
+    Fail("--tp", "times the split model alone: drop --compare_torch and --memory_budget");
+  if (world)
+    return TensorParallelBench(*world, tp, model, base, strategies, seq_lens, seqs, spaco_fraction, warmup, repeats,
+                               absl::GetFlag(FLAGS_json));
 
   const int64_t state_bytes_per_token = model.StateBytesPerToken() * model.num_layers();
   json rows = json::array();

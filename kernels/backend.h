@@ -191,6 +191,40 @@ struct OpTable {
   // [n][heads][head_dim]; lse, lse_b: [heads][n]. A side whose lse is -inf (no key visible) contributes nothing,
   // whatever its out holds (a row without keys comes out of attention_forward as NaN).
   void (*attention_merge)(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b) = nullptr;
+  // ---- Tensor parallelism: a vocabulary split over a group of ranks (kernels/cpu/vocab_parallel.cc,
+  // kernels/cuda/vocab_parallel.cu; used by core/lm_head.h and core/param_store.h) ----
+  // This rank holds rows [v0, v0 + rows) of the embedding table and columns [v0, v0 + vocab) of a logits chunk
+  // [n][vocab]; ids and labels name the whole vocabulary. Pointer arguments to host arrays (ids, labels, row_*,
+  // argmax, sums) are host memory, as for token_logprobs; the others are the backend's.
+  // out[i] = table[ids[i] - v0] for the ids this rank holds, 0 for the others; backward: dtable[ids[i] - v0] +=
+  // dout[i] for those only (per row in token order).
+  void (*embedding_shard_forward)(const int32_t* ids, int64_t n, const T* table, int64_t rows, int64_t v0, int64_t d,
+                                  T* out) = nullptr;
+  void (*embedding_shard_backward)(const int32_t* ids, int64_t n, const T* dout, int64_t rows, int64_t v0,
+                                   int64_t d, T* dtable) = nullptr;
+  // Per row with a label: the largest of this rank's logits (as double) and the whole-vocabulary id of its first
+  // column (NaN never wins; -1 when no entry beats -inf); rows without a label get -inf and -1.
+  void (*vocab_shard_max)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                          double* row_max, int64_t* argmax) = nullptr;
+  // Given the group's row maxima, per row with a label: sums[i] = sum over this rank's columns of
+  // exp(logit - row_max[i]), sums[n + i] = the label's logit if this rank holds it, else 0 (rows without: 0, 0).
+  void (*vocab_shard_sums)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                           const double* row_max, double* sums) = nullptr;
+  // Given the group's row_max and row_sum: row i becomes grad_scale row_scale[i] (exp(logit - row_max[i]) /
+  // row_sum[i] - [column is the label]), computed in double (row_scale null: 1; rows without a label: 0).
+  void (*vocab_shard_gradient)(T* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                               const double* row_max, const double* row_sum, const double* row_scale,
+                               double grad_scale) = nullptr;
+  // The same over a bf16 table or logits chunk (f32 tables of backends with bf16 storage).
+  void (*embedding_shard_forward_bf16)(const int32_t* ids, int64_t n, const uint16_t* table, int64_t rows,
+                                       int64_t v0, int64_t d, float* out) = nullptr;
+  void (*vocab_shard_max_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                               double* row_max, int64_t* argmax) = nullptr;
+  void (*vocab_shard_sums_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                                const double* row_max, double* sums) = nullptr;
+  void (*vocab_shard_gradient_bf16)(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
+                                    const double* row_max, const double* row_sum, const double* row_scale,
+                                    double grad_scale) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

@@ -5,7 +5,8 @@
 #   device run, carry=["gpu_bundle"]:  gpu_bundle/run_gpu_checks.sh [out_dir]   # there
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-targets=(//examples:train //examples:bench //examples:gradcheck //kernels/cuda:ops_test //core:cuda_strategy_test)
+targets=(//examples:train //examples:bench //examples:gradcheck //kernels/cuda:ops_test //core:cuda_strategy_test
+         //kernels/cuda:vocab_parallel_ops_test)
 ./bazelw build --config=cuda "${targets[@]}"
 out=gpu_bundle
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/scripts"
@@ -20,6 +21,7 @@ done
 for b in "$out"/bin/*; do
   ldd "$b" | awk '/=> \// {print $3}' | grep -v -E '/usr/local/cuda|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda\.so' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-cp examples/bench_torch_gpu.py examples/train_device_test.sh examples/train_nccl_gpu_test.sh "$out/scripts/"
+cp examples/bench_torch_gpu.py examples/train_device_test.sh examples/train_nccl_gpu_test.sh \
+  distributed/train_tp_gpu_test.sh "$out/scripts/"
 cp tools/run_gpu_checks.sh "$out/run_gpu_checks.sh"
 du -sh "$out"

@@ -17,6 +17,10 @@ elif [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
 fi
 step train_device_test bash "$here/scripts/train_device_test.sh" "$bin/train" cuda
 step train_nccl_gpu_test bash "$here/scripts/train_nccl_gpu_test.sh" "$bin/train"
+step vocab_parallel_ops_test "$bin/vocab_parallel_ops_test"
+# Tensor parallel on the GPU: mpirun -np 2 train --tp=2 --device=cuda = one process (--dist=mpi: both ranks on one
+# GPU; --dist=nccl needs two GPUs, NCCL refusing two ranks of a communicator on one device).
+step train_tp_gpu_test bash "$here/scripts/train_tp_gpu_test.sh" "$bin/train"
 for s in seco streambp; do
   step "gradcheck_$s" "$bin/gradcheck" --device=cuda --model=tiny --dtype=f32 --strategy=$s --chunk=48 --page_size=16 --seq_len=256
 done

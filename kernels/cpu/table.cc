@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vocab_parallel.h"
 
 namespace sg {
 namespace {
@@ -120,6 +121,7 @@ OpTable<T> MakeCpuTable() {
   }
   SG_OP(attention_merge, kAttentionForward, cpu::AttentionMerge<T>);
 #undef SG_OP
+  cpu::AddVocabParallelOps(t);  // tensor parallelism (not profiled)
   return t;
 }
 

@@ -17,4 +17,5 @@ CUDA_SRCS = [
     "runtime.cu",
     "ssm.cu",
     "table.cu",
+    "vocab_parallel.cu",
 ]

@@ -6,6 +6,8 @@
 namespace sg {
 namespace cuda {
 void RegisterRuntime(DeviceBackend& b);  // runtime.cu
+template <typename T>
+void AddVocabParallelOps(OpTable<T>& t);  // vocab_parallel.cu
 }  // namespace cuda
 
 template <typename T>
@@ -58,6 +60,7 @@ static OpTable<T> MakeCudaTable() {
     t.adamw_bf16 = cuda::AdamWBf16;
   }
   t.attention_merge = cuda::AttentionMerge<T>;
+  cuda::AddVocabParallelOps(t);
   return t;
 }
 

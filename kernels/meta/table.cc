@@ -66,6 +66,16 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, column_sums_f64);
   SG_META_NOP(t, page_scores);
   SG_META_NOP(t, attention_merge);
+  // Tensor parallelism's vocabulary shards.
+  SG_META_NOP(t, embedding_shard_forward);
+  SG_META_NOP(t, embedding_shard_backward);
+  SG_META_NOP(t, vocab_shard_max);
+  SG_META_NOP(t, vocab_shard_sums);
+  SG_META_NOP(t, vocab_shard_gradient);
+  SG_META_NOP(t, embedding_shard_forward_bf16);
+  SG_META_NOP(t, vocab_shard_max_bf16);
+  SG_META_NOP(t, vocab_shard_sums_bf16);
+  SG_META_NOP(t, vocab_shard_gradient_bf16);
   return t;
 }
 #undef SG_META_NOP

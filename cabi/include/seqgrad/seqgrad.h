@@ -380,10 +380,14 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
  *    trains). Refused on every rank, with the numbers, never a hang: tp not dividing the heads, KV heads,
  *    intermediate_size or vocabulary ("options->tp = 2: vocab_size=97 is not divisible by 2 (1 left over)";
  *    presets "tiny" and "tiny-qwen2" have prime vocabularies, "demo" splits over 2), tp above the KV heads, a job
- *    whose size is not tp ("the job has 2 ranks, which is not tp (3) x ..."; a job of k x tp ranks is refused too:
- *    data parallelism across groups is not in the C API yet), ranks given different tp (each rank's listed), ranks
- *    with different models or options (Mamba: d_inner, i.e. intermediate_size, and the vocabulary must divide),
- *    a model on "cuda", a second tp trainer of the same model.
+ *    whose size is not a multiple of tp ("the job has 2 ranks, which is not tp (3) x ..."), ranks given different
+ *    tp (each rank's listed), ranks with different models or options (Mamba: d_inner, i.e. intermediate_size, and
+ *    the vocabulary must divide), a model on "cuda", a second tp trainer of the same model.
+ *  - A job of k x tp ranks is a grid of k tensor-parallel groups (world rank w is tensor rank w % tp of group
+ *    w / tp), as train --tp makes: every rank still passes the whole batch, each group computes the gradients of
+ *    its k-th share of the records (sg_trainer_compute_gradients* and sg_trainer_step*) and the groups' gradients
+ *    are summed, so the result is one process's on the whole batch. sg_trainer_accumulate_gradients* is refused
+ *    (SG_ERR_UNIMPLEMENTED) when k > 1.
  *  - The handle keeps showing the whole model: after each call that computes gradients or steps, this rank's
  *    blocks of the gradients and weights are gathered into the handle's model, so sg_model_param_info views,
  *    sg_model_read_param and the gradients show exactly what one process would hold; values written through them
