@@ -39,7 +39,9 @@ void CheckOnCuda(const TpRun& r, double tolerance, bool reference_on_cuda = fals
   if (reference_on_cuda) whole_on_cuda = SplitOf(*whole, TensorParallel{}, Device::kCUDA);  // a copy, unsplit
   Model& ref_model = reference_on_cuda ? *whole_on_cuda : *whole;
   auto copy_back = [&](bool grads) {  // the reference's values into `whole` (no-op when it is `whole`)
-    if (reference_on_cuda) ASSERT_TRUE((grads ? GatherGrads : GatherParams)(ref_model, *whole).ok());
+    if (reference_on_cuda) {
+      ASSERT_TRUE((grads ? GatherGrads : GatherParams)(ref_model, *whole).ok());
+    }
   };
   Trainer reference(ref_model, Strategy(r), opt, obj), trainer(*split, Strategy(r), opt, obj);
   const Batch batch = WholeBatch(r, *whole);
