@@ -1212,9 +1212,6 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
     absl::Status local;
     if (t->core->tp_group)
       local = absl::FailedPreconditionError("--tp: the model already has a tensor-parallel trainer (one per model)");
-    else if (!sg::HostAddressable(t->core->model->memory().device()))
-      local = absl::UnimplementedError(absl::StrCat("--tp=", tp, ": the model is on '", sg_model_device(model),
-                                                    "'; tensor parallelism in the C API runs CPU models"));
     *joined = true;
     absl::StatusOr<std::unique_ptr<sg::cabi::TensorParallelRun>> run =
         sg::cabi::JoinTensorParallel(*t->core->model, static_cast<int>(tp), local);

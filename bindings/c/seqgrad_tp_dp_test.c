@@ -20,22 +20,13 @@ static int32_t g_ids[NSEQ * SEQ];
 static const int64_t g_lengths[NSEQ] = {SEQ, SEQ, SEQ, SEQ};
 
 static sg_trainer_options options(int64_t tp) {
-  sg_trainer_options o = sg_trainer_default_options();
-  o.strategy = "seco";
-  o.chunk = 16;
-  o.page_size = 8;
-  o.lr = 1e-2;
+  sg_trainer_options o = seco_options(tp);
   o.clip_grad_norm = 0.5; /* the global norm over split and whole gradients, after the groups' sum */
-  o.tp = tp;
   return o;
 }
 
 int main(void) {
-  const char* rank_env = getenv("OMPI_COMM_WORLD_RANK");
-  const char* tmp = getenv("TEST_TMPDIR");
-  g_rank = rank_env ? atoi(rank_env) : 0;
-  if (!tmp) tmp = "/tmp";
-  for (int i = 0; i < NSEQ * SEQ; ++i) g_ids[i] = (int32_t)((i * 37 + 11) % 128);
+  const char* tmp = start_rank(g_ids, NSEQ * SEQ);
 
   sg_model* single = demo();
   sg_trainer_options o1 = options(1);
@@ -75,18 +66,7 @@ int main(void) {
   for (int64_t i = 0; i < sg_model_num_params(single); ++i) CHECK(same_tensor(single, grid, i, 1));
 
   /* A save is collective and written by the job's rank 0 alone: one process's model. */
-  char dir_grid[512], dir_one[512];
-  snprintf(dir_grid, sizeof dir_grid, "%s/tp_dp_model", tmp);
-  snprintf(dir_one, sizeof dir_one, "%s/one_model_rank%d", tmp, g_rank);
-  EXPECT_OK(sg_model_save(grid, dir_grid));
-  EXPECT_OK(sg_model_save(single, dir_one));
-  sg_model *saved_grid = NULL, *saved_one = NULL;
-  EXPECT_OK(sg_model_load(dir_grid, "f64", &saved_grid));
-  EXPECT_OK(sg_model_load(dir_one, "f64", &saved_one));
-  if (saved_grid && saved_one)
-    for (int64_t i = 0; i < sg_model_num_params(saved_one); ++i) CHECK(same_tensor(saved_one, saved_grid, i, 0));
-  sg_model_free(saved_grid);
-  sg_model_free(saved_one);
+  check_same_saves(single, grid, tmp, 1e-12);
 
   /* Micro-batches are not split across groups: refused on every rank, then training goes on. */
   EXPECT_STATUS(sg_trainer_accumulate_gradients(t2, g_ids, NULL, NSEQ * SEQ, g_lengths, NSEQ, &m2),
@@ -104,7 +84,5 @@ int main(void) {
   sg_model_free(single);
   sg_model_free(grid);
   sg_model_free(second);
-  if (g_failures) fprintf(stderr, "rank %d: %d failures\n", g_rank, g_failures);
-  else printf("rank %d: PASS\n", g_rank);
-  return g_failures ? 1 : 0;
+  return finish();
 }

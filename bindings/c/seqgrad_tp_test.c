@@ -16,29 +16,16 @@
 static int32_t g_ids[2 * SEQ];
 static const int64_t g_lengths[2] = {SEQ, SEQ};
 
-static sg_trainer_options options(int64_t tp) {
-  sg_trainer_options o = sg_trainer_default_options();
-  o.strategy = "seco";
-  o.chunk = 16;
-  o.page_size = 8;
-  o.lr = 1e-2;
-  o.tp = tp;
-  return o;
-}
 
 static sg_metrics old_size;  /* struct_size 4: neither a published size nor this library's */
 
 int main(void) {
   old_size.struct_size = 4;
-  const char* rank_env = getenv("OMPI_COMM_WORLD_RANK");
-  const char* tmp = getenv("TEST_TMPDIR");
-  g_rank = rank_env ? atoi(rank_env) : 0;
-  if (!tmp) tmp = "/tmp";
-  for (int i = 0; i < 2 * SEQ; ++i) g_ids[i] = (int32_t)((i * 37 + 11) % 128);
+  const char* tmp = start_rank(g_ids, 2 * SEQ);
 
   /* One process: every rank on its own. */
   sg_model* single = demo();
-  sg_trainer_options o1 = options(1);
+  sg_trainer_options o1 = seco_options(1);
   sg_trainer* t1 = NULL;
   EXPECT_OK(sg_trainer_create(single, &o1, &t1));
   double losses1[STEPS + 1];
@@ -53,7 +40,7 @@ int main(void) {
 
   /* Tensor parallel over the 2 ranks. */
   sg_model* split = demo();
-  sg_trainer_options o2 = options(2);
+  sg_trainer_options o2 = seco_options(2);
   sg_trainer* t2 = NULL;
   EXPECT_OK(sg_trainer_create(split, &o2, &t2));
   if (!t2) return 1;
@@ -130,42 +117,14 @@ int main(void) {
     sg_model_free(lb);
   }
 
-  /* Saves: collective, rank 0 writes the whole model, the same tensors as one process's. */
-  char dir_tp[512], dir_one[512], dir_ckpt[512];
-  snprintf(dir_tp, sizeof dir_tp, "%s/tp_model", tmp);
-  snprintf(dir_one, sizeof dir_one, "%s/one_model_rank%d", tmp, g_rank);
+  /* Saves: collective, rank 0 writes the whole model, the same tensors as one process's. A TP checkpoint resumes in
+   * one process with the next step of the TP run, and a one-process checkpoint under tp = 2. */
+  check_same_saves(single, split, tmp, 1e-12);
+  char dir_ckpt[512];
   snprintf(dir_ckpt, sizeof dir_ckpt, "%s/tp_checkpoints", tmp);
-  EXPECT_OK(sg_model_save(split, dir_tp));
-  EXPECT_OK(sg_model_save(single, dir_one));
-  sg_model *saved_tp = NULL, *saved_one = NULL;
-  EXPECT_OK(sg_model_load(dir_tp, "f64", &saved_tp));
-  EXPECT_OK(sg_model_load(dir_one, "f64", &saved_one));
-  if (saved_tp && saved_one)
-    for (int64_t i = 0; i < sg_model_num_params(saved_one); ++i) CHECK(same_tensor(saved_one, saved_tp, i, 0));
-  sg_model_free(saved_tp);
-  sg_model_free(saved_one);
-
-  /* A TP checkpoint resumes in one process with the next step of the TP run. */
-  EXPECT_OK(sg_trainer_save_checkpoint(t2, dir_ckpt, 5, 0));
-  EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
-  sg_model* resumed = demo();
+  sg_model* resumed = NULL;
   sg_trainer* t3 = NULL;
-  EXPECT_OK(sg_trainer_create(resumed, &o1, &t3));
-  int64_t step = -1, position = -1;
-  EXPECT_OK(sg_trainer_resume(t3, dir_ckpt, &step, &position));
-  CHECK(step == STEPS && position == 5);
-  sg_metrics m3 = sg_metrics_init();
-  EXPECT_OK(sg_trainer_step(t3, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m3));
-  printf("rank %d: after the checkpoint: tp=2 %.17g, resumed in one process %.17g\n", g_rank, m2.loss, m3.loss);
-  CHECK(close_rel(m3.loss, m2.loss, m2.loss));
-  /* ... and a one-process checkpoint under tp = 2. */
-  EXPECT_OK(sg_trainer_step(t3, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m3));
-  char latest[600];
-  snprintf(latest, sizeof latest, "%s/checkpoint-%d", dir_ckpt, STEPS);
-  EXPECT_OK(sg_trainer_load_checkpoint(t2, latest, &step, NULL));
-  EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
-  EXPECT_OK(sg_trainer_step(t2, g_ids, NULL, 2 * SEQ, g_lengths, 2, &m2));
-  CHECK(close_rel(m3.loss, m2.loss, m2.loss));
+  check_checkpoints_both_ways(t2, &o1, dir_ckpt, STEPS, g_ids, 2 * SEQ, g_lengths, 2, 1e-12, &resumed, &t3);
 
   /* A bad argument on one rank fails the call on every rank at once (no rank waits in a collective), and the next
    * call trains on. */
@@ -188,12 +147,12 @@ int main(void) {
   sg_trainer* bad = NULL;
   sg_model* second = demo();
   EXPECT_STATUS(sg_trainer_create(split, &o2, &bad), SG_ERR_FAILED_PRECONDITION, "already has a tensor-parallel");
-  sg_trainer_options o = options(3);
+  sg_trainer_options o = seco_options(3);
   EXPECT_STATUS(sg_trainer_create(second, &o, &bad), SG_ERR_INVALID_ARGUMENT,
                 "options->tp = 3: the job has 2 ranks, which is not tp (3)");
-  o = options(-1);
+  o = seco_options(-1);
   EXPECT_STATUS(sg_trainer_create(second, &o, &bad), SG_ERR_INVALID_ARGUMENT, "options->tp is -1");
-  o = options(g_rank == 0 ? 2 : 4);
+  o = seco_options(g_rank == 0 ? 2 : 4);
   EXPECT_STATUS(sg_trainer_create(second, &o, &bad), SG_ERR_FAILED_PRECONDITION,
                 "options->tp differs across ranks (rank 0: 2, rank 1: 4)");
   sg_model* tiny = NULL;
@@ -204,13 +163,13 @@ int main(void) {
   EXPECT_STATUS(sg_trainer_create(g_rank == 1 ? tiny : second, &o2, &bad), g_rank == 1 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED,
                 g_rank == 1 ? "vocab_size=97" : "rank 1 of 2 failed");
   /* A rank whose other options are bad: refused there, the other rank hears of it. */
-  o = options(2);
+  o = seco_options(2);
   if (g_rank == 0) o.chunk = -5;
   EXPECT_STATUS(sg_trainer_create(second, &o, &bad), g_rank == 0 ? SG_ERR_INVALID_ARGUMENT : SG_ERR_ABORTED,
                 g_rank == 0 ? "options->chunk" : "rank 0 of 2 failed");
   CHECK(bad == NULL);
   /* A 0.6 caller's options (no tp field): one process. */
-  o = options(2);
+  o = seco_options(2);
   o.struct_size = offsetof(sg_trainer_options, tp);
   EXPECT_OK(sg_trainer_create(second, &o, &bad));
   sg_metrics old = sg_metrics_init();
@@ -227,7 +186,5 @@ int main(void) {
   sg_model_free(resumed);
   sg_model_free(second);
   sg_model_free(tiny);
-  if (g_failures) fprintf(stderr, "rank %d: %d failures\n", g_rank, g_failures);
-  else printf("rank %d: PASS\n", g_rank);
-  return g_failures ? 1 : 0;
+  return finish();
 }

@@ -369,7 +369,7 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
 
 /* ---- Tensor parallel (since 0.7) ------------------------------------------------------------------------------
  *
- * A program launched under mpirun -np N (OpenMPI, one process per rank, on CPU models) trains with N-way tensor
+ * A program launched under mpirun -np N (OpenMPI, one process per rank) trains with N-way tensor
  * parallelism by setting options.tp = N on every rank. Every rank runs the same program: it creates or loads the
  * same whole model (same preset and seed, or directory; LoRA enabled the same way), creates its trainer with the
  * same options, and makes the same calls with the same arguments (the same batches) in the same order.
@@ -382,7 +382,9 @@ SG_API sg_trainer_options sg_trainer_default_options(void);
  *    presets "tiny" and "tiny-qwen2" have prime vocabularies, "demo" splits over 2), tp above the KV heads, a job
  *    whose size is not a multiple of tp ("the job has 2 ranks, which is not tp (3) x ..."), ranks given different
  *    tp (each rank's listed), ranks with different models or options (Mamba: d_inner, i.e. intermediate_size, and
- *    the vocabulary must divide), a model on "cuda", a second tp trainer of the same model.
+ *    the vocabulary must divide), a second tp trainer of the same model.
+ *  - A model on "cuda" keeps this rank's blocks in device memory (the process's current GPU: ranks may share one);
+ *    the group's all-reduces, the gathers into the handle, saves and checkpoints go through host copies.
  *  - A job of k x tp ranks is a grid of k tensor-parallel groups (world rank w is tensor rank w % tp of group
  *    w / tp), as train --tp makes: every rank still passes the whole batch, each group computes the gradients of
  *    its k-th share of the records (sg_trainer_compute_gradients* and sg_trainer_step*) and the groups' gradients
