@@ -1,9 +1,10 @@
-/* Tensor parallelism through the C API on a "cuda" model, run on each rank of mpirun -np 2 against the CPU emulation
- * of the CUDA backend (whose device memory faults on any host access): options.tp = 2 splits the device model over
- * the ranks. On "demo" (fp64) the losses, gradient norms, weights and gradients (read through sg_model_read_param)
- * equal one CPU process's within 1e-10 relative, a save is one process's model, and a checkpoint written by the TP
- * run resumes in one CPU process and back on the device with the same next steps. Every rank also runs the
- * one-process reference itself (no communication). */
+/* Tensor parallelism through the C API on a "cuda" model, run on each rank of mpirun -np 2 (or -np 4: 2 groups x 2,
+ * each group computing half of the batch every rank passes) against the CPU emulation of the CUDA backend (whose
+ * device memory faults on any host access): options.tp = 2 splits the device model over each group's ranks. On
+ * "demo" (fp64) the losses, gradient norms, weights and gradients (read through sg_model_read_param) equal one CPU
+ * process's within 1e-10 relative, a save is one process's model, and a checkpoint written by the TP run resumes in
+ * one CPU process and back on the device with the same next steps. Every rank also runs the one-process reference
+ * itself (no communication). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
