@@ -363,7 +363,7 @@ class Trainer:
 
     num_threads: OpenMP/OpenBLAS threads of this trainer's calls (0 = OMP_NUM_THREADS, else one per core).
 
-    tp: tensor parallelism (transformers, CPU). With tp=N > 1 in a program launched as `mpirun -np N python ...`,
+    tp: tensor parallelism (transformers; CPU or "cuda" models). With tp=N > 1 in a program launched as `mpirun -np N python ...`,
     creating the trainer joins the MPI job and keeps this rank's blocks of the model (1/N of the heads, KV cache,
     SwiGLU width and vocabulary); every rank must create the same model and trainer and make the same calls with the
     same batches. The Model keeps showing the whole model (its parameters and gradients are gathered after each

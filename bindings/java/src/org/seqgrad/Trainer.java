@@ -137,7 +137,7 @@ public final class Trainer extends NativeHandle {
      */
     public int numThreads = 0;
     /**
-     * Tensor parallelism (transformers, CPU): 1 (the default) = one process; N &gt; 1 in a JVM launched as one of the
+     * Tensor parallelism (transformers; CPU or "cuda" models): 1 (the default) = one process; N &gt; 1 in a JVM launched as one of the
      * N ranks of {@code mpirun -np N java ...}: {@link #create} joins the MPI job and keeps this rank's blocks of the
      * model (1/N of the heads, KV cache, SwiGLU width and vocabulary). Every rank must create the same model and
      * trainer and make the same calls with the same batches. The {@link Model} keeps showing the whole model
