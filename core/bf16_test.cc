@@ -3,6 +3,7 @@
 // trainable bf16 parameters step through fp32 masters (master_weights); LoRA's frozen bf16 base has no fp32 copy; an
 // HF checkpoint round-trips in bf16 and saves in f32 on request; the layer inputs ckpt and streambp keep for the
 // whole sequence are bf16, and every exact strategy still gives full's gradients. Llama/Qwen2 and Mamba alike.
+#include <iostream>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -168,22 +169,23 @@ int64_t ActivationPeak(const std::string& preset, DType dtype, const std::string
   return m->memory().Snapshot().peak[static_cast<int>(MemCategory::kActivations)];
 }
 
-// The hidden states a strategy keeps for the whole sequence are bf16: ckpt's and streambp's layer inputs. At their
-// peak (the recompute of a layer, whose input is widened to f32 for it) they hold the other L - 1 layers' inputs:
-// (L - 1) T d 2 bytes fewer than in f32, at every T. The recomputed layer's own activations and streambp's two
-// gradient rows stay f32. seco keeps nothing of the sequence but its state: the same bytes.
-TEST(BF16ActivationsTest, WholeSequenceHiddenStatesHalve) {
-  for (const std::string preset : {"tiny", "tiny-ssm"}) {
-    auto m = Make(preset, DType::kF32);
-    const int64_t L = m->num_layers(), d = m->hidden_size();
-    for (const std::string strategy : {"ckpt", "streambp", "seco"})
+// Under bf16 the hidden states a strategy keeps for the whole sequence (ckpt's and streambp's layer inputs) and the
+// large tensors every layer keeps for its backward (full's for the whole step, a recomputed layer's under the
+// chunked strategies) are bf16; only per-row statistics, Mamba's chunk-start states and the f32 gradient rows stay
+// f32. full's activations, almost all kept tensors, about halve (the allocator's peak of the category); every
+// strategy's shrink.
+TEST(BF16ActivationsTest, KeptActivationsHalve) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"})
+    for (const std::string strategy : {"full", "ckpt", "streambp", "seco"})
       for (int64_t n : {64, 128}) {
         const int64_t f32 = ActivationPeak(preset, DType::kF32, strategy, n);
         const int64_t bf16 = ActivationPeak(preset, DType::kBF16, strategy, n);
+        const double ratio = static_cast<double>(bf16) / static_cast<double>(f32);
         const std::string what = preset + " " + strategy + " T=" + std::to_string(n);
-        EXPECT_EQ(f32 - bf16, strategy == "seco" ? 0 : (L - 1) * n * d * 2) << what;
+        std::cout << what << ": activations peak f32 " << f32 << " bf16 " << bf16 << " ratio " << ratio << "\n";
+        EXPECT_GE(2 * bf16, f32) << what;  // nothing is smaller than bf16
+        EXPECT_LE(ratio, strategy == "full" ? 0.6 : 0.9) << what;
       }
-  }
 }
 
 // Every layer hands on its output rounded to bf16 (param_store.h, Boundary), whichever strategy runs it: ckpt's
