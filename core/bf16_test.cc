@@ -85,7 +85,7 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
 }
 
 // The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages, logits
-// chunks and layer outputs: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
+// chunks, layer outputs and the activations its layers keep: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
 // tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
 TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
@@ -105,9 +105,13 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
       const std::string what = preset + " " + strategy;
       EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << what;
       EXPECT_NE(ra->loss, rb->loss) << what;  // the pages are rounded
-      for (size_t i = 0; i < f32->params().size(); ++i)
-        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
+      for (size_t i = 0; i < f32->params().size(); ++i) {
+        // k_proj's bias shifts every logit of a query by the same amount, which softmax ignores: its true gradient
+        // is 0, and what both compute is rounding noise.
+        const bool zero_gradient = absl::EndsWith(f32->params()[i].name, "k_proj.bias");
+        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), zero_gradient ? 1.5e-1 : 6e-2)
             << what << " " << f32->params()[i].name;
+      }
       const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
       for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
         EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;
@@ -117,9 +121,9 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
     }
 }
 
-// Mamba: the bf16 matrices are read through gemm_mixed and the scan, conv and their states stay fp32, so the bf16
+// Mamba: the bf16 matrices are read through gemm_mixed and the scan and conv states stay fp32, so the bf16
 // model differs from the f32 one on the same weights only by its bf16 logits chunks, which take half the bytes, and
-// its layer outputs rounded to bf16.
+// its layer outputs and kept activations rounded to bf16.
 TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
   for (const std::string strategy : {"full", "seco", "streambp", "adjoint"}) {
     auto bf16 = Make("tiny-ssm", DType::kBF16);
@@ -188,11 +192,13 @@ TEST(BF16ActivationsTest, KeptActivationsHalve) {
       }
 }
 
-// Every layer hands on its output rounded to bf16 (param_store.h, Boundary), whichever strategy runs it: ckpt's
-// recompute from its bf16 inputs gives full's gradients bit for bit, and on Mamba (whose scan states stay f32) every
-// exact strategy gives full's to f32 rounding. On transformers the chunked strategies round each chunk's
-// contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the most on
-// a k_proj bias, whose true gradient nearly cancels), their losses do not.
+// Every layer hands on its output rounded to bf16 (param_store.h, Boundary) and rounds what it keeps where it makes
+// it, whichever strategy runs it: ckpt's recompute from its bf16 inputs gives full's gradients bit for bit. On
+// Mamba the scan's input path (xin, xc, u) is kept in bf16 for the backward but used unrounded by the forward, so a
+// chunk's backward recomputes the scan from an f32 start state that full's does not: the exact strategies agree with
+// full to about bf16's resolution over the chunk, not f32's. On transformers the chunked strategies round each
+// chunk's contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the
+// most on a k_proj bias, whose true gradient nearly cancels), their losses do not.
 TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
   for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
     auto full = Make(preset, DType::kBF16);
@@ -215,7 +221,7 @@ TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
       ASSERT_TRUE(r.ok()) << r.status();
       const std::string what = preset + " " + strategy;
       EXPECT_NEAR(r->loss, rf->loss, 1e-6 * std::abs(rf->loss)) << what;
-      const double bound = strategy == "ckpt" ? 0 : mamba ? 1e-5 : 4e-2;
+      const double bound = strategy == "ckpt" ? 0 : mamba ? 5e-3 : 4e-2;
       for (size_t i = 0; i < m->params().size(); ++i)
         EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
             << what << " " << m->params()[i].name;

@@ -204,6 +204,12 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       Tensor half = Store::RoundAndKeep(ops_, t, act);
       if (saved) kept[k] = std::move(half);
     };
+    // The scan input u and the conv path to it (xin, xc) are kept in bf16 but not rounded in the forward: rounding
+    // the recurrence's input too moved the gradients past 2x Hugging Face's own bf16 recipe's error on the tiny
+    // Mambas of tests/torch_ref/bf16_accuracy_test (their backward reads the bf16 copies).
+    auto keep_copy = [&](Saved k, const Tensor& t) {
+      if (saved) kept[k] = Store::Narrow(ops_, t, act);
+    };
     // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
     auto done = [&](Tensor& t) {
       if (Store::HalfActivations()) t.Reset();
@@ -222,7 +228,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       Store::LoraOut(ops_, a, E, E, z.data<T>(), E);
     }
     done(xn);
-    keep(kXin, xin);
+    keep_copy(kXin, xin);
     keep(kZ, z);
 
     // The input state: zeros at the sequence start, else what the previous chunk left.
@@ -243,10 +249,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     ops_.conv1d_forward(xin.data<T>(), tail0.data<T>(), W(L.conv_w), L.conv_b >= 0 ? W(L.conv_b) : nullptr, n, E, K,
                         xc.data<T>(), out ? out->tail.data<T>() : nullptr);
     done(xin);
-    keep(kXc, xc);
+    keep_copy(kXc, xc);
     ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
     done(xc);
-    keep(kU, u);
+    keep_copy(kU, u);
     // x_proj rows: [0, R) time step, [R, R + N) B, [R + N, R + 2N) C.
     // In one buffer: under tensor parallelism each rank's channels gave part of all three, summed in one all-reduce.
     Tensor proj = New(big, {n * (R + 2 * N)});
