@@ -327,8 +327,16 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     }
     if (L.out_bias >= 0)
       if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
-    ops_.swiglu_backward(dgated.data<T>(), wide(kZ).template data<T>(), wide(kY).template data<T>(), n * E, dz.data<T>(),
-                         dyscan.data<T>());
+    // Elementwise ops read the kept tensors a row tile at a time (ParamStore::WidenRows).
+    auto by_rows = [&](auto op) {
+      for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) op(r0, std::min(n, r0 + tile));
+    };
+    auto rows = [&](Saved k, int64_t r0, int64_t r1) -> Tensor { return Store::Widen(ops_, s[k].Rows(r0, r1)); };
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.swiglu_backward(dgated.data<T>() + r0 * E, rows(kZ, r0, r1).template data<T>(),
+                           rows(kY, r0, r1).template data<T>(), (r1 - r0) * E, dz.data<T>() + r0 * E,
+                           dyscan.data<T>() + r0 * E);
+    });
 
     // The gradient of c's output state is complete (later chunks ran their backward first); c leaves the gradient
     // of its input state for the previous chunk (none at the sequence start: the zero state is a constant).
@@ -379,7 +387,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E});
-    ops_.softplus_backward(ddelta.data<T>(), wide(kDtPre).template data<T>(), n * E, ddtpre.data<T>());
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.softplus_backward(ddelta.data<T>() + r0 * E, rows(kDtPre, r0, r1).template data<T>(), (r1 - r0) * E,
+                             ddtpre.data<T>() + r0 * E);
+    });
     {
       const Tensor dtr = wide(kDtr);
       LinearBackward(ddtpre.data<T>(), E, dtr.data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
@@ -404,7 +415,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // u = silu(conv(xin))
     Tensor dxc = New(ws, {n, E}), dxin = New(ws, {n, E});
-    ops_.silu_backward(du.data<T>(), wide(kXc).template data<T>(), n * E, dxc.data<T>());
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.silu_backward(du.data<T>() + r0 * E, rows(kXc, r0, r1).template data<T>(), (r1 - r0) * E,
+                         dxc.data<T>() + r0 * E);
+    });
     ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, wide(kXin).template data<T>(),
                          s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(),
                          gin ? gin->tail.data<T>() : nullptr, GradOrScratch(L.conv_w),

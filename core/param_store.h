@@ -90,6 +90,9 @@ class ParamStore {
       ops.f32_to_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
     return half;
   }
+  // Rows of kept tensors that a backward widens at a time for an elementwise op under HalfActivations, so that no
+  // f32 copy of a whole [n][width] activation exists beside its gradients; all n otherwise (one call, as in f32).
+  int64_t WidenRows(int64_t n) const { return HalfActivations() ? std::min<int64_t>(n, 512) : n; }
   // A tensor a layer kept (RoundAndKeep) as its backward reads it, in T: itself, or a copy widened into workspace
   // that lives only as long as the backward needs it.
   Tensor Widen(const OpTable<T>& ops, const Tensor& kept) {

@@ -444,17 +444,20 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     // MLP: y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h)
     Tensor dh = New(ws, {n, d});
     {
-      Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+      Tensor da = New(ws, {n, f});
       Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
       {
-        const Tensor a = wide(kAct);
+        const Tensor a = wide(kAct);  // widened before dgate and dup exist
         if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
         BiasBackward(L.down_bias, dy, n, d);
         Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, state.opts);
       }
-      {
-        const Tensor gate = wide(kGate), up = wide(kUp);
-        ops_.swiglu_backward(da.data<T>(), gate.data<T>(), up.data<T>(), n * f, dgate.data<T>(), dup.data<T>());
+      Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+      for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) {
+        const int64_t r1 = std::min(n, r0 + tile), at = r0 * f;
+        const Tensor gate = Store::Widen(ops_, s[kGate].Rows(r0, r1)), up = Store::Widen(ops_, s[kUp].Rows(r0, r1));
+        ops_.swiglu_backward(da.data<T>() + at, gate.template data<T>(), up.template data<T>(), (r1 - r0) * f,
+                             dgate.data<T>() + at, dup.data<T>() + at);
       }
       Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
       Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
