@@ -3,13 +3,13 @@
 // trainable bf16 parameters step through fp32 masters (master_weights); LoRA's frozen bf16 base has no fp32 copy; an
 // HF checkpoint round-trips in bf16 and saves in f32 on request; the layer inputs ckpt and streambp keep for the
 // whole sequence are bf16, and every exact strategy still gives full's gradients. Llama/Qwen2 and Mamba alike.
-#include <iostream>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 
@@ -19,6 +19,7 @@
 #include "core/lora.h"
 #include "core/model_io.h"
 #include "core/optimizer.h"
+#include "core/param_store.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
@@ -226,6 +227,27 @@ TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
         EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
             << what << " " << m->params()[i].name;
     }
+  }
+}
+
+// The backward widens kept bf16 activations for its elementwise ops a row tile at a time: any tile gives the
+// gradients of one tile over all rows, bit for bit.
+TEST(BF16ActivationsTest, WideningTileByTileChangesNothing) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    std::vector<std::vector<float>> grads;
+    for (int64_t rows : {int64_t{512}, int64_t{5}}) {
+      bf16_widen_rows = rows;
+      auto m = Make(preset, DType::kBF16);
+      Trainer t(*m, StrategyOptions{}, OptimizerOptions{});
+      absl::StatusOr<StepMetrics> r = t.ComputeGradients({RandomSequence(37, m->vocab_size())});
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<float> all;
+      for (const Param& p : m->params())
+        all.insert(all.end(), p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+      grads.push_back(std::move(all));
+    }
+    bf16_widen_rows = 512;
+    EXPECT_EQ(grads[0], grads[1]) << preset;
   }
 }
 

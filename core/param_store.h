@@ -23,6 +23,9 @@
 
 namespace sg {
 
+// ParamStore::WidenRows's tile (a variable so that tests run several tiles on tiny models).
+inline int64_t bf16_widen_rows = 512;
+
 template <typename T>
 class ParamStore {
  protected:
@@ -92,7 +95,7 @@ class ParamStore {
   }
   // Rows of kept tensors that a backward widens at a time for an elementwise op under HalfActivations, so that no
   // f32 copy of a whole [n][width] activation exists beside its gradients; all n otherwise (one call, as in f32).
-  int64_t WidenRows(int64_t n) const { return HalfActivations() ? std::min<int64_t>(n, 512) : n; }
+  int64_t WidenRows(int64_t n) const { return HalfActivations() ? std::min(n, bf16_widen_rows) : n; }
   // A tensor a layer kept (RoundAndKeep) as its backward reads it, in T: itself, or a copy widened into workspace
   // that lives only as long as the backward needs it.
   Tensor Widen(const OpTable<T>& ops, const Tensor& kept) {
