@@ -86,8 +86,9 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
 }
 
 // The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages, logits
-// chunks, layer outputs and the activations its layers keep: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
-// tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
+// chunks, layer outputs and the activations its layers keep: loss and gradients agree to bf16's resolution (the
+// accuracy bound against PyTorch is tests/torch_ref/bf16_accuracy_test.py), and the pages and logits take exactly
+// half the bytes.
 TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
     for (const std::string strategy : {"full", "seco", "streambp", "seco offload sparse"}) {

@@ -443,8 +443,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dy, n * d);
-    ops_.rmsnorm_backward(dxn.data<T>(), wide(kX).template data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
-                          GradOrScratch(L.norm), true);
+    ops_.rmsnorm_backward(dxn.data<T>(), wide(kX).template data<T>(), W(L.norm), s[kRstd].data<T>(), n, d,
+                          dx.data<T>(), GradOrScratch(L.norm), true);
     return dx;
   }
 
