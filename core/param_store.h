@@ -79,9 +79,10 @@ class ParamStore {
   // Under HalfActivations t is rounded in place to bf16 values and returned in bf16 (a new tensor of category cat);
   // otherwise t itself, untouched (f32 and f64 runs are unchanged).
   Tensor RoundAndKeep(const OpTable<T>& ops, Tensor& t, MemCategory cat) {
-    Tensor half = Narrow(ops, t, cat);
+    if (!HalfActivations()) return t;
+    Tensor half = Tensor::Empty(&mem_, cat, DType::kBF16, t.shape());
     if constexpr (std::is_same_v<T, float>)
-      if (HalfActivations()) ops.bf16_to_f32(half.template data<uint16_t>(), t.numel(), t.template data<float>());
+      ops.round_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
     return half;
   }
   // t as a layer keeps it: a bf16 copy (category cat) under HalfActivations, else t itself. Exact for a t that

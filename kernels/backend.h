@@ -165,6 +165,11 @@ struct OpTable {
   // adamw on fp32 master weights, then weights = the masters rounded to bf16.
   void (*adamw_bf16)(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
                      double beta1, double beta2, double eps, double weight_decay, int64_t step) = nullptr;
+
+  // bf16 activations (ParamStore::RoundAndKeep, core/param_store.h), f32 table of backends with bf16 storage:
+  // x := x rounded to bf16 values (f32_to_bf16's rounding) and half := those bf16 bits, in one pass where
+  // f32_to_bf16 and then bf16_to_f32 take two.
+  void (*round_bf16)(float* x, int64_t count, uint16_t* half) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

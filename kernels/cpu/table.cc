@@ -112,6 +112,7 @@ OpTable<T> MakeCpuTable() {
     SG_OP(attention_forward_bf16, kAttentionForward, (cpu::AttentionForward<float, uint16_t>));
     SG_OP(attention_backward_bf16, kAttentionBackward, (cpu::AttentionBackward<float, uint16_t>));
     SG_OP(adamw_bf16, kOptimizer, cpu::AdamWBF16);
+    SG_OP(round_bf16, kConvert, cpu::RoundBF16);
   }
 #undef SG_OP
   return t;

@@ -60,6 +60,7 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, attention_forward_bf16);
   SG_META_NOP(t, attention_backward_bf16);
   SG_META_NOP(t, adamw_bf16);
+  SG_META_NOP(t, round_bf16);
   return t;
 }
 #undef SG_META_NOP
