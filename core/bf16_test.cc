@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 
@@ -19,6 +20,7 @@
 #include "core/lora.h"
 #include "core/model_io.h"
 #include "core/optimizer.h"
+#include "core/param_store.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
@@ -85,8 +87,9 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
 }
 
 // The bf16 model differs from the f32 one on the same weights only by its bf16 KV and KV-gradient pages, logits
-// chunks and layer outputs: loss and gradients agree to bf16's resolution (the accuracy bound against PyTorch is
-// tests/torch_ref/bf16_accuracy_test.py), and those take exactly half the bytes.
+// chunks, layer outputs and the activations its layers keep: loss and gradients agree to bf16's resolution (the
+// accuracy bound against PyTorch is tests/torch_ref/bf16_accuracy_test.py), and the pages and logits take exactly
+// half the bytes.
 TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
   for (const std::string preset : {"tiny", "tiny-qwen2"})
     for (const std::string strategy : {"full", "seco", "streambp", "seco offload sparse"}) {
@@ -105,9 +108,13 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
       const std::string what = preset + " " + strategy;
       EXPECT_NEAR(ra->loss, rb->loss, 1e-2 * std::abs(rb->loss)) << what;
       EXPECT_NE(ra->loss, rb->loss) << what;  // the pages are rounded
-      for (size_t i = 0; i < f32->params().size(); ++i)
-        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), 6e-2)
+      for (size_t i = 0; i < f32->params().size(); ++i) {
+        // k_proj's bias shifts every logit of a query by the same amount, which softmax ignores: its true gradient
+        // is 0, and what both compute is rounding noise.
+        const bool zero_gradient = absl::EndsWith(f32->params()[i].name, "k_proj.bias");
+        EXPECT_LE(MaxRelDiff(bf16->params()[i].grad, f32->params()[i].grad), zero_gradient ? 1.5e-1 : 6e-2)
             << what << " " << f32->params()[i].name;
+      }
       const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
       // Sparse attention's key sums are f64 in both, in the KV cache's category: per layer, complete page of the
       // longest sequence and KV dimension, 8 bytes (StateBytesPerToken of the f32 model: 2 x 4 per KV dimension).
@@ -125,9 +132,9 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
     }
 }
 
-// Mamba: the bf16 matrices are read through gemm_mixed and the scan, conv and their states stay fp32, so the bf16
+// Mamba: the bf16 matrices are read through gemm_mixed and the scan and conv states stay fp32, so the bf16
 // model differs from the f32 one on the same weights only by its bf16 logits chunks, which take half the bytes, and
-// its layer outputs rounded to bf16.
+// its layer outputs and kept activations rounded to bf16.
 TEST(BF16WeightsTest, MambaCloseToF32OnTheRoundedWeights) {
   for (const std::string strategy : {"full", "seco", "streambp", "adjoint"}) {
     auto bf16 = Make("tiny-ssm", DType::kBF16);
@@ -177,29 +184,32 @@ int64_t ActivationPeak(const std::string& preset, DType dtype, const std::string
   return m->memory().Snapshot().peak[static_cast<int>(MemCategory::kActivations)];
 }
 
-// The hidden states a strategy keeps for the whole sequence are bf16: ckpt's and streambp's layer inputs. At their
-// peak (the recompute of a layer, whose input is widened to f32 for it) they hold the other L - 1 layers' inputs:
-// (L - 1) T d 2 bytes fewer than in f32, at every T. The recomputed layer's own activations and streambp's two
-// gradient rows stay f32. seco keeps nothing of the sequence but its state: the same bytes.
-TEST(BF16ActivationsTest, WholeSequenceHiddenStatesHalve) {
-  for (const std::string preset : {"tiny", "tiny-ssm"}) {
-    auto m = Make(preset, DType::kF32);
-    const int64_t L = m->num_layers(), d = m->hidden_size();
-    for (const std::string strategy : {"ckpt", "streambp", "seco"})
+// Under bf16 the hidden states a strategy keeps for the whole sequence (ckpt's and streambp's layer inputs) and the
+// large tensors every layer keeps for its backward (full's for the whole step, a recomputed layer's under the
+// chunked strategies) are bf16; only per-row statistics, Mamba's chunk-start states and the f32 gradient rows stay
+// f32. full's activations, almost all kept tensors, about halve (the allocator's peak of the category); every
+// strategy's shrink.
+TEST(BF16ActivationsTest, KeptActivationsHalve) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"})
+    for (const std::string strategy : {"full", "ckpt", "streambp", "seco"})
       for (int64_t n : {64, 128}) {
         const int64_t f32 = ActivationPeak(preset, DType::kF32, strategy, n);
         const int64_t bf16 = ActivationPeak(preset, DType::kBF16, strategy, n);
+        const double ratio = static_cast<double>(bf16) / static_cast<double>(f32);
         const std::string what = preset + " " + strategy + " T=" + std::to_string(n);
-        EXPECT_EQ(f32 - bf16, strategy == "seco" ? 0 : (L - 1) * n * d * 2) << what;
+        std::cout << what << ": activations peak f32 " << f32 << " bf16 " << bf16 << " ratio " << ratio << "\n";
+        EXPECT_GE(2 * bf16, f32) << what;  // nothing is smaller than bf16
+        EXPECT_LE(ratio, strategy == "full" ? 0.6 : 0.9) << what;
       }
-  }
 }
 
-// Every layer hands on its output rounded to bf16 (param_store.h, Boundary), whichever strategy runs it: ckpt's
-// recompute from its bf16 inputs gives full's gradients bit for bit, and on Mamba (whose scan states stay f32) every
-// exact strategy gives full's to f32 rounding. On transformers the chunked strategies round each chunk's
-// contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the most on
-// a k_proj bias, whose true gradient nearly cancels), their losses do not.
+// Every layer hands on its output rounded to bf16 (param_store.h, Boundary) and rounds what it keeps where it makes
+// it, whichever strategy runs it: ckpt's recompute from its bf16 inputs gives full's gradients bit for bit. On
+// Mamba the scan's input path (xin, xc, u) is kept in bf16 for the backward but used unrounded by the forward, so a
+// chunk's backward recomputes the scan from an f32 start state that full's does not: the exact strategies agree with
+// full to about bf16's resolution over the chunk, not f32's. On transformers the chunked strategies round each
+// chunk's contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the
+// most on a k_proj bias, whose true gradient nearly cancels), their losses do not.
 TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
   for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
     auto full = Make(preset, DType::kBF16);
@@ -222,11 +232,32 @@ TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
       ASSERT_TRUE(r.ok()) << r.status();
       const std::string what = preset + " " + strategy;
       EXPECT_NEAR(r->loss, rf->loss, 1e-6 * std::abs(rf->loss)) << what;
-      const double bound = strategy == "ckpt" ? 0 : mamba ? 1e-5 : 4e-2;
+      const double bound = strategy == "ckpt" ? 0 : mamba ? 5e-3 : 4e-2;
       for (size_t i = 0; i < m->params().size(); ++i)
         EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
             << what << " " << m->params()[i].name;
     }
+  }
+}
+
+// The backward widens kept bf16 activations for its elementwise ops a row tile at a time: any tile gives the
+// gradients of one tile over all rows, bit for bit.
+TEST(BF16ActivationsTest, WideningTileByTileChangesNothing) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+    std::vector<std::vector<float>> grads;
+    for (int64_t rows : {int64_t{512}, int64_t{5}}) {
+      bf16_widen_rows = rows;
+      auto m = Make(preset, DType::kBF16);
+      Trainer t(*m, StrategyOptions{}, OptimizerOptions{});
+      absl::StatusOr<StepMetrics> r = t.ComputeGradients({RandomSequence(37, m->vocab_size())});
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<float> all;
+      for (const Param& p : m->params())
+        all.insert(all.end(), p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+      grads.push_back(std::move(all));
+    }
+    bf16_widen_rows = 512;
+    EXPECT_EQ(grads[0], grads[1]) << preset;
   }
 }
 

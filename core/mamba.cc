@@ -194,11 +194,32 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     const int64_t n = c.size(), d = cfg_.hidden_size, E = inter_, N = cfg_.state_size;
     const int64_t R = cfg_.time_step_rank, K = cfg_.conv_kernel;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
+    // What backward reads. Under --dtype=bf16 the large tensors are made in workspace (`big`), rounded where they
+    // are made and kept in bf16 (ParamStore::RoundAndKeep); the norm's rstd and the scan and conv states of the
+    // chunk start (h0, tail0) stay in T: the rstd is small and divided by, and the states carry the scan's
+    // recurrence exactly from chunk to chunk, as the relayed states do (MambaState).
+    std::vector<Tensor> kept(kNumSaved);
+    const MemCategory big = Store::ActCategory(act);
+    auto keep = [&](Saved k, Tensor& t) {
+      Tensor half = Store::RoundAndKeep(ops_, t, act);
+      if (saved) kept[k] = std::move(half);
+    };
+    // The scan input u and the conv path to it (xin, xc) are kept in bf16 but not rounded in the forward: rounding
+    // the recurrence's input too moved the gradients past 2x Hugging Face's own bf16 recipe's error on the tiny
+    // Mambas of tests/torch_ref/bf16_accuracy_test (their backward reads the bf16 copies).
+    auto keep_copy = [&](Saved k, const Tensor& t) {
+      if (saved) kept[k] = Store::Narrow(ops_, t, act);
+    };
+    // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
+    auto done = [&](Tensor& t) {
+      if (Store::HalfActivations()) t.Reset();
+    };
 
-    Tensor xn = New(act, {n, d}), rstd = New(act, {n});
+    Tensor xn = New(big, {n, d}), rstd = New(act, {n});
     ops_.rmsnorm_forward(x_in.data<T>(), W(L.norm), n, d, cfg_.layer_norm_epsilon, xn.data<T>(), rstd.data<T>());
+    keep(kXn, xn);
     // in_proj rows [0, E) give the scan input, rows [E, 2E) the gate.
-    Tensor xin = New(act, {n, E}), z = New(act, {n, E});
+    Tensor xin = New(big, {n, E}), z = New(big, {n, E});
     Linear(xn.data<T>(), n, d, WRows(L.in_proj, 0), L.in_bias, 0, xin.data<T>(), E);
     Linear(xn.data<T>(), n, d, WRows(L.in_proj, E), L.in_bias, E, z.data<T>(), E);
     {
@@ -206,6 +227,9 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       Store::LoraOut(ops_, a, 0, E, xin.data<T>(), E);
       Store::LoraOut(ops_, a, E, E, z.data<T>(), E);
     }
+    done(xn);
+    keep_copy(kXin, xin);
+    keep(kZ, z);
 
     // The input state: zeros at the sequence start, else what the previous chunk left.
     const BoundaryState* in = c.begin > 0 ? MambaState::Find(state.cache, l, c.begin) : nullptr;
@@ -221,13 +245,17 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       out->tail = New(MemCategory::kKVCache, {K - 1, E});
     }
 
-    Tensor xc = New(act, {n, E}), u = New(act, {n, E});
+    Tensor xc = New(big, {n, E}), u = New(big, {n, E});
     ops_.conv1d_forward(xin.data<T>(), tail0.data<T>(), W(L.conv_w), L.conv_b >= 0 ? W(L.conv_b) : nullptr, n, E, K,
                         xc.data<T>(), out ? out->tail.data<T>() : nullptr);
+    done(xin);
+    keep_copy(kXc, xc);
     ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
+    done(xc);
+    keep_copy(kU, u);
     // x_proj rows: [0, R) time step, [R, R + N) B, [R + N, R + 2N) C.
     // In one buffer: under tensor parallelism each rank's channels gave part of all three, summed in one all-reduce.
-    Tensor proj = New(act, {n * (R + 2 * N)});
+    Tensor proj = New(big, {n * (R + 2 * N)});
     Tensor dtr = proj.Rows(0, n * R), B = proj.Rows(n * R, n * (R + N)), C = proj.Rows(n * (R + N), n * (R + 2 * N));
     Linear(u.data<T>(), n, E, WRows(L.x_proj, 0), -1, 0, dtr.data<T>(), R);
     Linear(u.data<T>(), n, E, WRows(L.x_proj, R), -1, 0, B.data<T>(), N);
@@ -239,22 +267,41 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       Store::LoraOut(ops_, a, R + N, N, C.data<T>(), N);
     }
     tp_.AllReduce(proj.raw(), proj.numel(), dtype());
-    Tensor dtpre = New(act, {n, E}), delta = New(act, {n, E});
+    {
+      const Tensor half = Store::RoundAndKeep(ops_, proj, act);  // dt, B and C: views of one kept buffer
+      if (saved) {
+        kept[kDtr] = half.Rows(0, n * R);
+        kept[kB] = half.Rows(n * R, n * (R + N));
+        kept[kC] = half.Rows(n * (R + N), n * (R + 2 * N));
+      }
+    }
+    Tensor dtpre = New(big, {n, E}), delta = New(big, {n, E});
     Linear(dtr.data<T>(), n, R, WRows(L.dt_w, 0), L.dt_b, 0, dtpre.data<T>(), E);
     Store::LoraAdd(ops_, L.dt_w, dtr.data<T>(), c, state.opts, dtpre.data<T>(), E);
+    keep(kDtPre, dtpre);
     ops_.softplus_forward(dtpre.data<T>(), n * E, delta.data<T>());
+    done(dtpre);
+    keep(kDelta, delta);
     Tensor A = NegExp(L.a_log);
-    Tensor y = New(act, {n, E});
+    Tensor y = New(big, {n, E});
     ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d),
                                 h0.data<T>(), n, E, N, y.data<T>(), out ? out->h.data<T>() : nullptr);
-    Tensor gated = New(act, {n, E});
+    done(u), done(delta), done(proj), done(dtr), done(B), done(C);
+    keep(kY, y);
+    Tensor gated = New(big, {n, E});
     ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
+    done(z), done(y);
+    keep(kGated, gated);
     Tensor res = New(MemCategory::kActivations, {n, d});
     ops_.copy(res.data<T>(), x_in.data<T>(), n * d);
     Store::RowParallelAdd(ops_, Group(), gated.data<T>(), n, E, d, L.out_proj, L.out_bias, c, state.opts,
                           res.data<T>());
 
-    if (saved) saved->tensors = {x_in, xn, rstd, xin, z, xc, u, dtr, B, C, dtpre, delta, y, gated, h0, tail0};
+    if (saved) {
+      kept[kX] = Store::Narrow(ops_, x_in, act);
+      kept[kRstd] = rstd, kept[kH0] = h0, kept[kTail0] = tail0;
+      saved->tensors = std::move(kept);
+    }
     return Store::Boundary(ops_, std::move(res));
   }
 
@@ -267,15 +314,29 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     const T* dy = dy_in.data<T>();
     constexpr MemCategory ws = MemCategory::kWorkspace;
     const bool adjoint = state.opts.adjoint_window > 0;
+    // A saved tensor in T (under bf16 a copy widened into workspace, freed when the block using it ends).
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
 
     // out = x + out_proj(y * silu(z))
     Tensor dgated = New(ws, {n, E}), dz = New(ws, {n, E}), dyscan = New(ws, {n, E});
     Store::GemmW(ops_, false, n, E, d, T(1), dy, d, L.out_proj, E, T(0), dgated.data<T>(), E);
-    if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, s[kGated].data<T>(), E, T(1), g, E);
-    Store::LoraBackward(ops_, L.out_proj, s[kGated].data<T>(), dy, d, dgated.data<T>(), c, state.opts);
+    {
+      const Tensor gated = wide(kGated);
+      if (T* g = G(L.out_proj)) ops_.gemm(true, false, d, E, n, T(1), dy, d, gated.data<T>(), E, T(1), g, E);
+      Store::LoraBackward(ops_, L.out_proj, gated.data<T>(), dy, d, dgated.data<T>(), c, state.opts);
+    }
     if (L.out_bias >= 0)
       if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
-    ops_.swiglu_backward(dgated.data<T>(), s[kZ].data<T>(), s[kY].data<T>(), n * E, dz.data<T>(), dyscan.data<T>());
+    // Elementwise ops read the kept tensors a row tile at a time (ParamStore::WidenRows).
+    auto by_rows = [&](auto op) {
+      for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) op(r0, std::min(n, r0 + tile));
+    };
+    auto rows = [&](Saved k, int64_t r0, int64_t r1) -> Tensor { return Store::Widen(ops_, s[k].Rows(r0, r1)); };
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.swiglu_backward(dgated.data<T>() + r0 * E, rows(kZ, r0, r1).template data<T>(),
+                           rows(kY, r0, r1).template data<T>(), (r1 - r0) * E, dz.data<T>() + r0 * E,
+                           dyscan.data<T>() + r0 * E);
+    });
 
     // The gradient of c's output state is complete (later chunks ran their backward first); c leaves the gradient
     // of its input state for the previous chunk (none at the sequence start: the zero state is a constant).
@@ -294,21 +355,23 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     Tensor ddtr = dproj.Rows(0, n * R), dB = dproj.Rows(n * R, n * (R + N)), dC = dproj.Rows(n * (R + N), n * (R + 2 * N));
     Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E});
     Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
+    const Tensor u_kept = wide(kU), delta = wide(kDelta), B = wide(kB), C = wide(kC);
+    const T* u = u_kept.data<T>();
     if (adjoint) {
       LaterTokens& later = state.Later(l);
       if (later.rows > 0 && later.begin != c.end)
         throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
                                             ", not after the chunk ending at ", c.end));
       state.pairs += ops_.selective_scan_backward_pairs(
-          dyscan.data<T>(), s[kU].data<T>(), s[kDelta].data<T>(), A.data<T>(), s[kB].data<T>(), s[kC].data<T>(),
+          dyscan.data<T>(), u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(),
           W(L.d), s[kH0].data<T>(), n, E, N, later.rows ? later.dy.data<T>() : nullptr,
           later.rows ? later.delta.data<T>() : nullptr, later.rows ? later.C.data<T>() : nullptr, later.rows,
           state.opts.adjoint_window, du.data<T>(), ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(),
           GradOrScratch(L.d));
-      if (c.begin > 0) later = PrependTokens(c, dyscan, s[kDelta], s[kC], later, state.opts.adjoint_window - 1);
+      if (c.begin > 0) later = PrependTokens(c, dyscan, delta, C, later, state.opts.adjoint_window - 1);
     } else {
       ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
-                                   s[kU].data<T>(), s[kDelta].data<T>(), A.data<T>(), s[kB].data<T>(), s[kC].data<T>(),
+                                   u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(),
                                    W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
                                    dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
@@ -316,14 +379,19 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // delta = softplus(dt_proj(dtr) + bias)
     Tensor ddtpre = New(ws, {n, E});
-    ops_.softplus_backward(ddelta.data<T>(), s[kDtPre].data<T>(), n * E, ddtpre.data<T>());
-    LinearBackward(ddtpre.data<T>(), E, s[kDtr].data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
-                   ddtr.data<T>(), T(0));
-    Store::LoraBackward(ops_, L.dt_w, s[kDtr].data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.softplus_backward(ddelta.data<T>() + r0 * E, rows(kDtPre, r0, r1).template data<T>(), (r1 - r0) * E,
+                             ddtpre.data<T>() + r0 * E);
+    });
+    {
+      const Tensor dtr = wide(kDtr);
+      LinearBackward(ddtpre.data<T>(), E, dtr.data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
+                     ddtr.data<T>(), T(0));
+      Store::LoraBackward(ops_, L.dt_w, dtr.data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
+    }
     tp_.AllReduce(dproj.raw(), dproj.numel(), dtype());  // each rank's channels gave part of it
     // x_proj: u -> (dtr, B, C); u also feeds the scan directly (du so far).
     T* gx = G(L.x_proj);
-    const T* u = s[kU].data<T>();
     LinearBackward(ddtr.data<T>(), R, u, n, E, WRows(L.x_proj, 0), gx, nullptr, du.data<T>(), T(1));
     LinearBackward(dB.data<T>(), N, u, n, E, WRows(L.x_proj, R), gx ? gx + R * E : nullptr, nullptr, du.data<T>(),
                    T(1));
@@ -339,15 +407,19 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // u = silu(conv(xin))
     Tensor dxc = New(ws, {n, E}), dxin = New(ws, {n, E});
-    ops_.silu_backward(du.data<T>(), s[kXc].data<T>(), n * E, dxc.data<T>());
-    ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, s[kXin].data<T>(),
+    by_rows([&](int64_t r0, int64_t r1) {
+      ops_.silu_backward(du.data<T>() + r0 * E, rows(kXc, r0, r1).template data<T>(), (r1 - r0) * E,
+                         dxc.data<T>() + r0 * E);
+    });
+    ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, wide(kXin).template data<T>(),
                          s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(),
                          gin ? gin->tail.data<T>() : nullptr, GradOrScratch(L.conv_w),
                          L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
 
     // (xin, z) = in_proj(xn)
     Tensor dxn = New(ws, {n, d});
-    const T* xn = s[kXn].data<T>();
+    const Tensor xn_kept = wide(kXn);
+    const T* xn = xn_kept.data<T>();
     T* gin_w = G(L.in_proj);
     T* gin_b = L.in_bias >= 0 ? G(L.in_bias) : nullptr;
     LinearBackward(dxin.data<T>(), E, xn, n, d, WRows(L.in_proj, 0), gin_w, gin_b, dxn.data<T>(), T(0));
@@ -363,8 +435,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dy, n * d);
-    ops_.rmsnorm_backward(dxn.data<T>(), s[kX].data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
-                          GradOrScratch(L.norm), true);
+    ops_.rmsnorm_backward(dxn.data<T>(), wide(kX).template data<T>(), W(L.norm), s[kRstd].data<T>(), n, d,
+                          dx.data<T>(), GradOrScratch(L.norm), true);
     return dx;
   }
 

@@ -23,6 +23,9 @@
 
 namespace sg {
 
+// ParamStore::WidenRows's tile (a variable so that tests run several tiles on tiny models).
+inline int64_t bf16_widen_rows = 512;
+
 template <typename T>
 class ParamStore {
  protected:
@@ -59,14 +62,49 @@ class ParamStore {
   // Model::activation_dtype), so that a strategy storing it in bf16 (Model::StoreRows) and one keeping it in f32
   // differentiate the same function, and a recompute starts from what the forward used.
   Tensor Boundary(const OpTable<T>& ops, Tensor t) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (weight_dtype_ == DType::kBF16) {
-        Tensor half = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kBF16, t.shape());
-        ops.f32_to_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
-        ops.bf16_to_f32(half.template data<uint16_t>(), t.numel(), t.template data<float>());
-      }
-    }
+    RoundAndKeep(ops, t, MemCategory::kWorkspace);
     return t;
+  }
+  // --dtype=bf16: the large tensors a layer makes inside it (normed inputs, projections, attention outputs, SwiGLU
+  // and scan operands) are rounded to bf16 values where they are made, as its output is (Boundary), and a layer
+  // keeps them for its backward in bf16: the forward, a recompute and the backward all read the same values, and
+  // the activations a step holds halve. The layer computes them in T in workspace (ActCategory) first.
+  bool HalfActivations() const {
+    if constexpr (std::is_same_v<T, float>) return weight_dtype_ == DType::kBF16;
+    return false;
+  }
+  // Where a layer computes a tensor that it keeps for its backward (act) or not: in workspace when the kept copy is
+  // a bf16 one (HalfActivations).
+  MemCategory ActCategory(MemCategory act) const { return HalfActivations() ? MemCategory::kWorkspace : act; }
+  // Under HalfActivations t is rounded in place to bf16 values and returned in bf16 (a new tensor of category cat);
+  // otherwise t itself, untouched (f32 and f64 runs are unchanged).
+  Tensor RoundAndKeep(const OpTable<T>& ops, Tensor& t, MemCategory cat) {
+    if (!HalfActivations()) return t;
+    Tensor half = Tensor::Empty(&mem_, cat, DType::kBF16, t.shape());
+    if constexpr (std::is_same_v<T, float>)
+      ops.round_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
+    return half;
+  }
+  // t as a layer keeps it: a bf16 copy (category cat) under HalfActivations, else t itself. Exact for a t that
+  // already holds bf16 values (a layer's input: Boundary's output or a bf16 embedding row).
+  Tensor Narrow(const OpTable<T>& ops, const Tensor& t, MemCategory cat) {
+    if (!HalfActivations()) return t;
+    Tensor half = Tensor::Empty(&mem_, cat, DType::kBF16, t.shape());
+    if constexpr (std::is_same_v<T, float>)
+      ops.f32_to_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
+    return half;
+  }
+  // Rows of kept tensors that a backward widens at a time for an elementwise op under HalfActivations, so that no
+  // f32 copy of a whole [n][width] activation exists beside its gradients; all n otherwise (one call, as in f32).
+  int64_t WidenRows(int64_t n) const { return HalfActivations() ? std::min(n, bf16_widen_rows) : n; }
+  // A tensor a layer kept (RoundAndKeep) as its backward reads it, in T: itself, or a copy widened into workspace
+  // that lives only as long as the backward needs it.
+  Tensor Widen(const OpTable<T>& ops, const Tensor& kept) {
+    if (kept.dtype() == kDType) return kept;
+    Tensor wide = New(MemCategory::kWorkspace, kept.shape());
+    if constexpr (std::is_same_v<T, float>)
+      ops.bf16_to_f32(kept.template data<uint16_t>(), kept.numel(), wide.template data<float>());
+    return wide;
   }
   T* G(int idx) const { return params_[idx].grad.defined() ? params_[idx].grad.template data<T>() : nullptr; }
   int AddIn(DType value_dtype, const std::string& name, const std::vector<int64_t>& shape) {

@@ -351,43 +351,74 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const int64_t qd = heads_ * cfg_.head_dim;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
     const T* x = x_in.data<T>();
+    // What backward reads. Under --dtype=bf16 the large tensors are made in workspace (`big`), rounded where they
+    // are made and kept in bf16 (ParamStore::RoundAndKeep); the per-row statistics (rstd, lse) stay in T: they
+    // are small, and the norms' and softmax's backward divide by them.
+    std::vector<Tensor> kept(kNumSaved);
+    const MemCategory big = Store::ActCategory(act);
+    auto keep = [&](Saved k, Tensor& t) {
+      Tensor half = Store::RoundAndKeep(ops_, t, act);
+      if (saved) kept[k] = std::move(half);
+    };
+    // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
+    auto done = [&](Tensor& t) {
+      if (Store::HalfActivations()) t.Reset();
+    };
 
-    Tensor xn1 = New(act, {n, d}), rstd1 = New(act, {n});
+    Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
     ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
-    Tensor q = New(act, {n, qd}), q_raw, q_rstd;
+    keep(kXn1, xn1);
+    Tensor q = New(big, {n, qd}), q_raw, q_rstd;
     if (cfg_.qk_norm()) {
-      q_raw = New(act, {n, qd});
+      q_raw = New(big, {n, qd});
       q_rstd = New(act, {n * heads_});
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
+      keep(kQRaw, q_raw);
       ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * heads_, cfg_.head_dim, cfg_.rms_norm_eps,
                            q.data<T>(), q_rstd.data<T>());
     } else {
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
     ops_.rope(q.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
+    keep(kQ, q);
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
-    Tensor attn = New(act, {n, qd}), lse = New(act, {heads_, n});
+    done(xn1);
+    Tensor attn = New(big, {n, qd}), lse = New(act, {heads_, n});
     {
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
       if (selected) state.RequireSelected(l, c, pass);
       PagedAttentionForward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(),
                                attn.data<T>(), lse.data<T>());
     }
-    Tensor h = New(act, {n, d});
+    done(q);
+    keep(kAttn, attn);
+    Tensor h = New(big, {n, d});
     ops_.copy(h.data<T>(), x, n * d);
     RowParallelAdd(attn.data<T>(), qd, L.o, L.o_bias, c, state.opts, h.data<T>());
+    done(attn);
+    keep(kH, h);
 
-    Tensor xn2 = New(act, {n, d}), rstd2 = New(act, {n});
+    Tensor xn2 = New(big, {n, d}), rstd2 = New(act, {n});
     ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
-    Tensor gate = New(act, {n, f}), up = New(act, {n, f}), a = New(act, {n, f});
+    keep(kXn2, xn2);
+    Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, state.opts);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, state.opts);
+    done(xn2);
+    keep(kGate, gate);
+    keep(kUp, up);
     ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
+    done(gate), done(up);
+    keep(kAct, a);
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
     RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, state.opts, y.data<T>());
 
-    if (saved) saved->tensors = {x_in, xn1, rstd1, q, attn, lse, h, xn2, rstd2, gate, up, a, q_raw, q_rstd};
+    if (saved) {
+      kept[kX] = Store::Narrow(ops_, x_in, act);
+      kept[kRstd1] = rstd1, kept[kLse] = lse, kept[kRstd2] = rstd2, kept[kQRstd] = q_rstd;
+      saved->tensors = std::move(kept);
+    }
     return Store::Boundary(ops_, std::move(y));
   }
 
@@ -398,6 +429,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const int64_t n = c.size(), d = cfg_.hidden_size;
     Tensor xn1 = New(MemCategory::kWorkspace, {n, d}), rstd1 = New(MemCategory::kWorkspace, {n});
     ops_.rmsnorm_forward(x.data<T>(), W(layers_[l].norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
+    Store::RoundAndKeep(ops_, xn1, MemCategory::kWorkspace);  // K and V from what LayerForward projects them
     AppendKV(l, c, xn1.data<T>(), state);
   }
 
@@ -410,20 +442,31 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const int64_t qd = heads_ * cfg_.head_dim, kvd = kv_heads_ * cfg_.head_dim;
     const T* dy = dy_in.data<T>();
     constexpr MemCategory ws = MemCategory::kWorkspace;
+    // A saved tensor in T (under bf16 a copy widened into workspace, freed when the block using it ends).
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
 
     // MLP: y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h)
     Tensor dh = New(ws, {n, d});
     {
-      Tensor da = New(ws, {n, f}), dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+      Tensor da = New(ws, {n, f});
       Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
-      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, s[kAct].data<T>(), f, T(1), g, f);
-      BiasBackward(L.down_bias, dy, n, d);
-      Store::LoraBackward(ops_, L.down, s[kAct].data<T>(), dy, d, da.data<T>(), c, state.opts);
-      ops_.swiglu_backward(da.data<T>(), s[kGate].data<T>(), s[kUp].data<T>(), n * f, dgate.data<T>(),
-                           dup.data<T>());
+      {
+        const Tensor a = wide(kAct);  // widened before dgate and dup exist
+        if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
+        BiasBackward(L.down_bias, dy, n, d);
+        Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, state.opts);
+      }
+      Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+      for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) {
+        const int64_t r1 = std::min(n, r0 + tile), at = r0 * f;
+        const Tensor gate = Store::Widen(ops_, s[kGate].Rows(r0, r1)), up = Store::Widen(ops_, s[kUp].Rows(r0, r1));
+        ops_.swiglu_backward(da.data<T>() + at, gate.template data<T>(), up.template data<T>(), (r1 - r0) * f,
+                             dgate.data<T>() + at, dup.data<T>() + at);
+      }
       Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
       Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
-      const T* xn2 = s[kXn2].data<T>();
+      const Tensor xn2_kept = wide(kXn2);
+      const T* xn2 = xn2_kept.data<T>();
       if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
       if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
       BiasBackward(L.gate_bias, dgate.data<T>(), n, f);
@@ -432,31 +475,33 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
       tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of gate/up gave part of it
       ops_.copy(dh.data<T>(), dy, n * d);
-      NormBackward(dxn2.data<T>(), s[kH].data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+      NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
     }
     // Attention: h = x + o(attn(rope(q(xn1)), cache)), xn1 = norm1(x)
     Tensor dq = New(ws, {n, qd});
     {
       Tensor dattn = New(ws, {n, qd});
+      const Tensor attn = wide(kAttn), q = wide(kQ);
       Store::GemmW(ops_, false, n, qd, d, T(1), dh.data<T>(), d, L.o, qd, T(0), dattn.data<T>(), qd);
-      if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, s[kAttn].data<T>(), qd, T(1), g, qd);
+      if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, attn.data<T>(), qd, T(1), g, qd);
       BiasBackward(L.o_bias, dh.data<T>(), n, d);
-      Store::LoraBackward(ops_, L.o, s[kAttn].data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
-      const uint8_t* selected = SelectPages(l, c, s[kQ].data<T>(), state);
-      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), s[kQ].data<T>(),
-                                s[kAttn].data<T>(), s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
+      Store::LoraBackward(ops_, L.o, attn.data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
+      const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
+      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(),
+                                attn.data<T>(), s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
     state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
     ops_.rope(dq.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
     ops_.rope(dk.data<T>(), n, kv_heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
-    const T* xn1 = s[kXn1].data<T>();
+    const Tensor xn1_kept = wide(kXn1);
+    const T* xn1 = xn1_kept.data<T>();
     if (cfg_.qk_norm()) {
       // Through the per-head norms: q's input was saved; k's is projected again from xn1.
       const int64_t H = heads_, G = kv_heads_, hd = cfg_.head_dim;
       Tensor dq_raw = New(ws, {n, qd});
-      ops_.rmsnorm_backward(dq.data<T>(), s[kQRaw].data<T>(), W(L.q_norm), s[kQRstd].data<T>(), n * H, hd,
+      ops_.rmsnorm_backward(dq.data<T>(), wide(kQRaw).template data<T>(), W(L.q_norm), s[kQRstd].data<T>(), n * H, hd,
                             dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
       dq = std::move(dq_raw);
       Tensor k_raw = New(ws, {n, kvd}), k_normed = New(ws, {n, kvd}), k_rstd = New(ws, {n * G});
@@ -475,7 +520,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
-    NormBackward(dxn1.data<T>(), s[kX].data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
+    NormBackward(dxn1.data<T>(), wide(kX).template data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
     return dx;
   }
 

@@ -225,6 +225,10 @@ struct OpTable {
   void (*vocab_shard_gradient_bf16)(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
                                     const double* row_max, const double* row_sum, const double* row_scale,
                                     double grad_scale) = nullptr;
+  // bf16 activations (ParamStore::RoundAndKeep, core/param_store.h), f32 table of backends with bf16 storage:
+  // x := x rounded to bf16 values (f32_to_bf16's rounding) and half := those bf16 bits, in one pass where
+  // f32_to_bf16 and then bf16_to_f32 take two.
+  void (*round_bf16)(float* x, int64_t count, uint16_t* half) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

@@ -292,6 +292,11 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
         Count("f32_to_bf16", OpFamily::kConvert, 0, count * kF32, count * kBf16);
         Inner<float>().f32_to_bf16(src, count, dst);
       };
+    if (inner.round_bf16)
+      t.round_bf16 = [](float* x, int64_t count, uint16_t* half) {
+        Count("round_bf16", OpFamily::kConvert, 0, count * kF32, count * (kF32 + kBf16));
+        Inner<float>().round_bf16(x, count, half);
+      };
     if (inner.cross_entropy_bf16)
       t.cross_entropy_bf16 = [](uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
                                 const double* row_scale, double grad_scale) {

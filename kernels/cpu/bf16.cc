@@ -35,6 +35,14 @@ void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = F32ToBF16(src[i]);
 }
 
+void RoundBF16(float* x, int64_t count, uint16_t* half) {
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < count; ++i) {
+    half[i] = F32ToBF16(x[i]);
+    x[i] = BF16ToF32(half[i]);
+  }
+}
+
 namespace {
 
 // Tile sizes: an fp32 tile set is (256 x 512) x 2 + 256 x 256 floats = 1.25 MB per thread, and a converted

@@ -83,6 +83,8 @@ CopyEngine HostCopyEngine();
 // bf16 storage (bf16.cc). Rows converted element by element, rounding to nearest even on the way down.
 void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst);
 void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst);
+// OpTable::round_bf16, over the threads (a layer's activations: millions of values).
+void RoundBF16(float* x, int64_t count, uint16_t* half);
 // Gemm<float>'s contract where each of A, B and C is f32 or bf16 (a_type, b_type, c_type): products accumulate in
 // fp32 and a bf16 C is rounded once, after the whole sum. SG_BF16_MATMUL=autocast makes one exception (bf16.cc):
 // in f32 A x bf16 B -> f32 C, A is rounded to bf16 first.

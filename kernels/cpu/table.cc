@@ -118,6 +118,7 @@ OpTable<T> MakeCpuTable() {
     SG_OP(attention_forward_bf16, kAttentionForward, (cpu::AttentionForward<float, uint16_t>));
     SG_OP(attention_backward_bf16, kAttentionBackward, (cpu::AttentionBackward<float, uint16_t>));
     SG_OP(adamw_bf16, kOptimizer, cpu::AdamWBF16);
+    SG_OP(round_bf16, kConvert, cpu::RoundBF16);
   }
   SG_OP(attention_merge, kAttentionForward, cpu::AttentionMerge<T>);
 #undef SG_OP

@@ -92,6 +92,7 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
                int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c, int64_t ldc);
 void Bf16ToF32(const uint16_t* src, int64_t count, float* dst);
 void F32ToBf16(const float* src, int64_t count, uint16_t* dst);
+void RoundBf16(float* x, int64_t count, uint16_t* half);
 void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
                           float* lse, float* workspace);
 void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, const float* out,

@@ -933,6 +933,26 @@ TEST_F(GpuTest, Bf16ConversionsMatchCpuBitForBit) {
   }
   EXPECT_TRUE(narrowed[0] == narrowed[1]) << "f32_to_bf16 differs from the CPU's rounding";
   EXPECT_TRUE(widened[0] == widened[1]) << "bf16_to_f32 differs from the CPU's";
+  // round_bf16: the same rounding in one pass, x rounded in place and its bf16 bits out (more values than the CPU
+  // rounds on one thread, so that it uses several).
+  std::vector<float> many = Normal<float>(200000, 311, 10.0);
+  many.insert(many.end(), x.begin(), x.end());
+  const int64_t n = static_cast<int64_t>(many.size());
+  for (Device d : {Device::kCPU, Dut()}) {
+    Buf<float> v(d, many, "x");
+    Buf<uint16_t> half(d, n, Nan<uint16_t>(), "half");
+    OpsFor<float>(d).round_bf16(v.data(), n, half.data());
+    const std::vector<float> rounded = v.Raw();
+    const std::vector<uint16_t> bits = half.Raw();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits[i], F32ToBF16(many[i])) << (d == Device::kCPU ? "cpu" : "cuda") << " round_bf16 bits of " << many[i];
+      uint32_t got, want;
+      const float want_f = BF16ToF32(bits[i]);
+      std::memcpy(&got, &rounded[i], 4);
+      std::memcpy(&want, &want_f, 4);
+      ASSERT_EQ(got, want) << (d == Device::kCPU ? "cpu" : "cuda") << " round_bf16 value of " << many[i];
+    }
+  }
 }
 
 TEST_F(GpuTest, Bf16LossMatchesCpu) {

@@ -202,6 +202,13 @@ __global__ void ConvertKernel(const S* src, int64_t count, D* dst) {
   SG_CUDA_LOOP(i, count) Narrow(dst + i, Widen(src[i]));
 }
 
+__global__ void RoundBf16Kernel(float* x, int64_t count, uint16_t* half) {
+  SG_CUDA_LOOP(i, count) {
+    Narrow(half + i, x[i]);
+    x[i] = Widen(half[i]);
+  }
+}
+
 template <typename T>
 __global__ void SiluForwardKernel(const T* x, int64_t count, T* y) {
   SG_CUDA_LOOP(i, count) y[i] = x[i] / (T(1) + Exp(-x[i]));
@@ -385,6 +392,12 @@ void F32ToBf16(const float* src, int64_t count, uint16_t* dst) {
   if (count <= 0) return;
   ConvertKernel<uint16_t, float><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(src, count, dst);
   End("f32_to_bf16");
+}
+
+void RoundBf16(float* x, int64_t count, uint16_t* half) {
+  if (count <= 0) return;
+  RoundBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, half);
+  End("round_bf16");
 }
 
 #define SG_INSTANTIATE(T)                                                                                   \

@@ -58,6 +58,7 @@ static OpTable<T> MakeCudaTable() {
     t.attention_forward_bf16 = cuda::AttentionForwardBf16;
     t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
     t.adamw_bf16 = cuda::AdamWBf16;
+    t.round_bf16 = cuda::RoundBf16;
   }
   t.attention_merge = cuda::AttentionMerge<T>;
   cuda::AddVocabParallelOps(t);

@@ -76,6 +76,7 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, vocab_shard_max_bf16);
   SG_META_NOP(t, vocab_shard_sums_bf16);
   SG_META_NOP(t, vocab_shard_gradient_bf16);
+  SG_META_NOP(t, round_bf16);
   return t;
 }
 #undef SG_META_NOP
