@@ -1,6 +1,6 @@
 // Times the CPU attention kernels alone on bench-cpu's attention shape (4 heads, 2 KV heads, head_dim 64, pages
 // of 256), f32 and bf16 pages: what kernels/cpu/attention.cc's blocking is tuned with.
-//   ./bazelw run -c opt //kernels/cpu:attention_bench -- [n] [repeats]
+//   ./bazelw run //kernels/cpu:attention_bench -- [n] [repeats]
 #include <omp.h>
 
 #include <chrono>
