@@ -856,6 +856,33 @@ int Main() {
   std::map<std::string, std::string> skipped;  // strategy -> why its longer sequences were not run
   const double skip_after_s = absl::GetFlag(FLAGS_skip_after_s);
   json skipped_rows = json::array();
+  // PyTorch runs right after seqgrad at each length (not after all of them), so that both meet much the same load
+  // on a shared machine; its rows are printed after seqgrad's.
+  std::vector<std::string> torch_strategies;
+  for (const std::string& s : strategies)
+    if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
+  if (compare_torch && torch_strategies.empty())
+    std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
+  json torch_info, torch_rows = json::array();
+  auto run_torch = [&](int64_t T) {
+    if (!compare_torch || torch_strategies.empty()) return;
+    json t = RunTorch(model, torch_strategies, {{T, seqs.at(T)}}, warmup, repeats, DTypeName(*dtype), gpu);
+    for (json r : t["rows"]) {
+      if (!r["time_s"].is_number()) {  // out of GPU memory
+        skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
+                                {"reason", "out of GPU memory"}});
+        continue;
+      }
+      const double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
+      const double secs = r["time_s"].get<double>();
+      r["gflops"] = flops / 1e9;
+      r["gflops_per_s"] = flops / 1e9 / secs;
+      r["sgemm_fraction"] = flops / 1e9 / secs / sgemm;
+      torch_rows.push_back(r);
+    }
+    t.erase("rows");
+    torch_info = t;
+  };
   for (int64_t T : seq_lens) {
     for (int round = 0; round < warmup + repeats; ++round) {
       for (const std::string& name : strategies) {
@@ -894,6 +921,7 @@ int Main() {
         acc.chunks_backpropagated += m->chunks_backpropagated / repeats;
       }
     }
+    run_torch(T);
   }
   for (const std::string& name : strategies) {
     for (int64_t T : seq_lens) {
@@ -925,33 +953,7 @@ int Main() {
   }
   const json checks = PrintChecks(rows, strategies, seq_lens, state_bytes_per_token);
 
-  json torch_info;
-  if (compare_torch) {
-    std::vector<std::string> torch_strategies;
-    for (const std::string& s : strategies)
-      if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
-    if (torch_strategies.empty()) {
-      std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
-    } else {
-      json t = RunTorch(model, torch_strategies, seqs, warmup, repeats, DTypeName(*dtype), gpu);
-      for (json r : t["rows"]) {
-        const int64_t T = r["seq_len"].get<int64_t>();
-        if (!r["time_s"].is_number()) {  // out of GPU memory
-          skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
-                                  {"reason", "out of GPU memory"}});
-          continue;
-        }
-        const double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
-        const double secs = r["time_s"].get<double>();
-        r["gflops"] = flops / 1e9;
-        r["gflops_per_s"] = flops / 1e9 / secs;
-        r["sgemm_fraction"] = flops / 1e9 / secs / sgemm;
-        rows.push_back(r);
-      }
-      t.erase("rows");
-      torch_info = t;
-    }
-  }
+  for (json& r : torch_rows) rows.push_back(std::move(r));
 
   std::printf("\n");
   PrintTable(rows);

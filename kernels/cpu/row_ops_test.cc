@@ -59,11 +59,12 @@ TEST(RowOpsTest, EveryBuildMatchesDoubleReference) {
       }
       EXPECT_NEAR(sum, ref_sum, 1e-6 * ref_sum);
 
-      std::vector<float> dp = y;
-      ops.softmax_backward(dp.data(), e.data(), n, 0.5f);
+      std::vector<float> dp = y, p = x;
+      ops.softmax_backward(p.data(), dp.data(), n, shift, 0.5f);
       std::vector<float> s = y;
       ops.scale(s.data(), n, -3.0f);
       for (int64_t i = 0; i < n; ++i) {
+        EXPECT_EQ(p[i], e[i]) << i;
         EXPECT_FLOAT_EQ(dp[i], e[i] * (y[i] - 0.5f)) << i;
         EXPECT_EQ(s[i], y[i] * -3.0f) << i;
       }

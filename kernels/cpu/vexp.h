@@ -49,8 +49,9 @@ struct RowOps {
   void (*exp_shifted)(float* x, int64_t n, float shift);
   // x[i] = exp(x[i] - shift); returns the sum of the new x
   float (*exp_shifted_sum)(float* x, int64_t n, float shift);
-  // dp[i] = p[i] * (dp[i] - d): softmax's backward through one row
-  void (*softmax_backward)(float* dp, const float* p, int64_t n, float d);
+  // Softmax's backward through one row, from the scores s (in p) and dP: p[i] = exp(s[i] - lse), then
+  // dp[i] = p[i] * (dp[i] - d), in one pass
+  void (*softmax_backward)(float* p, float* dp, int64_t n, float lse, float d);
   // sum a[i] b[i]
   float (*dot)(const float* a, const float* b, int64_t n);
   // x[i] *= a
