@@ -177,6 +177,12 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
     Count("scale", OpFamily::kPointwise, 0, count * S, count * S);
     Inner<T>().scale(x, count, factor);
   };
+  // Attention over page groups: each group's output and logsumexp merged into the running ones (4 flops a value).
+  t.attention_merge = [](const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b) {
+    const int64_t values = s.n * s.heads * s.head_dim, rows = s.n * s.heads;
+    Count("attention_merge", OpFamily::kPointwise, 4 * values, (2 * values + 2 * rows) * S, (values + rows) * S);
+    Inner<T>().attention_merge(s, out, lse, out_b, lse_b);
+  };
   t.attention_forward = [](const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* ws) {
     CountAttentionForward<T, T>("attention_forward", s, kv);
     Inner<T>().attention_forward(s, q, kv, out, lse, ws);
