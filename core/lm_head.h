@@ -93,6 +93,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   Tensor logits = Tensor::Empty(&mem, MemCategory::kLogits, bf16 ? b16 : dtype, {rows, V});
   uint16_t* logits16 = logits.data<uint16_t>();
   std::vector<double> logprobs(rows), row_scale(rows);
+  Tensor device_loss;
   const bool argmax = objective && objective->wants_argmax();
   std::vector<int32_t> argmax_ids(argmax ? rows : 0);
   const TensorParallel* tp = w.vocab_parallel && w.vocab_parallel->on() ? w.vocab_parallel : nullptr;
@@ -138,12 +139,19 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
         else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
         add_terms(i0, m);
         if (!need_grad) continue;
-        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
-        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale, nullptr);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale,
+                                                nullptr);
       } else {
-        r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
-                           : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr,
-                                                                grad_scale);
+        // Token cross-entropy: the chunk's loss stays on the device (one double, zeroed once, read at the step's
+        // end), so no chunk waits for it.
+        if (!device_loss.defined()) {
+          device_loss = Tensor::Zeros(&mem, MemCategory::kWorkspace, DType::kF64, {1});
+          r.loss_sum.AddPartial(device_loss);
+        }
+        double* sum = device_loss.data<double>();
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale, sum);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale, sum);
       }
     }
     T* dhn_i = dhn.data<T>() + i0 * d;
