@@ -576,8 +576,8 @@ TEST_F(CudaStrategyTest, ChunksMakeNoHostCopies) {
       for (int64_t b = 0; b < static_cast<int64_t>(s.ids.size()); b += sparse.chunk)
         selecting += b / sparse.page_size - 2 > sparse.sparse_pages;
     ASSERT_GT(selecting, 0);
-    for (const StrategyOptions& o : {sparse, Strategy("seco", 4, 2), Strategy("streambp", 4, 3), Strategy("ckpt", 512, 4),
-                                     Strategy("full", 512, 4)}) {
+    for (const StrategyOptions& o : {sparse, Strategy("seco", 4, 2), Strategy("streambp", 4, 3),
+                                     Strategy("ckpt", 512, 4), Strategy("full", 512, 4)}) {
       const std::string what = "f64 tiny LoRA dropout " + Describe(o);
       const int64_t scores = o.sparse_pages > 0 ? selecting * p.gpu->num_layers() : 0;
       ExpectClose(GradientsWithoutHostCopies(*p.gpu, o, batch, scores, what), Gradients(*p.cpu, o, batch), 1e-10,

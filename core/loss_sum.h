@@ -23,8 +23,19 @@ class LossSum {
     partials_.insert(partials_.end(), other.partials_.begin(), other.partials_.end());
     return *this;
   }
-  // partial: one f64 in the model's memory, written by device work queued before the value is read.
-  void AddPartial(Tensor partial) { partials_.push_back(std::move(partial)); }
+  // A new partial: one zeroed f64 on device d that device work queued before the value is read adds into. Its
+  // bytes are counted apart from the model's memory: one is kept per chunk until the step's end, and 8 bytes a chunk
+  // in the model's accounting would make a step's peak grow with the sequence's length.
+  double* NewPartial(Device d) {
+    static MemoryTracker* trackers = [] {
+      auto* t = new MemoryTracker[kNumDevices];  // outlives every partial
+      for (int i = 0; i < kNumDevices; ++i) t[i].set_device(static_cast<Device>(i));
+      return t;
+    }();
+    partials_.push_back(
+        Tensor::Zeros(&trackers[static_cast<int>(d)], MemCategory::kWorkspace, DType::kF64, {1}));
+    return partials_.back().data<double>();
+  }
 
   // The host terms, then each partial in the order added: the bits a host sum in that order gives. Meta partials
   // hold no values and add nothing.
