@@ -3,7 +3,6 @@
 // value copies the partials back, so the trainer reads it once the step's device work is done.
 #pragma once
 
-#include <utility>
 #include <vector>
 
 #include "core/memory.h"

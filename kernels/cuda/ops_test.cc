@@ -597,6 +597,14 @@ TYPED_TEST(CudaOpsTest, CrossEntropyAndTokenLogprobs) {
         Outs o;
         o.scalar = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab,
                                                       row_scale ? scales.data() : nullptr, 0.37, nullptr);
+        // The sum left in device memory instead (added to what is there): the same bits, the same gradient.
+        Buf<T> grad_kept(dev, logits, "dlogits (sum kept on the device)");
+        Buf<double> kept(dev, std::vector<double>{0.25}, "loss sum");
+        EXPECT_EQ(ops.cross_entropy_forward_backward(grad_kept.data(), labels.data(), n, vocab,
+                                                     row_scale ? scales.data() : nullptr, 0.37, kept.data()),
+                  0.0);
+        EXPECT_EQ(kept.Raw()[0], 0.25 + o.scalar);
+        EXPECT_EQ(grad_kept.Raw(), grad.Raw());
         ops.token_logprobs(L.data(), labels.data(), n, vocab, lp.data());
         o.Add(grad);
         o.Add("logprobs", lp.Raw());
