@@ -560,7 +560,9 @@ void EnableLoraDropout(Pair& p, const std::string& family) {
 
 // No chunk waits for the device through a host copy (issue 19): LoRA dropout masks, Mamba's A and its gradient
 // and sparse attention's key sums run on the device; a chunk that selects pages reads back only their scores. The
-// gradients still match the CPU's.
+// token cross-entropy (SFT) stays on the device until the step's end (core/loss_sum.h): the trainer's read of it
+// goes through CopyToHost, so reading it before the step's last chunk is done would count here. The gradients and
+// the loss still match the CPU's.
 TEST_F(CudaStrategyTest, ChunksMakeNoHostCopies) {
   {
     Pair p = Transformers("tiny", DType::kF64);
@@ -574,7 +576,8 @@ TEST_F(CudaStrategyTest, ChunksMakeNoHostCopies) {
       for (int64_t b = 0; b < static_cast<int64_t>(s.ids.size()); b += sparse.chunk)
         selecting += b / sparse.page_size - 2 > sparse.sparse_pages;
     ASSERT_GT(selecting, 0);
-    for (const StrategyOptions& o : {sparse, Strategy("streambp", 4, 3), Strategy("ckpt", 512, 4)}) {
+    for (const StrategyOptions& o : {sparse, Strategy("seco", 4, 2), Strategy("streambp", 4, 3),
+                                     Strategy("ckpt", 512, 4), Strategy("full", 512, 4)}) {
       const std::string what = "f64 tiny LoRA dropout " + Describe(o);
       const int64_t scores = o.sparse_pages > 0 ? selecting * p.gpu->num_layers() : 0;
       ExpectClose(GradientsWithoutHostCopies(*p.gpu, o, batch, scores, what), Gradients(*p.cpu, o, batch), 1e-10,

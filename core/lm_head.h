@@ -93,6 +93,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   Tensor logits = Tensor::Empty(&mem, MemCategory::kLogits, bf16 ? b16 : dtype, {rows, V});
   uint16_t* logits16 = logits.data<uint16_t>();
   std::vector<double> logprobs(rows), row_scale(rows);
+  double* device_loss = nullptr;  // the chunk's token cross-entropy, in device memory
   const bool argmax = objective && objective->wants_argmax();
   std::vector<int32_t> argmax_ids(argmax ? rows : 0);
   const TensorParallel* tp = w.vocab_parallel && w.vocab_parallel->on() ? w.vocab_parallel : nullptr;
@@ -138,12 +139,15 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
         else ops.token_logprobs(logits.data<T>(), labels + i0, m, V, logprobs.data());
         add_terms(i0, m);
         if (!need_grad) continue;
-        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale);
-        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale);
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, row_scale.data(), grad_scale, nullptr);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, row_scale.data(), grad_scale,
+                                                nullptr);
       } else {
-        r.loss_sum += bf16 ? ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale)
-                           : ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr,
-                                                                grad_scale);
+        // Token cross-entropy: the chunk's loss stays on the device (one double, read at the step's end), so no
+        // chunk waits for it.
+        if (!device_loss) device_loss = r.loss_sum.NewPartial(mem.device());
+        if (bf16) ops.cross_entropy_bf16(logits16, labels + i0, m, V, nullptr, grad_scale, device_loss);
+        else ops.cross_entropy_forward_backward(logits.data<T>(), labels + i0, m, V, nullptr, grad_scale, device_loss);
       }
     }
     T* dhn_i = dhn.data<T>() + i0 * d;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
+#include "core/loss_sum.h"
 #include "core/memory.h"
 
 namespace sg {
@@ -93,7 +94,7 @@ class SequenceState {
 };
 
 struct HeadResult {
-  double loss_sum = 0;   // sum of per-token losses over valid labels in the chunk
+  LossSum loss_sum;      // sum of per-token losses over valid labels in the chunk (may be on the device)
   int64_t tokens = 0;    // valid labels in the chunk
   Tensor dh;             // gradient w.r.t. the last layer's output for the chunk (if requested)
 };

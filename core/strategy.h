@@ -66,7 +66,7 @@ struct Sequence {
 };
 
 struct GradResult {
-  double loss_sum = 0;               // sum of token losses (not scaled)
+  LossSum loss_sum;                  // sum of token losses (not scaled; read it after the step's device work)
   int64_t tokens = 0;                // valid labels seen
   int64_t chunks = 1;                // chunks the sequence was split into
   int64_t chunks_backpropagated = 1;  // of which were backpropagated (spaco: a random subset)

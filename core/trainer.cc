@@ -211,11 +211,12 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
   if (absl::Status s = CatchStrategyErrors(
           absl::StrCat("step ", step() + 1, " (strategy '", strategy_options_.name, "')"),
           [&] {
+            std::vector<LossSum> losses;  // read once the device work is done: no chunk waits for its loss
             for (size_t i = 0; i < seqs.size(); ++i) {
               StrategyOptions o = strategy_options_;
               o.seed = SequenceSeed(strategy_options_.seed, call, pass->next_index++);
               GradResult r = strategy_(model_, seqs[i], grad_scale, o);
-              m.loss += r.loss_sum;
+              losses.push_back(std::move(r.loss_sum));
               m.tokens += r.tokens;
               m.chunks += r.chunks;
               m.chunks_backpropagated += r.chunks_backpropagated;
@@ -223,6 +224,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
               m.offloaded_bytes = std::max(m.offloaded_bytes, r.offloaded_bytes);
             }
             SynchronizeDevice(model_.memory().device());  // faults of the step's device work, as this step's
+            for (const LossSum& loss : losses) m.loss += loss.value();
             pass->loss_sum = m.loss;
           });
       !s.ok())

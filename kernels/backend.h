@@ -93,10 +93,11 @@ struct OpTable {
 
   // Cross-entropy over logits[n][vocab], overwritten by d loss / d logits * grad_scale * row_scale[i] (row_scale
   // null: 1), i.e. row i becomes s_i (softmax - onehot(label)). labels < 0 are ignored (their gradient rows are
-  // zero). Returns the sum of per-token losses -logp of valid rows. Other objectives f(logp) pass
-  // row_scale[i] = -f'(logp_i).
+  // zero). The sum of per-token losses -logp of valid rows (in row order): device_sum null: returned (the host
+  // waits for it); else added to *device_sum (one double in device memory) on the device, and 0 returned, so a
+  // chunk never waits. Other objectives f(logp) pass row_scale[i] = -f'(logp_i).
   double (*cross_entropy_forward_backward)(T* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                           const double* row_scale, double grad_scale);
+                                           const double* row_scale, double grad_scale, double* device_sum);
   // Per-row log-probabilities of labels only (no gradient); rows with label < 0 get 0.
   void (*token_logprobs)(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
   // Per-row arg max of the logits over the vocabulary (the lowest id among ties; NaN entries never win), for
@@ -151,7 +152,7 @@ struct OpTable {
   void (*f32_to_bf16)(const float* src, int64_t count, uint16_t* dst) = nullptr;
   // cross_entropy_forward_backward, token_logprobs, token_argmax over a bf16 logits chunk.
   double (*cross_entropy_bf16)(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                               const double* row_scale, double grad_scale) = nullptr;
+                               const double* row_scale, double grad_scale, double* device_sum) = nullptr;
   void (*token_logprobs_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
                               double* out) = nullptr;
   void (*token_argmax_bf16)(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,

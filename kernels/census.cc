@@ -194,9 +194,9 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
   };
   // Loss ops read the logits and labels (and row scales); cross-entropy overwrites the logits with the gradient.
   t.cross_entropy_forward_backward = [](T* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                        const double* row_scale, double grad_scale) {
+                                        const double* row_scale, double grad_scale, double* device_sum) {
     Count("cross_entropy", OpFamily::kLoss, 0, n * vocab * S + n * 4 + (row_scale ? n * 8 : 0), n * vocab * S);
-    return Inner<T>().cross_entropy_forward_backward(logits, labels, n, vocab, row_scale, grad_scale);
+    return Inner<T>().cross_entropy_forward_backward(logits, labels, n, vocab, row_scale, grad_scale, device_sum);
   };
   t.token_logprobs = [](const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
     Count("token_logprobs", OpFamily::kLoss, 0, n * vocab * S + n * 4, n * 8);
@@ -305,10 +305,10 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
       };
     if (inner.cross_entropy_bf16)
       t.cross_entropy_bf16 = [](uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                const double* row_scale, double grad_scale) {
+                                const double* row_scale, double grad_scale, double* device_sum) {
         Count("cross_entropy_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4 + (row_scale ? n * 8 : 0),
               n * vocab * kBf16);
-        return Inner<float>().cross_entropy_bf16(logits, labels, n, vocab, row_scale, grad_scale);
+        return Inner<float>().cross_entropy_bf16(logits, labels, n, vocab, row_scale, grad_scale, device_sum);
       };
     if (inner.token_logprobs_bf16)
       t.token_logprobs_bf16 = [](const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,

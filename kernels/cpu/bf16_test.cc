@@ -169,9 +169,9 @@ TEST(BF16Test, LossKernelsOverBF16LogitsMatchF32) {
   EXPECT_EQ(lp_b, lp);
   EXPECT_EQ(am_b, am);
   const double loss = cpu::CrossEntropyForwardBackward<float>(wide.data(), labels.data(), n, vocab,
-                                                              row_scale.data(), 0.25);
+                                                              row_scale.data(), 0.25, nullptr);
   const double loss_b = cpu::CrossEntropyForwardBackwardBF16(logits.h.data(), labels.data(), n, vocab,
-                                                             row_scale.data(), 0.25);
+                                                             row_scale.data(), 0.25, nullptr);
   EXPECT_EQ(loss_b, loss);
   for (int64_t i = 0; i < n * vocab; ++i) ASSERT_EQ(logits.h[i], F32ToBF16(wide[i])) << i;
 }

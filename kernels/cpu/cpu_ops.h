@@ -43,14 +43,14 @@ void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, con
 
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
-                                   double grad_scale);
+                                   double grad_scale, double* device_sum);
 template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 template <typename T>
 void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 // The same over a bf16 logits chunk (--dtype=bf16), one row widened to fp32 at a time.
 double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                       const double* row_scale, double grad_scale);
+                                       const double* row_scale, double grad_scale, double* device_sum);
 void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 void TokenArgmaxBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 

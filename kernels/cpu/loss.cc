@@ -38,6 +38,13 @@ int32_t ArgmaxRow(const T* row, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
+// The op's contract for its sum: added to *device_sum (CPU memory is the device's) and 0 returned, or returned.
+double Delivered(double total, double* device_sum) {
+  if (!device_sum) return total;
+  *device_sum += total;
+  return 0;
+}
+
 // A bf16 row widened into a per-thread fp32 buffer (one row, never the chunk).
 const float* Widened(const uint16_t* row, int64_t vocab) {
   static thread_local std::vector<float> buf;
@@ -50,7 +57,7 @@ const float* Widened(const uint16_t* row, int64_t vocab) {
 
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
-                                   double grad_scale) {
+                                   double grad_scale, double* device_sum) {
   double total = 0;
 #pragma omp parallel for reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) {
@@ -61,7 +68,7 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
     }
     total += CrossEntropyRow(row, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
   }
-  return total;
+  return Delivered(total, device_sum);
 }
 
 template <typename T>
@@ -77,7 +84,7 @@ void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t voca
 }
 
 double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                       const double* row_scale, double grad_scale) {
+                                       const double* row_scale, double grad_scale, double* device_sum) {
   double total = 0;
 #pragma omp parallel for reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) {
@@ -90,7 +97,7 @@ double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, 
     total += CrossEntropyRow(wide, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
     F32ToBF16Row(wide, vocab, row);
   }
-  return total;
+  return Delivered(total, device_sum);
 }
 
 void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
@@ -104,8 +111,10 @@ void TokenArgmaxBF16(const uint16_t* logits, const int32_t* labels, int64_t n, i
   for (int64_t i = 0; i < n; ++i) out[i] = labels[i] < 0 ? -1 : ArgmaxRow(Widened(logits + i * vocab, vocab), vocab);
 }
 
-template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double);
-template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double);
+template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double,
+                                                   double*);
+template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double,
+                                                    double*);
 template void TokenLogprobs<float>(const float*, const int32_t*, int64_t, int64_t, double*);
 template void TokenLogprobs<double>(const double*, const int32_t*, int64_t, int64_t, double*);
 template void TokenArgmax<float>(const float*, const int32_t*, int64_t, int64_t, int32_t*);

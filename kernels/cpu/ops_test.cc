@@ -89,13 +89,20 @@ TEST(OpsTest, CrossEntropyIgnoresLabels) {
   Vec logits = Random(n * vocab, 12, 2.0);
   auto f = [&] {
     Vec copy = logits;
-    return ops.cross_entropy_forward_backward(copy.data(), labels.data(), n, vocab, nullptr, 1.0);
+    return ops.cross_entropy_forward_backward(copy.data(), labels.data(), n, vocab, nullptr, 1.0, nullptr);
   };
   Vec grad = logits;
-  const double loss = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, nullptr, 1.0);
+  const double loss = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, nullptr, 1.0, nullptr);
   std::vector<double> lp(n);
   ops.token_logprobs(logits.data(), labels.data(), n, vocab, lp.data());
   EXPECT_NEAR(loss, -(lp[0] + lp[1] + lp[2] + lp[3]), 1e-12);
+  // Left in (CPU) device memory instead: added to what is there, the same bits and gradient, 0 returned.
+  Vec grad_dev = logits;
+  double device_sum = 0.5;
+  EXPECT_EQ(ops.cross_entropy_forward_backward(grad_dev.data(), labels.data(), n, vocab, nullptr, 1.0, &device_sum),
+            0.0);
+  EXPECT_EQ(device_sum, 0.5 + loss);
+  EXPECT_EQ(grad_dev, grad);
   EXPECT_EQ(lp[1], 0.0);
   EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
 }
@@ -126,7 +133,7 @@ TEST(OpsTest, CrossEntropyRowScales) {
     return -(scales[0] * lp[0] + scales[1] * lp[1] + scales[2] * lp[2]);
   };
   Vec grad = logits;
-  ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, scales.data(), 1.0);
+  ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, scales.data(), 1.0, nullptr);
   EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
 }
 

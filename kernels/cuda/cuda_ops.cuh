@@ -53,7 +53,7 @@ void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, con
 // loss.cu
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
-                                   double grad_scale);
+                                   double grad_scale, double* device_sum);
 template <typename T>
 void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 template <typename T>

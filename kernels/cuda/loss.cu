@@ -1,8 +1,8 @@
 // Cross-entropy over a chunk of logits, per-token log-probabilities and arg max: one block per row (vocabularies
 // up to a few hundred thousand), formulas as in kernels/cpu/loss.cc (max shift in T, exp and sums in double).
 //
-// Determinism: block reductions have a fixed shape, and the loss is summed on the host in row order from the
-// per-row losses, so the result does not depend on scheduling.
+// Determinism: block reductions have a fixed shape, and the loss is summed in row order from the per-row losses
+// (on the device by one thread, or on the host), so the result does not depend on scheduling.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -68,6 +68,14 @@ __global__ void CrossEntropyKernel(S* logits, const int32_t* labels, int64_t n, 
     }
     if (threadIdx.x == 0) losses[i] = lse - static_cast<double>(picked);
   }
+}
+
+// *sum += the losses of rows with a label, in row order: the host's sum, left on the device.
+__global__ void AddValidLossesKernel(const double* losses, const int32_t* labels, int64_t n, double* sum) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (labels[i] >= 0) total += losses[i];
+  *sum += total;
 }
 
 template <typename S>
@@ -152,7 +160,7 @@ __global__ void TokenArgmaxKernel(const S* logits, const int32_t* labels, int64_
 
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
-                                   double grad_scale) {
+                                   double grad_scale, double* device_sum) {
   if (n <= 0) return 0;
   const char* op = "cross_entropy";
   const int32_t* dlabels = Stage(labels, n, kSlotLabels, op);
@@ -160,6 +168,11 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
   auto* dlosses = static_cast<double*>(Scratch(n * sizeof(double), kSlotOut, op));
   CrossEntropyKernel<T><<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dscale, grad_scale,
                                                                   dlosses);
+  if (device_sum) {
+    AddValidLossesKernel<<<1, 1, 0, Stream()>>>(dlosses, dlabels, n, device_sum);
+    End(op);
+    return 0;
+  }
   std::vector<double> losses(n);
   Check(cudaMemcpyAsync(losses.data(), dlosses, n * sizeof(double), cudaMemcpyDeviceToHost, Stream()), op,
         "copying the losses back");
@@ -195,15 +208,17 @@ void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t voca
   End(op);
 }
 
-template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double);
-template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double);
+template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double,
+                                                   double*);
+template double CrossEntropyForwardBackward<double>(double*, const int32_t*, int64_t, int64_t, const double*, double,
+                                                    double*);
 template void TokenLogprobs<float>(const float*, const int32_t*, int64_t, int64_t, double*);
 template void TokenLogprobs<double>(const double*, const int32_t*, int64_t, int64_t, double*);
 template void TokenArgmax<float>(const float*, const int32_t*, int64_t, int64_t, int32_t*);
 template void TokenArgmax<double>(const double*, const int32_t*, int64_t, int64_t, int32_t*);
 // bf16 logit chunks (--dtype=bf16): stored bf16, computed in f32.
 template double CrossEntropyForwardBackward<uint16_t>(uint16_t*, const int32_t*, int64_t, int64_t, const double*,
-                                                      double);
+                                                      double, double*);
 template void TokenLogprobs<uint16_t>(const uint16_t*, const int32_t*, int64_t, int64_t, double*);
 template void TokenArgmax<uint16_t>(const uint16_t*, const int32_t*, int64_t, int64_t, int32_t*);
 

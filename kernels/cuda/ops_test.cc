@@ -596,7 +596,15 @@ TYPED_TEST(CudaOpsTest, CrossEntropyAndTokenLogprobs) {
         HostBuf<double> lp(n, Nan<double>(), "logprobs");
         Outs o;
         o.scalar = ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab,
-                                                      row_scale ? scales.data() : nullptr, 0.37);
+                                                      row_scale ? scales.data() : nullptr, 0.37, nullptr);
+        // The sum left in device memory instead (added to what is there): the same bits, the same gradient.
+        Buf<T> grad_kept(dev, logits, "dlogits (sum kept on the device)");
+        Buf<double> kept(dev, std::vector<double>{0.25}, "loss sum");
+        EXPECT_EQ(ops.cross_entropy_forward_backward(grad_kept.data(), labels.data(), n, vocab,
+                                                     row_scale ? scales.data() : nullptr, 0.37, kept.data()),
+                  0.0);
+        EXPECT_EQ(kept.Raw()[0], 0.25 + o.scalar);
+        EXPECT_EQ(grad_kept.Raw(), grad.Raw());
         ops.token_logprobs(L.data(), labels.data(), n, vocab, lp.data());
         o.Add(grad);
         o.Add("logprobs", lp.Raw());
@@ -974,7 +982,7 @@ TEST_F(GpuTest, Bf16LossMatchesCpu) {
         HostBuf<int32_t> am(n, 12345, "argmax");
         Outs o;
         o.scalar = ops.cross_entropy_bf16(grad.data(), labels.data(), n, vocab, row_scale ? scales.data() : nullptr,
-                                          0.37);
+                                          0.37, nullptr);
         ops.token_logprobs_bf16(L.data(), labels.data(), n, vocab, lp.data());
         ops.token_argmax_bf16(L.data(), labels.data(), n, vocab, am.data());
         o.Add(grad);

@@ -182,7 +182,7 @@ TYPED_TEST(EmulatedExtraTest, OneColumnLosses) {
       Buf<T> G(d, logits, "dlogits"), L(d, logits, "logits");
       std::vector<double> lp(n, NAN);
       std::vector<int32_t> am(n, 77);
-      const double loss = ops.cross_entropy_forward_backward(G.data(), labels.data(), n, vocab, nullptr, 0.5);
+      const double loss = ops.cross_entropy_forward_backward(G.data(), labels.data(), n, vocab, nullptr, 0.5, nullptr);
       ops.token_logprobs(L.data(), labels.data(), n, vocab, lp.data());
       ops.token_argmax(L.data(), labels.data(), n, vocab, am.data());
       return Outs{{{"dlogits", G.Values()},
