@@ -1031,7 +1031,7 @@ int Main() {
     const char* wait_policy = std::getenv("OMP_WAIT_POLICY");  // tools::InitTool sets PASSIVE unless the user did
     config["omp_wait_policy"] = wait_policy ? wait_policy : "";
     // The CPU kernels' environment switches (kernels/cpu: isa.h, bf16.cc), as this run had them.
-    for (const char* env : {"SG_CPU_ISA", "SG_BF16_MATMUL", "SG_GEMM"}) {
+    for (const char* env : {"SG_CPU_ISA", "SG_GEMM"}) {
       const char* v = std::getenv(env);
       config[absl::AsciiStrToLower(env)] = v ? v : "";
     }

@@ -23,6 +23,7 @@ Registry& TheRegistry() {
     cpu.f32 = &CpuOps<float>();
     cpu.f64 = &CpuOps<double>();
     cpu.copies = cpu::HostCopyEngine();
+    cpu.set_matmul = cpu::SetMatmul;
     reg->backends[0] = cpu;
     reg->present[0] = true;
     reg->backends[static_cast<int>(Device::kMeta)] = meta::MetaBackend();

@@ -9,6 +9,9 @@
 // absent (-1) get no dK/dV: their positions' state gradient is not wanted (spaco's dropped chunks). Pages stored in
 // bf16 (--dtype=bf16) are read in fp32 (forward: tile by tile; backward: a page at a time); a call's dK/dV for a
 // page sum in fp32 and are rounded once into it.
+// Under --matmul=bf16 (f32 only) the six products take bf16 operands, as PyTorch's flash attention does for bf16
+// inputs: the f32 Q, P, dO and dS blocks are rounded per call and bf16 pages are used as they are (GemmMixed);
+// the softmax statistics, D and the dQ/dK/dV sums stay fp32.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vexp.h"
 
 namespace sg::cpu {
@@ -68,26 +72,31 @@ inline void ScaleRow(double* x, int64_t n, double a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-// Products with a KV page stored as KV: T, or bf16 (--dtype=bf16), whose tiles GemmMixed converts.
-// C = alpha A op(page) + beta C.
-template <typename T, typename KV>
-void GemmPage(bool trans_page, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const KV* page,
-              int64_t ldp, T beta, T* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, KV>) {
-    Gemm<T>(false, trans_page, m, n, k, alpha, a, lda, page, ldp, beta, c, ldc);
-  } else {
-    GemmMixed(false, trans_page, m, n, k, alpha, DType::kF32, a, lda, DType::kBF16, page, ldp, beta, DType::kF32, c,
-              ldc);
-  }
+// The storage type of KV pages: T, or bf16 (--dtype=bf16).
+template <typename KV>
+constexpr DType kPageType = std::is_same_v<KV, uint16_t> ? DType::kBF16 : DType::kF32;
+
+// C = alpha op(A) op(B) + beta C where A and B are T or (a KV page) bf16, as a_type and b_type say: GemmMixed, which
+// follows --matmul (bf16: the f32 operands rounded, fp32 accumulation), for f32; Gemm<double> for the f64 reference.
+inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
+               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  GemmMixed(ta, tb, m, n, k, alpha, a_type, a, lda, b_type, b, ldb, beta, DType::kF32, c, ldc);
+}
+inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, DType, const void* a, int64_t lda,
+               DType, const void* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  Gemm<double>(ta, tb, m, n, k, alpha, static_cast<const double*>(a), lda, static_cast<const double*>(b), ldb, beta,
+               c, ldc);
 }
 
-// One kv head's slice of one page as the backward reads and writes it: K and V in T, and where dK/dV go. Pages
-// in T are used in place. bf16 pages (KV = uint16_t) are widened once per page into per-thread buffers (reused by
-// every query block), and dK/dV sum in fp32 buffers that Finish() adds into the bf16 pages, rounding once.
+// One kv head's slice of one page as the backward reads and writes it: K and V (stored as type), and where dK/dV
+// go. Pages in T are used in place. bf16 pages (KV = uint16_t) are used in place too under --matmul=bf16 with bf16
+// dot products; otherwise they are widened once per page into per-thread buffers (reused by every query block).
+// Their dK/dV sum in fp32 buffers that Finish() adds into the bf16 pages, rounding once.
 template <typename T, typename KV>
 struct PageSlice {
-  const T* k;
-  const T* v;
+  const void* k;
+  const void* v;
+  DType type = DType::kF32;  // of k and v (ignored for T = double)
   int64_t ld;  // of k and v
   T* dk = nullptr;
   T* dv = nullptr;
@@ -108,8 +117,9 @@ struct PageSlice {
 
 template <>
 struct PageSlice<float, uint16_t> {
-  const float* k;
-  const float* v;
+  const void* k;
+  const void* v;
+  DType type = DType::kF32;
   int64_t ld;
   float* dk = nullptr;
   float* dv = nullptr;
@@ -123,19 +133,26 @@ struct PageSlice<float, uint16_t> {
     // Per thread, kept between calls: a few pages' worth of floats (not a tensor's), like GemmMixed's tiles.
     static thread_local std::vector<float> buf;
     buf.resize(4 * rows * hd);
-    float* kf = buf.data();
-    float* vf = kf + rows * hd;
     const uint16_t* kp = kv.k_page(lp) + g * hd;
     const uint16_t* vp = kv.v_page(lp) + g * hd;
-    for (int64_t r = 0; r < rows; ++r) {
-      BF16ToF32Row(kp + r * ldk, hd, kf + r * hd);
-      BF16ToF32Row(vp + r * ldk, hd, vf + r * hd);
+    if (MatmulRoundsToBF16() && ActiveIsa() >= Isa::kAvx512Bf16) {
+      k = kp;
+      v = vp;
+      type = DType::kBF16;
+      ld = ldk;
+    } else {
+      float* kf = buf.data();
+      float* vf = kf + rows * hd;
+      for (int64_t r = 0; r < rows; ++r) {
+        BF16ToF32Row(kp + r * ldk, hd, kf + r * hd);
+        BF16ToF32Row(vp + r * ldk, hd, vf + r * hd);
+      }
+      k = kf;
+      v = vf;
+      ld = hd;
     }
-    k = kf;
-    v = vf;
-    ld = hd;
     if (grad) {
-      dk = vf + rows * hd;
+      dk = buf.data() + 2 * rows * hd;
       dv = dk + rows * hd;
       std::fill(dk, dk + 2 * rows * hd, 0.0f);
       ldd = hd;
@@ -195,7 +212,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
       const KV* Kp = kv.k_page(lp) + g * hd;
       const KV* Vp = kv.v_page(lp) + g * hd;
-      GemmPage<T, KV>(true, bq, cols, hd, scale, Qb, ldq, Kp, ldk, T(0), S, cols);
+      Mm(false, true, bq, cols, hd, scale, DType::kF32, Qb, ldq, kPageType<KV>, Kp, ldk, T(0), S, cols);
       for (int64_t r = 0; r < bq; ++r) {
         T* Sr = S + r * cols;
         const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
@@ -211,7 +228,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
         m[r] = m_new;
         if (alpha != T(1)) ScaleRow(Ob + r * ldq, hd, alpha);
       }
-      GemmPage<T, KV>(false, bq, hd, cols, T(1), S, cols, Vp, ldk, T(1), Ob, ldq);
+      Mm(false, false, bq, hd, cols, T(1), DType::kF32, S, cols, kPageType<KV>, Vp, ldk, T(1), Ob, ldq);
     }
     for (int64_t r = 0; r < bq; ++r) {
       ScaleRow(Ob + r * ldq, hd, T(1) / l[r]);
@@ -266,8 +283,8 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
           T* dQb = dq_target + i0 * ldq + h * hd;
           const T* lse_b = lse + h * s.n + i0;
           const T* Db = D + h * s.n + i0;
-          Gemm<T>(false, true, bq, cols, hd, scale, Qb, ldq, page.k, page.ld, T(0), P, cols);
-          Gemm<T>(false, true, bq, cols, hd, T(1), dOb, ldq, page.v, page.ld, T(0), dP, cols);
+          Mm(false, true, bq, cols, hd, scale, DType::kF32, Qb, ldq, page.type, page.k, page.ld, T(0), P, cols);
+          Mm(false, true, bq, cols, hd, T(1), DType::kF32, dOb, ldq, page.type, page.v, page.ld, T(0), dP, cols);
           for (int64_t r = 0; r < bq; ++r) {
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
@@ -276,7 +293,7 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
-          Gemm<T>(false, false, bq, hd, cols, scale, dP, cols, page.k, page.ld, T(1), dQb, ldq);
+          Mm(false, false, bq, hd, cols, scale, DType::kF32, dP, cols, page.type, page.k, page.ld, T(1), dQb, ldq);
           if (!page.dk) continue;
           Gemm<T>(true, false, cols, hd, bq, scale, dP, cols, Qb, ldq, T(1), page.dk, page.ldd);
           Gemm<T>(true, false, cols, hd, bq, T(1), P, cols, dOb, ldq, T(1), page.dv, page.ldd);

@@ -1,13 +1,25 @@
 // CPU implementations of the backend table (declarations; one .cc per op family).
 #pragma once
 
+#include <string>
+
 #include "kernels/backend.h"
 
 namespace sg::cpu {
 
+// How f32 products multiply (--matmul; process-wide, like the CUDA backend's): "fp32" (the default, exact) or
+// "bf16" (each f32 operand rounded to bf16, products accumulated in fp32: PyTorch's bf16 autocast). Covers Gemm<float>,
+// GemmMixed and the f32 attention kernels; f64 never changes. Returns "" or why the mode is refused (tf32: the CPU
+// has none).
+std::string SetMatmul(const std::string& mode);
+bool MatmulRoundsToBF16();
+
+// Gemm<float> follows --matmul; Sgemm is fp32 whatever it says.
 template <typename T>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc);
+void Sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 template <typename T> void EmbeddingForward(const int32_t* ids, int64_t n, const T* table, int64_t d, T* out);
 template <typename T> void EmbeddingBackward(const int32_t* ids, int64_t n, const T* dout, int64_t d, T* dtable);
@@ -86,8 +98,8 @@ void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst);
 // OpTable::round_bf16, over the threads (a layer's activations: millions of values).
 void RoundBF16(float* x, int64_t count, uint16_t* half);
 // Gemm<float>'s contract where each of A, B and C is f32 or bf16 (a_type, b_type, c_type): products accumulate in
-// fp32 and a bf16 C is rounded once, after the whole sum. SG_BF16_MATMUL=autocast makes one exception (bf16.cc):
-// in f32 A x bf16 B -> f32 C, A is rounded to bf16 first.
+// fp32 and a bf16 C is rounded once, after the whole sum. Under --matmul=bf16 the f32 operands are rounded to bf16
+// first (bf16.cc).
 void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
                int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
                int64_t ldc);

@@ -1,7 +1,8 @@
-// GEMM. f32: oneDNN's sgemm, whose JIT kernels follow the CPU's vector ISA (AVX-512 where present, capped by
-// SG_CPU_ISA); measured 1.5-2x Debian's OpenBLAS 0.3.21 on this engine's shapes on an AVX-512 CPU, where OpenBLAS
-// runs its Haswell (AVX2) kernels. SG_GEMM=openblas keeps f32 in OpenBLAS (for comparison). f64 stays in OpenBLAS
-// dgemm: the exactness reference does not change. Both run single-threaded inside an OpenMP parallel region.
+// GEMM. f32 (--matmul=fp32; bf16.cc has --matmul=bf16): oneDNN's sgemm, whose JIT kernels follow the CPU's vector
+// ISA (AVX-512 where present, capped by SG_CPU_ISA); measured 1.5-2x Debian's OpenBLAS 0.3.21 on this engine's
+// shapes on an AVX-512 CPU, where OpenBLAS runs its Haswell (AVX2) kernels. SG_GEMM=openblas keeps f32 in OpenBLAS
+// (for comparison). f64 stays in OpenBLAS dgemm: the exactness reference does not change. Both run single-threaded
+// inside an OpenMP parallel region.
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -29,6 +30,15 @@ bool F32InOpenBlas() {
 template <>
 void Gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (MatmulRoundsToBF16()) {
+    GemmMixed(ta, tb, m, n, k, alpha, DType::kF32, a, lda, DType::kF32, b, ldb, beta, DType::kF32, c, ldc);
+    return;
+  }
+  Sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void Sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (F32InOpenBlas()) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
