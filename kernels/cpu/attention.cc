@@ -76,16 +76,37 @@ inline void ScaleRow(double* x, int64_t n, double a) {
 template <typename KV>
 constexpr DType kPageType = std::is_same_v<KV, uint16_t> ? DType::kBF16 : DType::kF32;
 
-// C = alpha op(A) op(B) + beta C where A and B are T or (a KV page) bf16, as a_type and b_type say: GemmMixed, which
-// follows --matmul (bf16: the f32 operands rounded, fp32 accumulation), for f32; Gemm<double> for the f64 reference.
-inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
-               int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  GemmMixed(ta, tb, m, n, k, alpha, a_type, a, lda, b_type, b, ldb, beta, DType::kF32, c, ldc);
+// A product's operand: T values, or bf16 ones (a bf16 page, or a block rounded under --matmul=bf16).
+struct Operand {
+  DType type;
+  const void* p;
+  int64_t ld;
+};
+
+// C = alpha op(A) op(B) + beta C: GemmMixed, which follows --matmul (bf16: f32 operands rounded, fp32
+// accumulation), for f32; Gemm<double> for the f64 reference (whose operands are all f64).
+inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, Operand a, Operand b, float beta,
+               float* c, int64_t ldc) {
+  GemmMixed(ta, tb, m, n, k, alpha, a.type, a.p, a.ld, b.type, b.p, b.ld, beta, DType::kF32, c, ldc);
 }
-inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, DType, const void* a, int64_t lda,
-               DType, const void* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  Gemm<double>(ta, tb, m, n, k, alpha, static_cast<const double*>(a), lda, static_cast<const double*>(b), ldb, beta,
-               c, ldc);
+inline void Mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, Operand a, Operand b, double beta,
+               double* c, int64_t ldc) {
+  Gemm<double>(ta, tb, m, n, k, alpha, static_cast<const double*>(a.p), a.ld, static_cast<const double*>(b.p), b.ld,
+               beta, c, ldc);
+}
+
+// rows x cols of x (leading dimension ld) as an operand. Under --matmul=bf16 (T = float) it is rounded here, once,
+// into buf (per thread), for the products that read it more than once; otherwise it is used as it is.
+template <typename T>
+Operand Block(const T* x, int64_t rows, int64_t cols, int64_t ld, std::vector<uint16_t>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (MatmulRoundsToBF16()) {
+      buf.resize(rows * cols);
+      for (int64_t r = 0; r < rows; ++r) F32ToBF16Row(x + r * ld, cols, buf.data() + r * cols);
+      return {DType::kBF16, buf.data(), cols};
+    }
+  }
+  return {DType::kF32, x, ld};
 }
 
 // One kv head's slice of one page as the backward reads and writes it: K and V (stored as type), and where dK/dV
@@ -200,7 +221,8 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
     T* S = workspace + omp_get_thread_num() * per_thread;
     T* m = S + kQueryBlock * ps;
     T* l = m + kQueryBlock;
-    const T* Qb = q + i0 * ldq + h * hd;
+    static thread_local std::vector<uint16_t> q_buf;
+    const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, q_buf);
     T* Ob = out + i0 * ldq + h * hd;
     for (int64_t r = 0; r < bq; ++r) {
       m[r] = neg_inf;
@@ -212,7 +234,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
       const KV* Kp = kv.k_page(lp) + g * hd;
       const KV* Vp = kv.v_page(lp) + g * hd;
-      Mm(false, true, bq, cols, hd, scale, DType::kF32, Qb, ldq, kPageType<KV>, Kp, ldk, T(0), S, cols);
+      Mm(false, true, bq, cols, hd, scale, Qb, {kPageType<KV>, Kp, ldk}, T(0), S, cols);
       for (int64_t r = 0; r < bq; ++r) {
         T* Sr = S + r * cols;
         const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
@@ -228,7 +250,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
         m[r] = m_new;
         if (alpha != T(1)) ScaleRow(Ob + r * ldq, hd, alpha);
       }
-      Mm(false, false, bq, hd, cols, T(1), DType::kF32, S, cols, kPageType<KV>, Vp, ldk, T(1), Ob, ldq);
+      Mm(false, false, bq, hd, cols, T(1), {DType::kF32, S, cols}, {kPageType<KV>, Vp, ldk}, T(1), Ob, ldq);
     }
     for (int64_t r = 0; r < bq; ++r) {
       ScaleRow(Ob + r * ldq, hd, T(1) / l[r]);
@@ -278,13 +300,16 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
         for (int64_t b = first_block; b < blocks; ++b) {
           const int64_t i0 = b * kQueryBlock, bq = std::min(kQueryBlock, s.n - i0);
           if (s.pos0 + i0 + bq - 1 < j0) continue;
-          const T* Qb = q + i0 * ldq + h * hd;
-          const T* dOb = dout + i0 * ldq + h * hd;
+          // Q, dO, P and dS are each read by two products.
+          static thread_local std::vector<uint16_t> q_buf, do_buf, p_buf, ds_buf;
+          const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, q_buf);
+          const Operand dOb = Block(dout + i0 * ldq + h * hd, bq, hd, ldq, do_buf);
           T* dQb = dq_target + i0 * ldq + h * hd;
           const T* lse_b = lse + h * s.n + i0;
           const T* Db = D + h * s.n + i0;
-          Mm(false, true, bq, cols, hd, scale, DType::kF32, Qb, ldq, page.type, page.k, page.ld, T(0), P, cols);
-          Mm(false, true, bq, cols, hd, T(1), DType::kF32, dOb, ldq, page.type, page.v, page.ld, T(0), dP, cols);
+          const Operand K{page.type, page.k, page.ld}, V{page.type, page.v, page.ld};
+          Mm(false, true, bq, cols, hd, scale, Qb, K, T(0), P, cols);
+          Mm(false, true, bq, cols, hd, T(1), dOb, V, T(0), dP, cols);
           for (int64_t r = 0; r < bq; ++r) {
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
@@ -293,10 +318,11 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
-          Mm(false, false, bq, hd, cols, scale, DType::kF32, dP, cols, page.type, page.k, page.ld, T(1), dQb, ldq);
+          const Operand dS = Block(dP, bq, cols, cols, ds_buf);
+          Mm(false, false, bq, hd, cols, scale, dS, K, T(1), dQb, ldq);
           if (!page.dk) continue;
-          Gemm<T>(true, false, cols, hd, bq, scale, dP, cols, Qb, ldq, T(1), page.dk, page.ldd);
-          Gemm<T>(true, false, cols, hd, bq, T(1), P, cols, dOb, ldq, T(1), page.dv, page.ldd);
+          Mm(true, false, cols, hd, bq, scale, dS, Qb, T(1), page.dk, page.ldd);
+          Mm(true, false, cols, hd, bq, T(1), Block(P, bq, cols, cols, p_buf), dOb, T(1), page.dv, page.ldd);
         }
       }
       page.Finish();

@@ -1,6 +1,6 @@
 // Times the CPU attention kernels alone on bench-cpu's attention shape (4 heads, 2 KV heads, head_dim 64, pages
 // of 256), f32 and bf16 pages: what kernels/cpu/attention.cc's blocking is tuned with.
-//   ./bazelw run //kernels/cpu:attention_bench -- [n] [repeats]
+//   ./bazelw run -c opt //kernels/cpu:attention_bench -- [n] [repeats] [matmul: fp32 (default) or bf16]
 #include <omp.h>
 
 #include <chrono>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -92,6 +93,13 @@ void Run(int64_t n, int repeats, const char* label) {
 int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 4096;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 3;
+  if (argc > 3) {
+    if (const std::string refused = sg::cpu::SetMatmul(argv[3]); !refused.empty()) {
+      std::fprintf(stderr, "error: matmul argument: %s\n", refused.c_str());
+      return 2;
+    }
+    std::printf("matmul=%s\n", argv[3]);
+  }
   sg::cpu::Run<float>(n, repeats, "f32");
   sg::cpu::Run<uint16_t>(n, repeats, "bf16");
 }

@@ -11,6 +11,7 @@
 // accumulation) in blocks, and the product runs in oneDNN's bf16 matmul, also per thread inside parallel regions
 // (attention's per-page products). Without AVX512_BF16 the rounded operands multiply in sgemm: the same numerics up
 // to summation order.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -31,7 +32,35 @@ void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = BF16ToF32(src[i]);
 }
 
+namespace {
+
+// F32ToBF16's bit arithmetic (round to nearest even, NaN kept quiet) 16 lanes at a time: the same bits as the
+// scalar loop, denormals included (AVX512_BF16's vcvtneps2bf16 would flush them). Under --matmul=bf16 attention
+// rounds each P and dS tile, as many values as a tile product has multiply-adds / head_dim.
+__attribute__((target("avx512f,avx512bw"))) void F32ToBF16RowAvx512(const float* src, int64_t count,
+                                                                      uint16_t* dst) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512i u = _mm512_loadu_si512(src + i);
+    const __m512i high = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(high, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    r = _mm512_mask_or_epi32(r, nan, high, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < count; ++i) dst[i] = F32ToBF16(src[i]);
+}
+
+}  // namespace
+
 void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst) {
+  if (ActiveIsa() >= Isa::kAvx512) {
+    F32ToBF16RowAvx512(src, count, dst);
+    return;
+  }
   for (int64_t i = 0; i < count; ++i) dst[i] = F32ToBF16(src[i]);
 }
 
