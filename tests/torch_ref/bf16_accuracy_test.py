@@ -17,6 +17,8 @@ layer keeps for its backward in bf16 (each rounded where it is made, as torch's 
 statistics, the gradients of the hidden states, Mamba's scan and conv states and its scan input in the forward are
 f32, and every product accumulates in f32. Its error is below torch's: 1.5-3.3e-2 against torch's 4-8e-2 on the
 transformers, 4.5-8.2e-2 against 8-13e-2 on the Mambas.
+The transformers run again with --matmul=bf16, which also rounds every f32 operand of a product (activations,
+attention's Q, P, dO and dS) to bf16 as torch's bf16 run does; the same bound holds.
 """
 import os
 import sys
@@ -79,9 +81,9 @@ def mamba_logits_hf_bf16(hf, W, ids):
     return norm(x.to(bf16), W["backbone.norm_f.weight"]) @ head.T
 
 
-def check_within_twice_torch(label, hf, weights, batch, strategies, logits_fn=None):
-    """Writes the model and batch, runs the engine in bf16 under each strategy and checks every error against
-    2x torch's bf16 error + FLOOR (see the module docstring)."""
+def check_within_twice_torch(label, hf, weights, batch, strategies, logits_fn=None, matmul="fp32"):
+    """Writes the model and batch, runs the engine in bf16 (products as --matmul says) under each strategy and
+    checks every error against 2x torch's bf16 error + FLOOR (see the module docstring)."""
     root = ref.scratch_dir(f"bf16_{label}_")
     model_dir = os.path.join(root, "model")
     ref.write_model_dir(model_dir, hf, weights)
@@ -103,24 +105,25 @@ def check_within_twice_torch(label, hf, weights, batch, strategies, logits_fn=No
     for strategy, chunk in strategies:
         out = os.path.join(root, f"grads_{strategy}.safetensors")
         loss, grads, metadata = ref.grad_dump(model_dir, jsonl, out, strategy, page_size=16, lm_chunk=7, chunk=chunk,
-                                              flags=["--dtype=bf16"])
-        assert metadata.get("dtype") == "bf16", metadata
+                                              flags=["--dtype=bf16", f"--matmul={matmul}"])
+        assert metadata.get("dtype") == "bf16" and metadata.get("matmul") == matmul, metadata
         engine_err = errors((loss, grads))
         bad = {k: (e, torch_err[k]) for k, e in engine_err.items() if not e <= 2 * torch_err[k] + FLOOR}
         worst = max(engine_err, key=engine_err.get)
-        summary.append(f"{label}/{strategy}: engine worst {worst} {engine_err[worst]:.2e} "
+        summary.append(f"{label}/{strategy}/{matmul}: engine worst {worst} {engine_err[worst]:.2e} "
                        f"(torch bf16 there {torch_err[worst]:.2e}, torch worst {max(torch_err.values()):.2e})")
-        assert not bad, f"{label}/{strategy}: engine bf16 error above 2x torch's + {FLOOR}: " + ", ".join(
+        assert not bad, f"{label}/{strategy}/{matmul}: engine bf16 error above 2x torch's + {FLOOR}: " + ", ".join(
             f"{k}: {e:.2e} vs torch {t:.2e}" for k, (e, t) in sorted(bad.items()))
     print("\n".join(["SUMMARY"] + summary))
 
 
+@pytest.mark.parametrize("matmul", ["fp32", "bf16"])
 @pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "qwen3"])
-def test_bf16_error_within_twice_torch_bf16(config):
+def test_bf16_error_within_twice_torch_bf16(config, matmul):
     spec = ref.ALL_CONFIGS[config]
     hf = spec["hf"]
     check_within_twice_torch(config, hf, round_to_bf16(ref.make_weights(hf, spec["seed"])),
-                             ref.make_batch(hf, spec["lengths"], spec["seed"]), STRATEGIES)
+                             ref.make_batch(hf, spec["lengths"], spec["seed"]), STRATEGIES, matmul=matmul)
 
 
 @pytest.mark.parametrize("config", sorted(ref.MAMBA_CONFIGS))
@@ -129,6 +132,15 @@ def test_mamba_bf16_error_within_twice_torch_bf16(config):
     check_within_twice_torch(config, hf, round_to_bf16(ref.make_mamba_weights(hf, 5)),
                              ref.make_batch(hf, MAMBA_LENGTHS, 5), MAMBA_STRATEGIES,
                              logits_fn=(ref.mamba_logits, mamba_logits_hf_bf16))
+
+
+def test_grad_dump_refuses_matmul_modes():
+    c = ref.case("llama_gqa")
+    out = f"--out={os.path.join(c['root'], 'x.safetensors')}"
+    base = [ref.grad_dump_path(), f"--model_dir={c['model_dir']}", f"--batch_jsonl={c['jsonl']}", out]
+    for flags, words in [(["--dtype=bf16", "--matmul=tf32"], "no tf32"), (["--matmul=bf16"], "needs --dtype=bf16")]:
+        proc = ref.run(base + flags, check=False)
+        assert proc.returncode != 0 and "--matmul" in proc.stderr and words in proc.stderr, proc.stderr
 
 
 def test_grad_dump_refuses_other_dtypes():

@@ -33,6 +33,7 @@
 #include "core/model_io.h"
 #include "core/objective.h"
 #include "core/trainer.h"
+#include "kernels/backend.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
 ABSL_FLAG(std::string, batch_jsonl, "", "JSONL batch: {\"input_ids\": [...], \"labels\": [...]} per line (HF convention)");
@@ -49,6 +50,8 @@ ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the k3 KL term");
 ABSL_FLAG(std::string, dtype, "f64", "f64, or bf16 (bf16 weights, f32 compute; gradients written as f64)");
+ABSL_FLAG(std::string, matmul, "fp32",
+          "how f32 products multiply: fp32, or bf16 (with --dtype=bf16: f32 operands rounded to bf16, fp32 sums)");
 ABSL_FLAG(std::string, out, "", "output safetensors file (f64 gradients, loss in the metadata)");
 ABSL_FLAG(std::string, lora_init, "", "PEFT adapter directory to load (LoRA: only adapter gradients are written)");
 ABSL_FLAG(std::string, lora_save, "", "with --lora_init: write the adapter back (SaveLoraAdapter) to this directory");
@@ -88,6 +91,11 @@ absl::Status Run() {
   if (dtype_name != "f64" && dtype_name != "bf16")
     return absl::InvalidArgumentError(absl::StrCat("--dtype: '", dtype_name, "' is not supported (f64, bf16)"));
   const DType dtype = dtype_name == "bf16" ? DType::kBF16 : DType::kF64;
+  const std::string matmul = absl::GetFlag(FLAGS_matmul);
+  if (matmul != "fp32" && dtype != DType::kBF16)
+    return absl::InvalidArgumentError(absl::StrCat("--matmul=", matmul, " needs --dtype=bf16 (f64 products never round)"));
+  if (const std::string refused = FindBackend(Device::kCPU)->set_matmul(matmul); !refused.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--matmul: ", refused));
   absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, dtype, 0);
   if (!model.ok()) return model.status();
   const int64_t vocab = (*model)->vocab_size();
@@ -142,6 +150,7 @@ absl::Status Run() {
       {"strategy", opts.name},
       {"objective", objective.name},
       {"dtype", dtype_name},
+      {"matmul", absl::GetFlag(FLAGS_matmul)},
   };
   return io::WriteSafetensors(out, tensors, metadata);
 }
