@@ -836,7 +836,8 @@ int Main() {
               absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup);
   if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
   else std::printf("sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
-                   "f32 GEMM %.1f)\n", sgemm, threads, sgemm_rates.openblas, sgemm_rates.engine);
+                   "f32 GEMM under --matmul=%s %.1f)\n", sgemm, threads, sgemm_rates.openblas,
+                   absl::GetFlag(FLAGS_matmul).c_str(), sgemm_rates.engine);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;

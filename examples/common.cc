@@ -41,7 +41,8 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU); meta "
           "(no storage, no compute) is for //examples:plan only");
 ABSL_FLAG(std::string, matmul, "fp32",
-          "how f32 matmuls multiply on cuda: fp32 (exact), tf32, or bf16 (bf16 inputs, f32 accumulation)");
+          "how f32 matmuls multiply: fp32 (exact), bf16 (bf16 inputs, f32 accumulation; cpu and cuda), or tf32 "
+          "(cuda)");
 ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
