@@ -16,7 +16,7 @@ expect_error() {  # expect_error <pattern> <train args...>: exits non-zero and p
 small=(--model=tiny --seq_len=256 --steps=3 --chunk=64)
 expect_error "--device: unknown device 'tpu' (choose cpu, cuda or meta)" "${small[@]}" --device=tpu
 expect_error "--device=meta only plans memory" "${small[@]}" --device=meta
-expect_error "--matmul" "${small[@]}" --matmul=bf16
+expect_error "--matmul: the CPU has no tf32 products" "${small[@]}" --matmul=tf32
 if [[ "$build" == cpu ]]; then
   expect_error "built without the cuda backend (build with --config=cuda)" "${small[@]}" --device=cuda
   echo PASS
