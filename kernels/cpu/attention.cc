@@ -10,8 +10,9 @@
 // bf16 (--dtype=bf16) are read in fp32 (forward: tile by tile; backward: a page at a time); a call's dK/dV for a
 // page sum in fp32 and are rounded once into it.
 // Under --matmul=bf16 (f32 only) the six products take bf16 operands, as PyTorch's flash attention does for bf16
-// inputs: the f32 Q, P, dO and dS blocks are rounded per call and bf16 pages are used as they are (GemmMixed);
-// the softmax statistics, D and the dQ/dK/dV sums stay fp32.
+// inputs: the f32 Q, P, dO and dS blocks are rounded into per-thread bf16 buffers, once each although two
+// products read them, and bf16 pages are used as they are; the softmax statistics, D and the dQ/dK/dV sums stay
+// fp32.
 #include <omp.h>
 
 #include <algorithm>
