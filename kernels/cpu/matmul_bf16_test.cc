@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,27 @@ TEST(MatmulModeTest, RefusesTf32AndUnknownModes) {
   EXPECT_NE(cpu::SetMatmul("tf32").find("no tf32"), std::string::npos);
   EXPECT_NE(cpu::SetMatmul("fp16").find("unknown matmul mode 'fp16'"), std::string::npos);
   EXPECT_FALSE(cpu::MatmulRoundsToBF16());
+}
+
+// F32ToBF16Row (AVX-512 where the CPU has it, which this mode leans on) gives F32ToBF16's bits for every sign,
+// exponent and top mantissa bits, with the low halves that decide rounding: ties, NaNs, infinities, denormals and
+// values that round up to infinity included. Odd lengths cover the vector loop's tail.
+TEST(MatmulModeTest, RowRoundingMatchesTheScalarRounding) {
+  std::vector<float> x;
+  for (uint32_t high = 0; high < 0x10000; ++high)
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xc000u, 0xffffu}) {
+      const uint32_t u = high << 16 | low;
+      float f;
+      std::memcpy(&f, &u, 4);
+      x.push_back(f);
+    }
+  for (int64_t n : {static_cast<int64_t>(x.size()), int64_t{37}}) {
+    std::vector<uint16_t> got(n);
+    cpu::F32ToBF16Row(x.data(), n, got.data());
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += got[i] != F32ToBF16(x[i]);
+    EXPECT_EQ(wrong, 0) << "n " << n;
+  }
 }
 
 // One product C = alpha op(A) op(B) + beta C with the given operand types, against fp64 products of the operands
