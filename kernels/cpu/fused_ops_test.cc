@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -130,7 +132,12 @@ TEST(FusedOpsTest, RmsNormForwardBF16) {
 TEST(FusedOpsTest, SwigluForwardBF16) {
   const OpTable<float>& ops = CpuOps<float>();
   for (int64_t count : {int64_t{13}, int64_t{70001}}) {
-    const std::vector<float> gate = Random<float>(count, 7), up = Random<float>(count, 8);
+    std::vector<float> gate = Random<float>(count, 7), up = Random<float>(count, 8);
+    // Values the rounding treats specially: NaN, infinities, signed zeros, ties (to even), subnormals, overflow.
+    const float inf = std::numeric_limits<float>::infinity(), special[] = {
+        std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256,
+        -(1.0f + 1.0f / 256), 1e-40f, -1e-42f, 3.4e38f};
+    for (size_t i = 0; i < std::size(special); ++i) gate[i] = special[i], up[std::size(special) - 1 - i] = special[i];
     std::vector<float> out(count), out_ref(count), out_no_half(count), g = gate, u = up;
     std::vector<uint16_t> gh(count), uh(count), oh(count), gh_ref(count), uh_ref(count), oh_ref(count);
     ops.swiglu_forward_bf16(gate.data(), up.data(), count, out.data(), gh.data(), uh.data(), oh.data());

@@ -1320,7 +1320,8 @@ std::vector<uint16_t> Bits(const std::vector<double>& values) {
   std::vector<uint16_t> bits(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     bits[i] = F32ToBF16(static_cast<float>(values[i]));
-    if (!std::isnan(values[i])) EXPECT_EQ(BF16ToF32(bits[i]), values[i]) << "not a bf16 value: element " << i;
+    if (std::isnan(values[i])) continue;  // the sentinel of pool pages nobody writes
+    EXPECT_EQ(BF16ToF32(bits[i]), values[i]) << "not a bf16 value: element " << i;
   }
   return bits;
 }
