@@ -147,6 +147,16 @@ void PagePool::Scatter(int layer, int64_t begin, int64_t end, const T* k, const 
 }
 
 template <typename T>
+void PagePool::ScatterRoped(int layer, int64_t begin, int64_t end, const T* k, const T* v, const double* inv_freq) {
+  const OpTable<T>& ops = OpsFor<T>(device_);
+  if (k_.dtype() != DType::kBF16) return ops.rope_kv_write(k, v, end - begin, begin, inv_freq, View<T>(layer));
+  if constexpr (std::is_same_v<T, float>) {
+    if (!ops.rope_kv_write_bf16) throw std::invalid_argument("bf16 KV pages: this backend cannot write them");
+    ops.rope_kv_write_bf16(k, v, end - begin, begin, inv_freq, View<uint16_t>(layer));
+  }
+}
+
+template <typename T>
 PagedKV<T> PagePool::View(int layer) const {
   if (DTypeSize(k_.dtype()) != sizeof(T))
     throw std::logic_error(absl::StrCat("KV pages hold ", DTypeName(k_.dtype()), ", viewed with ", sizeof(T),
@@ -203,6 +213,7 @@ void PagePool::Scale(int layer, int64_t begin, int64_t end, double factor) {
 #define SG_INSTANTIATE(T)                                                                 \
   template void PagePool::Gather<T>(int, int64_t, int64_t, T*, T*) const;                 \
   template void PagePool::Scatter<T>(int, int64_t, int64_t, const T*, const T*);          \
+  template void PagePool::ScatterRoped<T>(int, int64_t, int64_t, const T*, const T*, const double*); \
   template PagedKV<T> PagePool::View<T>(int) const;
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(double)

@@ -33,6 +33,9 @@ class PagePool {
   template <typename T> void Gather(int layer, int64_t begin, int64_t end, T* k, T* v) const;
   // Writes dense rows [begin, end) into the pages (Ensure must cover end).
   template <typename T> void Scatter(int layer, int64_t begin, int64_t end, const T* k, const T* v);
+  // Scatter with k roped at positions begin.. (RoPE frequencies inv_freq), in one pass (OpTable::rope_kv_write).
+  template <typename T>
+  void ScatterRoped(int layer, int64_t begin, int64_t end, const T* k, const T* v, const double* inv_freq);
   template <typename T> PagedKV<T> View(int layer) const;
   // Multiplies rows [begin, end) of K and V by factor; rows in pages that do not exist yet are zero and stay so.
   void Scale(int layer, int64_t begin, int64_t end, double factor);

@@ -204,6 +204,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       Tensor half = Store::RoundAndKeep(ops_, t, act);
       if (saved) kept[k] = std::move(half);
     };
+    auto slot = [&](Saved k) { return saved ? &kept[k] : nullptr; };  // where a fused op puts what is kept
     // The scan input u and the conv path to it (xin, xc) are kept in bf16 but not rounded in the forward: rounding
     // the recurrence's input too moved the gradients past 2x Hugging Face's own bf16 recipe's error on the tiny
     // Mambas of tests/torch_ref/bf16_accuracy_test (their backward reads the bf16 copies).
@@ -216,8 +217,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     };
 
     Tensor xn = New(big, {n, d}), rstd = New(act, {n});
-    ops_.rmsnorm_forward(x_in.data<T>(), W(L.norm), n, d, cfg_.layer_norm_epsilon, xn.data<T>(), rstd.data<T>());
-    keep(kXn, xn);
+    kept[kXn] = Store::NormAndKeep(ops_, x_in.data<T>(), W(L.norm), cfg_.layer_norm_epsilon, xn, rstd, act, saved);
     // in_proj rows [0, E) give the scan input, rows [E, 2E) the gate.
     Tensor xin = New(big, {n, E}), z = New(big, {n, E});
     Linear(xn.data<T>(), n, d, WRows(L.in_proj, 0), L.in_bias, 0, xin.data<T>(), E);
@@ -229,7 +229,6 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     }
     done(xn);
     keep_copy(kXin, xin);
-    keep(kZ, z);
 
     // The input state: zeros at the sequence start, else what the previous chunk left.
     const BoundaryState* in = c.begin > 0 ? MambaState::Find(state.cache, l, c.begin) : nullptr;
@@ -287,11 +286,9 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d),
                                 h0.data<T>(), n, E, N, y.data<T>(), out ? out->h.data<T>() : nullptr);
     done(u), done(delta), done(proj), done(dtr), done(B), done(C);
-    keep(kY, y);
     Tensor gated = New(big, {n, E});
-    ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * E, gated.data<T>());  // y * silu(z)
+    Store::SwigluAndKeep(ops_, z, y, gated, act, slot(kZ), slot(kY), slot(kGated));  // y * silu(z)
     done(z), done(y);
-    keep(kGated, gated);
     Tensor res = New(MemCategory::kActivations, {n, d});
     ops_.copy(res.data<T>(), x_in.data<T>(), n * d);
     Store::RowParallelAdd(ops_, Group(), gated.data<T>(), n, E, d, L.out_proj, L.out_bias, c, state.opts,
@@ -327,16 +324,12 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     }
     if (L.out_bias >= 0)
       if (T* g = G(L.out_bias)) ops_.bias_backward(dy, n, d, g);
+    Store::SwigluBackwardKept(ops_, dgated.data<T>(), s[kZ], s[kY], dz.data<T>(), dyscan.data<T>());
     // Elementwise ops read the kept tensors a row tile at a time (ParamStore::WidenRows).
     auto by_rows = [&](auto op) {
       for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) op(r0, std::min(n, r0 + tile));
     };
     auto rows = [&](Saved k, int64_t r0, int64_t r1) -> Tensor { return Store::Widen(ops_, s[k].Rows(r0, r1)); };
-    by_rows([&](int64_t r0, int64_t r1) {
-      ops_.swiglu_backward(dgated.data<T>() + r0 * E, rows(kZ, r0, r1).template data<T>(),
-                           rows(kY, r0, r1).template data<T>(), (r1 - r0) * E, dz.data<T>() + r0 * E,
-                           dyscan.data<T>() + r0 * E);
-    });
 
     // The gradient of c's output state is complete (later chunks ran their backward first); c leaves the gradient
     // of its input state for the previous chunk (none at the sequence start: the zero state is a constant).

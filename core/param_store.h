@@ -85,6 +85,53 @@ class ParamStore {
       ops.round_bf16(t.template data<float>(), t.numel(), half.template data<uint16_t>());
     return half;
   }
+  // A bf16 tensor shaped like t (category cat) for a fused op to write the kept copy into; undefined unless
+  // HalfActivations and wanted.
+  Tensor HalfOf(const Tensor& t, MemCategory cat, bool wanted) {
+    return HalfActivations() && wanted ? Tensor::Empty(&mem_, cat, DType::kBF16, t.shape()) : Tensor();
+  }
+  static uint16_t* Bits(Tensor& half) { return half.defined() ? half.template data<uint16_t>() : nullptr; }
+  // y = rmsnorm(x) with weight w (rstd per row) followed by RoundAndKeep(y), in one pass under HalfActivations
+  // (rmsnorm_forward_bf16). Returns what RoundAndKeep would, when keep; else an undefined tensor.
+  Tensor NormAndKeep(const OpTable<T>& ops, const T* x, const T* w, double eps, Tensor& y, Tensor& rstd,
+                     MemCategory cat, bool keep) {
+    const int64_t n = rstd.numel(), d = y.numel() / n;
+    if (!HalfActivations()) {
+      ops.rmsnorm_forward(x, w, n, d, eps, y.template data<T>(), rstd.template data<T>());
+      return keep ? y : Tensor();
+    }
+    Tensor half = HalfOf(y, cat, keep);
+    if constexpr (std::is_same_v<T, float>)
+      ops.rmsnorm_forward_bf16(x, w, n, d, eps, y.template data<float>(), rstd.template data<float>(), Bits(half));
+    return half;
+  }
+  // out = swiglu(gate, up), with RoundAndKeep of gate and up before it and of out after it, in one pass under
+  // HalfActivations (swiglu_forward_bf16; gate and up themselves are left unrounded). What RoundAndKeep would
+  // return goes to each of kept_gate, kept_up, kept_out that is not null.
+  void SwigluAndKeep(const OpTable<T>& ops, const Tensor& gate, const Tensor& up, Tensor& out, MemCategory cat,
+                     Tensor* kept_gate, Tensor* kept_up, Tensor* kept_out) {
+    Tensor gate_kept = gate, up_kept = up, out_kept = out;  // f32, f64: the tensors themselves
+    if (!HalfActivations()) {
+      ops.swiglu_forward(gate.template data<T>(), up.template data<T>(), out.numel(), out.template data<T>());
+    } else if constexpr (std::is_same_v<T, float>) {
+      gate_kept = HalfOf(gate, cat, kept_gate), up_kept = HalfOf(up, cat, kept_up);
+      out_kept = HalfOf(out, cat, kept_out);
+      ops.swiglu_forward_bf16(gate.template data<float>(), up.template data<float>(), out.numel(),
+                              out.template data<float>(), Bits(gate_kept), Bits(up_kept), Bits(out_kept));
+    }
+    if (kept_gate) *kept_gate = std::move(gate_kept);
+    if (kept_up) *kept_up = std::move(up_kept);
+    if (kept_out) *kept_out = std::move(out_kept);
+  }
+  // swiglu_backward over the gate and up a forward kept (SwigluAndKeep): bf16 copies are read as they are.
+  void SwigluBackwardKept(const OpTable<T>& ops, const T* dout, const Tensor& gate, const Tensor& up, T* dgate,
+                          T* dup) {
+    if (gate.dtype() == kDType)
+      return ops.swiglu_backward(dout, gate.template data<T>(), up.template data<T>(), gate.numel(), dgate, dup);
+    if constexpr (std::is_same_v<T, float>)
+      ops.swiglu_backward_bf16(dout, gate.template data<uint16_t>(), up.template data<uint16_t>(), gate.numel(),
+                               dgate, dup);
+  }
   // t as a layer keeps it: a bf16 copy (category cat) under HalfActivations, else t itself. Exact for a t that
   // already holds bf16 values (a layer's input: Boundary's output or a bf16 embedding row).
   Tensor Narrow(const OpTable<T>& ops, const Tensor& t, MemCategory cat) {

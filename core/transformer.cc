@@ -360,14 +360,14 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Tensor half = Store::RoundAndKeep(ops_, t, act);
       if (saved) kept[k] = std::move(half);
     };
+    auto slot = [&](Saved k) { return saved ? &kept[k] : nullptr; };  // where a fused op puts what is kept
     // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
     auto done = [&](Tensor& t) {
       if (Store::HalfActivations()) t.Reset();
     };
 
     Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
-    ops_.rmsnorm_forward(x, W(L.norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
-    keep(kXn1, xn1);
+    kept[kXn1] = Norm(x, L.norm1, xn1, rstd1, act, saved);
     Tensor q = New(big, {n, qd}), q_raw, q_rstd;
     if (cfg_.qk_norm()) {
       q_raw = New(big, {n, qd});
@@ -399,17 +399,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     keep(kH, h);
 
     Tensor xn2 = New(big, {n, d}), rstd2 = New(act, {n});
-    ops_.rmsnorm_forward(h.data<T>(), W(L.norm2), n, d, cfg_.rms_norm_eps, xn2.data<T>(), rstd2.data<T>());
-    keep(kXn2, xn2);
+    kept[kXn2] = Norm(h.data<T>(), L.norm2, xn2, rstd2, act, saved);
     Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, state.opts);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, state.opts);
     done(xn2);
-    keep(kGate, gate);
-    keep(kUp, up);
-    ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * f, a.data<T>());
+    Store::SwigluAndKeep(ops_, gate, up, a, act, slot(kGate), slot(kUp), slot(kAct));
     done(gate), done(up);
-    keep(kAct, a);
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
     RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, state.opts, y.data<T>());
@@ -428,8 +424,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     state.PrepareLayer(l, c, TransformerState::Pass::kForward);
     const int64_t n = c.size(), d = cfg_.hidden_size;
     Tensor xn1 = New(MemCategory::kWorkspace, {n, d}), rstd1 = New(MemCategory::kWorkspace, {n});
-    ops_.rmsnorm_forward(x.data<T>(), W(layers_[l].norm1), n, d, cfg_.rms_norm_eps, xn1.data<T>(), rstd1.data<T>());
-    Store::RoundAndKeep(ops_, xn1, MemCategory::kWorkspace);  // K and V from what LayerForward projects them
+    Norm(x.data<T>(), layers_[l].norm1, xn1, rstd1, MemCategory::kWorkspace, false);  // rounded as LayerForward's
     AppendKV(l, c, xn1.data<T>(), state);
   }
 
@@ -457,12 +452,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, state.opts);
       }
       Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
-      for (int64_t r0 = 0, tile = Store::WidenRows(n); r0 < n; r0 += tile) {
-        const int64_t r1 = std::min(n, r0 + tile), at = r0 * f;
-        const Tensor gate = Store::Widen(ops_, s[kGate].Rows(r0, r1)), up = Store::Widen(ops_, s[kUp].Rows(r0, r1));
-        ops_.swiglu_backward(da.data<T>() + at, gate.template data<T>(), up.template data<T>(), (r1 - r0) * f,
-                             dgate.data<T>() + at, dup.data<T>() + at);
-      }
+      Store::SwigluBackwardKept(ops_, da.data<T>(), s[kGate], s[kUp], dgate.data<T>(), dup.data<T>());
       Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
       Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
       const Tensor xn2_kept = wide(kXn2);
@@ -545,9 +535,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), rows, cfg_.head_dim, cfg_.rms_norm_eps, k.data<T>(),
                            rstd.data<T>());
     }
-    ops_.rope(k.data<T>(), n, kv_heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
     state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-    state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+    state.kv.ScatterRoped<T>(l, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
     state.MarkKV(l, c);
     if (state.opts.sparse_pages > 0) SumPageKeys(l, c, state);
   }
@@ -619,6 +608,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return s;
   }
 
+  // y = rmsnorm(x) with weight w, rounded as ParamStore::RoundAndKeep rounds (in the same pass); returns the kept
+  // copy when keep.
+  Tensor Norm(const T* x, int w, Tensor& y, Tensor& rstd, MemCategory cat, bool keep) {
+    return Store::NormAndKeep(ops_, x, W(w), cfg_.rms_norm_eps, y, rstd, cat, keep);
+  }
   // y[n][out] = x[n][in] W[out][in]^T (+ b) (+ the LoRA adapter of W)
   void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
     Store::GemmW(ops_, true, n, out, in, T(1), x, in, w, in, T(0), y, out);

@@ -230,6 +230,28 @@ struct OpTable {
   // x := x rounded to bf16 values (f32_to_bf16's rounding) and half := those bf16 bits, in one pass where
   // f32_to_bf16 and then bf16_to_f32 take two.
   void (*round_bf16)(float* x, int64_t count, uint16_t* half) = nullptr;
+
+  // ---- Fused layer ops: one pass over memory where the unfused sequence takes several (same bits). ----
+  // RoPE into the K/V page write: rows [pos0, pos0 + n) of kv's pages get k [n][kv_heads][head_dim] roped as
+  // `rope` does and v unchanged (rope, then PagePool::Scatter); pages absent from the table (-1) are skipped. k and
+  // v are only read.
+  void (*rope_kv_write)(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq,
+                        const PagedKV<T>& kv) = nullptr;
+  // The bf16 entries below: f32 table of backends with bf16 storage. rope_kv_write into bf16 pages, each value
+  // rounded once (f32_to_bf16's rounding).
+  void (*rope_kv_write_bf16)(const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
+                             const PagedKV<uint16_t>& kv) = nullptr;
+  // rmsnorm_forward, then round_bf16(y, half): y holds bf16 values, and their bits go to half unless it is null.
+  void (*rmsnorm_forward_bf16)(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y,
+                               float* rstd, uint16_t* half) = nullptr;
+  // swiglu_forward over gate and up rounded to bf16 values, out rounded too: round_bf16 of gate and of up,
+  // swiglu_forward, round_bf16 of out. gate and up are only read; the bf16 bits of gate, up and out go to
+  // gate_half, up_half and out_half, each unless null.
+  void (*swiglu_forward_bf16)(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                              uint16_t* up_half, uint16_t* out_half) = nullptr;
+  // swiglu_backward reading the bf16 gate and up that swiglu_forward_bf16 kept (no widened copies).
+  void (*swiglu_backward_bf16)(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count,
+                               float* dgate, float* dup) = nullptr;
 };
 
 // A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).

@@ -112,6 +112,14 @@ void CountAttentionBackward(const char* op, const AttentionShape& s, const Paged
         rows * int64_t(sizeof(T)) + grad_bytes);
 }
 
+// RoPE into the K/V page write: the chunk's K and V read at in_size bytes an element (and the frequencies), written
+// into the pages at page_size bytes (rows of absent pages are skipped, but counted: an upper bound).
+template <typename P>
+void CountRopeKvWrite(const char* op, int64_t n, const PagedKV<P>& kv, int64_t in_size, int64_t page_size) {
+  const int64_t values = 2 * n * kv.kv_heads * kv.head_dim;
+  Count(op, OpFamily::kRope, 0, values * in_size + kv.head_dim / 2 * 8, values * page_size);
+}
+
 template <typename T>
 OpTable<T> MakeCounting(const OpTable<T>& inner) {
   constexpr int64_t S = sizeof(T);
@@ -267,6 +275,12 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
     Count("softplus_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
     Inner<T>().softplus_backward(dy, x, count, dx);
   };
+  if (inner.rope_kv_write)
+    t.rope_kv_write = [](const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq,
+                         const PagedKV<T>& kv) {
+      CountRopeKvWrite("rope_kv_write", n, kv, S, S);
+      Inner<T>().rope_kv_write(k, v, n, pos0, inv_freq, kv);
+    };
   t.adamw = [](T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
                double weight_decay, int64_t step) {
     Count("adamw", OpFamily::kOptimizer, 0, 4 * count * S, 3 * count * S);
@@ -302,6 +316,32 @@ OpTable<T> MakeCounting(const OpTable<T>& inner) {
       t.round_bf16 = [](float* x, int64_t count, uint16_t* half) {
         Count("round_bf16", OpFamily::kConvert, 0, count * kF32, count * (kF32 + kBf16));
         Inner<float>().round_bf16(x, count, half);
+      };
+    if (inner.rope_kv_write_bf16)
+      t.rope_kv_write_bf16 = [](const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
+                                const PagedKV<uint16_t>& kv) {
+        CountRopeKvWrite("rope_kv_write_bf16", n, kv, kF32, kBf16);
+        Inner<float>().rope_kv_write_bf16(k, v, n, pos0, inv_freq, kv);
+      };
+    if (inner.rmsnorm_forward_bf16)
+      t.rmsnorm_forward_bf16 = [](const float* x, const float* w, int64_t n, int64_t d, double eps, float* y,
+                                  float* rstd, uint16_t* half) {
+        Count("rmsnorm_forward_bf16", OpFamily::kNorm, 0, (n * d + d) * kF32,
+              (n * d + n) * kF32 + (half ? n * d * kBf16 : 0));
+        Inner<float>().rmsnorm_forward_bf16(x, w, n, d, eps, y, rstd, half);
+      };
+    if (inner.swiglu_forward_bf16)
+      t.swiglu_forward_bf16 = [](const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                                 uint16_t* up_half, uint16_t* out_half) {
+        const int64_t halves = (gate_half ? 1 : 0) + (up_half ? 1 : 0) + (out_half ? 1 : 0);
+        Count("swiglu_forward_bf16", OpFamily::kPointwise, 0, 2 * count * kF32, count * (kF32 + halves * kBf16));
+        Inner<float>().swiglu_forward_bf16(gate, up, count, out, gate_half, up_half, out_half);
+      };
+    if (inner.swiglu_backward_bf16)
+      t.swiglu_backward_bf16 = [](const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count,
+                                  float* dgate, float* dup) {
+        Count("swiglu_backward_bf16", OpFamily::kPointwise, 0, count * (kF32 + 2 * kBf16), 2 * count * kF32);
+        Inner<float>().swiglu_backward_bf16(dout, gate, up, count, dgate, dup);
       };
     if (inner.cross_entropy_bf16)
       t.cross_entropy_bf16 = [](uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,

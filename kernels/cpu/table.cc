@@ -14,6 +14,18 @@
 #include "kernels/cpu/vocab_parallel.h"
 
 namespace sg {
+namespace cpu {
+// The fused layer ops (pointwise.cc).
+template <typename T, typename P>
+void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv);
+void RmsNormForwardBF16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
+                        uint16_t* half);
+void SwigluForwardBF16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                       uint16_t* up_half, uint16_t* out_half);
+void SwigluBackwardBF16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
+                        float* dup);
+}  // namespace cpu
+
 namespace {
 
 enum OpFamily { kGemm, kAttentionForward, kAttentionBackward, kNorm, kPointwise, kLoss, kConvert, kSsm,
@@ -87,6 +99,7 @@ OpTable<T> MakeCpuTable() {
   SG_OP(copy, kPointwise, cpu::Copy<T>);
   SG_OP(fill, kPointwise, cpu::Fill<T>);
   SG_OP(scale, kPointwise, cpu::Scale<T>);
+  SG_OP(rope_kv_write, kPointwise, (cpu::RopeKvWrite<T, T>));
   SG_OP(attention_forward, kAttentionForward, (cpu::AttentionForward<T, T>));
   SG_OP(attention_backward, kAttentionBackward, (cpu::AttentionBackward<T, T>));
   t.attention_workspace_elems = cpu::AttentionWorkspaceElems;
@@ -119,6 +132,10 @@ OpTable<T> MakeCpuTable() {
     SG_OP(attention_backward_bf16, kAttentionBackward, (cpu::AttentionBackward<float, uint16_t>));
     SG_OP(adamw_bf16, kOptimizer, cpu::AdamWBF16);
     SG_OP(round_bf16, kConvert, cpu::RoundBF16);
+    SG_OP(rope_kv_write_bf16, kPointwise, (cpu::RopeKvWrite<float, uint16_t>));
+    SG_OP(rmsnorm_forward_bf16, kNorm, cpu::RmsNormForwardBF16);
+    SG_OP(swiglu_forward_bf16, kPointwise, cpu::SwigluForwardBF16);
+    SG_OP(swiglu_backward_bf16, kPointwise, cpu::SwigluBackwardBF16);
   }
   SG_OP(attention_merge, kAttentionForward, cpu::AttentionMerge<T>);
 #undef SG_OP

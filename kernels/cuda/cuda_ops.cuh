@@ -25,6 +25,8 @@ void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, int64_t
                      bool accumulate_dx);
 template <typename T>
 void Rope(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq, bool inverse);
+template <typename T, typename P>
+void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv);
 template <typename T> void AddBias(T* y, const T* b, int64_t n, int64_t m);
 template <typename T> void BiasBackward(const T* dy, int64_t n, int64_t m, T* db);
 template <typename T> void SwigluForward(const T* gate, const T* up, int64_t count, T* out);
@@ -93,6 +95,14 @@ void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, D
 void Bf16ToF32(const uint16_t* src, int64_t count, float* dst);
 void F32ToBf16(const float* src, int64_t count, uint16_t* dst);
 void RoundBf16(float* x, int64_t count, uint16_t* half);
+void RopeKvWriteBf16(const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
+                     const PagedKV<uint16_t>& kv);
+void RmsNormForwardBf16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
+                        uint16_t* half);
+void SwigluForwardBf16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                       uint16_t* up_half, uint16_t* out_half);
+void SwigluBackwardBf16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
+                        float* dup);
 void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
                           float* lse, float* workspace);
 void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, const float* out,

@@ -1250,5 +1250,154 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
   EXPECT_EQ(C.Raw(), (std::vector<float>{19, 22, 43, 50}));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Fused layer ops (one pass where the unfused sequence takes several)
+
+// RoPE into the K/V page write: pages as the CPU writes them, through a reversed page table with one page absent
+// (its pool page keeps its sentinel) and a chunk that starts mid-page. KV: the page element type (T or bf16).
+template <typename T, typename KV, typename Write>
+std::pair<Outs, Outs> RopeKvWriteBoth(int64_t n, int64_t pos0, int64_t page_size, int64_t kv_heads, int64_t hd,
+                                      KV sentinel, Write write) {
+  const int64_t row = kv_heads * hd, pages = (pos0 + n + page_size - 1) / page_size;
+  std::vector<int32_t> table(pages);
+  for (int64_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>(pages - i);  // pool page 0 unused
+  table[pages / 2] = -1;
+  std::vector<double> inv_freq(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / hd);
+  const std::vector<T> k = Rand<T>(n * row, 60 + hd), v = Rand<T>(n * row, 61 + hd);
+  return RunBoth([&](Device dev) {
+    Buf<T> K(dev, k, "k"), V(dev, v, "v");
+    Buf<KV> kp(dev, (pages + 1) * page_size * row, sentinel, "K pages"), vp(dev, (pages + 1) * page_size * row,
+                                                                            sentinel, "V pages");
+    PagedKV<KV> view;
+    view.k_pool = kp.data();
+    view.v_pool = vp.data();
+    view.page_table = table.data();
+    view.page_size = page_size;
+    view.page_stride = page_size * row;
+    view.kv_heads = kv_heads;
+    view.head_dim = hd;
+    write(OpsFor<T>(dev), K.data(), V.data(), n, pos0, inv_freq.data(), view);
+    EXPECT_EQ(K.Raw(), k);  // only read
+    EXPECT_EQ(V.Raw(), v);
+    Outs o;
+    o.Add(kp);
+    o.Add(vp);
+    return o;
+  });
+}
+
+struct RopeKvShape {
+  int64_t n, pos0, page_size, kv_heads, hd;
+};
+const RopeKvShape kRopeKvShapes[] = {{9, 3, 4, 2, 8}, {300, 37, 64, 2, 64}, {5, 0, 16, 1, 128}, {1, 1000, 8, 3, 2}};
+
+TYPED_TEST(CudaOpsTest, RopeKvWrite) {
+  using T = TypeParam;
+  for (const RopeKvShape& s : kRopeKvShapes) {
+    auto [dut, cpu] = RopeKvWriteBoth<T, T>(s.n, s.pos0, s.page_size, s.kv_heads, s.hd, T(7),
+                                            [](const OpTable<T>& ops, auto... args) { ops.rope_kv_write(args...); });
+    ExpectAllClose(dut, cpu, kTight<T>, "rope_kv_write n=" + std::to_string(s.n) + " hd=" + std::to_string(s.hd));
+  }
+}
+
+// A bf16 output against the CPU's: equal, or (where the device's exp, sum order or FMA contraction moved the f32
+// value across a rounding boundary) one bf16 step apart.
+void ExpectBf16Near(const std::vector<uint16_t>& dut, const std::vector<uint16_t>& cpu, const std::string& what) {
+  ASSERT_EQ(dut.size(), cpu.size()) << what;
+  int64_t bad = 0, off_by_one = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (dut[i] == cpu[i]) continue;
+    const float a = BF16ToF32(dut[i]), b = BF16ToF32(cpu[i]);
+    if (std::abs(a - b) <= std::abs(b) / 128) ++off_by_one;
+    else if (bad++ == 0) ADD_FAILURE() << what << ": element " << i << " cuda " << a << ", cpu " << b;
+  }
+  EXPECT_EQ(bad, 0) << what;
+  EXPECT_LE(off_by_one, static_cast<int64_t>(cpu.size()) / 100 + 1) << what << ": bf16 values one step apart";
+}
+// The bf16 bits of values that are bf16 values (as Outs holds them).
+std::vector<uint16_t> Bits(const std::vector<double>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    bits[i] = F32ToBF16(static_cast<float>(values[i]));
+    if (std::isnan(values[i])) continue;  // the sentinel of pool pages nobody writes
+    EXPECT_EQ(BF16ToF32(bits[i]), values[i]) << "not a bf16 value: element " << i;
+  }
+  return bits;
+}
+
+TEST_F(GpuTest, Bf16FusedOpsMatchCpu) {
+  for (const RopeKvShape& s : kRopeKvShapes) {
+    const std::string what = "rope_kv_write_bf16 n=" + std::to_string(s.n) + " hd=" + std::to_string(s.hd);
+    auto [dut, cpu] = RopeKvWriteBoth<float, uint16_t>(
+        s.n, s.pos0, s.page_size, s.kv_heads, s.hd, uint16_t{0x7fc1},
+        [](const OpTable<float>& ops, auto... args) { ops.rope_kv_write_bf16(args...); });
+    ExpectBf16Near(Bits(dut.v[0].second), Bits(cpu.v[0].second), what + " K");
+    ExpectAllEqual(Outs{{dut.v[1]}}, Outs{{cpu.v[1]}}, what + " V");  // one rounding: exact
+  }
+  // rmsnorm_forward_bf16, with and without the kept copy.
+  for (auto [n, d] : {std::pair<int64_t, int64_t>{13, 7}, {300, 257}, {3, 2048}}) {
+    const std::vector<float> x = Rand<float>(n * d, 70 + d, -2, 2), w = Rand<float>(d, 71 + d, 0.5, 1.5);
+    for (bool keep : {true, false}) {
+      const std::string what = "rmsnorm_forward_bf16 n=" + std::to_string(n) + " d=" + std::to_string(d) +
+                               (keep ? "" : " (no half)");
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        Buf<float> X(dev, x, "x"), W(dev, w, "w"), Y(dev, n * d, Nan<float>(), "y"), R(dev, n, Nan<float>(), "rstd");
+        Buf<uint16_t> H(dev, n * d, uint16_t{0x7fc1}, "half");
+        OpsFor<float>(dev).rmsnorm_forward_bf16(X.data(), W.data(), n, d, 1e-5, Y.data(), R.data(),
+                                                keep ? H.data() : nullptr);
+        Outs o;
+        o.Add(Y);
+        o.Add(H);
+        o.Add(R);
+        return o;
+      });
+      ExpectBf16Near(Bits(dut.v[0].second), Bits(cpu.v[0].second), what + " y");
+      if (keep) EXPECT_EQ(dut.v[0].second, dut.v[1].second) << what << ": half holds y's values";
+      else ExpectAllEqual(Outs{{dut.v[1]}}, Outs{{cpu.v[1]}}, what + ": half untouched");
+      ExpectClose(dut.v[2].second, cpu.v[2].second, kTight<float>, what + " rstd");
+    }
+  }
+  // swiglu_forward_bf16 (with and without the kept copies) and swiglu_backward_bf16 over the kept gate and up.
+  for (int64_t count : {1, 1000, 4097}) {
+    std::vector<float> g = Rand<float>(count, 80 + count, -12, 12), u = Rand<float>(count, 81 + count, -3, 3);
+    const std::vector<float> dout = Rand<float>(count, 82 + count);
+    if (count > 4) g[0] = 30, g[1] = -30, g[2] = 0;
+    for (bool keep : {true, false}) {
+      const std::string what = "swiglu bf16 count=" + std::to_string(count) + (keep ? "" : " (no halves)");
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<float>& ops = OpsFor<float>(dev);
+        Buf<float> G(dev, g, "gate"), U(dev, u, "up"), O(dev, count, Nan<float>(), "out"), DO(dev, dout, "dout"),
+            DG(dev, count, Nan<float>(), "dgate"), DU(dev, count, Nan<float>(), "dup");
+        Buf<uint16_t> GH(dev, count, uint16_t{0x7fc1}, "gate half"), UH(dev, count, uint16_t{0x7fc1}, "up half"),
+            OH(dev, count, uint16_t{0x7fc1}, "out half");
+        ops.swiglu_forward_bf16(G.data(), U.data(), count, O.data(), keep ? GH.data() : nullptr,
+                                keep ? UH.data() : nullptr, keep ? OH.data() : nullptr);
+        Outs o;
+        o.Add(O);
+        o.Add(GH);
+        o.Add(UH);
+        o.Add(OH);
+        if (keep) {
+          ops.swiglu_backward_bf16(DO.data(), GH.data(), UH.data(), count, DG.data(), DU.data());
+          o.Add(DG);
+          o.Add(DU);
+        }
+        EXPECT_EQ(G.Raw(), g) << "gate is only read";
+        return o;
+      });
+      ExpectBf16Near(Bits(dut.v[0].second), Bits(cpu.v[0].second), what + " out");
+      ExpectAllEqual(Outs{{dut.v[1], dut.v[2]}}, Outs{{cpu.v[1], cpu.v[2]}}, what + " gate/up halves");
+      if (keep) {
+        EXPECT_EQ(dut.v[0].second, dut.v[3].second) << what << ": out half holds out's values";
+        ExpectClose(dut.v[4].second, cpu.v[4].second, kTight<float>, what + " dgate");
+        ExpectClose(dut.v[5].second, cpu.v[5].second, kTight<float>, what + " dup");
+      } else {
+        ExpectAllEqual(Outs{{dut.v[3]}}, Outs{{cpu.v[3]}}, what + ": out half untouched");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sg

@@ -1,5 +1,5 @@
 // Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, residual add, copy, scale, SiLU,
-// softplus. Formulas follow kernels/cpu/pointwise.cc and ssm.cc (same precision of every intermediate).
+// softplus; the fused layer ops (RoPE into the K/V page write, RMSNorm and SwiGLU with their bf16 roundings). Formulas follow kernels/cpu/pointwise.cc and ssm.cc (same precision of every intermediate).
 //
 // Determinism: no floating-point atomics anywhere. Sums over rows (dw of RMSNorm, bias gradients) go through
 // fixed per-chunk partials and a fixed-order reduction; the embedding gradient adds each id's tokens in token
@@ -103,8 +103,10 @@ void ColumnSums(const T* a, const T* b, const T* r, int64_t n, int64_t d, T* out
 
 // ---- RMSNorm ----
 
-template <typename T>
-__global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd) {
+// kRound (f32): y rounded to bf16 values, their bits stored in half unless it is null (rmsnorm_forward_bf16).
+template <typename T, bool kRound = false>
+__global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd,
+                                     uint16_t* half) {
   __shared__ double shared[32];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const T* xi = x + i * d;
@@ -113,7 +115,16 @@ __global__ void RmsNormForwardKernel(const T* x, const T* w, int64_t n, int64_t 
     ss = BlockSum(ss, shared);
     const T r = static_cast<T>(1.0 / sqrt(ss / d + eps));
     if (threadIdx.x == 0) rstd[i] = r;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) y[i * d + j] = xi[j] * r * w[j];
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const T value = xi[j] * r * w[j];
+      if constexpr (kRound) {
+        const uint16_t h = ToBf16(value);
+        y[i * d + j] = FromBf16(h);
+        if (half) half[i * d + j] = h;
+      } else {
+        y[i * d + j] = value;
+      }
+    }
   }
 }
 
@@ -158,6 +169,32 @@ __global__ void RopeKernel(T* x, int64_t n, int64_t heads, int64_t head_dim, int
   }
 }
 
+// RoPE into the K/V page write: one thread per (token, KV head, frequency) pair, K's pair roped as RopeKernel
+// does and V's copied, stored into the token's page as P (T, or bf16 rounded once). table: the page table from
+// logical page `first` on, staged; pages absent (-1) are skipped.
+template <typename T, typename P>
+__global__ void RopeKvWriteKernel(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq,
+                                  const int32_t* table, int64_t first, PagedKV<P> kv) {
+  const int64_t half = kv.head_dim / 2, row = kv.kv_heads * kv.head_dim;
+  SG_CUDA_LOOP(e, n * kv.kv_heads * half) {
+    const int64_t f = e % half, token_head = e / half, i = token_head / kv.kv_heads;
+    const int64_t t = pos0 + i, page = table[t / kv.page_size - first];
+    if (page < 0) continue;
+    const double angle = static_cast<double>(t) * inv_freq[f];
+    double s, c;
+    sincos(angle, &s, &c);
+    const T cs = static_cast<T>(c), sn = static_cast<T>(s);
+    const T* src = k + token_head * kv.head_dim;
+    const T a = src[f], b = src[f + half];
+    const int64_t at = page * kv.page_stride + (t % kv.page_size) * row + (token_head - i * kv.kv_heads) * kv.head_dim;
+    Narrow(kv.k_pool + at + f, a * cs - b * sn);
+    Narrow(kv.k_pool + at + f + half, b * cs + a * sn);
+    const T* vsrc = v + token_head * kv.head_dim;
+    Narrow(kv.v_pool + at + f, vsrc[f]);
+    Narrow(kv.v_pool + at + f + half, vsrc[f + half]);
+  }
+}
+
 // ---- element-wise ----
 
 template <typename T>
@@ -178,6 +215,31 @@ __global__ void SwigluBackwardKernel(const T* dout, const T* gate, const T* up, 
     const T go = dout[i], u = up[i];  // read before writing: dgate/dup may alias dout
     dup[i] = go * silu;
     dgate[i] = go * u * (s + g * s * (T(1) - s));
+  }
+}
+
+// swiglu_forward_bf16: gate and up rounded to bf16 values, out rounded; each half written unless null.
+__global__ void SwigluForwardBf16Kernel(const float* gate, const float* up, int64_t count, float* out,
+                                        uint16_t* gate_half, uint16_t* up_half, uint16_t* out_half) {
+  SG_CUDA_LOOP(i, count) {
+    const uint16_t gh = ToBf16(gate[i]), uh = ToBf16(up[i]);
+    const float g = FromBf16(gh), u = FromBf16(uh);
+    const uint16_t oh = ToBf16(g * Sigmoid(g) * u);
+    out[i] = FromBf16(oh);
+    if (gate_half) gate_half[i] = gh;
+    if (up_half) up_half[i] = uh;
+    if (out_half) out_half[i] = oh;
+  }
+}
+
+__global__ void SwigluBackwardBf16Kernel(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count,
+                                         float* dgate, float* dup) {
+  SG_CUDA_LOOP(i, count) {
+    const float g = FromBf16(gate[i]), s = Sigmoid(g);
+    const float silu = g * s;
+    const float go = dout[i], u = FromBf16(up[i]);  // read before writing: dgate/dup may alias dout
+    dup[i] = go * silu;
+    dgate[i] = go * u * (s + g * s * (1.0f - s));
   }
 }
 
@@ -273,7 +335,7 @@ void EmbeddingBackward(const int32_t* ids, int64_t n, const T* dout, int64_t d, 
 template <typename T>
 void RmsNormForward(const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd) {
   if (n <= 0) return;
-  RmsNormForwardKernel<T><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(x, w, n, d, eps, y, rstd);
+  RmsNormForwardKernel<T><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(x, w, n, d, eps, y, rstd, nullptr);
   End("rmsnorm_forward");
 }
 
@@ -295,6 +357,46 @@ void Rope(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const 
   RopeKernel<T><<<Blocks(n * heads * half, kThreads), kThreads, 0, Stream()>>>(x, n, heads, head_dim, pos0, dfreq,
                                                                                  inverse ? -1.0 : 1.0);
   End("rope");
+}
+
+template <typename T, typename P>
+void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv) {
+  const int64_t half = kv.head_dim / 2;
+  if (n <= 0 || kv.kv_heads <= 0 || half <= 0) return;
+  const char* op = "rope_kv_write";
+  const int64_t first = pos0 / kv.page_size, last = (pos0 + n - 1) / kv.page_size;
+  const int32_t* table = Stage(kv.page_table + first, last - first + 1, kSlotPageTable, op);
+  const double* dfreq = Stage(inv_freq, half, kSlotInvFreq, op);
+  RopeKvWriteKernel<T, P><<<Blocks(n * kv.kv_heads * half, kThreads), kThreads, 0, Stream()>>>(
+      k, v, n, pos0, dfreq, table, first, kv);
+  End("rope_kv_write");
+}
+
+void RopeKvWriteBf16(const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
+                     const PagedKV<uint16_t>& kv) {
+  RopeKvWrite<float, uint16_t>(k, v, n, pos0, inv_freq, kv);
+}
+
+void RmsNormForwardBf16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
+                        uint16_t* half) {
+  if (n <= 0) return;
+  RmsNormForwardKernel<float, true><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(x, w, n, d, eps, y, rstd, half);
+  End("rmsnorm_forward_bf16");
+}
+
+void SwigluForwardBf16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                       uint16_t* up_half, uint16_t* out_half) {
+  if (count <= 0) return;
+  SwigluForwardBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(gate, up, count, out, gate_half,
+                                                                              up_half, out_half);
+  End("swiglu_forward_bf16");
+}
+
+void SwigluBackwardBf16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
+                        float* dup) {
+  if (count <= 0) return;
+  SwigluBackwardBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dout, gate, up, count, dgate, dup);
+  End("swiglu_backward_bf16");
 }
 
 template <typename T>
@@ -406,6 +508,7 @@ void RoundBf16(float* x, int64_t count, uint16_t* half) {
   template void RmsNormForward<T>(const T*, const T*, int64_t, int64_t, double, T*, T*);                     \
   template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*, bool);  \
   template void Rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const double*, bool);                        \
+  template void RopeKvWrite<T, T>(const T*, const T*, int64_t, int64_t, const double*, const PagedKV<T>&);     \
   template void AddBias<T>(T*, const T*, int64_t, int64_t);                                                  \
   template void BiasBackward<T>(const T*, int64_t, int64_t, T*);                                             \
   template void SwigluForward<T>(const T*, const T*, int64_t, T*);                                           \

@@ -27,6 +27,7 @@ static OpTable<T> MakeCudaTable() {
   t.copy = cuda::Copy<T>;
   t.fill = cuda::Fill<T>;
   t.scale = cuda::Scale<T>;
+  t.rope_kv_write = cuda::RopeKvWrite<T, T>;
   t.attention_forward = cuda::AttentionForward<T>;
   t.attention_backward = cuda::AttentionBackward<T>;
   t.attention_workspace_elems = cuda::AttentionWorkspaceElems;
@@ -59,6 +60,10 @@ static OpTable<T> MakeCudaTable() {
     t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
     t.adamw_bf16 = cuda::AdamWBf16;
     t.round_bf16 = cuda::RoundBf16;
+    t.rope_kv_write_bf16 = cuda::RopeKvWriteBf16;
+    t.rmsnorm_forward_bf16 = cuda::RmsNormForwardBf16;
+    t.swiglu_forward_bf16 = cuda::SwigluForwardBf16;
+    t.swiglu_backward_bf16 = cuda::SwigluBackwardBf16;
   }
   t.attention_merge = cuda::AttentionMerge<T>;
   cuda::AddVocabParallelOps(t);

@@ -77,6 +77,11 @@ OpTable<T> MakeTable() {
   SG_META_NOP(t, vocab_shard_sums_bf16);
   SG_META_NOP(t, vocab_shard_gradient_bf16);
   SG_META_NOP(t, round_bf16);
+  SG_META_NOP(t, rope_kv_write);
+  SG_META_NOP(t, rope_kv_write_bf16);
+  SG_META_NOP(t, rmsnorm_forward_bf16);
+  SG_META_NOP(t, swiglu_forward_bf16);
+  SG_META_NOP(t, swiglu_backward_bf16);
   return t;
 }
 #undef SG_META_NOP
