@@ -49,6 +49,15 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
 template <typename T, typename KV = T>
 void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv, const T* out, const T* lse,
                        const T* dout, T* dq, const PagedKV<KV>& dkv, T* workspace);
+// Fused layer ops (pointwise.cc): one pass where the unfused sequence made two or four.
+template <typename T, typename P>
+void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv);
+void RmsNormForwardBF16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
+                        uint16_t* half);
+void SwigluForwardBF16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+                       uint16_t* up_half, uint16_t* out_half);
+void SwigluBackwardBF16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
+                        float* dup);
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size);
 template <typename T>
 void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b);

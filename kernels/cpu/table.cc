@@ -14,18 +14,6 @@
 #include "kernels/cpu/vocab_parallel.h"
 
 namespace sg {
-namespace cpu {
-// The fused layer ops (pointwise.cc).
-template <typename T, typename P>
-void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv);
-void RmsNormForwardBF16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
-                        uint16_t* half);
-void SwigluForwardBF16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
-                       uint16_t* up_half, uint16_t* out_half);
-void SwigluBackwardBF16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
-                        float* dup);
-}  // namespace cpu
-
 namespace {
 
 enum OpFamily { kGemm, kAttentionForward, kAttentionBackward, kNorm, kPointwise, kLoss, kConvert, kSsm,
