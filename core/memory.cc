@@ -106,9 +106,7 @@ std::string AvailableText() {
   const int64_t available = HostAvailableBytes();
   return available < 0 ? "unknown" : absl::StrCat(available);
 }
-}  // namespace
 
-namespace {
 bool CacheOnFromEnvironment() {
   const char* v = std::getenv("SG_HOST_CACHE");
   if (!v || !*v || std::string_view(v) == "1") return !kAddressSanitizer;
