@@ -139,6 +139,7 @@ class HostBlockCache {
       it->second.pop_back();
       if (it->second.empty()) free_.erase(it);
       cached_ -= static_cast<int64_t>(got);
+      low_cached_ = std::min(low_cached_, cached_);
       --cached_blocks_;
       ++hits_;
       HandOutLocked(p, got);
@@ -189,7 +190,13 @@ class HostBlockCache {
     s.hits = hits_;
     s.misses = misses_;
     s.evictions = evictions_;
+    s.window_low_cached_bytes = low_cached_;
     return s;
+  }
+
+  void ResetWindow() {
+    std::lock_guard<std::mutex> lock(mu_);
+    low_cached_ = cached_;
   }
 
  private:
@@ -211,6 +218,7 @@ class HostBlockCache {
       std::free(it->second.back());
       it->second.pop_back();
       cached_ -= static_cast<int64_t>(it->first);
+      low_cached_ = std::min(low_cached_, cached_);
       --cached_blocks_;
       if (it->second.empty()) free_.erase(it);
     }
@@ -221,6 +229,7 @@ class HostBlockCache {
   std::unordered_map<void*, size_t> in_use_blocks_;  // handed-out blocks and their class sizes
   std::map<size_t, std::vector<void*>> free_;        // class size -> cached blocks
   int64_t in_use_ = 0, peak_ = 0, cached_ = 0, cached_blocks_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
+  int64_t low_cached_ = 0;  // the fewest cached bytes since ResetWindow
 };
 
 HostBlockCache& TheHostCache() {
@@ -253,6 +262,10 @@ HostCacheStats GetHostCacheStats() { return HostCacheEnabled() ? TheHostCache().
 
 void ReleaseHostCache() {
   if (HostCacheEnabled()) TheHostCache().Release();
+}
+
+void ResetHostCacheWindow() {
+  if (HostCacheEnabled()) TheHostCache().ResetWindow();
 }
 
 bool CheckedMul(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow(a, b, out); }
@@ -368,6 +381,10 @@ std::vector<MemoryEvent> MemoryTracker::StopTimeline(int64_t* dropped) {
   std::vector<MemoryEvent> out;
   out.swap(timeline_);
   return out;
+}
+
+MemoryTracker::~MemoryTracker() {
+  if (device_ == Device::kCPU) ReleaseHostCache();
 }
 
 MemorySnapshot MemoryTracker::Snapshot() const {

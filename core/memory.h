@@ -85,6 +85,12 @@ absl::Status StatusOfCurrentException(const std::string& op);
 // Counts bytes; thread-safe. One tracker per model/engine instance.
 class MemoryTracker {
  public:
+  MemoryTracker() = default;
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+  // A model's tracker outlives its tensors: when a CPU one ends, the host cache's blocks (now holding that model's
+  // memory too) go back to the system (ReleaseHostCache).
+  ~MemoryTracker();
   // Adds bytes; throws MemoryLimitExceeded (counting nothing) if that would pass the limit.
   void Add(MemCategory c, int64_t bytes);
   void Sub(MemCategory c, int64_t bytes);
@@ -182,10 +188,14 @@ struct HostCacheStats {
   int64_t limit_bytes = 0;  // in use + cached stay within this: 1.25x peak_in_use_bytes
   int64_t hits = 0, misses = 0;  // allocations of cacheable size served from the cache / by malloc
   int64_t evictions = 0;          // cached blocks freed to stay within the bound
+  // The fewest cached bytes since ResetHostCacheWindow: cached_bytes then minus this is what the window took from
+  // the cache (resident memory that a process RSS delta does not show, e.g. a benchmark step's).
+  int64_t window_low_cached_bytes = 0;
 };
 HostCacheStats GetHostCacheStats();
 // Frees every cached block and restarts the peak from the blocks in use (e.g. when a model is destroyed).
 void ReleaseHostCache();
+void ResetHostCacheWindow();
 
 // Device memory hooks: the CUDA backend registers these; CPU uses aligned host memory.
 struct DeviceAllocator {

@@ -215,5 +215,34 @@ TEST_F(HostCacheOn, ReusedBlocksAreZeroedAndCountedAsTensorBytes) {
   EXPECT_EQ(m.total_current, 1160000);
 }
 
+// A model's memory goes back to the system when the model ends: its CPU tracker's end empties the cache; a meta
+// tracker's (a plan's twin) leaves it alone.
+TEST_F(HostCacheOn, CpuTrackerEndReleasesTheCache) {
+  {
+    MemoryTracker meta;
+    meta.set_device(Device::kMeta);
+    HostDeallocate(HostAllocate(kMiB));
+  }
+  EXPECT_EQ(GetHostCacheStats().cached_bytes, static_cast<int64_t>(kMiB));
+  {
+    MemoryTracker model;
+    Tensor t = Tensor::Empty(&model, MemCategory::kWeights, DType::kF32, {1 << 20});
+  }
+  EXPECT_EQ(GetHostCacheStats().cached_bytes, 0);
+}
+
+// The window's low-water mark of cached bytes: what a step took from the cache, though it gave it all back.
+TEST_F(HostCacheOn, WindowRecordsWhatWasTakenFromTheCache) {
+  HostDeallocate(HostAllocate(kMiB));
+  HostDeallocate(HostAllocate(4 * kMiB));
+  ResetHostCacheWindow();
+  EXPECT_EQ(GetHostCacheStats().window_low_cached_bytes, static_cast<int64_t>(5 * kMiB));
+  void* p = HostAllocate(4 * kMiB);
+  HostDeallocate(p);
+  const HostCacheStats s = GetHostCacheStats();
+  EXPECT_EQ(s.cached_bytes, static_cast<int64_t>(5 * kMiB));
+  EXPECT_EQ(s.window_low_cached_bytes, static_cast<int64_t>(kMiB));
+}
+
 }  // namespace
 }  // namespace sg
