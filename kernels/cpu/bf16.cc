@@ -120,9 +120,14 @@ const uint16_t* TileBF16(DType t, const void* src, int64_t ld, int64_t r0, int64
   return out;
 }
 
+// Per thread, at most this many primitives are kept: a fixed-shape run needs a few dozen, but each new sequence
+// length brings new shapes (its chunk's rows, its last page), and every primitive holds JIT code.
+constexpr size_t kMaxMatmulShapes = 256;
+thread_local size_t t_matmul_shapes = 0;
+
 // C (f32) = alpha op(A) op(B) + beta C with A and B bf16, in oneDNN's matmul. Each thread keeps its own primitives
-// (one per shape: a run has a few dozen), stream and scratchpad, so attention's threads call it at once without a
-// lock. A primitive made inside a parallel region runs on one thread and one made outside on all (its scratchpad
+// (one per shape, at most kMaxMatmulShapes: past that the thread's cache starts over), stream and scratchpad, so
+// attention's threads call it at once without a lock. A primitive made inside a parallel region runs on one thread and one made outside on all (its scratchpad
 // is sized for that), so which one is part of the key.
 void MatmulBF16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                 const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -145,6 +150,7 @@ void MatmulBF16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
   const Key key{omp_in_parallel() != 0, ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
   auto it = cache.entries.find(key);
   if (it == cache.entries.end()) {
+    if (cache.entries.size() >= kMaxMatmulShapes) cache.entries.clear();
     const memory::desc ad({m, k}, memory::data_type::bf16, ta ? memory::dims{1, lda} : memory::dims{lda, 1});
     const memory::desc bd({k, n}, memory::data_type::bf16, tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
     const memory::desc cd({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
@@ -163,6 +169,7 @@ void MatmulBF16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
                                  memory(pd.scratchpad_desc(), engine, nullptr), pd.scratchpad_desc().get_size()})
              .first;
   }
+  t_matmul_shapes = cache.entries.size();
   Entry& e = it->second;
   if (cache.scratch.size() < e.scratch_bytes + kAlign) cache.scratch.resize(e.scratch_bytes + kAlign);
   const uintptr_t base = reinterpret_cast<uintptr_t>(cache.scratch.data());
@@ -240,6 +247,8 @@ std::string SetMatmul(const std::string& mode) {
 }
 
 bool MatmulRoundsToBF16() { return round_to_bf16.load(std::memory_order_relaxed); }
+
+size_t MatmulShapesCached() { return t_matmul_shapes; }
 
 void GemmMixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
                int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,

@@ -13,6 +13,8 @@ namespace sg::cpu {
 // has none).
 std::string SetMatmul(const std::string& mode);
 bool MatmulRoundsToBF16();
+// How many bf16 matmul primitives the calling thread keeps (bounded; for tests).
+size_t MatmulShapesCached();
 
 // Gemm<float> follows --matmul; Sgemm is fp32 whatever it says.
 template <typename T>

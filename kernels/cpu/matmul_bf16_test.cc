@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/finite_difference.h"
+#include "kernels/cpu/isa.h"
 
 namespace sg {
 namespace {
@@ -138,6 +139,21 @@ TEST_F(MatmulBF16Test, GemmRoundsTheF32OperandsOutsideParallelRegions) {
             const GemmCase g{ta != 0, tb != 0, 600, 130, 520, at, bt, ct, 3};
             ExpectRounded(g, RunGemm(g));
           }
+}
+
+// A run over many sequence lengths makes many shapes: the primitives a thread keeps stay bounded, and products
+// made after the cache starts over are still right.
+TEST_F(MatmulBF16Test, ManyShapesKeepTheCacheBounded) {
+  if (cpu::ActiveIsa() < cpu::Isa::kAvx512Bf16) GTEST_SKIP() << "no bf16 dot products: sgemm runs the rounded operands";
+  size_t most = 0;
+  for (int64_t m = 1; m <= 300; ++m) {
+    const GemmCase g{false, true, m, 8, 16, DType::kF32, DType::kBF16, DType::kF32, static_cast<uint64_t>(m)};
+    const GemmResult r = RunGemm(g);
+    ASSERT_LE(r.worst, 1.0) << "m " << m;
+    most = std::max(most, cpu::MatmulShapesCached());
+  }
+  EXPECT_GE(most, 200u);  // the shapes were cached ...
+  EXPECT_LE(most, 256u);  // ... up to the bound
 }
 
 TEST_F(MatmulBF16Test, GemmInsideAParallelRegion) {
