@@ -194,6 +194,14 @@ struct PageSlice<float, uint16_t> {
   }
 };
 
+// Per thread, kept between calls: the bf16 copies of the Q, dO, P and dS blocks (--matmul=bf16). Here, not as
+// statics of the exported templates below, whose function statics libseqgrad.so would export as unique symbols.
+enum BlockBuffer { kQBlock, kDOBlock, kPBlock, kDSBlock, kNumBlockBuffers };
+std::vector<uint16_t>& BF16Block(BlockBuffer which) {
+  static thread_local std::vector<uint16_t> buffers[kNumBlockBuffers];
+  return buffers[which];
+}
+
 }  // namespace
 
 int64_t AttentionWorkspaceElems(const AttentionShape& s, int64_t page_size) {
@@ -222,8 +230,7 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
     T* S = workspace + omp_get_thread_num() * per_thread;
     T* m = S + kQueryBlock * ps;
     T* l = m + kQueryBlock;
-    static thread_local std::vector<uint16_t> q_buf;
-    const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, q_buf);
+    const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, BF16Block(kQBlock));
     T* Ob = out + i0 * ldq + h * hd;
     for (int64_t r = 0; r < bq; ++r) {
       m[r] = neg_inf;
@@ -302,9 +309,8 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
           const int64_t i0 = b * kQueryBlock, bq = std::min(kQueryBlock, s.n - i0);
           if (s.pos0 + i0 + bq - 1 < j0) continue;
           // Q, dO, P and dS are each read by two products.
-          static thread_local std::vector<uint16_t> q_buf, do_buf, p_buf, ds_buf;
-          const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, q_buf);
-          const Operand dOb = Block(dout + i0 * ldq + h * hd, bq, hd, ldq, do_buf);
+          const Operand Qb = Block(q + i0 * ldq + h * hd, bq, hd, ldq, BF16Block(kQBlock));
+          const Operand dOb = Block(dout + i0 * ldq + h * hd, bq, hd, ldq, BF16Block(kDOBlock));
           T* dQb = dq_target + i0 * ldq + h * hd;
           const T* lse_b = lse + h * s.n + i0;
           const T* Db = D + h * s.n + i0;
@@ -319,11 +325,11 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }
-          const Operand dS = Block(dP, bq, cols, cols, ds_buf);
+          const Operand dS = Block(dP, bq, cols, cols, BF16Block(kDSBlock));
           Mm(false, false, bq, hd, cols, scale, dS, K, T(1), dQb, ldq);
           if (!page.dk) continue;
           Mm(true, false, cols, hd, bq, scale, dS, Qb, T(1), page.dk, page.ldd);
-          Mm(true, false, cols, hd, bq, T(1), Block(P, bq, cols, cols, p_buf), dOb, T(1), page.dv, page.ldd);
+          Mm(true, false, cols, hd, bq, T(1), Block(P, bq, cols, cols, BF16Block(kPBlock)), dOb, T(1), page.dv, page.ldd);
         }
       }
       page.Finish();
