@@ -39,9 +39,12 @@ document has label -100, so no loss spans two documents. Attention is NOT masked
 the engine has no document mask, so a token also sees the earlier documents of its sequence.
 """
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import os
+import stat
 import sys
 
 from ._errors import InvalidArgumentError
@@ -73,6 +76,7 @@ def load_tokenizer(model_dir):
     if not os.path.isdir(model_dir):
         raise InvalidArgumentError("%s: not a directory (a model or tokenizer directory with tokenizer.json or "
                                    "tokenizer_config.json)" % model_dir)
+    _check_files_in(model_dir)
     try:
         return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as e:
@@ -80,27 +84,142 @@ def load_tokenizer(model_dir):
 
 
 # ---- reading records: (where, dict) with where = "file:line" or "name[index]" ----
+# The JSONL rules are train --data's (core/data.cc): regular files only, lines of at most max_line_bytes read
+# without holding more, no NUL byte, strict JSON without duplicate keys nested at most MAX_JSON_DEPTH deep.
 
-def _read_jsonl(path):
-    if not os.path.exists(path):
-        raise InvalidArgumentError("%s: no such file" % path)
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+MAX_LINE_BYTES = 64 << 20  # train's --max_line_bytes default (kDefaultMaxLineBytes)
+MAX_JSON_DEPTH = 256  # train's JSON nesting limit (kMaxJsonDepth)
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(path, mode):
+    kind = next((name for is_kind, name in _FILE_KINDS if is_kind(mode)), "not a regular file")
+    return InvalidArgumentError("%s: is %s, not a regular file" % (path, kind))
+
+
+def _check_files_in(directory):
+    """Refuses a FIFO, socket or device among a directory's files (libraries would block on it or read forever)."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                mode = entry.stat().st_mode  # follows symlinks
+            except OSError:
+                continue  # a dangling link: the library names it if it needs it
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise _not_regular(entry.path, mode)
+
+
+def _open_regular(path):
+    """A regular file opened for reading; anything else is refused before a read could block or never end."""
+    try:
+        if not stat.S_ISREG(mode := os.stat(path).st_mode):
+            raise _not_regular(path, mode)
+        # O_NONBLOCK: a FIFO put there since the stat does not block the open (the fstat below refuses it).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InvalidArgumentError("%s: no such file" % path) from None
+    except OSError as e:
+        raise InvalidArgumentError("%s: cannot open: %s" % (path, e.strerror)) from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+        f.close()
+        raise _not_regular(path, mode)
+    os.set_blocking(fd, True)
+    return f
+
+
+def _lines(f, path, max_line_bytes):
+    """(line number, bytes without the newline) of each line; a longer line is refused having read only its start."""
+    for lineno in itertools.count(1):
+        try:
+            raw = f.readline(max_line_bytes + 1)
+        except OSError as e:
+            raise OSError(e.errno, "%s:%d: read failed: %s" % (path, lineno, e.strerror)) from None
+        if not raw:
+            return
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        elif len(raw) > max_line_bytes:
+            raise InvalidArgumentError("%s:%d: line is longer than %d bytes (--max_line_bytes)" %
+                                       (path, lineno, max_line_bytes))
+        yield lineno, raw
+
+
+class _Refused(ValueError):
+    """JSON that json.loads accepts and train's parser does not."""
+
+
+def _object(pairs):
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _Refused("duplicate JSON key %s" % json.dumps(key[:40]))
+    return obj
+
+
+def _constant(name):
+    raise _Refused("malformed JSON: %s is not JSON (numbers must be finite)" % name)
+
+
+def _integer(text):
+    """An integer outside 64 bits is read as a double, as train's parser does (json.loads refuses over 4300 digits)."""
+    if len(text) <= 20 and -2 ** 63 <= int(text) < 2 ** 64:
+        return int(text)
+    return float(text)
+
+
+def _nested_deeper(obj, limit):
+    """Whether objects and arrays nest more than `limit` deep (json.loads only stops near the recursion limit)."""
+    stack = [(obj, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _decode(where, raw):
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise InvalidArgumentError("%s: NUL byte at column %d" % (where, nul + 1))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError("%s: not UTF-8 text (byte %d of the line)" % (where, e.start + 1)) from None
+
+
+def _parse(where, line):
+    deep = InvalidArgumentError("%s: JSON nested deeper than %d levels" % (where, MAX_JSON_DEPTH))
+    try:
+        obj = json.loads(line, object_pairs_hook=_object, parse_constant=_constant, parse_int=_integer)
+    except RecursionError:
+        raise deep from None
+    except json.JSONDecodeError as e:
+        raise InvalidArgumentError("%s: malformed JSON at column %d: %s" % (where, e.colno, e.msg)) from None
+    except ValueError as e:
+        raise InvalidArgumentError("%s: %s" % (where, e)) from None
+    if line.count("[") + line.count("{") > MAX_JSON_DEPTH and _nested_deeper(obj, MAX_JSON_DEPTH):
+        raise deep
+    return obj
+
+
+def _read_jsonl(path, max_line_bytes):
+    with _open_regular(path) as f:
+        for lineno, raw in _lines(f, path, max_line_bytes):
             where = "%s:%d" % (path, lineno)
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InvalidArgumentError("%s: not UTF-8 text (byte %d of the line)" % (where, e.start + 1)) from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InvalidArgumentError("%s: malformed JSON at column %d: %s" % (where, e.colno, e.msg)) from None
-            yield where, obj
+            line = _decode(where, raw)
+            if line.strip():
+                yield where, _parse(where, line)
 
 
-def _records(source, name):
+def _records(source, name, max_line_bytes):
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):  # a dataset saved with Dataset.save_to_disk
@@ -109,9 +228,10 @@ def _records(source, name):
             except ImportError:
                 raise ImportError("%s is a directory: reading a saved dataset needs Hugging Face datasets "
                                   "(pip install datasets)" % path) from None
-            yield from _records(datasets.load_from_disk(path), path)
+            _check_files_in(path)
+            yield from _records(datasets.load_from_disk(path), path, max_line_bytes)
             return
-        yield from _read_jsonl(path)
+        yield from _read_jsonl(path, max_line_bytes)
         return
     if isinstance(source, dict):  # datasets.DatasetDict too
         keys = ", ".join(map(repr, source.keys()))
@@ -152,10 +272,19 @@ class _Record:
                 "missing" if name not in self.obj else "null", fmt, _FIELDS[fmt]))
         return v
 
-    def text(self, v, name):
+    def string(self, v, name):
+        """A str the tokenizer takes: no lone surrogate (JSON's "\\ud800" escapes decode to one)."""
         if not isinstance(v, str):
             raise self.error(name, "must be a string, got %s" % _describe(v))
-        if not v:
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise self.error(name, "is not Unicode text: a lone surrogate \\u%04x at character %d" %
+                             (ord(v[e.start]), e.start + 1)) from None
+        return v
+
+    def text(self, v, name):
+        if not self.string(v, name):
             raise self.error(name, "is empty")
         return v
 
@@ -170,9 +299,9 @@ class _Record:
             if not isinstance(m, dict):
                 raise self.error(at, "must be a message object with 'role' and 'content', got %s" % _describe(m))
             for key in ("role", "content"):
-                if not isinstance(m.get(key), str):
-                    raise self.error("%s.%s" % (at, key), "must be a string, got %s" % (
-                        "nothing (missing)" if key not in m else _describe(m[key])))
+                if key not in m:
+                    raise self.error("%s.%s" % (at, key), "must be a string, got nothing (missing)")
+                self.string(m[key], "%s.%s" % (at, key))
         return list(v)
 
     def text_or_messages(self, v, name, conversational=None):
@@ -188,9 +317,13 @@ class _Record:
     def number(self, v, name):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.error(name, "must be a number, got %s" % _describe(v))
-        if not math.isfinite(v):
-            raise self.error(name, "is not finite (%s)" % v)
-        return float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer beyond a double's range
+            x = math.inf if v > 0 else -math.inf
+        if not math.isfinite(x):
+            raise self.error(name, "is not finite (%s)" % x)
+        return x
 
 
 _FIELDS = {
@@ -368,18 +501,24 @@ class Prepared:
         return len(self.records)
 
     def write(self, path):
-        """Writes the JSONL file `train --data` reads (--objective=sft/dpo/grpo as kind says); atomically."""
-        tmp = "%s.tmp%d" % (path, os.getpid())
+        """Writes the JSONL file `train --data` reads (--objective=sft/dpo/grpo as kind says) into a new file beside
+        it, renamed over it once complete (over the file a symlink names); an existing FIFO or device is refused."""
+        _check_output(path)
+        target = os.path.realpath(path)
+        tmp = None
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
+            fd, tmp = _new_file_beside(target)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for r in self.records:
                     f.write(json.dumps(r) + "\n")
-            os.replace(tmp, path)
+            os.replace(tmp, target)
+            tmp = None
         except OSError as e:
             raise OSError(e.errno, "%s: cannot write: %s" % (path, e.strerror)) from None
         finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
 
     def batches(self, batch_size):
         """Batches for a Trainer, in order (the last may be smaller): sft (ids, labels) for step(ids, labels); dpo a
@@ -394,6 +533,22 @@ class Prepared:
                 yield [_trainer_pair(r) for r in chunk]
             else:
                 yield [_trainer_group(r) for r in chunk]
+
+
+def _check_output(path):
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+
+
+def _new_file_beside(path):
+    """(fd, name) of a file made for writing next to path, under a name no one else uses (O_EXCL: not through a
+    symlink someone left there)."""
+    tmp = "%s.%s.tmp" % (path, os.urandom(6).hex())
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
 
 
 def response_sequence(prompt, response):
@@ -470,12 +625,14 @@ def _pack(records, seq_len):
     return packed
 
 
-def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong="refuse", name="dataset"):
-    """Tokenizes a dataset into a Prepared. source: a JSONL path, a directory saved by datasets' save_to_disk, a
-    `datasets` Dataset or any sequence of dicts (errors name records as file:line or name[index]); tokenizer: a
-    transformers tokenizer (load_tokenizer); format: "auto" (from the first record's fields) or one of FORMATS;
-    seq_len: max tokens per sequence (None: no limit); pack: concatenate SFT records up to seq_len;
-    overlong: "refuse" or "truncate" records longer than seq_len."""
+def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong="refuse", name="dataset",
+            max_line_bytes=MAX_LINE_BYTES):
+    """Tokenizes a dataset into a Prepared. source: a JSONL path (a regular file, read as train --data reads JSONL),
+    a directory saved by datasets' save_to_disk, a `datasets` Dataset or any sequence of dicts (errors name records
+    as file:line or name[index]); tokenizer: a transformers tokenizer (load_tokenizer); format: "auto" (from the
+    first record's fields) or one of FORMATS; seq_len: max tokens per sequence (None: no limit); pack: concatenate
+    SFT records up to seq_len; overlong: "refuse" or "truncate" records longer than seq_len; max_line_bytes: the
+    longest JSONL line read."""
     if format != "auto" and format not in FORMATS:
         raise InvalidArgumentError("format must be 'auto' or one of %s, got %r" % (", ".join(FORMATS), format))
     if overlong not in ("refuse", "truncate"):
@@ -484,13 +641,15 @@ def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong
         raise InvalidArgumentError("seq_len must be an integer >= 2 or None, got %r" % (seq_len,))
     if pack and seq_len is None:
         raise InvalidArgumentError("pack needs seq_len (the length of the packed sequences)")
+    if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int) or max_line_bytes < 1:
+        raise InvalidArgumentError("max_line_bytes must be a positive integer, got %r" % (max_line_bytes,))
     if not callable(tokenizer) or not hasattr(tokenizer, "eos_token_id"):
         raise InvalidArgumentError("tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), "
                                    "got %s" % type(tokenizer).__name__)
     tk = _Tokenize(tokenizer)
     stats = {"records": 0, "sequences": 0, "truncated": 0, "tokens_cut": 0, "dropped": 0}
     records, too_long = [], []
-    for where, obj in _records(source, name):
+    for where, obj in _records(source, name, max_line_bytes):
         if not isinstance(obj, dict):
             raise InvalidArgumentError("%s: expected a JSON object (a record), got %s" % (where, _describe(obj)))
         rec = _Record(where, obj)
@@ -536,6 +695,25 @@ def summary(prepared, seq_len, pack):
         " packed to <= %d tokens" % seq_len if pack else "", s["truncated"], s["tokens_cut"], s["dropped"]))
 
 
+def _check_command_files(input_path, output_path):
+    """The command's input and output, checked before any work."""
+    if not os.path.isdir(input_path):
+        _open_regular(input_path).close()
+    _check_output(output_path)
+    if os.path.exists(output_path) and os.path.samefile(input_path, output_path):
+        raise InvalidArgumentError("--output %s is the --input file %s: it would be overwritten; write elsewhere" %
+                                   (output_path, input_path))
+    directory = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(directory):
+        raise InvalidArgumentError("%s: cannot write: no directory %s" % (output_path, directory))
+
+
+def _positive(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer, got %r" % text)
+    return int(text)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m seqgrad.data",
@@ -550,10 +728,13 @@ def main(argv=None):
     p.add_argument("--pack", action="store_true", help="concatenate SFT records into sequences of <= seq_len")
     p.add_argument("--overlong", default="refuse", choices=("refuse", "truncate"),
                    help="records longer than --seq_len: refuse (error listing them) or truncate (cut the end)")
+    p.add_argument("--max_line_bytes", type=_positive, default=MAX_LINE_BYTES,
+                   help="longest --input line read, in bytes; a longer one is refused (default 64 MiB, as train's)")
     args = p.parse_args(argv)
     try:
+        _check_command_files(args.input, args.output)
         prepared = prepare(args.input, load_tokenizer(args.tokenizer), args.format, args.seq_len, args.pack,
-                           args.overlong)
+                           args.overlong, max_line_bytes=args.max_line_bytes)
         prepared.write(args.output)
     except (InvalidArgumentError, ImportError, OSError) as e:
         print("seqgrad.data: error: %s" % e, file=sys.stderr)

@@ -2,23 +2,28 @@
 
 The tokenizer is built here with the `tokenizers` package (a word-level vocabulary, BOS added by its post-processor,
 a ChatML-style chat template in tokenizer_config.json) and loaded back with transformers.AutoTokenizer, so no hub
-download is needed. transformers, tokenizers, jinja2 and datasets come from PyPI into a venv kept under
-~/.cache/seqgrad-pip (built once, then reused), when the running Python lacks them.
+download is needed. transformers, tokenizers, jinja2, datasets and hypothesis (the property tests over malformed
+records) come from PyPI into a venv kept under ~/.cache/seqgrad-pip (built once, then reused), when the running
+Python lacks them.
 """
+import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
-REQUIREMENTS = ["transformers==5.23.0", "tokenizers==0.23.3", "jinja2==3.1.6", "datasets==5.2.0"]
+REQUIREMENTS = ["transformers==5.23.0", "tokenizers==0.23.3", "jinja2==3.1.6", "datasets==5.2.0",
+                "hypothesis==6.170.15"]
 
 
 def _have_requirements():
     try:
-        import datasets, jinja2, tokenizers, transformers  # noqa: F401
+        import datasets, hypothesis, jinja2, tokenizers, transformers  # noqa: F401
         return True
     except ImportError:
         return False
@@ -36,6 +41,7 @@ if __name__ == "__main__" and not _have_requirements():
     os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])  # PYTHONPATH (seqgrad) carries over
 
 import seqgrad  # noqa: E402
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 from seqgrad import data  # noqa: E402
 
 M = data.IGNORE
@@ -91,6 +97,122 @@ def chat(*turns):
 
 MULTI_TURN = chat(("system", "be brief"), ("user", "what is two plus four"), ("assistant", "six"),
                   ("user", "thanks"), ("assistant", "good"))
+
+
+@contextlib.contextmanager
+def writer_now_and_then(fifo):
+    """Opens the FIFO for writing every second: code that waits for a writer (instead of refusing the FIFO) gets end
+    of file and fails its test rather than hanging it."""
+    stop = threading.Event()
+
+    def open_and_close():
+        while not stop.wait(1):
+            with contextlib.suppress(OSError):  # ENXIO: no reader, nothing waits
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=open_and_close, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# ---- records for the property tests: valid ones of each format, then one spot spoiled ----
+
+PLAIN = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join)
+CHARACTER = st.characters() | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)  # and lone surrogates
+ODD_TEXT = st.one_of(PLAIN, st.text(max_size=6), st.sampled_from(SPECIAL), CHARACTER)
+ANY_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.integers(2 ** 1024, 2 ** 1100), st.floats(), ODD_TEXT),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ODD_TEXT, inner, max_size=3), max_leaves=6)
+ODD_VALUE = st.sampled_from([None, True, 0, "", [], {}, float("nan"), -float("inf"), 2 ** 1100, "yes \udfff"])
+CONVERSATION = st.lists(st.tuples(PLAIN, PLAIN), min_size=1, max_size=2).map(
+    lambda turns: [m for u, a in turns for m in chat(("user", u), ("assistant", a))])
+NUMBER = st.floats(-10, 10)
+
+
+@st.composite
+def _valid_record(draw, fmt):
+    conversational = draw(st.booleans())
+    prompt = draw(CONVERSATION.map(lambda c: c[:1]) if conversational else PLAIN)
+    response = CONVERSATION.map(lambda c: c[1:2]) if conversational else PLAIN
+    if fmt == "text":
+        return {"text": draw(PLAIN)}
+    if fmt == "messages":
+        return {"messages": draw(CONVERSATION)}
+    if fmt == "prompt_completion":
+        return {"prompt": prompt, "completion": draw(response)}
+    if fmt == "dpo":
+        record = {"prompt": prompt, "chosen": draw(response), "rejected": draw(response)}
+        return dict(record, ref_chosen_logp=draw(NUMBER), ref_rejected_logp=draw(NUMBER)) if draw(st.booleans()) \
+            else record
+    completions = draw(st.lists(response, min_size=1, max_size=3))
+    return {"prompt": prompt, "completions": completions, "advantages": [draw(NUMBER) for _ in completions]}
+
+
+def _spots(value, path=()):
+    """The paths (keys and indices) of value and of everything inside it."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, inner in items:
+        yield from _spots(inner, path + (key,))
+
+
+@st.composite
+def _malformed_record(draw, fmt):
+    """A record of format fmt, valid or with one spot inside replaced by another JSON value, deleted, or a string
+    with a character put in."""
+    record = draw(_valid_record(fmt))
+    if draw(st.booleans()):
+        return record
+    *path, key = draw(st.sampled_from(list(_spots(record))[1:]))
+    parent = record
+    for step in path:
+        parent = parent[step]
+    how = draw(st.sampled_from(["insert" if isinstance(parent[key], str) else "delete", "replace"]))
+    if how == "insert":
+        at = draw(st.integers(0, len(parent[key])))
+        parent[key] = parent[key][:at] + draw(CHARACTER) + parent[key][at:]
+    elif how == "delete" and isinstance(parent, dict):
+        del parent[key]
+    else:
+        parent[key] = draw(ANY_JSON | ODD_VALUE)
+    return record
+
+
+# Lists of records of one format (the first record's fields tell the format).
+MALFORMED_RECORDS = st.sampled_from(data.FORMATS).flatmap(
+    lambda fmt: st.lists(_malformed_record(fmt), min_size=1, max_size=3))
+
+
+def _line(draw, record):
+    """A record as a JSONL line, or JSON text that train's reader refuses, cut or with stray bytes."""
+    line = json.dumps(record).encode()
+    how = draw(st.sampled_from(["as is", "as is", "cut", "stray bytes", "deep", "duplicate key", "long integer"]))
+    if how == "cut":
+        line = line[:draw(st.integers(0, len(line)))]
+    elif how == "stray bytes":
+        at = draw(st.integers(0, len(line)))
+        line = line[:at] + draw(st.binary(min_size=1, max_size=3)) + line[at:]
+    elif how == "deep":
+        depth = draw(st.integers(250, 3000))
+        line = b'{"text": "yes", "x": %s%s}' % (b"[" * depth, b"]" * depth)
+    elif how == "duplicate key":
+        line = b'{"text": "yes", "%s": "no"}' % draw(st.sampled_from([b"text", b"prompt", b"x"]))
+    elif how == "long integer":
+        line = b'{"text": "yes", "n": %s}' % (b"7" * draw(st.integers(1, 6000)))
+    return line.replace(b"\n", b" ")
+
+
+@st.composite
+def malformed_lines(draw):
+    return [_line(draw, record) for record in draw(MALFORMED_RECORDS)]
+
+
+PROPERTY_SETTINGS = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
+                             suppress_health_check=[HealthCheck.too_slow])
 
 
 class DataTest(unittest.TestCase):
@@ -407,6 +529,163 @@ class DataTest(unittest.TestCase):
                           "conversation up to this message as a prefix"], data.prepare, [{"messages": MULTI_TURN}],
                          self.counting_tok, name="data")
 
+    # ---- files: the rules of train --data's JSONL reader ----
+
+    def test_files_that_are_not_regular_are_refused_unread(self):
+        fifo = os.path.join(self.tmp, "records.fifo")
+        os.mkfifo(fifo)
+        with writer_now_and_then(fifo):
+            self.assertError(["records.fifo: is a FIFO (named pipe), not a regular file"], data.prepare, fifo, self.tok)
+        self.assertError(["/dev/null: is a character device, not a regular file"], data.prepare, "/dev/null", self.tok)
+        # The files the libraries read: a tokenizer's, a saved dataset's.
+        import datasets
+        saved = os.path.join(self.tmp, "saved")
+        datasets.Dataset.from_list([{"text": "yes"}]).save_to_disk(saved)
+        tokenizer = os.path.join(self.tmp, "fifo_tokenizer")
+        make_tokenizer(tokenizer, CHATML)
+        for directory, name, load in ((saved, "state.json", lambda: data.prepare(saved, self.tok)),
+                                      (tokenizer, "tokenizer_config.json", lambda: data.load_tokenizer(tokenizer))):
+            with self.subTest(name=name):
+                fifo = os.path.join(directory, name)
+                os.remove(fifo)
+                os.mkfifo(fifo)
+                with writer_now_and_then(fifo):
+                    self.assertError(["%s: is a FIFO (named pipe), not a regular file" % fifo], load)
+
+    def test_lines_longer_than_max_line_bytes_are_refused(self):
+        record = '{"text": "yes"}'
+        path = self.jsonl("lines.jsonl", [record.ljust(40), record + " " * 41])  # 40 bytes, then 56
+        self.assertEqual(len(data.prepare(path, self.tok, max_line_bytes=56).records), 2)
+        self.assertError(["lines.jsonl:2: line is longer than 55 bytes (--max_line_bytes)"], data.prepare, path,
+                         self.tok, max_line_bytes=55)
+        with open(path, "a") as f:
+            f.write(record + " " * 100)  # no newline at the end
+        self.assertError(["lines.jsonl:3: line is longer than 56 bytes (--max_line_bytes)"], data.prepare, path,
+                         self.tok, max_line_bytes=56)
+        self.assertEqual(data.MAX_LINE_BYTES, 64 << 20)  # train's default
+        for bad in (0, -1, 1.5, True):
+            self.assertError(["max_line_bytes must be a positive integer, got %r" % bad], data.prepare, path,
+                             self.tok, max_line_bytes=bad)
+
+    def test_a_huge_line_is_refused_having_read_at_most_max_line_bytes(self):
+        """A 512 MiB line of zeros (sparse: no disk) with the default 64 MiB cap: refused at line 1, and the reader's
+        peak memory grows by far less than the line."""
+        path = os.path.join(self.tmp, "zeros.jsonl")
+        with open(path, "wb") as f:
+            f.truncate(512 << 20)
+        script = ("import resource, sys\n"
+                  "from seqgrad import data\n"
+                  "class Tokenizer:\n"
+                  "    eos_token_id = 0\n"
+                  "    def __call__(self, *args, **kwargs): raise AssertionError('no record gets here')\n"
+                  "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10\n"
+                  "before = peak()\n"
+                  "try:\n"
+                  "    data.prepare(sys.argv[1], Tokenizer())\n"
+                  "except data.InvalidArgumentError as e:\n"
+                  "    print(e)\n"
+                  "print(peak() - before)\n")
+        r = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        message, grown = r.stdout.splitlines()
+        self.assertEqual(message, "%s:1: line is longer than %d bytes (--max_line_bytes)" % (path, 64 << 20))
+        self.assertLess(int(grown), 3 * (64 << 20))
+
+    def test_json_that_train_refuses_is_refused(self):
+        def nested(depth):  # the record is one level, "x" the others
+            return '{"text": "yes", "x": %s%s}' % ("[" * (depth - 1), "]" * (depth - 1))
+        self.assertEqual(len(data.prepare(self.jsonl("deep.jsonl", [nested(256)]), self.tok).records), 1)
+        cases = [
+            (nested(257), "JSON nested deeper than 256 levels"),
+            (nested(100000), "JSON nested deeper than 256 levels"),  # json.loads: RecursionError
+            ('{"text": "yes", "text": "no"}', 'duplicate JSON key "text"'),
+            ('{"text": NaN}', "malformed JSON: NaN is not JSON (numbers must be finite)"),
+            ('{"text": "yes\0"}', "NUL byte at column 14"),
+            ('{"text": "\\ud800 yes"}', "field 'text' is not Unicode text: a lone surrogate \\ud800 at character 1"),
+            ('{"messages": [{"role": "user", "content": "hello \\udfff"}, {"role": "assistant", "content": "yes"}]}',
+             "field 'messages[0].content' is not Unicode text: a lone surrogate \\udfff at character 7"),
+            ('{"prompt": "yes", "completions": ["no"], "advantages": [%s]}' % ("9" * 400),
+             "field 'advantages[0]' is not finite (inf)"),
+        ]
+        for line, message in cases:
+            with self.subTest(message=message):
+                path = self.jsonl("refused.jsonl", ["", line])
+                self.assertError(["%s:2: %s" % (path, message)], data.prepare, path, self.tok)
+        # An integer of 6000 digits (json.loads refuses over 4300) where nothing reads it, as train's parser: a double.
+        self.assertEqual(len(data.prepare(self.jsonl("long_int.jsonl", ['{"text": "yes", "n": %s}' % ("7" * 6000)]),
+                                          self.tok).records), 1)
+        self.assertError(["data[0]: field 'advantages[0]' is not finite (inf)"], data.prepare,
+                         [{"prompt": "yes", "completions": ["no"], "advantages": [10 ** 400]}], self.tok, name="data")
+
+    def test_write_goes_through_a_new_file(self):
+        prepared = data.prepare([{"text": "yes"}], self.tok)
+        out = os.path.join(self.tmp, "written.jsonl")
+        # A symlink left under a name a temporary file could have (that of the code before): never followed.
+        victim = self.jsonl("victim.jsonl", ["keep me"])
+        os.symlink(victim, "%s.tmp%d" % (out, os.getpid()))
+        prepared.write(out)
+        with open(victim) as f:
+            self.assertEqual(f.read(), "keep me\n")
+        with open(out) as f:
+            self.assertEqual([json.loads(line) for line in f], prepared.records)
+        # Through a symlink: the file it names is replaced, the link stays.
+        link = os.path.join(self.tmp, "link.jsonl")
+        target = self.jsonl("target.jsonl", ["old"])
+        os.symlink(target, link)
+        prepared.write(link)
+        self.assertTrue(os.path.islink(link))
+        with open(target) as f:
+            self.assertEqual(json.loads(f.read()), prepared.records[0])
+        fifo = os.path.join(self.tmp, "out.fifo")
+        os.mkfifo(fifo)
+        self.assertError(["out.fifo: is a FIFO (named pipe), not a regular file"], prepared.write, fifo)
+        self.assertTrue(os.path.exists(fifo) and not os.path.isfile(fifo))
+        # A write that fails leaves the old file and no temporary file.
+        class Failing(list):
+            def __iter__(self):
+                yield {"input_ids": [1]}
+                raise OSError(28, "No space left on device")
+        before = sorted(os.listdir(self.tmp))
+        with self.assertRaises(OSError) as cm:
+            data.Prepared("text", Failing(), prepared.stats).write(out)
+        self.assertIn("written.jsonl: cannot write: No space left on device", str(cm.exception))
+        self.assertEqual(sorted(os.listdir(self.tmp)), before)
+        with open(out) as f:
+            self.assertEqual([json.loads(line) for line in f], prepared.records)
+
+    @PROPERTY_SETTINGS
+    @given(malformed_lines())
+    def test_malformed_lines_fail_at_their_file_and_line(self, lines):
+        """Whatever the lines: records, or an InvalidArgumentError naming the first line that is wrong."""
+        path = os.path.join(self.tmp, "property.jsonl")
+        message = self.prepare_lines(path, lines)
+        if message is None or message == "%s: no records" % path:
+            return
+        where = re.match(re.escape(path) + r":(\d+): ", message)
+        self.assertIsNotNone(where, message)
+        line = int(where.group(1))
+        self.assertLessEqual(line, len(lines))
+        self.assertIn(self.prepare_lines(path, lines[:line - 1]), (None, "%s: no records" % path))
+
+    def prepare_lines(self, path, lines):
+        """None, or the message of the InvalidArgumentError that prepare raises on a file of these lines."""
+        with open(path, "wb") as f:
+            f.write(b"".join(line + b"\n" for line in lines))
+        try:
+            data.prepare(path, self.tok)
+        except seqgrad.InvalidArgumentError as e:
+            return str(e)
+        return None
+
+    @PROPERTY_SETTINGS
+    @given(MALFORMED_RECORDS)
+    def test_malformed_records_fail_at_their_index(self, records):
+        """The same for records in memory (a list, a datasets.Dataset): errors name the record as data[i]."""
+        try:
+            data.prepare(records, self.tok, name="data")
+        except seqgrad.InvalidArgumentError as e:
+            self.assertRegex(str(e), r"^data\[\d+\]: ")
+
     # ---- the command and the trainer ----
 
     def run_cli(self, *args, python=sys.executable, env=None):
@@ -434,11 +713,45 @@ class DataTest(unittest.TestCase):
     def plain_dir(self):
         return os.path.join(self.tmp, "plain")
 
+    def test_command_checks_its_files_before_any_work(self):
+        src = self.jsonl("source.jsonl", [{"text": "yes"}, {"text": "no " * 30}])  # line 2: 104 bytes
+        with open(src) as f:
+            original = f.read()
+        link, hard = os.path.join(self.tmp, "source_link.jsonl"), os.path.join(self.tmp, "source_hard.jsonl")
+        os.symlink(src, link)
+        os.link(src, hard)
+        fifo, nowhere = os.path.join(self.tmp, "cli_out.fifo"), os.path.join(self.tmp, "nowhere", "out.jsonl")
+        os.mkfifo(fifo)
+        same = "--output %s is the --input file " + src + ": it would be overwritten; write elsewhere"
+        cases = [
+            (src, src, same % src),
+            (src, link, same % link),
+            (src, hard, same % hard),
+            (src, fifo, "%s: is a FIFO (named pipe), not a regular file" % fifo),
+            (src, nowhere, "%s: cannot write: no directory %s" % (nowhere, os.path.dirname(nowhere))),
+            # With a line cap, which the code before refused as an unknown flag instead of reading /dev/zero forever.
+            ("/dev/zero", os.path.join(self.tmp, "zero.jsonl"), "/dev/zero: is a character device, not a regular file",
+             "--max_line_bytes=100"),
+            (src, os.path.join(self.tmp, "capped.jsonl"), "%s:2: line is longer than 100 bytes (--max_line_bytes)" %
+             src, "--max_line_bytes=100"),
+        ]
+        for input_path, output_path, message, *flags in cases:
+            with self.subTest(output=output_path):
+                r = self.run_cli("--tokenizer", self.chat_dir, "--input", input_path, "--output", output_path, *flags)
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertEqual(r.stderr.splitlines()[-1], "seqgrad.data: error: " + message)  # no traceback
+        with open(src) as f:
+            self.assertEqual(f.read(), original)
+        r = self.run_cli("--tokenizer", self.chat_dir, "--input", src, "--output", "x", "--max_line_bytes", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("argument --max_line_bytes: must be a positive integer, got '0'", r.stderr)
+
     def test_command_without_transformers_says_so(self):
         script = ("import sys; sys.modules['transformers'] = None; from seqgrad import data; "
                   "sys.exit(data.main(sys.argv[1:]))")
-        r = subprocess.run([sys.executable, "-c", script, "--tokenizer", self.chat_dir, "--input", "x",
-                            "--output", "y"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", script, "--tokenizer", self.chat_dir, "--input",
+                            self.jsonl("one.jsonl", [{"text": "yes"}]), "--output", os.path.join(self.tmp, "y")],
+                           capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 1)
         self.assertIn("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install transformers",
                       r.stderr)
