@@ -729,7 +729,8 @@ def main(argv=None):
     p.add_argument("--overlong", default="refuse", choices=("refuse", "truncate"),
                    help="records longer than --seq_len: refuse (error listing them) or truncate (cut the end)")
     p.add_argument("--max_line_bytes", type=_positive, default=MAX_LINE_BYTES,
-                   help="longest --input line read, in bytes; a longer one is refused (default 64 MiB, as train's)")
+                   help="longest --input line read, in bytes; a longer one is refused (default 64 MiB, as train's). "
+                        "Tokenizing a long text can take 100 times its size in memory: lower this to bound it")
     args = p.parse_args(argv)
     try:
         _check_command_files(args.input, args.output)
