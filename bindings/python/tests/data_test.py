@@ -683,7 +683,7 @@ class DataTest(unittest.TestCase):
     @PROPERTY_SETTINGS
     @given(MALFORMED_RECORDS)
     def test_malformed_records_fail_at_their_index(self, records):
-        """The same for records in memory (a list, a datasets.Dataset): errors name the record as data[i]."""
+        """The same for records in memory (a list of dicts): errors name the record as data[i]."""
         try:
             data.prepare(records, self.tok, name="data")
         except seqgrad.InvalidArgumentError as e:
