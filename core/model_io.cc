@@ -511,11 +511,10 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
         unlink(absl::StrCat(dir, "/", name).c_str());
   } else if (s.ok()) {
     // An existing directory is swapped with the staging one (renameat2 RENAME_EXCHANGE), then the old one removed.
-    const bool exists = existing.exists;
-    const int rc = exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
-                          : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
+    const int rc = existing.exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
+                                   : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
     if (rc != 0)
-      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", exists ? "replace" : "create",
+      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", existing.exists ? "replace" : "create",
                                               " it atomically with the saved model (rename from ", staging, ")"));
   }
   RemoveFlatDirectory(staging);  // the replaced model, what is left of the staged one, or the partial save

@@ -556,12 +556,10 @@ int Main() {
     if (!path.ok()) {  // the steps since the last checkpoint are kept, resumable, before the run stops
       absl::StatusOr<std::string> kept = tools::KeepElsewhere(
           out_dir, [&](const std::string& dir) { return SaveCheckpoint(dir, saved_trainer, meta, 0).status(); });
-      tools::ExitIfError(absl::Status(path.status().code(),
-                                      absl::StrCat(path.status().message(), "; ",
-                                                   kept.ok() ? absl::StrCat("the checkpoint is kept in ", *kept,
-                                                                            " (continue with --out_dir=", *kept,
-                                                                            " --resume)")
-                                                             : kept.status().message())),
+      const std::string where = kept.ok() ? absl::StrCat("the checkpoint is kept in ", *kept,
+                                                         " (continue with --out_dir=", *kept, " --resume)")
+                                          : std::string(kept.status().message());
+      tools::ExitIfError(absl::Status(path.status().code(), absl::StrCat(path.status().message(), "; ", where)),
                          "--out_dir");
     }
     const std::string line = absl::StrCat("saved ", *path);
@@ -657,10 +655,10 @@ int Main() {
     const std::string base = saved.lora() && !merge_lora ? tools::ModelSpec() : "";
     absl::StatusOr<std::string> kept = tools::KeepElsewhere(
         dir, [&](const std::string& d) { return tools::SaveTrained(saved, d, base, merge_lora, *save_dtype); });
-    std::fprintf(stderr, "error: %s: %s; %s\n", flag, std::string(s.message()).c_str(),
-                 kept.ok() ? absl::StrCat("the trained model is kept in ", *kept, " instead (without the source's "
-                                          "tokenizer files)").c_str()
-                           : std::string(kept.status().message()).c_str());
+    const std::string where =
+        kept.ok() ? absl::StrCat("the trained model is kept in ", *kept, " instead (without the source's tokenizer files)")
+                  : std::string(kept.status().message());
+    std::fprintf(stderr, "error: %s: %s; %s\n", flag, std::string(s.message()).c_str(), where.c_str());
   };
   if (!save_dir.empty() && lead) save_trained(save_dir, "--save");
   if (!out_dir.empty() && finished && lead) save_trained(out_dir, "--out_dir");  // next to the checkpoints
