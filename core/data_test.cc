@@ -274,6 +274,9 @@ TEST(Jsonl, OverlongRecordsAreRefusedUnlessTruncatedOrSplit) {
   EXPECT_EQ((*split)[4].labels, V({6, 7, 8, 9}));
   EXPECT_EQ((*split)[5].labels, V({10}));
   EXPECT_EQ(counts.Summary(), "3 records -> 6 sequences; 2 split; 1 cut piece without labels dropped");
+  // 10 tokens train 9 positions: whole at --seq_len=9.
+  ASSERT_TRUE(LoadJsonl(path, 9, kVocab, kDefaultMaxLineBytes, Overlong::kRefuse, &counts).ok());
+  EXPECT_EQ(counts.Summary(), "3 records");
   EXPECT_EQ(ParseOverlong("cut").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
