@@ -349,11 +349,32 @@ absl::Status ReadIds(const JsonLine& line, const char* field, int64_t vocab, con
 
 }  // namespace
 
+absl::StatusOr<Overlong> ParseOverlong(const std::string& name) {
+  if (name == "refuse") return Overlong::kRefuse;
+  if (name == "truncate") return Overlong::kTruncate;
+  if (name == "split") return Overlong::kSplit;
+  return absl::InvalidArgumentError(absl::StrCat("--overlong must be refuse, truncate or split, got '", name, "'"));
+}
+
+std::string JsonlCounts::Summary() const {
+  std::string out = absl::StrCat(records, " records");
+  if (sequences != records) absl::StrAppend(&out, " -> ", sequences, " sequences");
+  if (truncated > 0) absl::StrAppend(&out, "; ", truncated, " truncated (", tokens_cut, " tokens cut)");
+  if (split > 0) absl::StrAppend(&out, "; ", split, " split");
+  if (dropped > 0) absl::StrAppend(&out, "; ", dropped, dropped == 1 ? " cut piece" : " cut pieces", " without labels dropped");
+  return out;
+}
+
 absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
-                                                int64_t max_line_bytes) {
+                                                int64_t max_line_bytes, Overlong overlong, JsonlCounts* counts) {
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
   if (absl::Status s = CheckVocab(vocab); !s.ok()) return s;
-  return LoadRecords<Sequence>(path, "sequences", max_line_bytes, [&](const JsonLine& line) -> absl::StatusOr<Sequence> {
+  const int64_t window = std::min<int64_t>(seq_len, INT32_MAX) + 1;  // tokens of one sequence
+  JsonlCounts c;
+  int64_t too_long = 0;
+  std::string first_too_long;  // refuse: where the first over-long record is, and its length
+  std::vector<Sequence> out;
+  absl::Status st = ForEachJsonLine(path, max_line_bytes, [&](const JsonLine& line) -> absl::Status {
     std::vector<int32_t> ids, labels;
     if (absl::Status s = ReadIds(line, "input_ids", vocab, "a sequence", &ids); !s.ok()) return s;
     absl::StatusOr<const nlohmann::json*> given = line.Field("labels", /*required=*/false);
@@ -364,13 +385,42 @@ absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t
       labels = ids;
     }
     if (ids.size() < 2) return line.Error("input_ids", "has fewer than 2 input ids");
-    const size_t keep = std::min<size_t>(ids.size(), static_cast<size_t>(std::min<int64_t>(seq_len, INT32_MAX)) + 1);
-    ids.resize(keep);
-    labels.resize(keep);
-    Sequence s = Shifted(ids, labels);
-    if (absl::Status v = ValidateSequence(s, vocab, line.where()); !v.ok()) return v;
-    return s;
+    ++c.records;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (n > window && overlong == Overlong::kRefuse) {
+      if (too_long++ == 0)
+        first_too_long = absl::StrCat(line.where(), ": field 'input_ids' has ", n, " tokens (", n - 1,
+                                      " positions to train), more than --seq_len=", window - 1);
+      return absl::OkStatus();
+    }
+    // The record whole, or its pieces: [b, b + window) from b = 0 in steps of window - 1 (split) or the first only.
+    const bool cut = n > window;
+    c.truncated += cut && overlong == Overlong::kTruncate;
+    c.split += cut && overlong == Overlong::kSplit;
+    if (cut && overlong == Overlong::kTruncate) c.tokens_cut += n - window;
+    for (int64_t b = 0; b + 1 < n; b += window - 1) {
+      const int64_t e = std::min(n, b + window);
+      Sequence s = Shifted(std::vector<int32_t>(ids.begin() + b, ids.begin() + e),
+                           std::vector<int32_t>(labels.begin() + b, labels.begin() + e));
+      if (absl::Status v = ValidateSequence(s, vocab, line.where()); !v.ok()) return v;
+      const bool learns = std::any_of(s.labels.begin(), s.labels.end(), [](int32_t l) { return l >= 0; });
+      if (cut && !learns) ++c.dropped;
+      else out.push_back(std::move(s));
+      if (cut && overlong == Overlong::kTruncate) break;
+    }
+    return absl::OkStatus();
   });
+  if (!st.ok()) return st;
+  if (too_long > 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        first_too_long, "; ", too_long, " of ", c.records, " records are longer than that: raise --seq_len, or pass "
+        "--overlong=truncate (cut each at --seq_len) or --overlong=split (cut each into sequences of --seq_len)"));
+  if (c.records == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no sequences (the file has no non-blank lines)"));
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no sequences: every piece --overlong cut is without labels"));
+  c.sequences = static_cast<int64_t>(out.size());
+  if (counts) *counts = c;
+  return out;
 }
 
 absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64_t vocab, int64_t max_line_bytes) {

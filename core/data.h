@@ -43,10 +43,31 @@ constexpr int64_t kDefaultMaxLineBytes = int64_t{64} << 20;
 // The JSONL readers below read in blocks, refuse a line longer than max_line_bytes, a NUL byte, duplicate keys and
 // anything but a regular file; errors name the file and line.
 
+// What LoadJsonl does with a record of more than seq_len + 1 tokens (a record of n tokens trains n - 1 positions):
+// refuse it (an error naming the first such record's file, line and lengths, and how many there are), truncate it
+// (keep its first seq_len + 1 tokens) or split it into windows of seq_len + 1 tokens that overlap by one (every
+// label is trained once, as in .bin windows). A cut piece left without any label (all -100) is dropped.
+enum class Overlong { kRefuse, kTruncate, kSplit };
+// "refuse", "truncate" or "split" (--overlong).
+absl::StatusOr<Overlong> ParseOverlong(const std::string& name);
+
+// What LoadJsonl made of a file.
+struct JsonlCounts {
+  int64_t records = 0;     // non-blank lines
+  int64_t sequences = 0;   // sequences returned
+  int64_t truncated = 0;   // records cut at seq_len + 1 tokens
+  int64_t split = 0;       // records cut into several sequences
+  int64_t tokens_cut = 0;  // tokens truncation threw away
+  int64_t dropped = 0;     // cut pieces without any label
+  // "40 records; 3 truncated (744 tokens cut)", "40 records -> 46 sequences; 3 split", ...
+  std::string Summary() const;
+};
+
 // One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
-// same length as input_ids, not shifted, -100 = ignored). Sequences longer than seq_len + 1 are truncated.
+// same length as input_ids, not shifted, -100 = ignored). Records longer than seq_len + 1 tokens: see Overlong.
 absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
-                                                int64_t max_line_bytes = kDefaultMaxLineBytes);
+                                                int64_t max_line_bytes = kDefaultMaxLineBytes,
+                                                Overlong overlong = Overlong::kRefuse, JsonlCounts* counts = nullptr);
 
 // DPO preference pairs, one JSON object per line:
 //   {"prompt": [ids], "chosen": [ids], "rejected": [ids], "ref_chosen_logp": x, "ref_rejected_logp": y}

@@ -238,5 +238,47 @@ TEST(Jsonl, GoodAndBad) {
   EXPECT_NE(s.message().find(bad + ":2: malformed JSON"), absl::string_view::npos) << s;
 }
 
+// A record longer than seq_len + 1 tokens is refused by default, naming the file, the line and both lengths (and how
+// many records are that long); truncation and splitting are asked for, and counted.
+TEST(Jsonl, OverlongRecordsAreRefusedUnlessTruncatedOrSplit) {
+  std::string ten = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]";
+  const std::string path = WriteFile(
+      "overlong.jsonl", "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": " + ten + "}\n{\"input_ids\": " + ten +
+                            ", \"labels\": [-100, -100, -100, -100, -100, 6, 7, 8, 9, 10]}\n");
+  absl::Status s = LoadJsonl(path, 4, kVocab).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(path + ":2: field 'input_ids' has 10 tokens (9 positions to train), more than "
+                                    "--seq_len=4; 2 of 3 records are longer"),
+            absl::string_view::npos)
+      << s;
+
+  JsonlCounts counts;
+  absl::StatusOr<std::vector<Sequence>> truncated = LoadJsonl(path, 4, kVocab, kDefaultMaxLineBytes,
+                                                              Overlong::kTruncate, &counts);
+  ASSERT_TRUE(truncated.ok()) << truncated.status();
+  // Line 3 keeps 5 tokens whose labels are all -100: dropped.
+  ASSERT_EQ(truncated->size(), 2);
+  EXPECT_EQ((*truncated)[1].ids, V({1, 2, 3, 4}));
+  EXPECT_EQ((*truncated)[1].labels, V({2, 3, 4, 5}));
+  EXPECT_EQ(counts.Summary(), "3 records -> 2 sequences; 2 truncated (10 tokens cut); 1 cut piece without labels dropped");
+
+  absl::StatusOr<std::vector<Sequence>> split = LoadJsonl(path, 4, kVocab, kDefaultMaxLineBytes, Overlong::kSplit,
+                                                          &counts);
+  ASSERT_TRUE(split.ok()) << split.status();
+  // Line 2 in windows of 5 tokens overlapping by one: every label once. Line 3 loses its first (unlabelled) window.
+  ASSERT_EQ(split->size(), 6);
+  EXPECT_EQ((*split)[1].ids, V({1, 2, 3, 4}));
+  EXPECT_EQ((*split)[2].ids, V({5, 6, 7, 8}));
+  EXPECT_EQ((*split)[3].ids, V({9}));
+  EXPECT_EQ((*split)[3].labels, V({10}));
+  EXPECT_EQ((*split)[4].labels, V({6, 7, 8, 9}));
+  EXPECT_EQ((*split)[5].labels, V({10}));
+  EXPECT_EQ(counts.Summary(), "3 records -> 6 sequences; 2 split; 1 cut piece without labels dropped");
+  // 10 tokens train 9 positions: whole at --seq_len=9.
+  ASSERT_TRUE(LoadJsonl(path, 9, kVocab, kDefaultMaxLineBytes, Overlong::kRefuse, &counts).ok());
+  EXPECT_EQ(counts.Summary(), "3 records");
+  EXPECT_EQ(ParseOverlong("cut").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace sg

@@ -2,14 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <set>
 
@@ -198,8 +202,122 @@ void RemoveFlatDirectory(const std::string& dir) {
   rmdir(dir.c_str());
 }
 
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string WithoutTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// Staging directories are "<target>.seqgrad-save-XXXXXX", held under an exclusive flock by their save while it runs.
+constexpr char kStagingInfix[] = ".seqgrad-save-";
+
+// Removes the staging directories in `parent` that no live save holds: those of saves killed before they could
+// remove them. A save's lock goes with its process, so a lock we can take is a dead save's.
+void RemoveStaleStaging(const std::string& parent) {
+  DIR* d = opendir(parent.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const size_t at = name.rfind(kStagingInfix);
+    if (at == std::string::npos || name.size() - at != sizeof(kStagingInfix) - 1 + 6) continue;
+    stale.push_back(parent + "/" + name);
+  }
+  closedir(d);
+  for (const std::string& path : stale) {
+    const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+    close(fd);  // after the removal: a save that took the name meanwhile finds it gone and makes another
+  }
+}
+
+// A new staging directory beside `dir`, locked: returns its descriptor (close it after removing the directory).
+absl::StatusOr<int> CreateStaging(const std::string& dir, std::string* staging) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    *staging = absl::StrCat(dir, kStagingInfix, "XXXXXX");
+    if (!mkdtemp(staging->data()))
+      return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
+    const int fd = open(staging->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct stat st;
+    // Between mkdtemp and flock another save may have taken it for a killed one's and removed it (no links left).
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0) {
+      chmod(staging->c_str(), 0755);
+      return fd;
+    }
+    if (fd >= 0) close(fd);
+  }
+  return absl::InternalError(absl::StrCat(dir, ": cannot lock a staging directory beside it"));
+}
+
+// Whether `path` names `root` or something inside it.
+bool IsInside(const std::string& path, const std::string& root) {
+  return path == root || (absl::StartsWith(path, root) && (root == "/" || path[root.size()] == '/'));
+}
+
+// A file of the source directory that a save carries over (config.json or one of kCarriedFiles); nullopt when the
+// source has none. Refused, naming the file: anything that does not resolve to a regular file inside the directory
+// or, in a Hugging Face hub cache (<repo>/snapshots/<revision>/<file> -> ../../blobs/<hash>), the repo's blobs; over
+// kMaxCarriedFileBytes; a .json file that does not parse.
+absl::StatusOr<std::optional<std::string>> ReadCarriedFile(const std::string& source_dir, const std::string& name) {
+  const std::string path = absl::StrCat(source_dir, "/", name);
+  auto refused = [&](absl::StatusCode code, absl::string_view why) {
+    return absl::Status(code, absl::StrCat("cannot carry over ", path, ": ", why));
+  };
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::nullopt;
+    return refused(absl::StatusCode::kInvalidArgument, std::strerror(errno));
+  }
+  char resolved[PATH_MAX], root[PATH_MAX];
+  if (!realpath(path.c_str(), resolved))
+    return refused(absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("a link that leads nowhere (", std::strerror(errno), ")"));
+  if (!realpath(source_dir.c_str(), root)) return io::ErrnoStatus(errno, absl::StrCat(source_dir, ": cannot resolve"));
+  const std::string parent = ParentOf(root);
+  const bool hub_blob = absl::EndsWith(parent, "/snapshots") && IsInside(resolved, ParentOf(parent) + "/blobs");
+  if (!IsInside(resolved, root) && !hub_blob)
+    return refused(absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("it links to ", resolved, ", outside the model directory (copy the file into it)"));
+  absl::StatusOr<std::string> text = io::ReadRegularFile(resolved, kMaxCarriedFileBytes);
+  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("cannot carry over ", text.status().message()));
+  if (absl::EndsWith(name, ".json") && !nlohmann::json::accept(*text))
+    return refused(absl::StatusCode::kInvalidArgument, "not valid JSON");
+  return std::optional<std::string>(*std::move(text));
+}
+
+// Every file a save reads from the source directory, checked (empty source: none).
+absl::Status CheckCarriedFiles(const std::string& source_dir) {
+  if (source_dir.empty()) return absl::OkStatus();
+  std::vector<std::string> names = {"config.json"};
+  names.insert(names.end(), std::begin(kCarriedFiles), std::end(kCarriedFiles));
+  for (const std::string& name : names)
+    if (absl::StatusOr<std::optional<std::string>> text = ReadCarriedFile(source_dir, name); !text.ok())
+      return text.status();
+  return absl::OkStatus();
+}
+
+// An existing directory that files can be created in; errors name it.
+absl::Status CheckWritableDirectory(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": is not a directory"));
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot write in it"));
+  return absl::OkStatus();
+}
+
 // What an existing `dir` holds: its model files, and whether anything else (checkpoints, notes) is there too.
 struct Existing {
+  bool exists = false;
   std::vector<std::string> model_files;
   std::string other;  // the first entry that is no model file; empty: none
 };
@@ -207,6 +325,7 @@ absl::StatusOr<Existing> ListExisting(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot list"));
   Existing out;
+  out.exists = true;
   while (const dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
@@ -225,11 +344,12 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(engine_json, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) return absl::InternalError("the engine's config.json is not a JSON object");
   if (!source_dir.empty()) {
-    const std::string path = source_dir + "/config.json";
-    absl::StatusOr<std::string> text = io::ReadRegularFile(path, kMaxCarriedFileBytes);
+    absl::StatusOr<std::optional<std::string>> text = ReadCarriedFile(source_dir, "config.json");
     if (!text.ok()) return text.status();
-    nlohmann::ordered_json source = nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (!source.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": is not a JSON object"));
+    nlohmann::ordered_json source =
+        nlohmann::ordered_json::parse(text->value_or("{}"), nullptr, /*allow_exceptions=*/false);
+    if (!source.is_object())
+      return absl::InvalidArgumentError(absl::StrCat(source_dir, "/config.json: is not a JSON object"));
     for (auto it = source.begin(); it != source.end(); ++it)
       if (!config.contains(it.key())) config[it.key()] = it.value();
   }
@@ -283,15 +403,10 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
   if (absl::Status s = WriteFileAtomically(staging + "/config.json", *config); !s.ok()) return s;
   if (source_dir.empty()) return absl::OkStatus();
   for (const char* name : kCarriedFiles) {
-    const std::string from = absl::StrCat(source_dir, "/", name);
-    struct stat st;
-    if (lstat(from.c_str(), &st) != 0) continue;  // not in the source: nothing to carry
-    absl::StatusOr<std::string> text = io::ReadRegularFile(from, kMaxCarriedFileBytes);
-    if (!text.ok())
-      return absl::Status(text.status().code(),
-                          absl::StrCat("cannot carry over ", name, " from the source directory: ",
-                                       text.status().message()));
-    if (absl::Status s = WriteFileAtomically(absl::StrCat(staging, "/", name), *text); !s.ok()) return s;
+    absl::StatusOr<std::optional<std::string>> text = ReadCarriedFile(source_dir, name);
+    if (!text.ok()) return text.status();
+    if (!*text) continue;  // not in the source: nothing to carry
+    if (absl::Status s = WriteFileAtomically(absl::StrCat(staging, "/", name), **text); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -314,45 +429,76 @@ absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& wh
   return absl::OkStatus();
 }
 
+namespace {
+
+// The target checks of CheckModelSave; returns what `dir` holds now (nothing when it does not exist).
+absl::StatusOr<Existing> CheckSaveTarget(const std::string& dir) {
+  struct stat st;
+  const bool exists = lstat(dir.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+  if (exists && !S_ISDIR(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  if (absl::Status s = CheckWritableDirectory(ParentOf(dir)); !s.ok()) return s;
+  RemoveStaleStaging(ParentOf(dir));
+  if (!exists) return Existing();
+  absl::StatusOr<Existing> existing = ListExisting(dir);
+  if (!existing.ok()) return existing.status();
+  // Beside other entries (e.g. train's checkpoint-N directories) the files are replaced one by one; the files of an
+  // earlier sharded model could not go with them at once, so that case is refused.
+  if (!existing->other.empty()) {
+    for (const std::string& name : existing->model_files)
+      if (name != "model.safetensors" && name != "config.json" && !IsCarriedFile(name))
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
+            existing->other, "'), where the save cannot replace the whole model at once; remove it or save into a "
+            "new directory"));
+    if (absl::Status s = CheckWritableDirectory(dir); !s.ok()) return s;
+  }
+  return existing;
+}
+
+}  // namespace
+
+absl::Status CheckModelSave(const std::string& dir, const std::string& source) {
+  absl::StatusOr<Existing> existing = CheckSaveTarget(WithoutTrailingSlashes(dir));
+  if (!existing.ok()) return existing.status();
+  return CheckCarriedFiles(IsDirectory(source) ? source : "");
+}
+
+absl::Status CheckWritableTarget(const std::string& dir_arg) {
+  const std::string dir = WithoutTrailingSlashes(dir_arg);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return CheckWritableDirectory(ParentOf(dir));
+    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+  }
+  if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
+  return CheckWritableDirectory(dir);
+}
+
 absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::string& source, SaveDType dtype) {
   if (!dynamic_cast<TransformerModel*>(&model) && !dynamic_cast<MambaModel*>(&model))
     return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
   if (absl::Status s = CheckSaveDType(model, dtype); !s.ok()) return s;
   if (dtype == DType::kBF16) dtype.reset();  // what a bf16 model stores: its vectors stay f32
-  std::string dir = dir_arg;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  struct stat st;
-  const bool exists = lstat(dir.c_str(), &st) == 0;
-  if (exists && !S_ISDIR(st.st_mode))
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
-  Existing existing;
-  if (exists) {
-    absl::StatusOr<Existing> listed = ListExisting(dir);
-    if (!listed.ok()) return listed.status();
-    existing = std::move(*listed);
-  }
-  // Beside other entries (e.g. train's checkpoint-N directories) the files are replaced one by one; the files of an
-  // earlier sharded model could not go with them at once, so that case is refused.
+  const std::string dir = WithoutTrailingSlashes(dir_arg);
+  const std::string source_dir = IsDirectory(source) ? source : "";
+  absl::StatusOr<Existing> checked = CheckSaveTarget(dir);
+  if (!checked.ok()) return checked.status();
+  if (absl::Status s = CheckCarriedFiles(source_dir); !s.ok()) return s;  // before gigabytes of weights are written
+  const Existing existing = *std::move(checked);
   const bool in_place = !existing.other.empty();
-  if (in_place)
-    for (const std::string& name : existing.model_files)
-      if (name != "model.safetensors" && name != "config.json" && !IsCarriedFile(name))
-        return absl::FailedPreconditionError(absl::StrCat(
-            dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
-            existing.other, "'), where the save cannot replace the whole model at once; remove it or save into a "
-            "new directory"));
   // Everything goes into a staging directory beside `dir` first, so a failed save leaves `dir` as it was. Then the
   // staging directory takes the place of `dir` in one rename (readers see the old model or the new one, never a mix,
   // no stale shards or index) or, beside other entries, its files replace the old ones, each in one rename.
-  std::string staging = dir + ".seqgrad-save-XXXXXX";
-  if (!mkdtemp(staging.data()))
-    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
-  chmod(staging.c_str(), 0755);
-  absl::Status s = WriteModelFiles(model, staging, IsDirectory(source) ? source : "", dtype);
+  std::string staging;
+  absl::StatusOr<int> lock = CreateStaging(dir, &staging);
+  if (!lock.ok()) return lock.status();
+  absl::Status s = WriteModelFiles(model, staging, source_dir, dtype);
   if (s.ok() && in_place) {
     std::vector<std::string> written;
     for (const char* name : kCarriedFiles)
-      if (lstat(absl::StrCat(staging, "/", name).c_str(), &st) == 0) written.push_back(name);
+      if (struct stat st; lstat(absl::StrCat(staging, "/", name).c_str(), &st) == 0) written.push_back(name);
     written.push_back("model.safetensors");
     written.push_back("config.json");  // last: a reader that finds the new config finds the new weights
     for (const std::string& name : written)
@@ -365,13 +511,14 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
         unlink(absl::StrCat(dir, "/", name).c_str());
   } else if (s.ok()) {
     // An existing directory is swapped with the staging one (renameat2 RENAME_EXCHANGE), then the old one removed.
-    const int rc = exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
-                          : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
+    const int rc = existing.exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
+                                   : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
     if (rc != 0)
-      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", exists ? "replace" : "create",
+      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", existing.exists ? "replace" : "create",
                                               " it atomically with the saved model (rename from ", staging, ")"));
   }
   RemoveFlatDirectory(staging);  // the replaced model, what is left of the staged one, or the partial save
+  close(*lock);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat("saving the model to ", dir, ": ", s.message()));
   return absl::OkStatus();
 }

@@ -47,7 +47,22 @@ absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& wh
 // one rename, so `dir` holds exactly the new model (no stale shards or index). Where `dir` also holds entries that
 // are no model files (e.g. train's checkpoint-N directories), they stay: the model's files are replaced one by one
 // (each in one rename, config.json last), and an earlier sharded model there is refused, naming its file.
+// Files it carries over must be regular files (at most 1 GiB, .json ones valid JSON) inside the source directory
+// (or, for a snapshot of a Hugging Face hub cache, in the cache's blobs): a link out of it is refused, naming the file,
+// so that nothing from elsewhere (a secret, another model) lands in a directory users upload. Every check of
+// CheckModelSave runs before anything is written.
 absl::Status SaveModel(Model& model, const std::string& dir, const std::string& source = "",
                        SaveDType dtype = std::nullopt);
+
+// What SaveModel(model, dir, source) will need, checked without writing anything, so that tools refuse a save that
+// cannot work before training rather than after: `dir` is a directory or absent (not a file, a link or a device
+// such as /dev/null), its parent a directory that can be written, no earlier sharded model blocks an in-place save,
+// and the source's config.json and carried files pass the checks above. Staging directories that killed saves left
+// beside `dir` are removed (a live save's are locked and stay).
+absl::Status CheckModelSave(const std::string& dir, const std::string& source = "");
+
+// The same for a directory that files are written into directly (core/lora_io.h's adapters): a directory that can be
+// written, or absent with a parent that can.
+absl::Status CheckWritableTarget(const std::string& dir);
 
 }  // namespace sg

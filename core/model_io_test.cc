@@ -1,6 +1,8 @@
 // Bad input at the model and trainer boundary: clear errors naming the file, tensor or field.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,7 +47,10 @@ std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
-void Spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+std::string Spit(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
 std::set<std::string> Files(const std::string& dir) {
   std::set<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
@@ -147,6 +152,119 @@ TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find(dst + "/model.safetensors.index.json: an earlier model's file"), std::string::npos) << s;
   EXPECT_TRUE(Slurp(dst + "/model.safetensors") == current) << "a refused save changed the weights";
+}
+
+// What a save carries over from the source directory: regular files inside it (or in a Hugging Face hub cache's
+// blobs), JSON that parses. Anything else is refused naming the file, before anything is written, and a link out of
+// the directory never brings its target's content into the saved model.
+TEST(ModelIoTest, SaveCarriesOnlyFilesOfTheSourceDirectory) {
+  auto model = LoadModel("tiny", DType::kF32, 3);
+  ASSERT_TRUE(model.ok());
+  const std::string root = TempDir("carry");
+  const std::string hub = root + "/models--org--tiny";
+  const std::string src = hub + "/snapshots/abc123";
+  std::filesystem::create_directories(hub + "/blobs");
+  std::filesystem::create_directories(hub + "/snapshots");
+  ASSERT_TRUE(SaveModel(**model, src).ok());
+  Spit(hub + "/blobs/0f1e", "{\"model\": {\"type\": \"BPE\"}}");
+  ASSERT_EQ(symlink("../../blobs/0f1e", (src + "/tokenizer.json").c_str()), 0);  // the hub cache's layout
+  const std::string dst = root + "/saved";
+  absl::Status s = SaveModel(**model, dst, src);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(Slurp(dst + "/tokenizer.json"), "{\"model\": {\"type\": \"BPE\"}}");
+
+  Spit(root + "/secret", "{\"password\": \"hunter2\"}");
+  mkfifo((root + "/fifo").c_str(), 0644);
+  std::filesystem::create_directory(root + "/a_directory");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {root + "/secret", "it links to " + root + "/secret, outside the model directory"},
+      {"/dev/zero", "it links to /dev/zero, outside the model directory"},
+      {"nowhere", "a link that leads nowhere"},
+      {"generation_config.json", "a link that leads nowhere (Too many levels of symbolic links)"},  // itself
+      {"../../blobs/missing", "a link that leads nowhere"},
+  };
+  for (const auto& [target, says] : bad) {
+    const std::string link = src + "/generation_config.json";
+    std::remove(link.c_str());
+    ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+    for (absl::Status refused : {CheckModelSave(root + "/fresh", src), SaveModel(**model, root + "/fresh", src)}) {
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << target << ": " << refused;
+      EXPECT_NE(refused.message().find("cannot carry over " + link + ": " + says), std::string::npos)
+          << target << ": " << refused;
+    }
+    EXPECT_FALSE(std::filesystem::exists(root + "/fresh")) << target;
+    EXPECT_EQ(Leftovers(root + "/fresh"), 0) << target;
+  }
+  std::remove((src + "/generation_config.json").c_str());
+  const std::vector<std::pair<std::string, std::string>> bad_files = {
+      {"{\"eos_token_id\": [6, 7]", "generation_config.json: not valid JSON"},
+      {"", "generation_config.json: not valid JSON"},
+  };
+  for (const auto& [text, says] : bad_files) {
+    Spit(src + "/generation_config.json", text);
+    absl::Status refused = CheckModelSave(root + "/fresh", src);
+    EXPECT_NE(refused.message().find(says), std::string::npos) << refused;
+  }
+  std::remove((src + "/generation_config.json").c_str());
+  std::filesystem::rename(root + "/a_directory", src + "/generation_config.json");
+  EXPECT_NE(CheckModelSave(root + "/fresh", src).message().find("generation_config.json: is a directory"),
+            std::string::npos);
+  std::filesystem::remove(src + "/generation_config.json");
+  std::filesystem::rename(root + "/fifo", src + "/generation_config.json");
+  EXPECT_NE(CheckModelSave(root + "/fresh", src).message().find("generation_config.json: is a FIFO"),
+            std::string::npos);
+  std::filesystem::remove(src + "/generation_config.json");
+  std::filesystem::resize_file(Spit(src + "/vocab.txt", ""), (int64_t{1} << 30) + 1);  // sparse: costs nothing
+  EXPECT_NE(CheckModelSave(root + "/fresh", src).message().find("more than the limit of 1073741824 bytes"),
+            std::string::npos);
+  std::filesystem::remove(src + "/vocab.txt");
+  EXPECT_TRUE(CheckModelSave(root + "/fresh", src).ok());
+}
+
+// CheckModelSave refuses, without writing anything, the targets a save would refuse after training.
+TEST(ModelIoTest, CheckModelSaveRefusesBadTargets) {
+  const std::string root = TempDir("targets");
+  std::filesystem::create_directories(root);
+  Spit(root + "/file", "x");
+  ASSERT_EQ(symlink(root.c_str(), (root + "/link").c_str()), 0);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"/dev/null", "/dev/null: exists and is not a directory"},
+      {root + "/file", root + "/file: exists and is not a directory"},
+      {root + "/link", root + "/link: exists and is not a directory"},
+      {root + "/missing/model", root + "/missing: cannot save there: No such file or directory"},
+      {root + "/file/model", root + "/file/model: cannot save there: Not a directory"},
+  };
+  for (const auto& [target, says] : bad) {
+    absl::Status s = CheckModelSave(target);
+    EXPECT_NE(s.message().find(says), std::string::npos) << target << ": " << s;
+  }
+  EXPECT_TRUE(CheckModelSave(root + "/model").ok());
+  EXPECT_TRUE(CheckModelSave(root + "/model/").ok());
+  EXPECT_TRUE(CheckWritableTarget(root + "/adapter").ok());
+  EXPECT_NE(CheckWritableTarget("/dev/null").message().find("exists and is not a directory"), std::string::npos);
+  EXPECT_EQ(Files(root), (std::set<std::string>{"file", "link"}));
+}
+
+// Staging directories of saves killed with kill -9 (unlocked) are removed by the next save or check beside them; a
+// live save's (locked) stays.
+TEST(ModelIoTest, StaleStagingDirectoriesAreRemoved) {
+  auto model = LoadModel("tiny", DType::kF32, 3);
+  ASSERT_TRUE(model.ok());
+  const std::string root = TempDir("stale");
+  std::filesystem::create_directories(root);
+  for (const char* name : {"model.seqgrad-save-a1b2c3", "other.seqgrad-save-d4e5f6", "live.seqgrad-save-g7h8i9"}) {
+    std::filesystem::create_directory(root + "/" + name);
+    Spit(root + "/" + name + "/model.safetensors", std::string(1 << 20, 'w'));
+  }
+  const int live = open((root + "/live.seqgrad-save-g7h8i9").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(flock(live, LOCK_EX), 0);
+  Spit(root + "/notes.seqgrad-save-kept", "not a staging directory");
+  ASSERT_TRUE(SaveModel(**model, root + "/model").ok());
+  EXPECT_EQ(Files(root), (std::set<std::string>{"live.seqgrad-save-g7h8i9", "model", "notes.seqgrad-save-kept"}));
+  close(live);  // its save is killed now
+  ASSERT_TRUE(CheckModelSave(root + "/another").ok());
+  EXPECT_EQ(Files(root), (std::set<std::string>{"model", "notes.seqgrad-save-kept"}));
 }
 
 TEST(ModelIoTest, WrongShapeAndMissingTensorAreNamed) {

@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -34,6 +37,10 @@ ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, benc
           "qwen2.5-32b; Mamba: tiny-ssm, bench-ssm, mamba-2.8b) or a Hugging Face model directory");
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
+ABSL_FLAG(std::string, overlong, "refuse",
+          "a .jsonl record (of --data / --eval_data) longer than --seq_len + 1 tokens: refuse (an error naming its "
+          "line and length), truncate (keep its first --seq_len + 1 tokens) or split (into sequences of --seq_len "
+          "that together train every label); the counts are printed at the start");
 ABSL_FLAG(std::string, dtype, "f32",
           "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices, KV pages and logits stored in bf16, read tile by "
           "tile into f32 compute; fp32 gradients, masters and AdamW moments)");
@@ -99,6 +106,12 @@ namespace {
                 flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue().c_str());
   std::printf("\n  --help: this list; --helpfull: also the flags of the libraries (Abseil)\n");
   std::exit(0);
+}
+
+std::string ParentDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 }  // namespace
@@ -340,6 +353,32 @@ absl::Status SaveTrained(Model& model, const std::string& dir, const std::string
                          std::optional<DType> save_dtype) {
   if (model.lora() && !merge) return SaveLoraAdapter(model, dir, base);
   return SaveModel(model, dir, base, save_dtype);
+}
+
+absl::Status CheckSaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge) {
+  if (model.lora() && !merge) return CheckWritableTarget(dir);
+  return CheckModelSave(dir, base);
+}
+
+absl::StatusOr<std::string> KeepElsewhere(const std::string& target,
+                                          const std::function<absl::Status(const std::string& dir)>& write) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tried;
+  absl::Status last;
+  for (const std::string& place : {ParentDir(target), std::string(tmp && *tmp ? tmp : "/tmp")}) {
+    std::string dir = place + "/seqgrad-kept-XXXXXX";
+    if (!mkdtemp(dir.data())) {
+      absl::StrAppend(&tried, tried.empty() ? "" : "; ", place, ": ", std::strerror(errno));
+      continue;
+    }
+    last = write(dir);
+    if (last.ok()) return dir;
+    absl::StrAppend(&tried, tried.empty() ? "" : "; ", last.message());
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  return absl::Status(last.ok() ? absl::StatusCode::kInternal : last.code(),
+                      absl::StrCat("could not keep it elsewhere either (", tried, ")"));
 }
 
 void ExitIfError(const absl::Status& s, const char* what) {

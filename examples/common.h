@@ -1,6 +1,7 @@
 // Flags and helpers shared by the command-line tools (train, bench, gradcheck).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,7 @@ ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(int64_t, max_line_bytes);
+ABSL_DECLARE_FLAG(std::string, overlong);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, matmul);
 ABSL_DECLARE_FLAG(std::string, strategy);
@@ -72,6 +74,13 @@ std::string ApplyLoraFlags(Model& model);
 // merged weights as a plain HF model instead; the model's weights in save_dtype (core/model_io.h's SaveDType).
 absl::Status SaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge,
                          std::optional<DType> save_dtype = std::nullopt);
+// What SaveTrained(model, dir, base, merge) will need, checked before training (core/model_io.h's CheckModelSave,
+// or for LoRA adapters a directory that can be written).
+absl::Status CheckSaveTrained(Model& model, const std::string& dir, const std::string& base, bool merge);
+// After a save at the end of a run failed: writes with write(dir) into a new directory beside `target`, else under
+// $TMPDIR (or /tmp), so that a finished run is never thrown away. Returns that directory.
+absl::StatusOr<std::string> KeepElsewhere(const std::string& target,
+                                          const std::function<absl::Status(const std::string& dir)>& write);
 // {"rank", "alpha", "dropout", "targets", "adapters", "trainable_params"} of the model's LoRA, or null.
 std::string LoraJson(Model& model);
 

@@ -332,7 +332,9 @@ absl::Status TrainMonitor::SetUpEval(const std::string& objective, const Retriev
     const int64_t vocab = trainer_.model().vocab_size();
     absl::StatusOr<std::vector<Sequence>> loaded;
     if (absl::EndsWith(path, ".jsonl")) {
-      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes));
+      absl::StatusOr<Overlong> overlong = ParseOverlong(absl::GetFlag(FLAGS_overlong));
+      if (!overlong.ok()) return overlong.status();
+      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes), *overlong);
     } else {
       if (data_dtype != "uint16" && data_dtype != "uint32")
         return absl::InvalidArgumentError("--data_dtype must be uint16 or uint32");

@@ -136,8 +136,10 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"input_ids": [random.randrange(97) for _ in range(40)]}) + "\n")
 PY
 cp "$tmp/heldout.jsonl" "$tmp/train.jsonl"
-"$train" --model=tiny --data="$tmp/train.jsonl" --seq_len=32 --steps=3 --eval_data="$tmp/heldout.jsonl" \
-  --eval_sequences=0 --report="$tmp/file.json" >"$tmp/file.out" 2>&1 || { cat "$tmp/file.out"; fail "--eval_data"; }
+# 40-token records at --seq_len=32: cut to 33 tokens (32 positions), in the training data and the held-out data.
+"$train" --model=tiny --data="$tmp/train.jsonl" --seq_len=32 --overlong=truncate --steps=3 \
+  --eval_data="$tmp/heldout.jsonl" --eval_sequences=0 --report="$tmp/file.json" >"$tmp/file.out" 2>&1 || { cat "$tmp/file.out"; fail "--eval_data"; }
+grep -qF "train.jsonl (3 records; 3 truncated (21 tokens cut))" "$tmp/file.out" || { cat "$tmp/file.out"; fail "--overlong counts"; }
 /usr/bin/python3 - "$tmp/file.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -156,7 +158,7 @@ expect_error() {
   grep -qF -- "$pattern" "$tmp/$name.out" || { cat "$tmp/$name.out"; fail "$name: no '$pattern' in the output"; }
   echo "$name: $(tail -1 "$tmp/$name.out")"
 }
-expect_error file_without_eval_data "--eval_every needs --eval_data" --data="$tmp/train.jsonl" --seq_len=32 --eval_every=1
+expect_error file_without_eval_data "--eval_every needs --eval_data" --data="$tmp/train.jsonl" --seq_len=40 --eval_every=1
 expect_error negative_every "--eval_every must be >= 0" --seq_len=600 --eval_every=-1
 expect_error missing_eval_data "--eval_data: " --seq_len=600 --eval_data="$tmp/nonexistent.jsonl"
 expect_error dpo_eval "--objective=sft only" --objective=dpo --data="$dpo" --eval_every=1

@@ -142,7 +142,8 @@ int Main() {
   } else {
     absl::StatusOr<std::vector<Sequence>> seqs;
     if (absl::EndsWith(data, ".jsonl")) {
-      seqs = LoadJsonl(data, seq_len > 0 ? seq_len : std::numeric_limits<int64_t>::max() - 1, vocab);
+      seqs = LoadJsonl(data, seq_len > 0 ? seq_len : std::numeric_limits<int64_t>::max() - 1, vocab,
+                       kDefaultMaxLineBytes, Overlong::kTruncate);
     } else {
       const std::string t = absl::GetFlag(FLAGS_data_dtype);
       if (t != "uint16" && t != "uint32")

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -245,6 +246,8 @@ int Main() {
   dist::Communicator* dp_comm = grid ? grid->dp.get() : comm.get();
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
+  const absl::StatusOr<Overlong> overlong = ParseOverlong(absl::GetFlag(FLAGS_overlong));
+  tools::ExitIfError(overlong.status(), "flags");
   if (absl::GetFlag(FLAGS_steps) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--steps must be positive"), "flags");
   if (absl::GetFlag(FLAGS_batch) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--batch must be positive"), "flags");
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
@@ -343,7 +346,9 @@ int Main() {
     const std::string path = tools::ResolveUserPath(data);
     absl::StatusOr<std::vector<Sequence>> loaded;
     if (absl::EndsWith(path, ".jsonl")) {
-      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes));
+      JsonlCounts counts;
+      loaded = LoadJsonl(path, seq_len, vocab, absl::GetFlag(FLAGS_max_line_bytes), *overlong, &counts);
+      if (loaded.ok()) absl::StrAppend(&data_what, " (", counts.Summary(), ")");
     } else {
       const std::string t = absl::GetFlag(FLAGS_data_dtype);
       if (t != "uint16" && t != "uint32")
@@ -362,6 +367,16 @@ int Main() {
     const Sequence probe = LongestSequence(train_data, objective.name, seed);
     tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size())),
                        "--device");
+  }
+  // What --save and --out_dir will write, checked now rather than after the last step.
+  const bool merge_lora = absl::GetFlag(FLAGS_merge_lora);
+  const std::string save_dir = tools::ResolveUserPath(absl::GetFlag(FLAGS_save));
+  if (lead && !save_dir.empty())
+    tools::ExitIfError(tools::CheckSaveTrained(**model, save_dir, tools::ModelSpec(), merge_lora), "--save");
+  if (lead && !out_dir.empty()) {
+    std::error_code ignored;  // where it cannot be created, the check says why
+    std::filesystem::create_directories(out_dir, ignored);
+    tools::ExitIfError(tools::CheckSaveTrained(**model, out_dir, tools::ModelSpec(), merge_lora), "--out_dir");
   }
 
   // --memory_budget: the largest chunk / partition whose step fits (weights, gradients and optimizer state
@@ -420,6 +435,8 @@ int Main() {
   run_config["data"] = data.empty() ? "synthetic retrieval" : tools::ResolveUserPath(data);
   if (sft) run_config["seq_len"] = absl::StrCat(seq_len);
   if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
+  // Splitting changes the records a data position counts (truncation keeps them: no field, older checkpoints resume).
+  if (sft && absl::EndsWith(data, ".jsonl") && *overlong == Overlong::kSplit) run_config["overlong"] = "split";
   run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
   if (!ref_model.empty()) run_config["ref_model"] = reference_is_base ? ref_model : tools::ModelSpecOf(ref_model);
   if (comm) {  // every rank must train the same model the same way on the same data
@@ -534,9 +551,17 @@ int Main() {
     meta.data_position = train_data.next;
     meta.history = history;
     meta.run_config = run_config;
-    absl::StatusOr<std::string> path =
-        SaveCheckpoint(out_dir, grid ? *whole->trainer : trainer, meta, static_cast<int>(keep));
-    tools::ExitIfError(path.status(), "--out_dir");
+    Trainer& saved_trainer = grid ? *whole->trainer : trainer;
+    absl::StatusOr<std::string> path = SaveCheckpoint(out_dir, saved_trainer, meta, static_cast<int>(keep));
+    if (!path.ok()) {  // the steps since the last checkpoint are kept, resumable, before the run stops
+      absl::StatusOr<std::string> kept = tools::KeepElsewhere(
+          out_dir, [&](const std::string& dir) { return SaveCheckpoint(dir, saved_trainer, meta, 0).status(); });
+      const std::string where = kept.ok() ? absl::StrCat("the checkpoint is kept in ", *kept,
+                                                         " (continue with --out_dir=", *kept, " --resume)")
+                                          : std::string(kept.status().message());
+      tools::ExitIfError(absl::Status(path.status().code(), absl::StrCat(path.status().message(), "; ", where)),
+                         "--out_dir");
+    }
     const std::string line = absl::StrCat("saved ", *path);
     if (notes.tty()) notes.Note(line);
     else std::fprintf(stderr, "%s\n", line.c_str());
@@ -620,14 +645,23 @@ int Main() {
   if (grid && (!absl::GetFlag(FLAGS_save).empty() || (!out_dir.empty() && finished))) whole = gathered();
   Model& saved = grid ? *whole->model : **model;
 
-  if (const std::string save = absl::GetFlag(FLAGS_save); !save.empty() && lead)
-    tools::ExitIfError(tools::SaveTrained(saved, tools::ResolveUserPath(save), tools::ModelSpec(),
-                                          absl::GetFlag(FLAGS_merge_lora), *save_dtype),
-                       "--save");
-  if (!out_dir.empty() && finished && lead)  // the final model next to the checkpoints, as --save writes it
-    tools::ExitIfError(tools::SaveTrained(saved, out_dir, tools::ModelSpec(), absl::GetFlag(FLAGS_merge_lora),
-                                          *save_dtype),
-                       "--out_dir");
+  // A save that fails now (the target changed during the run) keeps the model elsewhere, without the source's
+  // tokenizer files (they may be what failed), and the run exits 1 after its other outputs.
+  bool save_failed = false;
+  auto save_trained = [&](const std::string& dir, const char* flag) {
+    const absl::Status s = tools::SaveTrained(saved, dir, tools::ModelSpec(), merge_lora, *save_dtype);
+    if (s.ok()) return;
+    save_failed = true;
+    const std::string base = saved.lora() && !merge_lora ? tools::ModelSpec() : "";
+    absl::StatusOr<std::string> kept = tools::KeepElsewhere(
+        dir, [&](const std::string& d) { return tools::SaveTrained(saved, d, base, merge_lora, *save_dtype); });
+    const std::string where =
+        kept.ok() ? absl::StrCat("the trained model is kept in ", *kept, " instead (without the source's tokenizer files)")
+                  : std::string(kept.status().message());
+    std::fprintf(stderr, "error: %s: %s; %s\n", flag, std::string(s.message()).c_str(), where.c_str());
+  };
+  if (!save_dir.empty() && lead) save_trained(save_dir, "--save");
+  if (!out_dir.empty() && finished && lead) save_trained(out_dir, "--out_dir");  // next to the checkpoints
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty() && lead) {
     std::string losses_json;
     // Every digit (%.17g): a resumed run's losses compare exactly with an uninterrupted run's.
@@ -642,7 +676,7 @@ int Main() {
         losses_json);
     tools::ExitIfError(monitor.WriteReport(tools::ResolveUserPath(report), json), "--report");
   }
-  return 0;
+  return save_failed ? 1 : 0;
 }
 
 }  // namespace
