@@ -47,8 +47,9 @@ import org.seqgrad.Trainer;
  *   <li>--resume: continue from the newest checkpoint in --out-dir (the records before its data position are
  *       skipped), with the losses an uninterrupted run would print
  *   <li>--stop-at-step=S: stop after step S (checkpointed), e.g. to resume later; --dtype=f32|f64; --seed=N
- *   <li>--seq-len=N: records longer than N + 1 tokens are cut to N + 1 (N predicted tokens, as train --seq_len);
- *       the count of cut records is printed. --chunk=N: tokens per chunk and KV page of the strategy (default 16)
+ *   <li>--seq-len=N: records longer than N + 1 tokens are cut to N + 1 (N predicted tokens, as train --seq_len=N
+ *       --overlong=truncate); the count of cut records is printed. --chunk=N: tokens per chunk and KV page of the
+ *       strategy (default 16)
  *   <li>--threads=N: the engine's threads (0 = OMP_NUM_THREADS, else one per core). On a machine shared with other
  *       processes, start the JVM with OMP_WAIT_POLICY=PASSIVE in its environment.
  * </ul>
