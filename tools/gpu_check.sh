@@ -2,12 +2,13 @@
 # The checks of the CUDA backend on a lent GPU, from the bundle tools/gpu_bundle.sh makes (no Bazel there). Four
 # stages by priority, each with its own time budget (seconds; 420 in all, so that a fix and a rerun fit a 15-minute
 # loan); a stage left with no time is recorded as skipped, and a failed check never stops the run:
-#   correctness 150  nvidia-smi, libraries, ops_test, cuda_strategy_test (exact strategies vs the CPU: f32 1e-5,
+#   correctness 140  nvidia-smi, libraries, ops_test, cuda_strategy_test (exact strategies vs the CPU: f32 1e-5,
 #                    f64 1e-10), bf16_strategy_test (bf16's bound), gradcheck seco and streambp in f64 (1e-10)
-#   speed       150  llama-1b-shape, bf16 weights and matmuls: seqgrad full and seco at 8K and 32K against PyTorch
-#                    + transformers (SDPA; full and gradient checkpointing): tok/s, MFU, peak memory
-#   memory       80  qwen2.5-7b-shape, seco with KV offload and LoRA at 16K and 32K: device growth per 10K tokens
-#                    against the meta plan (examples/plan)
+#   speed       140  llama-1b-shape, bf16 weights and matmuls: seqgrad full and seco at 8K and 32K against PyTorch
+#                    + transformers (SDPA; full and gradient checkpointing): tok/s, MFU, peak memory (each engine's
+#                    own, and the GPU's used memory sampled by nvidia-smi)
+#   memory      100  qwen2.5-7b-shape, seco with KV offload and LoRA at 16K and 32K: device growth per 10K tokens
+#                    (engine-accounted and nvidia-smi's) against the meta plan (examples/plan)
 #   extras       40  compute-sanitizer memcheck of ops_test; the five most expensive kernels of one seco step
 # Every check writes <name>.log (and its tool's JSON) to the output folder; checks.jsonl has one line per check as
 # it ends; summary.json has every stage's status, the checks, and the speed and memory tables.
@@ -98,14 +99,35 @@ check() {
 
 skip() { record "$1" skipped null 0 "$2"; }
 
-# A gtest binary that skipped for want of a GPU passed without testing anything: on a GPU that is a failure.
-gtest_on_gpu() {
-  ((tiny)) && return 0
-  grep -m1 "no usable CUDA device" "$1" | cut -c1-300
+# measured NAME CAP_S CMD...: check, with the GPU's used memory sampled every 200 ms into NAME.gpu_mem (MiB, one
+# line per sample): the device-level peak (CUDA context, cuBLAS workspace and the allocator's cached blocks included)
+# beside the engine's own accounting. Without nvidia-smi, a plain check.
+measured() {
+  local sampler=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$1.gpu_mem" 2>/dev/null &
+    sampler=$!
+  fi
+  check "$@"
+  [[ -n "$sampler" ]] && kill "$sampler" 2>/dev/null
+  return 0
 }
-verify_ops_test() { gtest_on_gpu "$1"; }
-verify_cuda_strategy_test() { gtest_on_gpu "$1"; }
-verify_bf16_strategy_test() { gtest_on_gpu "$1"; }
+
+# A gtest binary that ran no test (a filter matching nothing), or skipped for want of a GPU, passed without testing
+# anything: a failure.
+gtest_ran() {  # LOG
+  local n
+  n="$(grep -m1 -o -E '^\[==========\] [0-9]+ tests? from [0-9]+ test suites? ran' "$1" | awk '{print $2}')"
+  if [[ -z "$n" || "$n" == 0 ]]; then
+    echo "no test ran"
+  elif ((!tiny)); then
+    grep -m1 "no usable CUDA device" "$1" | cut -c1-300
+  fi
+}
+verify_ops_test() { gtest_ran "$1"; }
+verify_cuda_strategy_test() { gtest_ran "$1"; }
+verify_bf16_strategy_test() { gtest_ran "$1"; }
+verify_memcheck() { gtest_ran "$1"; }
 
 # gradcheck's JSON (last line of its log): the strategy's gradients against full's within the bound.
 gradcheck_bound() {
@@ -139,13 +161,12 @@ verify_libraries() {
   m="$(missing_libraries | tr '\n' ' ')"
   [[ -n "$m" ]] && echo "not found: $m(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
 }
-show_libraries() { cat "$here/manifest.json"; ldd --version | head -1; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$bin"/*; }
 
 # --- the stages -----------------------------------------------------------------------------------------------------
 if ((tiny)); then
   # The emulated device: tiny shapes; test subsets that cover every kind of check in seconds.
   export SG_EMU_DEVICE_MEMORY="${SG_EMU_DEVICE_MEMORY:-536870912}"
-  ops_filter="CudaOpsTest/0.RmsNormForwardBackward:GpuTest.Bf16ConversionsMatchCpuBitForBit"
+  ops_filter="CudaOpsTest/f32.RmsNormForwardBackward:GpuTest.Bf16ConversionsMatchCpuBitForBit"
   strategy_filter="CudaStrategyTest.TransformerF32StrategiesMatchFull"
   bf16_filter="CudaBf16StrategyTest.TrainingStepsMastersAndRoundsWeights"
   llama=tiny qwen=tiny speed_lens=(64 128) memory_lens=(64 128) chunk=32 page=16 lora=4
@@ -155,7 +176,7 @@ else
   lora=16
 fi
 
-begin_stage correctness 150
+begin_stage correctness 140
 if ((tiny)); then
   skip nvidia_smi "--tiny: the emulated device"
 elif command -v nvidia-smi >/dev/null; then
@@ -163,7 +184,8 @@ elif command -v nvidia-smi >/dev/null; then
 else
   record nvidia_smi fail null 0 "nvidia-smi not found: no GPU driver on this machine"
 fi
-check libraries 10 show_libraries
+check libraries 10 bash -c 'cat "$0/manifest.json"; ldd --version | head -1; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+                              ldd "$0"/bin/*' "$here"
 check ops_test 60 "$bin/ops_test" --gtest_filter="$ops_filter" --gtest_output="json:$out/ops_test.gtest.json"
 check cuda_strategy_test 90 "$bin/cuda_strategy_test" --gtest_filter="$strategy_filter" \
   --gtest_output="json:$out/cuda_strategy_test.gtest.json"
@@ -177,25 +199,25 @@ done
 # bench --compare_torch needs a python3 with torch (CUDA) and transformers.
 torch_ok="$("$python" -c 'import torch, transformers; print(int(torch.cuda.is_available()))' 2>/dev/null || true)"
 bench_common=(--device=cuda --dtype=bf16 --matmul=bf16 --repeats=1 --warmup=1 --chunk=$chunk --page_size=$page)
-begin_stage speed 150
+begin_stage speed 140
 for T in "${speed_lens[@]}"; do
   torch_flags=()
   [[ "$torch_ok" == 1 ]] && torch_flags=(--compare_torch --torch_strategies=full,ckpt --python="$python"
                                          --torch_script="$here/scripts/bench_torch_gpu.py")
-  check "bench_speed_$T" 75 "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full,seco --seq_lens=$T \
+  measured "bench_speed_$T" 70 "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full,seco --seq_lens=$T \
     "${torch_flags[@]}" --json="$out/bench_speed_$T.json"
 done
 [[ "$torch_ok" == 1 ]] || skip torch_reference "no python3 with CUDA torch and transformers: seqgrad rows only"
 
-begin_stage memory 80
+begin_stage memory 100
 for T in "${memory_lens[@]}"; do
-  # The plan of the same step on the meta device: its device peak, to set beside the measured one.
+  # The plan of a training step at T on the meta device (its optimizer state included), then one step measured: a
+  # process per length, so that each GPU peak is that length's.
   check "plan_$T" 10 "$bin/plan" --model=$qwen --dtype=bf16 --strategy=seco --offload --chunk=$chunk \
     --page_size=$page --lora_rank=$lora --seq_len=$T --json
+  measured "bench_offload_$T" 45 "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$qwen \
+    --strategies=seco:offload --lora_rank=$lora --seq_lens=$T --json="$out/bench_offload_$T.json"
 done
-memory_csv="$(IFS=,; echo "${memory_lens[*]}")"
-check bench_offload 60 "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$qwen --strategies=seco:offload \
-  --lora_rank=$lora --seq_lens="$memory_csv" --json="$out/bench_offload.json"
 
 begin_stage extras 40
 gpu_tool() {  # NAME: its path, or nothing (always nothing under --tiny: the emulated device has no such tools)
@@ -203,15 +225,15 @@ gpu_tool() {  # NAME: its path, or nothing (always nothing under --tiny: the emu
 }
 sanitizer="$(gpu_tool compute-sanitizer)"
 if [[ -n "$sanitizer" ]]; then
-  check memcheck 25 "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/ops_test" \
-    --gtest_filter="CudaOpsTest/0.*:*CudaAttentionTest*"
+  check memcheck 20 "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/ops_test" \
+    --gtest_filter="CudaOpsTest/f32.*:Paged/CudaAttentionTest.*"
 else
   skip memcheck "compute-sanitizer not found"
 fi
 ncu="$(gpu_tool ncu)"
 if [[ -n "$ncu" ]]; then
-  # Kernel times of one seco step (two chunks), its first 400 launches: enough to rank the kernels.
-  check kernel_profile 15 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base --launch-count 400 \
+  # Kernel times of one seco step (two chunks), its first 200 launches: enough to rank the kernels.
+  check kernel_profile 20 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base --launch-count 200 \
     --log-file "$out/kernel_profile.csv" "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$llama \
     --strategies=seco --seq_lens=$((chunk * 2))
 else

@@ -29,6 +29,15 @@ def last_json_line(path):
         return None
 
 
+def gpu_used_peak_bytes(out, check):
+    """The highest of nvidia-smi's used-memory samples (MiB) taken while the check ran, in bytes; None without."""
+    try:
+        samples = [float(l) for l in open(os.path.join(out, check + ".gpu_mem")) if l.strip()]
+    except (OSError, ValueError):
+        return None
+    return int(max(samples) * 2**20) if samples else None
+
+
 def stage_status(checks):
     if not checks:
         return "not run"
@@ -39,7 +48,8 @@ def stage_status(checks):
 
 
 def speed_table(out):
-    """One row per engine, strategy and length of the bench_speed_*.json files."""
+    """One row per engine, strategy and length of the bench_speed_*.json files; the GPU's used-memory peak of each
+    check (seqgrad's steps, then PyTorch's beside seqgrad's resident memory) as a row of its own."""
     rows = []
     for path in sorted(glob.glob(os.path.join(out, "bench_speed_*.json"))):
         d = read_json(path) or {}
@@ -51,34 +61,43 @@ def speed_table(out):
             rows.append({"engine": r.get("engine", "seqgrad"), "strategy": r["strategy"], "seq_len": r["seq_len"],
                          "skipped": r["reason"]})
         if "torch" in d:
-            rows.append({"torch": d["torch"]})
+            rows.append({"torch": d["torch"], "torch_error": d.get("torch_error")})
+        check = os.path.basename(path)[:-len(".json")]
+        rows.append({"check": check, "gpu_used_peak_bytes": gpu_used_peak_bytes(out, check)})
     return rows
 
 
+def growth_per_10k(peaks):
+    """(peak at the longest T - peak at the shortest) per 10K tokens, or None."""
+    peaks = {t: p for t, p in peaks.items() if p is not None}
+    if len(peaks) < 2:
+        return None
+    (t0, p0), (t1, p1) = min(peaks.items()), max(peaks.items())
+    return (p1 - p0) / (t1 - t0) * 1e4
+
+
 def memory_table(out):
-    """Measured (engine-accounted) device peaks of the offload run and the meta plan's, and their growth."""
-    bench = read_json(os.path.join(out, "bench_offload.json")) or {}
-    measured = {r["seq_len"]: r["peak_bytes"] for r in bench.get("rows", []) if r["engine"] == "seqgrad"}
-    planned = {}
-    for path in glob.glob(os.path.join(out, "plan_*.log")):
-        p = last_json_line(path)
-        if p:
-            planned[p["seq_len"]] = p["device_total_peak"]
-
-    def growth(peaks):
-        if len(peaks) < 2:
-            return None
-        (t0, p0), (t1, p1) = min(peaks.items()), max(peaks.items())
-        return (p1 - p0) / (t1 - t0) * 1e4
-
-    lens = sorted(set(measured) | set(planned))
+    """Per length: the engine-accounted device peak of one gradient step (bench), the plan's peak of a training step
+    (its optimizer state more: a difference constant in T), nvidia-smi's; and their growth per 10K tokens."""
+    rows = []
+    for path in glob.glob(os.path.join(out, "bench_offload_*.json")):
+        d = read_json(path) or {}
+        for r in d.get("rows", []):
+            if r["engine"] != "seqgrad":
+                continue
+            plan = last_json_line(os.path.join(out, "plan_%d.log" % r["seq_len"])) or {}
+            planned = plan.get("device_total_peak")
+            rows.append({"seq_len": r["seq_len"], "measured_peak_bytes": r["peak_bytes"], "plan_peak_bytes": planned,
+                         "plan_minus_measured_bytes": None if planned is None else planned - r["peak_bytes"],
+                         "gpu_used_peak_bytes": gpu_used_peak_bytes(out, "bench_offload_%d" % r["seq_len"]),
+                         "host_offloaded_bytes": r.get("offloaded_bytes")})
+    rows.sort(key=lambda r: r["seq_len"])
+    growth = {k: growth_per_10k({r["seq_len"]: r[k + "_peak_bytes"] for r in rows})
+              for k in ("measured", "plan", "gpu_used")}
     return {
-        "rows": [{"seq_len": t, "measured_peak_bytes": measured.get(t), "plan_peak_bytes": planned.get(t),
-                  "host_offloaded_bytes": next((r.get("offloaded_bytes") for r in bench.get("rows", [])
-                                                if r["seq_len"] == t), None)} for t in lens],
-        "measured_growth_bytes_per_10k_tokens": growth(measured),
-        "plan_growth_bytes_per_10k_tokens": growth(planned),
-        "measured_equals_plan": bool(measured) and all(measured.get(t) == planned.get(t) for t in measured),
+        "rows": rows,
+        "growth_bytes_per_10k_tokens": growth,
+        "measured_growth_equals_plan": growth["measured"] is not None and growth["measured"] == growth["plan"],
     }
 
 
