@@ -9,8 +9,8 @@ SCRIPTS = {
     "scripts/gpu_check_summary.py": "//tools/gpu:gpu_check_summary.py",
 }
 
-def gpu_bundle(name, binaries, fast = False, **kwargs):
-    """binaries: {name in the bundle's bin/: label of a cc_binary or cc_test}; fast: compress for speed, not size."""
+def gpu_bundle(name, binaries, **kwargs):
+    """binaries: {name in the bundle's bin/: label of a cc_binary or cc_test}."""
     names = sorted(binaries)
     args = ["--bin %s=$(location %s)" % (n, binaries[n]) for n in names]
     args += ["--file %s=$(location %s)" % (rel, SCRIPTS[rel]) for rel in sorted(SCRIPTS)]
@@ -19,7 +19,7 @@ def gpu_bundle(name, binaries, fast = False, **kwargs):
         srcs = [binaries[n] for n in names] + SCRIPTS.values() + ["//tools:gpu_check.sh"],
         outs = [name + ".tar.xz"],
         cmd = "python3 $(location //tools/gpu:make_bundle.py) $@ --script $(location //tools:gpu_check.sh) " +
-              " ".join(args) + (" --fast" if fast else ""),
+              " ".join(args),
         tools = [
             "//tools/gpu:make_bundle.py",
             "//tools:bundle_shared_libs.py",

@@ -78,6 +78,24 @@ assert s["top_kernels"] is None
 print("tiny run OK")
 PY
 
+# The kernel table from ncu's CSV (what `ncu --csv --metrics gpu__time_duration.sum` writes; no ncu here).
+cat >"$tmp/out1/kernel_profile.csv" <<'EOF'
+==PROF== Connected to process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","bench","h","gemm_kernel(float*, int)","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","2,000"
+"1","1","bench","h","attention_fwd","1","7","(128, 1, 1)","(4, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","5000"
+"2","1","bench","h","gemm_kernel(float*, int)","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","4000"
+EOF
+/usr/bin/python3 "$ok/scripts/gpu_check_summary.py" "$tmp/out1" 420 0 1 >/dev/null
+/usr/bin/python3 - "$tmp/out1/summary.json" <<'PY'
+import json, sys
+
+top = json.load(open(sys.argv[1]))["top_kernels"]
+assert top == [{"kernel": "gemm_kernel", "total_ms": 0.006, "launches": 2},
+               {"kernel": "attention_fwd", "total_ms": 0.005, "launches": 1}], top
+print("kernel table OK")
+PY
+
 # A check that hangs: killed when the (5 s) budget ends; what follows is skipped, not run.
 cp -r "$tmp/ok" "$tmp/hang"
 printf '#!/bin/sh\nexec sleep 100\n' >"$tmp/hang/gpu_bundle/bin/ops_test"

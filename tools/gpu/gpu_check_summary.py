@@ -111,7 +111,7 @@ def top_kernels(out, n=5):
     for r in csv.DictReader(lines):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        name = re.sub(r"\(.*", "", r.get("Kernel Name", "?"))
+        name = re.sub(r"\(.*", "", r.get("Kernel Name") or r.get("Function Name") or "?")
         ns = float(r["Metric Value"].replace(",", ""))
         t = totals.setdefault(name, [0.0, 0])
         t[0] += ns
