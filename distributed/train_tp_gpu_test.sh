@@ -4,7 +4,7 @@
 #   --dist=mpi:  both ranks may share one GPU (activations all-reduced through host copies; MPI is not CUDA-aware).
 #   --dist=nccl: one GPU per rank (NCCL refuses two ranks of one communicator on one device), so it runs only where
 #                nvidia-smi lists two or more GPUs, else prints SKIP for that part.
-# Needs a train with the CUDA backend: built with --config=cuda (a GPU machine: tools/run_gpu_checks.sh), or
+# Needs a train with the CUDA backend: built with --config=cuda (//distributed:train_tp_gpu_test, tag gpu), or
 # //distributed:train_emulated_cuda (the CPU emulation, no GPU: //distributed:train_tp_emulated_cuda_test). Without a
 # usable CUDA device the whole test prints SKIP and passes.
 # Usage: train_tp_gpu_test.sh <path to train> [emulated]   (emulated: demo seco only, the emulation is slow)

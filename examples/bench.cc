@@ -67,6 +67,8 @@ ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart ne
 ABSL_FLAG(bool, compare_torch, false,
           "also time the same model in PyTorch (examples/bench_torch.py: plain torch ops, and Hugging Face "
           "transformers' model class with SDPA where --python has transformers)");
+ABSL_FLAG(std::string, torch_strategies, "",
+          "--compare_torch: the PyTorch strategies (full, ckpt); default: those of --strategies");
 ABSL_FLAG(int64_t, memory_budget, 0,
           "bytes: for each strategy, search the longest sequence whose measured peak fits (0 = no search)");
 ABSL_FLAG(std::string, task, "random",
@@ -505,8 +507,10 @@ std::string TempRoot() {
 
 // Runs the PyTorch reference on the same model and sequences (bench_torch.py on the CPU, bench_torch_gpu.py on a
 // GPU); returns its JSON (rows with engine "torch", or "hf" for transformers' model class, each with a "label").
-json RunTorch(Model& model, const std::vector<std::string>& strategies,
-              const std::map<int64_t, Sequence>& seqs, int warmup, int repeats, const std::string& dtype, bool gpu) {
+// A failure of the PyTorch side is an error status: seqgrad's rows are still reported.
+absl::StatusOr<json> RunTorch(Model& model, const std::vector<std::string>& strategies,
+                              const std::map<int64_t, Sequence>& seqs, int warmup, int repeats,
+                              const std::string& dtype, bool gpu) {
   std::string tmpl = TempRoot() + "/seqgrad_bench_XXXXXX";
   if (!mkdtemp(tmpl.data())) Fail("--compare_torch", absl::StrCat("cannot create a directory like ", tmpl));
   const std::string dir = tmpl;
@@ -542,13 +546,13 @@ json RunTorch(Model& model, const std::vector<std::string>& strategies,
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   const int rc = pclose(p);
-  if (rc != 0) Fail("--compare_torch", absl::StrCat("bench_torch.py failed (status ", rc, ")"));
+  if (rc != 0) return absl::InternalError(absl::StrCat(script, " failed (status ", rc, ")"));
   // The JSON is the last non-empty line.
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipWhitespace());
-  if (lines.empty()) Fail("--compare_torch", "bench_torch.py printed nothing");
+  if (lines.empty()) return absl::InternalError(absl::StrCat(script, " printed nothing"));
   json j = json::parse(lines.back(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.contains("rows") || !j["rows"].is_array())
-    Fail("--compare_torch", absl::StrCat("bench_torch.py output is not the expected JSON: ", lines.back()));
+    return absl::InternalError(absl::StrCat(script, " output is not the expected JSON: ", lines.back()));
   return j;
 }
 
@@ -824,6 +828,9 @@ int Main() {
   const ModelFacts facts = Describe(model);
   if (compare_torch && model.family() != "transformer")
     Fail("--compare_torch", "bench_torch.py implements the transformer family only");
+  // --lora_*: adapters on, base frozen, as train runs them (a LoRA step's memory and time).
+  const std::string lora = tools::ApplyLoraFlags(model);
+  if (!lora.empty() && compare_torch) Fail("--compare_torch", "bench_torch.py trains every weight: drop --lora_rank");
   const int threads = omp_get_max_threads();
 
   // The yardstick FLOP rates are divided by: the CPU's measured sgemm rate, or on a GPU its peak dense matmul
@@ -836,9 +843,10 @@ int Main() {
   // Caps the tracker at the GPU's free memory: a length that does not fit fails clearly (and is reported as the
   // end of that strategy's rows) before the device runs out.
   if (gpu) tools::ExitIfError(tools::CheckDeviceMemory(model, base, 0), "--device");
-  std::printf("seqgrad bench: model=%s (%s) dtype=%s device=%s matmul=%s threads=%d task=%s repeats=%d warmup=%d\n",
+  std::printf("seqgrad bench: model=%s (%s) dtype=%s device=%s matmul=%s threads=%d task=%s repeats=%d warmup=%d%s\n",
               absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),
-              absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup);
+              absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup,
+              lora.empty() ? "" : absl::StrCat(" ", lora).c_str());
   if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
   else std::printf("sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
                    "f32 GEMM under --matmul=%s %.1f)\n", sgemm, threads, sgemm_rates.openblas,
@@ -865,14 +873,27 @@ int Main() {
   // PyTorch runs right after seqgrad at each length (not after all of them), so that both meet much the same load
   // on a shared machine; its rows are printed after seqgrad's.
   std::vector<std::string> torch_strategies;
-  for (const std::string& s : strategies)
-    if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
+  if (const std::string list = absl::GetFlag(FLAGS_torch_strategies); !list.empty()) {
+    torch_strategies = SplitList(list);
+    for (const std::string& s : torch_strategies)
+      if (s != "full" && s != "ckpt") Fail("--torch_strategies", absl::StrCat("'", s, "' (full, ckpt)"));
+  } else {
+    for (const std::string& s : strategies)
+      if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
+  }
   if (compare_torch && torch_strategies.empty())
     std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
-  json torch_info, torch_rows = json::array();
+  json torch_info = json::object(), torch_rows = json::array();
+  std::string torch_error;  // the first failure of the PyTorch side: no more PyTorch runs, exit status 1
   auto run_torch = [&](int64_t T) {
-    if (!compare_torch || torch_strategies.empty()) return;
-    json t = RunTorch(model, torch_strategies, {{T, seqs.at(T)}}, warmup, repeats, DTypeName(*dtype), gpu);
+    if (!compare_torch || torch_strategies.empty() || !torch_error.empty()) return;
+    absl::StatusOr<json> ran = RunTorch(model, torch_strategies, {{T, seqs.at(T)}}, warmup, repeats, DTypeName(*dtype), gpu);
+    if (!ran.ok()) {
+      torch_error = std::string(ran.status().message());
+      std::fprintf(stderr, "--compare_torch: %s; seqgrad's rows are still reported\n", torch_error.c_str());
+      return;
+    }
+    json& t = *ran;
     for (json r : t["rows"]) {
       if (!r["time_s"].is_number()) {  // out of GPU memory
         skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
@@ -1052,6 +1073,7 @@ int Main() {
     config["sparse_pages"] = base.sparse_pages;
     config["offload"] = base.offload;
     config["lm_chunk"] = base.lm_chunk;
+    config["lora"] = json::parse(tools::LoraJson(model));
     config["seed"] = seed;
     config["skip_after_s"] = skip_after_s;
     config["memory_budget"] = budget;
@@ -1064,6 +1086,7 @@ int Main() {
     if (compare_torch) {
       out["ratios"] = ratios;
       out["torch"] = torch_info;
+      if (!torch_error.empty()) out["torch_error"] = torch_error;
     }
     if (budget > 0) out["budget"] = budget_rows;
     if (!skipped_rows.empty()) out["skipped"] = skipped_rows;
@@ -1075,6 +1098,7 @@ int Main() {
     tools::ExitIfError(tools::WriteTextFile(svg_path, Chart(rows, strategies, title)), "--json (chart)");
     std::printf("\nwrote %s and %s\n", path.c_str(), svg_path.c_str());
   }
+  if (!torch_error.empty()) Fail("--compare_torch", torch_error);
   return 0;
 }
 

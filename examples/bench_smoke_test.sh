@@ -110,3 +110,38 @@ assert m["kv_cache_growth_bytes_per_token"] == m["kv_grad_growth_bytes_per_token
 assert m["peak_growth_bytes_per_token"] == 2 * m["state_bytes_per_token"], m
 print("chunked bench OK")
 PY
+
+# --lora_rank: the adapters train, the base is frozen (its gradients are never allocated), as in train.
+out4="${TEST_TMPDIR:-$(mktemp -d)}/lora.json"
+"$bench" --model=tiny --strategies=seco --seq_lens=64 --repeats=1 --warmup=0 --lora_rank=4 --json="$out4"
+/usr/bin/python3 - "$out" "$out4" <<'PY'
+import json, sys
+
+full, lora = (json.load(open(p)) for p in sys.argv[1:])
+assert full["config"]["lora"] is None, full["config"]
+assert lora["config"]["lora"]["rank"] == 4, lora["config"]
+resting = {d["config"]["lora"] is None: d["rows"][0]["peak_bytes_by_category"]["grads"] for d in (full, lora)}
+assert resting[False] < resting[True], resting
+print("lora bench OK")
+PY
+
+# A PyTorch side that fails (here: an interpreter that exits 1) costs its rows only: seqgrad's are written, the error
+# is named in the JSON, and the exit status is 1. --torch_strategies picks PyTorch's strategies apart from seqgrad's.
+out5="${TEST_TMPDIR:-$(mktemp -d)}/torch_fails.json"
+if "$bench" --model=tiny --strategies=seco --torch_strategies=full --seq_lens=64 --repeats=1 --warmup=0 \
+    --compare_torch --python=/bin/false --json="$out5" 2>"$out5.err"; then
+  echo "bench exited 0 although its PyTorch side failed" >&2; exit 1
+fi
+grep -q "bench_torch.py failed" "$out5.err" || { cat "$out5.err" >&2; exit 1; }
+/usr/bin/python3 - "$out5" <<'PY'
+import json, sys
+
+d = json.load(open(sys.argv[1]))
+assert [r["engine"] for r in d["rows"]] == ["seqgrad"], d["rows"]
+assert "bench_torch.py failed" in d["torch_error"], d.get("torch_error")
+print("torch failure OK")
+PY
+if "$bench" --model=tiny --strategies=seco --torch_strategies=fast --seq_lens=64 --compare_torch 2>"$out5.err"; then
+  exit 1
+fi
+grep -q -- "--torch_strategies: 'fast'" "$out5.err" || { cat "$out5.err" >&2; exit 1; }

@@ -32,7 +32,7 @@ def log(msg):
 
 def load(model_dir, dtype):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     return model.to("cuda").train()
 
 
