@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -382,11 +382,15 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
   for (int64_t i = 0; i < num_sequences; ++i)  // all of them before the sum, which a negative one would hide
     if (lengths[i] <= 0)
       return Invalid(absl::StrCat(fn, ": lengths[", i, "] is ", lengths[i], "; every sequence needs >= 1 token"));
-  int64_t sum = 0;
-  for (int64_t i = 0; i < num_sequences && sum <= num_tokens; ++i) sum += lengths[i];
+  int64_t sum = 0;  // <= num_tokens: never overflows
+  for (int64_t i = 0; i < num_sequences; ++i) {
+    if (lengths[i] > num_tokens - sum)
+      return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to more than 'num_tokens' (", num_tokens,
+                                  ") at lengths[", i, "] = ", lengths[i]));
+    sum += lengths[i];
+  }
   if (sum != num_tokens)
-    return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to ", sum > num_tokens ? "more than " : "", sum,
-                                " but 'num_tokens' is ", num_tokens));
+    return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to ", sum, " but 'num_tokens' is ", num_tokens));
   for (int64_t i = 0; i < num_tokens; ++i) {
     if (ids[i] < 0 || ids[i] >= vocab)
       return Invalid(absl::StrCat(fn, ": ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));

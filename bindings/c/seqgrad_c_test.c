@@ -280,6 +280,10 @@ static void test_errors(void) {
   /* A negative length is named, not hidden in the sum (610 - 10 = 600 tokens). */
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 600, len_neg, 2, NULL), SG_ERR_INVALID_ARGUMENT,
                 "lengths[1] is -10; every sequence needs >= 1 token");
+  len_neg[0] = 300;
+  len_neg[1] = INT64_MAX; /* the sum would overflow */
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 600, len_neg, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'lengths' sums to more than 'num_tokens' (600) at lengths[1] = 9223372036854775807");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 0, NULL), SG_ERR_INVALID_ARGUMENT, "'num_sequences'");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 0, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "'num_tokens'");
   /* Still usable after all that. */
