@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -31,6 +32,7 @@
 #include "cabi/tensor_parallel_trainer.h"
 #include "core/checkpoint.h"
 #include "core/eval.h"
+#include "core/io/file.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/memory.h"
@@ -124,6 +126,15 @@ sg_status* FromAbslIn(const char* fn, const absl::Status& s) {
 }
 sg_status* NullArg(const char* fn, const char* arg) {
   return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
+}
+// NULL when `path` (argument `arg`) is a directory; NOT_FOUND for another kind of file; when stat fails, the code of
+// its errno (sg::io::ErrnoCode, as everywhere: ENOENT NOT_FOUND, ENOTDIR FAILED_PRECONDITION, ...).
+sg_status* CheckDirectory(const char* fn, const char* arg, const char* path) {
+  const std::string what = absl::StrCat(fn, ": argument '", arg, "' ('", path, "') is not a directory");
+  struct stat st;
+  if (stat(path, &st) != 0) return FromAbsl(sg::io::ErrnoStatus(errno, what));
+  if (!S_ISDIR(st.st_mode)) return MakeStatus(SG_ERR_NOT_FOUND, what);
+  return nullptr;
 }
 
 // Runs f, turning exceptions into statuses: out of memory is RESOURCE_EXHAUSTED with the bytes asked and
@@ -368,16 +379,18 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
   if (num_sequences <= 0)
     return Invalid(absl::StrCat(fn, ": argument 'num_sequences' is ", num_sequences, "; need at least 1 sequence"));
   if (num_tokens <= 0) return Invalid(absl::StrCat(fn, ": argument 'num_tokens' is ", num_tokens, "; need >= 1"));
-  int64_t sum = 0;
-  for (int64_t i = 0; i < num_sequences; ++i) {
+  for (int64_t i = 0; i < num_sequences; ++i)  // all of them before the sum, which a negative one would hide
     if (lengths[i] <= 0)
       return Invalid(absl::StrCat(fn, ": lengths[", i, "] is ", lengths[i], "; every sequence needs >= 1 token"));
+  int64_t sum = 0;  // <= num_tokens: never overflows
+  for (int64_t i = 0; i < num_sequences; ++i) {
+    if (lengths[i] > num_tokens - sum)
+      return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to more than 'num_tokens' (", num_tokens,
+                                  ") at lengths[", i, "] = ", lengths[i]));
     sum += lengths[i];
-    if (sum > num_tokens) break;
   }
   if (sum != num_tokens)
-    return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to ", sum > num_tokens ? "more than " : "", sum,
-                                " but 'num_tokens' is ", num_tokens));
+    return Invalid(absl::StrCat(fn, ": argument 'lengths' sums to ", sum, " but 'num_tokens' is ", num_tokens));
   for (int64_t i = 0; i < num_tokens; ++i) {
     if (ids[i] < 0 || ids[i] >= vocab)
       return Invalid(absl::StrCat(fn, ": ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
@@ -882,9 +895,7 @@ sg_status* Load(const char* fn, const char* hf_dir, const char* dtype, const cha
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
     if (!hf_dir) return NullArg(fn, "hf_dir");
-    struct stat st;
-    if (stat(hf_dir, &st) != 0 || !S_ISDIR(st.st_mode))
-      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'hf_dir' ('", hf_dir, "') is not a directory"));
+    if (sg_status* s = CheckDirectory(fn, "hf_dir", hf_dir)) return s;
     return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out, device);
   });
 }
@@ -1141,9 +1152,9 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
     so.offload = options->offload != 0;
     num_threads = options->num_threads;  // 0.6 callers' reserved_0_6 was zero: the default
   }
-  if (num_threads < 0)
-    return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads,
-                                "; need >= 0 (0 = the calling thread's OpenMP default)"));
+  if (num_threads < 0 || num_threads > SG_MAX_THREADS)
+    return Invalid(absl::StrCat(fn, ": options->num_threads is ", num_threads, "; need 0 .. ", SG_MAX_THREADS,
+                                " (0 = the calling thread's OpenMP default)"));
   const int64_t tp = options->struct_size > kTrainerOptionsSize0_6 && options->tp != 0 ? options->tp : 1;
   if (tp < 1 || tp > INT32_MAX)
     return Invalid(absl::StrCat(fn, ": options->tp is ", tp, "; need >= 1 (0 or 1 = no tensor parallelism)"));
@@ -1524,9 +1535,7 @@ sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir) {
   return Guard(fn, [&]() -> sg_status* {
     if (!model) return NullArg(fn, "model");
     if (!dir) return NullArg(fn, "dir");
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'dir' ('", dir, "') is not a directory"));
+    if (sg_status* s = CheckDirectory(fn, "dir", dir)) return s;
     BusyGuard guard(*model->core);
     if (!guard.acquired()) return Busy(fn);
     std::lock_guard<std::mutex> lock(model->core->mu);
@@ -1578,10 +1587,7 @@ sg_status* sg_trainer_load_checkpoint(sg_trainer* trainer, const char* checkpoin
   return Guard(fn, [&] { return Agreed(fn, trainer, [&]() -> sg_status* {
     if (!trainer) return NullArg(fn, "trainer");
     if (!checkpoint_dir) return NullArg(fn, "checkpoint_dir");
-    struct stat st;
-    if (stat(checkpoint_dir, &st) != 0 || !S_ISDIR(st.st_mode))
-      return MakeStatus(SG_ERR_NOT_FOUND, absl::StrCat(fn, ": argument 'checkpoint_dir' ('", checkpoint_dir,
-                                                       "') is not a directory"));
+    if (sg_status* s = CheckDirectory(fn, "checkpoint_dir", checkpoint_dir)) return s;
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     return LoadInto(fn, trainer, checkpoint_dir, step, data_position);

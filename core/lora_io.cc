@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "core/io/file.h"
 #include "core/io/peft.h"
 #include "core/io/safetensors.h"
 
@@ -28,7 +30,7 @@ absl::Status MakeDirectory(const std::string& dir) {
     if (S_ISDIR(st.st_mode)) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
   }
-  if (mkdir(dir.c_str(), 0755) != 0) return absl::InternalError(absl::StrCat(dir, ": cannot create directory"));
+  if (mkdir(dir.c_str(), 0755) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create directory"));
   return absl::OkStatus();
 }
 
@@ -37,24 +39,27 @@ absl::Status MakeDirectory(const std::string& dir) {
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": cannot create ", tmp));
+  if (fd < 0) return io::ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", tmp));
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);
     if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
       close(fd);
       unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat(path, ": write failed"));
+      return io::ErrnoStatus(err, absl::StrCat(path, ": write failed"));
     }
     done += static_cast<size_t>(n);
   }
   if (fsync(fd) != 0 || close(fd) != 0) {
+    const int err = errno;
     unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path, ": flush failed"));
+    return io::ErrnoStatus(err, absl::StrCat(path, ": flush failed"));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path, ": cannot rename ", tmp, " over it"));
+    return io::ErrnoStatus(err, absl::StrCat(path, ": cannot rename ", tmp, " over it"));
   }
   return absl::OkStatus();
 }

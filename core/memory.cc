@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/io/file.h"
 
 namespace sg {
 
@@ -310,7 +311,7 @@ absl::Status StatusOfCurrentException(const std::string& op) {
   } catch (const std::system_error& e) {  // std::ios_base::failure among them
     const std::error_code& code = e.code();
     const bool is_errno = code.category() == std::generic_category() || code.category() == std::system_category();
-    return absl::Status(is_errno ? absl::ErrnoToStatusCode(code.value()) : absl::StatusCode::kInternal,
+    return absl::Status(is_errno ? io::ErrnoCode(code.value()) : absl::StatusCode::kInternal,
                         absl::StrCat(op, ": ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(op, " failed: ", e.what()));

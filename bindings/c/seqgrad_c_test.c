@@ -196,6 +196,7 @@ static void test_errors(void) {
   int64_t len4[1] = {4};
   int64_t len_bad[2] = {3, 3};
   int64_t len_zero[2] = {4, 0};
+  int64_t len_neg[2] = {610, -10};
 
   /* NULL handles and pointers. */
   EXPECT_STATUS(sg_model_create_preset(NULL, "f32", 0, &none), SG_ERR_INVALID_ARGUMENT, "'preset'");
@@ -276,6 +277,13 @@ static void test_errors(void) {
   EXPECT_STATUS(sg_trainer_step(t, g_ids, ignored, 4, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "has no label");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_bad, 2, NULL), SG_ERR_INVALID_ARGUMENT, "'lengths'");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len_zero, 2, NULL), SG_ERR_INVALID_ARGUMENT, "lengths[1]");
+  /* A negative length is named, not hidden in the sum (610 - 10 = 600 tokens). */
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 600, len_neg, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "lengths[1] is -10; every sequence needs >= 1 token");
+  len_neg[0] = 300;
+  len_neg[1] = INT64_MAX; /* the sum would overflow */
+  EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 600, len_neg, 2, NULL), SG_ERR_INVALID_ARGUMENT,
+                "'lengths' sums to more than 'num_tokens' (600) at lengths[1] = 9223372036854775807");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 0, NULL), SG_ERR_INVALID_ARGUMENT, "'num_sequences'");
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 0, len4, 1, NULL), SG_ERR_INVALID_ARGUMENT, "'num_tokens'");
   /* Still usable after all that. */
@@ -453,6 +461,11 @@ static void test_sparse_offload(void) {
   o.sparse_pages = 0;
   o.num_threads = -1;
   EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->num_threads is -1");
+  o.num_threads = 100000;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->num_threads is 100000; need 0 .. 1024");
+  o.num_threads = SG_MAX_THREADS + 1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT, "options->num_threads");
+  o.num_threads = 0;
   CHECK(t == NULL);
   /* 0.5 size: the 0.6 fields beyond it are not read. */
   o.struct_size = offsetof(sg_trainer_options, sparse_pages);
@@ -1545,6 +1558,64 @@ static void tmp_path(char* out, size_t size, const char* name) {
   snprintf(out, size, "%s/%s", tmp ? tmp : "/tmp", name);
 }
 
+/* Expects `st` to fail with `code`, its message naming `path` and ending with strerror's text for `err`; frees it. */
+static void expect_errno(sg_status* st, int code, const char* path, const char* strerror_text, int line) {
+  const char* msg = sg_status_message(st);
+  const size_t n = strlen(msg), k = strlen(strerror_text);
+  if (sg_status_code(st) != code || !strstr(msg, path) || n < k || strcmp(msg + n - k, strerror_text) != 0) {
+    fprintf(stderr, "line %d: expected %s naming '%s' and ending with '%s', got %s: %s\n", line, sg_code_name(code),
+            path, strerror_text, sg_code_name(sg_status_code(st)), msg);
+    ++g_failures;
+  }
+  sg_status_free(st);
+}
+#define EXPECT_ERRNO(st, code, path, text) expect_errno((st), (code), (path), (text), __LINE__)
+
+/* One errno, one code: saving a model or a checkpoint, loading a model, a checkpoint or an adapter into a path that
+ * cannot be used fail with the same code, the path and strerror's text. */
+static void test_errno_codes(void) {
+  sg_model* m = tiny_model();
+  sg_model* none = NULL;
+  sg_trainer* t = new_trainer(m, "full");
+  char file[1024], under_file[1100], missing[1024];
+  FILE* f;
+  struct {
+    const char* path;
+    int code;
+    const char* text;
+  } cases[3];
+  int i;
+  tmp_path(file, sizeof(file), "c_errno_regular_file");
+  snprintf(under_file, sizeof(under_file), "%s/sub", file);
+  tmp_path(missing, sizeof(missing), "c_errno_missing/sub");
+  f = fopen(file, "w");
+  CHECK(f != NULL);
+  if (f) fclose(f);
+  cases[0].path = "/proc/seqgrad-x"; /* mkdir there: ENOENT */
+  cases[0].code = SG_ERR_NOT_FOUND;
+  cases[0].text = "No such file or directory";
+  cases[1].path = under_file; /* ENOTDIR */
+  cases[1].code = SG_ERR_FAILED_PRECONDITION;
+  cases[1].text = "Not a directory";
+  cases[2].path = missing; /* loads only: saves create it */
+  cases[2].code = SG_ERR_NOT_FOUND;
+  cases[2].text = "No such file or directory";
+  for (i = 0; i < 3; ++i) {
+    const char* p = cases[i].path;
+    if (i < 2) {
+      EXPECT_ERRNO(sg_model_save(m, p), cases[i].code, p, cases[i].text);
+      EXPECT_ERRNO(sg_trainer_save_checkpoint(t, p, 0, 0), cases[i].code, p, cases[i].text);
+    }
+    EXPECT_ERRNO(sg_model_load(p, "f32", &none), cases[i].code, p, cases[i].text);
+    EXPECT_ERRNO(sg_model_load_lora_adapter(m, p), cases[i].code, p, cases[i].text);
+    EXPECT_ERRNO(sg_trainer_load_checkpoint(t, p, NULL, NULL), cases[i].code, p, cases[i].text);
+  }
+  CHECK(none == NULL);
+  remove(file);
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
 static void test_lora(void) {
   sg_model* m = tiny_f64(5);
   sg_model* fresh = NULL;
@@ -2177,6 +2248,7 @@ int main(void) {
   test_lifecycle();
   test_bf16();
   test_errors();
+  test_errno_codes();
   test_old_struct_sizes();
   test_spaco();
   test_busy();

@@ -209,8 +209,8 @@ IdArray Ids(const py::handle& obj, const std::string& what) { return Exact<int32
 LenArray Int64s(const py::handle& obj, const std::string& what) { return Exact<int64_t>(obj, what, "int64"); }
 F64Array Float64s(const py::handle& obj, const std::string& what) { return Exact<double>(obj, what, "float64"); }
 
-// Runs call(sg_metrics*) -> sg_status* with the GIL released, then re-raises what the progress callback raised, or
-// the status.
+// Runs call(sg_metrics*) -> sg_status* with the GIL released, then raises what the progress callback raised (as the
+// cause of a StepAppliedError when the call completed: its update is in place), or the status.
 template <typename F>
 py::dict CallTrainer(NativeTrainer& self, F&& call) {
   sg_metrics m = sg_metrics_init();
@@ -223,9 +223,10 @@ py::dict CallTrainer(NativeTrainer& self, F&& call) {
   }
   self.inflight.fetch_sub(1);
   if (!self.callback_error.is_none()) {
-    sg_status_free(st);
     py::object e = self.callback_error;
     self.callback_error = py::none();
+    if (!st) e = py::module_::import("seqgrad._errors").attr("step_applied")(sg_trainer_step_count(self.t), e);
+    sg_status_free(st);
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
     throw py::error_already_set();
   }

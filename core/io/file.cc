@@ -23,8 +23,10 @@ ReadFd::~ReadFd() {
   if (fd_ >= 0) close(fd_);
 }
 
+absl::StatusCode ErrnoCode(int err) { return absl::ErrnoToStatusCode(err); }
+
 absl::Status ErrnoStatus(int err, const std::string& what) {
-  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(what, ": ", std::strerror(err)));
+  return absl::Status(ErrnoCode(err), absl::StrCat(what, ": ", std::strerror(err)));
 }
 
 namespace {

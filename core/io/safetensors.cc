@@ -89,8 +89,7 @@ absl::StatusOr<std::shared_ptr<const ByteSource>> MapFile(const std::string& pat
   void* data = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int mmap_error = errno;
   if (data == MAP_FAILED) {
-    return absl::InternalError(
-        absl::StrCat(path, ": mmap failed: ", std::strerror(mmap_error)));
+    return ErrnoStatus(mmap_error, absl::StrCat(path, ": mmap failed"));
   }
   return std::make_shared<const MappedFile>(data, size);
 }
@@ -462,7 +461,7 @@ absl::StatusOr<std::string> BuildHeader(const std::string& target,
 
 absl::Status WriteFully(std::FILE* file, const void* data, size_t size, const std::string& path) {
   if (size > 0 && std::fwrite(data, 1, size, file) != size) {
-    return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat(path, ": write failed"));
   }
   return absl::OkStatus();
 }
@@ -473,15 +472,13 @@ absl::Status SyncDirectoryOf(const std::string& path) {
       slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": cannot open directory to sync: ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat(path, ": cannot open directory to sync"));
   }
   const int result = fsync(fd);
   const int sync_error = errno;
   close(fd);
   if (result != 0) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": directory fsync failed: ", std::strerror(sync_error)));
+    return ErrnoStatus(sync_error, absl::StrCat(path, ": directory fsync failed"));
   }
   return absl::OkStatus();
 }
@@ -491,8 +488,7 @@ absl::Status WriteTemporary(const std::string& temp_path, const std::string& hea
                             const std::vector<TensorToWrite>& tensors) {
   std::FILE* file = std::fopen(temp_path.c_str(), "wb");
   if (file == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(temp_path, ": cannot create: ", std::strerror(errno)));
+    return ErrnoStatus(errno, absl::StrCat(temp_path, ": cannot create"));
   }
   absl::Status status = WriteFully(file, header.data(), header.size(), temp_path);
   for (size_t i : DataOrder(tensors)) {
@@ -500,11 +496,10 @@ absl::Status WriteTemporary(const std::string& temp_path, const std::string& hea
     status = WriteFully(file, tensors[i].data, TensorByteSize(tensors[i]), temp_path);
   }
   if (status.ok() && (std::fflush(file) != 0 || fsync(fileno(file)) != 0)) {
-    status = absl::DataLossError(
-        absl::StrCat(temp_path, ": flush to disk failed: ", std::strerror(errno)));
+    status = ErrnoStatus(errno, absl::StrCat(temp_path, ": flush to disk failed"));
   }
   if (std::fclose(file) != 0 && status.ok()) {
-    status = absl::DataLossError(absl::StrCat(temp_path, ": close failed: ", std::strerror(errno)));
+    status = ErrnoStatus(errno, absl::StrCat(temp_path, ": close failed"));
   }
   return status;
 }
@@ -790,8 +785,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
     const int rename_error = errno;
     std::remove(temp_path.c_str());
-    return absl::DataLossError(absl::StrCat(path, ": cannot rename ", temp_path,
-                                            " into place: ", std::strerror(rename_error)));
+    return ErrnoStatus(rename_error, absl::StrCat(path, ": cannot rename ", temp_path, " into place"));
   }
   return SyncDirectoryOf(path);
 }

@@ -132,15 +132,28 @@ JModel* JM(jlong h) { return reinterpret_cast<JModel*>(h); }
 sg_model* M(jlong h) { return h ? JM(h)->m : nullptr; }
 JTrainer* T(jlong h) { return reinterpret_cast<JTrainer*>(h); }
 
+// Throws what the progress listener threw during a call, wrapped in StepAppliedException when the call completed
+// (its update is in place: a caller must not retry it).
+void ThrowListenerException(JNIEnv* env, JTrainer* jt, bool completed) {
+  jthrowable e = jt->pending;
+  jt->pending = nullptr;
+  jthrowable thrown = e;
+  if (completed) {
+    jclass cls = env->FindClass("org/seqgrad/StepAppliedException");
+    jmethodID ctor = cls ? env->GetMethodID(cls, "<init>", "(JLjava/lang/Throwable;)V") : nullptr;
+    const jlong step = sg_trainer_step_count(jt->t);
+    thrown = ctor ? static_cast<jthrowable>(env->NewObject(cls, ctor, step, e)) : nullptr;
+  }
+  if (thrown) env->Throw(thrown);  // else an error (no class, out of memory) is pending
+  env->DeleteGlobalRef(e);
+}
+
 // The metrics of a trainer call, or null with an exception pending: the progress listener's (thrown on this thread)
 // first, else the failed status's. Frees st.
 jdoubleArray Finish(JNIEnv* env, JTrainer* jt, sg_status* st, const sg_metrics& m) {
   if (jt && jt->pending && (st == nullptr || sg_status_code(st) != SG_ERR_BUSY)) {
+    ThrowListenerException(env, jt, st == nullptr);
     sg_status_free(st);
-    jthrowable e = jt->pending;
-    jt->pending = nullptr;
-    env->Throw(e);
-    env->DeleteGlobalRef(e);
     return nullptr;
   }
   if (Failed(env, st)) return nullptr;
@@ -393,6 +406,18 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
   if (grad) ++JM(h)->grad_views;
   return buffer;
   GUARD_END(nullptr)
+}
+
+// Bytes of the model's parameter values (the gradients hold as many; the optimizer's moments twice that).
+JNI_FN(jlong, modelParamBytes)(JNIEnv*, jclass, jlong h) {
+  jlong bytes = 0;
+  sg_param_info p = sg_param_info_init();
+  for (int64_t i = 0; i < sg_model_num_params(M(h)); ++i) {
+    sg_status* st = sg_model_param_info(M(h), i, &p);
+    if (!st) bytes += p.numel * ElementBytes(p.dtype);
+    sg_status_free(st);
+  }
+  return bytes;
 }
 
 JNI_FN(jboolean, paramOnDevice)(JNIEnv* env, jclass, jlong h, jlong i) {

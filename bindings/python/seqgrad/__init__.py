@@ -28,7 +28,8 @@ Labels follow Hugging Face's convention everywhere: aligned with ids (labels[t] 
 ignored), shifted by the engine (position t learns to predict labels[t + 1]), None = next-token labels (labels = ids).
 
 Everything goes through the stable C API (libseqgrad.so); errors raise seqgrad.SeqgradError subclasses carrying
-`.code`. Training steps release the GIL; Trainer.cancel() may be called from any thread. OpenMP threads wait
+`.code`. A progress callback that raises during a call that then completes makes the call raise
+seqgrad.StepAppliedError (the update is in place: do not retry the batch). Training steps release the GIL; Trainer.cancel() may be called from any thread. OpenMP threads wait
 passively (OMP_WAIT_POLICY=PASSIVE) unless the environment says otherwise, so idle threads do not spin on a machine
 shared with other processes; Trainer(num_threads=n) sets the thread count of a trainer's calls.
 """
@@ -42,12 +43,12 @@ import numpy as np
 from . import _native
 from ._errors import (BusyError, CancelledError, ClosedError, DataLossError, FailedPreconditionError, InternalError,
                       InvalidArgumentError, NotFoundError, OutOfRangeError, PermissionDeniedError,
-                      ResourceExhaustedError, SeqgradError, UnimplementedError)
+                      ResourceExhaustedError, SeqgradError, StepAppliedError, UnimplementedError)
 
 __all__ = [
     "Model", "Trainer", "SeqgradError", "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "CancelledError",
     "BusyError", "ResourceExhaustedError", "FailedPreconditionError", "InternalError", "ClosedError", "DataLossError",
-    "PermissionDeniedError", "UnimplementedError", "version", "MEMORY_CATEGORIES", "PRESETS", "LORA_TARGETS",
+    "PermissionDeniedError", "UnimplementedError", "StepAppliedError", "version", "MEMORY_CATEGORIES", "PRESETS", "LORA_TARGETS",
 ]
 
 __version__ = "%d.%d.%d" % (_native.VERSION_MAJOR, _native.VERSION_MINOR, _native.VERSION_PATCH)
@@ -292,6 +293,12 @@ def _thread_count(n):
     return int(n)
 
 
+def _check_callback(fn, what):
+    if fn is not None and not callable(fn):
+        raise InvalidArgumentError("%s must be a callable taking a dict (step, loss, tokens, grad_norm, phase) or None, "
+                                   "got %r" % (what, fn))
+
+
 def _tp_size(n):
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= np.iinfo(np.int32).max:
         raise InvalidArgumentError("tp must be an integer >= 1 (1 = no tensor parallelism), got %r" % (n,))
@@ -385,6 +392,7 @@ class Trainer:
                  total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0, tp=1):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
+        _check_callback(progress, "progress")
         if adjoint_window is None:
             adjoint_window = _NO_ADJOINT_WINDOW
         elif isinstance(adjoint_window, bool) or not isinstance(adjoint_window, (int, np.integer)):
@@ -413,7 +421,11 @@ class Trainer:
         return self._native
 
     def set_progress_callback(self, fn):
-        """fn(dict(step, loss, tokens, grad_norm, phase)) is called on the stepping thread after each phase."""
+        """fn(dict(step, loss, tokens, grad_norm, phase)) is called on the stepping thread after each phase; None
+        removes it. What fn raises ends the call's callbacks; when the call then completes (its step or gradients are
+        in place) the call raises StepAppliedError (its __cause__ is fn's exception, .step the step count): do not
+        retry it. When the call fails, fn's exception is raised as it is."""
+        _check_callback(fn, "fn")
         self._get().set_callback(fn)
 
     def _batch(self, ids, labels):

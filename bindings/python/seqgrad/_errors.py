@@ -91,6 +91,25 @@ class ClosedError(FailedPreconditionError, ValueError):
     code = FAILED_PRECONDITION
 
 
+class StepAppliedError(Exception):
+    """The progress callback raised during a trainer call that then completed: its update is in place (the optimizer
+    step, the accumulated micro-batch or the gradients), so retrying the call would apply the batch twice.
+    `.step` is the trainer's step count after the call; `__cause__` is what the callback raised. Not a SeqgradError:
+    the engine did not fail. A callback exception in a call that failed is raised as it is."""
+
+    def __init__(self, step, cause):
+        super().__init__("the call completed (step count %d; do not retry it) but the progress callback raised %s: %s"
+                         % (step, type(cause).__name__, cause))
+        self.step = step
+
+
+def step_applied(step, cause):
+    """The StepAppliedError of a completed call whose callback raised `cause` (called by the native module)."""
+    e = StepAppliedError(step, cause)
+    e.__cause__ = cause
+    return e
+
+
 _BY_CODE = {
     c.code: c
     for c in (InvalidArgumentError, NotFoundError, OutOfRangeError, CancelledError, BusyError,

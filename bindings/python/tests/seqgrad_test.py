@@ -378,15 +378,37 @@ def test_busy_from_two_threads(model):
         assert results["a"] > 0
 
 
-def test_callback_exception_propagates(model):
+@pytest.mark.parametrize("phase", ["gradients", "optimizer"])
+def test_callback_exception_says_the_step_was_applied(model, phase):
+    """A callback that raises after the update: StepAppliedError, so that a caller does not apply the batch twice."""
+    boom = RuntimeError("boom")
+
     def bad(p):
-        raise RuntimeError("boom")
+        if p["phase"] == phase:
+            raise boom
 
     with seqgrad.Trainer(model, progress=bad) as tr:
-        with pytest.raises(RuntimeError, match="boom"):
+        before = model.parameters()["model.norm.weight"].copy()
+        with pytest.raises(seqgrad.StepAppliedError, match="do not retry") as e:
             tr.step(BATCH)
+        assert e.value.__cause__ is boom and e.value.step == 1 and tr.step_count == 1
+        assert not isinstance(e.value, seqgrad.SeqgradError)
+        assert not np.array_equal(before, model.parameters()["model.norm.weight"])  # the weights moved
         tr.set_progress_callback(None)
         tr.step(BATCH)
+        assert tr.step_count == 2
+
+
+def test_progress_must_be_callable(model):
+    """Refused when the trainer is made, not by the first step after its update."""
+    for bad in (True, 1, "print"):
+        with pytest.raises(seqgrad.InvalidArgumentError, match="progress must be a callable"):
+            seqgrad.Trainer(model, progress=bad)
+    with seqgrad.Trainer(model) as tr:
+        with pytest.raises(seqgrad.InvalidArgumentError, match="fn must be a callable"):
+            tr.set_progress_callback(True)
+        tr.step(BATCH)
+        assert tr.step_count == 1
 
 
 def test_gil_released_during_step(model):

@@ -5,6 +5,10 @@
  *  - Every fallible function returns sg_status*: NULL means success. A non-NULL status is owned by the caller,
  *    who reads it with sg_status_code()/sg_status_message() and frees it with sg_status_free().
  *    C++ exceptions never cross this boundary.
+ *  - A failed system call (saving, loading, reading data) gives the code its errno maps to, the same in every
+ *    function: ENOENT SG_ERR_NOT_FOUND, EACCES/EPERM/EROFS SG_ERR_PERMISSION_DENIED, ENOTDIR/EISDIR
+ *    SG_ERR_FAILED_PRECONDITION, ENOSPC/EDQUOT SG_ERR_RESOURCE_EXHAUSTED, EEXIST SG_ERR_ALREADY_EXISTS, EIO
+ *    SG_ERR_UNKNOWN (absl::ErrnoToStatusCode); its message names the path and ends with strerror's text.
  *  - Every *_free function accepts NULL. Using a handle after it was freed is undefined behaviour (it cannot be
  *    detected); passing a NULL handle or a NULL required pointer returns SG_ERR_INVALID_ARGUMENT naming it.
  *  - Option structs come from sg_*_default_options() and start with `size_t struct_size`. New fields are only ever
@@ -290,6 +294,10 @@ SG_API sg_status* sg_model_load_lora_adapter(sg_model* model, const char* dir);
 
 typedef struct sg_trainer sg_trainer;
 
+/* Since 0.7: the most threads sg_trainer_options.num_threads may ask for (more is refused: OpenMP would try to start
+ * them all, far past any machine's cores). */
+#define SG_MAX_THREADS 1024
+
 typedef struct sg_trainer_options {
   size_t struct_size;   /* sizeof(sg_trainer_options) of the header the caller compiled with */
   const char* strategy; /* "full" | "ckpt" | "seco" | "spaco" | "streambp" (since 0.3) | "adjoint" (since 0.4; SSM
@@ -354,8 +362,8 @@ typedef struct sg_trainer_options {
                               bits (default 0) */
   /* Since 0.7 (the field was reserved_0_6, which had to be zero: 0.6 callers get the default). */
   int32_t num_threads;     /* OpenMP/OpenBLAS threads of this trainer's calls, set on the calling thread around each
-                              call and restored after it; >= 0 (default 0: the caller's, i.e. OMP_NUM_THREADS or one
-                              per core). Recorded in checkpoints: a resume with another count works but is no longer
+                              call and restored after it; 0 .. SG_MAX_THREADS (default 0: the caller's, i.e.
+                              OMP_NUM_THREADS or one per core). Recorded in checkpoints: a resume with another count works but is no longer
                               bit-identical to an uninterrupted run (reductions split differently), which
                               sg_trainer_load_checkpoint/resume report as a warning on stderr */
   /* Since 0.7 (appended after num_threads; the size without it is still accepted: tp = 1): tensor parallelism. */
@@ -630,8 +638,8 @@ SG_API sg_status* sg_trainer_accumulate_gradients_grpo(sg_trainer* trainer, cons
 /* Writes <out_dir>/checkpoint-<sg_trainer_step_count(trainer)> (out_dir is created if missing; an existing
  * checkpoint of that step is replaced), then keeps it and the keep - 1 newest others (keep = 0: keep all).
  * data_position (>= 0): where the caller is in its training data (e.g. records consumed), returned by load/resume.
- * Errors: SG_ERR_INVALID_ARGUMENT (NULL, data_position < 0, keep < 0), SG_ERR_PERMISSION_DENIED or SG_ERR_DATA_LOSS
- * (cannot create or write), SG_ERR_BUSY. */
+ * Errors: SG_ERR_INVALID_ARGUMENT (NULL, data_position < 0, keep < 0), the code of the errno when out_dir or a file
+ * cannot be created or written (see Conventions), SG_ERR_BUSY. */
 SG_API sg_status* sg_trainer_save_checkpoint(sg_trainer* trainer, const char* out_dir, int64_t data_position,
                                              int64_t keep);
 /* Restores a checkpoint directory (a checkpoint-<step> written by sg_trainer_save_checkpoint) into the trainer: its

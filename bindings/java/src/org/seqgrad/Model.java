@@ -25,7 +25,7 @@ import java.util.function.IntFunction;
  */
 public final class Model extends NativeHandle {
   private Model(long h) {
-    super(h, "Model", NativeApi::modelFree);
+    super(h, "Model", NativeApi::modelFree, 2 * NativeApi.modelParamBytes(h));  // values and gradients
   }
 
   /**

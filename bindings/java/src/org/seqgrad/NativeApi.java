@@ -108,6 +108,8 @@ final class NativeApi {
   static native long gradViews(long h);
   /** Native models and trainers alive in this process (JNI objects). */
   static native long liveHandles();
+  /** Bytes of the model's parameter values. */
+  static native long modelParamBytes(long h);
   static native long modelVocabSize(long h);
   static native long modelNumParams(long h);
   static native long modelHiddenSize(long h);

@@ -199,8 +199,8 @@ public final class Trainer extends NativeHandle {
 
   private volatile ProgressListener listener;
 
-  private Trainer(long h) {
-    super(h, "Trainer", NativeApi::trainerFree);
+  private Trainer(long h, long modelParamBytes) {
+    super(h, "Trainer", NativeApi::trainerFree, 2 * modelParamBytes);  // the optimizer's two moments
   }
 
   /**
@@ -222,7 +222,7 @@ public final class Trainer extends NativeHandle {
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
           o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
           o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads, o.tp);
-      Trainer t = holder.bind(new Trainer(h));
+      Trainer t = holder.bind(new Trainer(h, NativeApi.modelParamBytes(mh)));
       if (o.reference != null) {
         try {
           t.setReference(o.reference);
@@ -264,7 +264,9 @@ public final class Trainer extends NativeHandle {
   /**
    * Receives progress events of this trainer's calls.
    *
-   * @param l the listener; null = none. An exception it throws is rethrown by the call.
+   * @param l the listener; null = none. An exception it throws ends the call's events; when the call then completes
+   *     (its step or gradients are in place), the call throws {@link StepAppliedException} with that exception as
+   *     its cause, so that a caller does not retry the batch; when the call fails, the exception itself.
    */
   public void setProgressListener(ProgressListener l) {
     listener = l;

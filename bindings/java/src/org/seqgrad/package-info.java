@@ -10,6 +10,7 @@
  * Parameter and gradient views keep their model's memory alive (see {@link org.seqgrad.Model}). Failures throw a
  * subclass of {@link org.seqgrad.SeqgradException} for each status code of the C ABI; null arguments throw {@link
  * org.seqgrad.InvalidArgumentException} naming them; use of a closed handle throws {@link
- * java.lang.IllegalStateException}.
+ * java.lang.IllegalStateException}. A progress listener's exception in a call that completed comes as {@link
+ * org.seqgrad.StepAppliedException}: the call's update is in place, so do not retry it.
  */
 package org.seqgrad;

@@ -3,8 +3,10 @@ package org.seqgrad;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -357,16 +359,33 @@ class SeqgradTest {
     }
   }
 
+  /** A listener that throws after the update says the step was applied (a retry would apply the batch twice). */
   @Test
-  void listenerExceptionPropagates() {
-    try (Model m = Model.fromPreset("tiny"); Trainer t = Trainer.create(m, new Trainer.Options())) {
-      t.setProgressListener((step, loss, tokens, gn, phase) -> {
-        throw new IllegalArgumentException("boom");
-      });
-      assertThrows(IllegalArgumentException.class, () -> t.step(List.of(A)));
-      t.setProgressListener(null);
-      t.step(List.of(A));
-      assertNull(null);
+  void listenerExceptionSaysTheStepWasApplied() {
+    for (int throwingPhase = 0; throwingPhase < 2; ++throwingPhase) {
+      final int phaseToThrow = throwingPhase;
+      try (Model m = Model.fromPreset("tiny"); Trainer t = Trainer.create(m, new Trainer.Options())) {
+        int last = m.numParams() - 1;  // the final norm or head: every step moves it
+        float before = m.param(last).getFloat(0);
+        IllegalArgumentException boom = new IllegalArgumentException("boom");
+        t.setProgressListener((step, loss, tokens, gn, phase) -> {
+          if (phase == phaseToThrow) throw boom;
+        });
+        StepAppliedException e = assertThrows(StepAppliedException.class, () -> t.step(List.of(A)));
+        assertSame(boom, e.getCause());
+        assertEquals(1, e.getStep(), "phase " + phaseToThrow);
+        assertEquals(1, t.stepCount());
+        assertNotEquals(before, m.param(last).getFloat(0), "the weights moved");
+        assertTrue(e.getMessage().contains("do not retry"), e.getMessage());
+
+        if (phaseToThrow == 0) {  // the gradients are in place too
+          e = assertThrows(StepAppliedException.class, () -> t.computeGradients(A, null, new long[] {A.length}));
+          assertEquals(1, e.getStep());
+        }
+        t.setProgressListener(null);
+        t.step(List.of(A));
+        assertEquals(2, t.stepCount());
+      }
     }
   }
 
