@@ -1,5 +1,5 @@
 #!/bin/bash
-# README's "End to end: chats to a PEFT adapter", command for command: a tiny Hugging Face Llama directory (with its
+# docs/lora.md#end-to-end-chats-to-a-peft-adapter, command for command: a tiny Hugging Face Llama directory (with its
 # tokenizer) -> python -m seqgrad.data (chats, packed to 2048 tokens) -> LoRA with seco at chunk 128 through
 # examples:train and through the Java pipeline -> each adapter loaded by peft.PeftModel.from_pretrained, whose loss
 # on the prepared data must equal the engine's and differ from the base model's (peft_check.py).
