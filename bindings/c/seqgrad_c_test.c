@@ -1171,10 +1171,12 @@ static void test_ssm(void) {
 
 /* ---- 0.4: adjoint (adjoint sharding for SSMs) ---- */
 
-/* (t, i) pairs per channel summed over layers for the test batch (two sequences of SEQ tokens), window w. */
+/* (t, i) pairs per channel summed over layers for the test batch (two sequences of SEQ tokens: SEQ - 1 positions, the
+ * last token being only a label), window w. */
 static int64_t adjoint_pairs(int64_t layers, int64_t w) {
-  if (w > SEQ) w = SEQ;
-  return 2 * layers * (w * SEQ - w * (w - 1) / 2);
+  const int64_t positions = SEQ - 1;
+  if (w > positions) w = positions;
+  return 2 * layers * (w * positions - w * (w - 1) / 2);
 }
 
 /* Gradients (f64) of one compute_gradients with strategy "adjoint" over the test batch (chunks of `chunk`). */
@@ -1234,7 +1236,7 @@ static void test_adjoint(void) {
   EXPECT_OK(sg_model_create_preset("tiny-ssm", "f64", 3, &m));
   if (!m) return;
   layers = sg_model_num_layers(m);
-  CHECK(adjoint_pairs(layers, INT64_MAX) == 3 * 2 * (SEQ * (SEQ + 1) / 2));
+  CHECK(adjoint_pairs(layers, INT64_MAX) == 3 * 2 * ((SEQ - 1) * SEQ / 2));
 
   /* full as the reference: exact forms and windows at least the sequence give its gradients. */
   o.chunk = 8;
@@ -1272,7 +1274,7 @@ static void test_adjoint(void) {
   met = sg_metrics_init();
   g = adjoint_grads(m, "pairs", 4, 8, &met, &n2);
   CHECK(g && n2 == n);
-  CHECK(met.adjoint_pairs == adjoint_pairs(layers, 4) && met.adjoint_pairs == 2 * 3 * (4 * SEQ - 6));
+  CHECK(met.adjoint_pairs == adjoint_pairs(layers, 4) && met.adjoint_pairs == 2 * 3 * (4 * (SEQ - 1) - 6));
   CHECK(fabs(met.loss - ref.loss) <= 1e-12 * fabs(ref.loss));
   if (g && full) {
     err = max_param_rel_diff(m, g, full);

@@ -167,6 +167,16 @@ absl::Status ParseRopeFactor(const FieldReader& rope, TransformerConfig& config)
                                            "positions)"));
 }
 
+// A RoPE block as transformers reads it: its type under "rope_type", its rope_theta, else the top-level one.
+json StandardRopeBlock(const json& block, double rope_theta) {
+  json out = block;
+  if (!out.is_object()) return out;
+  if (!out.contains("rope_type") && out.contains("type")) out["rope_type"] = out["type"];
+  out.erase("type");
+  if (!out.contains("rope_theta") || out["rope_theta"].is_null()) out["rope_theta"] = rope_theta;
+  return out;
+}
+
 // Dynamic RoPE's base must stay finite up to this sequence length (tokens).
 constexpr int64_t kLongestDynamicRopeCheck = int64_t{1} << 31;
 
@@ -178,7 +188,8 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
   const json* parameters = fields.Get("rope_parameters");
   const json* legacy = fields.Get("rope_scaling");
-  if (parameters && legacy && *parameters != *legacy)
+  if (parameters && legacy &&
+      StandardRopeBlock(*parameters, config.rope_theta) != StandardRopeBlock(*legacy, config.rope_theta))
     return fields.Error("rope_scaling", "and field 'rope_parameters' are both given and differ; transformers 5.23 "
                                         "would use rope_scaling and drop rope_parameters, its rope_theta included: "
                                         "keep one");

@@ -453,6 +453,15 @@ TEST(HfConfigErrorTest, RopeBlocksTransformersWarnsAboutOrIgnores) {
   absl::StatusOr<TransformerConfig> same_block = Parse(qwen3 + R"({"rope_type": "default", "rope_theta": 1e6}})");
   ASSERT_TRUE(same_block.ok()) << same_block.status();
   EXPECT_EQ(same_block->rope_theta, 1e6);
+  // Read as transformers reads them: the old "type", and the top-level rope_theta where a block has none.
+  absl::StatusOr<TransformerConfig> same_reading =
+      Parse(MinimalLlama(R"(, "rope_theta": 5e5, "rope_parameters": {"rope_type": "linear", "factor": 2},
+                            "rope_scaling": {"type": "linear", "factor": 2.0, "rope_theta": 500000})"));
+  ASSERT_TRUE(same_reading.ok()) << same_reading.status();
+  EXPECT_EQ(same_reading->rope_theta, 5e5);
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_theta": 5e5, "rope_parameters": {"rope_type": "linear",
+                            "factor": 2}, "rope_scaling": {"type": "linear", "factor": 2, "rope_theta": 1e4})")),
+                      {"config.json: field 'rope_scaling' and field 'rope_parameters' are both given and differ"});
   ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 1e300})")),
                       {"config.json: field 'rope_scaling.factor' is 1e+300: dynamic RoPE's base overflows"});
   absl::StatusOr<TransformerConfig> large = Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic",

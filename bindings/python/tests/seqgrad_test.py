@@ -635,9 +635,10 @@ def test_ssm_trains(strategy):
 # ---- 0.4: adjoint (adjoint sharding for SSMs) ----
 
 def _adjoint_pairs(lengths, layers, window=None):
-    """(t, i) pairs per channel summed over layers: w*T - w*(w-1)/2 per layer and sequence (window w <= T)."""
+    """(t, i) pairs per channel summed over layers: w*T - w*(w-1)/2 per layer and sequence (window w <= T) of T =
+    length - 1 positions (its last token is only a label)."""
     total = 0
-    for T in lengths:
+    for T in (n - 1 for n in lengths):
         w = T if window is None else min(window, T)
         total += layers * (w * T - w * (w - 1) // 2)
     return total
@@ -651,7 +652,7 @@ def test_adjoint_matches_full_on_ssm():
             ref_grads = _grads(model)
         assert ref["adjoint_pairs"] == 0
         no_window = _adjoint_pairs(lengths, model.num_layers)
-        assert no_window == 3 * (24 * 25 // 2 + 16 * 17 // 2)
+        assert no_window == 3 * (23 * 24 // 2 + 15 * 16 // 2)
         cases = [dict(chunk=8), dict(chunk=5, adjoint_form="pairs", adjoint_window=None),
                  dict(chunk=8, adjoint_window=24), dict(chunk=8, adjoint_window=1000),
                  dict(chunk=8, adjoint_form="scan")]
@@ -661,7 +662,7 @@ def test_adjoint_matches_full_on_ssm():
                 _assert_grads_close(_grads(model), ref_grads, 1e-10)
                 assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12) and m["tokens"] == ref["tokens"], kw
                 assert m["adjoint_pairs"] == (0 if kw.get("adjoint_form") == "scan" else no_window), kw
-                assert m["chunks"] == m["chunks_backpropagated"] == sum(-(-T // kw["chunk"]) for T in lengths)
+                assert m["chunks"] == m["chunks_backpropagated"] == sum(-(-(T - 1) // kw["chunk"]) for T in lengths)
                 assert tr.evaluate(BATCH)["adjoint_pairs"] == 0
         with seqgrad.Trainer(model, strategy="adjoint", chunk=8, page_size=8) as tr:
             tr.compute_gradients(BATCH)
@@ -681,7 +682,7 @@ def test_adjoint_truncated_window_and_training():
                 m = tr.compute_gradients(BATCH)
                 grads = _grads(model)
             assert m["adjoint_pairs"] == _adjoint_pairs(lengths, model.num_layers, w) == \
-                model.num_layers * sum(w * T - w * (w - 1) // 2 for T in lengths)
+                model.num_layers * sum(w * (T - 1) - w * (w - 1) // 2 for T in lengths)
             assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12)  # the forward pass is not truncated
             err = max(np.max(np.abs(grads[k] - ref_grads[k])) / (np.max(np.abs(ref_grads[k])) + 1e-30)
                       for k in ref_grads)
