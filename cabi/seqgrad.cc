@@ -226,6 +226,7 @@ constexpr size_t kMetricsSize0_6 = offsetof(sg_metrics, peak_bytes_master_weight
 constexpr size_t kParamInfoSize0_6 = offsetof(sg_param_info, on_device);
 constexpr size_t kTrainerOptionsSize0_6 = offsetof(sg_trainer_options, tp);  // = 0.7 before tp
 constexpr size_t kMetricsSize0_7 = offsetof(sg_metrics, tp);                 // 0.7 before tp
+constexpr size_t kTrainerOptionsSize0_7 = offsetof(sg_trainer_options, grpo_kl_bias_correction);  // 0.7 with tp
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
@@ -236,7 +237,8 @@ static_assert(kTrainerOptionsSize0_5 == 328 && kMetricsSize0_6 == 224 && sizeof(
 static_assert(kMetricsSize0_7 == 240, "the 0.7 (LP64) sg_metrics changed: append only");
 static_assert(kTrainerOptionsSize0_6 == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
               "reserved_0_6 to num_threads, the same size)");
-static_assert(sizeof(sg_metrics) == 256 && sizeof(sg_trainer_options) == 352, "the 0.7 (LP64) layouts with tp");
+static_assert(sizeof(sg_metrics) == 256 && kTrainerOptionsSize0_7 == 352, "the 0.7 (LP64) layouts with tp");
+static_assert(sizeof(sg_trainer_options) == 360, "the 0.7 (LP64) layout with grpo_kl_bias_correction");
 
 struct PublishedSize {
   const char* version;
@@ -1100,6 +1102,7 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.dpo_beta = obj.dpo_beta;
   o.grpo_clip_eps = obj.grpo_clip_eps;
   o.grpo_kl_beta = obj.grpo_kl_beta;
+  o.grpo_kl_bias_correction = obj.grpo_kl_bias_correction ? 1 : 0;
   o.lr = oo.lr;
   o.beta1 = oo.beta1;
   o.beta2 = oo.beta2;
@@ -1126,7 +1129,8 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
   if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
                                      {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
                                       {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
-                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6}}))
+                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6},
+                                      {"0.7 (before grpo_kl_bias_correction)", kTrainerOptionsSize0_7}}))
     return s;
   for (uint64_t r : options->reserved)
     if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -1176,6 +1180,8 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
     obj.grpo_clip_eps = options->grpo_clip_eps;
     obj.grpo_kl_beta = options->grpo_kl_beta;
   }
+  // Callers built before the field keep the plain k3 they were built for.
+  obj.grpo_kl_bias_correction = options->struct_size > kTrainerOptionsSize0_7 && options->grpo_kl_bias_correction;
   if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
     return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
   if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))

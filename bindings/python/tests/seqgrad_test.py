@@ -509,6 +509,38 @@ def _groups(kl=True):
     return out
 
 
+def test_grpo_kl_bias_correction():
+    """The KL term is r k3 by default (TRL's use_bias_correction_kl), k3 with grpo_kl_bias_correction=False: each
+    loss equals its formula over the log-probs score() gives, and the two differ."""
+    groups = _groups()
+    beta, eps = 0.5, 0.2
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=1) as model:
+        with seqgrad.Trainer(model) as scorer:
+            logprobs = [[scorer.score([c["ids"]], [c["labels"]])[0] for c in g] for g in groups]
+
+        def expected(corrected):
+            per_group = []
+            for g, group in enumerate(groups):
+                total = 0.0
+                for c, lp in zip(group, logprobs[g]):
+                    on = np.array(c["labels"]) >= 0
+                    lp, old, ref = lp[on], np.array(c["old_logprobs"])[on], np.array(c["ref_logprobs"])[on]
+                    r, x, a = np.exp(lp - old), ref - lp, c["advantage"]
+                    k3 = np.exp(x) - x - 1
+                    term = -np.minimum(r * a, np.clip(r, 1 - eps, 1 + eps) * a) + beta * (r * k3 if corrected else k3)
+                    total += term.sum() / on.sum()
+                per_group.append(total / len(group))
+            return np.mean(per_group)
+
+        losses = {}
+        for kw in ({}, {"grpo_kl_bias_correction": True}, {"grpo_kl_bias_correction": False}):
+            with seqgrad.Trainer(model, objective="grpo", grpo_clip_eps=eps, grpo_kl_beta=beta, **kw) as tr:
+                losses[kw.get("grpo_kl_bias_correction", "default")] = tr.compute_gradients_grpo(groups)["loss"]
+    assert losses["default"] == losses[True] == pytest.approx(expected(True), rel=1e-12)
+    assert losses[False] == pytest.approx(expected(False), rel=1e-12)
+    assert abs(losses[True] - losses[False]) > 1e-6
+
+
 def test_grpo_steps(model):
     with seqgrad.Model.from_preset("tiny", seed=1) as reference:
         # Ratio 1 (no old log-probs), no KL: the loss is -(mean over groups of the mean advantage).

@@ -523,6 +523,23 @@ class SeqgradTest {
   }
 
   @Test
+  void grpoKlBiasCorrectionReachesTheLibrary() {
+    assertTrue(new Trainer.Options().grpoKlBiasCorrection, "on by default, as TRL's use_bias_correction_kl");
+    try (Model m = Model.fromPreset("tiny", "f64", 1)) {
+      Trainer.Options[] options = {new Trainer.Options(), new Trainer.Options().grpoKlBiasCorrection(true),
+          new Trainer.Options().grpoKlBiasCorrection(false)};
+      double[] loss = new double[options.length];
+      for (int k = 0; k < options.length; ++k) {
+        try (Trainer t = Trainer.create(m, options[k].objective("grpo").grpoKlBeta(0.5))) {
+          loss[k] = t.computeGradientsGrpo(groups(true)).loss;
+        }
+      }
+      assertEquals(loss[1], loss[0], 0.0);
+      assertTrue(Math.abs(loss[1] - loss[2]) > 1e-6, loss[1] + " vs " + loss[2]);
+    }
+  }
+
+  @Test
   void objectiveErrorsAreTyped() {
     try (Model m = Model.fromPreset("tiny", "f32", 1); Trainer t =
              Trainer.create(m, new Trainer.Options().objective("grpo"))) {
