@@ -237,6 +237,7 @@ constexpr size_t kMetricsSize0_6 = offsetof(sg_metrics, peak_bytes_master_weight
 constexpr size_t kParamInfoSize0_6 = offsetof(sg_param_info, on_device);
 constexpr size_t kTrainerOptionsSize0_6 = offsetof(sg_trainer_options, tp);  // = 0.7 before tp
 constexpr size_t kMetricsSize0_7 = offsetof(sg_metrics, tp);                 // 0.7 before tp
+constexpr size_t kTrainerOptionsSize0_7 = offsetof(sg_trainer_options, grpo_kl_bias_correction);  // 0.7 with tp
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_3 == 272, "the 0.3 (LP64) layout changed: append only");
@@ -247,7 +248,8 @@ static_assert(kTrainerOptionsSize0_5 == 328 && kMetricsSize0_6 == 224 && sizeof(
 static_assert(kMetricsSize0_7 == 240, "the 0.7 (LP64) sg_metrics changed: append only");
 static_assert(kTrainerOptionsSize0_6 == 344, "the 0.6 (LP64) layout changed: append only (0.7 renamed "
               "reserved_0_6 to num_threads, the same size)");
-static_assert(sizeof(sg_metrics) == 256 && sizeof(sg_trainer_options) == 352, "the 0.7 (LP64) layouts with tp");
+static_assert(sizeof(sg_metrics) == 256 && kTrainerOptionsSize0_7 == 352, "the 0.7 (LP64) layouts with tp");
+static_assert(sizeof(sg_trainer_options) == 360, "the 0.7 (LP64) layout with grpo_kl_bias_correction");
 
 struct PublishedSize {
   const char* version;
@@ -359,18 +361,27 @@ void Report(sg_trainer* t, const sg::StepMetrics& m, int phase) {
   t->progress(t->progress_user, &p);  // a C callback: must not throw
 }
 
-// The engine's labels of one sequence of n tokens (position t predicts its label) from the C API's, which follow
-// Hugging Face: aligned with ids, shifted here, so position t predicts hf[t + 1] and the last position nothing;
-// hf NULL: next-token labels (hf = ids).
-std::vector<int32_t> ShiftedLabels(const int32_t* ids, const int32_t* hf, int64_t n) {
+// The engine's sequence of one C API sequence of n tokens, whose labels follow Hugging Face: aligned with ids (hf
+// NULL: next-token labels, hf = ids). Its inputs are ids[0, n - 1), position t predicting hf[t + 1]: the last token
+// is only a label, as in the JSONL path, so transformers' len(input_ids), from which dynamic RoPE scales, is n
+// (TransformerModel::TokensOfSequence). n = 1 leaves no position: empty.
+sg::Sequence EngineSequence(const int32_t* ids, const int32_t* hf, int64_t n) {
   const int32_t* src = hf ? hf : ids;
-  std::vector<int32_t> out(n, -100);
-  for (int64_t t = 0; t + 1 < n; ++t) out[t] = src[t + 1];
-  return out;
+  sg::Sequence q;
+  q.ids.assign(ids, ids + n - 1);
+  q.labels.assign(src + 1, src + n);
+  return q;
 }
 
-// Builds the batch from the flat arrays, checking each argument; a batch without any label is refused unless
-// allow_unlabelled.
+// The sequences with positions: the engine refuses empty ones (C API sequences of one token).
+std::vector<sg::Sequence> WithPositions(std::vector<sg::Sequence> batch) {
+  batch.erase(std::remove_if(batch.begin(), batch.end(), [](const sg::Sequence& q) { return q.ids.empty(); }),
+              batch.end());
+  return batch;
+}
+
+// Builds the batch from the flat arrays (one engine sequence per C sequence, empty for one token), checking each
+// argument; a batch without any label is refused unless allow_unlabelled.
 sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                       const int64_t* lengths, int64_t num_sequences, std::vector<sg::Sequence>* batch,
                       bool allow_unlabelled = false) {
@@ -404,8 +415,7 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
   for (int64_t s = 0; s < num_sequences; ++s) {
     sg::Sequence& q = (*batch)[s];
     const int64_t n = lengths[s];
-    q.ids.assign(ids + off, ids + off + n);
-    q.labels = ShiftedLabels(ids + off, labels ? labels + off : nullptr, n);
+    q = EngineSequence(ids + off, labels ? labels + off : nullptr, n);
     for (int32_t l : q.labels) any_label |= l >= 0;
     off += n;
   }
@@ -497,16 +507,18 @@ absl::StatusOr<sg::StepMetrics> Score(sg::Trainer& trainer, const std::vector<sg
   sg::StepMetrics m;
   double sum = 0;
   for (const sg::Sequence& q : batch) {
-    absl::StatusOr<std::vector<double>> lp = trainer.TokenLogprobs(trainer.model(), q);
-    if (!lp.ok()) return lp.status();
     logprobs[0] = NAN;
-    for (size_t t = 0; t + 1 < q.ids.size(); ++t) {
-      logprobs[t + 1] = q.labels[t] >= 0 ? (*lp)[t] : NAN;
-      if (q.labels[t] < 0) continue;
-      sum += (*lp)[t];
-      ++m.tokens;
+    if (!q.ids.empty()) {
+      absl::StatusOr<std::vector<double>> lp = trainer.TokenLogprobs(trainer.model(), q);
+      if (!lp.ok()) return lp.status();
+      for (size_t t = 0; t < q.ids.size(); ++t) {
+        logprobs[t + 1] = q.labels[t] >= 0 ? (*lp)[t] : NAN;
+        if (q.labels[t] < 0) continue;
+        sum += (*lp)[t];
+        ++m.tokens;
+      }
     }
-    logprobs += q.ids.size();
+    logprobs += q.ids.size() + 1;
   }
   m.loss = m.tokens > 0 ? -sum / static_cast<double>(m.tokens) : NAN;
   return m;
@@ -530,10 +542,10 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const in
   sg::Trainer& trainer = *t->trainer;
   return Run(fn, t, forward_only ? Call::kEvaluate : call, false, out, [] { return static_cast<sg_status*>(nullptr); },
              [&]() -> absl::StatusOr<sg::StepMetrics> {
-               if (call == Call::kEvaluate) return trainer.EvaluateLoss(batch);
                if (call == Call::kScore) return Score(trainer, batch, logprobs);
+               if (call == Call::kEvaluate) return trainer.EvaluateLoss(WithPositions(std::move(batch)));
                sg::Batch whole;
-               whole.sequences = std::move(batch);
+               whole.sequences = WithPositions(std::move(batch));
                return sg::cabi::Gradients(trainer, t->tp.get(), whole, call == Call::kAccumulate);
              });
 }
@@ -563,8 +575,7 @@ sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, i
       return Invalid(absl::StrCat(fn, ": ", a.labels_name, "[", i, "][", k, "] = ", labels[k],
                                   " is neither -100 nor in [0, ", vocab, ")"));
   }
-  out->ids.assign(ids, ids + n);
-  out->labels = ShiftedLabels(ids, labels, n);
+  *out = EngineSequence(ids, labels, n);
   for (int32_t l : out->labels)
     if (l >= 0) return nullptr;
   if (labels)
@@ -689,7 +700,7 @@ sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, c
         if (!lp) continue;  // absent
         // Given aligned with the C API's labels (entry t for label t); the engine's position t - 1 predicts it.
         const int64_t n = lengths[c];
-        dst[k]->assign(n, NAN);
+        dst[k]->assign(n - 1, NAN);
         for (int64_t pos = 0; pos + 1 < n; ++pos) {
           if (comp.seq.labels[pos] < 0) continue;
           if (!std::isfinite(lp[pos + 1]))
@@ -1102,6 +1113,7 @@ sg_trainer_options sg_trainer_default_options(void) {
   o.dpo_beta = obj.dpo_beta;
   o.grpo_clip_eps = obj.grpo_clip_eps;
   o.grpo_kl_beta = obj.grpo_kl_beta;
+  o.grpo_kl_bias_correction = obj.grpo_kl_bias_correction ? 1 : 0;
   o.lr = oo.lr;
   o.beta1 = oo.beta1;
   o.beta2 = oo.beta2;
@@ -1128,7 +1140,8 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
   if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_trainer_options),
                                      {{"0.1", kTrainerOptionsSize0_1}, {"0.2", kTrainerOptionsSize0_2},
                                       {"0.3", kTrainerOptionsSize0_3}, {"0.4", kTrainerOptionsSize0_4},
-                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6}}))
+                                      {"0.5", kTrainerOptionsSize0_5}, {"0.6", kTrainerOptionsSize0_6},
+                                      {"0.7 (before grpo_kl_bias_correction)", kTrainerOptionsSize0_7}}))
     return s;
   for (uint64_t r : options->reserved)
     if (r != 0) return Invalid(absl::StrCat(fn, ": options->reserved must be zero"));
@@ -1178,6 +1191,8 @@ static sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_traine
     obj.grpo_clip_eps = options->grpo_clip_eps;
     obj.grpo_kl_beta = options->grpo_kl_beta;
   }
+  // Callers built before the field keep the plain k3 they were built for.
+  obj.grpo_kl_bias_correction = options->struct_size > kTrainerOptionsSize0_7 && options->grpo_kl_bias_correction;
   if (obj.name != "sft" && obj.name != "dpo" && obj.name != "grpo")
     return Invalid(absl::StrCat(fn, ": options->objective is '", obj.name, "'; known objectives: sft, dpo, grpo"));
   if (!(obj.dpo_beta > 0 && std::isfinite(obj.dpo_beta)))
@@ -1645,16 +1660,18 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
     if (distances) {  // aligned with the C API's labels: the engine's position i predicts label i + 1
       int64_t off = 0;
       for (sg::Sequence& q : set.sequences) {
-        std::vector<int64_t>& d = set.distances.emplace_back();
+        std::vector<int64_t>* d = q.ids.empty() ? nullptr : &set.distances.emplace_back();
         for (size_t i = 0; i < q.labels.size(); ++i, ++off) {
           if (q.labels[i] < 0) continue;
           if (distances[off + 1] < 1)
             return Invalid(absl::StrCat(fn, ": distances[", off + 1, "] is ", distances[off + 1],
                                         " where the label is ", q.labels[i], "; need a distance >= 1"));
-          d.push_back(distances[off + 1]);
+          d->push_back(distances[off + 1]);
         }
+        ++off;  // the sequence's last token: a label only
       }
     }
+    set.sequences = WithPositions(std::move(set.sequences));
     BusyGuard guard(*trainer->core);
     if (!guard.acquired()) return Busy(fn);
     if (trainer->cancel.exchange(false)) return MakeStatus(SG_ERR_CANCELLED, absl::StrCat(fn, ": cancelled"));

@@ -331,6 +331,8 @@ RunConfig TrainerRunConfig(Trainer& trainer) {
   if (obj.name == "grpo") {
     c["objective.grpo_clip_eps"] = DoubleStr(obj.grpo_clip_eps);
     c["objective.grpo_kl_beta"] = DoubleStr(obj.grpo_kl_beta);
+    // Recorded only where it changes the objective, so checkpoints from before the option resume without it.
+    if (obj.grpo_kl_beta > 0 && obj.grpo_kl_bias_correction) c["objective.grpo_kl_bias_correction"] = "true";
   }
   return c;
 }

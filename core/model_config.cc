@@ -1,6 +1,8 @@
 #include "core/model_config.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -10,6 +12,14 @@
 #include "core/memory.h"
 
 namespace sg {
+
+double DynamicRopeBase(const TransformerConfig& c, int64_t tokens) {
+  const double m = static_cast<double>(c.max_position_embeddings);
+  const double past = std::max(0.0, static_cast<double>(tokens) - m);
+  const double d = static_cast<double>(c.head_dim);
+  return c.rope_theta * std::pow(1 + c.rope_scaling.factor * past / m, d / (d - 2));
+}
+
 namespace {
 
 // Accumulates parameter tensors with overflow checks; the first overflow is kept as an error naming `fields`.

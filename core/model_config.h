@@ -67,6 +67,11 @@ struct MambaConfig {
   bool tie_word_embeddings = true;
 };
 
+// Dynamic NTK's RoPE base for a sequence of `tokens` (transformers' len(input_ids)): rope_theta (1 + factor (T - M) / M)
+// ^ (d / (d - 2)) with T = max(tokens, M), M = max_position_embeddings, d = head_dim; transformers writes the bracket
+// factor T / M - (factor - 1), equal but inexact at T = M for a large factor. rope_theta itself for T <= M.
+double DynamicRopeBase(const TransformerConfig& c, int64_t tokens);
+
 // What a model of this configuration takes once created: its parameters, and the host or device bytes of
 // their values and gradients (two copies, each tensor rounded to the allocator's 64 bytes, plus bookkeeping per
 // tensor). Every product and sum is overflow-checked: an overflow, or a field past what the engine represents

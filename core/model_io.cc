@@ -350,8 +350,9 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
         nlohmann::ordered_json::parse(text->value_or("{}"), nullptr, /*allow_exceptions=*/false);
     if (!source.is_object())
       return absl::InvalidArgumentError(absl::StrCat(source_dir, "/config.json: is not a JSON object"));
+    // The engine writes the RoPE block as rope_scaling: the source's rope_parameters would be a second one.
     for (auto it = source.begin(); it != source.end(); ++it)
-      if (!config.contains(it.key())) config[it.key()] = it.value();
+      if (!config.contains(it.key()) && it.key() != "rope_parameters") config[it.key()] = it.value();
   }
   config["torch_dtype"] = HFDtypeName(dtype);  // transformers 4.x's name of the field
   config["dtype"] = HFDtypeName(dtype);        // and 5.x's

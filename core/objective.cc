@@ -48,7 +48,7 @@ class Grpo final : public TokenObjective {
  public:
   Grpo(const GrpoCompletion& c, std::vector<double> ref, const ObjectiveOptions& o, double scale)
       : old_(c.old_logprobs), ref_(std::move(ref)), advantage_(c.advantage), eps_(o.grpo_clip_eps),
-        beta_(o.grpo_kl_beta), scale_(scale) {}
+        beta_(o.grpo_kl_beta), bias_correction_(o.grpo_kl_bias_correction), scale_(scale) {}
 
   double Term(int64_t t, double logp, double* dloss) const override {
     // Clipped surrogate: with old = the current policy (no old log-probs given), r = 1 and dr/dlogp = 1.
@@ -60,8 +60,10 @@ class Grpo final : public TokenObjective {
     double df = flat ? 0.0 : -r * advantage_;
     if (beta_ > 0) {  // k3 estimator of KL(pi || ref): e^x - x - 1 with x = ref - logp
       const double x = ref_[t] - logp;
-      f += beta_ * (std::exp(x) - x - 1);
-      df += beta_ * (1 - std::exp(x));
+      const double k3 = std::exp(x) - x - 1, dk3 = 1 - std::exp(x);
+      // Bias-corrected: r k3, whose derivative r k3 + r dk3 is -r x.
+      f += beta_ * (bias_correction_ ? r * k3 : k3);
+      df += beta_ * (bias_correction_ ? -r * x : dk3);
     }
     *dloss = scale_ * df;
     return scale_ * f;
@@ -69,7 +71,9 @@ class Grpo final : public TokenObjective {
 
  private:
   std::vector<double> old_, ref_;
-  double advantage_, eps_, beta_, scale_;
+  double advantage_, eps_, beta_;
+  bool bias_correction_;
+  double scale_;
 };
 
 }  // namespace

@@ -2,8 +2,9 @@
 // token's log-probability, loss = sum_t f_t(logp_t), so the head can work chunk by chunk and no T x vocab logits
 // ever exist (StreamBP §3.2.1):
 //   sft   f_t = -logp_t / N                                              (N: valid tokens of the batch)
-//   grpo  f_t = (-min(r_t A, clip(r_t, 1-eps, 1+eps) A) + beta k3(ref_t - logp_t)) / (|o_i| G B),
-//         r_t = exp(logp_t - old_t), k3(x) = e^x - x - 1                 (per token: already a sum)
+//   grpo  f_t = (-min(r_t A, clip(r_t, 1-eps, 1+eps) A) + beta w_t k3(ref_t - logp_t)) / (|o_i| G B),
+//         r_t = exp(logp_t - old_t), k3(x) = e^x - x - 1, w_t = r_t (bias-corrected KL, TRL's default) or 1
+//                                                                      (per token: already a sum)
 //   dpo   L = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))) per pair, pi = sum of logp over the response.
 //         Not a sum over tokens, but its gradient is: dL/dlogp_t = -+ beta sigmoid(-z): once a first pass has
 //         accumulated the per-sequence sums chunk by chunk, the backward pass uses f_t = c logp_t with that c.
@@ -36,6 +37,9 @@ struct ObjectiveOptions {
   double dpo_beta = 0.1;
   double grpo_clip_eps = 0.2;
   double grpo_kl_beta = 0.04;
+  // The KL term times the importance ratio r_t (TRL's use_bias_correction_kl, on by default in TRL 1.16), which makes
+  // its gradient the unbiased reverse-KL gradient (DeepSeek-V3.2); off: plain k3.
+  bool grpo_kl_bias_correction = true;
 };
 
 // A DPO preference pair: two sequences (prompt + response, labels only on the response). Reference log-probs

@@ -23,13 +23,8 @@ RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
   const RopeScaling& s = c.rope_scaling;
   const int64_t half = c.head_dim / 2;
   const double dim = static_cast<double>(c.head_dim);
-  double base = c.rope_theta;
-  if (s.type == "dynamic") {
-    // NTK-aware: the base grows with the sequence once it is past max_position_embeddings.
-    const double mpe = static_cast<double>(c.max_position_embeddings);
-    const double len = std::max(static_cast<double>(seq_len), mpe);
-    base *= std::pow(s.factor * len / mpe - (s.factor - 1), dim / (dim - 2));
-  }
+  // NTK-aware dynamic: the base grows with the sequence once it is past max_position_embeddings.
+  const double base = s.type == "dynamic" ? DynamicRopeBase(c, seq_len) : c.rope_theta;
   RopeParameters r;
   r.inv_freq.resize(half);
   for (int64_t i = 0; i < half; ++i) r.inv_freq[i] = 1.0 / std::pow(base, 2.0 * i / dim);

@@ -76,6 +76,9 @@ ABSL_FLAG(std::string, objective, "sft", "sft | dpo | grpo (dpo and grpo read th
 ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the KL penalty against the reference (0 = none)");
+ABSL_FLAG(bool, grpo_kl_bias_correction, true,
+          "grpo: the KL term times the importance ratio r (TRL's use_bias_correction_kl, its default); false: plain "
+          "k3");
 ABSL_FLAG(uint64_t, seed, 1, "random seed (init, data and spaco's sampling)");
 ABSL_FLAG(int64_t, lora_rank, 0,
           "LoRA rank r: train low-rank adapters on --lora_targets with the base weights frozen; 0 = off (full "
@@ -256,6 +259,7 @@ ObjectiveOptions ObjectiveFromFlags() {
   o.dpo_beta = absl::GetFlag(FLAGS_dpo_beta);
   o.grpo_clip_eps = absl::GetFlag(FLAGS_grpo_clip_eps);
   o.grpo_kl_beta = absl::GetFlag(FLAGS_grpo_kl_beta);
+  o.grpo_kl_bias_correction = absl::GetFlag(FLAGS_grpo_kl_bias_correction);
   return o;
 }
 

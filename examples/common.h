@@ -29,6 +29,7 @@ ABSL_DECLARE_FLAG(std::string, objective);
 ABSL_DECLARE_FLAG(double, dpo_beta);
 ABSL_DECLARE_FLAG(double, grpo_clip_eps);
 ABSL_DECLARE_FLAG(double, grpo_kl_beta);
+ABSL_DECLARE_FLAG(bool, grpo_kl_bias_correction);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int64_t, lora_rank);
 ABSL_DECLARE_FLAG(double, lora_alpha);

@@ -949,6 +949,31 @@ static void test_reference_busy(void) {
 }
 
 #define COMPLETIONS 5
+/* options.grpo_kl_bias_correction: on by default (the KL term times the ratio, TRL's default), off gives another loss,
+ * and a caller built before the field (its struct_size) gets the plain k3 it was built for. */
+static void test_grpo_kl_bias_correction(sg_model* m, const int32_t* const* ids, const int32_t* const* labels,
+                                         const int64_t* len, const double* adv, const double* const* old,
+                                         const double* const* ref, const int64_t* offsets) {
+  double loss[4];
+  int k;
+  CHECK(sg_trainer_default_options().grpo_kl_bias_correction == 1);
+  for (k = 0; k < 4; ++k) {
+    sg_trainer* t = NULL;
+    sg_trainer_options o = sg_trainer_default_options();
+    sg_metrics met = sg_metrics_init();
+    o.objective = "grpo";
+    o.grpo_kl_beta = 0.5;
+    if (k == 1) o.grpo_kl_bias_correction = 0;
+    if (k == 2) o.struct_size = offsetof(sg_trainer_options, grpo_kl_bias_correction);
+    if (k == 3) o.grpo_kl_bias_correction = 7; /* nonzero is on */
+    EXPECT_OK(sg_trainer_create(m, &o, &t));
+    EXPECT_OK(sg_trainer_compute_gradients_grpo(t, ids, labels, len, adv, old, ref, COMPLETIONS, offsets, 2, &met));
+    loss[k] = met.loss;
+    sg_trainer_free(t);
+  }
+  CHECK(fabs(loss[0] - loss[1]) > 1e-6 && loss[2] == loss[1] && loss[3] == loss[0]);
+}
+
 static void test_grpo(void) {
   sg_model* policy = tiny_model();
   sg_model* reference = tiny_model();
@@ -999,6 +1024,7 @@ static void test_grpo(void) {
   EXPECT_OK(sg_trainer_set_reference(grpo, reference));
   EXPECT_OK(sg_trainer_compute_gradients_grpo(grpo, pi, pl, len, adv, po, NULL, COMPLETIONS, offsets, 2, &met));
   CHECK(isfinite(met.loss) && met.step == 1);
+  test_grpo_kl_bias_correction(policy, pi, pl, len, adv, po, pr, offsets);
 
   /* Errors name the argument (and the group / completion). */
   EXPECT_STATUS(sg_trainer_step_grpo(grpo, pi, pl, len, adv, po, pr, COMPLETIONS, empty_group, 3, NULL),
@@ -1184,10 +1210,12 @@ static void test_ssm(void) {
 
 /* ---- 0.4: adjoint (adjoint sharding for SSMs) ---- */
 
-/* (t, i) pairs per channel summed over layers for the test batch (two sequences of SEQ tokens), window w. */
+/* (t, i) pairs per channel summed over layers for the test batch (two sequences of SEQ tokens: SEQ - 1 positions, the
+ * last token being only a label), window w. */
 static int64_t adjoint_pairs(int64_t layers, int64_t w) {
-  if (w > SEQ) w = SEQ;
-  return 2 * layers * (w * SEQ - w * (w - 1) / 2);
+  const int64_t positions = SEQ - 1;
+  if (w > positions) w = positions;
+  return 2 * layers * (w * positions - w * (w - 1) / 2);
 }
 
 /* Gradients (f64) of one compute_gradients with strategy "adjoint" over the test batch (chunks of `chunk`). */
@@ -1247,7 +1275,7 @@ static void test_adjoint(void) {
   EXPECT_OK(sg_model_create_preset("tiny-ssm", "f64", 3, &m));
   if (!m) return;
   layers = sg_model_num_layers(m);
-  CHECK(adjoint_pairs(layers, INT64_MAX) == 3 * 2 * (SEQ * (SEQ + 1) / 2));
+  CHECK(adjoint_pairs(layers, INT64_MAX) == 3 * 2 * ((SEQ - 1) * SEQ / 2));
 
   /* full as the reference: exact forms and windows at least the sequence give its gradients. */
   o.chunk = 8;
@@ -1285,7 +1313,7 @@ static void test_adjoint(void) {
   met = sg_metrics_init();
   g = adjoint_grads(m, "pairs", 4, 8, &met, &n2);
   CHECK(g && n2 == n);
-  CHECK(met.adjoint_pairs == adjoint_pairs(layers, 4) && met.adjoint_pairs == 2 * 3 * (4 * SEQ - 6));
+  CHECK(met.adjoint_pairs == adjoint_pairs(layers, 4) && met.adjoint_pairs == 2 * 3 * (4 * (SEQ - 1) - 6));
   CHECK(fabs(met.loss - ref.loss) <= 1e-12 * fabs(ref.loss));
   if (g && full) {
     err = max_param_rel_diff(m, g, full);

@@ -613,7 +613,7 @@ PYBIND11_MODULE(_native, mod) {
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
-                       const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
+                       bool grpo_kl_bias_correction, const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
                        int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
                        int64_t sparse_pages, bool offload, int32_t num_threads, int64_t tp) {
              sg_trainer_options o = sg_trainer_default_options();
@@ -634,6 +634,7 @@ PYBIND11_MODULE(_native, mod) {
              o.dpo_beta = dpo_beta;
              o.grpo_clip_eps = grpo_clip_eps;
              o.grpo_kl_beta = grpo_kl_beta;
+             o.grpo_kl_bias_correction = grpo_kl_bias_correction ? 1 : 0;
              o.adjoint_form = adjoint_form.c_str();
              o.adjoint_window = adjoint_window;
              o.lr_schedule = lr_schedule.c_str();
@@ -656,7 +657,7 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
            py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
            py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
-           py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
+           py::arg("grpo_kl_bias_correction"), py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
            py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
            py::arg("offload"), py::arg("num_threads"), py::arg("tp"))
       .def("step", [](NativeTrainer& s, py::object ids, py::object labels,

@@ -36,6 +36,9 @@ class FieldReader {
                      AbslView(problem)));
   }
 
+  // Whether the field is there at all, null included.
+  bool Has(std::string_view field) const { return object_.contains(std::string(field)); }
+
   const json* Get(std::string_view field) const {
     const auto it = object_.find(std::string(field));
     return (it == object_.end() || it->is_null()) ? nullptr : &*it;
@@ -144,13 +147,54 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"));
 }
 
+// The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is
+// max_position_embeddings / original_max_position_embeddings (transformers' DeepSeek-V3 rule); an absent one is
+// refused, as transformers 5.23 refuses it. A factor below 1 compresses positions instead of stretching them:
+// transformers warns that it must be >= 1; refused here.
+absl::Status ParseRopeFactor(const FieldReader& rope, TransformerConfig& config) {
+  RopeScaling& scaling = config.rope_scaling;
+  const bool derived = scaling.type == "yarn" && rope.Has("factor") && rope.Get("factor") == nullptr;
+  std::optional<double> fallback;
+  if (derived)
+    fallback = static_cast<double>(config.max_position_embeddings) / scaling.original_max_position_embeddings;
+  SG_IO_ASSIGN_OR_RETURN(scaling.factor, rope.PositiveNumber("factor", fallback));
+  if (scaling.factor >= 1) return absl::OkStatus();
+  return rope.Error("factor", absl::StrCat("is ", scaling.factor,
+                                           derived ? " (null: max_position_embeddings / "
+                                                     "original_max_position_embeddings)"
+                                                   : "",
+                                           "; it must be >= 1 (transformers 5.23 warns and compresses the "
+                                           "positions)"));
+}
+
+// A RoPE block as transformers reads it: its type under "rope_type", its rope_theta, else the top-level one.
+json StandardRopeBlock(const json& block, double rope_theta) {
+  json out = block;
+  if (!out.is_object()) return out;
+  if (!out.contains("rope_type") && out.contains("type")) out["rope_type"] = out["type"];
+  out.erase("type");
+  if (!out.contains("rope_theta") || out["rope_theta"].is_null()) out["rope_theta"] = rope_theta;
+  return out;
+}
+
+// Dynamic RoPE's base must stay finite up to this sequence length (tokens).
+constexpr int64_t kLongestDynamicRopeCheck = int64_t{1} << 31;
+
 // Sets rope_theta and rope_scaling, with transformers' defaults. transformers >= 5 writes one "rope_parameters"
 // object (rope_theta inside it); older versions write a top-level "rope_theta" plus "rope_scaling". Needs
-// max_position_embeddings and head_dim.
+// max_position_embeddings and head_dim. What transformers 5.23 only warns about, or silently ignores, is refused
+// where it would compute something else than the config says.
 absl::Status ParseRope(const FieldReader& fields, const std::string& source_name, TransformerConfig& config) {
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
-  const std::string block_name = fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling";
-  const json* block = fields.Get(block_name);
+  const json* parameters = fields.Get("rope_parameters");
+  const json* legacy = fields.Get("rope_scaling");
+  if (parameters && legacy &&
+      StandardRopeBlock(*parameters, config.rope_theta) != StandardRopeBlock(*legacy, config.rope_theta))
+    return fields.Error("rope_scaling", "and field 'rope_parameters' are both given and differ; transformers 5.23 "
+                                        "would use rope_scaling and drop rope_parameters, its rope_theta included: "
+                                        "keep one");
+  const std::string block_name = parameters ? "rope_parameters" : "rope_scaling";
+  const json* block = parameters ? parameters : legacy;
   if (block == nullptr) return absl::OkStatus();
   if (!block->is_object()) {
     return fields.Error(block_name,
@@ -162,11 +206,15 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   SG_IO_ASSIGN_OR_RETURN(partial_rotary_factor, rope.PositiveNumber("partial_rotary_factor", 1.0));
   if (partial_rotary_factor != 1.0)
     return rope.Error("partial_rotary_factor", "is not 1; only full rotary embeddings are supported");
-  // Newer configs say "rope_type", older ones "type".
-  std::optional<std::string> type;
+  // Newer configs say "rope_type", older ones "type"; transformers takes rope_type when both are there.
+  std::optional<std::string> type, old_type;
   SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
+  SG_IO_ASSIGN_OR_RETURN(old_type, rope.String("type"));
+  if (type && old_type && *type != *old_type)
+    return rope.Error("type", absl::StrCat("is '", *old_type, "' but rope_type is '", *type,
+                                           "'; transformers 5.23 would use rope_type and ignore type: keep one"));
   const std::string type_field = type ? "rope_type" : "type";
-  if (!type) SG_IO_ASSIGN_OR_RETURN(type, rope.String("type"));
+  if (!type) type = old_type;
   if (!type) return rope.Error("rope_type", "is missing");
   RopeScaling& scaling = config.rope_scaling;
   scaling.type = *type;
@@ -182,23 +230,29 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   if (fields.Get("original_max_position_embeddings") == nullptr)
     SG_IO_ASSIGN_OR_RETURN(original_context, rope.PositiveInt("original_max_position_embeddings", original_context));
   scaling.original_max_position_embeddings = original_context;
+  if (absl::Status s = ParseRopeFactor(rope, config); !s.ok()) return s;
   if (scaling.type == "yarn") {
-    // factor absent: the ratio of the extended to the original context (transformers' DeepSeek-V3 rule).
-    SG_IO_ASSIGN_OR_RETURN(scaling.factor,
-                           rope.PositiveNumber("factor", static_cast<double>(config.max_position_embeddings) /
-                                                             static_cast<double>(original_context)));
     SG_IO_ASSIGN_OR_RETURN(scaling.attention_factor, rope.PositiveNumber("attention_factor", 0.0));
     SG_IO_ASSIGN_OR_RETURN(scaling.mscale, rope.PositiveNumber("mscale", 0.0));
     SG_IO_ASSIGN_OR_RETURN(scaling.mscale_all_dim, rope.PositiveNumber("mscale_all_dim", 0.0));
     SG_IO_ASSIGN_OR_RETURN(scaling.beta_fast, rope.PositiveNumber("beta_fast", 32.0));
     SG_IO_ASSIGN_OR_RETURN(scaling.beta_slow, rope.PositiveNumber("beta_slow", 1.0));
     SG_IO_ASSIGN_OR_RETURN(scaling.truncate, rope.Bool("truncate", true));
+    // Reversed, the ramp would interpolate the fast dimensions and keep the slow ones.
+    if (scaling.beta_fast < scaling.beta_slow)
+      return rope.Error("beta_fast", absl::StrCat("(", scaling.beta_fast, ") is less than beta_slow (", scaling.beta_slow,
+                                                  "); it must not be (transformers 5.23 warns and reverses yarn's ramp)"));
     return absl::OkStatus();
   }
-  SG_IO_ASSIGN_OR_RETURN(scaling.factor, rope.PositiveNumber("factor"));
-  // NTK's exponent is head_dim / (head_dim - 2).
-  if (scaling.type == "dynamic" && config.head_dim <= 2)
-    return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs head_dim > 2"));
+  if (scaling.type == "dynamic") {
+    // NTK's exponent is head_dim / (head_dim - 2).
+    if (config.head_dim <= 2)
+      return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs head_dim > 2"));
+    if (!std::isfinite(DynamicRopeBase(config, kLongestDynamicRopeCheck)))
+      return rope.Error("factor", absl::StrCat("is ", scaling.factor, ": dynamic RoPE's base overflows (at ",
+                                               kLongestDynamicRopeCheck, " tokens), where transformers 5.23 "
+                                               "computes infinite or NaN frequencies"));
+  }
   if (scaling.type != "llama3") return absl::OkStatus();
   SG_IO_ASSIGN_OR_RETURN(scaling.low_freq_factor, rope.PositiveNumber("low_freq_factor"));
   SG_IO_ASSIGN_OR_RETURN(scaling.high_freq_factor, rope.PositiveNumber("high_freq_factor"));

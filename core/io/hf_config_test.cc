@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -250,7 +251,8 @@ TEST(HfConfigTest, RopeScalingTypes) {
   EXPECT_EQ(y.attention_factor, 0.0);
   EXPECT_TRUE(y.truncate);
   absl::StatusOr<TransformerConfig> yarn_full = Parse(MinimalLlama(
-      R"(, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "beta_fast": 8, "beta_slow": 2,
+      R"(, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "factor": null, "beta_fast": 8,
+          "beta_slow": 2,
           "attention_factor": 1.5, "mscale": 1, "mscale_all_dim": 0.5, "truncate": false})"));
   ASSERT_TRUE(yarn_full.ok()) << yarn_full.status();
   const RopeScaling& f = yarn_full->rope_scaling;
@@ -417,6 +419,66 @@ TEST(HfConfigErrorTest, BadSizes) {
       {"config.json: field 'hidden_size' (66) must be divisible by num_attention_heads (4)"});
   ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_theta": 0)")),
                       {"config.json: field 'rope_theta' must be a positive finite number, got 0"});
+}
+
+// RoPE blocks that transformers 5.23 refuses, only warns about while computing something else than the config says,
+// or of which it silently ignores one key: each refused, naming the field.
+TEST(HfConfigErrorTest, RopeBlocksTransformersWarnsAboutOrIgnores) {
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": 1, "beta_slow": 32})")),
+      {"config.json: field 'rope_scaling.beta_fast' (1) is less than beta_slow (32)"});
+  // transformers: KeyError for an absent yarn factor; null is max_position_embeddings / original (here 0.5).
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 4096})")),
+      {"config.json: field 'rope_scaling.factor' is missing"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": null,
+                                                               "original_max_position_embeddings": 4096})")),
+                      {"config.json: field 'rope_scaling.factor' is 0.5 (null: max_position_embeddings / "
+                       "original_max_position_embeddings); it must be >= 1"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "linear", "factor": 0.5})")),
+                      {"config.json: field 'rope_scaling.factor' is 0.5; it must be >= 1"});
+  ExpectErrorMentions(
+      Parse(MinimalLlama(R"(, "rope_scaling": {"type": "linear", "rope_type": "dynamic", "factor": 2})")),
+      {"config.json: field 'rope_scaling.type' is 'linear' but rope_type is 'dynamic'"});
+  absl::StatusOr<TransformerConfig> same_type =
+      Parse(MinimalLlama(R"(, "rope_scaling": {"type": "dynamic", "rope_type": "dynamic", "factor": 2})"));
+  ASSERT_TRUE(same_type.ok()) << same_type.status();
+  EXPECT_EQ(same_type->rope_scaling.type, "dynamic");
+  // transformers would take rope_scaling and drop rope_parameters (with its rope_theta); the same block twice is fine.
+  const std::string qwen3 = R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "head_dim": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "rope_scaling": )";
+  ExpectErrorMentions(Parse(qwen3 + R"({"rope_type": "linear", "factor": 4}})"),
+                      {"config.json: field 'rope_scaling' and field 'rope_parameters' are both given and differ"});
+  absl::StatusOr<TransformerConfig> same_block = Parse(qwen3 + R"({"rope_type": "default", "rope_theta": 1e6}})");
+  ASSERT_TRUE(same_block.ok()) << same_block.status();
+  EXPECT_EQ(same_block->rope_theta, 1e6);
+  // Read as transformers reads them: the old "type", and the top-level rope_theta where a block has none.
+  absl::StatusOr<TransformerConfig> same_reading =
+      Parse(MinimalLlama(R"(, "rope_theta": 5e5, "rope_parameters": {"rope_type": "linear", "factor": 2},
+                            "rope_scaling": {"type": "linear", "factor": 2.0, "rope_theta": 500000})"));
+  ASSERT_TRUE(same_reading.ok()) << same_reading.status();
+  EXPECT_EQ(same_reading->rope_theta, 5e5);
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_theta": 5e5, "rope_parameters": {"rope_type": "linear",
+                            "factor": 2}, "rope_scaling": {"type": "linear", "factor": 2, "rope_theta": 1e4})")),
+                      {"config.json: field 'rope_scaling' and field 'rope_parameters' are both given and differ"});
+  ExpectErrorMentions(Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 1e300})")),
+                      {"config.json: field 'rope_scaling.factor' is 1e+300: dynamic RoPE's base overflows"});
+  absl::StatusOr<TransformerConfig> large = Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic",
+                                                                                        "factor": 1e6})"));
+  ASSERT_TRUE(large.ok()) << large.status();
+}
+
+// Dynamic NTK's base is rope_theta up to max_position_embeddings, also for a factor where transformers' form
+// factor T / M - (factor - 1) loses it to rounding; past M it follows theta (1 + factor (T - M) / M)^(d / (d - 2)).
+TEST(HfConfigTest, DynamicRopeBase) {
+  absl::StatusOr<TransformerConfig> c =
+      Parse(MinimalLlama(R"(, "max_position_embeddings": 128, "rope_scaling": {"rope_type": "dynamic", "factor": 1e17})"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(DynamicRopeBase(*c, 1), 1e4);
+  EXPECT_EQ(DynamicRopeBase(*c, 128), 1e4);
+  c->rope_scaling.factor = 2;
+  EXPECT_NEAR(DynamicRopeBase(*c, 192), 1e4 * std::pow(2.0, 16.0 / 14.0), 1e-9);
 }
 
 TEST(HfConfigErrorTest, UnsupportedOptions) {

@@ -49,6 +49,7 @@ ABSL_FLAG(std::string, data, "", "dpo / grpo: JSONL of preference pairs / groups
 ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
 ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
 ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the k3 KL term");
+ABSL_FLAG(bool, grpo_kl_bias_correction, true, "grpo: the KL term times the importance ratio (TRL's default)");
 ABSL_FLAG(std::string, dtype, "f64", "f64, or bf16 (bf16 weights, f32 compute; gradients written as f64)");
 ABSL_FLAG(std::string, matmul, "fp32",
           "how f32 products multiply: fp32, or bf16 (with --dtype=bf16: f32 operands rounded to bf16, fp32 sums)");
@@ -68,6 +69,7 @@ absl::Status Run() {
   objective.dpo_beta = absl::GetFlag(FLAGS_dpo_beta);
   objective.grpo_clip_eps = absl::GetFlag(FLAGS_grpo_clip_eps);
   objective.grpo_kl_beta = absl::GetFlag(FLAGS_grpo_kl_beta);
+  objective.grpo_kl_bias_correction = absl::GetFlag(FLAGS_grpo_kl_bias_correction);
   if (absl::Status s = ValidateObjectiveOptions(objective); !s.ok()) return s;
   const bool sft = objective.name == "sft";
   const std::string input = sft ? absl::GetFlag(FLAGS_batch_jsonl) : absl::GetFlag(FLAGS_data);

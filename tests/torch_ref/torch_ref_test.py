@@ -630,8 +630,9 @@ def grpo_ratios(hf, weights, groups):
 
 def reference_grpo(hf, weights, groups, clip_eps, kl_beta):
     """sum over groups b, completions i, tokens t of
-         (-min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) + kl_beta (e^x - x - 1)) / (|o_i| G B),
-    r = exp(logp - old) (old absent: logp detached, r = 1), x = ref - logp."""
+         (-min(r A_i, clip(r, 1 - eps, 1 + eps) A_i) + kl_beta r (e^x - x - 1)) / (|o_i| G B),
+    r = exp(logp - old) (old absent: logp detached, r = 1), x = ref - logp; the KL term bias-corrected (times r), the
+    engine's default as TRL's."""
     W = leaf_weights(weights)
     B = len(groups)
     loss = torch.zeros((), dtype=torch.float64)
@@ -645,7 +646,7 @@ def reference_grpo(hf, weights, groups, clip_eps, kl_beta):
             term = -torch.minimum(r * A, torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * A)
             if kl_beta > 0:
                 x = torch.tensor(g["ref_logprobs"][i]) - lp
-                term = term + kl_beta * (torch.exp(x) - x - 1)
+                term = term + kl_beta * r * (torch.exp(x) - x - 1)
             loss = loss + term.sum() / (len(completion) * G * B)
     loss.backward()
     return loss.item(), {k: t.grad.double().numpy().copy() for k, t in W.items()}

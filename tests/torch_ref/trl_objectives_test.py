@@ -4,9 +4,10 @@ normalisation as TRL applies it. The engine's loss and gradients (grad_dump, sec
 
   DPO  loss_type="sigmoid", f_divergence_type="reverse_kl", ld_alpha=None, use_weighting=False:
        mean over pairs of -log sigmoid(beta ((sum chosen logps - ref) - (sum rejected logps - ref)))
-  GRPO loss_type="grpo", importance_sampling_level="token", epsilon_high=None, delta=None,
-       use_bias_correction_kl=False: per token -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta k3, k3 =
-       exp(ref - logp) - (ref - logp) - 1, summed over each completion's tokens / its length, mean over completions
+  GRPO loss_type="grpo", importance_sampling_level="token", epsilon_high=None, delta=None, and TRL's default
+       use_bias_correction_kl=True: per token -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta r k3, k3 =
+       exp(ref - logp) - (ref - logp) - 1, summed over each completion's tokens / its length, mean over completions;
+       with --grpo_kl_bias_correction=false, use_bias_correction_kl=False: beta k3 instead of beta r k3
 
 to 1e-10, and differ from TRL's other normalisations (DPO "sigmoid_norm"; GRPO "bnpo"/"dapo", "dr_grpo"), which the
 test prints, so that it shows which settings ours is.
@@ -50,19 +51,23 @@ def trl_dpo(W, rows, beta):
             "sigmoid_norm": (-F.logsigmoid(beta * norm_delta)).mean()}
 
 
-def trl_grpo(W, rows, eps, beta):
-    """{loss_type: loss} of TRL's GRPO over every completion of every group (one batch, no accumulation)."""
+def trl_grpo(W, rows, eps, beta, bias_correction=True):
+    """{loss_type: loss} of TRL's GRPO over every completion of every group (one batch, no accumulation), with
+    use_bias_correction_kl=bias_correction; "grpo, other KL" is loss_type "grpo" with the other setting."""
     logps, mask = padded([ref.response_logprobs(HF, W, g["prompt"], c) for g in rows for c in g["completions"]])
     old, _ = padded([o for g in rows for o in g["old_logprobs"]])
     ref_logps, _ = padded([o for g in rows for o in g["ref_logprobs"]])
     advantages = torch.tensor([a for g in rows for a in g["advantages"]], dtype=torch.float64)[:, None]
     coef_1 = torch.exp(logps - old)
     coef_2 = torch.clamp(coef_1, 1 - eps, 1 + eps)
-    per_token = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    policy = -torch.min(coef_1 * advantages, coef_2 * advantages)
     x = ref_logps - logps
-    per_token = per_token + beta * (torch.exp(x) - x - 1)
+    per_token_kl = torch.exp(x) - x - 1
+    per_token = policy + beta * (per_token_kl * coef_1 if bias_correction else per_token_kl)
+    other_kl = policy + beta * (per_token_kl if bias_correction else per_token_kl * coef_1)
     masked = per_token * mask
     return {"grpo": (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean(),
+            "grpo, other KL": ((other_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean(),
             "bnpo/dapo": masked.sum() / mask.sum().clamp(min=1),
             "dr_grpo": masked.sum() / (mask.size(0) * mask.size(1))}
 
@@ -73,6 +78,10 @@ CASES = {
     "grpo": ("grpo", ref.make_grpo_data,
              lambda W, rows: trl_grpo(W, rows, ref.GRPO_CLIP_EPS, ref.GRPO_KL_BETA), "grpo",
              [f"--grpo_clip_eps={ref.GRPO_CLIP_EPS!r}", f"--grpo_kl_beta={ref.GRPO_KL_BETA!r}"]),
+    "grpo_plain_kl": ("grpo", ref.make_grpo_data,
+                      lambda W, rows: trl_grpo(W, rows, ref.GRPO_CLIP_EPS, ref.GRPO_KL_BETA, bias_correction=False),
+                      "grpo", [f"--grpo_clip_eps={ref.GRPO_CLIP_EPS!r}", f"--grpo_kl_beta={ref.GRPO_KL_BETA!r}",
+                               "--grpo_kl_bias_correction=false"]),
 }
 
 

@@ -459,7 +459,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
-                             jdouble grpo_kl_beta, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
+                             jdouble grpo_kl_beta, jboolean grpo_kl_bias_correction, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
                              jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
                              jlong sparse_pages, jboolean offload, jint num_threads, jlong tp) {
   GUARD_BEGIN
@@ -483,6 +483,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
   o.dpo_beta = dpo_beta;
   o.grpo_clip_eps = grpo_clip_eps;
   o.grpo_kl_beta = grpo_kl_beta;
+  o.grpo_kl_bias_correction = grpo_kl_bias_correction ? 1 : 0;
   o.adjoint_form = adjoint_form ? form.c_str() : nullptr;  // null: "pairs"
   o.adjoint_window = adjoint_window;
   o.lr_schedule = lr_schedule ? schedule.c_str() : nullptr;  // null: "constant"

@@ -352,7 +352,8 @@ class Trainer:
     channel, summed over layers and sequences (w*T - w*(w-1)/2 per layer for a sequence of T tokens and window w).
 
     objective "sft" trains with step()/compute_gradients(), "dpo" with step_dpo()/compute_gradients_dpo() (dpo_beta),
-    "grpo" with step_grpo()/compute_gradients_grpo() (grpo_clip_eps, grpo_kl_beta); the other calls raise
+    "grpo" with step_grpo()/compute_gradients_grpo() (grpo_clip_eps, grpo_kl_beta; grpo_kl_bias_correction: the KL
+    term times the importance ratio, TRL's use_bias_correction_kl and its default; False: plain k3); the other calls raise
     FailedPreconditionError. `reference` (a Model, or None) is the frozen reference of dpo/grpo, used where the
     batch gives no reference log-probs; the trainer keeps it alive (set_reference changes it). evaluate() gives the
     token loss of a batch without gradients, for any objective.
@@ -388,6 +389,7 @@ class Trainer:
     def __init__(self, model, strategy="full", chunk=512, page_size=256, lm_chunk=256, lr=1e-3, betas=(0.9, 0.95),
                  eps=1e-8, weight_decay=0.0, clip_grad_norm=1.0, progress=None, *, spaco_budget=8, spaco_cap=2.0,
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
+                 grpo_kl_bias_correction=True,
                  adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
                  total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0, tp=1):
         if not isinstance(model, Model):
@@ -406,7 +408,8 @@ class Trainer:
         self._native = _native.Trainer(model._get(), strategy, chunk, page_size, lm_chunk, lr, betas[0], betas[1],
                                        eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed,
                                        "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
-                                       grpo_kl_beta, "pairs" if adjoint_form is None else adjoint_form,
+                                       grpo_kl_beta, bool(grpo_kl_bias_correction),
+                                       "pairs" if adjoint_form is None else adjoint_form,
                                        int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
                                        warmup_steps, min_lr, total_steps, grad_accum, sparse_pages,
                                        bool(offload), _thread_count(num_threads), _tp_size(tp))

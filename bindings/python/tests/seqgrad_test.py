@@ -531,6 +531,38 @@ def _groups(kl=True):
     return out
 
 
+def test_grpo_kl_bias_correction():
+    """The KL term is r k3 by default (TRL's use_bias_correction_kl), k3 with grpo_kl_bias_correction=False: each
+    loss equals its formula over the log-probs score() gives, and the two differ."""
+    groups = _groups()
+    beta, eps = 0.5, 0.2
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=1) as model:
+        with seqgrad.Trainer(model) as scorer:
+            logprobs = [[scorer.score([c["ids"]], [c["labels"]])[0] for c in g] for g in groups]
+
+        def expected(corrected):
+            per_group = []
+            for g, group in enumerate(groups):
+                total = 0.0
+                for c, lp in zip(group, logprobs[g]):
+                    on = np.array(c["labels"]) >= 0
+                    lp, old, ref = lp[on], np.array(c["old_logprobs"])[on], np.array(c["ref_logprobs"])[on]
+                    r, x, a = np.exp(lp - old), ref - lp, c["advantage"]
+                    k3 = np.exp(x) - x - 1
+                    term = -np.minimum(r * a, np.clip(r, 1 - eps, 1 + eps) * a) + beta * (r * k3 if corrected else k3)
+                    total += term.sum() / on.sum()
+                per_group.append(total / len(group))
+            return np.mean(per_group)
+
+        losses = {}
+        for kw in ({}, {"grpo_kl_bias_correction": True}, {"grpo_kl_bias_correction": False}):
+            with seqgrad.Trainer(model, objective="grpo", grpo_clip_eps=eps, grpo_kl_beta=beta, **kw) as tr:
+                losses[kw.get("grpo_kl_bias_correction", "default")] = tr.compute_gradients_grpo(groups)["loss"]
+    assert losses["default"] == losses[True] == pytest.approx(expected(True), rel=1e-12)
+    assert losses[False] == pytest.approx(expected(False), rel=1e-12)
+    assert abs(losses[True] - losses[False]) > 1e-6
+
+
 def test_grpo_steps(model):
     with seqgrad.Model.from_preset("tiny", seed=1) as reference:
         # Ratio 1 (no old log-probs), no KL: the loss is -(mean over groups of the mean advantage).
@@ -657,9 +689,10 @@ def test_ssm_trains(strategy):
 # ---- 0.4: adjoint (adjoint sharding for SSMs) ----
 
 def _adjoint_pairs(lengths, layers, window=None):
-    """(t, i) pairs per channel summed over layers: w*T - w*(w-1)/2 per layer and sequence (window w <= T)."""
+    """(t, i) pairs per channel summed over layers: w*T - w*(w-1)/2 per layer and sequence (window w <= T) of T =
+    length - 1 positions (its last token is only a label)."""
     total = 0
-    for T in lengths:
+    for T in (n - 1 for n in lengths):
         w = T if window is None else min(window, T)
         total += layers * (w * T - w * (w - 1) // 2)
     return total
@@ -673,7 +706,7 @@ def test_adjoint_matches_full_on_ssm():
             ref_grads = _grads(model)
         assert ref["adjoint_pairs"] == 0
         no_window = _adjoint_pairs(lengths, model.num_layers)
-        assert no_window == 3 * (24 * 25 // 2 + 16 * 17 // 2)
+        assert no_window == 3 * (23 * 24 // 2 + 15 * 16 // 2)
         cases = [dict(chunk=8), dict(chunk=5, adjoint_form="pairs", adjoint_window=None),
                  dict(chunk=8, adjoint_window=24), dict(chunk=8, adjoint_window=1000),
                  dict(chunk=8, adjoint_form="scan")]
@@ -683,7 +716,7 @@ def test_adjoint_matches_full_on_ssm():
                 _assert_grads_close(_grads(model), ref_grads, 1e-10)
                 assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12) and m["tokens"] == ref["tokens"], kw
                 assert m["adjoint_pairs"] == (0 if kw.get("adjoint_form") == "scan" else no_window), kw
-                assert m["chunks"] == m["chunks_backpropagated"] == sum(-(-T // kw["chunk"]) for T in lengths)
+                assert m["chunks"] == m["chunks_backpropagated"] == sum(-(-(T - 1) // kw["chunk"]) for T in lengths)
                 assert tr.evaluate(BATCH)["adjoint_pairs"] == 0
         with seqgrad.Trainer(model, strategy="adjoint", chunk=8, page_size=8) as tr:
             tr.compute_gradients(BATCH)
@@ -703,7 +736,7 @@ def test_adjoint_truncated_window_and_training():
                 m = tr.compute_gradients(BATCH)
                 grads = _grads(model)
             assert m["adjoint_pairs"] == _adjoint_pairs(lengths, model.num_layers, w) == \
-                model.num_layers * sum(w * T - w * (w - 1) // 2 for T in lengths)
+                model.num_layers * sum(w * (T - 1) - w * (w - 1) // 2 for T in lengths)
             assert m["loss"] == pytest.approx(ref["loss"], rel=1e-12)  # the forward pass is not truncated
             err = max(np.max(np.abs(grads[k] - ref_grads[k])) / (np.max(np.abs(ref_grads[k])) + 1e-30)
                       for k in ref_grads)

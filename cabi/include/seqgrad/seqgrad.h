@@ -371,6 +371,10 @@ typedef struct sg_trainer_options {
                               launched in (mpirun -np N; OpenMPI) and splits the model over its N ranks, Megatron
                               style (README "Tensor parallel"; transformers only): each rank holds 1/N of the heads,
                               KV cache, SwiGLU width and vocabulary. See "Tensor parallel" below */
+  /* Since 0.7 (appended after tp; the size without it is still accepted: 0, the plain k3 those callers built with). */
+  int32_t grpo_kl_bias_correction; /* grpo: nonzero: the KL term is r_t k3 (r_t the ratio above, not clipped), TRL's
+                                      use_bias_correction_kl and its default, whose gradient is the unbiased
+                                      reverse-KL gradient; 0: plain k3 (default 1) */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);
@@ -538,8 +542,9 @@ SG_API sg_status* sg_trainer_step_dpo(sg_trainer* trainer, const int32_t* const*
 
 /* GRPO on num_groups >= 1 groups of completions (trainer objective "grpo"): gradients of
  *   sum over groups, completions i, labelled t of (-min(r_t A_i, clip(r_t, 1 - eps, 1 + eps) A_i)
- *                                                  + grpo_kl_beta k3(ref_t - logp_t)) / (|o_i| G B),
- * r_t = exp(logp_t - old_t), |o_i| the labelled tokens of completion i, G its group's size, B = num_groups.
+ *                                                  + grpo_kl_beta w_t k3(ref_t - logp_t)) / (|o_i| G B),
+ * r_t = exp(logp_t - old_t), w_t = r_t with options.grpo_kl_bias_correction (the default) or 1, |o_i| the labelled
+ * tokens of completion i, G its group's size, B = num_groups.
  * Gradients are zeroed first. Completions form one list of num_completions >= 1; group g holds completions
  * [group_offsets[g], group_offsets[g + 1]):
  *   ids, labels, lengths: completion c's sequence, prompt + completion (see above; labels may be NULL)

@@ -140,7 +140,7 @@ final class NativeApi {
   static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
       long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
       long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
-      double grpoKlBeta, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
+      double grpoKlBeta, boolean grpoKlBiasCorrection, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
       long totalSteps, long gradAccum, long sparsePages, boolean offload, int numThreads, long tp);
   static native void trainerFree(long h);
   static native void trainerCancel(long h);

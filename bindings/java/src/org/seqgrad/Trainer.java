@@ -90,6 +90,11 @@ public final class Trainer extends NativeHandle {
     public double grpoClipEps = 0.2;
     /** grpo: weight of the KL penalty to the reference; 0 = none (and no reference needed). */
     public double grpoKlBeta = 0.04;
+    /**
+     * grpo: the KL term times the importance ratio r_t (TRL's use_bias_correction_kl and its default: the unbiased
+     * reverse-KL gradient); false = plain k3.
+     */
+    public boolean grpoKlBiasCorrection = true;
     /** dpo/grpo: the frozen reference model (another model with the same vocabulary), or null. */
     public Model reference = null;
     /**
@@ -171,6 +176,8 @@ public final class Trainer extends NativeHandle {
     public Options grpoClipEps(double e) { grpoClipEps = e; return this; }
     /** Sets {@link #grpoKlBeta}; returns these options. */
     public Options grpoKlBeta(double b) { grpoKlBeta = b; return this; }
+    /** Sets {@link #grpoKlBiasCorrection}; returns these options. */
+    public Options grpoKlBiasCorrection(boolean on) { grpoKlBiasCorrection = on; return this; }
     /** Sets {@link #reference}; returns these options. */
     public Options reference(Model m) { reference = m; return this; }
     /** Sets {@link #adjointForm}; returns these options. */
@@ -220,8 +227,8 @@ public final class Trainer extends NativeHandle {
       Holder holder = new Holder();
       long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
           o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
-          o.grpoClipEps, o.grpoKlBeta, o.adjointForm, o.adjointWindow, o.lrSchedule, o.warmupSteps, o.minLr,
-          o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads, o.tp);
+          o.grpoClipEps, o.grpoKlBeta, o.grpoKlBiasCorrection, o.adjointForm, o.adjointWindow, o.lrSchedule,
+          o.warmupSteps, o.minLr, o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads, o.tp);
       Trainer t = holder.bind(new Trainer(h, NativeApi.modelParamBytes(mh)));
       if (o.reference != null) {
         try {

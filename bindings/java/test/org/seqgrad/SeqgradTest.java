@@ -542,6 +542,23 @@ class SeqgradTest {
   }
 
   @Test
+  void grpoKlBiasCorrectionReachesTheLibrary() {
+    assertTrue(new Trainer.Options().grpoKlBiasCorrection, "on by default, as TRL's use_bias_correction_kl");
+    try (Model m = Model.fromPreset("tiny", "f64", 1)) {
+      Trainer.Options[] options = {new Trainer.Options(), new Trainer.Options().grpoKlBiasCorrection(true),
+          new Trainer.Options().grpoKlBiasCorrection(false)};
+      double[] loss = new double[options.length];
+      for (int k = 0; k < options.length; ++k) {
+        try (Trainer t = Trainer.create(m, options[k].objective("grpo").grpoKlBeta(0.5))) {
+          loss[k] = t.computeGradientsGrpo(groups(true)).loss;
+        }
+      }
+      assertEquals(loss[1], loss[0], 0.0);
+      assertTrue(Math.abs(loss[1] - loss[2]) > 1e-6, loss[1] + " vs " + loss[2]);
+    }
+  }
+
+  @Test
   void objectiveErrorsAreTyped() {
     try (Model m = Model.fromPreset("tiny", "f32", 1); Trainer t =
              Trainer.create(m, new Trainer.Options().objective("grpo"))) {
@@ -748,7 +765,8 @@ class SeqgradTest {
   /** (t, i) pairs per channel summed over layers: w T - w (w - 1) / 2 per layer and sequence (window w <= T). */
   static long adjointPairs(long[] lengths, long layers, long window) {
     long total = 0;
-    for (long t : lengths) {
+    for (long n : lengths) {
+      long t = n - 1;  // positions: the last token is only a label
       long w = Math.min(window, t);
       total += layers * (w * t - w * (w - 1) / 2);
     }
@@ -796,7 +814,7 @@ class SeqgradTest {
       }
       assertEquals(0, ref.adjointPairs);
       long noWindow = adjointPairs(lengths, m.numLayers(), Long.MAX_VALUE);
-      assertEquals(3 * (24 * 25 / 2 + 16 * 17 / 2), noWindow);
+      assertEquals(3 * (23 * 24 / 2 + 15 * 16 / 2), noWindow);
       List<Trainer.Options> exact = List.of(adjoint(8), adjoint(5).adjointForm("pairs"), adjoint(8).adjointWindow(24),
           adjoint(8).adjointWindow(1000), adjoint(8).adjointForm(null), adjoint(8).adjointForm("scan"));
       for (Trainer.Options o : exact) {
@@ -840,7 +858,7 @@ class SeqgradTest {
       for (long w : new long[] {1, 4, 12}) {
         try (Trainer t = Trainer.create(m, adjoint(8).adjointWindow(w))) {
           Metrics got = t.computeGradients(ids, null, lengths);
-          assertEquals(3 * ((w * 24 - w * (w - 1) / 2) + (w * 16 - w * (w - 1) / 2)), got.adjointPairs, "window " + w);
+          assertEquals(3 * ((w * 23 - w * (w - 1) / 2) + (w * 15 - w * (w - 1) / 2)), got.adjointPairs, "window " + w);
           assertEquals(adjointPairs(lengths, m.numLayers(), w), got.adjointPairs);
           assertEquals(ref.loss, got.loss, 1e-12 * Math.abs(ref.loss), "the forward pass is not truncated");
           err = relErr(m, grads64(m), full);
