@@ -156,7 +156,7 @@ sg_status* ParseDType(const char* fn, const char* name, sg::DType* out) {
   const std::string s = name ? name : "f32";
   if (s == "f32" || s == "float32") *out = sg::DType::kF32;
   else if (s == "f64" || s == "float64") *out = sg::DType::kF64;
-  else if (s == "bf16" || s == "bfloat16") *out = sg::DType::kBF16;  // bf16 weights over f32 compute (README)
+  else if (s == "bf16" || s == "bfloat16") *out = sg::DType::kBF16;  // bf16 weights over f32 compute (docs/bf16.md)
   else return Invalid(absl::StrCat(fn, ": argument 'dtype' is '", s, "'; supported: f32, f64, bf16"));
   return nullptr;
 }

@@ -84,7 +84,7 @@ ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found
 ABSL_FLAG(int32_t, tp, 1,
           "tensor parallel: run under `mpirun -np N` with --tp=N; per strategy and length, the step time of the model "
           "split over the N ranks against rank 0 alone running the whole model with N times its threads (the same "
-          "cores), and the bytes each rank all-reduces per step (README \"Tensor parallel\")");
+          "cores), and the bytes each rank all-reduces per step (docs/distributed.md)");
 ABSL_FLAG(bool, census, false,
           "print the roofline census of one training step per strategy and length instead of timing (counted on "
           "the meta device: FLOPs, bytes and time at H100 limits per kernel family, the MFU upper bound)");

@@ -22,8 +22,8 @@
 
 ABSL_FLAG(std::string, json, "", "write the result here");
 ABSL_FLAG(int, tp, 1,
-          "under mpirun (tp ranks): the strategy's gradient of the model split over the ranks (README \"Tensor "
-          "parallel\"), gathered, against one process's gradient of the same strategy");
+          "under mpirun (tp ranks): the strategy's gradient of the model split over the ranks (docs/distributed.md), "
+          "gathered, against one process's gradient of the same strategy");
 ABSL_FLAG(int64_t, samples, 1, "average the strategy's gradient over this many calls (spaco: independent samples)");
 ABSL_FLAG(std::string, adjoint_windows, "",
           "adjoint: comma-separated truncation windows T̄ (or none) to sweep; prints the gradient error against "

@@ -23,7 +23,7 @@ ABSL_FLAG(std::string, memory, "",
           "step fits instead");
 ABSL_FLAG(int64_t, max_seq_len, int64_t{1} << 24, "--memory: the longest --seq_len the search tries");
 ABSL_FLAG(bool, json, false, "print the plan as one JSON object instead of a table");
-ABSL_FLAG(int, tp, 1, "plan one rank of a tensor-parallel run over this many GPUs (README \"Tensor parallel\")");
+ABSL_FLAG(int, tp, 1, "plan one rank of a tensor-parallel run over this many GPUs (docs/distributed.md)");
 
 namespace sg {
 namespace {

@@ -29,7 +29,7 @@
 ABSL_FLAG(std::string, data, "",
           "the records to score: sft (default --objective) a .jsonl of {\"input_ids\", \"labels\"} or a headerless "
           ".bin token file (--data_dtype, cut into windows of --seq_len + 1 tokens); dpo and grpo their JSONL "
-          "formats (README, \"Objectives\")");
+          "formats (docs/objectives.md)");
 ABSL_FLAG(std::string, data_dtype, "uint16", "element type of a .bin token file: uint16 or uint32");
 ABSL_FLAG(int64_t, seq_len, 0,
           "sft: .bin windows of seq_len + 1 tokens (required for .bin); a .jsonl record longer than seq_len + 1 is "

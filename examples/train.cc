@@ -90,7 +90,7 @@ ABSL_FLAG(bool, dist_shard_optimizer, false,
           "parameters and broadcasts them after its step. Not with --out_dir");
 ABSL_FLAG(int, tp, 1,
           "with --dist: tensor parallel over groups of this many ranks (transformers: heads, KV heads, SwiGLU width "
-          "and vocabulary split; Mamba: d_inner channels and vocabulary; README \"Tensor parallel\"); the job's "
+          "and vocabulary split; Mamba: d_inner channels and vocabulary; docs/distributed.md); the job's "
           "ranks form tp x (ranks / tp) data-parallel "
           "groups. Checkpoints and saves hold the whole model");
 ABSL_FLAG(int64_t, memory_budget, 0,
@@ -286,7 +286,7 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(
                            "--objective=", objective.name, " needs --data: a JSONL file of ",
                            objective.name == "dpo" ? "preference pairs" : "prompts with scored completions",
-                           " (format: README, \"Objectives: SFT, DPO, GRPO\")")),
+                           " (format: docs/objectives.md)")),
                        "flags");
   if (sft && !ref_model.empty())
     tools::ExitIfError(absl::InvalidArgumentError("--ref_model is used only by --objective=dpo and grpo"), "flags");

@@ -379,7 +379,7 @@ class Trainer:
     calls them, rank 0 alone writes the whole model (what one process writes). Metrics' memory is this rank's;
     "tp" and "tp_bytes_reduced" (bytes this rank sent to its group in the call) report the split. Bad values (tp not
     dividing the heads or vocabulary, a job that is not tp ranks, ranks disagreeing) raise on every rank with the
-    numbers. README "Tensor parallel".
+    numbers. docs/distributed.md, "Tensor parallel".
 
     Not for concurrent use: a step while another thread's step runs raises BusyError. cancel() is thread-safe and
     makes the running (or next) step raise CancelledError. A step past the model's memory limit

@@ -150,7 +150,7 @@ public final class Trainer extends NativeHandle {
      * loadCheckpoint and resume are then collective: every rank calls them and rank 0 alone writes the whole model.
      * {@link Metrics}' memory is this rank's; {@link Metrics#tp} and {@link Metrics#tpBytesReduced} report the split.
      * tp not dividing the heads or vocabulary, a job that is not tp ranks, or ranks disagreeing: an exception on every
-     * rank with the numbers. README "Tensor parallel".
+     * rank with the numbers. docs/distributed.md, "Tensor parallel".
      */
     public long tp = 1;
 
