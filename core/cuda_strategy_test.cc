@@ -399,9 +399,9 @@ TEST_F(CudaStrategyTest, SyncEveryOpGivesTheSameBits) {
   }
 }
 
-// The ops that replaced host loops inside a chunk (backend.h's last block) give the CPU table's bits on the device:
-// LoRA dropout (its mask is kernels/dropout_mask.h's hash), A = -exp(A_log) and its gradient, column sums in f64
-// and sparse attention's page scores.
+// The ops that replaced host loops inside a chunk (kernels/ops.inc's in-chunk block) give the CPU table's bits on the
+// device: LoRA dropout (its mask is kernels/dropout_mask.h's hash), A = -exp(A_log) and its gradient, column sums in
+// f64 and sparse attention's page scores.
 template <typename T>
 void ExpectChunkOpsMatchCpu() {
   const std::string type = std::is_same_v<T, double> ? "f64" : "f32";

@@ -120,269 +120,223 @@ void CountRopeKvWrite(const char* op, int64_t n, const PagedKV<P>& kv, int64_t i
   Count(op, OpFamily::kRope, 0, values * in_size + kv.head_dim / 2 * 8, values * page_size);
 }
 
+// The counting half of each counted op: its arguments, no result; null for the ops that are not counted (LoRA
+// dropout, Mamba's A, page sums and scores, the vocabulary shards, attention's workspace size). The counters name
+// only the arguments they read, by position in ops.inc's signature; the others are `auto`.
 template <typename T>
-OpTable<T> MakeCounting(const OpTable<T>& inner) {
+struct Counters {
+#define SG_OP(name, Kernel, ret, params) void(*name) params = nullptr;
+#include "kernels/ops.inc"
+};
+
+// The bf16 storage entries of the f32 table.
+void AddBf16Counters(Counters<float>& c) {
+  c.gemm_mixed = [](auto, auto, int64_t m, int64_t n, int64_t k, auto, DType a_type, auto, auto, DType b_type, auto,
+                    auto, float beta, DType c_type, auto, auto) {
+    const bool all_f32 = a_type == DType::kF32 && b_type == DType::kF32 && c_type == DType::kF32;
+    if (!all_f32 && k > 0 && m > 0 && n > 0) {
+      // cuBLASLt multiplies bf16 by bf16: an f32 operand is rounded into scratch first
+      for (auto [type, elems] : {std::pair{a_type, m * k}, std::pair{b_type, k * n}})
+        if (type == DType::kF32) Count("gemm_mixed", OpFamily::kBf16Round, 0, elems * kF32, elems * kBf16);
+      CountGemm("gemm_mixed", m, n, k, kBf16, kBf16, Size(c_type), beta != 0.0f);
+    } else {
+      CountGemm("gemm_mixed", m, n, k, Size(a_type), Size(b_type), Size(c_type), beta != 0.0f);
+    }
+  };
+  c.bf16_to_f32 = [](auto, int64_t count, auto) {
+    Count("bf16_to_f32", OpFamily::kConvert, 0, count * kBf16, count * kF32);
+  };
+  c.f32_to_bf16 = [](auto, int64_t count, auto) {
+    Count("f32_to_bf16", OpFamily::kConvert, 0, count * kF32, count * kBf16);
+  };
+  c.round_bf16 = [](auto, int64_t count, auto) {
+    Count("round_bf16", OpFamily::kConvert, 0, count * kF32, count * (kF32 + kBf16));
+  };
+  c.rope_kv_write_bf16 = [](auto, auto, int64_t n, auto, auto, const PagedKV<uint16_t>& kv) {
+    CountRopeKvWrite("rope_kv_write_bf16", n, kv, kF32, kBf16);
+  };
+  c.rmsnorm_forward_bf16 = [](auto, auto, int64_t n, int64_t d, auto, auto, auto, uint16_t* half) {
+    Count("rmsnorm_forward_bf16", OpFamily::kNorm, 0, (n * d + d) * kF32,
+          (n * d + n) * kF32 + (half ? n * d * kBf16 : 0));
+  };
+  c.swiglu_forward_bf16 = [](auto, auto, int64_t count, auto, uint16_t* gate_half, uint16_t* up_half,
+                             uint16_t* out_half) {
+    const int64_t halves = (gate_half ? 1 : 0) + (up_half ? 1 : 0) + (out_half ? 1 : 0);
+    Count("swiglu_forward_bf16", OpFamily::kPointwise, 0, 2 * count * kF32, count * (kF32 + halves * kBf16));
+  };
+  c.swiglu_backward_bf16 = [](auto, auto, auto, int64_t count, auto, auto) {
+    Count("swiglu_backward_bf16", OpFamily::kPointwise, 0, count * (kF32 + 2 * kBf16), 2 * count * kF32);
+  };
+  c.cross_entropy_bf16 = [](auto, auto, int64_t n, int64_t vocab, const double* row_scale, auto, auto) {
+    Count("cross_entropy_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4 + (row_scale ? n * 8 : 0),
+          n * vocab * kBf16);
+  };
+  c.token_logprobs_bf16 = [](auto, auto, int64_t n, int64_t vocab, auto) {
+    Count("token_logprobs_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4, n * 8);
+  };
+  c.token_argmax_bf16 = [](auto, auto, int64_t n, int64_t vocab, auto) {
+    Count("token_argmax_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4, n * 4);
+  };
+  c.attention_forward_bf16 = [](const AttentionShape& s, auto, const PagedKV<uint16_t>& kv, auto, auto, auto) {
+    CountAttentionForward<float, uint16_t>("attention_forward_bf16", s, kv);
+  };
+  c.attention_backward_bf16 = [](const AttentionShape& s, auto, const PagedKV<uint16_t>& kv, auto, auto, auto, auto,
+                                 const PagedKV<uint16_t>& dkv, auto) {
+    CountAttentionBackward<float, uint16_t>("attention_backward_bf16", s, kv, dkv);
+  };
+  c.adamw_bf16 = [](auto, auto, auto, auto, auto, int64_t count, auto, auto, auto, auto, auto, auto) {
+    // master, g, m, v read; master, m, v written, and the weights rounded from the master
+    Count("adamw_bf16", OpFamily::kOptimizer, 0, 4 * count * kF32, count * (3 * kF32 + kBf16));
+  };
+}
+
+template <typename T>
+Counters<T> MakeCounters() {
   constexpr int64_t S = sizeof(T);
-  OpTable<T> t = inner;  // entries the inner table lacks stay null
-  t.gemm = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-              int64_t ldb, T beta, T* c, int64_t ldc) {
+  Counters<T> c;
+  c.gemm = [](auto, auto, int64_t m, int64_t n, int64_t k, auto, auto, auto, auto, auto, T beta, auto, auto) {
     CountGemm("gemm", m, n, k, S, S, S, beta != T(0));
-    Inner<T>().gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   };
-  t.embedding_forward = [](const int32_t* ids, int64_t n, const T* table, int64_t d, T* out) {
+  c.embedding_forward = [](auto, int64_t n, auto, int64_t d, auto) {
     Count("embedding_forward", OpFamily::kEmbedding, 0, n * 4 + n * d * S, n * d * S);
-    Inner<T>().embedding_forward(ids, n, table, d, out);
   };
-  t.embedding_backward = [](const int32_t* ids, int64_t n, const T* dout, int64_t d, T* dtable) {
+  c.embedding_backward = [](auto, int64_t n, auto, int64_t d, auto) {
     Count("embedding_backward", OpFamily::kEmbedding, 0, n * 4 + 2 * n * d * S, n * d * S);
-    Inner<T>().embedding_backward(ids, n, dout, d, dtable);
   };
-  t.rmsnorm_forward = [](const T* x, const T* w, int64_t n, int64_t d, double eps, T* y, T* rstd) {
+  c.rmsnorm_forward = [](auto, auto, int64_t n, int64_t d, auto, auto, auto) {
     Count("rmsnorm_forward", OpFamily::kNorm, 0, (n * d + d) * S, (n * d + n) * S);
-    Inner<T>().rmsnorm_forward(x, w, n, d, eps, y, rstd);
   };
-  t.rmsnorm_backward = [](const T* dy, const T* x, const T* w, const T* rstd, int64_t n, int64_t d, T* dx, T* dw,
-                          bool accumulate_dx) {
+  c.rmsnorm_backward = [](auto, auto, auto, auto, int64_t n, int64_t d, auto, auto, bool accumulate_dx) {
     // dy, x, w, rstd (and dx when accumulated) read; dx written; dw accumulated
     Count("rmsnorm_backward", OpFamily::kNorm, 0, ((accumulate_dx ? 3 : 2) * n * d + 2 * d + n) * S,
           (n * d + d) * S);
-    Inner<T>().rmsnorm_backward(dy, x, w, rstd, n, d, dx, dw, accumulate_dx);
   };
-  t.rope = [](T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq,
-              bool inverse) {
+  c.rope = [](auto, int64_t n, int64_t heads, int64_t head_dim, auto, auto, auto) {
     Count("rope", OpFamily::kRope, 0, n * heads * head_dim * S + head_dim / 2 * 8, n * heads * head_dim * S);
-    Inner<T>().rope(x, n, heads, head_dim, pos0, inv_freq, inverse);
   };
-  t.add_bias = [](T* y, const T* b, int64_t n, int64_t m) {
+  c.add_bias = [](auto, auto, int64_t n, int64_t m) {
     Count("add_bias", OpFamily::kPointwise, 0, (n * m + m) * S, n * m * S);
-    Inner<T>().add_bias(y, b, n, m);
   };
-  t.bias_backward = [](const T* dy, int64_t n, int64_t m, T* db) {
+  c.bias_backward = [](auto, int64_t n, int64_t m, auto) {
     Count("bias_backward", OpFamily::kPointwise, 0, (n * m + m) * S, m * S);
-    Inner<T>().bias_backward(dy, n, m, db);
   };
-  t.swiglu_forward = [](const T* gate, const T* up, int64_t count, T* out) {
+  c.swiglu_forward = [](auto, auto, int64_t count, auto) {
     Count("swiglu_forward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
-    Inner<T>().swiglu_forward(gate, up, count, out);
   };
-  t.swiglu_backward = [](const T* dout, const T* gate, const T* up, int64_t count, T* dgate, T* dup) {
+  c.swiglu_backward = [](auto, auto, auto, int64_t count, auto, auto) {
     Count("swiglu_backward", OpFamily::kPointwise, 0, 3 * count * S, 2 * count * S);
-    Inner<T>().swiglu_backward(dout, gate, up, count, dgate, dup);
   };
-  t.add_inplace = [](T* y, const T* x, int64_t count) {
+  c.add_inplace = [](auto, auto, int64_t count) {
     Count("add_inplace", OpFamily::kPointwise, 0, 2 * count * S, count * S);
-    Inner<T>().add_inplace(y, x, count);
   };
-  t.copy = [](T* dst, const T* src, int64_t count) {
-    Count("copy", OpFamily::kPointwise, 0, count * S, count * S);
-    Inner<T>().copy(dst, src, count);
-  };
-  t.fill = [](T* x, int64_t count, T value) {
-    Count("fill", OpFamily::kPointwise, 0, 0, count * S);
-    Inner<T>().fill(x, count, value);
-  };
-  t.scale = [](T* x, int64_t count, double factor) {
-    Count("scale", OpFamily::kPointwise, 0, count * S, count * S);
-    Inner<T>().scale(x, count, factor);
-  };
-  // Attention over page groups: each group's output and logsumexp merged into the running ones (4 flops a value).
-  t.attention_merge = [](const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b) {
-    const int64_t values = s.n * s.heads * s.head_dim, rows = s.n * s.heads;
-    Count("attention_merge", OpFamily::kPointwise, 4 * values, (2 * values + 2 * rows) * S, (values + rows) * S);
-    Inner<T>().attention_merge(s, out, lse, out_b, lse_b);
-  };
-  t.attention_forward = [](const AttentionShape& s, const T* q, const PagedKV<T>& kv, T* out, T* lse, T* ws) {
+  c.copy = [](auto, auto, int64_t count) { Count("copy", OpFamily::kPointwise, 0, count * S, count * S); };
+  c.fill = [](auto, int64_t count, auto) { Count("fill", OpFamily::kPointwise, 0, 0, count * S); };
+  c.scale = [](auto, int64_t count, auto) { Count("scale", OpFamily::kPointwise, 0, count * S, count * S); };
+  c.attention_forward = [](const AttentionShape& s, auto, const PagedKV<T>& kv, auto, auto, auto) {
     CountAttentionForward<T, T>("attention_forward", s, kv);
-    Inner<T>().attention_forward(s, q, kv, out, lse, ws);
   };
-  t.attention_backward = [](const AttentionShape& s, const T* q, const PagedKV<T>& kv, const T* out, const T* lse,
-                            const T* dout, T* dq, const PagedKV<T>& dkv, T* ws) {
+  c.attention_backward = [](const AttentionShape& s, auto, const PagedKV<T>& kv, auto, auto, auto, auto,
+                            const PagedKV<T>& dkv, auto) {
     CountAttentionBackward<T, T>("attention_backward", s, kv, dkv);
-    Inner<T>().attention_backward(s, q, kv, out, lse, dout, dq, dkv, ws);
   };
   // Loss ops read the logits and labels (and row scales); cross-entropy overwrites the logits with the gradient.
-  t.cross_entropy_forward_backward = [](T* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                        const double* row_scale, double grad_scale, double* device_sum) {
+  c.cross_entropy_forward_backward = [](auto, auto, int64_t n, int64_t vocab, const double* row_scale, auto, auto) {
     Count("cross_entropy", OpFamily::kLoss, 0, n * vocab * S + n * 4 + (row_scale ? n * 8 : 0), n * vocab * S);
-    return Inner<T>().cross_entropy_forward_backward(logits, labels, n, vocab, row_scale, grad_scale, device_sum);
   };
-  t.token_logprobs = [](const T* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {
+  c.token_logprobs = [](auto, auto, int64_t n, int64_t vocab, auto) {
     Count("token_logprobs", OpFamily::kLoss, 0, n * vocab * S + n * 4, n * 8);
-    Inner<T>().token_logprobs(logits, labels, n, vocab, out);
   };
-  t.token_argmax = [](const T* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out) {
+  c.token_argmax = [](auto, auto, int64_t n, int64_t vocab, auto) {
     Count("token_argmax", OpFamily::kLoss, 0, n * vocab * S + n * 4, n * 4);
-    Inner<T>().token_argmax(logits, labels, n, vocab, out);
   };
-  t.conv1d_forward = [](const T* x, const T* tail_in, const T* w, const T* b, int64_t n, int64_t ch, int64_t k,
-                        T* y, T* tail_out) {
+  c.conv1d_forward = [](auto, const T* tail_in, auto, const T* b, int64_t n, int64_t ch, int64_t k, auto,
+                        T* tail_out) {
     const int64_t tail = (k - 1) * ch;
     Count("conv1d_forward", OpFamily::kSsm, 0, (n * ch + (tail_in ? tail : 0) + ch * k + (b ? ch : 0)) * S,
           (n * ch + (tail_out ? tail : 0)) * S);
-    Inner<T>().conv1d_forward(x, tail_in, w, b, n, ch, k, y, tail_out);
   };
-  t.conv1d_backward = [](const T* dy, const T* dtail_out, const T* x, const T* tail_in, const T* w, int64_t n,
-                         int64_t ch, int64_t k, T* dx, T* dtail_in, T* dw, T* db) {
+  c.conv1d_backward = [](auto, const T* dtail_out, auto, const T* tail_in, auto, int64_t n, int64_t ch, int64_t k,
+                         auto, T* dtail_in, auto, T* db) {
     const int64_t tail = (k - 1) * ch;
     // dw and db accumulate: read and written
     Count("conv1d_backward", OpFamily::kSsm, 0,
           (2 * n * ch + (dtail_out ? tail : 0) + (tail_in ? tail : 0) + 2 * ch * k + (db ? ch : 0)) * S,
           (n * ch + (dtail_in ? tail : 0) + ch * k + (db ? ch : 0)) * S);
-    Inner<T>().conv1d_backward(dy, dtail_out, x, tail_in, w, n, ch, k, dx, dtail_in, dw, db);
   };
-  t.selective_scan_forward = [](const T* u, const T* delta, const T* A, const T* B, const T* C, const T* D,
-                                const T* h0, int64_t n, int64_t dim, int64_t N, T* y, T* h_final) {
+  c.selective_scan_forward = [](auto, auto, auto, auto, auto, const T* D, const T* h0, int64_t n, int64_t dim,
+                                int64_t N, auto, T* h_final) {
     Count("selective_scan_forward", OpFamily::kSsm, 0,
           (2 * n * dim + dim * N + 2 * n * N + (D ? dim : 0) + (h0 ? dim * N : 0)) * S,
           (n * dim + (h_final ? dim * N : 0)) * S);
-    Inner<T>().selective_scan_forward(u, delta, A, B, C, D, h0, n, dim, N, y, h_final);
   };
-  t.selective_scan_backward = [](const T* dy, const T* dh_final, const T* u, const T* delta, const T* A, const T* B,
-                                 const T* C, const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, T* du,
-                                 T* ddelta, T* dA, T* dB, T* dC, T* dD, T* dh0) {
+  c.selective_scan_backward = [](auto, const T* dh_final, auto, auto, auto, auto, auto, const T* D, const T* h0,
+                                 int64_t n, int64_t dim, int64_t N, auto, auto, auto, auto, auto, T* dD, T* dh0) {
     // dy, u, delta, A, B, C, D, h0, dh_final read; dA, dD accumulated; du, ddelta, dB, dC, dh0 written
     Count("selective_scan_backward", OpFamily::kSsm, 0,
           (3 * n * dim + 2 * dim * N + 2 * n * N + (D ? 2 * dim : 0) + (h0 ? dim * N : 0) +
            (dh_final ? dim * N : 0)) * S,
           (2 * n * dim + dim * N + 2 * n * N + (dD ? dim : 0) + (dh0 ? dim * N : 0)) * S);
-    Inner<T>().selective_scan_backward(dy, dh_final, u, delta, A, B, C, D, h0, n, dim, N, du, ddelta, dA, dB, dC, dD,
-                                       dh0);
   };
-  t.selective_scan_backward_pairs = [](const T* dy, const T* u, const T* delta, const T* A, const T* B, const T* C,
-                                       const T* D, const T* h0, int64_t n, int64_t dim, int64_t N, const T* later_dy,
-                                       const T* later_delta, const T* later_C, int64_t later, int64_t window, T* du,
-                                       T* ddelta, T* dA, T* dB, T* dC, T* dD) {
+  c.selective_scan_backward_pairs = [](auto, auto, auto, auto, auto, auto, const T* D, const T* h0, int64_t n,
+                                       int64_t dim, int64_t N, auto, auto, auto, int64_t later, auto, auto, auto,
+                                       auto, auto, auto, T* dD) {
     Count("selective_scan_backward_pairs", OpFamily::kSsm, 0,
           (3 * n * dim + 2 * dim * N + 2 * n * N + (D ? 2 * dim : 0) + (h0 ? dim * N : 0) +
            later * (2 * dim + N)) * S,
           (2 * n * dim + dim * N + 2 * n * N + (dD ? dim : 0)) * S);
-    return Inner<T>().selective_scan_backward_pairs(dy, u, delta, A, B, C, D, h0, n, dim, N, later_dy, later_delta,
-                                                    later_C, later, window, du, ddelta, dA, dB, dC, dD);
   };
-  t.silu_forward = [](const T* x, int64_t count, T* y) {
+  c.silu_forward = [](auto, int64_t count, auto) {
     Count("silu_forward", OpFamily::kPointwise, 0, count * S, count * S);
-    Inner<T>().silu_forward(x, count, y);
   };
-  t.silu_backward = [](const T* dy, const T* x, int64_t count, T* dx) {
+  c.silu_backward = [](auto, auto, int64_t count, auto) {
     Count("silu_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
-    Inner<T>().silu_backward(dy, x, count, dx);
   };
-  t.softplus_forward = [](const T* x, int64_t count, T* y) {
+  c.softplus_forward = [](auto, int64_t count, auto) {
     Count("softplus_forward", OpFamily::kPointwise, 0, count * S, count * S);
-    Inner<T>().softplus_forward(x, count, y);
   };
-  t.softplus_backward = [](const T* dy, const T* x, int64_t count, T* dx) {
+  c.softplus_backward = [](auto, auto, int64_t count, auto) {
     Count("softplus_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
-    Inner<T>().softplus_backward(dy, x, count, dx);
   };
-  if (inner.rope_kv_write)
-    t.rope_kv_write = [](const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq,
-                         const PagedKV<T>& kv) {
-      CountRopeKvWrite("rope_kv_write", n, kv, S, S);
-      Inner<T>().rope_kv_write(k, v, n, pos0, inv_freq, kv);
-    };
-  t.adamw = [](T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1, double beta2, double eps,
-               double weight_decay, int64_t step) {
+  c.adamw = [](auto, auto, auto, auto, int64_t count, auto, auto, auto, auto, auto, auto) {
     Count("adamw", OpFamily::kOptimizer, 0, 4 * count * S, 3 * count * S);
-    Inner<T>().adamw(p, g, m, v, count, lr, beta1, beta2, eps, weight_decay, step);
   };
-  if constexpr (std::is_same_v<T, float>) {
-    if (inner.gemm_mixed)
-      t.gemm_mixed = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, DType a_type, const void* a,
-                        int64_t lda, DType b_type, const void* b, int64_t ldb, float beta, DType c_type, void* c,
-                        int64_t ldc) {
-        const bool all_f32 = a_type == DType::kF32 && b_type == DType::kF32 && c_type == DType::kF32;
-        if (!all_f32 && k > 0 && m > 0 && n > 0) {
-          // cuBLASLt multiplies bf16 by bf16: an f32 operand is rounded into scratch first
-          for (auto [type, elems] : {std::pair{a_type, m * k}, std::pair{b_type, k * n}})
-            if (type == DType::kF32) Count("gemm_mixed", OpFamily::kBf16Round, 0, elems * kF32, elems * kBf16);
-          CountGemm("gemm_mixed", m, n, k, kBf16, kBf16, Size(c_type), beta != 0.0f);
-        } else {
-          CountGemm("gemm_mixed", m, n, k, Size(a_type), Size(b_type), Size(c_type), beta != 0.0f);
-        }
-        Inner<float>().gemm_mixed(ta, tb, m, n, k, alpha, a_type, a, lda, b_type, b, ldb, beta, c_type, c, ldc);
-      };
-    if (inner.bf16_to_f32)
-      t.bf16_to_f32 = [](const uint16_t* src, int64_t count, float* dst) {
-        Count("bf16_to_f32", OpFamily::kConvert, 0, count * kBf16, count * kF32);
-        Inner<float>().bf16_to_f32(src, count, dst);
-      };
-    if (inner.f32_to_bf16)
-      t.f32_to_bf16 = [](const float* src, int64_t count, uint16_t* dst) {
-        Count("f32_to_bf16", OpFamily::kConvert, 0, count * kF32, count * kBf16);
-        Inner<float>().f32_to_bf16(src, count, dst);
-      };
-    if (inner.round_bf16)
-      t.round_bf16 = [](float* x, int64_t count, uint16_t* half) {
-        Count("round_bf16", OpFamily::kConvert, 0, count * kF32, count * (kF32 + kBf16));
-        Inner<float>().round_bf16(x, count, half);
-      };
-    if (inner.rope_kv_write_bf16)
-      t.rope_kv_write_bf16 = [](const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
-                                const PagedKV<uint16_t>& kv) {
-        CountRopeKvWrite("rope_kv_write_bf16", n, kv, kF32, kBf16);
-        Inner<float>().rope_kv_write_bf16(k, v, n, pos0, inv_freq, kv);
-      };
-    if (inner.rmsnorm_forward_bf16)
-      t.rmsnorm_forward_bf16 = [](const float* x, const float* w, int64_t n, int64_t d, double eps, float* y,
-                                  float* rstd, uint16_t* half) {
-        Count("rmsnorm_forward_bf16", OpFamily::kNorm, 0, (n * d + d) * kF32,
-              (n * d + n) * kF32 + (half ? n * d * kBf16 : 0));
-        Inner<float>().rmsnorm_forward_bf16(x, w, n, d, eps, y, rstd, half);
-      };
-    if (inner.swiglu_forward_bf16)
-      t.swiglu_forward_bf16 = [](const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
-                                 uint16_t* up_half, uint16_t* out_half) {
-        const int64_t halves = (gate_half ? 1 : 0) + (up_half ? 1 : 0) + (out_half ? 1 : 0);
-        Count("swiglu_forward_bf16", OpFamily::kPointwise, 0, 2 * count * kF32, count * (kF32 + halves * kBf16));
-        Inner<float>().swiglu_forward_bf16(gate, up, count, out, gate_half, up_half, out_half);
-      };
-    if (inner.swiglu_backward_bf16)
-      t.swiglu_backward_bf16 = [](const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count,
-                                  float* dgate, float* dup) {
-        Count("swiglu_backward_bf16", OpFamily::kPointwise, 0, count * (kF32 + 2 * kBf16), 2 * count * kF32);
-        Inner<float>().swiglu_backward_bf16(dout, gate, up, count, dgate, dup);
-      };
-    if (inner.cross_entropy_bf16)
-      t.cross_entropy_bf16 = [](uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                const double* row_scale, double grad_scale, double* device_sum) {
-        Count("cross_entropy_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4 + (row_scale ? n * 8 : 0),
-              n * vocab * kBf16);
-        return Inner<float>().cross_entropy_bf16(logits, labels, n, vocab, row_scale, grad_scale, device_sum);
-      };
-    if (inner.token_logprobs_bf16)
-      t.token_logprobs_bf16 = [](const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                 double* out) {
-        Count("token_logprobs_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4, n * 8);
-        Inner<float>().token_logprobs_bf16(logits, labels, n, vocab, out);
-      };
-    if (inner.token_argmax_bf16)
-      t.token_argmax_bf16 = [](const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                               int32_t* out) {
-        Count("token_argmax_bf16", OpFamily::kLoss, 0, n * vocab * kBf16 + n * 4, n * 4);
-        Inner<float>().token_argmax_bf16(logits, labels, n, vocab, out);
-      };
-    if (inner.attention_forward_bf16)
-      t.attention_forward_bf16 = [](const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
-                                    float* lse, float* ws) {
-        CountAttentionForward<float, uint16_t>("attention_forward_bf16", s, kv);
-        Inner<float>().attention_forward_bf16(s, q, kv, out, lse, ws);
-      };
-    if (inner.attention_backward_bf16)
-      t.attention_backward_bf16 = [](const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv,
-                                     const float* out, const float* lse, const float* dout, float* dq,
-                                     const PagedKV<uint16_t>& dkv, float* ws) {
-        CountAttentionBackward<float, uint16_t>("attention_backward_bf16", s, kv, dkv);
-        Inner<float>().attention_backward_bf16(s, q, kv, out, lse, dout, dq, dkv, ws);
-      };
-    if (inner.adamw_bf16)
-      t.adamw_bf16 = [](uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count,
-                        double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-        // master, g, m, v read; master, m, v written, and the weights rounded from the master
-        Count("adamw_bf16", OpFamily::kOptimizer, 0, 4 * count * kF32, count * (3 * kF32 + kBf16));
-        Inner<float>().adamw_bf16(weights, master, g, m, v, count, lr, beta1, beta2, eps, weight_decay, step);
-      };
+  // Attention over page groups: each group's output and logsumexp merged into the running ones (4 flops a value).
+  c.attention_merge = [](const AttentionShape& s, auto, auto, auto, auto) {
+    const int64_t values = s.n * s.heads * s.head_dim, rows = s.n * s.heads;
+    Count("attention_merge", OpFamily::kPointwise, 4 * values, (2 * values + 2 * rows) * S, (values + rows) * S);
+  };
+  c.rope_kv_write = [](auto, auto, int64_t n, auto, auto, const PagedKV<T>& kv) {
+    CountRopeKvWrite("rope_kv_write", n, kv, S, S);
+  };
+  if constexpr (std::is_same_v<T, float>) AddBf16Counters(c);
+  return c;
+}
+
+template <typename T>
+const Counters<T>& CountersFor() {
+  static const Counters<T> counters = MakeCounters<T>();
+  return counters;
+}
+
+// Counted<Op, Counter>::Call has the op's signature: it counts the call, then forwards it to the wrapped table.
+template <auto Op, auto Counter>
+struct Counted;
+template <typename T, typename R, typename... A, R (*OpTable<T>::*Op)(A...), void (*Counters<T>::*Counter)(A...)>
+struct Counted<Op, Counter> {
+  static R Call(A... args) {
+    (CountersFor<T>().*Counter)(args...);
+    return (Inner<T>().*Op)(args...);
   }
+};
+
+// The inner table with its counted entries wrapped; entries the inner table lacks stay null.
+template <typename T>
+OpTable<T> MakeCounting(const OpTable<T>& inner) {
+  const Counters<T>& counters = CountersFor<T>();
+  OpTable<T> t = inner;
+#define SG_OP(name, Kernel, ret, params) \
+  if (inner.name && counters.name) t.name = &Counted<&OpTable<T>::name, &Counters<T>::name>::Call;
+#include "kernels/ops.inc"
   return t;
 }
 

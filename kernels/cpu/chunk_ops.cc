@@ -1,4 +1,4 @@
-// Work inside a chunk that core once did in host loops (backend.h's last block): LoRA dropout, Mamba's A =
+// Work inside a chunk that core once did in host loops (ops.inc's in-chunk block): LoRA dropout, Mamba's A =
 // -exp(A_log) and its gradient, sparse attention's key sums and page scores. The CUDA kernels
 // (kernels/cuda/chunk_ops.cu) do the same arithmetic in the same order: the same bits.
 #include <cmath>

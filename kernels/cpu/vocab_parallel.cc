@@ -1,4 +1,4 @@
-// The vocabulary-parallel embedding and cross-entropy on the CPU (backend.h's tensor-parallel block): the rows of
+// The vocabulary-parallel embedding and cross-entropy on the CPU (ops.inc's tensor-parallel block): the rows of
 // a logits chunk that this rank holds, reduced to the per-row scalars the group all-reduces (core/lm_head.h).
 // Everything is computed in double from the stored values, so the split sums are those of one process.
 #include "kernels/cpu/vocab_parallel.h"

@@ -1,4 +1,4 @@
-// The CPU entries of backend.h's tensor-parallel block (a vocabulary split over a group of ranks).
+// The CPU entries of ops.inc's tensor-parallel block (a vocabulary split over a group of ranks).
 #pragma once
 
 #include "kernels/backend.h"

@@ -1,4 +1,4 @@
-// Work inside a chunk that core once did in host loops over copies of device memory (backend.h's last block): LoRA
+// Work inside a chunk that core once did in host loops over copies of device memory (ops.inc's in-chunk block): LoRA
 // dropout, Mamba's A = -exp(A_log) and its gradient, sparse attention's key sums and page scores. Same arithmetic in
 // the same order as kernels/cpu/chunk_ops.cc; products and sums that the CPU rounds separately are rounded
 // separately here too (MulRn, AddRn: nvcc would fuse them into an FMA), so masks, sums and scores are the CPU's bits.

@@ -49,7 +49,7 @@ void AdamW(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1,
   Launch(p, g, m, v, count, lr, beta1, beta2, eps, weight_decay, step, nullptr, "adamw");
 }
 
-void AdamWBf16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
+void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float* v, int64_t count, double lr,
                double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   Launch(master, g, m, v, count, lr, beta1, beta2, eps, weight_decay, step, weights, "adamw_bf16");
 }

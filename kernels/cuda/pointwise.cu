@@ -377,14 +377,14 @@ void RopeKvWriteBf16(const float* k, const float* v, int64_t n, int64_t pos0, co
   RopeKvWrite<float, uint16_t>(k, v, n, pos0, inv_freq, kv);
 }
 
-void RmsNormForwardBf16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
+void RmsNormForwardBF16(const float* x, const float* w, int64_t n, int64_t d, double eps, float* y, float* rstd,
                         uint16_t* half) {
   if (n <= 0) return;
   RmsNormForwardKernel<float, true><<<RowBlocks(n), kRowThreads, 0, Stream()>>>(x, w, n, d, eps, y, rstd, half);
   End("rmsnorm_forward_bf16");
 }
 
-void SwigluForwardBf16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
+void SwigluForwardBF16(const float* gate, const float* up, int64_t count, float* out, uint16_t* gate_half,
                        uint16_t* up_half, uint16_t* out_half) {
   if (count <= 0) return;
   SwigluForwardBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(gate, up, count, out, gate_half,
@@ -392,7 +392,7 @@ void SwigluForwardBf16(const float* gate, const float* up, int64_t count, float*
   End("swiglu_forward_bf16");
 }
 
-void SwigluBackwardBf16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
+void SwigluBackwardBF16(const float* dout, const uint16_t* gate, const uint16_t* up, int64_t count, float* dgate,
                         float* dup) {
   if (count <= 0) return;
   SwigluBackwardBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dout, gate, up, count, dgate, dup);
@@ -484,19 +484,19 @@ void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
   End("softplus_backward");
 }
 
-void Bf16ToF32(const uint16_t* src, int64_t count, float* dst) {
+void BF16ToF32Row(const uint16_t* src, int64_t count, float* dst) {
   if (count <= 0) return;
   ConvertKernel<float, uint16_t><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(src, count, dst);
   End("bf16_to_f32");
 }
 
-void F32ToBf16(const float* src, int64_t count, uint16_t* dst) {
+void F32ToBF16Row(const float* src, int64_t count, uint16_t* dst) {
   if (count <= 0) return;
   ConvertKernel<uint16_t, float><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(src, count, dst);
   End("f32_to_bf16");
 }
 
-void RoundBf16(float* x, int64_t count, uint16_t* half) {
+void RoundBF16(float* x, int64_t count, uint16_t* half) {
   if (count <= 0) return;
   RoundBf16Kernel<<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, half);
   End("round_bf16");

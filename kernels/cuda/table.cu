@@ -51,19 +51,19 @@ static OpTable<T> MakeCudaTable() {
   t.page_scores = cuda::PageScores;
   if constexpr (std::is_same_v<T, float>) {
     t.gemm_mixed = cuda::GemmMixed;
-    t.bf16_to_f32 = cuda::Bf16ToF32;
-    t.f32_to_bf16 = cuda::F32ToBf16;
+    t.bf16_to_f32 = cuda::BF16ToF32Row;
+    t.f32_to_bf16 = cuda::F32ToBF16Row;
     t.cross_entropy_bf16 = cuda::CrossEntropyForwardBackward<uint16_t>;
     t.token_logprobs_bf16 = cuda::TokenLogprobs<uint16_t>;
     t.token_argmax_bf16 = cuda::TokenArgmax<uint16_t>;
     t.attention_forward_bf16 = cuda::AttentionForwardBf16;
     t.attention_backward_bf16 = cuda::AttentionBackwardBf16;
-    t.adamw_bf16 = cuda::AdamWBf16;
-    t.round_bf16 = cuda::RoundBf16;
+    t.adamw_bf16 = cuda::AdamWBF16;
+    t.round_bf16 = cuda::RoundBF16;
     t.rope_kv_write_bf16 = cuda::RopeKvWriteBf16;
-    t.rmsnorm_forward_bf16 = cuda::RmsNormForwardBf16;
-    t.swiglu_forward_bf16 = cuda::SwigluForwardBf16;
-    t.swiglu_backward_bf16 = cuda::SwigluBackwardBf16;
+    t.rmsnorm_forward_bf16 = cuda::RmsNormForwardBF16;
+    t.swiglu_forward_bf16 = cuda::SwigluForwardBF16;
+    t.swiglu_backward_bf16 = cuda::SwigluBackwardBF16;
   }
   t.attention_merge = cuda::AttentionMerge<T>;
   cuda::AddVocabParallelOps(t);

@@ -1,4 +1,4 @@
-// The vocabulary-parallel embedding and cross-entropy on the GPU (backend.h's tensor-parallel block), the formulas
+// The vocabulary-parallel embedding and cross-entropy on the GPU (ops.inc's tensor-parallel block), the formulas
 // of kernels/cpu/vocab_parallel.cc: per row the shard's maximum, sum of exponentials and the label's logit, all in
 // double, come back to the host as n or 2n scalars (what the group all-reduces); the logits never leave the device.
 //
