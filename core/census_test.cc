@@ -138,7 +138,9 @@ TEST(Census, ExecutingAndMetaGiveIdenticalRecords) {
           ++clipping;
         }
         EXPECT_EQ(j, planned.size()) << "meta's records past " << j << " were not executed";
-        if (device != Device::kCPU) EXPECT_GT(clipping, 0);
+        if (device != Device::kCPU) {
+          EXPECT_GT(clipping, 0);
+        }
         EXPECT_GT(meta.ops.family(OpFamily::kOptimizer).calls, 0);
         if (dtype == DType::kBF16) {
           EXPECT_GT(meta.ops.family(OpFamily::kBf16Round).bytes, 0);
