@@ -37,8 +37,11 @@ absl::Status MakeDirectory(const std::string& dir) {
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  io::RemoveStaleTemporaries(path);
+  absl::StatusOr<io::LockedTemporary> temp = io::LockedTemporary::Create(path);
+  if (!temp.ok()) return temp.status();
+  const std::string& tmp = temp->path();
+  const int fd = open(tmp.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
   if (fd < 0) return io::ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", tmp));
   size_t done = 0;
   while (done < text.size()) {

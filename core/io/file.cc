@@ -1,10 +1,13 @@
 #include "core/io/file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -85,6 +88,39 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   // A file that shrank while read: what is there.
   contents.resize(got);
   return contents;
+}
+
+absl::StatusOr<LockedTemporary> LockedTemporary::Create(const std::string& path) {
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  // Another process's RemoveStaleTemporaries may lock and unlink the file between our open and flock: then it has
+  // no link left, and we make it again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ReadFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", temp));
+    if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return ErrnoStatus(errno, absl::StrCat(temp, ": cannot lock"));
+    struct stat st;
+    if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat(temp, ": cannot stat"));
+    if (st.st_nlink > 0) return LockedTemporary(temp, std::move(fd));
+  }
+  return absl::UnavailableError(absl::StrCat(temp, ": removed by another process as soon as it was made"));
+}
+
+void RemoveStaleTemporaries(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string prefix = absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp.");
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> found;
+  while (const dirent* e = readdir(d))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back(absl::StrCat(dir, "/", e->d_name));
+  closedir(d);
+  for (const std::string& temp : found) {
+    ReadFd fd(open(temp.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st;
+    if (fd.get() < 0 || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (flock(fd.get(), LOCK_EX | LOCK_NB) == 0) unlink(temp.c_str());  // a killed writer's: no process holds it
+  }
 }
 
 }  // namespace sg::io

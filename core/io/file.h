@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,5 +47,22 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 
 // Reads exactly `size` bytes (short of EOF) at the current position; false with errno set on error.
 bool ReadFully(int fd, void* data, size_t size, size_t* got);
+
+// The temporary "<path>.tmp.<pid>" a writer fills and then renames over `path`, created (empty) and held under an
+// exclusive flock until destroyed, i.e. until after the rename: a temporary whose lock can be taken was left by a
+// killed writer, and RemoveStaleTemporaries(path) removes it.
+class LockedTemporary {
+ public:
+  static absl::StatusOr<LockedTemporary> Create(const std::string& path);
+  const std::string& path() const { return path_; }
+
+ private:
+  LockedTemporary(std::string path, ReadFd lock) : path_(std::move(path)), lock_(std::move(lock)) {}
+  std::string path_;
+  ReadFd lock_;
+};
+
+// Removes the "<path>.tmp.*" files beside `path` that no live writer holds (see LockedTemporary); best effort.
+void RemoveStaleTemporaries(const std::string& path);
 
 }  // namespace sg::io

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
+#include "core/io/file.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -239,6 +242,26 @@ TEST(SafetensorsTest, WriteReplacesAtomicallyAndLeavesNoTemporaryFile) {
   float read = 0;
   ASSERT_TRUE(SafetensorsFile::Open(path)->ReadInto("x", {1}, DType::kF32, &read).ok());
   EXPECT_EQ(read, 2.0f);
+}
+
+// A writer killed before its rename leaves "<path>.tmp.<pid>" behind: the next write of the same file removes it,
+// but never a temporary that a live writer holds (locked), nor a link of that name.
+TEST(SafetensorsTest, WriteRemovesTemporariesOfKilledWritersOnly) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/adapter_model.safetensors";
+  WriteFile(path + ".tmp.999999", "left by a killed writer");
+  absl::StatusOr<LockedTemporary> live = LockedTemporary::Create(path + ".live");  // another writer's, running
+  ASSERT_TRUE(live.ok()) << live.status();
+  const std::string live_name = "adapter_model.safetensors.tmp.live";
+  ASSERT_EQ(rename(live->path().c_str(), (dir + "/" + live_name).c_str()), 0);  // still locked under its new name
+  WriteFile(dir + "/elsewhere", "not a temporary");
+  ASSERT_EQ(symlink((dir + "/elsewhere").c_str(), (path + ".tmp.link").c_str()), 0);
+  const float x = 1;
+  ASSERT_TRUE(WriteSafetensors(path, {{"x", DType::kF32, {1}, &x}}).ok());
+  std::vector<std::string> names = ListDir(dir);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"adapter_model.safetensors", "adapter_model.safetensors.tmp.link",
+                                             live_name, "elsewhere"}));
 }
 
 TEST(SafetensorsTest, WriterRejectsBadTensors) {
