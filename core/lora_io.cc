@@ -37,7 +37,6 @@ absl::Status MakeDirectory(const std::string& dir) {
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  io::RemoveStaleTemporaries(path);
   absl::StatusOr<io::LockedTemporary> temp = io::LockedTemporary::Create(path);
   if (!temp.ok()) return temp.status();
   const std::string& tmp = temp->path();

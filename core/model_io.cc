@@ -5,7 +5,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +12,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <set>
 
@@ -202,12 +200,6 @@ void RemoveFlatDirectory(const std::string& dir) {
   rmdir(dir.c_str());
 }
 
-std::string ParentOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 std::string WithoutTrailingSlashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
@@ -217,27 +209,12 @@ std::string WithoutTrailingSlashes(std::string path) {
 constexpr char kStagingInfix[] = ".seqgrad-save-";
 
 // Removes the staging directories in `parent` that no live save holds: those of saves killed before they could
-// remove them. A save's lock goes with its process, so a lock we can take is a dead save's.
+// remove them.
 void RemoveStaleStaging(const std::string& parent) {
-  DIR* d = opendir(parent.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
-  while (const dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
+  io::RemoveUnlocked(parent, S_IFDIR, [](std::string_view name) {
     const size_t at = name.rfind(kStagingInfix);
-    if (at == std::string::npos || name.size() - at != sizeof(kStagingInfix) - 1 + 6) continue;
-    stale.push_back(parent + "/" + name);
-  }
-  closedir(d);
-  for (const std::string& path : stale) {
-    const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) continue;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-    close(fd);  // after the removal: a save that took the name meanwhile finds it gone and makes another
-  }
+    return at != std::string_view::npos && name.size() - at == sizeof(kStagingInfix) - 1 + 6;
+  });
 }
 
 // A new staging directory beside `dir`, locked: returns its descriptor (close it after removing the directory).
@@ -247,9 +224,7 @@ absl::StatusOr<int> CreateStaging(const std::string& dir, std::string* staging) 
     if (!mkdtemp(staging->data()))
       return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
     const int fd = open(staging->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    struct stat st;
-    // Between mkdtemp and flock another save may have taken it for a killed one's and removed it (no links left).
-    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0) {
+    if (fd >= 0 && io::LockIfLinked(fd)) {
       chmod(staging->c_str(), 0755);
       return fd;
     }
@@ -282,8 +257,8 @@ absl::StatusOr<std::optional<std::string>> ReadCarriedFile(const std::string& so
     return refused(absl::StatusCode::kInvalidArgument,
                    absl::StrCat("a link that leads nowhere (", std::strerror(errno), ")"));
   if (!realpath(source_dir.c_str(), root)) return io::ErrnoStatus(errno, absl::StrCat(source_dir, ": cannot resolve"));
-  const std::string parent = ParentOf(root);
-  const bool hub_blob = absl::EndsWith(parent, "/snapshots") && IsInside(resolved, ParentOf(parent) + "/blobs");
+  const std::string parent = io::ParentOf(root);
+  const bool hub_blob = absl::EndsWith(parent, "/snapshots") && IsInside(resolved, io::ParentOf(parent) + "/blobs");
   if (!IsInside(resolved, root) && !hub_blob)
     return refused(absl::StatusCode::kInvalidArgument,
                    absl::StrCat("it links to ", resolved, ", outside the model directory (copy the file into it)"));
@@ -439,8 +414,8 @@ absl::StatusOr<Existing> CheckSaveTarget(const std::string& dir) {
   if (!exists && errno != ENOENT) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   if (exists && !S_ISDIR(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
-  if (absl::Status s = CheckWritableDirectory(ParentOf(dir)); !s.ok()) return s;
-  RemoveStaleStaging(ParentOf(dir));
+  if (absl::Status s = CheckWritableDirectory(io::ParentOf(dir)); !s.ok()) return s;
+  RemoveStaleStaging(io::ParentOf(dir));
   if (!exists) return Existing();
   absl::StatusOr<Existing> existing = ListExisting(dir);
   if (!existing.ok()) return existing.status();
@@ -470,7 +445,7 @@ absl::Status CheckWritableTarget(const std::string& dir_arg) {
   const std::string dir = WithoutTrailingSlashes(dir_arg);
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
-    if (errno == ENOENT) return CheckWritableDirectory(ParentOf(dir));
+    if (errno == ENOENT) return CheckWritableDirectory(io::ParentOf(dir));
     return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   }
   if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));

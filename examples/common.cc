@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/data.h"
+#include "core/io/file.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
@@ -109,12 +110,6 @@ namespace {
                 flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue().c_str());
   std::printf("\n  --help: this list; --helpfull: also the flags of the libraries (Abseil)\n");
   std::exit(0);
-}
-
-std::string ParentDir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 }  // namespace
@@ -369,7 +364,7 @@ absl::StatusOr<std::string> KeepElsewhere(const std::string& target,
   const char* tmp = std::getenv("TMPDIR");
   std::string tried;
   absl::Status last;
-  for (const std::string& place : {ParentDir(target), std::string(tmp && *tmp ? tmp : "/tmp")}) {
+  for (const std::string& place : {io::ParentOf(target), std::string(tmp && *tmp ? tmp : "/tmp")}) {
     std::string dir = place + "/seqgrad-kept-XXXXXX";
     if (!mkdtemp(dir.data())) {
       absl::StrAppend(&tried, tried.empty() ? "" : "; ", place, ": ", std::strerror(errno));

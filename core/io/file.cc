@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -90,37 +92,47 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
   return contents;
 }
 
-absl::StatusOr<LockedTemporary> LockedTemporary::Create(const std::string& path) {
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
-  // Another process's RemoveStaleTemporaries may lock and unlink the file between our open and flock: then it has
-  // no link left, and we make it again.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    ReadFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", temp));
-    if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return ErrnoStatus(errno, absl::StrCat(temp, ": cannot lock"));
-    struct stat st;
-    if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat(temp, ": cannot stat"));
-    if (st.st_nlink > 0) return LockedTemporary(temp, std::move(fd));
-  }
-  return absl::UnavailableError(absl::StrCat(temp, ": removed by another process as soon as it was made"));
+std::string ParentOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-void RemoveStaleTemporaries(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-  const std::string prefix = absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp.");
+bool LockIfLinked(int fd) {
+  struct stat st;
+  return flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0;
+}
+
+void RemoveUnlocked(const std::string& dir, mode_t kind, const std::function<bool(std::string_view name)>& matches) {
   DIR* d = opendir(dir.c_str());
   if (!d) return;
   std::vector<std::string> found;
   while (const dirent* e = readdir(d))
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back(absl::StrCat(dir, "/", e->d_name));
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0 && matches(e->d_name))
+      found.push_back(absl::StrCat(dir, "/", e->d_name));
   closedir(d);
-  for (const std::string& temp : found) {
-    ReadFd fd(open(temp.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  for (const std::string& path : found) {
+    ReadFd fd(open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
     struct stat st;
-    if (fd.get() < 0 || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (flock(fd.get(), LOCK_EX | LOCK_NB) == 0) unlink(temp.c_str());  // a killed writer's: no process holds it
+    if (fd.get() < 0 || fstat(fd.get(), &st) != 0 || (st.st_mode & S_IFMT) != kind) continue;
+    if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // a live writer's
+    // Removed while locked: a writer that took the name meanwhile finds no link left (LockIfLinked) and makes another.
+    std::error_code ignored;
+    if (kind == S_IFDIR) std::filesystem::remove_all(path, ignored);
+    else unlink(path.c_str());
   }
+}
+
+absl::StatusOr<LockedTemporary> LockedTemporary::Create(const std::string& path) {
+  const std::string prefix = absl::StrCat(path.substr(path.rfind('/') + 1), ".tmp.");
+  RemoveUnlocked(ParentOf(path), S_IFREG, [&](std::string_view name) { return name.rfind(prefix, 0) == 0; });
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    ReadFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", temp));
+    if (LockIfLinked(fd.get())) return LockedTemporary(temp, std::move(fd));
+  }
+  return absl::UnavailableError(absl::StrCat(temp, ": cannot lock it, or removed by another process as soon as made"));
 }
 
 }  // namespace sg::io

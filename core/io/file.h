@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -48,9 +50,23 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 // Reads exactly `size` bytes (short of EOF) at the current position; false with errno set on error.
 bool ReadFully(int fd, void* data, size_t size, size_t* got);
 
-// The temporary "<path>.tmp.<pid>" a writer fills and then renames over `path`, created (empty) and held under an
-// exclusive flock until destroyed, i.e. until after the rename: a temporary whose lock can be taken was left by a
-// killed writer, and RemoveStaleTemporaries(path) removes it.
+// The directory part of `path`: "." when it has none, "/" for an entry of the root.
+std::string ParentOf(const std::string& path);
+
+// Writers hold what they are still writing (a temporary file, a staging directory) under an exclusive flock, which
+// goes with their process: whatever can be locked was left by a killed writer.
+// LockIfLinked takes that lock on `fd` without waiting; false when another holds it or the entry has no link left
+// (removed as stale by another process between its creation and this lock). The lock lasts until fd is closed.
+bool LockIfLinked(int fd);
+
+// Removes the entries of `dir` of one kind (S_IFREG: files, S_IFDIR: directories with what they hold) whose names
+// `matches` accepts and that no live writer holds (see above); links and other kinds of entry stay. Best effort:
+// what cannot be opened or removed stays.
+void RemoveUnlocked(const std::string& dir, mode_t kind, const std::function<bool(std::string_view name)>& matches);
+
+// The temporary "<path>.tmp.<pid>" a writer fills and then renames over `path`, created (empty) and held locked
+// until destroyed, i.e. until after the rename. Creating one first removes the temporaries of `path` that killed
+// writers left.
 class LockedTemporary {
  public:
   static absl::StatusOr<LockedTemporary> Create(const std::string& path);
@@ -61,8 +77,5 @@ class LockedTemporary {
   std::string path_;
   ReadFd lock_;
 };
-
-// Removes the "<path>.tmp.*" files beside `path` that no live writer holds (see LockedTemporary); best effort.
-void RemoveStaleTemporaries(const std::string& path);
 
 }  // namespace sg::io

@@ -777,7 +777,6 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
                               const std::map<std::string, std::string>& metadata) {
   absl::StatusOr<std::string> header = BuildHeader(path, tensors, metadata);
   if (!header.ok()) return header.status();
-  RemoveStaleTemporaries(path);
   absl::StatusOr<LockedTemporary> temp = LockedTemporary::Create(path);
   if (!temp.ok()) return temp.status();
   const std::string& temp_path = temp->path();
