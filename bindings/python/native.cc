@@ -613,7 +613,8 @@ PYBIND11_MODULE(_native, mod) {
                        int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
                        double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
                        const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
-                       bool grpo_kl_bias_correction, const std::string& adjoint_form, int64_t adjoint_window, const std::string& lr_schedule,
+                       bool grpo_kl_bias_correction, const std::string& adjoint_form, int64_t adjoint_window,
+                       const std::string& lr_schedule,
                        int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
                        int64_t sparse_pages, bool offload, int32_t num_threads, int64_t tp) {
              sg_trainer_options o = sg_trainer_default_options();

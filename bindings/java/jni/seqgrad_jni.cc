@@ -459,7 +459,8 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, js
                              jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
                              jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
                              jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
-                             jdouble grpo_kl_beta, jboolean grpo_kl_bias_correction, jstring adjoint_form, jlong adjoint_window, jstring lr_schedule,
+                             jdouble grpo_kl_beta, jboolean grpo_kl_bias_correction, jstring adjoint_form,
+                             jlong adjoint_window, jstring lr_schedule,
                              jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
                              jlong sparse_pages, jboolean offload, jint num_threads, jlong tp) {
   GUARD_BEGIN
