@@ -154,15 +154,18 @@ Grads Gradients(Model& model, const StrategyOptions& o, const std::vector<Sequen
   return out;
 }
 
-// Per parameter ||g - ref||_2 / ||ref||_2 (||g||_2 where ref is all zero), and the loss, within tol.
-void ExpectClose(const Grads& got, const Grads& ref, double tol, const std::string& what) {
-  ASSERT_EQ(got.g.size(), ref.g.size()) << what;
-  ASSERT_FALSE(ref.g.empty()) << what;
+// Per parameter ||g - ref||_2 / ||ref||_2 (||g||_2 where ref is all zero), and the loss, within tol; returns the
+// worst of these errors.
+double ExpectClose(const Grads& got, const Grads& ref, double tol, const std::string& what) {
+  EXPECT_EQ(got.g.size(), ref.g.size()) << what;
+  EXPECT_FALSE(ref.g.empty()) << what;
+  if (got.g.size() != ref.g.size() || ref.g.empty()) return INFINITY;
   EXPECT_NEAR(got.loss, ref.loss, tol * std::abs(ref.loss)) << what << ": loss";
   double worst = 0;
   std::string worst_name;
   for (size_t k = 0; k < ref.g.size(); ++k) {
-    ASSERT_EQ(got.g[k].size(), ref.g[k].size()) << what << " " << ref.names[k];
+    EXPECT_EQ(got.g[k].size(), ref.g[k].size()) << what << " " << ref.names[k];
+    if (got.g[k].size() != ref.g[k].size()) return INFINITY;
     double diff = 0, norm = 0;
     bool finite = true;
     for (size_t i = 0; i < ref.g[k].size(); ++i) {
@@ -177,6 +180,7 @@ void ExpectClose(const Grads& got, const Grads& ref, double tol, const std::stri
   }
   std::cout << what << ": worst relative gradient error " << worst << " (" << worst_name << "), loss " << got.loss
             << " vs " << ref.loss << "\n";
+  return worst;
 }
 
 StrategyOptions Strategy(const std::string& name, int64_t chunk, int64_t page_size) {
@@ -207,9 +211,22 @@ TEST_F(CudaStrategyTest, TransformerF32StrategiesMatchFull) {
   const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
   const Grads gpu_full = Gradients(*p.gpu, Strategy("full", 512, 4), batch);
   const Grads cpu_full = Gradients(*p.cpu, Strategy("full", 512, 4), batch);
-  ExpectClose(gpu_full, cpu_full, 1e-5, "f32 tiny: gpu full vs cpu full");
+  // f32's own error on these weights (stddev 0.3: attention far from uniform, gradients summing terms of both signs):
+  // the CPU's f32 gradients against f64 over the same values. The GPU's f32 (full, or a strategy's other summation
+  // order) may be as far from f64 in another direction, so it may differ by twice that, and by 1e-5 in any case.
+  auto f64 = CreateTransformer(*TransformerPreset("tiny"), DType::kF64, Device::kCPU);
+  ASSERT_TRUE(f64.ok()) << f64.status();
+  for (size_t i = 0; i < p.cpu->params().size(); ++i) {
+    std::vector<double> wide;
+    for (float x : HostCopy<float>(p.cpu->params()[i].value)) wide.push_back(x);
+    CopyFromHost((*f64)->params()[i].value, wide.data());
+  }
+  const double f32_error = ExpectClose(cpu_full, Gradients(**f64, Strategy("full", 512, 4), batch), 1e-3,
+                                       "f32 tiny: cpu full vs cpu f64 full");
+  const double tol = std::max(1e-5, 2 * f32_error);
+  ExpectClose(gpu_full, cpu_full, tol, "f32 tiny: gpu full vs cpu full");
   for (const StrategyOptions& o : TransformerStrategies())
-    ExpectClose(Gradients(*p.gpu, o, batch), gpu_full, 1e-5, "f32 tiny: gpu " + Describe(o) + " vs gpu full");
+    ExpectClose(Gradients(*p.gpu, o, batch), gpu_full, tol, "f32 tiny: gpu " + Describe(o) + " vs gpu full");
 }
 
 // f64: the GPU's gradients equal the CPU's to near rounding, for full backprop and every strategy, on both presets
@@ -453,8 +470,14 @@ void ExpectChunkOpsMatchCpu() {
   Tensor d_a_log = on_device(a_log, dtype), d_a = on_device(a_log, dtype), d_da = on_device(da, dtype),
          d_g = on_device(g0, dtype);
   gpu.ssm_neg_exp(d_a_log.template data<T>(), 50, d_a.template data<T>());
-  gpu.ssm_neg_exp_backward(d_da.template data<T>(), d_a.template data<T>(), 50, d_g.template data<T>());
-  EXPECT_EQ(HostCopy<T>(d_a), a) << type << " ssm_neg_exp";
+  // A GPU's exp is not the C library's (CUDA's is within 2 ulp, not correctly rounded): within 2 ulp here.
+  const std::vector<T> got_a = HostCopy<T>(d_a);
+  for (int i = 0; i < 50; ++i)
+    EXPECT_LE(std::abs(got_a[i] - a[i]), 2 * (std::nextafter(std::abs(a[i]), T(INFINITY)) - std::abs(a[i])))
+        << type << " ssm_neg_exp at " << i << ": " << got_a[i] << " vs " << a[i];
+  // The backward's products and sums are the CPU's, bit for bit, from the CPU's A.
+  Tensor d_cpu_a = on_device(a, dtype);
+  gpu.ssm_neg_exp_backward(d_da.template data<T>(), d_cpu_a.template data<T>(), 50, d_g.template data<T>());
   EXPECT_EQ(HostCopy<T>(d_g), g) << type << " ssm_neg_exp_backward";
 
   // Column sums (13 rows of 29), then page scores of 5 pages from page 1 (4 query heads, 2 KV heads of 8 dims).

@@ -249,6 +249,12 @@ const void* HostBytes(const Tensor& t, std::vector<std::vector<char>>* copies);
 // Fills t from host code: fill(dst) writes t.nbytes() bytes at dst, which is t's own memory when host-addressable,
 // else a host buffer copied into t when fill succeeds.
 absl::Status FillFromHost(const Tensor& t, const std::function<absl::Status(void*)>& fill);
+// dst[i] = v, stored as dtype's f32, f64 or bf16.
+inline void StoreAs(DType dtype, void* dst, int64_t i, double v) {
+  if (dtype == DType::kF64) static_cast<double*>(dst)[i] = v;
+  else if (dtype == DType::kBF16) static_cast<uint16_t*>(dst)[i] = F32ToBF16(static_cast<float>(v));
+  else static_cast<float*>(dst)[i] = static_cast<float>(v);
+}
 // t[i] = value(i) (a double, stored as t's f32, f64 or bf16) for every element, computed by host code in index
 // order: in place on the CPU, else into a host buffer copied into t after.
 template <typename F>
@@ -256,12 +262,7 @@ void SetFromHost(const Tensor& t, F value) {
   const bool direct = HostAddressable(t.device());
   std::vector<char> host(direct ? 0 : t.nbytes());
   char* dst = direct ? static_cast<char*>(t.raw()) : host.data();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double v = value(i);
-    if (t.dtype() == DType::kF64) reinterpret_cast<double*>(dst)[i] = v;
-    else if (t.dtype() == DType::kBF16) reinterpret_cast<uint16_t*>(dst)[i] = F32ToBF16(static_cast<float>(v));
-    else reinterpret_cast<float*>(dst)[i] = static_cast<float>(v);
-  }
+  for (int64_t i = 0; i < t.numel(); ++i) StoreAs(t.dtype(), dst, i, value(i));
   if (!direct) CopyFromHost(t, host.data());
 }
 // Runs f on t's bytes in host memory: t's own when host-addressable, else a host copy of them, copied back into t

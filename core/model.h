@@ -30,7 +30,7 @@ struct Chunk {
 struct Param {
   std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;
-  Tensor grad;
+  Tensor grad;  // allocated with the value; undefined for a frozen parameter (LoRA's base)
 };
 
 // Activations that one layer keeps from forward_chunk for its backward_chunk.

@@ -218,6 +218,8 @@ class ParamStore {
     if (o.rank > widest)
       return absl::InvalidArgumentError(absl::StrCat("--lora_rank ", o.rank, " exceeds min(in, out) = ", widest,
                                                      " of every adapted weight (largest: ", widest_name, ")"));
+    // The base's gradients were allocated with the model (fp32: twice a bf16 base's bytes) and go now; a device
+    // allocator keeps their blocks cached for reuse (docs/gpu.md, Measured on a GPU).
     for (Param& p : params_) p.grad.Reset();
     auto info = std::make_unique<LoraInfo>();
     info->options = o;

@@ -1,5 +1,6 @@
 // Every exact strategy against full backprop in fp64, and full backprop against finite differences of the loss.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <set>
@@ -23,6 +24,40 @@ std::unique_ptr<TransformerModel> Tiny(const std::string& preset) {
   init.perturb_norms_and_biases = true;
   InitRandom(**model, init);
   return std::move(*model);
+}
+
+// The parallel init (models over InitOptions::sequential_limit parameters): the same values at any thread count,
+// each parameter its own draws, N(0, stddev) matrices, norms exactly 1 unless perturbed.
+TEST(InitRandomTest, ParallelDrawsAreTheSameAtAnyThreadCount) {
+  auto values = [](int threads, bool perturb) {
+    std::unique_ptr<TransformerModel> model = Tiny("tiny");  // drawn again below, every value
+    InitOptions parallel;
+    parallel.seed = 7;
+    parallel.perturb_norms_and_biases = perturb;
+    parallel.sequential_limit = 0;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    InitRandom(*model, parallel);
+    omp_set_num_threads(saved);
+    std::vector<std::vector<double>> out;
+    for (Param& p : model->params()) out.push_back(HostCopy<double>(p.value));
+    return out;
+  };
+  const std::vector<std::vector<double>> one = values(1, false), three = values(3, false);
+  EXPECT_EQ(one, three);
+  const std::vector<double>& embed = one[0];  // model.embed_tokens.weight, 3104 values
+  double mean = 0, sq = 0;
+  for (double x : embed) mean += x / embed.size();
+  for (double x : embed) sq += (x - mean) * (x - mean) / embed.size();
+  EXPECT_LT(std::abs(mean), 4 * 0.02 / std::sqrt(embed.size()));
+  EXPECT_NEAR(std::sqrt(sq), 0.02, 0.002);  // InitOptions' default stddev
+  EXPECT_NE(std::vector<double>(one[2].begin(), one[2].begin() + 8),
+            std::vector<double>(one[3].begin(), one[3].begin() + 8));  // q_proj and k_proj: their own draws
+  for (double x : one[1]) ASSERT_EQ(x, 1.0);                          // input_layernorm
+  const std::vector<std::vector<double>> perturbed = values(2, true);
+  EXPECT_EQ(perturbed[0], one[0]);  // matrices draw the same either way
+  EXPECT_NE(perturbed[1], one[1]);
+  for (double x : perturbed[1]) EXPECT_NEAR(x, 1.0, 0.6);
 }
 
 // Ragged batch: lengths 23 and 9, random tokens, some labels ignored.

@@ -18,6 +18,8 @@ struct InitOptions {
   double stddev = 0.02;
   // Tests: draw norm weights around 1 and biases around 0 so their gradients are exercised.
   bool perturb_norms_and_biases = false;
+  // Models of at most this many parameters draw from one sequential stream; larger ones in parallel (InitRandom).
+  int64_t sequential_limit = int64_t{1} << 28;
 };
 
 class TransformerModel : public Model {

@@ -1,29 +1,31 @@
 #!/usr/bin/env bash
 # The checks of the CUDA backend on a lent GPU, from the bundle tools/gpu_bundle.sh makes (no Bazel there). Four
-# stages by priority, each with its own time budget (seconds; 420 in all, so that a fix and a rerun fit a 15-minute
+# stages by priority, each with its own time budget (seconds; 430 in all, so that a fix and a rerun fit a 15-minute
 # loan); a stage left with no time is recorded as skipped, and a failed check never stops the run:
-#   correctness 140  nvidia-smi, libraries, ops_test, cuda_strategy_test (every exact strategy vs full and vs the
+#   correctness  60  nvidia-smi, libraries, ops_test, cuda_strategy_test (every exact strategy vs full and vs the
 #                    CPU: f32 1e-5 (Mamba 2e-5), f64 1e-10), bf16_strategy_test (loss within 1e-2 of f64's and the
 #                    CPU's; gradients off f64 by <= 3x the CPU's bf16 error + 2e-2, off bf16 full by <= 2x full's
 #                    error + 1e-2), gradcheck seco and streambp in f64 (1e-10)
-#   speed       140  llama-1b-shape, bf16 weights and matmuls: seqgrad full and seco at 8K and 32K against PyTorch
+#   speed       170  llama-1b-shape, bf16 weights and matmuls: seqgrad full and seco at 8K and 32K against PyTorch
 #                    + transformers (SDPA; full and gradient checkpointing): tok/s, MFU, peak memory (each engine's
 #                    own, and the GPU's used memory sampled by nvidia-smi)
-#   memory      100  qwen2.5-7b-shape, seco with KV offload and LoRA at 16K and 32K: device growth per 10K tokens
+#   memory      130  qwen2.5-7b-shape, seco with KV offload and LoRA at 16K and 32K: device growth per 10K tokens
 #                    (engine-accounted and nvidia-smi's) against the meta plan (examples/plan)
-#   extras       40  compute-sanitizer memcheck of ops_test; the five most expensive kernels of one seco step
+#   extras       70  compute-sanitizer memcheck of ops_test; the five most expensive kernels of one seco step
 # Every check writes <name>.log (and its tool's JSON) to the output folder; checks.jsonl has one line per check as
-# it ends; summary.json has every stage's status, the checks, and the speed and memory tables.
+# it ends; summary.json has every stage's status, the checks, and the speed and memory tables. Where $OUT is set (a
+# lent machine's folder of files to return, which takes few files), summary.json, checks.jsonl and the whole folder
+# as gpu_results.tar.gz are copied there at the end.
 #
 # usage: gpu_check.sh [--out DIR] [--budget_s S] [--tiny]
-#   --out       output folder (default $OUT, else ./gpu_results)
-#   --budget_s  seconds in all (default 420); stages past it are skipped
+#   --out       output folder (default ./gpu_results)
+#   --budget_s  seconds in all (default 430); stages past it are skipped
 #   --tiny      tiny shapes and test subsets, no GPU tools needed: the emulated bundle's run
 #               (//tools/gpu:check_emulated_test), which checks this script without a GPU
 # Exit status: 0 when every check that ran passed, 1 otherwise.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-out="${OUT:-./gpu_results}" budget_s=420 tiny=0
+out=./gpu_results budget_s=430 tiny=0
 while (($#)); do
   case "$1" in
     --out) out="$2"; shift 2 ;;
@@ -45,6 +47,8 @@ trap 'rm -rf "$work"' EXIT
 export TEST_TMPDIR="$work"  # the gtest binaries write their scratch files there, as under Bazel
 run_start=$SECONDS run_end=$((SECONDS + budget_s))
 python="$(command -v python3 || true)"
+# Logs written as they come, so that a check killed at its cap leaves what it printed.
+line_buffered="$(command -v stdbuf >/dev/null && echo "stdbuf -oL -eL")"
 
 # --- JSON lines -----------------------------------------------------------------------------------------------------
 json_str() {
@@ -86,7 +90,7 @@ check() {
     return 0
   fi
   local t0=$SECONDS rc status=pass reason=""
-  timeout -k 5 "$left" "$@" >"$out/$name.log" 2>&1
+  timeout -k 5 "$left" $line_buffered "$@" >"$out/$name.log" 2>&1
   rc=$?
   if ((rc == 124 || rc == 137)); then
     status=timeout reason="killed after $left s"
@@ -178,7 +182,7 @@ else
   lora=16
 fi
 
-begin_stage correctness 140
+begin_stage correctness 60
 if ((tiny)); then
   skip nvidia_smi "--tiny: the emulated device"
 elif command -v nvidia-smi >/dev/null; then
@@ -201,33 +205,33 @@ done
 # bench --compare_torch needs a python3 with torch (CUDA) and transformers.
 torch_ok="$("$python" -c 'import torch, transformers; print(int(torch.cuda.is_available()))' 2>/dev/null || true)"
 bench_common=(--device=cuda --dtype=bf16 --matmul=bf16 --repeats=1 --warmup=1 --chunk=$chunk --page_size=$page)
-begin_stage speed 140
+begin_stage speed 170
 for T in "${speed_lens[@]}"; do
   torch_flags=()
   [[ "$torch_ok" == 1 ]] && torch_flags=(--compare_torch --torch_strategies=full,ckpt --python="$python"
                                          --torch_script="$here/scripts/bench_torch_gpu.py")
-  measured "bench_speed_$T" 70 "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full,seco --seq_lens=$T \
+  measured "bench_speed_$T" $((T > 8192 ? 110 : 60)) "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full,seco --seq_lens=$T \
     "${torch_flags[@]}" --json="$out/bench_speed_$T.json"
 done
 [[ "$torch_ok" == 1 ]] || skip torch_reference "no python3 with CUDA torch and transformers: seqgrad rows only"
 
-begin_stage memory 100
+begin_stage memory 130
 for T in "${memory_lens[@]}"; do
   # The plan of a training step at T on the meta device (its optimizer state included), then one step measured: a
   # process per length, so that each GPU peak is that length's.
   check "plan_$T" 10 "$bin/plan" --model=$qwen --dtype=bf16 --strategy=seco --offload --chunk=$chunk \
     --page_size=$page --lora_rank=$lora --seq_len=$T --json
-  measured "bench_offload_$T" 45 "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$qwen \
+  measured "bench_offload_$T" 60 "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$qwen \
     --strategies=seco:offload --lora_rank=$lora --seq_lens=$T --json="$out/bench_offload_$T.json"
 done
 
-begin_stage extras 40
+begin_stage extras 70
 gpu_tool() {  # NAME: its path, or nothing (always nothing under --tiny: the emulated device has no such tools)
   ((tiny)) || command -v "$1" || ls "/usr/local/cuda/bin/$1" 2>/dev/null || true
 }
 sanitizer="$(gpu_tool compute-sanitizer)"
 if [[ -n "$sanitizer" ]]; then
-  check memcheck 20 "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/ops_test" \
+  check memcheck 25 "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/ops_test" \
     --gtest_filter="CudaOpsTest/f32.*:Paged/CudaAttentionTest.*"
 else
   skip memcheck "compute-sanitizer not found"
@@ -235,7 +239,7 @@ fi
 ncu="$(gpu_tool ncu)"
 if [[ -n "$ncu" ]]; then
   # Kernel times of one seco step (two chunks), its first 200 launches: enough to rank the kernels.
-  check kernel_profile 20 "$ncu" --metrics gpu__time_duration.sum --csv --print-units base --launch-count 200 \
+  check kernel_profile 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --launch-count 200 \
     --log-file "$out/kernel_profile.csv" "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$llama \
     --strategies=seco --seq_lens=$((chunk * 2))
 else
@@ -250,4 +254,8 @@ else
   echo "no python3: checks.jsonl has the results, summary.json is not written"
 fi
 echo "== done in $elapsed s: $out"
+if [[ -n "${OUT:-}" && "$(cd "$OUT" 2>/dev/null && pwd)" != "$out" ]]; then
+  cp -f "$out/summary.json" "$out/checks.jsonl" "$OUT/" 2>/dev/null
+  tar czf "$OUT/gpu_results.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed into $OUT"
+fi
 ! grep -q -E '"status": "(fail|timeout)"' "$out/checks.jsonl"

@@ -29,6 +29,10 @@ void Check(cudaError_t e, const char* op, const char* what);
 // with SEQGRAD_CUDA_SYNC=1 also waits for it and reports its fault.
 void End(const char* op);
 
+// Copies device bytes into host memory and waits for them, after the op's launches (call it after them, in place of
+// End): the host may read dst once this returns. An async copy into pageable memory "might be synchronous" by CUDA's
+// documentation, no more, so a copy back without this wait can be read before it lands.
+void Fetch(void* dst, const void* src, size_t bytes, const char* op);
 // Device scratch owned by the calling thread, one buffer per slot, grown as needed; valid until the next call
 // with the same slot. Reuse by a later op is safe without waiting: both run on the compute stream, in order.
 void* Scratch(size_t bytes, int slot, const char* op);

@@ -1,8 +1,8 @@
 // Cross-entropy over a chunk of logits, per-token log-probabilities and arg max: one block per row (vocabularies
 // up to a few hundred thousand), formulas as in kernels/cpu/loss.cc (max shift in T, exp and sums in double).
 //
-// Determinism: block reductions have a fixed shape, and the loss is summed in row order from the per-row losses
-// (on the device by one thread, or on the host), so the result does not depend on scheduling.
+// Determinism: block reductions have a fixed shape, and the loss is summed in row order from the per-row losses by
+// one device thread (left on the device, or copied back), so the result does not depend on scheduling.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -52,25 +52,26 @@ __global__ void CrossEntropyKernel(S* logits, const int32_t* labels, int64_t n, 
       if (threadIdx.x == 0) losses[i] = 0;
       continue;
     }
-    // Read the label's logit before the row is overwritten: the block reductions below synchronize the block
-    // before any thread writes.
-    const T picked = Widen(row[label]);
     T mx;
     double log_sum;
     RowLogSumExp(row, vocab, shared_max, shared_sum, &mx, &log_sum);
     const double lse = static_cast<double>(mx) + log_sum;
     const double scale = row_scale ? row_scale[i] * grad_scale : grad_scale;
-    // The CPU's arithmetic: softmax * scale rounded to T, the label's cell then less scale in T, once stored.
+    // The CPU's arithmetic: softmax * scale rounded to T, the label's cell then less scale in T, once stored. The
+    // thread that owns the label's cell writes the row's loss from it: no thread reads a cell another one writes.
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-      T v = static_cast<T>(exp(static_cast<double>(Widen(row[j])) - lse) * scale);
-      if (j == label) v -= static_cast<T>(scale);
+      const T x = Widen(row[j]);
+      T v = static_cast<T>(exp(static_cast<double>(x) - lse) * scale);
+      if (j == label) {
+        v -= static_cast<T>(scale);
+        losses[i] = lse - static_cast<double>(x);
+      }
       Narrow(row + j, v);
     }
-    if (threadIdx.x == 0) losses[i] = lse - static_cast<double>(picked);
   }
 }
 
-// *sum += the losses of rows with a label, in row order: the host's sum, left on the device.
+// *sum += the losses of rows with a label, in row order.
 __global__ void AddValidLossesKernel(const double* losses, const int32_t* labels, int64_t n, double* sum) {
   double total = 0;
   for (int64_t i = 0; i < n; ++i)
@@ -165,21 +166,22 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
   const char* op = "cross_entropy";
   const int32_t* dlabels = Stage(labels, n, kSlotLabels, op);
   const double* dscale = Stage(row_scale, n, kSlotRowScale, op);  // null stays null
-  auto* dlosses = static_cast<double*>(Scratch(n * sizeof(double), kSlotOut, op));
+  // The per-row losses, then their sum in row order after them: one reduction for both ways of returning it.
+  auto* dlosses = static_cast<double*>(Scratch((n + 1) * sizeof(double), kSlotOut, op));
   CrossEntropyKernel<T><<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dscale, grad_scale,
                                                                   dlosses);
+  double* dsum = device_sum;
+  if (!dsum) {
+    dsum = dlosses + n;
+    Check(cudaMemsetAsync(dsum, 0, sizeof(double), Stream()), op, "zeroing the sum");
+  }
+  AddValidLossesKernel<<<1, 1, 0, Stream()>>>(dlosses, dlabels, n, dsum);
   if (device_sum) {
-    AddValidLossesKernel<<<1, 1, 0, Stream()>>>(dlosses, dlabels, n, device_sum);
     End(op);
     return 0;
   }
-  std::vector<double> losses(n);
-  Check(cudaMemcpyAsync(losses.data(), dlosses, n * sizeof(double), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the losses back");
-  End(op);
   double total = 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (labels[i] >= 0) total += losses[i];
+  Fetch(&total, dsum, sizeof(double), op);
   return total;
 }
 
@@ -190,9 +192,7 @@ void TokenLogprobs(const T* logits, const int32_t* labels, int64_t n, int64_t vo
   const int32_t* dlabels = Stage(labels, n, kSlotLabels, op);
   auto* dout = static_cast<double*>(Scratch(n * sizeof(double), kSlotOut, op));
   TokenLogprobsKernel<T><<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dout);
-  Check(cudaMemcpyAsync(out, dout, n * sizeof(double), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the results back");
-  End(op);
+  Fetch(out, dout, n * sizeof(double), op);
 }
 
 template <typename T>
@@ -203,9 +203,7 @@ void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t voca
   const int32_t* dlabels = Stage(labels, n, kSlotLabels, op);
   auto* dout = static_cast<int32_t*>(Scratch(n * sizeof(int32_t), kSlotOut, op));
   TokenArgmaxKernel<T><<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dout);
-  Check(cudaMemcpyAsync(out, dout, n * sizeof(int32_t), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the results back");
-  End(op);
+  Fetch(out, dout, n * sizeof(int32_t), op);
 }
 
 template double CrossEntropyForwardBackward<float>(float*, const int32_t*, int64_t, int64_t, const double*, double,

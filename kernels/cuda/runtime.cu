@@ -160,6 +160,13 @@ void End(const char* op) {
   Record().Clear();
 }
 
+void Fetch(void* dst, const void* src, size_t bytes, const char* op) {
+  End(op);
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, Stream()), op, "copying the results back");
+  SynchronizeCompute(WithChunk(op));
+}
+
 namespace {
 
 // Device memory: a caching allocator over cudaMalloc. A freed block goes back to a free list of its size class

@@ -170,11 +170,8 @@ void VocabShardMax(const S* logits, const int32_t* labels, int64_t n, int64_t vo
   auto* dmax = reinterpret_cast<double*>(dout);
   auto* dargmax = reinterpret_cast<int64_t*>(dout + n * sizeof(double));
   VocabShardMaxKernel<S><<<RowGrid(n), kRowThreads, 0, Stream()>>>(logits, dlabels, n, vocab, v0, dmax, dargmax);
-  Check(cudaMemcpyAsync(row_max, dmax, n * sizeof(double), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the row maxima back");
-  Check(cudaMemcpyAsync(argmax, dargmax, n * sizeof(int64_t), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the arg maxima back");
-  End("vocab_shard_max");
+  Fetch(row_max, dmax, n * sizeof(double), op);
+  Fetch(argmax, dargmax, n * sizeof(int64_t), op);
 }
 
 template <typename S>
@@ -186,9 +183,7 @@ void VocabShardSums(const S* logits, const int32_t* labels, int64_t n, int64_t v
   const double* dmax = Stage(row_max, n, kSlotWork0, op);
   auto* dsums = static_cast<double*>(Scratch(2 * n * sizeof(double), kSlotOut, op));
   VocabShardSumsKernel<S><<<RowGrid(n), kRowThreads, 0, Stream()>>>(logits, dlabels, n, vocab, v0, dmax, dsums);
-  Check(cudaMemcpyAsync(sums, dsums, 2 * n * sizeof(double), cudaMemcpyDeviceToHost, Stream()), op,
-        "copying the sums back");
-  End("vocab_shard_sums");
+  Fetch(sums, dsums, 2 * n * sizeof(double), op);
 }
 
 template <typename S>

@@ -680,7 +680,26 @@ cudaError_t FuncSetAttribute(const void* fn, cudaFuncAttribute attr, int value) 
   return cudaSuccess;
 }
 
+// Async copies into host memory land at the next synchronization, or before the next device work, whichever comes
+// first: a GPU's copy into pageable memory may return before its bytes are there, so host code that reads them
+// before synchronizing reads stale bytes here too. The source is read when the copy is issued (stream order).
+struct PendingHostWrites {
+  std::mutex mu;
+  std::vector<std::pair<void*, std::vector<char>>> writes;
+};
+PendingHostWrites& Pending() {
+  static auto* p = new PendingHostWrites;
+  return *p;
+}
+void LandHostWrites() {
+  PendingHostWrites& p = Pending();
+  std::lock_guard<std::mutex> lock(p.mu);
+  for (auto& [dst, bytes] : p.writes) std::memcpy(dst, bytes.data(), bytes.size());
+  p.writes.clear();
+}
+
 cudaError_t LaunchImpl(const LaunchInfo& info, void (*thread_body)(void*), void* ctx) {
+  sg_emu::LandHostWrites();
   const std::string where = std::string(" [kernel ") + info.kernel + " launched at " + info.where + "]";
   const dim3 g = info.grid, bl = info.block;
   const unsigned long long threads = 1ull * bl.x * bl.y * bl.z;
@@ -900,6 +919,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 namespace {
 // A synchronization reports (once) the fault of an earlier kernel, else (launch_errors) a launch error.
 cudaError_t Synchronize(bool launch_errors = true) {
+  sg_emu::LandHostWrites();
   const std::pair<cudaError_t, std::string> e = sg_emu::TakeExecutionError();
   if (e.first == cudaSuccess) return launch_errors ? TakeError(true) : cudaSuccess;
   g_detail = std::string(Text(e.first)) + " (CUDA emulation: " + e.second + ")";
@@ -958,18 +978,23 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       (kind == cudaMemcpyDeviceToDevice && (!dst_device || !src_device)) ||
       (kind == cudaMemcpyHostToHost && (dst_device || src_device)))
     return cudaErrorInvalidValue;
-  {
-    sg_emu::DeviceAccess access;
-    std::memmove(dst, src, bytes);
+  sg_emu::LandHostWrites();  // earlier copies into host memory come first, in stream order
+  sg_emu::DeviceAccess access;
+  if (!dst_device) {
+    const char* from = static_cast<const char*>(src);
+    sg_emu::PendingHostWrites& p = sg_emu::Pending();
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.writes.emplace_back(dst, std::vector<char>(from, from + bytes));
+    return cudaSuccess;
   }
-  // A copy into pageable host memory returns when the bytes are there: after the work before it, whose faults
-  // it reports.
-  return !dst_device ? Synchronize() : cudaSuccess;
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, nullptr); }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   if (bytes == 0) return cudaSuccess;
   if (!p) return cudaErrorInvalidValue;
+  sg_emu::LandHostWrites();
   sg_emu::DeviceAccess access;
   std::memset(p, value, bytes);
   return cudaSuccess;

@@ -350,6 +350,11 @@ TEST(SgEmu, MemoryApi) {
   EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   std::vector<char> back(100);
   ASSERT_EQ(cudaMemcpyAsync(back.data(), p, 100, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  // An async copy into host memory may not have landed before a synchronization (as on a GPU): its bytes come
+  // then, as they were when it was issued.
+  EXPECT_EQ(back[49], 0) << "read before the stream was synchronized";
+  EXPECT_EQ(cudaMemsetAsync(p, 5, 100, s), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   EXPECT_EQ(back[49], 3);
   EXPECT_EQ(back[50], 7);
   // The direction must match the pointers.
