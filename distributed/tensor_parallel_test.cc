@@ -347,8 +347,9 @@ TEST(TensorParallelBadInput, RanksDisagreeOnModel) {
   Trainer t(**split, Strategy(r), OptimizerOptions{});
   const absl::Status s = CheckSameConfig(*g_comm, TrainerRunConfig(t));
   ASSERT_FALSE(s.ok());  // on every rank
-  if (g_comm->rank() == 1)
+  if (g_comm->rank() == 1) {
     EXPECT_NE(s.message().find("model.intermediate_size: rank 1 '64', rank 0 '48'"), std::string::npos) << s;
+  }
 }
 
 }  // namespace

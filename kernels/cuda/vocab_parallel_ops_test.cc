@@ -138,7 +138,9 @@ TYPED_TEST(EmbeddingShardOps, ForwardBackward) {
   for (int64_t i = 0; i < n; ++i) zero_rows += ids[i] < v0 || ids[i] >= v0 + rows;
   EXPECT_GT(zero_rows, 0);
   for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < v0 || ids[i] >= v0 + rows) EXPECT_EQ(cpu.v[0].second[i * d], 0.0) << "token " << i;
+    if (ids[i] < v0 || ids[i] >= v0 + rows) {
+      EXPECT_EQ(cpu.v[0].second[i * d], 0.0) << "token " << i;
+    }
 }
 
 }  // namespace
