@@ -86,7 +86,7 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   Tensor dhn;
   if (need_grad) dhn = Tensor::Zeros(&mem, MemCategory::kWorkspace, dtype, {n, d});
   const int64_t rows = std::min(w.lm_chunk, n);
-  // --dtype=bf16 (bf16 head, T = float): the logits chunk is bf16 too; its products go through gemm_mixed (fp32
+  // bf16 storage (bf16 head, T = float): the logits chunk is bf16 too; its products go through gemm_mixed (fp32
   // accumulation) and the loss kernels widen one row at a time.
   const bool bf16 = w.head.dtype == DType::kBF16;
   const DType f32 = DType::kF32, b16 = DType::kBF16;

@@ -93,7 +93,7 @@ class LoraDisabled {
   bool was_disabled_ = false;
 };
 
-// The merged weight W + (alpha / r) B A of an adapted module, in W's storage dtype (bf16 under --dtype=bf16, the
+// The merged weight W + (alpha / r) B A of an adapted module, in W's storage dtype (bf16 under bf16 storage, the
 // sum rounded once), into dst (numel of W elements). The model is not changed.
 void MergedWeight(Model& model, const LoraAdapter& adapter, void* dst);
 

@@ -23,7 +23,7 @@ namespace sg {
 // New categories go at the end: the C ABI numbers them in this order.
 enum class MemCategory : int {
   kWeights = 0, kGrads, kOptimizer, kActivations, kKVCache, kKVGrad, kLogits, kWorkspace,
-  kMasterWeights,  // fp32 master copies of trainable bf16 weights (--dtype=bf16); the AdamW moments are kOptimizer
+  kMasterWeights,  // fp32 master copies of trainable bf16 weights (bf16 storage); the AdamW moments are kOptimizer
   kCount
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
@@ -177,7 +177,8 @@ constexpr bool kAddressSanitizer = false;
 #else
 constexpr bool kAddressSanitizer = false;
 #endif
-// Measured on bench-cpu at T=4096 (page faults a step adds after the first): 4 MiB 3k, 1 MiB ~100, 256 KiB none.
+// Blocks from this size up are cached: below it malloc's own arenas already reuse memory without page faults (a
+// larger threshold left faults in every step; docs/cpu.md).
 constexpr size_t kHostCacheMinBytes = size_t{256} << 10;
 void* HostAllocate(size_t bytes);  // throws std::bad_alloc
 void HostDeallocate(void* p);

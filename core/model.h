@@ -140,7 +140,7 @@ class Model {
   virtual int64_t StateBytesPerToken() const = 0;
 
   // Hidden states that a strategy keeps for the whole sequence across layers (ckpt's and streambp's layer inputs)
-  // are stored in the activation dtype: bf16 when the model stores its weight matrices in bf16 (--dtype=bf16), else
+  // are stored in the activation dtype: bf16 when the model stores its weight matrices in bf16 (DType::kBF16), else
   // dtype(). Layers compute in dtype(): a strategy reads and writes those tensors a chunk at a time through these
   // accessors. Under bf16 every layer's output is already rounded to bf16 values (by the model, whatever the
   // strategy), so storing it loses nothing and every strategy differentiates the same function. Their gradients

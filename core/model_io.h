@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
 absl::Status LoadWeights(MambaModel& model, const std::string& dir);
 
-// What SaveModel writes the weights in: nullopt (the default) as the model stores them, a --dtype=bf16 model's
+// What SaveModel writes the weights in: nullopt (the default) as the model stores them, a bf16-storage model's
 // matrices in bf16 (its norms and biases in f32, as trained: nothing is rounded); kF32 every tensor in f32 (a bf16
 // model's matrices widened exactly, an f64 model's rounded); kBF16 only for a bf16 model (what it stores).
 using SaveDType = std::optional<DType>;

@@ -2,7 +2,7 @@
 // global norm, and the learning-rate schedule (core/lr_schedule.h).
 //
 // Master weights: with f32 or f64 weights, the parameters the optimizer updates are themselves full precision and no
-// separate copy exists. With --dtype=bf16 every trainable parameter stored in bf16 gets an fp32 master copy, counted
+// separate copy exists. With bf16 storage every trainable parameter stored in bf16 gets an fp32 master copy, counted
 // in the master_weights memory category (the fp32 moments are optimizer): the step runs on the master and rounds it
 // into the bf16 weight. Frozen bf16 weights (LoRA's base) have no master and no fp32 copy at all.
 #pragma once

@@ -31,7 +31,7 @@ class ParamStore {
  protected:
   static constexpr DType kDType = std::is_same_v<T, double> ? DType::kF64 : DType::kF32;
 
-  // --dtype=bf16 (T = float), set before the first Add: matrices (linear and embedding weights) are stored in bf16
+  // bf16 storage (T = float), set before the first Add: matrices (linear and embedding weights) are stored in bf16
   // and kernels read them tile by tile; vectors (norms, biases) and every gradient stay in T.
   absl::Status SetWeightDType(DType t) {
     if (t != kDType && !(t == DType::kBF16 && kDType == DType::kF32))
@@ -42,7 +42,7 @@ class ParamStore {
   int Add(const std::string& name, std::vector<int64_t> shape) {
     return AddIn(shape.size() >= 2 ? weight_dtype_ : kDType, name, shape);
   }
-  // Parameters that stay in T under --dtype=bf16 (LoRA adapters).
+  // Parameters that stay in T under bf16 storage (LoRA adapters).
   int AddFullPrecision(const std::string& name, std::vector<int64_t> shape) { return AddIn(kDType, name, shape); }
   Tensor New(MemCategory cat, std::vector<int64_t> shape) { return Tensor::Empty(&mem_, cat, kDType, shape); }
   // A parameter stored in T; one stored in bf16 is read through Wv (a throw here, never a misread).
@@ -58,14 +58,14 @@ class ParamStore {
              int w, int64_t ldw, T beta, T* y, int64_t ldy) const {
     GemmWeight(ops, false, trans_w, m, n, k, alpha, x, ldx, Wv(w), ldw, beta, y, ldy);
   }
-  // A layer's output as the layer hands it on: under --dtype=bf16 rounded to bf16 values (the activation dtype,
+  // A layer's output as the layer hands it on: under bf16 storage rounded to bf16 values (the activation dtype,
   // Model::activation_dtype), so that a strategy storing it in bf16 (Model::StoreRows) and one keeping it in f32
   // differentiate the same function, and a recompute starts from what the forward used.
   Tensor Boundary(const OpTable<T>& ops, Tensor t) {
     RoundAndKeep(ops, t, MemCategory::kWorkspace);
     return t;
   }
-  // --dtype=bf16: the large tensors a layer makes inside it (normed inputs, projections, attention outputs, SwiGLU
+  // bf16 storage: the large tensors a layer makes inside it (normed inputs, projections, attention outputs, SwiGLU
   // and scan operands) are rounded to bf16 values where they are made, as its output is (Boundary), and a layer
   // keeps them for its backward in bf16: the forward, a recompute and the backward all read the same values, and
   // the activations a step holds halve. The layer computes them in T in workspace (ActCategory) first.

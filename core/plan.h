@@ -23,14 +23,14 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, 
 // The same architecture, dtype (bf16 storage included) and LoRA as `model`, on meta.
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model);
 
-// The dtype a model was created with: bf16 when it stores weight matrices in bf16 (--dtype=bf16, whose compute
+// The dtype a model was created with: bf16 when it stores weight matrices in bf16 (DType::kBF16, whose compute
 // dtype Model::dtype() is f32), else its compute dtype.
 DType CreatedDType(Model& model);
 
 struct MemoryPlan {
   int64_t seq_len = 0;
   MemorySnapshot device;    // peaks per category and of the total over the step (weights included)
-  int64_t host_bytes = 0;   // --offload: host memory of the offloaded KV and KV-gradient pages
+  int64_t host_bytes = 0;   // KV offload: host memory of the offloaded KV and KV-gradient pages
 };
 
 // One training step as every step after a run's first (AdamW moments allocated, gradients by the strategy, the

@@ -11,7 +11,7 @@ namespace sg {
 
 // "tiny" (3 layers, GQA, for tests and gradcheck), "tiny-qwen2" (biases, tied head), "demo" (the main job's
 // default), "bench-cpu" (d 256, 4 layers, 4 heads, 2 KV heads, ffn 688, vocab 512); real models' shapes (config
-// only, no weights; for --device=meta plans and GPU benchmarks): "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b", and
+// only, no weights; for plans on the meta device and GPU benchmarks): "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b", and
 // "llama-1b-shape", "qwen2.5-7b-shape" (= qwen2.5-7b).
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name);
 std::vector<std::string> TransformerPresetNames();

@@ -71,7 +71,7 @@ struct GradResult {
   int64_t chunks = 1;                // chunks the sequence was split into
   int64_t chunks_backpropagated = 1;  // of which were backpropagated (spaco: a random subset)
   int64_t adjoint_pairs = 0;  // adjoint: vector-Jacobian products (t, i) per channel, summed over layers
-  int64_t offloaded_bytes = 0;  // seco --offload: host memory that held the KV and KV-gradient pages
+  int64_t offloaded_bytes = 0;  // seco with KV offload: host memory that held the KV and KV-gradient pages
 };
 
 // Accumulates grad_scale * d(sum of token losses)/d(params) into the model's gradients.

@@ -20,7 +20,7 @@ struct StepMetrics {
   int64_t chunks = 0;                 // chunks over the batch's sequences
   int64_t chunks_backpropagated = 0;  // of which were backpropagated (fewer only for spaco)
   int64_t adjoint_pairs = 0;          // adjoint: (t, i) vector-Jacobian products per channel, over layers
-  int64_t offloaded_bytes = 0;        // seco --offload: host memory of the largest sequence's KV pages
+  int64_t offloaded_bytes = 0;        // seco with KV offload: host memory of the largest sequence's KV pages
   double lr = 0;                      // learning rate of the optimizer step (set by OptimizerStep)
   int64_t micro_batches = 1;          // batches whose gradients this step accumulated
 };
@@ -166,7 +166,7 @@ class Trainer {
   bool partial_grads_ = false;  // AccumulateGradients left tensor-parallel partial gradients for OptimizerStep
 };
 
-// --memory_budget: the largest chunk (seco, spaco, adjoint) or partition (streambp) whose gradient pass on `probe`
+// The chunk a memory budget allows (the tools' --memory_budget): the largest chunk (seco, spaco, adjoint) or partition (streambp) whose gradient pass on `probe`
 // (the longest sequence a run will see) fits the budget, planned on a meta twin of the model (core/plan.h: the
 // exact allocations, no compute) under a memory limit of the budget minus `reserved` (e.g. optimizer moments not
 // allocated yet). Candidates: the whole sequence, then powers of two

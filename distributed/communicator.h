@@ -1,5 +1,7 @@
 // Collective and point-to-point communication between the ranks of a distributed run, behind one interface with
-// real backends only: MPI (Debian OpenMPI, CPU; mpi_communicator.h). Every call returns a status; none throws.
+// real backends only: MPI (Debian OpenMPI, host memory; mpi_communicator.h) and NCCL (device memory,
+// nccl_communicator.h; host buffers staged through the device, host_staged_nccl.h). Every call returns a status; none
+// throws.
 //
 // Failure model. A backend never waits forever: an operation that has not completed after the communicator's
 // timeout (MpiOptions::timeout_s) returns DEADLINE_EXCEEDED naming the operation and the rank, and the

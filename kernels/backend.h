@@ -1,5 +1,6 @@
 // The backend table: every op the engine runs, as free functions over raw pointers with explicit sizes.
-// CPU (OpenMP + OpenBLAS) fills it for float and double; the CUDA backend fills its own copy.
+// The CPU backend (OpenMP; oneDNN for f32 and bf16 GEMMs, OpenBLAS for f64) fills it for float and double; the CUDA
+// backend fills its own copy; the meta device's copy only allocates (plans).
 #pragma once
 
 #include <cstddef>
@@ -53,7 +54,7 @@ struct OpTable {
 #include "kernels/ops.inc"
 };
 
-// A weight matrix as a model stores it: in the compute type, or in bf16 (--dtype=bf16 over f32 compute).
+// A weight matrix as a model stores it: in the compute type, or in bf16 (bf16 storage over f32 compute).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
