@@ -24,7 +24,7 @@ struct TensorParallelRun {
   // More than one group (a job of tp x dp ranks): the groups' gradients summed over the ranks holding the same
   // blocks, each group computing its share of the batch every rank passes (train's TP x DP grid).
   std::unique_ptr<dist::DataParallel> data_parallel;
-  int64_t bytes_last_call = 0;   // sent over the group by the last call's forward, backward and optimizer step
+  int64_t bytes_last_call = 0;  // sent over the group by the last call's forward, backward and optimizer step
 };
 
 // The gradients of `batch` (the same on every rank) by the trainer of `run` (null: no tensor parallelism):

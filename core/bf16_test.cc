@@ -18,6 +18,7 @@
 #include "core/checkpoint.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
+#include "core/mamba.h"
 #include "core/model_io.h"
 #include "core/optimizer.h"
 #include "core/param_store.h"
@@ -25,7 +26,6 @@
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "core/transformer.h"
-#include "core/mamba.h"
 
 namespace sg {
 namespace {
@@ -73,8 +73,8 @@ TEST(BF16WeightsTest, MatricesInBF16VectorsAndGradientsInF32) {
     EXPECT_EQ(m->dtype(), DType::kF32);  // the compute dtype
     int64_t bytes = 0, f32_bytes = 0;
     for (Param& p : m->params()) {
-      const bool matrix = p.value.shape().size() >= 2 && !absl::EndsWith(p.name, "conv1d.weight") &&
-                          !absl::EndsWith(p.name, "A_log");
+      const bool matrix =
+          p.value.shape().size() >= 2 && !absl::EndsWith(p.name, "conv1d.weight") && !absl::EndsWith(p.name, "A_log");
       EXPECT_EQ(p.value.dtype(), matrix ? DType::kBF16 : DType::kF32) << p.name;
       EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
       bytes += p.value.nbytes();
@@ -234,8 +234,7 @@ TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
       EXPECT_NEAR(r->loss, rf->loss, 1e-6 * std::abs(rf->loss)) << what;
       const double bound = strategy == "ckpt" ? 0 : mamba ? 5e-3 : 4e-2;
       for (size_t i = 0; i < m->params().size(); ++i)
-        EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound)
-            << what << " " << m->params()[i].name;
+        EXPECT_LE(MaxRelDiff(m->params()[i].grad, full->params()[i].grad), bound) << what << " " << m->params()[i].name;
     }
   }
 }
@@ -386,8 +385,7 @@ TEST_P(BF16FamilyTest, SavesBF16ByDefaultAndF32OnRequest) {
     const std::map<std::string, io::StDType> saved = SavedDTypes(tmp + "_bf16");
     for (Param& p : m->params()) {
       if (!saved.count(p.name)) continue;  // a tied head
-      EXPECT_EQ(saved.at(p.name), p.value.dtype() == DType::kBF16 ? io::StDType::kBF16 : io::StDType::kF32)
-          << p.name;
+      EXPECT_EQ(saved.at(p.name), p.value.dtype() == DType::kBF16 ? io::StDType::kBF16 : io::StDType::kF32) << p.name;
     }
     EXPECT_NE(SavedConfig(tmp + "_bf16").find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
   }

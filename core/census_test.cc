@@ -33,7 +33,7 @@ StepCensus Census(const std::string& strategy, DType dtype, Device device = Devi
 
 struct Shape {
   int64_t L, d, H, G, hd, f, V;
-  int64_t Kv() const { return 2 * d * G * hd; }                  // k and v projection parameters of a layer
+  int64_t Kv() const { return 2 * d * G * hd; }                        // k and v projection parameters of a layer
   int64_t Layer() const { return Kv() + 2 * d * H * hd + 3 * d * f; }  // q, o, gate, up, down added
   int64_t Rest() const { return Layer() - Kv(); }
 };
@@ -200,9 +200,9 @@ TEST(Census, OneCallRecords) {
   const int64_t pairs = 24 + 23 + 10, grad_pairs = 24 + 10, rows = 6 * 4 * 8, key_row = 2 * 8 * 2;
   EXPECT_EQ(r[3], (OpRecord{"attention_forward_bf16", OpFamily::kAttentionForward, 2 * 2 * 8 * 4 * pairs,
                             rows * 4 + 2 * 12 * key_row, (rows + 4 * 6) * 4}));
-  EXPECT_EQ(r[4], (OpRecord{"attention_backward_bf16", OpFamily::kAttentionBackward,
-                            2 * 8 * 4 * (3 * pairs + 4 * grad_pairs),
-                            (3 * rows + 4 * 6) * 4 + 2 * 12 * key_row + 2 * 8 * key_row, rows * 4 + 2 * 8 * key_row}));
+  EXPECT_EQ(r[4],
+            (OpRecord{"attention_backward_bf16", OpFamily::kAttentionBackward, 2 * 8 * 4 * (3 * pairs + 4 * grad_pairs),
+                      (3 * rows + 4 * 6) * 4 + 2 * 12 * key_row + 2 * 8 * key_row, rows * 4 + 2 * 8 * key_row}));
   // roofline: the GEMM at 1 TFLOP/s and 1 GB/s is memory-bound
   EXPECT_DOUBLE_EQ(census.family(OpFamily::kGemm).seconds, ((21 + 35 + 15) * 4 + 60 + (21 + 35) * 2 + 30) / 1e9);
   EXPECT_EQ(census.family(OpFamily::kGemm).compute_seconds, 0);

@@ -30,13 +30,13 @@ using RunConfig = std::map<std::string, std::string>;
 inline constexpr char kRuntimePrefix[] = "runtime.";
 
 struct CheckpointMeta {
-  TrainerState trainer;           // optimizer step (the checkpoint's step) and spaco's sampling counter
+  TrainerState trainer;  // optimizer step (the checkpoint's step) and spaco's sampling counter
   uint64_t seed = 0;
-  int64_t data_position = 0;      // records of the training data consumed so far
+  int64_t data_position = 0;  // records of the training data consumed so far
   // Per-step series to continue after a resume, e.g. "loss" -> the loss of steps 1..step.
   std::map<std::string, std::vector<double>> history;
   RunConfig run_config;
-  bool has_optimizer_state = false;  // set by ReadCheckpoint
+  bool has_optimizer_state = false;   // set by ReadCheckpoint
   std::vector<std::string> warnings;  // set by LoadCheckpoint: runtime.* fields that differ (bit-exactness is lost)
 };
 

@@ -285,7 +285,9 @@ TEST(CheckpointTest, DifferentRunConfigIsRefusedListingFields) {
   RunConfig ssm_config = TrainerRunConfig(ssm_trainer);
   const std::vector<std::string> diff = DiffRunConfig(s.meta.run_config, ssm_config);
   EXPECT_NE(std::find_if(diff.begin(), diff.end(),
-                         [](const std::string& l) { return l.rfind("model.family: checkpoint 'transformer', now 'ssm'", 0) == 0; }),
+                         [](const std::string& l) {
+                           return l.rfind("model.family: checkpoint 'transformer', now 'ssm'", 0) == 0;
+                         }),
             diff.end());
 }
 
@@ -360,8 +362,7 @@ TEST(CheckpointKillTest, KilledWriterLeavesLoadableCheckpoints) {
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFSIGNALED(status)) << "writer exited with " << WEXITSTATUS(status);
 
-    for (const auto& e : fs::directory_iterator(dir))
-      saw_temporaries += e.path().filename().string()[0] == '.';
+    for (const auto& e : fs::directory_iterator(dir)) saw_temporaries += e.path().filename().string()[0] == '.';
     const auto all = ListCheckpoints(dir);
     for (const auto& [step, path] : all) {
       absl::StatusOr<CheckpointMeta> m = LoadCheckpoint(path, reader);

@@ -56,8 +56,8 @@ absl::Status AccumulateEval(const Sequence& s, const TokenPredictions& p, const 
                             EvalResult* r) {
   const size_t n = s.labels.size();
   if (p.logp.size() != n || p.argmax.size() != n)
-    return absl::InvalidArgumentError(absl::StrCat("evaluation: predictions for ", p.logp.size(), " positions of a ",
-                                                   n, "-token sequence"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation: predictions for ", p.logp.size(), " positions of a ", n, "-token sequence"));
   int64_t labelled = 0;
   for (int32_t l : s.labels) labelled += l >= 0;
   if (distances && static_cast<int64_t>(distances->size()) != labelled)
@@ -94,16 +94,15 @@ EvalSet HeldOutRetrieval(const RetrievalTask& task, uint64_t seed, int64_t count
   EvalSet set;
   set.sequences.resize(count);
   set.distances.resize(count);
-  for (int64_t i = 0; i < count; ++i)
-    set.sequences[i] = task.Make(seed, kHeldOutRetrievalIndex + i, &set.distances[i]);
+  for (int64_t i = 0; i < count; ++i) set.sequences[i] = task.Make(seed, kHeldOutRetrievalIndex + i, &set.distances[i]);
   return set;
 }
 
 absl::StatusOr<EvalResult> Evaluate(Model& m, const EvalSet& set, const StrategyOptions& o) {
   if (set.sequences.empty()) return absl::InvalidArgumentError("evaluation: no sequences");
   if (!set.distances.empty() && set.distances.size() != set.sequences.size())
-    return absl::InvalidArgumentError(absl::StrCat("evaluation: distances for ", set.distances.size(), " of ",
-                                                   set.sequences.size(), " sequences"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("evaluation: distances for ", set.distances.size(), " of ", set.sequences.size(), " sequences"));
   EvalResult r;
   for (size_t i = 0; i < set.sequences.size(); ++i) {
     absl::StatusOr<TokenPredictions> p = PredictTokens(m, set.sequences[i], o);

@@ -38,7 +38,7 @@ RetrievalTask SmallTask(int64_t seq_len = 70) {
 
 StrategyOptions Chunked() {
   StrategyOptions o;
-  o.chunk = 9;      // not a multiple of the page or the head's rows
+  o.chunk = 9;  // not a multiple of the page or the head's rows
   o.page_size = 4;
   o.lm_chunk = 5;
   return o;

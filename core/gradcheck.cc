@@ -14,8 +14,10 @@ std::vector<std::vector<double>> CopyGrads(Model& model) {
   std::vector<std::vector<double>> out;
   for (Param& p : model.params()) {
     std::vector<double> g;
-    if (p.grad.defined() && model.dtype() == DType::kF64) g = HostCopy<double>(p.grad);
-    else if (p.grad.defined()) for (float x : HostCopy<float>(p.grad)) g.push_back(x);
+    if (p.grad.defined() && model.dtype() == DType::kF64)
+      g = HostCopy<double>(p.grad);
+    else if (p.grad.defined())
+      for (float x : HostCopy<float>(p.grad)) g.push_back(x);
     out.push_back(std::move(g));
   }
   return out;

@@ -93,8 +93,8 @@ class KvOffload {
   // A layer's pages are on the device where the pools' tables have them: a page made resident holds the rows
   // home had, and rows written since.
   struct Slot {
-    int layer = -1;  // -1: free
-    Chunk kv_dirty;  // K/V rows written on the device and not yet sent home
+    int layer = -1;           // -1: free
+    Chunk kv_dirty;           // K/V rows written on the device and not yet sent home
     bool grad_dirty = false;  // gradient pages on the device changed since they were last sent home
     int64_t last_use = 0;     // visit that last fetched into or used the slot, for least-recently-used eviction
     bool fetching = false, writing_back = false;  // copies issued and not yet waited for
@@ -119,7 +119,7 @@ class KvOffload {
   CopyEngine copies_;
   int64_t page_size_, rows_per_layer_, row_bytes_;
   Home kv_home_, grad_home_;
-  std::vector<int64_t> home_kv_rows_;    // per layer: K/V rows [0, n) are valid at home
+  std::vector<int64_t> home_kv_rows_;                  // per layer: K/V rows [0, n) are valid at home
   std::vector<std::vector<uint8_t>> home_grad_pages_;  // per layer and page: the gradient page is valid at home
   std::vector<Slot> slots_;
   struct Group {  // pages the ring brought to the device
@@ -128,7 +128,7 @@ class KvOffload {
   };
   std::vector<Group> streamed_;  // streamed and not finished, oldest first
   Group written_;                // gradient pages of the last finished group, being written back
-  int previous_ = -1;  // layer of the previous visit
+  int previous_ = -1;            // layer of the previous visit
   int64_t clock_ = 0;
   int64_t host_bytes_ = 0, fetched_bytes_ = 0, written_back_bytes_ = 0;
 };

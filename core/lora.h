@@ -30,13 +30,13 @@ namespace sg {
 class Model;
 
 struct LoraOptions {
-  int64_t rank = 0;       // r; 0 = LoRA off
-  double alpha = 16;      // lora_alpha: the adapter's output is scaled by alpha / r
-  double dropout = 0;     // lora_dropout, in [0, 1)
+  int64_t rank = 0;    // r; 0 = LoRA off
+  double alpha = 16;   // lora_alpha: the adapter's output is scaled by alpha / r
+  double dropout = 0;  // lora_dropout, in [0, 1)
   // HF module names (the last component of the module path), a set: q_proj, k_proj, v_proj, o_proj, gate_proj,
   // up_proj, down_proj (Llama, Qwen2); in_proj, x_proj (Mamba: what PEFT accepts and applies, LoraTargetModules).
   std::vector<std::string> targets = {"q_proj", "v_proj"};
-  uint64_t seed = 0;      // initialisation of A
+  uint64_t seed = 0;  // initialisation of A
 };
 
 // One adapted linear layer.

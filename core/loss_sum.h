@@ -31,8 +31,7 @@ class LossSum {
       for (int i = 0; i < kNumDevices; ++i) t[i].set_device(static_cast<Device>(i));
       return t;
     }();
-    partials_.push_back(
-        Tensor::Zeros(&trackers[static_cast<int>(d)], MemCategory::kWorkspace, DType::kF64, {1}));
+    partials_.push_back(Tensor::Zeros(&trackers[static_cast<int>(d)], MemCategory::kWorkspace, DType::kF64, {1}));
     return partials_.back().data<double>();
   }
 

@@ -18,9 +18,7 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-void WriteConfig(const std::string& dir, const std::string& text) {
-  std::ofstream(dir + "/config.json") << text;
-}
+void WriteConfig(const std::string& dir, const std::string& text) { std::ofstream(dir + "/config.json") << text; }
 
 TEST(MambaIoTest, SaveLoadRoundTrip) {
   auto model = LoadAnyModel("tiny-ssm", DType::kF64, 3);
@@ -68,7 +66,9 @@ TEST(MambaIoTest, ConfigFieldsAndErrors) {
   EXPECT_NE(s.message().find("model_type 'mamba2'"), std::string::npos) << s;
 
   absl::Status act = io::ParseMambaConfig(R"({"model_type": "mamba", "vocab_size": 5, "hidden_size": 4,
-      "num_hidden_layers": 1, "hidden_act": "gelu"})", "config.json").status();
+      "num_hidden_layers": 1, "hidden_act": "gelu"})",
+                                          "config.json")
+                         .status();
   EXPECT_NE(act.message().find("hidden_act"), std::string::npos) << act;
 }
 

@@ -1,5 +1,7 @@
 // The host block cache under the CPU allocator (core/memory.h): reuse per size class, its bound, release, threads,
 // zeroing of reused blocks, exact category counts, and SG_HOST_CACHE=0 (memory_cache_off_test runs this file so).
+#include "core/memory.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,8 +12,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include "core/memory.h"
 
 namespace sg {
 namespace {

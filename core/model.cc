@@ -28,8 +28,8 @@ void Model::StoreRows(Tensor& dst, Chunk c, const Tensor& src) {
     return;
   }
   if (dst.dtype() != DType::kBF16 || src.dtype() != DType::kF32)
-    throw std::logic_error(absl::StrCat("StoreRows: ", DTypeName(src.dtype()), " rows into a ",
-                                        DTypeName(dst.dtype()), " tensor"));
+    throw std::logic_error(
+        absl::StrCat("StoreRows: ", DTypeName(src.dtype()), " rows into a ", DTypeName(dst.dtype()), " tensor"));
   OpsFor<float>(src.device()).f32_to_bf16(src.data<float>(), src.numel(), rows.data<uint16_t>());
 }
 

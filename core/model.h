@@ -94,9 +94,9 @@ class SequenceState {
 };
 
 struct HeadResult {
-  LossSum loss_sum;      // sum of per-token losses over valid labels in the chunk (may be on the device)
-  int64_t tokens = 0;    // valid labels in the chunk
-  Tensor dh;             // gradient w.r.t. the last layer's output for the chunk (if requested)
+  LossSum loss_sum;    // sum of per-token losses over valid labels in the chunk (may be on the device)
+  int64_t tokens = 0;  // valid labels in the chunk
+  Tensor dh;           // gradient w.r.t. the last layer's output for the chunk (if requested)
 };
 
 class Model {

@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
 // Any family: a transformer or Mamba preset, or a directory whose config.json model_type is llama, qwen2 or mamba
 // (MambaForCausalLM). LoadModel above takes transformers only.
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
-                                                     Device device = Device::kCPU);
+                                                    Device device = Device::kCPU);
 
 // Loads HF weights into an existing model by parameter name, checking every shape.
 absl::Status LoadWeights(TransformerModel& model, const std::string& dir);

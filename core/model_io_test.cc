@@ -1,7 +1,8 @@
 // Bad input at the model and trainer boundary: clear errors naming the file, tensor or field.
-#include <gtest/gtest.h>
+#include "core/model_io.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,12 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
-#include <fstream>
 
 #include "core/io/safetensors.h"
-#include "core/model_io.h"
 #include "core/presets.h"
 #include "core/trainer.h"
 #include "nlohmann/json.hpp"

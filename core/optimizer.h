@@ -18,7 +18,7 @@
 namespace sg {
 
 struct OptimizerOptions {
-  double lr = 1e-3;     // peak learning rate (after warmup)
+  double lr = 1e-3;  // peak learning rate (after warmup)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;

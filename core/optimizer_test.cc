@@ -1,11 +1,12 @@
 // The optimizer: learning-rate schedules, gradient accumulation against one big batch (fp64), NaN/Inf guards.
+#include "core/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/gradcheck.h"
 #include "core/lr_schedule.h"
-#include "core/optimizer.h"
 #include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"

@@ -63,8 +63,8 @@ int64_t AttentionGroupPages(const StateOptions& o) {
 }
 
 template <typename T>
-void PagedAttentionForward(const OpTable<T>& ops, const AttentionShape& s, const PagedAttention& a, const T* q,
-                           T* out, T* lse) {
+void PagedAttentionForward(const OpTable<T>& ops, const AttentionShape& s, const PagedAttention& a, const T* q, T* out,
+                           T* lse) {
   Tensor ws = Workspace<T>(a, {ops.attention_workspace_elems(s, a.kv->page_size())});
   Tensor group_out, group_lse;  // a later group's result, merged into out and lse
   Walk(a, s.pos0 + s.n, /*grad=*/false, [&](const uint8_t* mask, bool first) {

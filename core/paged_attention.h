@@ -29,14 +29,14 @@ struct PagedAttention {
   int layer = 0;
   const uint8_t* selected = nullptr;  // sparse attention's page mask; null: every page
   int64_t group_pages = 0;
-  KvOffload* stream = nullptr;  // dense offload: brings the pages that are not on the device
+  KvOffload* stream = nullptr;      // dense offload: brings the pages that are not on the device
   MemoryTracker* memory = nullptr;  // for workspace
 };
 
 // attention_forward (or its bf16-page form) over the groups: out[n][heads][head_dim], lse[heads][n].
 template <typename T>
-void PagedAttentionForward(const OpTable<T>& ops, const AttentionShape& s, const PagedAttention& a, const T* q,
-                           T* out, T* lse);
+void PagedAttentionForward(const OpTable<T>& ops, const AttentionShape& s, const PagedAttention& a, const T* q, T* out,
+                           T* lse);
 // attention_backward over the groups: dq assigned; dK/dV accumulated into the gradient pages of every key
 // [0, pos0 + n), which it creates (zeroed) where missing.
 template <typename T>

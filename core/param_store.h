@@ -129,8 +129,8 @@ class ParamStore {
     if (gate.dtype() == kDType)
       return ops.swiglu_backward(dout, gate.template data<T>(), up.template data<T>(), gate.numel(), dgate, dup);
     if constexpr (std::is_same_v<T, float>)
-      ops.swiglu_backward_bf16(dout, gate.template data<uint16_t>(), up.template data<uint16_t>(), gate.numel(),
-                               dgate, dup);
+      ops.swiglu_backward_bf16(dout, gate.template data<uint16_t>(), up.template data<uint16_t>(), gate.numel(), dgate,
+                               dup);
   }
   // t as a layer keeps it: a bf16 copy (category cat) under HalfActivations, else t itself. Exact for a t that
   // already holds bf16 values (a layer's input: Boundary's output or a bf16 embedding row).
@@ -205,8 +205,8 @@ class ParamStore {
       if (targets.count(module.substr(module.rfind('.') + 1))) chosen.push_back(w);
     }
     if (chosen.empty())
-      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: no module of this model is named ",
-                                                     absl::StrJoin(o.targets, " or ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora_targets: no module of this model is named ", absl::StrJoin(o.targets, " or ")));
     // B A has rank at most min(in, out). A rank above that of every adapted weight only costs memory (and may not
     // fit); above some of them is allowed, as PEFT does (e.g. Mamba's narrow dt_proj among wider targets).
     int64_t widest = 0;
@@ -290,7 +290,8 @@ class ParamStore {
     const T s = static_cast<T>(lora_->scale());
     if (!a.dt.defined()) a.dt = Tensor::Zeros(&mem_, MemCategory::kWorkspace, kDType, {a.n, r});
     ops.gemm(false, false, a.n, r, rows, s, dy, lddy, W(a.ad->b) + row0 * r, r, T(1), a.dt.template data<T>(), r);
-    if (T* g = G(a.ad->b)) ops.gemm(true, false, rows, r, a.n, s, dy, lddy, a.t.template data<T>(), r, T(1), g + row0 * r, r);
+    if (T* g = G(a.ad->b))
+      ops.gemm(true, false, rows, r, a.n, s, dy, lddy, a.t.template data<T>(), r, T(1), g + row0 * r, r);
   }
   // Accumulates dA and adds the adapter's input gradient to dx [n][in] (through the same dropout mask).
   void LoraInBackward(const OpTable<T>& ops, const LoraAct& a, T* dx, Chunk c, const StateOptions& st) {

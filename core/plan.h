@@ -29,8 +29,8 @@ DType CreatedDType(Model& model);
 
 struct MemoryPlan {
   int64_t seq_len = 0;
-  MemorySnapshot device;    // peaks per category and of the total over the step (weights included)
-  int64_t host_bytes = 0;   // KV offload: host memory of the offloaded KV and KV-gradient pages
+  MemorySnapshot device;   // peaks per category and of the total over the step (weights included)
+  int64_t host_bytes = 0;  // KV offload: host memory of the offloaded KV and KV-gradient pages
 };
 
 // One training step as every step after a run's first (AdamW moments allocated, gradients by the strategy, the

@@ -32,8 +32,8 @@ struct Case {
 std::string Name(const Case& c) {
   return absl::StrCat(c.model, "/", c.strategy, " T=", c.seq_len, " chunk=", c.chunk, " lora=", c.lora_rank,
                       c.lora_dropout > 0 ? "+dropout" : "", c.offload ? " offload" : "", " sparse=", c.sparse_pages,
-                      c.attention_group > 0 ? absl::StrCat(" group=", c.attention_group) : "",
-                      " ", c.objective, " ", DTypeName(c.dtype));
+                      c.attention_group > 0 ? absl::StrCat(" group=", c.attention_group) : "", " ", c.objective, " ",
+                      DTypeName(c.dtype));
 }
 
 MemoryPlan Plan(const Case& c, Device device) {

@@ -35,8 +35,8 @@ TransformerConfig Qwen25(int64_t d, int64_t layers, int64_t heads, int64_t kv_he
 }
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny",         "tiny-qwen2",   "demo",        "bench-cpu",      "llama-1b-shape",
-          "qwen2.5-7b-shape", "qwen3-8b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
+  return {"tiny",           "tiny-qwen2",   "demo",       "bench-cpu",  "llama-1b-shape", "qwen2.5-7b-shape",
+          "qwen3-8b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
@@ -93,8 +93,7 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   }
   std::vector<std::string> names = TransformerPresetNames();
   for (const std::string& m : MambaPresetNames()) names.push_back(m);
-  return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (",
-                                          absl::StrJoin(names, ", "),
+  return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (", absl::StrJoin(names, ", "),
                                           ") nor a directory with config.json"));
 }
 
@@ -124,8 +123,8 @@ absl::StatusOr<MambaConfig> MambaPreset(const std::string& name) {
     c.num_layers = 64;
     c.time_step_rank = 160;
   } else {
-    return absl::NotFoundError(absl::StrCat("'", name, "' is not a Mamba preset (",
-                                            absl::StrJoin(MambaPresetNames(), ", "), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("'", name, "' is not a Mamba preset (", absl::StrJoin(MambaPresetNames(), ", "), ")"));
   }
   c.intermediate_size = 2 * c.hidden_size;
   c.conv_kernel = 4;

@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/model.h"
 #include "core/lora.h"
+#include "core/model.h"
 #include "core/model_config.h"
 #include "distributed/communicator.h"
 

@@ -1,5 +1,7 @@
 // Trainer::TokenLogprobs (the C API's sg_trainer_score) against a full-sequence forward whose final norm, logits and
 // log-softmax are computed here in f64, outside the engine's chunked LM head.
+#include "core/trainer.h"
+
 #include <cblas.h>
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -12,7 +14,6 @@
 
 #include "core/mamba.h"
 #include "core/model_io.h"
-#include "core/trainer.h"
 #include "core/transformer.h"
 
 namespace sg {

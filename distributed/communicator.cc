@@ -53,8 +53,9 @@ absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std
   if (comm.rank() == 0) std::copy(text.begin(), text.end(), reinterpret_cast<char*>(buf.data()));
   if (absl::Status s = comm.Broadcast(buf.data(), static_cast<int64_t>(buf.size()), DType::kI32, 0); !s.ok()) return s;
   const std::map<std::string, std::string> root = Parse(std::string(reinterpret_cast<const char*>(buf.data()), len));
-  std::string msg = absl::StrCat("configuration differs across ranks (model and strategy options must be the same on "
-                                 "every rank); config hash per rank:");
+  std::string msg = absl::StrCat(
+      "configuration differs across ranks (model and strategy options must be the same on "
+      "every rank); config hash per rank:");
   for (int r = 0; r < n; ++r) absl::StrAppend(&msg, " ", r, ":", absl::Hex(static_cast<uint64_t>(all[r])));
   if (all[comm.rank()] != all[0]) {
     absl::StrAppend(&msg, "; rank ", comm.rank(), " against rank 0:");

@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   sg::dist::g_comm = comm->get();
-  if ((*comm)->size() < 2) std::fprintf(stderr, "warning: running on %d rank(s); launch with mpirun -np 2\n",
-                                        (*comm)->size());
+  if ((*comm)->size() < 2)
+    std::fprintf(stderr, "warning: running on %d rank(s); launch with mpirun -np 2\n", (*comm)->size());
   int failed = RUN_ALL_TESTS() != 0;
   (*comm)->AllReduce(&failed, 1, sg::DType::kI32, sg::dist::ReduceOp::kMax).IgnoreError();
   comm->reset();

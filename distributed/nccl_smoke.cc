@@ -20,8 +20,7 @@ int main() {
   cudaMemcpy(d, host.data(), 4 * sizeof(float), cudaMemcpyHostToDevice);
   sg::dist::Communicator& c = **comm;
   for (absl::Status s : {c.AllReduce(d, 4, sg::DType::kF32), c.Broadcast(d, 4, sg::DType::kF32, 0),
-                         c.AllGather(d, e, 4, sg::DType::kF32), c.ReduceScatter(e, d, 4, sg::DType::kF32),
-                         c.Barrier()})
+                         c.AllGather(d, e, 4, sg::DType::kF32), c.ReduceScatter(e, d, 4, sg::DType::kF32), c.Barrier()})
     if (!s.ok()) {
       std::fprintf(stderr, "nccl smoke: %s\n", s.ToString().c_str());
       return 1;

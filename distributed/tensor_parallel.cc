@@ -91,9 +91,8 @@ absl::Status ScatterTrainer(Trainer& whole, Trainer& split) {
   split.set_state(whole.state());
   if (!whole.optimizer().has_moments()) return absl::OkStatus();
   if (absl::Status st = split.optimizer().EnsureMoments(split.model()); !st.ok()) return st;
-  return ForEachOptimizerTensor(whole, split, *s, [&](Tensor& w, Tensor& b, TpShard shard) {
-    return SliceTensor(w, shard, s->tp, b);
-  });
+  return ForEachOptimizerTensor(whole, split, *s,
+                                [&](Tensor& w, Tensor& b, TpShard shard) { return SliceTensor(w, shard, s->tp, b); });
 }
 
 absl::Status GatherTrainer(Trainer& split, Trainer& whole) {
@@ -103,9 +102,8 @@ absl::Status GatherTrainer(Trainer& split, Trainer& whole) {
   whole.set_state(split.state());
   if (!split.optimizer().has_moments()) return absl::OkStatus();
   if (absl::Status st = whole.optimizer().EnsureMoments(whole.model()); !st.ok()) return st;
-  return ForEachOptimizerTensor(whole, split, *s, [&](Tensor& w, Tensor& b, TpShard shard) {
-    return GatherTensor(b, shard, s->tp, w);
-  });
+  return ForEachOptimizerTensor(whole, split, *s,
+                                [&](Tensor& w, Tensor& b, TpShard shard) { return GatherTensor(b, shard, s->tp, w); });
 }
 
 }  // namespace sg::dist

@@ -131,7 +131,10 @@ class TrainMonitor {
   // training never draws. Enabled by --eval_every > 0 or --eval_data; sft only.
   absl::Status SetUpEval(const std::string& objective, const RetrievalTask* task, uint64_t seed, int64_t seq_len,
                          const std::string& data_dtype);
-  void SetEvalSet(EvalSet set, int64_t every) { eval_set_ = std::move(set); eval_every_ = every; }
+  void SetEvalSet(EvalSet set, int64_t every) {
+    eval_set_ = std::move(set);
+    eval_every_ = every;
+  }
   bool eval_enabled() const { return !eval_set_.sequences.empty(); }
   // The step the run stops at when that is before `steps` (e.g. --stop_at_step): the memory timeline and the final
   // evaluation happen there.

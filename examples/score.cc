@@ -105,7 +105,8 @@ int Main() {
   const std::string data = tools::ResolveUserPath(absl::GetFlag(FLAGS_data));
   if (data.empty()) tools::ExitIfError(absl::InvalidArgumentError("is required: the records to score"), "--data");
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
-  if (seq_len < 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("got ", seq_len, "; need >= 0")), "--seq_len");
+  if (seq_len < 0)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("got ", seq_len, "; need >= 0")), "--seq_len");
   absl::StatusOr<std::unique_ptr<Model>> model =
       LoadAnyModel(tools::ModelSpec(), *dtype, absl::GetFlag(FLAGS_seed), device);
   tools::ExitIfError(model.status(), "--model");

@@ -62,8 +62,8 @@ struct WeightView {
 
 // gemm with B a weight: C = alpha op(A) op(W) + beta C, through gemm_mixed when W is bf16.
 template <typename T>
-void GemmWeight(const OpTable<T>& ops, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                const T* a, int64_t lda, WeightView w, int64_t ldw, T beta, T* c, int64_t ldc) {
+void GemmWeight(const OpTable<T>& ops, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                int64_t lda, WeightView w, int64_t ldw, T beta, T* c, int64_t ldc) {
   if (w.dtype != DType::kBF16) {
     ops.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, static_cast<const T*>(w.data), ldw, beta, c, ldc);
     return;

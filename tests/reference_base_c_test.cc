@@ -45,8 +45,8 @@ sg_trainer* DpoTrainer(sg_model* m) {
 
 double DpoStep(sg_trainer* t) {
   const std::vector<int32_t> a = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38}, b = {2, 71, 82, 81, 82, 84, 59, 4, 5};
-  const std::vector<int32_t> la = {-100, -100, -100, 92, 65, 35, 89, 79, 32, 38}, lb = {-100, -100, -100, 81, 82, 84,
-                                                                                          59, 4, 5};
+  const std::vector<int32_t> la = {-100, -100, -100, 92, 65, 35, 89, 79, 32, 38},
+                             lb = {-100, -100, -100, 81, 82, 84, 59, 4, 5};
   const int32_t* chosen[] = {a.data()};
   const int32_t* chosen_labels[] = {la.data()};
   const int32_t* rejected[] = {b.data()};

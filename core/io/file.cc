@@ -118,8 +118,10 @@ void RemoveUnlocked(const std::string& dir, mode_t kind, const std::function<boo
     if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // a live writer's
     // Removed while locked: a writer that took the name meanwhile finds no link left (LockIfLinked) and makes another.
     std::error_code ignored;
-    if (kind == S_IFDIR) std::filesystem::remove_all(path, ignored);
-    else unlink(path.c_str());
+    if (kind == S_IFDIR)
+      std::filesystem::remove_all(path, ignored);
+    else
+      unlink(path.c_str());
   }
 }
 

@@ -42,9 +42,9 @@ TEST(HalfTest, KnownValues) {
   EXPECT_EQ(F32ToF16(1e10f), 0x7c00);
   EXPECT_EQ(F32ToF16(-std::numeric_limits<float>::infinity()), 0xfc00);
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);   // tie rounds to even (zero)
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);  // tie rounds to even (zero)
   EXPECT_EQ(F32ToF16(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);   // 1.5 units: tie to even 2
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);     // 1.5 units: tie to even 2
   EXPECT_EQ(F32ToF16(std::ldexp(1023.5f, -24)), 0x0400);  // rounds up into the normals
   EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
   EXPECT_EQ(F32ToF16(1e-30f), 0x0000);

@@ -13,8 +13,7 @@ namespace sg::io {
 // Parses the text of a config.json. Errors start with `source_name` and name
 // the offending field, e.g.
 //   "config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)".
-absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text,
-                                                         const std::string& source_name);
+absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name);
 
 // Reads `path`, or `path`/config.json when `path` is a directory.
 absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path);

@@ -7,7 +7,9 @@ GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const St
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
   const Chunk all{0, T};
-  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/1, /*adjoint_window=*/0, /*sparse_pages=*/o.sparse_pages}.Training(o.seed));
+  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/1,
+                                       /*adjoint_window=*/0, /*sparse_pages=*/o.sparse_pages}
+                              .Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
   std::vector<LayerSaved> saved(L);

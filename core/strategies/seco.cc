@@ -36,7 +36,11 @@ GradResult ChunkedBackprop(Model& m, const Sequence& s, double grad_scale, const
     throw std::invalid_argument(std::string(valid.message()));
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
-  StateOptions state{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L, /*adjoint_window=*/0,
+  StateOptions state{T,
+                     o.page_size,
+                     /*resident_layers=*/L,
+                     /*resident_grad_layers=*/L,
+                     /*adjoint_window=*/0,
                      /*sparse_pages=*/o.sparse_pages};
   state.offload = o.offload;  // the pools then hold a few layers (core/kv_offload.h)
   state.chunk = o.chunk;

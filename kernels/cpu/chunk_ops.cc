@@ -59,11 +59,10 @@ void PageScores(const double* q_sums, int64_t n, int64_t heads, int64_t kv_heads
   }
 }
 
-#define SG_INSTANTIATE(T)                                                                                      \
-  template void LoraDropout<T>(const T*, int64_t, int64_t, uint64_t, uint64_t, int64_t, int64_t, double, bool, \
-                               T*);                                                                            \
-  template void SsmNegExp<T>(const T*, int64_t, T*);                                                           \
-  template void SsmNegExpBackward<T>(const T*, const T*, int64_t, T*);                                         \
+#define SG_INSTANTIATE(T)                                                                                           \
+  template void LoraDropout<T>(const T*, int64_t, int64_t, uint64_t, uint64_t, int64_t, int64_t, double, bool, T*); \
+  template void SsmNegExp<T>(const T*, int64_t, T*);                                                                \
+  template void SsmNegExpBackward<T>(const T*, const T*, int64_t, T*);                                              \
   template void ColumnSumsF64<T>(const T*, int64_t, int64_t, double*);
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(double)

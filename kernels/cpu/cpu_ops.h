@@ -23,8 +23,8 @@ size_t MatmulShapesCached();
 #include "kernels/op_kernels.inc"
 
 // Sgemm is fp32 whatever --matmul says.
-void Sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+void Sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+           int64_t ldb, float beta, float* c, int64_t ldc);
 
 // The table's own entries (ops.inc's SG_OP_OWN). Attention and the fused RoPE page write are templates over the
 // pages' storage type KV (P): T, or bf16 (uint16_t, T = float) for the f32 table's _bf16 entries.

@@ -111,9 +111,9 @@ TEST(OpsTest, CrossEntropyIgnoresLabels) {
 TEST(OpsTest, TokenArgmax) {
   const int64_t n = 4, vocab = 5;
   const double nan = std::nan("");
-  const Vec logits = {0.1, 2.0, -1.0, 2.0, 0.5,     // tie: 1
-                      nan, -3.0, -2.0, nan, -2.5,   // NaN skipped: 2
-                      9.0, 0.0, 0.0, 0.0, 0.0,      // unlabelled
+  const Vec logits = {0.1,  2.0,  -1.0, 2.0,  0.5,   // tie: 1
+                      nan,  -3.0, -2.0, nan,  -2.5,  // NaN skipped: 2
+                      9.0,  0.0,  0.0,  0.0,  0.0,   // unlabelled
                       -1.0, -1.0, -1.0, -1.0, 4.0};
   const std::vector<int32_t> labels = {0, 3, -100, 4};
   std::vector<int32_t> out(n, 7);
@@ -166,8 +166,7 @@ TEST_P(PagedAttentionTest, ForwardBackward) {
   };
   Vec out(qn), lse(s.heads * s.n), dq(qn), dk(pool, 0.0), dv(pool, 0.0);
   ops.attention_forward(s, q.data(), view(k, v), out.data(), lse.data(), ws.data());
-  ops.attention_backward(s, q.data(), view(k, v), out.data(), lse.data(), r.data(), dq.data(), view(dk, dv),
-                         ws.data());
+  ops.attention_backward(s, q.data(), view(k, v), out.data(), lse.data(), r.data(), dq.data(), view(dk, dv), ws.data());
   EXPECT_LT(FiniteDifferenceError(f, q, dq), kTol);
   EXPECT_LT(FiniteDifferenceError(f, k, dk), kTol);
   EXPECT_LT(FiniteDifferenceError(f, v, dv), kTol);
@@ -180,8 +179,7 @@ TEST_P(PagedAttentionTest, ForwardBackward) {
   Vec dq2(qn), dk2(pool, 0.0), dv2(pool, 0.0);
   PagedKV<double> grad_view = view(dk2, dv2);
   grad_view.page_table = partial.data();
-  ops.attention_backward(s, q.data(), view(k, v), out.data(), lse.data(), r.data(), dq2.data(), grad_view,
-                         ws.data());
+  ops.attention_backward(s, q.data(), view(k, v), out.data(), lse.data(), r.data(), dq2.data(), grad_view, ws.data());
   EXPECT_EQ(dq2, dq);
   for (int32_t page : {2, 3})
     for (int64_t i = page * stride; i < (page + 1) * stride; ++i) {

@@ -28,7 +28,7 @@ void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float
 
 template void AdamW<float>(float*, const float*, float*, float*, int64_t, double, double, double, double, double,
                            int64_t);
-template void AdamW<double>(double*, const double*, double*, double*, int64_t, double, double, double, double,
-                            double, int64_t);
+template void AdamW<double>(double*, const double*, double*, double*, int64_t, double, double, double, double, double,
+                            int64_t);
 
 }  // namespace sg::cpu

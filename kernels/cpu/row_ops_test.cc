@@ -16,8 +16,8 @@ namespace {
 std::vector<Isa> BuildsThisCpuRuns() {
   std::vector<Isa> out = {Isa::kGeneric};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(Isa::kAvx2);
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     out.push_back(Isa::kAvx512);
   return out;
 }
@@ -95,9 +95,8 @@ TEST(RowOpsTest, ActiveIsaFollowsEnvironment) {
   if (!want) {
     EXPECT_GE(ActiveIsa(), best);
   } else {
-    EXPECT_EQ(std::string(IsaName(ActiveIsa())), std::string(want) == "avx512" && best < Isa::kAvx512
-                                                     ? IsaName(best)
-                                                     : want);
+    EXPECT_EQ(std::string(IsaName(ActiveIsa())),
+              std::string(want) == "avx512" && best < Isa::kAvx512 ? IsaName(best) : want);
   }
 }
 

@@ -25,9 +25,12 @@ namespace generic {
 const RowOps& RowOpsFor(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
-    case Isa::kAvx512Bf16: return avx512::kOps;
-    case Isa::kAvx2: return avx2::kOps;
-    case Isa::kGeneric: break;
+    case Isa::kAvx512Bf16:
+      return avx512::kOps;
+    case Isa::kAvx2:
+      return avx2::kOps;
+    case Isa::kGeneric:
+      break;
   }
   return generic::kOps;
 }

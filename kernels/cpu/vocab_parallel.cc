@@ -26,8 +26,7 @@ int64_t LocalRow(int32_t id, int64_t rows, int64_t v0) {
 
 // S: the table's storage (T or bf16); T: the output's.
 template <typename S, typename T>
-void EmbeddingShardForward(const int32_t* ids, int64_t n, const S* table, int64_t rows, int64_t v0, int64_t d,
-                           T* out) {
+void EmbeddingShardForward(const int32_t* ids, int64_t n, const S* table, int64_t rows, int64_t v0, int64_t d, T* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = LocalRow(ids[i], rows, v0);
@@ -59,8 +58,8 @@ void VocabShardMax(const S* logits, const int32_t* labels, int64_t n, int64_t vo
 }
 
 template <typename S>
-void VocabShardSums(const S* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0,
-                    const double* row_max, double* sums) {
+void VocabShardSums(const S* logits, const int32_t* labels, int64_t n, int64_t vocab, int64_t v0, const double* row_max,
+                    double* sums) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     sums[i] = sums[n + i] = 0;

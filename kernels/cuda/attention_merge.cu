@@ -16,7 +16,9 @@ __device__ inline double Exp(double x) { return exp(x); }
 __device__ inline float Log(float x) { return logf(x); }
 __device__ inline double Log(double x) { return log(x); }
 template <typename T>
-__device__ inline T NegInf() { return -static_cast<T>(INFINITY); }
+__device__ inline T NegInf() {
+  return -static_cast<T>(INFINITY);
+}
 
 // One thread per element (i, h, e) of out; its row's lse is h * n + i. The lse are merged by a second kernel,
 // after every thread has read them.
@@ -56,8 +58,8 @@ template <typename T>
 void AttentionMerge(const AttentionShape& s, T* out, T* lse, const T* out_b, const T* lse_b) {
   const int64_t elems = s.n * s.heads * s.head_dim, rows = s.n * s.heads;
   if (elems <= 0) return;
-  MergeOutKernel<T><<<Blocks(elems, kThreads), kThreads, 0, Stream()>>>(s.n, s.heads, s.head_dim, out, lse, out_b,
-                                                                       lse_b);
+  MergeOutKernel<T>
+      <<<Blocks(elems, kThreads), kThreads, 0, Stream()>>>(s.n, s.heads, s.head_dim, out, lse, out_b, lse_b);
   End("attention_merge");
   MergeLseKernel<T><<<Blocks(rows, kThreads), kThreads, 0, Stream()>>>(rows, lse, lse_b);
   End("attention_merge");

@@ -26,8 +26,8 @@ template <typename T, typename P>
 void RopeKvWrite(const T* k, const T* v, int64_t n, int64_t pos0, const double* inv_freq, const PagedKV<P>& kv);
 void RopeKvWriteBf16(const float* k, const float* v, int64_t n, int64_t pos0, const double* inv_freq,
                      const PagedKV<uint16_t>& kv);
-void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out,
-                          float* lse, float* workspace);
+void AttentionForwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, float* out, float* lse,
+                          float* workspace);
 void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedKV<uint16_t>& kv, const float* out,
                            const float* lse, const float* dout, float* dq, const PagedKV<uint16_t>& dkv,
                            float* workspace);

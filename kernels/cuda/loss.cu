@@ -39,8 +39,8 @@ __device__ void RowLogSumExp(const S* row, int64_t vocab, T* shared_max, double*
 
 // Row i becomes scale_i (softmax - onehot(label)); losses[i] = lse - logit[label] (0 for ignored rows).
 template <typename S>
-__global__ void CrossEntropyKernel(S* logits, const int32_t* labels, int64_t n, int64_t vocab,
-                                   const double* row_scale, double grad_scale, double* losses) {
+__global__ void CrossEntropyKernel(S* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
+                                   double grad_scale, double* losses) {
   using T = Wide<S>;
   __shared__ T shared_max[32];
   __shared__ double shared_sum[32];
@@ -168,8 +168,8 @@ double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, 
   const double* dscale = Stage(row_scale, n, kSlotRowScale, op);  // null stays null
   // The per-row losses, then their sum in row order after them: one reduction for both ways of returning it.
   auto* dlosses = static_cast<double*>(Scratch((n + 1) * sizeof(double), kSlotOut, op));
-  CrossEntropyKernel<T><<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dscale, grad_scale,
-                                                                  dlosses);
+  CrossEntropyKernel<T>
+      <<<RowBlocks(n), kThreads, 0, Stream()>>>(logits, dlabels, n, vocab, dscale, grad_scale, dlosses);
   double* dsum = device_sum;
   if (!dsum) {
     dsum = dlosses + n;

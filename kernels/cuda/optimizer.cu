@@ -37,7 +37,7 @@ void Launch(T* p, const T* g, T* m, T* v, int64_t count, double lr, double beta1
   const double c1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double c2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   AdamWKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(p, g, m, v, count, lr, beta1, beta2, eps,
-                                                                      weight_decay, c1, c2, weights);
+                                                                     weight_decay, c1, c2, weights);
   End(op);
 }
 
@@ -56,7 +56,7 @@ void AdamWBF16(uint16_t* weights, float* master, const float* g, float* m, float
 
 template void AdamW<float>(float*, const float*, float*, float*, int64_t, double, double, double, double, double,
                            int64_t);
-template void AdamW<double>(double*, const double*, double*, double*, int64_t, double, double, double, double,
-                            double, int64_t);
+template void AdamW<double>(double*, const double*, double*, double*, int64_t, double, double, double, double, double,
+                            int64_t);
 
 }  // namespace sg::cuda

@@ -1,4 +1,5 @@
-// libFuzzer entry point: bazel build --config=fuzz //tests:index_fuzzer (clang), then run it on tests/fuzz/corpus/index.
+// libFuzzer entry point: bazel build --config=fuzz //tests:index_fuzzer (clang), then run it on
+// tests/fuzz/corpus/index.
 #include "tests/fuzz/targets.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { return sg::fuzz::FuzzIndex(data, size); }

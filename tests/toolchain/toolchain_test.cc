@@ -46,8 +46,7 @@ TEST(Toolchain, CblasSgemm) {
   const std::vector<float> a = {1, 2, 3, 4, 5, 6};
   const std::vector<float> b = {7, 8, 9, 10, 11, 12};
   std::vector<float> c(4, 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 3, 1.0f, a.data(), 3,
-              b.data(), 2, 0.0f, c.data(), 2);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 3, 1.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
   EXPECT_FLOAT_EQ(c[0], 58);
   EXPECT_FLOAT_EQ(c[1], 64);
   EXPECT_FLOAT_EQ(c[2], 139);

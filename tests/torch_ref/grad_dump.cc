@@ -36,7 +36,8 @@
 #include "kernels/backend.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face model directory (config.json + model.safetensors)");
-ABSL_FLAG(std::string, batch_jsonl, "", "JSONL batch: {\"input_ids\": [...], \"labels\": [...]} per line (HF convention)");
+ABSL_FLAG(std::string, batch_jsonl, "",
+          "JSONL batch: {\"input_ids\": [...], \"labels\": [...]} per line (HF convention)");
 ABSL_FLAG(std::string, strategy, "full", "gradient strategy (any name sg::FindStrategy knows)");
 ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (chunked strategies)");
 ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
@@ -95,7 +96,8 @@ absl::Status Run() {
   const DType dtype = dtype_name == "bf16" ? DType::kBF16 : DType::kF64;
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
   if (matmul != "fp32" && dtype != DType::kBF16)
-    return absl::InvalidArgumentError(absl::StrCat("--matmul=", matmul, " needs --dtype=bf16 (f64 products never round)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--matmul=", matmul, " needs --dtype=bf16 (f64 products never round)"));
   if (const std::string refused = FindBackend(Device::kCPU)->set_matmul(matmul); !refused.empty())
     return absl::InvalidArgumentError(absl::StrCat("--matmul: ", refused));
   absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(model_dir, dtype, 0);
@@ -161,7 +163,8 @@ absl::Status Run() {
 }  // namespace sg
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Writes the f64 loss and parameter gradients of a batch (for the torch reference test).");
+  absl::SetProgramUsageMessage(
+      "Writes the f64 loss and parameter gradients of a batch (for the torch reference test).");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = sg::Run(); !s.ok()) {
     std::fprintf(stderr, "grad_dump: error: %s\n", std::string(s.message()).c_str());

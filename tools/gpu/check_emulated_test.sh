@@ -143,6 +143,6 @@ print("failing run OK")
 PY
 [[ "$(ls "$tmp/returned" | sort | tr '\n' ' ')" == "checks.jsonl gpu_results.tar.gz summary.json " ]] ||
   { echo "\$OUT holds: $(ls "$tmp/returned")" >&2; exit 1; }
-tar tzf "$tmp/returned/gpu_results.tar.gz" | grep -q "^out3/ops_test.log$" ||
-  { echo "gpu_results.tar.gz lacks the logs" >&2; exit 1; }
+tar tzf "$tmp/returned/gpu_results.tar.gz" >"$tmp/returned.list"  # no pipe: grep -q would cut tar off (pipefail)
+grep -qx "out3/ops_test.log" "$tmp/returned.list" || { echo "gpu_results.tar.gz lacks the logs" >&2; exit 1; }
 echo "packed OK"

@@ -50,8 +50,7 @@ void CheckAttention(const Attn& c) {
   s.kv_heads = c.kv_heads;
   s.head_dim = c.hd;
   s.scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
-  const int64_t pages = (c.pos0 + c.n + c.page - 1) / c.page, pool = pages + 2,
-                stride = c.page * c.kv_heads * c.hd;
+  const int64_t pages = (c.pos0 + c.n + c.page - 1) / c.page, pool = pages + 2, stride = c.page * c.kv_heads * c.hd;
   std::vector<int32_t> table(pool);
   std::iota(table.begin(), table.end(), 0);
   std::mt19937_64 rng(c.hd + c.n);

@@ -196,9 +196,7 @@ inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSi
 }
 inline unsigned __ballot_sync(unsigned mask, int pred) { return sg_emu::WarpBallot(mask, pred, "__ballot_sync"); }
 inline int __any_sync(unsigned mask, int pred) { return sg_emu::WarpBallot(mask, pred, "__any_sync") != 0; }
-inline int __all_sync(unsigned mask, int pred) {
-  return sg_emu::WarpBallot(mask, !pred, "__all_sync") == 0;
-}
+inline int __all_sync(unsigned mask, int pred) { return sg_emu::WarpBallot(mask, !pred, "__all_sync") == 0; }
 inline unsigned __activemask() { return 0xffffffffu; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
@@ -210,7 +208,7 @@ inline float max(float a, float b) { return fmaxf(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
 inline float min(float a, float b) { return fminf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
-#define SG_EMU_INT_MINMAX(T)                      \
+#define SG_EMU_INT_MINMAX(T)                       \
   inline T max(T a, T b) { return a < b ? b : a; } \
   inline T min(T a, T b) { return b < a ? b : a; }
 SG_EMU_INT_MINMAX(int)
