@@ -1,8 +1,8 @@
 // Evaluation on held-out sequences: mean token loss and perplexity, next-token accuracy (arg max of the logits
 // equals the label) and, for the synthetic retrieval task, accuracy as a function of the distance between a
 // query and its key's pair token. One chunked forward pass per sequence (EvaluateLoss's schedule: StrategyOptions'
-// chunk tokens at a time, lm_chunk rows of logits), through the model's HeadLoss, so it works for every model family and
-// never holds T x vocab logits.
+// chunk tokens at a time, lm_chunk rows of logits), through the model's HeadLoss, so it works for every model
+// family and never holds T x vocab logits.
 #pragma once
 
 #include <cstdint>

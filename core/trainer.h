@@ -166,11 +166,11 @@ class Trainer {
   bool partial_grads_ = false;  // AccumulateGradients left tensor-parallel partial gradients for OptimizerStep
 };
 
-// The chunk a memory budget allows (the tools' --memory_budget): the largest chunk (seco, spaco, adjoint) or partition (streambp) whose gradient pass on `probe`
-// (the longest sequence a run will see) fits the budget, planned on a meta twin of the model (core/plan.h: the
-// exact allocations, no compute) under a memory limit of the budget minus `reserved` (e.g. optimizer moments not
-// allocated yet). Candidates: the whole sequence, then powers of two
-// below it down to 16 (spaco: only those giving at least spaco_budget chunks). Strategies without a chunk (full,
+// The chunk a memory budget allows (the tools' --memory_budget): the largest chunk (seco, spaco, adjoint) or
+// partition (streambp) whose gradient pass on `probe` (the longest sequence a run will see) fits the budget,
+// planned on a meta twin of the model (core/plan.h: the exact allocations, no compute) under a memory limit of the
+// budget minus `reserved` (e.g. optimizer moments not allocated yet). Candidates: the whole sequence, then powers
+// of two below it down to 16 (spaco: only those giving at least spaco_budget chunks). Strategies without a chunk (full,
 // ckpt) are probed as they are. ResourceExhausted when nothing fits, with the bytes the smallest candidate needs
 // (measured under a limit of 16 x the budget) against the budget.
 struct BudgetFit {

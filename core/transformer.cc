@@ -709,9 +709,10 @@ double NormalAt(uint64_t key, uint64_t i) {
 }
 }  // namespace
 
-// Models up to opts.sequential_limit (2^28) parameters draw from one sequential stream, the values every earlier version gave (and the
-// tests' tolerances were set on). Larger ones (a 7B model is 7.6e9 draws, minutes from one stream) draw each value as
-// a function of (seed, parameter, index) alone, in parallel. Either way every device gets the same values.
+// Models up to opts.sequential_limit (2^28) parameters draw from one sequential stream, the values every earlier
+// version gave (and the tests' tolerances were set on). Larger ones (a 7B model is 7.6e9 draws, minutes from one
+// stream) draw each value as a function of (seed, parameter, index) alone, in parallel. Either way every device gets
+// the same values.
 void InitRandom(Model& model, const InitOptions& opts) {
   int64_t total = 0;
   for (const Param& p : model.params()) total += p.value.numel();

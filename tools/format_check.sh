@@ -15,7 +15,10 @@ cf="$(command -v clang-format-14 || true)"
 if [[ -z "$cf" ]] && command -v clang-format >/dev/null && clang-format --version | grep -q "version 14\."; then
   cf="$(command -v clang-format)"
 fi
-[[ -n "$cf" ]] || { echo "format_check.sh: clang-format 14 not found (Debian 12: apt install clang-format)" >&2; exit 2; }
+if [[ -z "$cf" ]]; then
+  echo "format_check.sh: clang-format 14 not found (Debian 12: apt install clang-format)" >&2
+  exit 2
+fi
 
 declare -A exempt=()
 while IFS= read -r f; do
@@ -42,5 +45,6 @@ if ((${#clean_but_listed[@]})); then
   printf '  %s\n' "${clean_but_listed[@]}" >&2
   status=1
 fi
-((status)) || echo "format_check.sh: $(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' ':!third_party' | wc -l) sources, ${#exempt[@]} exempt, the rest formatted"
+sources="$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' ':!third_party' | wc -l)"
+((status)) || echo "format_check.sh: $sources sources, ${#exempt[@]} exempt, the rest formatted"
 exit "$status"

@@ -4,9 +4,9 @@
 # loan); a stage left with no time is recorded as skipped, and a failed check never stops the run:
 #   correctness  60  nvidia-smi, libraries, ops_test, cuda_strategy_test (every exact strategy vs full and vs the
 #                    CPU: f32 within max(1e-5, 2x the CPU's own f32 error; Mamba 2e-5), f64 1e-10),
-#                    bf16_strategy_test (loss within 1e-2 of f64's and the
-#                    CPU's; gradients off f64 by <= 3x the CPU's bf16 error + 2e-2, off bf16 full by <= 2x full's
-#                    error + 1e-2), gradcheck seco and streambp in f64 (1e-10)
+#                    bf16_strategy_test (loss within 1e-2 of f64's and the CPU's; gradients off f64 by <= 3x the
+#                    CPU's bf16 error + 2e-2, off bf16 full by <= 2x full's error + 1e-2), gradcheck seco and
+#                    streambp in f64 (1e-10)
 #   speed       170  llama-1b-shape, bf16 weights and matmuls: seqgrad full and seco at 8K and 32K against PyTorch
 #                    + transformers (SDPA; full and gradient checkpointing): tok/s, MFU, peak memory (each engine's
 #                    own, and the GPU's used memory sampled by nvidia-smi)
@@ -214,7 +214,8 @@ for T in "${speed_lens[@]}"; do
   torch_flags=()
   [[ "$torch_ok" == 1 ]] && torch_flags=(--compare_torch --torch_strategies=full,ckpt --python="$python"
                                          --torch_script="$here/scripts/bench_torch_gpu.py")
-  measured "bench_speed_$T" $((T > 8192 ? 110 : 60)) "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full,seco --seq_lens=$T \
+  measured "bench_speed_$T" $((T > 8192 ? 110 : 60)) "$bin/bench" "${bench_common[@]}" --model=$llama \
+    --strategies=full,seco --seq_lens=$T \
     "${torch_flags[@]}" --json="$out/bench_speed_$T.json"
 done
 [[ "$torch_ok" == 1 ]] || skip torch_reference "no python3 with CUDA torch and transformers: seqgrad rows only"
@@ -248,7 +249,8 @@ fi
 ncu="$(gpu_tool ncu)"
 if [[ -n "$ncu" ]]; then
   # Kernel times of one seco step (two chunks), its first 200 launches: enough to rank the kernels.
-  check kernel_profile 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base --launch-count 200 \
+  check kernel_profile 45 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    --launch-count 200 \
     --log-file "$out/kernel_profile.csv" "$bin/bench" "${bench_common[@]}" --warmup=0 --model=$llama \
     --strategies=seco --seq_lens=$((chunk * 2))
 else

@@ -618,7 +618,8 @@ TYPED_TEST(CudaOpsTest, CrossEntropyAndTokenLogprobs) {
         }
         EXPECT_EQ(grad_kept.Raw(), grad.Raw());
         ops.token_logprobs(L.data(), labels.data(), n, vocab, lp.data());
-        const std::vector<double> logprobs = lp.Raw();  // read at once: the op's results are in host memory when it returns
+        // Read at once: the op's results are in host memory when it returns.
+        const std::vector<double> logprobs = lp.Raw();
         o.Add(grad);
         o.Add("logprobs", logprobs);
         EXPECT_EQ(L.Raw(), logits);
