@@ -38,7 +38,7 @@
 #include "core/memory.h"
 #include "core/model_io.h"
 #include "core/objective.h"
-#include "core/presets.h"
+#include "core/models/family.h"
 #include "core/strategy.h"
 #include "core/model.h"
 #include "core/trainer.h"
@@ -786,13 +786,6 @@ sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* ste
   return nullptr;
 }
 
-// Every family's presets: transformers first, then Mamba.
-std::vector<std::string> AllPresetNames() {
-  std::vector<std::string> names = sg::TransformerPresetNames();
-  for (const std::string& n : sg::MambaPresetNames()) names.push_back(n);
-  return names;
-}
-
 }  // namespace
 
 extern "C" {
@@ -843,7 +836,7 @@ const char* sg_memory_category_name(int category) {
 
 const char* const* sg_model_preset_names(void) {
   // Built once from the core's preset lists; the strings live as long as the library.
-  static const std::vector<std::string>* const kStrings = new std::vector<std::string>(AllPresetNames());
+  static const std::vector<std::string>* const kStrings = new std::vector<std::string>(sg::PresetNames());
   static const std::vector<const char*>* const kNames = [] {
     auto* v = new std::vector<const char*>();
     for (const std::string& n : *kStrings) v->push_back(n.c_str());
@@ -889,7 +882,7 @@ sg_status* CreatePreset(const char* fn, const char* preset, const char* dtype, u
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
     if (!preset) return NullArg(fn, "preset");
-    const std::vector<std::string> known = AllPresetNames();
+    const std::vector<std::string> known = sg::PresetNames();
     bool found = false;
     for (const std::string& n : known) found |= n == preset;
     if (!found) {

@@ -18,14 +18,13 @@
 #include "core/checkpoint.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
-#include "core/mamba.h"
 #include "core/model_io.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/optimizer.h"
 #include "core/param_store.h"
-#include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {

@@ -4,31 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/lora.h"
-#include "core/mamba.h"
+#include "core/models/family.h"
 #include "core/objective.h"
 #include "core/plan.h"
-#include "core/transformer.h"
 
 namespace sg {
 
-int64_t ModelFlops(Model& model, int64_t seq_len) {
-  const int64_t T = seq_len;
-  if (auto* t = dynamic_cast<TransformerModel*>(&model)) {
-    const TransformerConfig& c = t->config();
-    const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-    const int64_t layer = d * qd + 2 * d * kvd + qd * d + 3 * d * c.intermediate_size;
-    const int64_t matmul = c.num_layers * layer + c.vocab_size * d;
-    const int64_t causal_pairs = T * (T + 1) / 2;
-    return 6 * matmul * T + 3 * 4 * c.head_dim * c.num_heads * c.num_layers * causal_pairs;
-  }
-  if (auto* m = dynamic_cast<MambaModel*>(&model)) {
-    const MambaConfig& c = m->config();
-    const int64_t d = c.hidden_size, E = c.intermediate_size, R = c.time_step_rank, N = c.state_size;
-    const int64_t layer = d * 2 * E + E * (R + 2 * N) + R * E + E * d;
-    return 6 * (c.num_layers * layer + c.vocab_size * d) * T;
-  }
-  return 0;
-}
+int64_t ModelFlops(Model& model, int64_t seq_len) { return model.spec()->StepFlops(seq_len); }
 
 absl::StatusOr<StepCensus> CensusOfStep(const std::string& spec, DType dtype, const StrategyOptions& strategy,
                                         int64_t seq_len, Device device, RooflineLimits limits, bool keep_records) {

@@ -5,9 +5,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/models/transformer/transformer.h"
 #include "core/plan.h"
-#include "core/presets.h"
-#include "core/transformer.h"
 #include "kernels/backend.h"
 
 namespace sg {

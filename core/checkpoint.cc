@@ -22,8 +22,7 @@
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
-#include "core/mamba.h"
-#include "core/transformer.h"
+#include "core/models/family.h"
 #include "nlohmann/json.hpp"
 
 namespace sg {
@@ -145,7 +144,8 @@ bool ParseStepName(const std::string& name, const std::string& prefix, int64_t* 
 absl::Status RemoveCheckpointDir(const std::string& out_dir, const std::string& name) {
   const std::string from = absl::StrCat(out_dir, "/", name);
   const std::string to = absl::StrCat(out_dir, "/", kDelPrefix, name.substr(std::strlen(kPrefix)), "-", getpid());
-  if (std::rename(from.c_str(), to.c_str()) != 0) return Errno(absl::StrCat(from, ": cannot rename for removal"), errno);
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    return Errno(absl::StrCat(from, ": cannot rename for removal"), errno);
   if (absl::Status s = FsyncPath(out_dir, true); !s.ok()) return s;
   std::error_code ec;
   fs::remove_all(to, ec);
@@ -186,16 +186,12 @@ void FlattenJson(const json& j, const std::string& prefix, RunConfig* out) {
     for (auto it = j.begin(); it != j.end(); ++it) FlattenJson(it.value(), absl::StrCat(prefix, ".", it.key()), out);
     return;
   }
-  if (j.is_string()) (*out)[prefix] = j.get<std::string>();
-  else if (j.is_number_float()) (*out)[prefix] = DoubleStr(j.get<double>());
-  else (*out)[prefix] = j.dump();
-}
-
-// The model's Hugging Face config.json text, or "" for a family without one.
-std::string HFConfigJson(Model& model) {
-  if (auto* t = dynamic_cast<TransformerModel*>(&model)) return io::TransformerConfigToHFJson(t->config());
-  if (auto* m = dynamic_cast<MambaModel*>(&model)) return io::MambaConfigToHFJson(m->config());
-  return "";
+  if (j.is_string())
+    (*out)[prefix] = j.get<std::string>();
+  else if (j.is_number_float())
+    (*out)[prefix] = DoubleStr(j.get<double>());
+  else
+    (*out)[prefix] = j.dump();
 }
 
 std::string ShapeStr(const std::vector<int64_t>& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
@@ -213,8 +209,7 @@ absl::Status CheckTensors(const io::SafetensorsFile& file, const std::string& wh
   for (const auto& [name, p] : expected) {
     names.insert(name);
     const io::TensorInfo* info = file.Find(name);
-    if (!info)
-      return absl::DataLossError(absl::StrCat(file.path(), ": tensor '", name, "' is missing (", what, ")"));
+    if (!info) return absl::DataLossError(absl::StrCat(file.path(), ": tensor '", name, "' is missing (", what, ")"));
     if (info->shape != p->value.shape())
       return absl::FailedPreconditionError(absl::StrCat(file.path(), ": tensor '", name, "' has shape ",
                                                         ShapeStr(info->shape), ", the model's is ",
@@ -282,7 +277,7 @@ RunConfig TrainerRunConfig(Trainer& trainer) {
   c["model.parameters"] = absl::StrCat(params);
   c["model.trainable_parameters"] = absl::StrCat(trainable);
   c["model.elements"] = absl::StrCat(elements);
-  if (const std::string hf = HFConfigJson(model); !hf.empty()) {
+  if (const std::string hf = model.spec()->HFConfigJson(); !hf.empty()) {
     json j = json::parse(hf, nullptr, /*allow_exceptions=*/false);
     if (j.is_object())
       for (auto it = j.begin(); it != j.end(); ++it)
@@ -390,8 +385,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
   std::vector<std::vector<char>> host_copies;  // of a device's tensors
   for (const Param& p : model.params())
     weights.push_back({p.name, p.value.dtype(), p.value.shape(), HostBytes(p.value, &host_copies)});
-  if (absl::Status s = io::WriteSafetensors(absl::StrCat(tmp, "/", kModelFile), weights, {{"format", "pt"}});
-      !s.ok())
+  if (absl::Status s = io::WriteSafetensors(absl::StrCat(tmp, "/", kModelFile), weights, {{"format", "pt"}}); !s.ok())
     return fail(s);
   std::vector<io::TensorToWrite> moments;
   AdamW& adam = trainer.optimizer();
@@ -418,7 +412,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
       !s.ok())
     return fail(s);
   std::vector<std::string> files = {kModelFile, kOptimizerFile};
-  if (const std::string hf = HFConfigJson(model); !hf.empty()) {
+  if (const std::string hf = model.spec()->HFConfigJson(); !hf.empty()) {
     if (absl::Status s = WriteFileSynced(absl::StrCat(tmp, "/", kConfigFile), hf); !s.ok()) return fail(s);
     files.push_back(kConfigFile);
   }
@@ -512,7 +506,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir) {
   if (!state.contains("version") || !state["version"].is_number_integer() || state["version"].get<int>() != kVersion)
     return bad(absl::StrCat("unsupported 'version' (this build reads version ", kVersion, ")"));
   auto need_int = [&](const char* key, bool non_negative = true) -> absl::StatusOr<int64_t> {
-    if (!state.contains(key) || !state[key].is_number_integer()) return bad(absl::StrCat("'", key, "' is missing or not an integer"));
+    if (!state.contains(key) || !state[key].is_number_integer())
+      return bad(absl::StrCat("'", key, "' is missing or not an integer"));
     if (state[key].is_number_unsigned()) {
       const uint64_t u = state[key].get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return bad(absl::StrCat("'", key, "' is out of range"));
@@ -561,7 +556,8 @@ absl::StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& dir) {
     if (!files.contains(required)) return bad(absl::StrCat("'files' does not list ", required));
   for (auto it = files.begin(); it != files.end(); ++it) {
     const std::string& f = it.key();
-    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.') return bad(absl::StrCat("bad file name '", f, "'"));
+    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.')
+      return bad(absl::StrCat("bad file name '", f, "'"));
     const json& e = it.value();
     if (!e.is_object() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("crc32") ||
         !e["crc32"].is_string())
@@ -595,7 +591,8 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
     const auto runtime = std::stable_partition(
         diff.begin(), diff.end(), [](const std::string& d) { return !absl::StartsWith(d, kRuntimePrefix); });
     for (auto it = runtime; it != diff.end(); ++it)
-      meta->warnings.push_back(absl::StrCat(*it, ": the run continues, but not bit-identically to one without the "
+      meta->warnings.push_back(absl::StrCat(*it,
+                                            ": the run continues, but not bit-identically to one without the "
                                             "interruption (floating-point sums split differently)"));
     diff.erase(runtime, diff.end());
     if (!diff.empty())
@@ -613,8 +610,8 @@ absl::StatusOr<CheckpointMeta> LoadCheckpoint(const std::string& dir, Trainer& t
   if (meta->has_optimizer_state) {
     if (absl::Status s = CheckTensors(*opt, "optimizer moments", MomentTensors(model), true); !s.ok()) return s;
   } else if (!opt->tensors().empty()) {
-    return absl::DataLossError(absl::StrCat(opt->path(), ": holds tensors but ", kStateFile,
-                                            " says there is no optimizer state"));
+    return absl::DataLossError(
+        absl::StrCat(opt->path(), ": holds tensors but ", kStateFile, " says there is no optimizer state"));
   }
   AdamW& adam = trainer.optimizer();
   if (meta->has_optimizer_state) {

@@ -21,12 +21,11 @@
 
 #include "core/checkpoint.h"
 #include "core/lora.h"
-#include "core/mamba.h"
 #include "core/model_io.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 #include "kernels/backend.h"
 
 #ifdef SG_CUDA_EMULATED
@@ -49,20 +48,20 @@ std::string SkipMessage(const std::string& why) {
 
 // Built with --config=cuda and //kernels/cuda linked in: the backend must be registered (its static registrar kept
 // by the linker); then the tests skip only when no GPU is usable.
-#define SG_REQUIRE_BACKEND()                                                                                  \
-  do {                                                                                                        \
-    if (FindBackend(Device::kCUDA) == nullptr)                                                                \
-      FAIL() << "the CUDA backend did not register although //kernels/cuda is linked in (its static "        \
-                "registrar was dropped by the linker: the cuda_library archive needs alwayslink): "          \
-             << DeviceUnavailableReason(Device::kCUDA);                                                       \
+#define SG_REQUIRE_BACKEND()                                                                          \
+  do {                                                                                                \
+    if (FindBackend(Device::kCUDA) == nullptr)                                                        \
+      FAIL() << "the CUDA backend did not register although //kernels/cuda is linked in (its static " \
+                "registrar was dropped by the linker: the cuda_library archive needs alwayslink): "   \
+             << DeviceUnavailableReason(Device::kCUDA);                                               \
   } while (0)
 
-#define SG_SKIP_WITHOUT_GPU()                                                      \
-  do {                                                                             \
-    if (SelfCheck()) break;                                                        \
-    SG_REQUIRE_BACKEND();                                                          \
-    const std::string sg_why = DeviceUnavailableReason(Device::kCUDA);             \
-    if (!sg_why.empty()) GTEST_SKIP() << SkipMessage(sg_why);                      \
+#define SG_SKIP_WITHOUT_GPU()                                          \
+  do {                                                                 \
+    if (SelfCheck()) break;                                            \
+    SG_REQUIRE_BACKEND();                                              \
+    const std::string sg_why = DeviceUnavailableReason(Device::kCUDA); \
+    if (!sg_why.empty()) GTEST_SKIP() << SkipMessage(sg_why);          \
   } while (0)
 
 class CudaStrategyTest : public ::testing::Test {
@@ -147,8 +146,10 @@ Grads Gradients(Model& model, const StrategyOptions& o, const std::vector<Sequen
   for (Param& p : model.params()) {
     out.names.push_back(p.name);
     std::vector<double> g;
-    if (p.grad.defined() && model.dtype() == DType::kF64) g = HostCopy<double>(p.grad);
-    else if (p.grad.defined()) for (float x : HostCopy<float>(p.grad)) g.push_back(x);
+    if (p.grad.defined() && model.dtype() == DType::kF64)
+      g = HostCopy<double>(p.grad);
+    else if (p.grad.defined())
+      for (float x : HostCopy<float>(p.grad)) g.push_back(x);
     out.g.push_back(std::move(g));
   }
   return out;
@@ -195,8 +196,8 @@ StrategyOptions Strategy(const std::string& name, int64_t chunk, int64_t page_si
 // The exact strategies of the transformer family with chunks and pages that do and do not divide the 23- and
 // 9-token sequences (small pages: many pages per chunk, chunks that start mid-page).
 std::vector<StrategyOptions> TransformerStrategies() {
-  return {Strategy("seco", 4, 3), Strategy("seco", 5, 2), Strategy("seco", 12, 8), Strategy("streambp", 4, 3),
-          Strategy("streambp", 12, 5), Strategy("ckpt", 512, 4)};
+  return {Strategy("seco", 4, 3),     Strategy("seco", 5, 2),      Strategy("seco", 12, 8),
+          Strategy("streambp", 4, 3), Strategy("streambp", 12, 5), Strategy("ckpt", 512, 4)};
 }
 
 std::string Describe(const StrategyOptions& o) {
@@ -245,7 +246,8 @@ TEST_F(CudaStrategyTest, TransformerF64MatchesCpu) {
     for (const StrategyOptions& o : all) {
       const Grads gpu = Gradients(*p.gpu, o, batch), cpu = Gradients(*p.cpu, o, batch);
       ExpectClose(gpu, cpu, 1e-10, "f64 " + preset + ": gpu " + Describe(o) + " vs cpu");
-      if (o.sparse_pages == 0) ExpectClose(gpu, gpu_full, 1e-10, "f64 " + preset + ": gpu " + Describe(o) + " vs gpu full");
+      if (o.sparse_pages == 0)
+        ExpectClose(gpu, gpu_full, 1e-10, "f64 " + preset + ": gpu " + Describe(o) + " vs gpu full");
     }
   }
 }
@@ -265,15 +267,15 @@ TEST_F(CudaStrategyTest, MambaMatchesCpu) {
     scan_form.adjoint_form = "scan";
     StrategyOptions truncated = Strategy("adjoint", 7, 4);
     truncated.adjoint_window = 3;  // not exact: compared with the CPU only
-    const std::vector<StrategyOptions> all = {Strategy("full", 512, 4), Strategy("seco", 2, 4), Strategy("seco", 7, 4),
-                                              Strategy("adjoint", 1, 4), Strategy("adjoint", 5, 4), scan_form,
+    const std::vector<StrategyOptions> all = {Strategy("full", 512, 4),   Strategy("seco", 2, 4),
+                                              Strategy("seco", 7, 4),     Strategy("adjoint", 1, 4),
+                                              Strategy("adjoint", 5, 4),  scan_form,
                                               Strategy("streambp", 5, 4), truncated};
     const Grads gpu_full = Gradients(*p.gpu, all[0], batch);
     for (const StrategyOptions& o : all) {
-      const std::string what = type + " tiny-ssm: gpu " + Describe(o) + (o.name == "adjoint" ? " " + o.adjoint_form : "") +
-                               (o.adjoint_window != StrategyOptions::kNoAdjointWindow
-                                    ? " window " + std::to_string(o.adjoint_window)
-                                    : "");
+      const std::string what =
+          type + " tiny-ssm: gpu " + Describe(o) + (o.name == "adjoint" ? " " + o.adjoint_form : "") +
+          (o.adjoint_window != StrategyOptions::kNoAdjointWindow ? " window " + std::to_string(o.adjoint_window) : "");
       const Grads gpu = Gradients(*p.gpu, o, batch), cpu = Gradients(*p.cpu, o, batch);
       ExpectClose(gpu, cpu, tol, what + " vs cpu");
       if (o.adjoint_window == StrategyOptions::kNoAdjointWindow) ExpectClose(gpu, gpu_full, tol, what + " vs gpu full");
@@ -305,8 +307,8 @@ TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
   Pair p = Transformers("tiny", DType::kF64);
   ASSERT_TRUE(p.gpu && p.cpu);
   const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
-  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
-              1e-10, "f64 tiny after a failed step: gpu seco vs cpu");
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch), 1e-10,
+              "f64 tiny after a failed step: gpu seco vs cpu");
 }
 
 // Without a GPU, a model cannot be created on it: FailedPrecondition naming the device and why (the probe's reason),
@@ -366,7 +368,8 @@ TEST_F(CudaStrategyTest, HostAccessPathsMatchCpu) {
   auto values = [&] {
     std::vector<std::vector<double>> v;
     for (const Param& q : p.gpu->params()) v.push_back(HostCopy<double>(q.value));
-    for (const Tensor& m : gpu_trainer.optimizer().m()) v.push_back(m.defined() ? HostCopy<double>(m) : std::vector<double>());
+    for (const Tensor& m : gpu_trainer.optimizer().m())
+      v.push_back(m.defined() ? HostCopy<double>(m) : std::vector<double>());
     return v;
   };
   const std::vector<std::vector<double>> at_checkpoint = values();
@@ -454,9 +457,9 @@ void ExpectChunkOpsMatchCpu() {
       for (int64_t j = 0; j < cols; ++j) {
         const bool keep = LoraKeep(LoraRowKey(99, 4, 5 + i), 11 + j, 0.3);
         kept += keep;
-        const T expected = accumulate ? (keep ? y0[i * cols + j] + x[i * cols + j] * static_cast<T>(1 / 0.7)
-                                              : y0[i * cols + j])
-                                      : (keep ? x[i * cols + j] * static_cast<T>(1 / 0.7) : T(0));
+        const T expected =
+            accumulate ? (keep ? y0[i * cols + j] + x[i * cols + j] * static_cast<T>(1 / 0.7) : y0[i * cols + j])
+                       : (keep ? x[i * cols + j] * static_cast<T>(1 / 0.7) : T(0));
         ASSERT_EQ(want[i * cols + j], expected) << type << " the mask of kernels/dropout_mask.h at " << i << ", " << j;
       }
     EXPECT_NEAR(static_cast<double>(kept) / (n * cols), 0.7, 0.05);
@@ -641,8 +644,8 @@ TEST_F(CudaStrategyTest, KernelFaultNamesTheOpAndChunk) {
     EXPECT_TRUE(std::regex_search(message, named)) << message;
     EXPECT_NE(message.find("injected kernel error"), std::string::npos) << message;
   }
-  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
-              1e-5, "f32 tiny after kernel faults: gpu seco vs cpu");
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch), 1e-5,
+              "f32 tiny after kernel faults: gpu seco vs cpu");
 }
 
 // Out of device memory mid-step (the emulated device has SG_EMU_DEVICE_MEMORY bytes, see BUILD): RESOURCE_EXHAUSTED
@@ -663,8 +666,8 @@ TEST_F(CudaStrategyTest, OutOfDeviceMemoryIsResourceExhausted) {
   EXPECT_NE(std::string(m.status().message()).find("out of device memory"), std::string::npos) << m.status();
   std::cout << m.status() << "\n";
   const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
-  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch),
-              1e-5, "f32 tiny after running out of device memory: gpu seco vs cpu");
+  ExpectClose(Gradients(*p.gpu, Strategy("seco", 4, 3), batch), Gradients(*p.cpu, Strategy("seco", 4, 3), batch), 1e-5,
+              "f32 tiny after running out of device memory: gpu seco vs cpu");
 }
 #endif
 

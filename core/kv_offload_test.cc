@@ -11,12 +11,11 @@
 #include <iostream>
 
 #include "core/lora.h"
-#include "core/mamba.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/paged_attention.h"
-#include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {
@@ -72,8 +71,10 @@ TEST(KvOffloadTest, ForwardSweepMovesOnlyWhatIsNeeded) {
     const Chunk c = chunks[i];
     for (int l = 0; l < kLayers; ++l) {
       LayerAccess now{l, c.begin, c, 0, {}}, next;
-      if (l + 1 < kLayers) next = {l + 1, c.begin, {}, 0, {}};
-      else if (i + 1 < chunks.size()) next = {0, c.end, {}, 0, {}};  // layer 0 of the next chunk
+      if (l + 1 < kLayers)
+        next = {l + 1, c.begin, {}, 0, {}};
+      else if (i + 1 < chunks.size())
+        next = {0, c.end, {}, 0, {}};  // layer 0 of the next chunk
       offload.Visit(now, next);
       Append(kv, l, c, kHeadDim);
       int resident = 0;
@@ -211,7 +212,8 @@ TEST(KvOffloadTest, SparseVisitsMoveOnlySelectedPages) {
   grad.Ensure(0, 0, kSeqLen, /*zero_new=*/true, mask({0, 3, 7}).data());
   std::vector<double> dk(kSeqLen * kRow), dv(kSeqLen * kRow);
   grad.Gather<double>(0, 0, kSeqLen, dk.data(), dv.data());
-  for (int64_t t = 0; t < kSeqLen; ++t) EXPECT_EQ(dk[t * kRow], t / kPage == 0 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
+  for (int64_t t = 0; t < kSeqLen; ++t)
+    EXPECT_EQ(dk[t * kRow], t / kPage == 0 || t / kPage == 7 ? 1.0 : 0.0) << "row " << t;
   // Page 5's gradient is at home, not lost: selecting it again brings it back.
   offload.Visit({1, kSeqLen, {}, 0, mask({0, 7})}, {});
   offload.Visit({0, kSeqLen, {}, kSeqLen, mask({0, 5, 7})}, {});
@@ -322,9 +324,12 @@ std::vector<std::vector<double>> Grads(Model& m, const StrategyOptions& o, const
   if (r.ok()) *metrics = *r;
   std::vector<std::vector<double>> g;
   for (Param& p : m.params()) {
-    if (!p.grad.defined()) g.emplace_back();
-    else if (p.grad.dtype() == DType::kF64) g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
-    else g.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
+    if (!p.grad.defined())
+      g.emplace_back();
+    else if (p.grad.dtype() == DType::kF64)
+      g.emplace_back(p.grad.data<double>(), p.grad.data<double>() + p.grad.numel());
+    else
+      g.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
   }
   return g;
 }
@@ -352,8 +357,7 @@ TEST_P(OffloadTest, BitIdenticalToSeco) {
   const auto got = Grads(*model, Seco(c.chunk, c.page, c.sparse_pages, true, c.group), batch, &offloaded);
   EXPECT_EQ(offloaded.loss, plain.loss);
   ASSERT_EQ(got.size(), expected.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_EQ(got[i], expected[i]) << model->params()[i].name;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[i]) << model->params()[i].name;
   EXPECT_EQ(plain.offloaded_bytes, 0);
   EXPECT_GT(offloaded.offloaded_bytes, 0);
 }
@@ -367,10 +371,8 @@ INSTANTIATE_TEST_SUITE_P(
     Exact, OffloadTest,
     ::testing::Values(Case{"tiny_chunk4_page3", *TransformerPreset("tiny"), 4, 3, 0},
                       Case{"tinyqwen_chunk5_page2", *TransformerPreset("tiny-qwen2"), 5, 2, 0},
-                      Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0},
-                      Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
-                      Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0},
-                      Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
+                      Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0}, Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
+                      Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0}, Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
                       Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
                       Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
                       Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2},
@@ -464,9 +466,10 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInLayers) {
   EXPECT_EQ(at4.kv_grad, at8.kv_grad);
 }
 
-// Device KV pages no longer grow with the sequence (sparse attention's key sums do); host memory does. With sparse pages the device holds, per
-// resident layer, only the pages a chunk reads (page 0, k selected, the chunk's and the one before); dense, only
-// the chunk's pages per resident layer and the ring of page groups attention streams the others through.
+// Device KV pages no longer grow with the sequence (sparse attention's key sums do); host memory does. With sparse
+// pages the device holds, per resident layer, only the pages a chunk reads (page 0, k selected, the chunk's and the one
+// before); dense, only the chunk's pages per resident layer and the ring of page groups attention streams the others
+// through.
 TEST(OffloadMemoryTest, DeviceBytesFlatInTokens) {
   auto model = MakeModel(Deep(4));
   const StateBytes plain = Measure(*model, false, 256, 0);

@@ -2,6 +2,8 @@
 // gradients against full backprop (with and without dropout), full backprop against finite differences, frozen
 // base weights with no gradient or optimizer memory, the PEFT round trip and file layout, the merged export, and
 // bad adapter files.
+#include "core/lora.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -16,10 +18,10 @@
 #include "core/gradcheck.h"
 #include "core/io/peft.h"
 #include "core/io/safetensors.h"
-#include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
 #include "nlohmann/json.hpp"
@@ -126,22 +128,23 @@ TEST_P(LoraStrategyTest, AdapterGradientsMatchFullBackprop) {
   EXPECT_LE(r->max_rel_err, 1e-10) << "worst: " << r->worst_param;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Exact, LoraStrategyTest,
-    ::testing::Values(Case{"tiny", "ckpt", 512, 0}, Case{"tiny", "seco", 4, 0}, Case{"tiny", "streambp", 5, 0},
-                      Case{"tiny", "seco", 4, 0.3}, Case{"tiny", "streambp", 4, 0.3}, Case{"tiny", "ckpt", 512, 0.3},
-                      Case{"tiny", "spaco", 6, 0.3}, Case{"tiny-qwen2", "seco", 3, 0.25},
-                      Case{"tiny-qwen2", "streambp", 7, 0.25}, Case{"tiny-ssm", "ckpt", 512, 0},
-                      Case{"tiny-ssm", "seco", 4, 0}, Case{"tiny-ssm", "seco", 5, 0.3},
-                      Case{"tiny-ssm", "streambp", 4, 0.3}, Case{"tiny-ssm", "adjoint", 4, 0.3},
-                      Case{"tiny-ssm", "adjoint", 6, 0, "scan"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string preset = info.param.preset;
-      for (char& ch : preset)
-        if (ch == '-') ch = '_';
-      return preset + "_" + info.param.strategy + (info.param.form != "pairs" ? "_" + info.param.form : "") +
-             "_chunk" + std::to_string(info.param.chunk) + (info.param.dropout > 0 ? "_dropout" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Exact, LoraStrategyTest,
+                         ::testing::Values(Case{"tiny", "ckpt", 512, 0}, Case{"tiny", "seco", 4, 0},
+                                           Case{"tiny", "streambp", 5, 0}, Case{"tiny", "seco", 4, 0.3},
+                                           Case{"tiny", "streambp", 4, 0.3}, Case{"tiny", "ckpt", 512, 0.3},
+                                           Case{"tiny", "spaco", 6, 0.3}, Case{"tiny-qwen2", "seco", 3, 0.25},
+                                           Case{"tiny-qwen2", "streambp", 7, 0.25}, Case{"tiny-ssm", "ckpt", 512, 0},
+                                           Case{"tiny-ssm", "seco", 4, 0}, Case{"tiny-ssm", "seco", 5, 0.3},
+                                           Case{"tiny-ssm", "streambp", 4, 0.3}, Case{"tiny-ssm", "adjoint", 4, 0.3},
+                                           Case{"tiny-ssm", "adjoint", 6, 0, "scan"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string preset = info.param.preset;
+                           for (char& ch : preset)
+                             if (ch == '-') ch = '_';
+                           return preset + "_" + info.param.strategy +
+                                  (info.param.form != "pairs" ? "_" + info.param.form : "") + "_chunk" +
+                                  std::to_string(info.param.chunk) + (info.param.dropout > 0 ? "_dropout" : "");
+                         });
 
 // Central differences of the batch loss on every adapter tensor, with and without dropout (a fresh Trainer per
 // evaluation draws the same masks: they depend on the sequence seed, not on the weights).
@@ -209,12 +212,12 @@ TEST(LoraFreezeTest, BaseFrozenAndOnlyAdapterMemory) {
   for (const std::string preset : {"tiny", "tiny-ssm"}) {
     auto model = Base(preset);
     std::vector<std::vector<double>> before;
-    for (Param& p : model->params()) before.emplace_back(p.value.data<double>(), p.value.data<double>() + p.value.numel());
+    for (Param& p : model->params())
+      before.emplace_back(p.value.data<double>(), p.value.data<double>() + p.value.numel());
     const size_t base_params = model->params().size();
     ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0.1)).ok());
     EXPECT_EQ(model->params().size(), base_params + 2 * model->lora()->adapters.size());
-    for (size_t i = 0; i < base_params; ++i)
-      EXPECT_FALSE(model->params()[i].grad.defined()) << model->params()[i].name;
+    for (size_t i = 0; i < base_params; ++i) EXPECT_FALSE(model->params()[i].grad.defined()) << model->params()[i].name;
     for (const LoraAdapter& ad : model->lora()->adapters) {
       EXPECT_TRUE(model->params()[ad.a].grad.defined());
       // B starts at zero (PEFT), A is uniform in +-1/sqrt(in).
@@ -272,8 +275,7 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_NE(error(o).find("--lora_dropout must be in [0, 1)"), std::string::npos);
   o = Options(*model, 4, 0);
   o.targets = {"q_proj", "in_proj"};
-  EXPECT_NE(error(o).find("'in_proj' is not a linear module of a Llama/Qwen2 model"), std::string::npos)
-      << error(o);
+  EXPECT_NE(error(o).find("'in_proj' is not a linear module of a Llama/Qwen2 model"), std::string::npos) << error(o);
   o.targets = {"q_proj", "q_proj"};
   EXPECT_NE(error(o).find("listed twice"), std::string::npos);
   EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj", "transformer").ok());
@@ -282,8 +284,11 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_EQ(*ParseLoraTargets("All-Linear", "transformer"), LoraTargetModules("transformer"));
   EXPECT_NE(ParseLoraTargets("all-linear", "ssm").status().message().find("out_proj and dt_proj"), std::string::npos);
   // Mamba modules PEFT refuses or ignores are refused with the reason.
-  EXPECT_NE(ParseLoraTargets("in_proj,out_proj", "ssm").status().message().find("'out_proj' is not supported: PEFT "
-                                                                                "refuses"),
+  EXPECT_NE(ParseLoraTargets("in_proj,out_proj", "ssm")
+                .status()
+                .message()
+                .find("'out_proj' is not supported: PEFT "
+                      "refuses"),
             std::string::npos);
   EXPECT_NE(ParseLoraTargets("dt_proj", "ssm").status().message().find("multiplies dt_proj.weight directly"),
             std::string::npos);
@@ -357,10 +362,11 @@ TEST(LoraReferenceTest, BaseModelReferenceEqualsTwoModelsWithoutTheirMemory) {
       const int64_t reference_weights = reference->memory().Snapshot().current[static_cast<int>(MemCategory::kWeights)];
       const int64_t two_models = two->memory().Snapshot().peak[kW] + reference->memory().Snapshot().peak[kW];
       const int64_t one_model = one->memory().Snapshot().peak[kW];
-      std::printf("%s %s: weights bytes, policy + reference model %lld, policy with its adapters off as the "
-                  "reference %lld (saved %lld)\n",
-                  preset.c_str(), objective.c_str(), static_cast<long long>(two_models),
-                  static_cast<long long>(one_model), static_cast<long long>(two_models - one_model));
+      std::printf(
+          "%s %s: weights bytes, policy + reference model %lld, policy with its adapters off as the "
+          "reference %lld (saved %lld)\n",
+          preset.c_str(), objective.c_str(), static_cast<long long>(two_models), static_cast<long long>(one_model),
+          static_cast<long long>(two_models - one_model));
       EXPECT_EQ(two_models - one_model, reference_weights);
     }
 }
@@ -398,7 +404,8 @@ TEST(LoraFilesTest, RoundTripGivesIdenticalOutputs) {
     for (size_t i = 0; i < model->params().size(); ++i) {
       const Tensor &x = model->params()[i].value, &y = loaded->params()[i].value;
       ASSERT_EQ(model->params()[i].name, loaded->params()[i].name);
-      for (int64_t j = 0; j < x.numel(); ++j) ASSERT_EQ(x.data<double>()[j], y.data<double>()[j]) << model->params()[i].name;
+      for (int64_t j = 0; j < x.numel(); ++j)
+        ASSERT_EQ(x.data<double>()[j], y.data<double>()[j]) << model->params()[i].name;
     }
     EXPECT_EQ(Loss(*model, batch), Loss(*loaded, batch));
     // Training passes too (same dropout masks): identical gradients.
@@ -524,9 +531,9 @@ TEST(LoraFilesTest, TargetModulesAreASetOfNamesOrPaths) {
   std::vector<std::string> paths;
   for (const LoraAdapter& ad : source->lora()->adapters) paths.push_back(ad.module);
   std::reverse(paths.begin(), paths.end());
-  for (const nlohmann::json& targets : {nlohmann::json(paths), nlohmann::json("ALL-LINEAR"),
-                                        nlohmann::json({"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj",
-                                                        "k_proj", "q_proj", "q_proj"})}) {
+  for (const nlohmann::json& targets :
+       {nlohmann::json(paths), nlohmann::json("ALL-LINEAR"),
+        nlohmann::json({"down_proj", "up_proj", "gate_proj", "o_proj", "v_proj", "k_proj", "q_proj", "q_proj"})}) {
     config["target_modules"] = targets;
     WriteBytes(config_path, config.dump());
     auto loaded = Base("tiny");
@@ -641,13 +648,13 @@ TEST(LoraFilesTest, BadAdapters) {
     const std::string dir2 = copy("adapter_noweights");
     std::remove((dir2 + "/adapter_model.safetensors").c_str());
     EXPECT_NE(load_error(*m, dir2).find(dir2 + "/adapter_model.safetensors"), std::string::npos);
-    for (const auto& [from, to, what] :
-         std::vector<std::tuple<std::string, std::string, std::string>>{
+    for (const auto& [from, to, what] : std::vector<std::tuple<std::string, std::string, std::string>>{
              {"\"bias\": \"none\"", "\"bias\": \"all\"", "field 'bias' is 'all'"},
              {"\"use_dora\": false", "\"use_dora\": true", "field 'use_dora' is true"},
              {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa\"",
               "field 'init_lora_weights' is \"pissa\": only the plain initialisations"},
-             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"olora\"", "field 'init_lora_weights' is \"olora\""},
+             {"\"init_lora_weights\": true", "\"init_lora_weights\": \"olora\"",
+              "field 'init_lora_weights' is \"olora\""},
              {"\"init_lora_weights\": true", "\"init_lora_weights\": \"pissa_niter_4\"", "is \"pissa_niter_4\""},
              {"\"target_modules\": [", "\"target_modules\": \"q_proj|v_proj\", \"x\": [",
               "field 'target_modules' is the regular expression 'q_proj|v_proj'"},
@@ -684,8 +691,8 @@ TEST(LoraFilesTest, BadAdapters) {
               std::string::npos)
         << e;
     std::vector<double> extra(3 * 32);
-    tensors.push_back({"base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", DType::kF64, {3, 32},
-                       extra.data()});
+    tensors.push_back(
+        {"base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight", DType::kF64, {3, 32}, extra.data()});
     ASSERT_TRUE(io::WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
     e = load_error(*m, dir);
     EXPECT_NE(e.find("tensor 'base_model.model.model.layers.7.self_attn.q_proj.lora_A.weight' [3, 32] is no LoRA "

@@ -1,6 +1,8 @@
 // Mamba-1 (tiny-ssm, fp64): every exact strategy against full backprop with ragged chunks, full backprop against
 // finite differences of the loss, an objective through HeadLoss, and adjoint sharding (forms, window, the paper's
 // multi-layer defect, bad options).
+#include "core/models/mamba/mamba.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,11 +12,10 @@
 
 #include "core/data.h"
 #include "core/gradcheck.h"
-#include "core/mamba.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {
@@ -59,16 +60,17 @@ TEST_P(MambaStrategyTest, MatchesFullBackprop) {
 }
 
 // Chunks of 1 and 2 are shorter than the conv tail (3); 7 leaves a ragged last chunk; 23 is one chunk.
-INSTANTIATE_TEST_SUITE_P(
-    Exact, MambaStrategyTest,
-    ::testing::Values(Case{"ckpt", 512, true}, Case{"ckpt", 512, false}, Case{"seco", 1, true},
-                      Case{"seco", 2, false}, Case{"seco", 7, true}, Case{"seco", 23, true},
-                      Case{"streambp", 1, true}, Case{"streambp", 2, true}, Case{"streambp", 7, false},
-                      Case{"streambp", 5, true}, Case{"adjoint", 1, true}, Case{"adjoint", 2, false},
-                      Case{"adjoint", 7, true}, Case{"adjoint", 23, false}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + (info.param.tied ? "_tied" : "_untied");
-    });
+INSTANTIATE_TEST_SUITE_P(Exact, MambaStrategyTest,
+                         ::testing::Values(Case{"ckpt", 512, true}, Case{"ckpt", 512, false}, Case{"seco", 1, true},
+                                           Case{"seco", 2, false}, Case{"seco", 7, true}, Case{"seco", 23, true},
+                                           Case{"streambp", 1, true}, Case{"streambp", 2, true},
+                                           Case{"streambp", 7, false}, Case{"streambp", 5, true},
+                                           Case{"adjoint", 1, true}, Case{"adjoint", 2, false},
+                                           Case{"adjoint", 7, true}, Case{"adjoint", 23, false}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.strategy + "_chunk" + std::to_string(info.param.chunk) +
+                                  (info.param.tied ? "_tied" : "_untied");
+                         });
 
 TEST(MambaFullBackpropTest, MatchesFiniteDifferences) {
   for (bool tied : {true, false}) {
@@ -136,13 +138,14 @@ TEST(MambaAdjointTest, FormsAndFullWindowAreExact) {
   auto model = TinySsm();
   const std::vector<Sequence> batch = MakeBatch(model->vocab_size());
   const int64_t layers = model->num_layers();
-  for (const StrategyOptions& o : {Adjoint("pairs", 4), Adjoint("scan", 4), Adjoint("pairs", 5, 23),
-                                   Adjoint("pairs", 3, 1000)}) {
+  for (const StrategyOptions& o :
+       {Adjoint("pairs", 4), Adjoint("scan", 4), Adjoint("pairs", 5, 23), Adjoint("pairs", 3, 1000)}) {
     absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, batch, o);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_LE(r->max_rel_err, 1e-10) << o.adjoint_form << " window " << o.adjoint_window << ": " << r->worst_param;
-    const int64_t pairs = o.adjoint_form == "scan" ? 0 : layers * (PairsPerLayer(23, o.adjoint_window) +
-                                                                   PairsPerLayer(9, o.adjoint_window));
+    const int64_t pairs = o.adjoint_form == "scan"
+                              ? 0
+                              : layers * (PairsPerLayer(23, o.adjoint_window) + PairsPerLayer(9, o.adjoint_window));
     EXPECT_EQ(r->adjoint_pairs, pairs);
   }
 }
@@ -181,8 +184,10 @@ TEST(MambaAdjointTest, PaperFormIsExactForOneLayerOnly) {
     absl::StatusOr<GradCheckResult> r =
         CheckAgainstFull(**model, MakeBatch((*model)->vocab_size()), Adjoint("paper", 6));
     ASSERT_TRUE(r.ok()) << r.status();
-    if (layers == 1) EXPECT_LE(r->max_rel_err, 1e-10) << r->worst_param;
-    else EXPECT_GT(r->max_rel_err, 1e-2) << r->worst_param;
+    if (layers == 1)
+      EXPECT_LE(r->max_rel_err, 1e-10) << r->worst_param;
+    else
+      EXPECT_GT(r->max_rel_err, 1e-2) << r->worst_param;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "core/model.h"
 
+#include <cmath>
+#include <random>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +48,51 @@ Tensor Model::KeepRows(const Tensor& x) {
   Tensor kept = NewRows(x.dim(0));
   StoreRows(kept, {0, x.dim(0)}, x);
   return kept;
+}
+
+namespace {
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+// A standard normal draw that is a function of (key, i) alone (Box-Muller over two hashed uniforms in (0, 1)).
+double NormalAt(uint64_t key, uint64_t i) {
+  const uint64_t h1 = SplitMix64(key ^ SplitMix64(2 * i)), h2 = SplitMix64(key ^ SplitMix64(2 * i + 1));
+  const double u1 = (static_cast<double>(h1 >> 11) + 0.5) * 0x1.0p-53, u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+}  // namespace
+
+// Models up to opts.sequential_limit (2^28) parameters draw from one sequential stream, the values every earlier
+// version gave (and the tests' tolerances were set on). Larger ones (a 7B model is 7.6e9 draws, minutes from one
+// stream) draw each value as a function of (seed, parameter, index) alone, in parallel. Either way every device gets
+// the same values.
+void InitRandom(Model& model, const InitOptions& opts) {
+  int64_t total = 0;
+  for (const Param& p : model.params()) total += p.value.numel();
+  std::mt19937_64 rng(opts.seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<Param>& params = model.params();
+  for (size_t k = 0; k < params.size(); ++k) {
+    Param& p = params[k];
+    const bool is_vector = p.value.shape().size() == 1;
+    const bool is_norm = p.name.find("norm") != std::string::npos;
+    const bool drawn = !is_vector || opts.perturb_norms_and_biases;  // else norms are 1, biases 0
+    const double mean = is_vector && is_norm ? 1.0 : 0.0, stddev = is_vector ? 0.1 : opts.stddev;
+    if (total <= opts.sequential_limit) {
+      SetFromHost(p.value, [&](int64_t) { return drawn ? mean + stddev * normal(rng) : mean; });
+      continue;
+    }
+    const uint64_t key = SplitMix64(SplitMix64(opts.seed) ^ k);
+    FillFromHost(p.value, [&](void* dst) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < p.value.numel(); ++i)
+        StoreAs(p.value.dtype(), dst, i, drawn ? mean + stddev * NormalAt(key, i) : mean);
+      return absl::OkStatus();
+    }).IgnoreError();  // this fill cannot fail
+  }
 }
 
 }  // namespace sg

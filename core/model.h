@@ -18,6 +18,7 @@ namespace sg {
 class TokenObjective;  // core/objective.h
 struct LoraOptions;    // core/lora.h
 struct LoraInfo;
+class ModelSpec;  // core/models/family.h
 
 // A contiguous range of token positions [begin, end) of one sequence.
 struct Chunk {
@@ -103,6 +104,9 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual std::string family() const = 0;  // "transformer" or "ssm"
+  // The configuration the model was created from, as its family describes it (core/models/family.h): its config.json,
+  // presets, size, FLOPs, and models like it (other devices, tensor-parallel ranks).
+  virtual std::unique_ptr<ModelSpec> spec() const = 0;
   virtual DType dtype() const = 0;
   virtual int num_layers() const = 0;
   virtual int64_t vocab_size() const = 0;
@@ -167,6 +171,19 @@ class Model {
 
 // Zeroes every defined gradient.
 void ZeroGrads(Model& model);
+
+struct InitOptions {
+  uint64_t seed = 0;
+  double stddev = 0.02;
+  // Tests: draw norm weights around 1 and biases around 0 so their gradients are exercised.
+  bool perturb_norms_and_biases = false;
+  // Models of at most this many parameters draw from one sequential stream; larger ones in parallel (InitRandom).
+  int64_t sequential_limit = int64_t{1} << 28;
+};
+
+// Random initialisation of any family's parameters (normal(0, stddev) matrices, unit norms, zero biases); a family's
+// own parts come after (ModelSpec::InitRandom).
+void InitRandom(Model& model, const InitOptions& opts);
 
 // OK when models can be placed on d: CPU always; CUDA when built with --config=cuda and a GPU is usable.
 // Otherwise FailedPrecondition saying why (no GPU, built without CUDA).

@@ -21,12 +21,12 @@
 #include "core/io/file.h"
 #include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
-#include "core/memory.h"
-#include "core/model_config.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
+#include "core/memory.h"
+#include "core/model_config.h"
+#include "core/models/family.h"
 #include "core/plan.h"
-#include "core/presets.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 
@@ -39,9 +39,8 @@ bool IsDirectory(const std::string& path) {
 
 // Refuses, before anything is allocated, a configuration whose sizes overflow or whose parameters (values and
 // gradients) do not fit in the memory the device has free. `what` names the config's source for errors.
-template <typename Config>
-absl::Status CheckModelSize(const Config& config, DType dtype, Device device, const std::string& what) {
-  absl::StatusOr<ModelFootprint> f = Footprint(config, dtype);
+absl::Status CheckModelSize(const ModelSpec& spec, DType dtype, Device device, const std::string& what) {
+  absl::StatusOr<ModelFootprint> f = spec.Footprint(dtype);
   if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(what, ": ", f.status().message()));
   int64_t available = -1;
   if (device == Device::kCPU) {
@@ -83,75 +82,42 @@ static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, 
     unknown.push_back(name);
   }
   if (!unknown.empty())
-    return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ",
-                                                   architecture, " model: ", absl::StrJoin(unknown, ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ", architecture,
+                                                   " model: ", absl::StrJoin(unknown, ", ")));
   return absl::OkStatus();
 }
 
-absl::Status LoadWeights(TransformerModel& model, const std::string& dir) {
-  return LoadParams(model, dir, model.config().tie_word_embeddings, model.config().architecture);
-}
-
-absl::Status LoadWeights(MambaModel& model, const std::string& dir) {
-  return LoadParams(model, dir, model.config().tie_word_embeddings, "mamba");
+absl::Status LoadWeights(Model& model, const std::string& dir) {
+  std::unique_ptr<ModelSpec> spec = model.spec();
+  return LoadParams(model, dir, spec->tied_embeddings(), spec->architecture());
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
-                                                     Device device) {
-  std::optional<MambaConfig> config;
-  if (!IsDirectory(spec)) {
-    if (absl::StatusOr<MambaConfig> preset = MambaPreset(spec); preset.ok()) config = *preset;
-  } else {
-    absl::StatusOr<std::pair<std::string, std::string>> text = io::ReadConfigJson(spec);
-    if (!text.ok()) return text.status();
-    absl::StatusOr<std::string> family = io::ConfigFamily(text->first, text->second);
-    if (!family.ok()) return family.status();
-    if (*family == "ssm") {
-      absl::StatusOr<MambaConfig> parsed = io::ParseMambaConfig(text->first, text->second);
-      if (!parsed.ok()) return parsed.status();
-      config = *parsed;
-    }
-  }
-  if (!config) {
-    absl::StatusOr<std::unique_ptr<TransformerModel>> t = LoadModel(spec, dtype, seed, device);
-    if (!t.ok()) return t.status();
-    return std::unique_ptr<Model>(std::move(*t));
-  }
-  if (absl::Status s = CheckModelSize(*config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<MambaModel>> model = CreateMamba(*config, dtype, device);
+                                                    Device device) {
+  const bool from_directory = IsDirectory(spec);
+  absl::StatusOr<std::unique_ptr<ModelSpec>> config = from_directory ? LoadConfigSpec(spec) : PresetSpec(spec);
+  if (!config.ok()) return config.status();
+  if (absl::Status s = CheckModelSize(**config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Model>> model = (*config)->Create(dtype, device, {});
+  if (!model.ok() && from_directory)
+    return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
   if (!model.ok()) return model.status();
-  if (IsDirectory(spec)) {
+  if (from_directory) {
     if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;
   } else {
-    InitOptions init;
-    init.seed = seed;
-    InitRandom(**model, init);
-    InitMambaScan(**model, seed);
+    (*config)->InitRandom(**model, seed);
   }
-  return std::unique_ptr<Model>(std::move(*model));
+  return model;
 }
 
 absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& spec, DType dtype, uint64_t seed,
                                                             Device device) {
-  if (!IsDirectory(spec)) {
-    absl::StatusOr<TransformerConfig> preset = TransformerPreset(spec);
-    if (!preset.ok()) return preset.status();
-    if (absl::Status s = CheckModelSize(*preset, dtype, device, spec); !s.ok()) return s;
-    absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*preset, dtype, device);
-    if (!model.ok()) return model.status();
-    InitOptions init;
-    init.seed = seed;
-    InitRandom(**model, init);
-    return model;
-  }
-  absl::StatusOr<TransformerConfig> config = io::LoadTransformerConfig(spec);
-  if (!config.ok()) return config.status();
-  if (absl::Status s = CheckModelSize(*config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<TransformerModel>> model = CreateTransformer(*config, dtype, device);
-  if (!model.ok())
-    return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
-  if (absl::Status s = LoadWeights(**model, spec); !s.ok()) return s;
-  return model;
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(spec, dtype, seed, device);
+  if (!model.ok()) return model.status();
+  if ((*model)->family() != TransformerModelFamily().name())
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec, ": is a ", (*model)->family(), " model; LoadModel loads transformers (LoadAnyModel: any)"));
+  return std::unique_ptr<TransformerModel>(static_cast<TransformerModel*>(model->release()));
 }
 
 namespace {
@@ -159,10 +125,17 @@ namespace {
 // What a save carries over from the source directory besides the weights and config.json: generation settings, the
 // tokenizer and its chat template (tokenizer_config.json holds the template and the special tokens, or
 // chat_template.jinja / .json beside it).
-constexpr const char* kCarriedFiles[] = {
-    "generation_config.json", "tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json",      "tokenizer.model", "vocab.json",            "merges.txt",
-    "vocab.txt",              "chat_template.jinja", "chat_template.json"};
+constexpr const char* kCarriedFiles[] = {"generation_config.json",
+                                         "tokenizer.json",
+                                         "tokenizer_config.json",
+                                         "special_tokens_map.json",
+                                         "added_tokens.json",
+                                         "tokenizer.model",
+                                         "vocab.json",
+                                         "merges.txt",
+                                         "vocab.txt",
+                                         "chat_template.jinja",
+                                         "chat_template.json"};
 constexpr int64_t kMaxCarriedFileBytes = int64_t{1} << 30;
 
 bool IsCarriedFile(const std::string& name) {
@@ -181,10 +154,14 @@ bool IsModelFile(const std::string& name) {
 
 const char* HFDtypeName(DType t) {
   switch (t) {
-    case DType::kF64: return "float64";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: return "float32";
+    case DType::kF64:
+      return "float64";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      return "float32";
   }
 }
 
@@ -263,7 +240,8 @@ absl::StatusOr<std::optional<std::string>> ReadCarriedFile(const std::string& so
     return refused(absl::StatusCode::kInvalidArgument,
                    absl::StrCat("it links to ", resolved, ", outside the model directory (copy the file into it)"));
   absl::StatusOr<std::string> text = io::ReadRegularFile(resolved, kMaxCarriedFileBytes);
-  if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("cannot carry over ", text.status().message()));
+  if (!text.ok())
+    return absl::Status(text.status().code(), absl::StrCat("cannot carry over ", text.status().message()));
   if (absl::EndsWith(name, ".json") && !nlohmann::json::accept(*text))
     return refused(absl::StatusCode::kInvalidArgument, "not valid JSON");
   return std::optional<std::string>(*std::move(text));
@@ -285,8 +263,7 @@ absl::Status CheckWritableDirectory(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": is not a directory"));
-  if (access(dir.c_str(), W_OK | X_OK) != 0)
-    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot write in it"));
+  if (access(dir.c_str(), W_OK | X_OK) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot write in it"));
   return absl::OkStatus();
 }
 
@@ -306,8 +283,10 @@ absl::StatusOr<Existing> ListExisting(const std::string& dir) {
     if (name == "." || name == "..") continue;
     struct stat st;
     const bool file = lstat((dir + "/" + name).c_str(), &st) == 0 && (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode));
-    if (file && IsModelFile(name)) out.model_files.push_back(name);
-    else if (out.other.empty()) out.other = name;
+    if (file && IsModelFile(name))
+      out.model_files.push_back(name);
+    else if (out.other.empty())
+      out.other = name;
   }
   closedir(d);
   return out;
@@ -335,11 +314,9 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
 }
 
 // Everything a save writes, into the (new, empty) staging directory; tensors in `dtype` (nullopt: as stored).
-absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir,
-                             SaveDType dtype) {
-  auto* transformer = dynamic_cast<TransformerModel*>(&model);
-  auto* mamba = dynamic_cast<MambaModel*>(&model);
-  const bool tied = transformer ? transformer->config().tie_word_embeddings : mamba->config().tie_word_embeddings;
+absl::Status WriteModelFiles(Model& model, const std::string& staging, const std::string& source_dir, SaveDType dtype) {
+  const std::unique_ptr<ModelSpec> spec = model.spec();
+  const bool tied = spec->tied_embeddings();
   std::vector<io::TensorToWrite> tensors;
   // A LoRA model is written merged: W + (alpha / r) B A for adapted weights, no adapter tensors.
   const LoraInfo* lora = model.lora();
@@ -358,7 +335,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
         data = merged.back().data();
       }
     }
-    if (!data) data = HostBytes(p.value, &merged);  // a device's tensors: host copies
+    if (!data) data = HostBytes(p.value, &merged);                 // a device's tensors: host copies
     if (dtype == DType::kF32 && p.value.dtype() != DType::kF32) {  // --save_dtype=f32 of a bf16 or f64 model
       converted.emplace_back(p.value.numel() * sizeof(float));
       float* out = reinterpret_cast<float*>(converted.back().data());
@@ -372,9 +349,7 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
   if (absl::Status s = io::WriteSafetensors(staging + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;
   absl::StatusOr<std::string> config =
-      SavedConfig(transformer ? io::TransformerConfigToHFJson(transformer->config())
-                              : io::MambaConfigToHFJson(mamba->config()),
-                  dtype.value_or(CreatedDType(model)), source_dir);
+      SavedConfig(spec->HFConfigJson(), dtype.value_or(CreatedDType(model)), source_dir);
   if (!config.ok()) return config.status();
   if (absl::Status s = WriteFileAtomically(staging + "/config.json", *config); !s.ok()) return s;
   if (source_dir.empty()) return absl::OkStatus();
@@ -399,9 +374,9 @@ absl::StatusOr<SaveDType> ParseSaveDType(const std::string& name, const std::str
 
 absl::Status CheckSaveDType(Model& model, SaveDType dtype, const std::string& what) {
   if (dtype == DType::kBF16 && CreatedDType(model) != DType::kBF16)
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is bf16 but the model stores its weights in ", DTypeName(model.dtype()),
-        "; bf16 saves come from models created with --dtype=bf16 (save in f32 or as stored)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is bf16 but the model stores its weights in ", DTypeName(model.dtype()),
+                     "; bf16 saves come from models created with --dtype=bf16 (save in f32 or as stored)"));
   return absl::OkStatus();
 }
 
@@ -424,10 +399,11 @@ absl::StatusOr<Existing> CheckSaveTarget(const std::string& dir) {
   if (!existing->other.empty()) {
     for (const std::string& name : existing->model_files)
       if (name != "model.safetensors" && name != "config.json" && !IsCarriedFile(name))
-        return absl::FailedPreconditionError(absl::StrCat(
-            dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
-            existing->other, "'), where the save cannot replace the whole model at once; remove it or save into a "
-            "new directory"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(dir, "/", name, ": an earlier model's file in a directory that also holds other entries ('",
+                         existing->other,
+                         "'), where the save cannot replace the whole model at once; remove it or save into a "
+                         "new directory"));
     if (absl::Status s = CheckWritableDirectory(dir); !s.ok()) return s;
   }
   return existing;
@@ -453,8 +429,6 @@ absl::Status CheckWritableTarget(const std::string& dir_arg) {
 }
 
 absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::string& source, SaveDType dtype) {
-  if (!dynamic_cast<TransformerModel*>(&model) && !dynamic_cast<MambaModel*>(&model))
-    return absl::InvalidArgumentError(absl::StrCat("cannot save a '", model.family(), "' model in HF format"));
   if (absl::Status s = CheckSaveDType(model, dtype); !s.ok()) return s;
   if (dtype == DType::kBF16) dtype.reset();  // what a bf16 model stores: its vectors stay f32
   const std::string dir = WithoutTrailingSlashes(dir_arg);

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/mamba.h"
-#include "core/transformer.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 
 namespace sg {
 
@@ -23,8 +23,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DTy
                                                     Device device = Device::kCPU);
 
 // Loads HF weights into an existing model by parameter name, checking every shape.
-absl::Status LoadWeights(TransformerModel& model, const std::string& dir);
-absl::Status LoadWeights(MambaModel& model, const std::string& dir);
+absl::Status LoadWeights(Model& model, const std::string& dir);
 
 // What SaveModel writes the weights in: nullopt (the default) as the model stores them, a bf16-storage model's
 // matrices in bf16 (its norms and biases in f32, as trained: nothing is rounded); kF32 every tensor in f32 (a bf16

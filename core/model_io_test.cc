@@ -15,7 +15,7 @@
 #include <set>
 
 #include "core/io/safetensors.h"
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/trainer.h"
 #include "nlohmann/json.hpp"
 

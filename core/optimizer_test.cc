@@ -7,10 +7,9 @@
 
 #include "core/gradcheck.h"
 #include "core/lr_schedule.h"
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {

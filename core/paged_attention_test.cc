@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {

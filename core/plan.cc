@@ -4,38 +4,25 @@
 
 #include <algorithm>
 #include <limits>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "core/io/hf_config.h"
-#include "core/mamba.h"
-#include "core/model_config.h"
-#include "core/presets.h"
+#include "core/models/family.h"
+#include "core/tensor_parallel.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {
 
-// A model of config c on device; on the CPU with random weights, on meta with none.
-template <typename Config>
-absl::StatusOr<std::unique_ptr<Model>> Create(const Config& c, DType dtype, Device device, uint64_t seed,
+// A model of `spec` on device; on the CPU with random weights, on meta with none.
+absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, DType dtype, Device device, uint64_t seed,
                                               const std::string& what) {
-  if (absl::StatusOr<ModelFootprint> f = Footprint(c, dtype); !f.ok())
+  if (absl::StatusOr<ModelFootprint> f = spec.Footprint(dtype); !f.ok())
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", f.status().message()));
-  constexpr bool kMamba = std::is_same_v<Config, MambaConfig>;
-  auto m = [&] {
-    if constexpr (kMamba) return CreateMamba(c, dtype, device);
-    else return CreateTransformer(c, dtype, device);
-  }();
+  absl::StatusOr<std::unique_ptr<Model>> m = spec.Create(dtype, device, {});
   if (!m.ok()) return m.status();
-  if (device != Device::kMeta) {
-    InitOptions init;
-    init.seed = seed;
-    InitRandom(**m, init);
-    if constexpr (kMamba) InitMambaScan(**m, seed);
-  }
-  return std::unique_ptr<Model>(std::move(*m));
+  if (device != Device::kMeta) spec.InitRandom(**m, seed);
+  return m;
 }
 
 absl::StatusOr<std::unique_ptr<Model>> WithLora(absl::StatusOr<std::unique_ptr<Model>> m, const LoraOptions& lora) {
@@ -87,25 +74,15 @@ constexpr int64_t kHostBytesPerToken = 3 * 24;
 
 absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, DType dtype, Device device,
                                                        const LoraOptions& lora, uint64_t seed) {
-  if (absl::StatusOr<TransformerConfig> t = TransformerPreset(spec); t.ok())
-    return WithLora(Create(*t, dtype, device, seed, spec), lora);
-  if (absl::StatusOr<MambaConfig> m = MambaPreset(spec); m.ok())
-    return WithLora(Create(*m, dtype, device, seed, spec), lora);
+  absl::StatusOr<std::unique_ptr<ModelSpec>> preset = PresetSpec(spec);
+  if (preset.ok()) return WithLora(Create(**preset, dtype, device, seed, spec), lora);
   struct stat st;
-  if (stat(spec.c_str(), &st) != 0)
-    return TransformerPreset(spec).status();  // names the presets
+  if (stat(spec.c_str(), &st) != 0) return preset.status();  // names the presets
   absl::StatusOr<std::pair<std::string, std::string>> text = io::ReadConfigJson(spec);
   if (!text.ok()) return text.status();
-  absl::StatusOr<std::string> family = io::ConfigFamily(text->first, text->second);
-  if (!family.ok()) return family.status();
-  if (*family == "ssm") {
-    absl::StatusOr<MambaConfig> c = io::ParseMambaConfig(text->first, text->second);
-    if (!c.ok()) return c.status();
-    return WithLora(Create(*c, dtype, device, seed, text->second), lora);
-  }
-  absl::StatusOr<TransformerConfig> c = io::ParseTransformerConfig(text->first, text->second);
-  if (!c.ok()) return c.status();
-  return WithLora(Create(*c, dtype, device, seed, text->second), lora);
+  absl::StatusOr<std::unique_ptr<ModelSpec>> config = ParseConfigSpec(text->first, text->second);
+  if (!config.ok()) return config.status();
+  return WithLora(Create(**config, dtype, device, seed, text->second), lora);
 }
 
 DType CreatedDType(Model& model) { return model.activation_dtype(); }
@@ -113,17 +90,10 @@ DType CreatedDType(Model& model) { return model.activation_dtype(); }
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   LoraOptions lora;
   if (model.lora()) lora = model.lora()->options;
-  absl::StatusOr<std::unique_ptr<Model>> twin;
   const DType dtype = CreatedDType(model);
   if (const TensorParallelModel* tp = TensorParallelOf(model))  // one rank of a split model: its blocks, LoRA too
     return CreateModelLike(model, Device::kMeta, {tp->tensor_parallel().rank, tp->tensor_parallel().size, nullptr});
-  if (auto* t = dynamic_cast<TransformerModel*>(&model))
-    twin = Create(t->config(), dtype, Device::kMeta, 0, "model");
-  else if (auto* m = dynamic_cast<MambaModel*>(&model))
-    twin = Create(m->config(), dtype, Device::kMeta, 0, "model");
-  else
-    return absl::InternalError(absl::StrCat("no meta twin for a model of family ", model.family()));
-  return WithLora(std::move(twin), lora);
+  return WithLora(Create(*model.spec(), dtype, Device::kMeta, 0, "model"), lora);
 }
 
 absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strategy, const ObjectiveOptions& objective,
@@ -137,12 +107,11 @@ absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strateg
       !CheckedMul(seq_len, std::max<int64_t>(model.hidden_size(), model.vocab_size()), &host_bytes) ||
       !CheckedMul(host_bytes, 64, &host_bytes))
     return absl::InvalidArgumentError(absl::StrCat("--seq_len=", seq_len,
-                                                   ": the plan's byte counts overflow 64 bits (the state of ",
-                                                   seq_len, " tokens over ", model.num_layers(), " layers alone)"));
+                                                   ": the plan's byte counts overflow 64 bits (the state of ", seq_len,
+                                                   " tokens over ", model.num_layers(), " layers alone)"));
   const int64_t host_available = HostAvailableBytes();
   int64_t token_bytes = 0;
-  if (!CheckedMul(seq_len, kHostBytesPerToken, &token_bytes) ||
-      (host_available >= 0 && token_bytes > host_available))
+  if (!CheckedMul(seq_len, kHostBytesPerToken, &token_bytes) || (host_available >= 0 && token_bytes > host_available))
     return absl::ResourceExhaustedError(absl::StrCat("--seq_len=", seq_len, ": the plan's synthetic tokens need ",
                                                      seq_len, " x ", kHostBytesPerToken, " bytes of host memory, ",
                                                      host_available, " available"));
@@ -159,8 +128,10 @@ absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strateg
     mem.ResetPeak();
     mem.set_limit(limit);
     // A run's steps after its first hold the optimizer moments through the gradient pass: plan that step.
-    if (absl::Status st = trainer.optimizer().EnsureMoments(model); !st.ok()) m = st;
-    else m = trainer.Step(batch);
+    if (absl::Status st = trainer.optimizer().EnsureMoments(model); !st.ok())
+      m = st;
+    else
+      m = trainer.Step(batch);
   }  // the trainer's optimizer moments are freed here, as a run's are at its end
   mem.set_limit(previous_limit);
   plan.device = mem.Snapshot();

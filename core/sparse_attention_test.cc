@@ -6,10 +6,9 @@
 #include <vector>
 
 #include "core/gradcheck.h"
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 #include "kernels/backend.h"
 
 namespace sg {

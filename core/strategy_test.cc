@@ -7,10 +7,9 @@
 
 #include "core/data.h"
 #include "core/gradcheck.h"
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 
 namespace sg {
 namespace {
@@ -53,7 +52,7 @@ TEST(InitRandomTest, ParallelDrawsAreTheSameAtAnyThreadCount) {
   EXPECT_NEAR(std::sqrt(sq), 0.02, 0.002);  // InitOptions' default stddev
   EXPECT_NE(std::vector<double>(one[2].begin(), one[2].begin() + 8),
             std::vector<double>(one[3].begin(), one[3].begin() + 8));  // q_proj and k_proj: their own draws
-  for (double x : one[1]) ASSERT_EQ(x, 1.0);                          // input_layernorm
+  for (double x : one[1]) ASSERT_EQ(x, 1.0);                           // input_layernorm
   const std::vector<std::vector<double>> perturbed = values(2, true);
   EXPECT_EQ(perturbed[0], one[0]);  // matrices draw the same either way
   EXPECT_NE(perturbed[1], one[1]);
@@ -87,19 +86,18 @@ TEST_P(StrategyTest, MatchesFullBackprop) {
 
 // Chunk 23 = one chunk for the long sequence, 12 = two (ragged), 4 = six chunks plus a ragged one (7 in all);
 // page sizes that do and do not divide the chunk.
-INSTANTIATE_TEST_SUITE_P(
-    Exact, StrategyTest,
-    ::testing::Values(Case{"tiny", "ckpt", 512, 4}, Case{"tiny-qwen2", "ckpt", 512, 3},
-                      Case{"tiny", "seco", 23, 8}, Case{"tiny", "seco", 12, 5}, Case{"tiny", "seco", 4, 3},
-                      Case{"tiny", "seco", 3, 16}, Case{"tiny-qwen2", "seco", 4, 3},
-                      Case{"tiny-qwen2", "seco", 1, 2}, Case{"tiny", "streambp", 23, 8},
-                      Case{"tiny", "streambp", 12, 5}, Case{"tiny", "streambp", 4, 3},
-                      Case{"tiny-qwen2", "streambp", 3, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return info.param.preset.substr(0, 4) + (info.param.preset.size() > 4 ? "qwen" : "") + "_" +
-             info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + "_page" +
-             std::to_string(info.param.page_size);
-    });
+INSTANTIATE_TEST_SUITE_P(Exact, StrategyTest,
+                         ::testing::Values(Case{"tiny", "ckpt", 512, 4}, Case{"tiny-qwen2", "ckpt", 512, 3},
+                                           Case{"tiny", "seco", 23, 8}, Case{"tiny", "seco", 12, 5},
+                                           Case{"tiny", "seco", 4, 3}, Case{"tiny", "seco", 3, 16},
+                                           Case{"tiny-qwen2", "seco", 4, 3}, Case{"tiny-qwen2", "seco", 1, 2},
+                                           Case{"tiny", "streambp", 23, 8}, Case{"tiny", "streambp", 12, 5},
+                                           Case{"tiny", "streambp", 4, 3}, Case{"tiny-qwen2", "streambp", 3, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.preset.substr(0, 4) + (info.param.preset.size() > 4 ? "qwen" : "") + "_" +
+                                  info.param.strategy + "_chunk" + std::to_string(info.param.chunk) + "_page" +
+                                  std::to_string(info.param.page_size);
+                         });
 
 // Full backprop against central differences of the batch loss on a sample of every parameter's entries.
 TEST(FullBackpropTest, MatchesFiniteDifferences) {
@@ -130,7 +128,6 @@ TEST(FullBackpropTest, MatchesFiniteDifferences) {
     }
   }
 }
-
 
 // With a budget of every chunk, spaco keeps all of them with probability 1 and compensates by 1: it is seco.
 TEST(SpacoTest, FullBudgetIsExact) {
@@ -190,8 +187,7 @@ TEST(SpacoTest, BadOptions) {
   o.spaco_budget = 0;
   EXPECT_NE(error(o).find("--spaco_budget must be at least 1"), std::string::npos) << error(o);
   o.spaco_budget = 4;  // the 9-token sequence has 3 chunks
-  EXPECT_NE(error(o).find("--spaco_budget=4 exceeds the 3 chunks of batch sequence 1"), std::string::npos)
-      << error(o);
+  EXPECT_NE(error(o).find("--spaco_budget=4 exceeds the 3 chunks of batch sequence 1"), std::string::npos) << error(o);
   o.spaco_budget = 1;
   o.spaco_cap = 0.5;
   EXPECT_NE(error(o).find("--spaco_cap"), std::string::npos) << error(o);
@@ -311,7 +307,10 @@ TEST(ObjectiveTest, BadInput) {
   zero.chunk = 0;
   obj.name = "sft";
   Trainer zero_partition(*model, zero, {}, obj);
-  EXPECT_NE(zero_partition.ComputeGradients(MakeBatch(model->vocab_size())).status().message().find("--chunk must be positive"),
+  EXPECT_NE(zero_partition.ComputeGradients(MakeBatch(model->vocab_size()))
+                .status()
+                .message()
+                .find("--chunk must be positive"),
             std::string::npos);
 }
 

@@ -8,10 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/mamba.h"
+#include "core/models/family.h"
 #include "core/optimizer.h"
 #include "core/plan.h"
-#include "core/transformer.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -59,7 +58,8 @@ absl::Status ValidateTensorParallel(const TransformerConfig& c, int tp) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--tp=", tp, " exceeds num_key_value_heads=", c.num_kv_heads,
         ": every rank needs a KV head of its own (KV heads are not replicated, which would keep the KV cache from "
-        "shrinking with tp); use --tp <= ", c.num_kv_heads, " and combine with data parallelism"));
+        "shrinking with tp); use --tp <= ",
+        c.num_kv_heads, " and combine with data parallelism"));
   return Divisible(tp, {{"num_attention_heads", c.num_heads},
                         {"num_key_value_heads", c.num_kv_heads},
                         {"intermediate_size", c.intermediate_size},
@@ -75,8 +75,8 @@ absl::Status CheckTensorParallelPlacement(const TensorParallel& tp, Device devic
   if (tp.rank < 0 || tp.rank >= tp.size)
     return absl::InvalidArgumentError(absl::StrCat("tensor parallel rank ", tp.rank, " is outside [0, ", tp.size, ")"));
   if (tp.comm && tp.size > 1 && tp.device != device)
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: the group's buffers are on ", DeviceName(tp.device),
-                                                   " but the model is on ", DeviceName(device),
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: the group's buffers are on ",
+                                                   DeviceName(tp.device), " but the model is on ", DeviceName(device),
                                                    " (split models with SplitModel / CreateModelLike)"));
   return absl::OkStatus();
 }
@@ -94,25 +94,16 @@ TpShard ShardOfParam(const std::vector<TpShard>& shards, const LoraInfo* lora, i
 
 std::vector<int64_t> LoraFirstColumns(const std::vector<TpShard>& shards, const LoraInfo& lora, int rank) {
   std::vector<int64_t> cols;
-  for (const LoraAdapter& ad : lora.adapters) cols.push_back(shards[ad.weight].split == TpSplit::kCols ? rank * ad.in : 0);
+  for (const LoraAdapter& ad : lora.adapters)
+    cols.push_back(shards[ad.weight].split == TpSplit::kCols ? rank * ad.in : 0);
   return cols;
 }
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& group) {
   TensorParallel tp = group;
   tp.device = device;
-  absl::StatusOr<std::unique_ptr<Model>> m;
-  if (auto* t = dynamic_cast<TransformerModel*>(&like)) {
-    absl::StatusOr<std::unique_ptr<TransformerModel>> made = CreateTransformer(t->config(), CreatedDType(like), device, tp);
-    if (!made.ok()) return made.status();
-    m = std::unique_ptr<Model>(std::move(*made));
-  } else if (auto* s = dynamic_cast<MambaModel*>(&like)) {
-    absl::StatusOr<std::unique_ptr<MambaModel>> made = CreateMamba(s->config(), CreatedDType(like), device, tp);
-    if (!made.ok()) return made.status();
-    m = std::unique_ptr<Model>(std::move(*made));
-  } else {
-    return absl::UnimplementedError(absl::StrCat("a ", like.family(), " model cannot be split"));
-  }
+  absl::StatusOr<std::unique_ptr<Model>> m = like.spec()->Create(CreatedDType(like), device, tp);
+  if (!m.ok()) return m.status();
   if (like.lora())
     if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;
   return m;
@@ -147,10 +138,9 @@ absl::Status CheckBlock(const Tensor& whole, TpShard shard, int tp, const Tensor
   if (rows_split) expect[0] /= tp;
   if (shard.split == TpSplit::kCols && expect.size() == 2) expect[1] /= tp;
   if (block.shape() != expect || block.dtype() != whole.dtype() || (shard.split == TpSplit::kRows && !rows_split))
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: a block of shape [", absl::StrJoin(block.shape(), ", "),
-                                                   "] does not belong to a tensor of shape [",
-                                                   absl::StrJoin(whole.shape(), ", "), "] split over ", tp,
-                                                   " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallel: a block of shape [", absl::StrJoin(block.shape(), ", "),
+        "] does not belong to a tensor of shape [", absl::StrJoin(whole.shape(), ", "), "] split over ", tp, " ranks"));
   return absl::OkStatus();
 }
 
@@ -252,8 +242,8 @@ absl::Status ForEachPair(Model& whole, Model& split,
   std::vector<Param>& w = whole.params();
   std::vector<Param>& s = split.params();
   if (w.size() != s.size())
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallel: the whole model has ", w.size(),
-                                                   " parameters, the split one ", s.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallel: the whole model has ", w.size(), " parameters, the split one ", s.size()));
   for (size_t i = 0; i < w.size(); ++i) {
     if (w[i].name != s[i].name)
       return absl::InvalidArgumentError(absl::StrCat("tensor parallel: parameter ", i, " is ", w[i].name,

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/mamba.h"
 #include "core/model_io.h"
-#include "core/transformer.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 
 namespace sg {
 namespace {

@@ -1,18 +1,18 @@
 // Runs under `mpirun -np 2` (data_parallel_mpi_test.sh): data-parallel gradients and training on 2 ranks against
 // one process on the whole batch (each rank also computes the single-process reference itself, on its own copy
 // of the model), the configuration check, and failure agreement.
+#include "distributed/data_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 
 #include "core/gradcheck.h"
-#include "core/mamba.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
-#include "distributed/data_parallel.h"
 #include "distributed/mpi_gtest_main.h"
 
 namespace sg::dist {
@@ -131,17 +131,17 @@ TEST_P(DataParallelTest, TrainingLossEqualsSingleProcess) {
   EXPECT_LE(worst, 1e-10) << "weights after 4 steps";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, DataParallelTest,
-    ::testing::Values(Case{"tiny", "full", 512, 4}, Case{"tiny", "ckpt", 512, 4}, Case{"tiny", "seco", 4, 3},
-                      Case{"tiny-qwen2", "seco", 5, 2}, Case{"tiny", "streambp", 4, 3},
-                      Case{"tiny", "spaco", 4, 3}, Case{"tiny-ssm", "adjoint", 4, 4}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.preset + "_" + info.param.strategy;
-      for (char& ch : name)
-        if (ch == '-') ch = '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Strategies, DataParallelTest,
+                         ::testing::Values(Case{"tiny", "full", 512, 4}, Case{"tiny", "ckpt", 512, 4},
+                                           Case{"tiny", "seco", 4, 3}, Case{"tiny-qwen2", "seco", 5, 2},
+                                           Case{"tiny", "streambp", 4, 3}, Case{"tiny", "spaco", 4, 3},
+                                           Case{"tiny-ssm", "adjoint", 4, 4}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.preset + "_" + info.param.strategy;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 
 // dpo normalises by pairs, grpo by groups: 2 pairs / 2 groups (+ a third record) split over the ranks.
 TEST(DataParallel, DpoAndGrpoGradientsEqualSingleProcess) {
@@ -166,7 +166,8 @@ TEST(DataParallel, DpoAndGrpoGradientsEqualSingleProcess) {
     absl::StatusOr<StepMetrics> want = reference.ComputeGradients(whole);
     ASSERT_TRUE(want.ok()) << want.status();
     uint64_t first = 0;
-    absl::StatusOr<StepMetrics> got = dp.ComputeGradients(ShardOf(whole, g_comm->rank(), g_comm->size(), &first), first);
+    absl::StatusOr<StepMetrics> got =
+        dp.ComputeGradients(ShardOf(whole, g_comm->rank(), g_comm->size(), &first), first);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_NEAR(got->loss, want->loss, 1e-12) << name;
     const double diff = MaxGradDiff(*single, *parallel);
@@ -215,10 +216,11 @@ TEST(DataParallel, ShardedOptimizerStateEqualsUnsharded) {
     EXPECT_EQ(sum[0], full) << "every moment is held by exactly one rank";
     const double share = static_cast<double>(most[0]) / static_cast<double>(full);
     EXPECT_LE(share, 1.5 / g_comm->size()) << preset << ": the largest rank's share of optimizer memory";
-    std::printf("rank %d %s ZeRO-1: weights max diff %.3g after 4 steps; moments %lld bytes of %lld (largest rank "
-                "%.3f of the whole, 1/W = %.3f)\n",
-                g_comm->rank(), preset.c_str(), worst, static_cast<long long>(mine), static_cast<long long>(full),
-                share, 1.0 / g_comm->size());
+    std::printf(
+        "rank %d %s ZeRO-1: weights max diff %.3g after 4 steps; moments %lld bytes of %lld (largest rank "
+        "%.3f of the whole, 1/W = %.3f)\n",
+        g_comm->rank(), preset.c_str(), worst, static_cast<long long>(mine), static_cast<long long>(full), share,
+        1.0 / g_comm->size());
   }
 }
 

@@ -1,16 +1,16 @@
 // Runs under `mpirun -np 2` (layer_sharded_mpi_test): layer-sharded adjoint on 2 ranks against the single-process
 // adjoint strategy (each rank computes the reference itself on its own copy of the model), fp64.
+#include "distributed/layer_sharded.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 
-#include "core/mamba.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
-#include "distributed/layer_sharded.h"
 #include "distributed/mpi_gtest_main.h"
 
 namespace sg::dist {
@@ -81,8 +81,10 @@ TEST_P(LayerShardedTest, GradientsEqualSingleProcessAdjoint) {
     owned += mine;
     for (int64_t k = 0; k < p.grad.numel(); ++k) {
       const double a = p.grad.data<double>()[k], b = q.grad.data<double>()[k];
-      if (mine) worst = std::max(worst, std::abs(a - b));
-      else others = std::max(others, std::abs(b));
+      if (mine)
+        worst = std::max(worst, std::abs(a - b));
+      else
+        others = std::max(others, std::abs(b));
     }
   }
   std::vector<double> all = {worst};
@@ -90,11 +92,12 @@ TEST_P(LayerShardedTest, GradientsEqualSingleProcessAdjoint) {
   EXPECT_GT(owned, 0);
   EXPECT_LE(worst, 1e-10) << "owned gradients on rank " << g_comm->rank();
   EXPECT_EQ(others, 0.0) << "a rank accumulated into parameters it does not own";
-  std::printf("rank %d (layers [%d, %d) of %d, %s, form %s, window %lld, chunk %lld): loss %.17g vs %.17g, "
-              "max |grad diff| %.3g (all ranks %.3g), %lld bytes sent\n",
-              g_comm->rank(), ls.block().begin, ls.block().end, c.layers, c.tied ? "tied" : "untied", c.form.c_str(),
-              static_cast<long long>(c.window), static_cast<long long>(c.chunk), got->loss, want->loss, worst, all[0],
-              static_cast<long long>(ls.bytes_last_step()));
+  std::printf(
+      "rank %d (layers [%d, %d) of %d, %s, form %s, window %lld, chunk %lld): loss %.17g vs %.17g, "
+      "max |grad diff| %.3g (all ranks %.3g), %lld bytes sent\n",
+      g_comm->rank(), ls.block().begin, ls.block().end, c.layers, c.tied ? "tied" : "untied", c.form.c_str(),
+      static_cast<long long>(c.window), static_cast<long long>(c.chunk), got->loss, want->loss, worst, all[0],
+      static_cast<long long>(ls.bytes_last_step()));
 }
 
 TEST_P(LayerShardedTest, TrainingEqualsSingleProcess) {
@@ -128,18 +131,19 @@ TEST_P(LayerShardedTest, TrainingEqualsSingleProcess) {
   int64_t full = 0;
   for (const Tensor& m : reference.optimizer().m()) full += m.defined() ? static_cast<int64_t>(m.nbytes()) : 0;
   EXPECT_LT(mine, full);
-  std::printf("rank %d: weights after 3 steps max diff %.3g; first-moment bytes %lld of %lld\n", g_comm->rank(),
-              worst, static_cast<long long>(mine), static_cast<long long>(full));
+  std::printf("rank %d: weights after 3 steps max diff %.3g; first-moment bytes %lld of %lld\n", g_comm->rank(), worst,
+              static_cast<long long>(mine), static_cast<long long>(full));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Forms, LayerShardedTest,
-    ::testing::Values(Case{3, true, "pairs", 0, 4}, Case{3, true, "pairs", 3, 4}, Case{3, true, "scan", 0, 5},
-                      Case{2, true, "pairs", 0, 4}, Case{2, false, "pairs", 5, 7}, Case{3, false, "scan", 0, 64}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      const Case& c = info.param;
-      return absl::StrCat("L", c.layers, c.tied ? "_tied_" : "_untied_", c.form, "_w", c.window, "_c", c.chunk);
-    });
+INSTANTIATE_TEST_SUITE_P(Forms, LayerShardedTest,
+                         ::testing::Values(Case{3, true, "pairs", 0, 4}, Case{3, true, "pairs", 3, 4},
+                                           Case{3, true, "scan", 0, 5}, Case{2, true, "pairs", 0, 4},
+                                           Case{2, false, "pairs", 5, 7}, Case{3, false, "scan", 0, 64}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return absl::StrCat("L", c.layers, c.tied ? "_tied_" : "_untied_", c.form, "_w", c.window,
+                                               "_c", c.chunk);
+                         });
 
 TEST(LayerSharded, BlocksAreContiguousAndUneven) {
   EXPECT_EQ(LayerBlockOf(3, 0, 2)->begin, 0);

@@ -2,6 +2,8 @@
 // process. Every rank also computes the single-process reference on its own whole copy of the model; the split
 // model starts from that copy's blocks, and its gradients and weights are gathered back to be compared. On 2 ranks
 // TP = 2; on 4 ranks TP = 4 and TP = 2 × DP = 2. Transformers (Llama GQA, Qwen2, Qwen3) and Mamba (the presets).
+#include "distributed/tensor_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,15 +13,13 @@
 #include "core/checkpoint.h"
 #include "core/gradcheck.h"
 #include "core/lora.h"
-#include "core/mamba.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/plan.h"
-#include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 #include "distributed/data_parallel.h"
 #include "distributed/mpi_gtest_main.h"
-#include "distributed/tensor_parallel.h"
 #include "distributed/tensor_parallel_test_models.h"
 
 namespace sg::dist {
@@ -72,8 +72,8 @@ void CheckAgainstSingleProcess(const TpRun& r, double tolerance) {
       // Adjoint sharding: every rank forms all the (t, i) pairs, each over its own channels only.
       EXPECT_EQ(got->adjoint_pairs, want->adjoint_pairs) << name << " step " << step;
       if (step == 1 && g_comm->rank() == 0)
-        std::printf("%s: loss %.17g vs %.17g, worst relative gradient difference %.3g (%s)\n", name.c_str(),
-                    got->loss, want->loss, grad_diff, where.c_str());
+        std::printf("%s: loss %.17g vs %.17g, worst relative gradient difference %.3g (%s)\n", name.c_str(), got->loss,
+                    want->loss, grad_diff, where.c_str());
     }
     std::string where;
     const double weight_diff = WorstRelDiff(r, *whole, *split, /*grads=*/false, &where);
@@ -89,8 +89,7 @@ class TensorParallelStrategies : public ::testing::TestWithParam<std::string> {}
 TEST_P(TensorParallelStrategies, LlamaGqa) { CheckAgainstSingleProcess(TpRun{"llama", GetParam()}, 1e-12); }
 TEST_P(TensorParallelStrategies, Qwen2Biases) { CheckAgainstSingleProcess(TpRun{"qwen2", GetParam()}, 1e-12); }
 
-INSTANTIATE_TEST_SUITE_P(All, TensorParallelStrategies,
-                         ::testing::Values("full", "ckpt", "seco", "spaco", "streambp"));
+INSTANTIATE_TEST_SUITE_P(All, TensorParallelStrategies, ::testing::Values("full", "ckpt", "seco", "spaco", "streambp"));
 
 class MambaTensorParallel : public ::testing::TestWithParam<std::string> {};
 
@@ -217,21 +216,22 @@ TEST_P(PerRankBytes, WeightsAndState) {
       ASSERT_TRUE(t.ComputeGradients(batch).ok());
     }
     const MemorySnapshot w = whole->memory().Snapshot(), s = split->memory().Snapshot();
-    const double weights = static_cast<double>(Bytes(s, MemCategory::kWeights, false)) * tp /
-                           Bytes(w, MemCategory::kWeights, false);
-    const double kv = static_cast<double>(Bytes(s, MemCategory::kKVCache, true)) * tp /
-                      Bytes(w, MemCategory::kKVCache, true);
-    const double kv_grad = static_cast<double>(Bytes(s, MemCategory::kKVGrad, true)) * tp /
-                           Bytes(w, MemCategory::kKVGrad, true);
+    const double weights =
+        static_cast<double>(Bytes(s, MemCategory::kWeights, false)) * tp / Bytes(w, MemCategory::kWeights, false);
+    const double kv =
+        static_cast<double>(Bytes(s, MemCategory::kKVCache, true)) * tp / Bytes(w, MemCategory::kKVCache, true);
+    const double kv_grad =
+        static_cast<double>(Bytes(s, MemCategory::kKVGrad, true)) * tp / Bytes(w, MemCategory::kKVGrad, true);
     EXPECT_NEAR(weights, 1.0, 0.06) << "tp " << tp;
     EXPECT_NEAR(kv, 1.0, 1e-9) << "tp " << tp;
     EXPECT_NEAR(kv_grad, 1.0, 1e-9) << "tp " << tp;
     if (g_comm->rank() == 0)
-      std::printf("%s tp=%d: per-rank weights %lld of %lld bytes (x tp = %.4f), state peak %lld of %lld (x tp = %.4f)\n",
-                  r.family.c_str(), tp, static_cast<long long>(Bytes(s, MemCategory::kWeights, false)),
-                  static_cast<long long>(Bytes(w, MemCategory::kWeights, false)), weights,
-                  static_cast<long long>(Bytes(s, MemCategory::kKVCache, true)),
-                  static_cast<long long>(Bytes(w, MemCategory::kKVCache, true)), kv);
+      std::printf(
+          "%s tp=%d: per-rank weights %lld of %lld bytes (x tp = %.4f), state peak %lld of %lld (x tp = %.4f)\n",
+          r.family.c_str(), tp, static_cast<long long>(Bytes(s, MemCategory::kWeights, false)),
+          static_cast<long long>(Bytes(w, MemCategory::kWeights, false)), weights,
+          static_cast<long long>(Bytes(s, MemCategory::kKVCache, true)),
+          static_cast<long long>(Bytes(w, MemCategory::kKVCache, true)), kv);
   }
 }
 

@@ -15,11 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "core/gradcheck.h"
 #include "core/lora.h"
-#include "core/mamba.h"
-#include "core/presets.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 #include "distributed/tensor_parallel.h"
 
 namespace sg::dist {
@@ -65,8 +64,11 @@ struct TpRun {
 
 inline std::string Name(const TpRun& r, int tp, int dp) {
   return absl::StrCat(r.family, "/", r.strategy, r.offload ? "+offload" : "", r.sparse_pages ? "+sparse" : "",
-                      r.lora ? (r.lora_dropout > 0 ? "+lora+dropout" : "+lora") : "", r.dtype == DType::kBF16 ? "+bf16" : r.dtype == DType::kF32 ? "+f32" : "", "/", r.objective, " tp=", tp,
-                      " dp=", dp);
+                      r.lora ? (r.lora_dropout > 0 ? "+lora+dropout" : "+lora") : "",
+                      r.dtype == DType::kBF16  ? "+bf16"
+                      : r.dtype == DType::kF32 ? "+f32"
+                                               : "",
+                      "/", r.objective, " tp=", tp, " dp=", dp);
 }
 
 inline StrategyOptions Strategy(const TpRun& r) {
@@ -88,12 +90,16 @@ inline std::unique_ptr<Model> Whole(const TpRun& r) {
   absl::StatusOr<std::unique_ptr<Model>> m;
   if (IsSsm(r.family)) {
     auto made = CreateMamba(SsmConfig(r.family), r.dtype);
-    if (made.ok()) m = std::unique_ptr<Model>(std::move(*made));
-    else m = made.status();
+    if (made.ok())
+      m = std::unique_ptr<Model>(std::move(*made));
+    else
+      m = made.status();
   } else {
     auto made = CreateTransformer(Config(r.family), r.dtype);
-    if (made.ok()) m = std::unique_ptr<Model>(std::move(*made));
-    else m = made.status();
+    if (made.ok())
+      m = std::unique_ptr<Model>(std::move(*made));
+    else
+      m = made.status();
   }
   EXPECT_TRUE(m.ok()) << m.status();
   if (r.lora) {
@@ -101,8 +107,8 @@ inline std::unique_ptr<Model> Whole(const TpRun& r) {
     lo.rank = 2;
     lo.dropout = r.lora_dropout;
     lo.targets = IsSsm(r.family) ? std::vector<std::string>{"in_proj", "x_proj"}  // PEFT's Mamba targets
-                                 : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                            "up_proj", "down_proj"};
+                                 : std::vector<std::string>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                            "gate_proj", "up_proj", "down_proj"};
     EXPECT_TRUE(EnableLora(**m, lo).ok());
   }
   InitOptions init;
@@ -142,13 +148,13 @@ inline Batch WholeBatch(const TpRun& r, Model& model) {
 inline double Norm(const Tensor& t, const Tensor* minus = nullptr) {
   double s = 0;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const double a = t.dtype() == DType::kF64 ? t.data<double>()[i]
+    const double a = t.dtype() == DType::kF64    ? t.data<double>()[i]
                      : t.dtype() == DType::kBF16 ? BF16ToF32(t.data<uint16_t>()[i])
                                                  : t.data<float>()[i];
-    const double b = !minus                             ? 0.0
-                     : minus->dtype() == DType::kF64    ? minus->data<double>()[i]
+    const double b = !minus                           ? 0.0
+                     : minus->dtype() == DType::kF64  ? minus->data<double>()[i]
                      : minus->dtype() == DType::kBF16 ? BF16ToF32(minus->data<uint16_t>()[i])
-                                                        : minus->data<float>()[i];
+                                                      : minus->data<float>()[i];
     s += (a - b) * (a - b);
   }
   return std::sqrt(s);
@@ -174,9 +180,8 @@ inline double WorstRelDiff(const TpRun& r, Model& whole, Model& split, bool grad
 // After both trainers computed a step's gradients (want: one process, got: split): loss, the split gradients
 // (gathered) and, after both optimizer steps, the clipped norm agree within `tolerance`. Returns the worst relative
 // gradient difference (where: its parameter).
-inline double CheckStep(const TpRun& r, const std::string& name, int step, double tolerance, Model& whole,
-                        Model& split, Trainer& reference, Trainer& trainer, StepMetrics& want, StepMetrics& got,
-                        std::string* where) {
+inline double CheckStep(const TpRun& r, const std::string& name, int step, double tolerance, Model& whole, Model& split,
+                        Trainer& reference, Trainer& trainer, StepMetrics& want, StepMetrics& got, std::string* where) {
   EXPECT_NEAR(got.loss, want.loss, tolerance * std::abs(want.loss)) << name << " step " << step;
   const double grad_diff = WorstRelDiff(r, whole, split, /*grads=*/true, where);
   EXPECT_LE(grad_diff, tolerance) << name << " step " << step << ": gradient of " << *where;

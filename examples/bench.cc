@@ -25,13 +25,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -43,20 +44,21 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/data.h"
-#include "core/mamba.h"
 #include "core/memory.h"
 #include "core/model_io.h"
-#include "kernels/backend.h"
+#include "core/models/family.h"
 #include "core/trainer.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/tensor_parallel.h"
 #include "examples/census.h"
 #include "examples/common.h"
 #include "examples/svg_chart.h"
-#include "distributed/mpi_communicator.h"
-#include "distributed/tensor_parallel.h"
+#include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, strategies, "full,ckpt",
-          "comma-separated strategies to benchmark (also forward, spaco, adjoint:scan|pairs|paper|<window>, seco:offload)");
+ABSL_FLAG(
+    std::string, strategies, "full,ckpt",
+    "comma-separated strategies to benchmark (also forward, spaco, adjoint:scan|pairs|paper|<window>, seco:offload)");
 ABSL_FLAG(double, skip_after_s, 0,
           "skip the longer sequences of a strategy once one of its runs took longer than this (seconds; 0 = never): "
           "for adjoint's quadratic pair form");
@@ -190,24 +192,10 @@ int64_t PeakRss() {
 
 // --- model arithmetic -------------------------------------------------------------------------------------------
 
-// Parameters that multiply activations in a matmul: the layers' projections and the LM head (not the embedding
-// lookup, the norms or the biases).
-int64_t MatmulParams(const TransformerConfig& c) {
-  const int64_t d = c.hidden_size, qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-  const int64_t per_layer = qd * d + 2 * kvd * d + d * qd + 3 * c.intermediate_size * d;
-  return c.num_layers * per_layer + c.vocab_size * d;
-}
-int64_t MatmulParams(const MambaConfig& c) {
-  const int64_t d = c.hidden_size, di = c.intermediate_size, r = c.time_step_rank, n = c.state_size;
-  const int64_t per_layer = 2 * di * d + (r + 2 * n) * di + di * r + d * di;  // in, x, dt, out projections
-  return c.num_layers * per_layer + c.vocab_size * d;
-}
-
 // The model as the bench reports it: a one-line description, its config as JSON, and the useful FLOPs of one
 // gradient computation over T tokens (head_tokens with a label), the same for every strategy (recomputation is
-// not useful work): 6 x matmul params x tokens, plus for transformers causal attention (forward 2 (QK^T, PV) x 2
-// x T^2/2 x heads x head_dim per layer, x3 for forward + backward) and for SSMs the scan and conv (forward about
-// 6 x d_inner x state + 2 x conv_kernel x d_inner per token and layer, x3).
+// not useful work): 6 x matmul params x tokens (the LM head's only for labelled tokens), plus the family's token
+// mixing (attention, scan; ModelSpec::MixingForwardFlops) x3 for forward + backward.
 struct ModelFacts {
   std::string description;
   json config;
@@ -215,39 +203,17 @@ struct ModelFacts {
 };
 
 ModelFacts Describe(Model& model) {
+  const std::shared_ptr<const ModelSpec> spec = model.spec();
   ModelFacts f;
-  auto dense = [](int64_t matmul, int64_t vocab, int64_t d, int64_t T, int64_t head_tokens) {
-    return 6.0 * static_cast<double>(matmul - vocab * d) * T + 6.0 * static_cast<double>(vocab) * d * head_tokens;
+  f.description = spec->Description();
+  for (const auto& [key, value] : spec->Fields())
+    std::visit([&, key = key](const auto& v) { f.config[key] = v; }, value);
+  f.config["matmul_params"] = spec->MatmulParams();
+  const double matmul = static_cast<double>(spec->MatmulParams());
+  const double head = static_cast<double>(model.vocab_size()) * static_cast<double>(model.hidden_size());
+  f.useful_flops = [spec, matmul, head](int64_t T, int64_t head_tokens) {
+    return 6.0 * (matmul - head) * T + 6.0 * head * head_tokens + 3.0 * spec->MixingForwardFlops(T);
   };
-  if (auto* t = dynamic_cast<TransformerModel*>(&model)) {
-    const TransformerConfig c = t->config();
-    f.description = absl::StrFormat("%s, d=%d, layers=%d, heads=%d/%d kv, ffn=%d, vocab=%d", c.architecture,
-                                    c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size,
-                                    c.vocab_size);
-    f.config = {{"architecture", c.architecture}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                {"num_layers", c.num_layers}, {"num_heads", c.num_heads}, {"num_kv_heads", c.num_kv_heads},
-                {"head_dim", c.head_dim}, {"intermediate_size", c.intermediate_size},
-                {"matmul_params", MatmulParams(c)}};
-    f.useful_flops = [c, dense](int64_t T, int64_t head_tokens) {
-      const double attn_fwd = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c.num_heads * c.head_dim;
-      return dense(MatmulParams(c), c.vocab_size, c.hidden_size, T, head_tokens) + 3.0 * attn_fwd * c.num_layers;
-    };
-  } else if (auto* m = dynamic_cast<MambaModel*>(&model)) {
-    const MambaConfig c = m->config();
-    f.description = absl::StrFormat("mamba, d=%d, layers=%d, d_inner=%d, state=%d, conv=%d, dt_rank=%d, vocab=%d",
-                                    c.hidden_size, c.num_layers, c.intermediate_size, c.state_size, c.conv_kernel,
-                                    c.time_step_rank, c.vocab_size);
-    f.config = {{"architecture", "mamba"}, {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                {"num_layers", c.num_layers}, {"intermediate_size", c.intermediate_size},
-                {"state_size", c.state_size}, {"conv_kernel", c.conv_kernel}, {"time_step_rank", c.time_step_rank},
-                {"matmul_params", MatmulParams(c)}};
-    f.useful_flops = [c, dense](int64_t T, int64_t head_tokens) {
-      const double scan = 3.0 * (6.0 * c.state_size + 2.0 * c.conv_kernel) * c.intermediate_size * T;
-      return dense(MatmulParams(c), c.vocab_size, c.hidden_size, T, head_tokens) + scan * c.num_layers;
-    };
-  } else {
-    Fail("--model", absl::StrCat("the bench does not know the '", model.family(), "' family"));
-  }
   return f;
 }
 
@@ -290,13 +256,13 @@ struct Measurement {
   double chunks_backpropagated = 0;  // mean over timed runs
   int64_t adjoint_pairs = 0;         // adjoint: (t, i) pairs per channel over all layers
   int64_t offloaded_bytes = 0;       // --offload: host memory holding the KV and KV-gradient pages
-  MemorySnapshot mem;          // of the first timed run (the schedule is deterministic)
-  int64_t rss_delta = -1;      // max over timed runs; -1 = unavailable
+  MemorySnapshot mem;                // of the first timed run (the schedule is deterministic)
+  int64_t rss_delta = -1;            // max over timed runs; -1 = unavailable
 };
 
 // Times trainer.ComputeGradients, or with forward_only trainer.EvaluateLoss.
-absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, bool forward_only,
-                                    const Sequence& seq, int warmup, int repeats, bool rss) {
+absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, bool forward_only, const Sequence& seq,
+                                    int warmup, int repeats, bool rss) {
   Trainer trainer(model, so, OptimizerOptions{});
   const std::vector<Sequence> batch{seq};
   auto run = [&] { return forward_only ? trainer.EvaluateLoss(batch) : trainer.ComputeGradients(batch); };
@@ -338,7 +304,7 @@ absl::StatusOr<Measurement> Measure(Model& model, const StrategyOptions& so, boo
 int64_t Cat(const std::array<int64_t, kNumMemCategories>& a, MemCategory c) { return a[static_cast<int>(c)]; }
 
 json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, double flops, double sgemm,
-               int64_t state_bytes_per_token) {
+                int64_t state_bytes_per_token) {
   using C = MemCategory;
   const MemorySnapshot& s = m.mem;
   const bool sampled = strategy == "spaco";
@@ -362,7 +328,8 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   // own peaks, which need not coincide in time.
   row["activation_peak_bytes"] =
       Cat(s.at_total_peak, C::kActivations) + Cat(s.at_total_peak, C::kWorkspace) + Cat(s.at_total_peak, C::kLogits);
-  row["activation_peak_bytes_upper"] = Cat(s.peak, C::kActivations) + Cat(s.peak, C::kWorkspace) + Cat(s.peak, C::kLogits);
+  row["activation_peak_bytes_upper"] =
+      Cat(s.peak, C::kActivations) + Cat(s.peak, C::kWorkspace) + Cat(s.peak, C::kLogits);
   row["kv_bytes"] = Cat(s.peak, C::kKVCache) + Cat(s.peak, C::kKVGrad);
   row["kv_cache_bytes"] = Cat(s.peak, C::kKVCache);
   row["kv_grad_bytes"] = Cat(s.peak, C::kKVGrad);
@@ -415,14 +382,15 @@ StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t 
 // The longest T (doubling from t0 up to kBudgetCap, then bisection to within 1/16 of T, on multiples of
 // kBudgetQuantum) that runs under the engine's memory limit set to the budget: a probe that would pass it fails at
 // the allocation instead of running to the end. 0 when not even the smallest probe fits.
-json BudgetSearch(Model& model, const StrategyOptions& base, const std::string& name, double spaco_fraction,
-                  int64_t t0, int64_t budget, const std::string& task, uint64_t seed) {
+json BudgetSearch(Model& model, const StrategyOptions& base, const std::string& name, double spaco_fraction, int64_t t0,
+                  int64_t budget, const std::string& task, uint64_t seed) {
   json probes = json::array();
   auto fits = [&](int64_t T) {
     const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
     const Sequence seq = MakeSequence(task, T, model.vocab_size(), seed);
     model.memory().set_limit(budget);
-    absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
+    absl::StatusOr<Measurement> m =
+        Measure(model, so, name == kForwardOnly, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
     model.memory().set_limit(0);
     json p;
     p["seq_len"] = T;
@@ -463,8 +431,10 @@ json BudgetSearch(Model& model, const StrategyOptions& base, const std::string& 
     int64_t mid = (lo + hi) / 2 / kBudgetQuantum * kBudgetQuantum;
     if (mid <= lo) mid = (lo / kBudgetQuantum + 1) * kBudgetQuantum;
     if (mid >= hi || hi - lo <= std::max(kBudgetQuantum, lo / 16)) break;
-    if (fits(mid)) lo = mid;
-    else hi = mid;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid;
   }
   json row;
   row["strategy"] = name;
@@ -495,8 +465,8 @@ std::string FindTorchScript(const std::string& name) {
   candidates.push_back("examples/" + name);  // bazel run's working directory is the runfiles root
   for (const std::string& c : candidates)
     if (fs::exists(c, ec)) return c;
-  Fail("--compare_torch", absl::StrCat("cannot find ", name, " (tried ", absl::StrJoin(candidates, ", "),
-                                       "); pass --torch_script"));
+  Fail("--compare_torch",
+       absl::StrCat("cannot find ", name, " (tried ", absl::StrJoin(candidates, ", "), "); pass --torch_script"));
 }
 
 std::string TempRoot() {
@@ -532,12 +502,13 @@ absl::StatusOr<json> RunTorch(Model& model, const std::vector<std::string>& stra
     lens.push_back(absl::StrCat(T));
   }
   const std::string script = gpu ? "bench_torch_gpu.py" : "bench_torch.py";
-  const std::string cmd = absl::StrCat(
-      ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript(script)), " --model_dir=",
-      ShellQuote(dir), " --seq_dir=", ShellQuote(dir), " --strategies=", absl::StrJoin(strategies, ","),
-      " --seq_lens=", absl::StrJoin(lens, ","), " --repeats=", repeats, " --warmup=", warmup,
-      gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))
-          : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype));
+  const std::string cmd =
+      absl::StrCat(ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript(script)),
+                   " --model_dir=", ShellQuote(dir), " --seq_dir=", ShellQuote(dir),
+                   " --strategies=", absl::StrJoin(strategies, ","), " --seq_lens=", absl::StrJoin(lens, ","),
+                   " --repeats=", repeats, " --warmup=", warmup,
+                   gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))
+                       : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype));
   std::fprintf(stderr, "running: %s\n", cmd.c_str());
   std::fflush(stderr);
   FILE* p = popen(cmd.c_str(), "r");
@@ -566,18 +537,17 @@ std::string Cell(const json& row, const char* key, const char* fmt, double scale
 }
 
 void PrintTable(const json& rows) {
-  std::printf("%-8s %-12s %7s %9s %8s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s",
-              "cpu_s", "tok/s", "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
+  std::printf("%-8s %-12s %7s %9s %8s %10s %8s %7s %9s %8s %8s %9s %9s\n", "engine", "strategy", "T", "time_s", "cpu_s",
+              "tok/s", "GFLOP/s", "%sgemm", "peak MiB", "act MiB", "kv MiB", "step MiB", "loss");
   for (const json& r : rows) {
     const double mib = 1.0 / 1048576.0;
     std::printf("%-8s %-12s %7lld %9s %8s %10s %8s %7s %9s %8s %8s %9s %9s\n", r["engine"].get<std::string>().c_str(),
                 r["strategy"].get<std::string>().c_str(), static_cast<long long>(r["seq_len"].get<int64_t>()),
                 Cell(r, "time_s", "%.4f").c_str(), Cell(r, "cpu_s", "%.3f").c_str(),
-                Cell(r, "tokens_per_s", "%.0f").c_str(),
-                Cell(r, "gflops_per_s", "%.1f").c_str(), Cell(r, "sgemm_fraction", "%.1f%%", 100).c_str(),
-                Cell(r, "peak_bytes", "%.1f", mib).c_str(), Cell(r, "activation_peak_bytes", "%.1f", mib).c_str(),
-                Cell(r, "kv_bytes", "%.1f", mib).c_str(), Cell(r, "step_peak_bytes", "%.1f", mib).c_str(),
-                Cell(r, "loss", "%.4f").c_str());
+                Cell(r, "tokens_per_s", "%.0f").c_str(), Cell(r, "gflops_per_s", "%.1f").c_str(),
+                Cell(r, "sgemm_fraction", "%.1f%%", 100).c_str(), Cell(r, "peak_bytes", "%.1f", mib).c_str(),
+                Cell(r, "activation_peak_bytes", "%.1f", mib).c_str(), Cell(r, "kv_bytes", "%.1f", mib).c_str(),
+                Cell(r, "step_peak_bytes", "%.1f", mib).c_str(), Cell(r, "loss", "%.4f").c_str());
   }
 }
 
@@ -631,8 +601,8 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
                  int64_t state_bytes_per_token) {
   json out;
   json ratios = json::array();
-  std::printf("\ntime ratios in this run:\n%7s %12s %15s %16s %15s\n", "T", "seco/full", "spaco/forward",
-              "spaco/seco", "forward/full");
+  std::printf("\ntime ratios in this run:\n%7s %12s %15s %16s %15s\n", "T", "seco/full", "spaco/forward", "spaco/seco",
+              "forward/full");
   for (int64_t T : seq_lens) {
     auto ratio = [&](const char* a, const char* b) -> json {
       const json* x = FindRow(rows, a, T);
@@ -683,10 +653,11 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
                 static_cast<long long>(t_hi));
     std::printf("  activation peak (activations + workspace + logits at the peak): %.2f -> %.2f MiB (%+.2f%%)\n",
                 Mib(act_lo), Mib(act_hi), 100 * (act_hi / act_lo - 1));
-    std::printf("  peak growth per token: %.1f bytes = state (KV cache) %.1f + state gradient (KV grad) %.1f + "
-                "other %.1f (K+V of one token over all layers: %lld bytes)\n",
-                growth, kv_growth, grad_growth, growth - kv_growth - grad_growth,
-                static_cast<long long>(state_bytes_per_token));
+    std::printf(
+        "  peak growth per token: %.1f bytes = state (KV cache) %.1f + state gradient (KV grad) %.1f + "
+        "other %.1f (K+V of one token over all layers: %lld bytes)\n",
+        growth, kv_growth, grad_growth, growth - kv_growth - grad_growth,
+        static_cast<long long>(state_bytes_per_token));
     std::printf("  peak growth per 10K tokens: %.2f MB\n", growth * 1e4 / 1e6);
     growth_by_strategy[name] = m;
     if (name == "seco") out["seco_memory"] = m;
@@ -732,10 +703,11 @@ int TensorParallelBench(dist::Communicator& world, int tp, Model& whole, const S
   absl::StatusOr<std::unique_ptr<Model>> split = dist::SplitModel(whole, grid->layers());
   tools::ExitIfError(split.status(), "--tp");
   const int threads = omp_get_max_threads();
-  std::printf("\ntensor parallel: %d ranks x %d thread(s) against one rank x %d threads (the same cores); best of %d\n"
-              "%-8s %7s %9s %9s %8s %12s %10s %11s %11s\n",
-              tp, threads, tp * threads, repeats, "strategy", "T", "tp=1 s", absl::StrCat("tp=", tp, " s").c_str(),
-              "speedup", "reduced MB", "B/token", "peak MiB 1", absl::StrCat("peak MiB ", tp).c_str());
+  std::printf(
+      "\ntensor parallel: %d ranks x %d thread(s) against one rank x %d threads (the same cores); best of %d\n"
+      "%-8s %7s %9s %9s %8s %12s %10s %11s %11s\n",
+      tp, threads, tp * threads, repeats, "strategy", "T", "tp=1 s", absl::StrCat("tp=", tp, " s").c_str(), "speedup",
+      "reduced MB", "B/token", "peak MiB 1", absl::StrCat("peak MiB ", tp).c_str());
   json rows = json::array();
   for (const std::string& name : strategies) {
     for (int64_t T : seq_lens) {
@@ -764,18 +736,24 @@ int TensorParallelBench(dist::Communicator& world, int tp, Model& whole, const S
       std::printf("%-8s %7lld %9.4f %9.4f %7.2fx %12.2f %10.0f %11.1f %11.1f\n", name.c_str(),
                   static_cast<long long>(T), one_s, split_s, one_s / split_s, reduced / 1e6,
                   static_cast<double>(reduced) / T, Mib(one_peak), Mib(split_peak));
-      rows.push_back({{"strategy", name}, {"seq_len", T}, {"tp", tp}, {"threads_per_rank", threads},
-                      {"time_s_tp1", one_s}, {"time_s_split", split_s}, {"speedup", one_s / split_s},
-                      {"bytes_all_reduced_per_rank", reduced}, {"bytes_all_reduced_per_token",
-                      static_cast<double>(reduced) / T}, {"peak_bytes_tp1", one_peak}, {"peak_bytes_split", split_peak}});
+      rows.push_back({{"strategy", name},
+                      {"seq_len", T},
+                      {"tp", tp},
+                      {"threads_per_rank", threads},
+                      {"time_s_tp1", one_s},
+                      {"time_s_split", split_s},
+                      {"speedup", one_s / split_s},
+                      {"bytes_all_reduced_per_rank", reduced},
+                      {"bytes_all_reduced_per_token", static_cast<double>(reduced) / T},
+                      {"peak_bytes_tp1", one_peak},
+                      {"peak_bytes_split", split_peak}});
     }
   }
   if (!json_path.empty() && world.rank() == 0)
-    tools::ExitIfError(tools::WriteTextFile(tools::ResolveUserPath(json_path),
-                                            json({{"model", absl::GetFlag(FLAGS_model)}, {"tensor_parallel", rows}})
-                                                    .dump(2) +
-                                                "\n"),
-                       "--json");
+    tools::ExitIfError(
+        tools::WriteTextFile(tools::ResolveUserPath(json_path),
+                             json({{"model", absl::GetFlag(FLAGS_model)}, {"tensor_parallel", rows}}).dump(2) + "\n"),
+        "--json");
   return 0;
 }
 
@@ -847,10 +825,13 @@ int Main() {
               absl::GetFlag(FLAGS_model).c_str(), facts.description.c_str(), DTypeName(*dtype), DeviceName(device),
               absl::GetFlag(FLAGS_matmul).c_str(), threads, task.c_str(), repeats, warmup,
               lora.empty() ? "" : absl::StrCat(" ", lora).c_str());
-  if (gpu) std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
-  else std::printf("sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
-                   "f32 GEMM under --matmul=%s %.1f)\n", sgemm, threads, sgemm_rates.openblas,
-                   absl::GetFlag(FLAGS_matmul).c_str(), sgemm_rates.engine);
+  if (gpu)
+    std::printf("gpu: %s, peak %.1f GFLOP/s (%%sgemm column = MFU)\n", backend->name().c_str(), sgemm);
+  else
+    std::printf(
+        "sgemm_gflops: %.1f (1024^3, %d threads, the faster of OpenBLAS cblas_sgemm %.1f and the engine's "
+        "f32 GEMM under --matmul=%s %.1f)\n",
+        sgemm, threads, sgemm_rates.openblas, absl::GetFlag(FLAGS_matmul).c_str(), sgemm_rates.engine);
   std::fflush(stdout);
 
   std::map<int64_t, Sequence> seqs;
@@ -887,7 +868,8 @@ int Main() {
   std::string torch_error;  // the first failure of the PyTorch side: no more PyTorch runs, exit status 1
   auto run_torch = [&](int64_t T) {
     if (!compare_torch || torch_strategies.empty() || !torch_error.empty()) return;
-    absl::StatusOr<json> ran = RunTorch(model, torch_strategies, {{T, seqs.at(T)}}, warmup, repeats, DTypeName(*dtype), gpu);
+    absl::StatusOr<json> ran =
+        RunTorch(model, torch_strategies, {{T, seqs.at(T)}}, warmup, repeats, DTypeName(*dtype), gpu);
     if (!ran.ok()) {
       torch_error = std::string(ran.status().message());
       std::fprintf(stderr, "--compare_torch: %s; seqgrad's rows are still reported\n", torch_error.c_str());
@@ -896,8 +878,8 @@ int Main() {
     json& t = *ran;
     for (json r : t["rows"]) {
       if (!r["time_s"].is_number()) {  // out of GPU memory
-        skipped_rows.push_back({{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T},
-                                {"reason", "out of GPU memory"}});
+        skipped_rows.push_back(
+            {{"engine", r["engine"]}, {"strategy", r["strategy"]}, {"seq_len", T}, {"reason", "out of GPU memory"}});
         continue;
       }
       const double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
@@ -973,8 +955,7 @@ int Main() {
       }
       std::fprintf(stderr, "seqgrad %8s T=%6lld: %.4f s  %.0f tok/s  peak %.1f MiB  loss %.5f  chunks %.1f/%.1f\n",
                    name.c_str(), static_cast<long long>(T), row["time_s"].get<double>(),
-                   row["tokens_per_s"].get<double>(), Mib(m.mem.total_peak), m.loss, m.chunks_backpropagated,
-                   m.chunks);
+                   row["tokens_per_s"].get<double>(), Mib(m.mem.total_peak), m.loss, m.chunks_backpropagated, m.chunks);
       rows.push_back(row);
     }
   }
@@ -995,9 +976,10 @@ int Main() {
       std::printf("  %-6s %s\n", engine.c_str(), label.get<std::string>().c_str());
     for (const auto& [engine, why] : skipped_engines.items())
       std::printf("  %-6s skipped: %s\n", engine.c_str(), why.get<std::string>().c_str());
-    std::printf("\nseqgrad / PyTorch tokens/s (and the same by CPU seconds per step, steadier on a shared machine):\n"
-                "%-8s %-6s %7s %12s %12s %8s %10s %12s\n", "strategy", "vs", "T", "seqgrad tok/s", "torch tok/s",
-                "ratio", "cpu ratio", "loss rel.diff");
+    std::printf(
+        "\nseqgrad / PyTorch tokens/s (and the same by CPU seconds per step, steadier on a shared machine):\n"
+        "%-8s %-6s %7s %12s %12s %8s %10s %12s\n",
+        "strategy", "vs", "T", "seqgrad tok/s", "torch tok/s", "ratio", "cpu ratio", "loss rel.diff");
     for (const json& a : rows) {
       if (a["engine"] != "seqgrad") continue;
       for (const json& b : rows) {
@@ -1020,8 +1002,8 @@ int Main() {
         const std::string cpu_ratio =
             cpu_known ? absl::StrFormat("%.2fx", r["seqgrad_over_torch_by_cpu_time"].get<double>()) : "-";
         std::printf("%-8s %-6s %7lld %12.0f %12.0f %7.2fx %10s %12.2e\n", a["strategy"].get<std::string>().c_str(),
-                    b["engine"].get<std::string>().c_str(), static_cast<long long>(a["seq_len"].get<int64_t>()), ra,
-                    rb, ra / rb, cpu_ratio.c_str(), diff);
+                    b["engine"].get<std::string>().c_str(), static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb,
+                    ra / rb, cpu_ratio.c_str(), diff);
       }
     }
   }
@@ -1106,7 +1088,8 @@ int Main() {
 }  // namespace sg
 
 int main(int argc, char** argv) {
-  sg::tools::InitTool(argc, argv,
+  sg::tools::InitTool(
+      argc, argv,
       "Benchmark gradient strategies: time, tokens/s, FLOP rate and engine-accounted memory per sequence length.\n"
       "  bench --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096 [--compare_torch] "
       "[--memory_budget=BYTES] --json=out.json");

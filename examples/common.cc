@@ -26,15 +26,16 @@
 #include "core/lora.h"
 #include "core/lora_io.h"
 #include "core/model_io.h"
+#include "core/models/family.h"
 #include "core/plan.h"
-#include "core/presets.h"
 #include "core/trainer.h"
 #include "kernels/backend.h"
 
 ABSL_FLAG(int32_t, threads, 0,
           "OpenMP/OpenBLAS threads; 0 = OMP_NUM_THREADS, else one per core. The tools also wait passively between "
           "parallel regions (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set");
-ABSL_FLAG(std::string, model, "demo", "preset name (tiny, tiny-qwen2, demo, bench-cpu; real shapes, random weights: llama-3.1-8b, qwen2.5-7b, "
+ABSL_FLAG(std::string, model, "demo",
+          "preset name (tiny, tiny-qwen2, demo, bench-cpu; real shapes, random weights: llama-3.1-8b, qwen2.5-7b, "
           "qwen2.5-32b; Mamba: tiny-ssm, bench-ssm, mamba-2.8b) or a Hugging Face model directory");
 ABSL_FLAG(int64_t, max_line_bytes, sg::kDefaultMaxLineBytes,
           "longest JSONL line (one record of --data / --eval_data) read, in bytes; a longer one is refused");
@@ -138,7 +139,7 @@ std::string ResolveUserPath(const std::string& path) {
 }
 
 std::string ModelSpecOf(const std::string& m) {
-  if (TransformerPreset(m).ok() || MambaPreset(m).ok()) return m;
+  if (PresetSpec(m).ok()) return m;
   return ResolveUserPath(m);
 }
 
@@ -162,8 +163,10 @@ Device DeviceFromFlags() {
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
   const DeviceBackend* b = FindBackend(*d);
   std::string refused;
-  if (b->set_matmul) refused = b->set_matmul(matmul);
-  else if (matmul != "fp32") refused = absl::StrCat("the ", DeviceName(*d), " backend multiplies in fp32 only");
+  if (b->set_matmul)
+    refused = b->set_matmul(matmul);
+  else if (matmul != "fp32")
+    refused = absl::StrCat("the ", DeviceName(*d), " backend multiplies in fp32 only");
   if (!refused.empty()) ExitIfError(absl::InvalidArgumentError(refused), "--matmul");
   return *d;
 }
@@ -314,9 +317,8 @@ std::string ApplyLoraFlags(Model& model) {
     o.rank = rank;
     o.alpha = alpha != 0 ? alpha : 2.0 * rank;
     o.dropout = dropout == -1 ? 0.0 : dropout;
-    absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(
-        targets.empty() ? DefaultLoraTargets(model.family()) : targets,
-        model.family());
+    absl::StatusOr<std::vector<std::string>> t =
+        ParseLoraTargets(targets.empty() ? DefaultLoraTargets(model.family()) : targets, model.family());
     ExitIfError(t.status(), "flags");
     o.targets = *t;
   }
@@ -328,11 +330,12 @@ std::string ApplyLoraFlags(Model& model) {
     if (p.grad.defined()) trainable += p.value.numel();
   }
   const int64_t frozen = total - trainable;
-  return absl::StrFormat("LoRA r=%d alpha=%g dropout=%g on %s (%d modules%s): %d trainable parameters, %.2f%% of the "
-                         "%d frozen base parameters",
-                         o.rank, o.alpha, o.dropout, absl::StrJoin(o.targets, ","), model.lora()->adapters.size(),
-                         init.empty() ? "" : absl::StrCat(", from ", init), trainable,
-                         100.0 * trainable / std::max<int64_t>(1, frozen), frozen);
+  return absl::StrFormat(
+      "LoRA r=%d alpha=%g dropout=%g on %s (%d modules%s): %d trainable parameters, %.2f%% of the "
+      "%d frozen base parameters",
+      o.rank, o.alpha, o.dropout, absl::StrJoin(o.targets, ","), model.lora()->adapters.size(),
+      init.empty() ? "" : absl::StrCat(", from ", init), trainable, 100.0 * trainable / std::max<int64_t>(1, frozen),
+      frozen);
 }
 
 std::string LoraJson(Model& model) {

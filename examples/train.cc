@@ -22,7 +22,7 @@
 #include "core/data.h"
 #include "core/lr_schedule.h"
 #include "core/model_io.h"
-#include "core/presets.h"
+#include "core/models/transformer/transformer.h"
 #include "core/trainer.h"
 #include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
@@ -113,15 +113,14 @@ OptimizerOptions OptimizerFromFlags() {
   o.grad_accum = absl::GetFlag(FLAGS_grad_accum);
   o.total_steps = absl::GetFlag(FLAGS_steps);
   if (o.lr_schedule != "constant" && o.total_steps <= o.warmup_steps)
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--lr_schedule=", o.lr_schedule, " decays after --warmup_steps=",
-                                                               o.warmup_steps, " until --steps=", o.total_steps,
-                                                               ": --steps must be larger")),
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(
+                           "--lr_schedule=", o.lr_schedule, " decays after --warmup_steps=", o.warmup_steps,
+                           " until --steps=", o.total_steps, ": --steps must be larger")),
                        "flags");
   if (absl::Status s = ValidateOptimizerOptions(o); !s.ok())  // messages start with the option's name
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--", s.message())), "flags");
   return o;
 }
-
 
 // Training data of any objective, handed out --batch records at a time, cycling.
 struct TrainData {
@@ -174,8 +173,8 @@ Sequence LongestSequence(const TrainData& d, const std::string& objective, uint6
 
 // dpo / grpo: loads --data and checks that every reference log-prob the trainer will need is in the data or can
 // come from the reference model. Returns the longest sequence and a description of the data.
-void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& path, int64_t vocab,
-                       bool have_reference, TrainData* d, int64_t* longest, std::string* what) {
+void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& path, int64_t vocab, bool have_reference,
+                       TrainData* d, int64_t* longest, std::string* what) {
   *longest = 0;
   int64_t lacking = 0, records = 0;
   if (objective.name == "dpo") {
@@ -184,8 +183,8 @@ void LoadObjectiveData(const ObjectiveOptions& objective, const std::string& pat
     d->pairs = std::move(*loaded);
     for (const DpoPair& p : d->pairs) {
       lacking += std::isnan(p.ref_chosen_logp);
-      *longest = std::max<int64_t>({*longest, static_cast<int64_t>(p.chosen.ids.size()),
-                                    static_cast<int64_t>(p.rejected.ids.size())});
+      *longest = std::max<int64_t>(
+          {*longest, static_cast<int64_t>(p.chosen.ids.size()), static_cast<int64_t>(p.rejected.ids.size())});
     }
     records = static_cast<int64_t>(d->pairs.size());
     *what = absl::StrCat(records, " pairs");
@@ -229,8 +228,8 @@ int Main() {
       if (!std::freopen("/dev/null", "w", stdout)) return 1;
     }
   } else if (!dist_flag.empty()) {
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--dist must be empty, mpi or nccl, got '", dist_flag, "'")),
-                       "flags");
+    tools::ExitIfError(
+        absl::InvalidArgumentError(absl::StrCat("--dist must be empty, mpi or nccl, got '", dist_flag, "'")), "flags");
   }
   const bool lead = !comm || comm->rank() == 0;  // prints, reports, saves
   // --tp: the ranks form tensor-parallel groups; data parallelism runs across them (over `dp_comm`).
@@ -245,11 +244,14 @@ int Main() {
   }
   dist::Communicator* dp_comm = grid ? grid->dp.get() : comm.get();
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
-  if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
+  if (seq_len <= 0)
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len)), "flags");
   const absl::StatusOr<Overlong> overlong = ParseOverlong(absl::GetFlag(FLAGS_overlong));
   tools::ExitIfError(overlong.status(), "flags");
-  if (absl::GetFlag(FLAGS_steps) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--steps must be positive"), "flags");
-  if (absl::GetFlag(FLAGS_batch) <= 0) tools::ExitIfError(absl::InvalidArgumentError("--batch must be positive"), "flags");
+  if (absl::GetFlag(FLAGS_steps) <= 0)
+    tools::ExitIfError(absl::InvalidArgumentError("--steps must be positive"), "flags");
+  if (absl::GetFlag(FLAGS_batch) <= 0)
+    tools::ExitIfError(absl::InvalidArgumentError("--batch must be positive"), "flags");
   absl::StatusOr<DType> dtype = tools::ParseDType(absl::GetFlag(FLAGS_dtype));
   tools::ExitIfError(dtype.status(), "flags");
   const Device device = tools::DeviceFromFlags();
@@ -268,17 +270,18 @@ int Main() {
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--stop_at_step must be >= 0, got ", stop_at_step)),
                        "flags");
   if (save_every < 0)
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--save_every must be >= 0, got ", save_every)), "flags");
-  if (keep < 0 || keep > 1000000)
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--keep_checkpoints must be >= 0 (0 = all), got ", keep)),
+    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--save_every must be >= 0, got ", save_every)),
                        "flags");
+  if (keep < 0 || keep > 1000000)
+    tools::ExitIfError(
+        absl::InvalidArgumentError(absl::StrCat("--keep_checkpoints must be >= 0 (0 = all), got ", keep)), "flags");
   if (out_dir.empty() && (save_every > 0 || resume))
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(resume ? "--resume" : "--save_every",
                                                                " needs --out_dir (where checkpoints live)")),
                        "flags");
   if (memory_budget < 0)
-    tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("--memory_budget must be >= 0 bytes, got ", memory_budget)),
-                       "flags");
+    tools::ExitIfError(
+        absl::InvalidArgumentError(absl::StrCat("--memory_budget must be >= 0 bytes, got ", memory_budget)), "flags");
   const bool sft = objective.name == "sft";
   const std::string data = absl::GetFlag(FLAGS_data);
   const std::string ref_model = absl::GetFlag(FLAGS_ref_model);
@@ -327,8 +330,8 @@ int Main() {
       tools::ExitIfError(r.status(), "--ref_model");
     }
     if ((*r)->vocab_size() != vocab)
-      tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("vocabulary size ", (*r)->vocab_size(),
-                                                                 " differs from --model's ", vocab)),
+      tools::ExitIfError(absl::InvalidArgumentError(
+                             absl::StrCat("vocabulary size ", (*r)->vocab_size(), " differs from --model's ", vocab)),
                          "--ref_model");
     reference = std::move(*r);
   }
@@ -339,8 +342,8 @@ int Main() {
   std::string data_what = data.empty() ? "synthetic retrieval" : data;
   if (!sft) {
     std::string what;
-    LoadObjectiveData(objective, tools::ResolveUserPath(data), vocab, !ref_model.empty(), &train_data,
-                      &report_seq_len, &what);
+    LoadObjectiveData(objective, tools::ResolveUserPath(data), vocab, !ref_model.empty(), &train_data, &report_seq_len,
+                      &what);
     absl::StrAppend(&data_what, " (", what, ")");
   } else if (!data.empty()) {
     const std::string path = tools::ResolveUserPath(data);
@@ -365,8 +368,7 @@ int Main() {
 
   {
     const Sequence probe = LongestSequence(train_data, objective.name, seed);
-    tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size())),
-                       "--device");
+    tools::ExitIfError(tools::CheckDeviceMemory(**model, strategy, static_cast<int64_t>(probe.ids.size())), "--device");
   }
   // What --save and --out_dir will write, checked now rather than after the last step.
   const bool merge_lora = absl::GetFlag(FLAGS_merge_lora);
@@ -391,15 +393,16 @@ int Main() {
     for (const auto& [chunk, peak] : fit->probes)
       absl::StrAppend(&tried, tried.empty() ? "" : ", ", chunk, peak < 0 ? " over" : absl::StrCat(" ", Mib(peak)));
     std::fprintf(stderr, "memory budget %s: %s (peak %s; tried %s)\n", Mib(memory_budget).c_str(),
-                 fit->chunked ? absl::StrCat("--chunk=", fit->chunk).c_str() : "fits",
-                 Mib(fit->peak_bytes).c_str(), tried.c_str());
+                 fit->chunked ? absl::StrCat("--chunk=", fit->chunk).c_str() : "fits", Mib(fit->peak_bytes).c_str(),
+                 tried.c_str());
   }
 
   Trainer trainer(**model, strategy, opt, objective, reference.get());
   if (reference_is_base) trainer.set_reference_base_model();
   std::unique_ptr<dist::DataParallel> data_parallel;
   std::unique_ptr<dist::LayerShardedAdjoint> layer_sharded;
-  const bool dist_layers = absl::GetFlag(FLAGS_dist_layers), shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
+  const bool dist_layers = absl::GetFlag(FLAGS_dist_layers),
+             shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
   const char* dist_what = dist_layers ? "--dist_layers" : "--dist_shard_optimizer";
   if (dist_layers && grid)
     tools::ExitIfError(absl::InvalidArgumentError("layer sharding and --tp split the model two ways: pick one"),
@@ -411,7 +414,8 @@ int Main() {
                        dist_what);
   if (dist_layers && shard_optimizer)
     tools::ExitIfError(absl::InvalidArgumentError("layer sharding already shards the optimizer by layer: drop "
-                                                  "--dist_shard_optimizer"), dist_what);
+                                                  "--dist_shard_optimizer"),
+                       dist_what);
   if (dist_layers) {
     if (objective.name != "sft")
       tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("trains sft only, not --objective=", objective.name)),
@@ -434,7 +438,8 @@ int Main() {
   RunConfig run_config = TrainerRunConfig(grid ? *meta_whole->trainer : trainer);
   run_config["data"] = data.empty() ? "synthetic retrieval" : tools::ResolveUserPath(data);
   if (sft) run_config["seq_len"] = absl::StrCat(seq_len);
-  if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl")) run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
+  if (sft && !data.empty() && !absl::EndsWith(data, ".jsonl"))
+    run_config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
   // Splitting changes the records a data position counts (truncation keeps them: no field, older checkpoints resume).
   if (sft && absl::EndsWith(data, ".jsonl") && *overlong == Overlong::kSplit) run_config["overlong"] = "split";
   run_config["batch"] = absl::StrCat(absl::GetFlag(FLAGS_batch));
@@ -452,12 +457,11 @@ int Main() {
                                        absl::GetFlag(FLAGS_data_dtype)),
                      "evaluation");
   if (lead)
-    std::fprintf(stderr,
-               "seqgrad train: model=%s objective=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s%s\n",
-               absl::GetFlag(FLAGS_model).c_str(), objective.name.c_str(), strategy.name.c_str(),
-               static_cast<long long>(report_seq_len), static_cast<long long>(strategy.chunk),
-               static_cast<long long>(steps), data_what.c_str(),
-               ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
+    std::fprintf(
+        stderr, "seqgrad train: model=%s objective=%s strategy=%s seq_len=%lld chunk=%lld steps=%lld data=%s%s\n",
+        absl::GetFlag(FLAGS_model).c_str(), objective.name.c_str(), strategy.name.c_str(),
+        static_cast<long long>(report_seq_len), static_cast<long long>(strategy.chunk), static_cast<long long>(steps),
+        data_what.c_str(), ref_model.empty() ? "" : absl::StrCat(" ref_model=", ref_model).c_str());
   if (!lora.empty() && lead) std::fprintf(stderr, "%s\n", lora.c_str());
 
   // Per-step series (kept in checkpoints, so that a resumed run reports its whole curve).
@@ -518,16 +522,18 @@ int Main() {
   }
   if (comm) {  // start from rank 0's weights (of the same blocks), whatever each rank loaded
     for (Param& p : (*model)->params())
-      tools::ExitIfError(WithHostBytes(p.value, /*write_back=*/true,  // the communicators take host memory
-                                       [&](void* d) { return dp_comm->Broadcast(d, p.value.numel(), p.value.dtype(), 0); }),
-                         dist_what_flag.c_str());
+      tools::ExitIfError(
+          WithHostBytes(p.value, /*write_back=*/true,  // the communicators take host memory
+                        [&](void* d) { return dp_comm->Broadcast(d, p.value.numel(), p.value.dtype(), 0); }),
+          dist_what_flag.c_str());
     if (lead && layer_sharded)
       std::fprintf(stderr, "layer-sharded adjoint: %d ranks (%s), rank 0 owns layers [%d, %d) of %d\n", comm->size(),
-                   comm->backend().c_str(),
-                   layer_sharded->block().begin, layer_sharded->block().end, (*model)->num_layers());
+                   comm->backend().c_str(), layer_sharded->block().begin, layer_sharded->block().end,
+                   (*model)->num_layers());
     else if (lead && dp_comm->size() > 1)
       std::fprintf(stderr, "data parallel: %d ranks (%s)%s, each takes its share of the %lld records of a step\n",
-                   dp_comm->size(), comm->backend().c_str(), shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
+                   dp_comm->size(), comm->backend().c_str(),
+                   shard_optimizer ? ", optimizer state sharded (ZeRO-1)" : "",
                    static_cast<long long>(absl::GetFlag(FLAGS_batch) * opt.grad_accum));
     if (lead && grid)
       std::fprintf(stderr, "tensor parallel: %d groups of %d ranks, each rank holding 1/%d of the weights and KV\n",
@@ -563,8 +569,10 @@ int Main() {
                          "--out_dir");
     }
     const std::string line = absl::StrCat("saved ", *path);
-    if (notes.tty()) notes.Note(line);
-    else std::fprintf(stderr, "%s\n", line.c_str());
+    if (notes.tty())
+      notes.Note(line);
+    else
+      std::fprintf(stderr, "%s\n", line.c_str());
   };
 
   std::vector<double>& losses = history["loss"];
@@ -621,8 +629,7 @@ int Main() {
                  static_cast<long long>(first_step - 1), last_step < steps ? "--stop_at_step" : "--steps",
                  static_cast<long long>(last_step));
   const bool finished = static_cast<int64_t>(losses.size()) >= steps;  // else stopped by --stop_at_step
-  if (losses.empty())
-    tools::ExitIfError(absl::FailedPreconditionError("no step was trained"), "--stop_at_step");
+  if (losses.empty()) tools::ExitIfError(absl::FailedPreconditionError("no step was trained"), "--stop_at_step");
   const double tokens_per_s = seconds > 0 ? tokens / seconds : 0;
 
   const MemorySnapshot mem = (*model)->memory().Snapshot();
@@ -655,9 +662,9 @@ int Main() {
     const std::string base = saved.lora() && !merge_lora ? tools::ModelSpec() : "";
     absl::StatusOr<std::string> kept = tools::KeepElsewhere(
         dir, [&](const std::string& d) { return tools::SaveTrained(saved, d, base, merge_lora, *save_dtype); });
-    const std::string where =
-        kept.ok() ? absl::StrCat("the trained model is kept in ", *kept, " instead (without the source's tokenizer files)")
-                  : std::string(kept.status().message());
+    const std::string where = kept.ok() ? absl::StrCat("the trained model is kept in ", *kept,
+                                                       " instead (without the source's tokenizer files)")
+                                        : std::string(kept.status().message());
     std::fprintf(stderr, "error: %s: %s; %s\n", flag, std::string(s.message()).c_str(), where.c_str());
   };
   if (!save_dir.empty() && lead) save_trained(save_dir, "--save");
@@ -665,15 +672,16 @@ int Main() {
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty() && lead) {
     std::string losses_json;
     // Every digit (%.17g): a resumed run's losses compare exactly with an uninterrupted run's.
-    for (size_t i = 0; i < losses.size(); ++i) absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.17g", losses[i]));
+    for (size_t i = 0; i < losses.size(); ++i)
+      absl::StrAppend(&losses_json, i ? ", " : "", absl::StrFormat("%.17g", losses[i]));
     const std::string json = absl::StrFormat(
         "{\"model\": \"%s\", \"objective\": \"%s\", \"strategy\": \"%s\", \"seq_len\": %d, \"chunk\": %d, "
         "\"steps\": %d, \"resumed_from_step\": %d, \"loss_first\": %.6f, \"loss_last\": %.6f, \"tokens_per_s\": %.1f, "
         "\"peak_bytes\": %d, "
         "\"peak_bytes_by_category\": %s, \"lora\": %s, \"losses\": [%s]}\n",
         absl::GetFlag(FLAGS_model), objective.name, strategy.name, report_seq_len, strategy.chunk, steps,
-        first_step - 1, losses.front(), losses.back(), tokens_per_s, mem.total_peak, tools::PeakByCategoryJson(mem), tools::LoraJson(**model),
-        losses_json);
+        first_step - 1, losses.front(), losses.back(), tokens_per_s, mem.total_peak, tools::PeakByCategoryJson(mem),
+        tools::LoraJson(**model), losses_json);
     tools::ExitIfError(monitor.WriteReport(tools::ResolveUserPath(report), json), "--report");
   }
   return save_failed ? 1 : 0;

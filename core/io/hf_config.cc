@@ -26,14 +26,11 @@ using nlohmann::json;
 class FieldReader {
  public:
   FieldReader(const json& object, std::string source_name, std::string field_prefix = "")
-      : object_(object),
-        source_name_(std::move(source_name)),
-        field_prefix_(std::move(field_prefix)) {}
+      : object_(object), source_name_(std::move(source_name)), field_prefix_(std::move(field_prefix)) {}
 
   absl::Status Error(std::string_view field, std::string_view problem) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(source_name_, ": field '", field_prefix_, AbslView(field), "' ",
-                     AbslView(problem)));
+        absl::StrCat(source_name_, ": field '", field_prefix_, AbslView(field), "' ", AbslView(problem)));
   }
 
   // Whether the field is there at all, null included.
@@ -44,8 +41,7 @@ class FieldReader {
     return (it == object_.end() || it->is_null()) ? nullptr : &*it;
   }
 
-  absl::StatusOr<int64_t> PositiveInt(std::string_view field,
-                                      std::optional<int64_t> fallback = std::nullopt) const {
+  absl::StatusOr<int64_t> PositiveInt(std::string_view field, std::optional<int64_t> fallback = std::nullopt) const {
     const json* value = Get(field);
     if (value == nullptr) {
       if (fallback) return *fallback;
@@ -55,8 +51,7 @@ class FieldReader {
       return Error(field, absl::StrCat("must be an integer, got ", JsonTypeName(*value)));
     }
     // Values above INT64_MAX are stored unsigned; they are absurd sizes anyway.
-    if (value->is_number_unsigned() &&
-        value->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    if (value->is_number_unsigned() && value->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
       return Error(field, absl::StrCat("is too large: ", value->dump()));
     }
     const int64_t number = value->get<int64_t>();
@@ -64,8 +59,7 @@ class FieldReader {
     return number;
   }
 
-  absl::StatusOr<double> PositiveNumber(std::string_view field,
-                                        std::optional<double> fallback = std::nullopt) const {
+  absl::StatusOr<double> PositiveNumber(std::string_view field, std::optional<double> fallback = std::nullopt) const {
     const json* value = Get(field);
     if (value == nullptr) {
       if (fallback) return *fallback;
@@ -107,17 +101,16 @@ class FieldReader {
 };
 
 // Assigns the value of a StatusOr expression to `lhs`, or returns its error.
-#define SG_IO_ASSIGN_OR_RETURN(lhs, expression)         \
-  do {                                               \
-    auto sg_assign_result = (expression);            \
+#define SG_IO_ASSIGN_OR_RETURN(lhs, expression)                   \
+  do {                                                            \
+    auto sg_assign_result = (expression);                         \
     if (!sg_assign_result.ok()) return sg_assign_result.status(); \
-    lhs = *std::move(sg_assign_result);              \
+    lhs = *std::move(sg_assign_result);                           \
   } while (false)
 
 // "llama", "qwen2" or "qwen3" from model_type, or from architectures when model_type
 // is absent (some older exports omit it).
-absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
-                                               const std::string& source_name) {
+absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const std::string& source_name) {
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
@@ -130,8 +123,7 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
     return fields.Error("model_type", "is missing (and no 'architectures' to infer it from)");
   }
   if (!architectures->is_array()) {
-    return fields.Error("architectures",
-                        absl::StrCat("must be an array, got ", JsonTypeName(*architectures)));
+    return fields.Error("architectures", absl::StrCat("must be an array, got ", JsonTypeName(*architectures)));
   }
   std::vector<std::string> names;
   for (const json& name : *architectures) {
@@ -139,8 +131,7 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields,
     if (name == "Qwen2ForCausalLM") return std::string("qwen2");
     if (name == "Qwen3ForCausalLM") return std::string("qwen3");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
-    names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'")
-                                     : JsonTypeName(name));
+    names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
@@ -190,15 +181,15 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   const json* legacy = fields.Get("rope_scaling");
   if (parameters && legacy &&
       StandardRopeBlock(*parameters, config.rope_theta) != StandardRopeBlock(*legacy, config.rope_theta))
-    return fields.Error("rope_scaling", "and field 'rope_parameters' are both given and differ; transformers 5.23 "
-                                        "would use rope_scaling and drop rope_parameters, its rope_theta included: "
-                                        "keep one");
+    return fields.Error("rope_scaling",
+                        "and field 'rope_parameters' are both given and differ; transformers 5.23 "
+                        "would use rope_scaling and drop rope_parameters, its rope_theta included: "
+                        "keep one");
   const std::string block_name = parameters ? "rope_parameters" : "rope_scaling";
   const json* block = parameters ? parameters : legacy;
   if (block == nullptr) return absl::OkStatus();
   if (!block->is_object()) {
-    return fields.Error(block_name,
-                        absl::StrCat("must be an object or null, got ", JsonTypeName(*block)));
+    return fields.Error(block_name, absl::StrCat("must be an object or null, got ", JsonTypeName(*block)));
   }
   const FieldReader rope(*block, source_name, block_name + ".");
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, rope.PositiveNumber("rope_theta", config.rope_theta));
@@ -240,8 +231,9 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
     SG_IO_ASSIGN_OR_RETURN(scaling.truncate, rope.Bool("truncate", true));
     // Reversed, the ramp would interpolate the fast dimensions and keep the slow ones.
     if (scaling.beta_fast < scaling.beta_slow)
-      return rope.Error("beta_fast", absl::StrCat("(", scaling.beta_fast, ") is less than beta_slow (", scaling.beta_slow,
-                                                  "); it must not be (transformers 5.23 warns and reverses yarn's ramp)"));
+      return rope.Error("beta_fast",
+                        absl::StrCat("(", scaling.beta_fast, ") is less than beta_slow (", scaling.beta_slow,
+                                     "); it must not be (transformers 5.23 warns and reverses yarn's ramp)"));
     return absl::OkStatus();
   }
   if (scaling.type == "dynamic") {
@@ -250,7 +242,8 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
       return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs head_dim > 2"));
     if (!std::isfinite(DynamicRopeBase(config, kLongestDynamicRopeCheck)))
       return rope.Error("factor", absl::StrCat("is ", scaling.factor, ": dynamic RoPE's base overflows (at ",
-                                               kLongestDynamicRopeCheck, " tokens), where transformers 5.23 "
+                                               kLongestDynamicRopeCheck,
+                                               " tokens), where transformers 5.23 "
                                                "computes infinite or NaN frequencies"));
   }
   if (scaling.type != "llama3") return absl::OkStatus();
@@ -269,17 +262,15 @@ absl::Status CheckLayerTypes(const FieldReader& fields) {
   const json* layer_types = fields.Get("layer_types");
   if (layer_types == nullptr) return absl::OkStatus();
   if (!layer_types->is_array()) {
-    return fields.Error("layer_types",
-                        absl::StrCat("must be an array, got ", JsonTypeName(*layer_types)));
+    return fields.Error("layer_types", absl::StrCat("must be an array, got ", JsonTypeName(*layer_types)));
   }
   for (const json& type : *layer_types) {
     if (type != "full_attention") {
-      return fields.Error(
-          "layer_types",
-          absl::StrCat("has ",
-                       type.is_string() ? absl::StrCat("'", type.get_ref<const std::string&>(), "'")
-                                        : JsonTypeName(type),
-                       "; only 'full_attention' is supported"));
+      return fields.Error("layer_types",
+                          absl::StrCat("has ",
+                                       type.is_string() ? absl::StrCat("'", type.get_ref<const std::string&>(), "'")
+                                                        : JsonTypeName(type),
+                                       "; only 'full_attention' is supported"));
     }
   }
   return absl::OkStatus();
@@ -297,8 +288,7 @@ absl::StatusOr<json> ParseConfigObject(const std::string& json_text, const std::
 
 }  // namespace
 
-absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text,
-                                                         const std::string& source_name) {
+absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
   absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
   if (!parsed.ok()) return parsed.status();
   const FieldReader fields(*parsed, source_name);
@@ -310,27 +300,25 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
   SG_IO_ASSIGN_OR_RETURN(config.num_layers, fields.PositiveInt("num_hidden_layers"));
   SG_IO_ASSIGN_OR_RETURN(config.num_heads, fields.PositiveInt("num_attention_heads"));
-  SG_IO_ASSIGN_OR_RETURN(config.num_kv_heads,
-                      fields.PositiveInt("num_key_value_heads", config.num_heads));
+  SG_IO_ASSIGN_OR_RETURN(config.num_kv_heads, fields.PositiveInt("num_key_value_heads", config.num_heads));
   if (config.num_heads % config.num_kv_heads != 0) {
-    return fields.Error("num_key_value_heads",
-                        absl::StrCat("(", config.num_kv_heads,
-                                     ") must divide num_attention_heads (", config.num_heads, ")"));
+    return fields.Error(
+        "num_key_value_heads",
+        absl::StrCat("(", config.num_kv_heads, ") must divide num_attention_heads (", config.num_heads, ")"));
   }
   if (fields.Get("head_dim") == nullptr && !is_qwen3 && config.hidden_size % config.num_heads != 0) {
     return fields.Error("hidden_size",
-                        absl::StrCat("(", config.hidden_size,
-                                     ") must be divisible by num_attention_heads (",
+                        absl::StrCat("(", config.hidden_size, ") must be divisible by num_attention_heads (",
                                      config.num_heads, ") when head_dim is not given"));
   }
   // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads.
   SG_IO_ASSIGN_OR_RETURN(config.head_dim,
-                      fields.PositiveInt("head_dim", is_qwen3 ? 128 : config.hidden_size / config.num_heads));
+                         fields.PositiveInt("head_dim", is_qwen3 ? 128 : config.hidden_size / config.num_heads));
   SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
   // Defaults are those of HF's LlamaConfig / Qwen2Config.
   SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                      fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 ? 32768 : 2048));
+                         fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 ? 32768 : 2048));
   if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
   SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // Qwen2 always has q/k/v biases; Llama and Qwen3 have them (and o_proj's) only when asked, and only Llama has
@@ -346,8 +334,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   std::optional<std::string> hidden_act;
   SG_IO_ASSIGN_OR_RETURN(hidden_act, fields.String("hidden_act"));
   if (hidden_act && *hidden_act != "silu") {
-    return fields.Error("hidden_act",
-                        absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
+    return fields.Error("hidden_act", absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
   }
   bool sliding_window;
   SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
@@ -373,20 +360,17 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
   return ParseTransformerConfig(text->first, text->second);
 }
 
-absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std::string& source_name) {
+absl::StatusOr<ConfigModelType> ReadConfigModelType(const std::string& json_text, const std::string& source_name) {
   absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
   if (!parsed.ok()) return parsed.status();
   const FieldReader fields(*parsed, source_name);
-  std::optional<std::string> model_type;
-  SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
-  if (model_type && *model_type == "mamba") return std::string("ssm");
-  if (!model_type) {
-    const json* architectures = fields.Get("architectures");
-    if (architectures && architectures->is_array())
-      for (const json& name : *architectures)
-        if (name == "MambaForCausalLM") return std::string("ssm");
-  }
-  return std::string("transformer");  // ParseTransformerConfig reports anything else
+  ConfigModelType type;
+  SG_IO_ASSIGN_OR_RETURN(type.model_type, fields.String("model_type"));
+  const json* architectures = fields.Get("architectures");
+  if (architectures && architectures->is_array())
+    for (const json& name : *architectures)
+      if (name.is_string()) type.architectures.push_back(name.get<std::string>());
+  return type;
 }
 
 absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const std::string& source_name) {
@@ -406,12 +390,13 @@ absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const
   int64_t expand;
   SG_IO_ASSIGN_OR_RETURN(expand, fields.PositiveInt("expand", 2));
   if (__builtin_mul_overflow(expand, config.hidden_size, &config.intermediate_size))
-    return fields.Error("expand", absl::StrCat("(", expand, ") x hidden_size (", config.hidden_size, ") overflows int64"));
+    return fields.Error("expand",
+                        absl::StrCat("(", expand, ") x hidden_size (", config.hidden_size, ") overflows int64"));
   int64_t intermediate;
   SG_IO_ASSIGN_OR_RETURN(intermediate, fields.PositiveInt("intermediate_size", config.intermediate_size));
   if (intermediate != config.intermediate_size)
-    return fields.Error("intermediate_size", absl::StrCat("is ", intermediate, " but expand * hidden_size is ",
-                                                          config.intermediate_size));
+    return fields.Error("intermediate_size",
+                        absl::StrCat("is ", intermediate, " but expand * hidden_size is ", config.intermediate_size));
   const json* rank = fields.Get("time_step_rank");
   if (rank == nullptr || (rank->is_string() && *rank == "auto")) {
     config.time_step_rank = config.hidden_size / 16 + (config.hidden_size % 16 != 0);  // ceil, without overflow

@@ -2,8 +2,10 @@
 // families.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model_config.h"
@@ -22,9 +24,13 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
 // with torch_dtype "float32". ParseTransformerConfig reads it back unchanged.
 std::string TransformerConfigToHFJson(const TransformerConfig& config);
 
-// The model family a config.json describes: "transformer" (llama, qwen2, qwen3) or "ssm" (mamba), from model_type or,
-// when absent, architectures. Errors name the field.
-absl::StatusOr<std::string> ConfigFamily(const std::string& json_text, const std::string& source_name);
+// What a config.json says its model is: model_type (absent in some exports) and the architectures' names, from which
+// the registry picks the family that reads it (core/models/family.h). Errors name the field.
+struct ConfigModelType {
+  std::optional<std::string> model_type;
+  std::vector<std::string> architectures;
+};
+absl::StatusOr<ConfigModelType> ReadConfigModelType(const std::string& json_text, const std::string& source_name);
 
 // Mamba-1 (model_type "mamba", MambaForCausalLM). time_step_rank "auto" = ceil(hidden_size / 16).
 absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const std::string& source_name);

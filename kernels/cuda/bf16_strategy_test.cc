@@ -1,8 +1,8 @@
 // --dtype=bf16 on the CUDA backend through the whole engine, on a GPU (--config=cuda) and on the CPU emulation of
 // CUDA (every build):
 // tiny transformers (llama GQA "tiny", "tiny-qwen2" with biases and a tied head) and Mamba ("tiny-ssm") with bf16
-// weights, KV pages and logit chunks on CUDA — tensor-core attention, cuBLASLt bf16 GEMMs — against the same bf16 model on the CPU and an
-// f64 model holding the same values.
+// weights, KV pages and logit chunks on CUDA — tensor-core attention, cuBLASLt bf16 GEMMs — against the same bf16 model
+// on the CPU and an f64 model holding the same values.
 //
 // The device rounds more than the CPU (GEMM activations, attention's q, dO, P and dS enter the tensor cores as
 // bf16), so its gradients are compared with the f64 reference as the CPU's are: each parameter's relative error
@@ -18,12 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "core/mamba.h"
+#include "core/models/mamba/mamba.h"
+#include "core/models/transformer/transformer.h"
 #include "core/optimizer.h"
-#include "core/presets.h"
 #include "core/test_batches.h"
 #include "core/trainer.h"
-#include "core/transformer.h"
 #include "kernels/backend.h"
 
 namespace sg {
@@ -33,19 +32,21 @@ namespace {
 #ifdef SG_EMULATED_CUDA
 #define SG_REQUIRE_DEVICE() ASSERT_EQ(DeviceUnavailableReason(Device::kCUDA), "") << "the emulated backend is linked in"
 #else
-#define SG_REQUIRE_DEVICE()                                                                                   \
-  do {                                                                                                        \
-    ASSERT_NE(FindBackend(Device::kCUDA), nullptr) << "the CUDA backend did not register (alwayslink)";       \
-    const std::string sg_why = DeviceUnavailableReason(Device::kCUDA);                                        \
-    const std::string sg_prefix = "no usable CUDA device: ";                                                  \
-    if (!sg_why.empty()) GTEST_SKIP() << (sg_why.rfind(sg_prefix, 0) == 0 ? "" : sg_prefix) << sg_why;        \
+#define SG_REQUIRE_DEVICE()                                                                             \
+  do {                                                                                                  \
+    ASSERT_NE(FindBackend(Device::kCUDA), nullptr) << "the CUDA backend did not register (alwayslink)"; \
+    const std::string sg_why = DeviceUnavailableReason(Device::kCUDA);                                  \
+    const std::string sg_prefix = "no usable CUDA device: ";                                            \
+    if (!sg_why.empty()) GTEST_SKIP() << (sg_why.rfind(sg_prefix, 0) == 0 ? "" : sg_prefix) << sg_why;  \
   } while (0)
 #endif
 
 std::unique_ptr<Model> Make(const std::string& preset, DType dtype, Device device) {
   absl::StatusOr<std::unique_ptr<Model>> model;
-  if (absl::StatusOr<MambaConfig> ssm = MambaPreset(preset); ssm.ok()) model = CreateMamba(*ssm, dtype, device);
-  else model = CreateTransformer(*TransformerPreset(preset), dtype, device);
+  if (absl::StatusOr<MambaConfig> ssm = MambaPreset(preset); ssm.ok())
+    model = CreateMamba(*ssm, dtype, device);
+  else
+    model = CreateTransformer(*TransformerPreset(preset), dtype, device);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
 }
@@ -61,8 +62,7 @@ void CopyValues(Model& from, Model& to) {
     }
     ASSERT_EQ(dst.dtype(), DType::kF64) << from.params()[i].name;
     for (int64_t j = 0; j < src.numel(); ++j)
-      dst.data<double>()[j] =
-          src.dtype() == DType::kBF16 ? BF16ToF32(src.data<uint16_t>()[j]) : src.data<float>()[j];
+      dst.data<double>()[j] = src.dtype() == DType::kBF16 ? BF16ToF32(src.data<uint16_t>()[j]) : src.data<float>()[j];
   }
 }
 
@@ -162,8 +162,8 @@ TEST(CudaBf16StrategyTest, GradientsAsCloseToF64AsTheCpusAndStrategiesMatchFull)
     const MemorySnapshot sg = gpu->memory().Snapshot(), sc = cpu->memory().Snapshot();
     for (MemCategory cat : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
       EXPECT_GT(sc.peak[static_cast<int>(cat)], 0) << preset << " " << MemCategoryName(cat);
-      EXPECT_EQ(sg.peak[static_cast<int>(cat)], sc.peak[static_cast<int>(cat)]) << preset << " "
-                                                                                 << MemCategoryName(cat);
+      EXPECT_EQ(sg.peak[static_cast<int>(cat)], sc.peak[static_cast<int>(cat)])
+          << preset << " " << MemCategoryName(cat);
     }
   }
 }
@@ -197,8 +197,7 @@ TEST(CudaBf16StrategyTest, TrainingStepsMastersAndRoundsWeights) {
     if (!master.defined()) continue;
     const std::vector<uint16_t> value = HostCopy<uint16_t>(p.value);
     const std::vector<float> master_value = HostCopy<float>(master);
-    for (int64_t j = 0; j < p.value.numel(); ++j)
-      ASSERT_EQ(value[j], F32ToBF16(master_value[j])) << p.name << " " << j;
+    for (int64_t j = 0; j < p.value.numel(); ++j) ASSERT_EQ(value[j], F32ToBF16(master_value[j])) << p.name << " " << j;
   }
   const std::vector<uint16_t> after = HostCopy<uint16_t>(first);
   int64_t changed = 0;

@@ -50,7 +50,7 @@ int FuzzConfig(const uint8_t* data, size_t size) {
     (void)Footprint(*c, DType::kF32);
   if (absl::StatusOr<MambaConfig> c = io::ParseMambaConfig(text, "fuzz/config.json"); c.ok())
     (void)Footprint(*c, DType::kF64);
-  (void)io::ConfigFamily(text, "fuzz/config.json");
+  (void)io::ReadConfigModelType(text, "fuzz/config.json");
   return 0;
 }
 

@@ -13,19 +13,22 @@
 
 namespace sg {
 
-struct InitOptions {
-  uint64_t seed = 0;
-  double stddev = 0.02;
-  // Tests: draw norm weights around 1 and biases around 0 so their gradients are exercised.
-  bool perturb_norms_and_biases = false;
-  // Models of at most this many parameters draw from one sequential stream; larger ones in parallel (InitRandom).
-  int64_t sequential_limit = int64_t{1} << 28;
-};
-
 class TransformerModel : public Model {
  public:
   virtual const TransformerConfig& config() const = 0;
+  std::unique_ptr<ModelSpec> spec() const override;  // family.cc
 };
+
+// The family in the registry (core/models/family.h).
+class ModelFamily;
+const ModelFamily& TransformerModelFamily();
+
+// "tiny" (3 layers, GQA, for tests and gradcheck), "tiny-qwen2" (biases, tied head), "demo" (the main job's
+// default), "bench-cpu" (d 256, 4 layers, 4 heads, 2 KV heads, ffn 688, vocab 512); real models' shapes (config
+// only, no weights; for plans on the meta device and GPU benchmarks): "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b", and
+// "llama-1b-shape", "qwen2.5-7b-shape" (= qwen2.5-7b). NotFound names every family's presets.
+absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name);
+std::vector<std::string> TransformerPresetNames();
 
 // Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU. With tp.size > 1
 // the model is rank tp.rank's part of a tensor-parallel split (core/tensor_parallel.h; the model is also a
@@ -33,9 +36,6 @@ class TransformerModel : public Model {
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
                                                                     Device device = Device::kCPU,
                                                                     const TensorParallel& tp = {});
-
-// Random initialisation (normal(0, stddev) matrices, unit norms, zero biases).
-void InitRandom(Model& model, const InitOptions& opts);
 
 // The rotary embedding of a sequence: the inverse frequencies of head_dim's pairs and the factor transformers
 // multiplies cos and sin by (yarn's attention factor, else 1), for the config's rope_scaling.

@@ -1,4 +1,4 @@
-#include "core/mamba.h"
+#include "core/models/mamba/mamba.h"
 
 #include <algorithm>
 #include <cmath>
@@ -73,8 +73,10 @@ class MambaState final : public SequenceState {
   static void Scale(Tensor& t, double f) {
     if (!t.defined() || t.device() == Device::kMeta) return;  // meta tensors hold no values
     if (!HostAddressable(t.device())) {
-      if (t.dtype() == DType::kF64) OpsFor<double>(t.device()).scale(t.data<double>(), t.numel(), f);
-      else OpsFor<float>(t.device()).scale(t.data<float>(), t.numel(), f);
+      if (t.dtype() == DType::kF64)
+        OpsFor<double>(t.device()).scale(t.data<double>(), t.numel(), f);
+      else
+        OpsFor<float>(t.device()).scale(t.data<float>(), t.numel(), f);
       return;
     }
     if (t.dtype() == DType::kF64)
@@ -106,10 +108,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   using Store::Add;
   using Store::G;
   using Store::GradOrScratch;
-  using Store::New;
-  using Store::W;
   using Store::mem_;
+  using Store::New;
   using Store::params_;
+  using Store::W;
 
  public:
   // weights: T, or bf16 over T = float (--dtype=bf16: the linear and embedding matrices in bf16; the conv filter,
@@ -345,7 +347,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // The gradient of x_proj's output (d(dt), dB, dC) in one buffer, as its forward's.
     Tensor dproj = New(ws, {n * (R + 2 * N)});
-    Tensor ddtr = dproj.Rows(0, n * R), dB = dproj.Rows(n * R, n * (R + N)), dC = dproj.Rows(n * (R + N), n * (R + 2 * N));
+    Tensor ddtr = dproj.Rows(0, n * R), dB = dproj.Rows(n * R, n * (R + N)),
+           dC = dproj.Rows(n * (R + N), n * (R + 2 * N));
     Tensor du = New(ws, {n, E}), ddelta = New(ws, {n, E});
     Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
     const Tensor u_kept = wide(kU), delta = wide(kDelta), B = wide(kB), C = wide(kC);
@@ -356,17 +359,16 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
         throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
                                             ", not after the chunk ending at ", c.end));
       state.pairs += ops_.selective_scan_backward_pairs(
-          dyscan.data<T>(), u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(),
-          W(L.d), s[kH0].data<T>(), n, E, N, later.rows ? later.dy.data<T>() : nullptr,
-          later.rows ? later.delta.data<T>() : nullptr, later.rows ? later.C.data<T>() : nullptr, later.rows,
-          state.opts.adjoint_window, du.data<T>(), ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(),
-          GradOrScratch(L.d));
+          dyscan.data<T>(), u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d), s[kH0].data<T>(), n, E,
+          N, later.rows ? later.dy.data<T>() : nullptr, later.rows ? later.delta.data<T>() : nullptr,
+          later.rows ? later.C.data<T>() : nullptr, later.rows, state.opts.adjoint_window, du.data<T>(),
+          ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(), GradOrScratch(L.d));
       if (c.begin > 0) later = PrependTokens(c, dyscan, delta, C, later, state.opts.adjoint_window - 1);
     } else {
-      ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
-                                   u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(),
-                                   W(L.d), s[kH0].data<T>(), n, E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(),
-                                   dB.data<T>(), dC.data<T>(), GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
+      ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr, u,
+                                   delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d), s[kH0].data<T>(), n,
+                                   E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(),
+                                   GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
     }
     if (T* g = G(L.a_log)) ops_.ssm_neg_exp_backward(dA.data<T>(), A.data<T>(), E * N, g);  // A = -exp(A_log)
 
@@ -378,8 +380,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     });
     {
       const Tensor dtr = wide(kDtr);
-      LinearBackward(ddtpre.data<T>(), E, dtr.data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b),
-                     ddtr.data<T>(), T(0));
+      LinearBackward(ddtpre.data<T>(), E, dtr.data<T>(), n, R, WRows(L.dt_w, 0), G(L.dt_w), G(L.dt_b), ddtr.data<T>(),
+                     T(0));
       Store::LoraBackward(ops_, L.dt_w, dtr.data<T>(), ddtpre.data<T>(), E, ddtr.data<T>(), c, state.opts);
     }
     tp_.AllReduce(dproj.raw(), dproj.numel(), dtype());  // each rank's channels gave part of it
@@ -405,9 +407,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
                          dxc.data<T>() + r0 * E);
     });
     ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, wide(kXin).template data<T>(),
-                         s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(),
-                         gin ? gin->tail.data<T>() : nullptr, GradOrScratch(L.conv_w),
-                         L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
+                         s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(), gin ? gin->tail.data<T>() : nullptr,
+                         GradOrScratch(L.conv_w), L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
 
     // (xin, z) = in_proj(xn)
     Tensor dxn = New(ws, {n, d});
@@ -428,8 +429,8 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dy, n * d);
-    ops_.rmsnorm_backward(dxn.data<T>(), wide(kX).template data<T>(), W(L.norm), s[kRstd].data<T>(), n, d,
-                          dx.data<T>(), GradOrScratch(L.norm), true);
+    ops_.rmsnorm_backward(dxn.data<T>(), wide(kX).template data<T>(), W(L.norm), s[kRstd].data<T>(), n, d, dx.data<T>(),
+                          GradOrScratch(L.norm), true);
     return dx;
   }
 
@@ -465,8 +466,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     return out;
   }
   void CopyOrZero(const Tensor* src, Tensor& dst) const {
-    if (src) ops_.copy(dst.data<T>(), src->data<T>(), dst.numel());
-    else dst.SetZero();
+    if (src)
+      ops_.copy(dst.data<T>(), src->data<T>(), dst.numel());
+    else
+      dst.SetZero();
   }
   // A = -exp(A_log), on the model's device.
   Tensor NegExp(int a_log) {
@@ -500,7 +503,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   MambaConfig cfg_;
   const OpTable<T>& ops_;
   TensorParallel tp_;
-  int64_t inter_, vocab_rows_;  // this rank's channels and vocabulary rows (the config's, divided by tp_.size)
+  int64_t inter_, vocab_rows_;   // this rank's channels and vocabulary rows (the config's, divided by tp_.size)
   std::vector<TpShard> shards_;  // per base parameter (LoRA adapters: ShardOf)
   std::vector<LayerParams> layers_;
   int embed_ = -1, final_norm_ = -1, head_ = -1;
@@ -544,7 +547,7 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
 }
 
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device,
-                                                         const TensorParallel& tp) {
+                                                        const TensorParallel& tp) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;

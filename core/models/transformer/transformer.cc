@@ -1,4 +1,4 @@
-#include "core/transformer.h"
+#include "core/models/transformer/transformer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/kv_offload.h"
 #include "core/kv_pages.h"
-#include "core/param_store.h"
 #include "core/objective.h"
 #include "core/paged_attention.h"
+#include "core/param_store.h"
 #include "core/tensor_parallel.h"
 #include "kernels/backend.h"
 
@@ -32,10 +32,10 @@ RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
     for (double& f : r.inv_freq) f /= s.factor;
   } else if (s.type == "yarn") {
     auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
-    r.attention_factor = s.attention_factor > 0                        ? s.attention_factor
-                         : (s.mscale != 0 && s.mscale_all_dim != 0) ? mscale(s.factor, s.mscale) /
-                                                                          mscale(s.factor, s.mscale_all_dim)
-                                                                    : mscale(s.factor, 1);
+    r.attention_factor = s.attention_factor > 0 ? s.attention_factor
+                         : (s.mscale != 0 && s.mscale_all_dim != 0)
+                             ? mscale(s.factor, s.mscale) / mscale(s.factor, s.mscale_all_dim)
+                             : mscale(s.factor, 1);
     // The dimensions that turn fewer than beta_slow times over the original context are interpolated (divided
     // by factor), those that turn more than beta_fast times kept; a linear ramp between.
     const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
@@ -182,7 +182,7 @@ class TransformerState final : public SequenceState {
 
   // What attention over layer l's pages reads and writes (core/paged_attention.h).
   PagedAttention AttentionPages(int l, const uint8_t* selected, MemoryTracker* memory) {
-    return {&kv, &grad, l, selected, AttentionGroupPages(opts), KvOffload::Streams(opts) ? offload.get() : nullptr,
+    return {&kv,   &grad, l, selected, AttentionGroupPages(opts), KvOffload::Streams(opts) ? offload.get() : nullptr,
             memory};
   }
 
@@ -214,10 +214,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   using Store::Add;
   using Store::G;
   using Store::GradOrScratch;
-  using Store::New;
-  using Store::W;
   using Store::mem_;
+  using Store::New;
   using Store::params_;
+  using Store::W;
 
  public:
   // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
@@ -321,12 +321,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       copies = &backend->copies;
     }
     return std::make_unique<TransformerState>(
-        PagePool(&mem_, MemCategory::kKVCache, KVDType(),
-                 pages_per_slot * kv_layers + ring(KvOffload::kKvRingGroups), o.page_size, kv_heads_,
-                 cfg_.head_dim),
-        PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
-                 pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0),
+        PagePool(&mem_, MemCategory::kKVCache, KVDType(), pages_per_slot * kv_layers + ring(KvOffload::kKvRingGroups),
                  o.page_size, kv_heads_, cfg_.head_dim),
+        PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
+                 pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0), o.page_size,
+                 kv_heads_, cfg_.head_dim),
         o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
   }
 
@@ -369,8 +368,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       q_rstd = New(act, {n * heads_});
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
       keep(kQRaw, q_raw);
-      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * heads_, cfg_.head_dim, cfg_.rms_norm_eps,
-                           q.data<T>(), q_rstd.data<T>());
+      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * heads_, cfg_.head_dim, cfg_.rms_norm_eps, q.data<T>(),
+                           q_rstd.data<T>());
     } else {
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
@@ -382,8 +381,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     {
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
       if (selected) state.RequireSelected(l, c, pass);
-      PagedAttentionForward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(),
-                               attn.data<T>(), lse.data<T>());
+      PagedAttentionForward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(), attn.data<T>(),
+                               lse.data<T>());
     }
     done(q);
     keep(kAttn, attn);
@@ -472,8 +471,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       BiasBackward(L.o_bias, dh.data<T>(), n, d);
       Store::LoraBackward(ops_, L.o, attn.data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
-      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(),
-                                attn.data<T>(), s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
+      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(), attn.data<T>(),
+                                s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
@@ -493,8 +492,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Linear(xn1, n, d, L.k, L.k_bias, k_raw.data<T>(), kvd, c, state.opts);
       ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(),
                            k_rstd.data<T>());
-      ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), W(L.k_norm), k_rstd.data<T>(), n * G, hd,
-                            k_normed.data<T>(), GradOrScratch(L.k_norm), false);
+      ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), W(L.k_norm), k_rstd.data<T>(), n * G, hd, k_normed.data<T>(),
+                            GradOrScratch(L.k_norm), false);
       dk = std::move(k_normed);
     }
     Tensor dxn1 = New(ws, {n, d});
@@ -689,54 +688,10 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
   if (dtype == DType::kF64)
     return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp));
   // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
-  if (dtype == DType::kBF16) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
+  if (dtype == DType::kBF16)
+    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
-}
-
-namespace {
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-// A standard normal draw that is a function of (key, i) alone (Box-Muller over two hashed uniforms in (0, 1)).
-double NormalAt(uint64_t key, uint64_t i) {
-  const uint64_t h1 = SplitMix64(key ^ SplitMix64(2 * i)), h2 = SplitMix64(key ^ SplitMix64(2 * i + 1));
-  const double u1 = (static_cast<double>(h1 >> 11) + 0.5) * 0x1.0p-53, u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-}
-}  // namespace
-
-// Models up to opts.sequential_limit (2^28) parameters draw from one sequential stream, the values every earlier
-// version gave (and the tests' tolerances were set on). Larger ones (a 7B model is 7.6e9 draws, minutes from one
-// stream) draw each value as a function of (seed, parameter, index) alone, in parallel. Either way every device gets
-// the same values.
-void InitRandom(Model& model, const InitOptions& opts) {
-  int64_t total = 0;
-  for (const Param& p : model.params()) total += p.value.numel();
-  std::mt19937_64 rng(opts.seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<Param>& params = model.params();
-  for (size_t k = 0; k < params.size(); ++k) {
-    Param& p = params[k];
-    const bool is_vector = p.value.shape().size() == 1;
-    const bool is_norm = p.name.find("norm") != std::string::npos;
-    const bool drawn = !is_vector || opts.perturb_norms_and_biases;  // else norms are 1, biases 0
-    const double mean = is_vector && is_norm ? 1.0 : 0.0, stddev = is_vector ? 0.1 : opts.stddev;
-    if (total <= opts.sequential_limit) {
-      SetFromHost(p.value, [&](int64_t) { return drawn ? mean + stddev * normal(rng) : mean; });
-      continue;
-    }
-    const uint64_t key = SplitMix64(SplitMix64(opts.seed) ^ k);
-    FillFromHost(p.value, [&](void* dst) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < p.value.numel(); ++i)
-        StoreAs(p.value.dtype(), dst, i, drawn ? mean + stddev * NormalAt(key, i) : mean);
-      return absl::OkStatus();
-    }).IgnoreError();  // this fill cannot fail
-  }
 }
 
 }  // namespace sg

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
@@ -16,7 +18,18 @@ namespace sg {
 class MambaModel : public Model {
  public:
   virtual const MambaConfig& config() const = 0;
+  std::unique_ptr<ModelSpec> spec() const override;  // family.cc
 };
+
+// The family in the registry (core/models/family.h).
+class ModelFamily;
+const ModelFamily& MambaModelFamily();
+
+// Mamba-1 presets: "tiny-ssm" (vocab 97, d 16, state 4, 3 layers, expand 2, conv 4, dt_rank 2; tests and gradcheck),
+// "bench-ssm" (vocab 512, d 256, state 16, 4 layers, expand 2, conv 4; a few MB, for benchmarks), "mamba-2.8b"
+// (state-spaces/mamba-2.8b-hf's shape, config only).
+absl::StatusOr<MambaConfig> MambaPreset(const std::string& name);
+std::vector<std::string> MambaPresetNames();
 
 // Validates the config (errors name the HF field) and allocates zero-initialised parameters: f32 or f64, or bf16
 // (CPU and meta: in_proj, x_proj, dt_proj, out_proj, embeddings and LM head stored in bf16 over f32 compute).

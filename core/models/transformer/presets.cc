@@ -1,7 +1,7 @@
-#include "core/presets.h"
-
+// The transformer presets: small models for tests and demos, and real models' shapes.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/models/transformer/transformer.h"
 
 namespace sg {
 namespace {
@@ -22,8 +22,6 @@ TransformerConfig Llama(int64_t vocab, int64_t d, int64_t layers, int64_t heads,
   return c;
 }
 
-}  // namespace
-
 // Qwen2.5's shared layout: attention biases, rope_theta 1e6, untied head, vocabulary 152064.
 TransformerConfig Qwen25(int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn, double eps) {
   TransformerConfig c = Llama(152064, d, layers, heads, kv_heads, ffn);
@@ -33,6 +31,8 @@ TransformerConfig Qwen25(int64_t d, int64_t layers, int64_t heads, int64_t kv_he
   c.rms_norm_eps = eps;
   return c;
 }
+
+}  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
   return {"tiny",           "tiny-qwen2",   "demo",       "bench-cpu",  "llama-1b-shape", "qwen2.5-7b-shape",
@@ -91,44 +91,8 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.max_position_embeddings = 40960;
     return c;
   }
-  std::vector<std::string> names = TransformerPresetNames();
-  for (const std::string& m : MambaPresetNames()) names.push_back(m);
-  return absl::NotFoundError(absl::StrCat("--model: '", name, "' is neither a preset (", absl::StrJoin(names, ", "),
-                                          ") nor a directory with config.json"));
-}
-
-std::vector<std::string> MambaPresetNames() { return {"tiny-ssm", "bench-ssm", "mamba-2.8b"}; }
-
-absl::StatusOr<MambaConfig> MambaPreset(const std::string& name) {
-  MambaConfig c;
-  if (name == "tiny-ssm") {
-    c.vocab_size = 97;
-    c.hidden_size = 16;
-    c.state_size = 4;
-    c.num_layers = 3;
-    c.time_step_rank = 2;
-  } else if (name == "bench-ssm") {
-    c.vocab_size = 512;
-    c.hidden_size = 256;
-    c.state_size = 16;
-    c.num_layers = 4;
-    c.time_step_rank = 16;
-  } else if (name == "mamba-2.8b") {
-    // state-spaces/mamba-2.8b-hf: vocab_size 50280, hidden_size 2560, num_hidden_layers 64, state_size 16,
-    // expand 2 (intermediate_size 5120), conv_kernel 4, time_step_rank 160, use_bias false, use_conv_bias true,
-    // layer_norm_epsilon 1e-5, tie_word_embeddings true.
-    c.vocab_size = 50280;
-    c.hidden_size = 2560;
-    c.state_size = 16;
-    c.num_layers = 64;
-    c.time_step_rank = 160;
-  } else {
-    return absl::NotFoundError(
-        absl::StrCat("'", name, "' is not a Mamba preset (", absl::StrJoin(MambaPresetNames(), ", "), ")"));
-  }
-  c.intermediate_size = 2 * c.hidden_size;
-  c.conv_kernel = 4;
-  return c;
+  return absl::NotFoundError(
+      absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }
 
 }  // namespace sg

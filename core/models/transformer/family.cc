@@ -1,0 +1,101 @@
+// The transformer family (Llama, Qwen2, Qwen3) behind core/models/family.h.
+#include "core/models/family.h"
+
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "core/io/hf_config.h"
+#include "core/models/transformer/transformer.h"
+#include "core/tensor_parallel.h"
+
+namespace sg {
+namespace {
+
+class TransformerSpec final : public ModelSpec {
+ public:
+  explicit TransformerSpec(TransformerConfig config) : c_(std::move(config)) {}
+
+  std::string architecture() const override { return c_.architecture; }
+  bool tied_embeddings() const override { return c_.tie_word_embeddings; }
+  std::string HFConfigJson() const override { return io::TransformerConfigToHFJson(c_); }
+  absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
+  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const override {
+    absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(c_, dtype, device, tp);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<Model>(std::move(*m));
+  }
+  void InitRandom(Model& model, uint64_t seed) const override {
+    InitOptions init;
+    init.seed = seed;
+    sg::InitRandom(model, init);
+  }
+
+  int64_t MatmulParams() const override {
+    const int64_t d = c_.hidden_size, qd = c_.num_heads * c_.head_dim, kvd = c_.num_kv_heads * c_.head_dim;
+    const int64_t per_layer = qd * d + 2 * kvd * d + d * qd + 3 * c_.intermediate_size * d;
+    return c_.num_layers * per_layer + c_.vocab_size * d;
+  }
+  // 6 x matmul parameters x tokens, and causal attention: QK^T and PV, 2 FLOPs per multiply-add, over the T (T + 1)
+  // / 2 pairs, x3 for forward and backward.
+  int64_t StepFlops(int64_t seq_len) const override {
+    const int64_t T = seq_len, causal_pairs = T * (T + 1) / 2;
+    return 6 * MatmulParams() * T + 3 * 4 * c_.head_dim * c_.num_heads * c_.num_layers * causal_pairs;
+  }
+  double MixingForwardFlops(int64_t T) const override {
+    const double per_layer = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c_.num_heads * c_.head_dim;
+    return per_layer * c_.num_layers;
+  }
+  std::string Description() const override {
+    return absl::StrFormat("%s, d=%d, layers=%d, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
+                           c_.num_layers, c_.num_heads, c_.num_kv_heads, c_.intermediate_size, c_.vocab_size);
+  }
+  std::vector<Field> Fields() const override {
+    return {{"architecture", c_.architecture}, {"vocab_size", c_.vocab_size},
+            {"hidden_size", c_.hidden_size},   {"num_layers", c_.num_layers},
+            {"num_heads", c_.num_heads},       {"num_kv_heads", c_.num_kv_heads},
+            {"head_dim", c_.head_dim},         {"intermediate_size", c_.intermediate_size}};
+  }
+
+ private:
+  TransformerConfig c_;
+};
+
+class TransformerFamily final : public ModelFamily {
+ public:
+  std::string name() const override { return "transformer"; }
+  std::vector<std::string> PresetNames() const override { return TransformerPresetNames(); }
+  std::unique_ptr<ModelSpec> Preset(const std::string& name) const override {
+    absl::StatusOr<TransformerConfig> c = TransformerPreset(name);
+    return c.ok() ? std::make_unique<TransformerSpec>(*c) : nullptr;
+  }
+  bool Reads(const std::optional<std::string>& model_type,
+             const std::vector<std::string>& architectures) const override {
+    static const std::set<std::string> types = {"llama", "qwen2", "qwen3"};
+    static const std::set<std::string> classes = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    if (model_type) return types.count(*model_type) > 0;
+    for (const std::string& a : architectures)
+      if (classes.count(a)) return true;
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<ModelSpec>> ParseConfig(const std::string& json_text,
+                                                         const std::string& source_name) const override {
+    absl::StatusOr<TransformerConfig> c = io::ParseTransformerConfig(json_text, source_name);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<ModelSpec>(std::make_unique<TransformerSpec>(*c));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ModelSpec> TransformerModel::spec() const { return std::make_unique<TransformerSpec>(config()); }
+
+const ModelFamily& TransformerModelFamily() {
+  static const TransformerFamily family;
+  return family;
+}
+
+}  // namespace sg
