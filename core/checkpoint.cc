@@ -19,7 +19,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/io/file.h"
-#include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
 #include "core/models/family.h"

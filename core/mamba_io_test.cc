@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "core/io/hf_config.h"
 #include "core/io/safetensors.h"
 #include "core/model_io.h"
+#include "core/models/mamba/config.h"
 
 namespace sg {
 namespace {

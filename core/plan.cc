@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "core/io/hf_config.h"
+#include "core/io/config_fields.h"
 #include "core/models/family.h"
 #include "core/tensor_parallel.h"
 #include "core/trainer.h"

@@ -29,7 +29,8 @@
 #include "absl/status/statusor.h"
 #include "core/lora.h"
 #include "core/model.h"
-#include "core/model_config.h"
+#include "core/models/mamba/config.h"
+#include "core/models/transformer/config.h"
 #include "distributed/communicator.h"
 
 namespace sg {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
-#include "core/io/hf_config.h"
+#include "core/models/transformer/config.h"
 #include "core/io/safetensors.h"
 #include "core/kv_pages.h"
 #include "core/memory.h"

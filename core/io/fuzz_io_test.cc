@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
-#include "core/io/hf_config.h"
+#include "core/models/transformer/config.h"
 #include "core/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -1,4 +1,4 @@
-#include "core/io/hf_config.h"
+#include "core/models/transformer/config.h"
 
 #include <sys/stat.h>
 
@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/model_config.h"
 #include "gtest/gtest.h"
 
 namespace sg::io {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/io/hf_config.h"
+#include "core/io/config_fields.h"
 #include "core/models/mamba/mamba.h"
 #include "core/models/transformer/transformer.h"
 

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/model.h"
-#include "core/model_config.h"
+#include "core/models/footprint.h"
 
 namespace sg {
 

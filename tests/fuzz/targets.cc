@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "core/data.h"
-#include "core/io/hf_config.h"
+#include "core/io/config_fields.h"
 #include "core/io/safetensors.h"
-#include "core/model_config.h"
+#include "core/models/mamba/config.h"
+#include "core/models/transformer/config.h"
 
 namespace sg::fuzz {
 namespace {

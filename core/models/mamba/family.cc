@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "core/io/hf_config.h"
+#include "core/models/mamba/config.h"
 #include "core/models/mamba/mamba.h"
 #include "core/models/transformer/transformer.h"  // InitRandom
 #include "core/tensor_parallel.h"

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
-#include "core/model_config.h"
+#include "core/models/mamba/config.h"
 #include "core/tensor_parallel.h"
 
 namespace sg {

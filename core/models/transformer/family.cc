@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "core/io/hf_config.h"
+#include "core/models/transformer/config.h"
 #include "core/models/transformer/transformer.h"
 #include "core/tensor_parallel.h"
 

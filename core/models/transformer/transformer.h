@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/model.h"
-#include "core/model_config.h"
+#include "core/models/transformer/config.h"
 #include "core/tensor_parallel.h"
 
 namespace sg {

@@ -1,112 +1,66 @@
-#include "core/io/hf_config.h"
+#include "core/models/transformer/config.h"
 
-#include <sys/stat.h>
-
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <optional>
 #include <string_view>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/io/json_util.h"
+#include "core/io/config_fields.h"
 #include "nlohmann/json.hpp"
 
-namespace sg::io {
+namespace sg {
+
+double DynamicRopeBase(const TransformerConfig& c, int64_t tokens) {
+  const double m = static_cast<double>(c.max_position_embeddings);
+  const double past = std::max(0.0, static_cast<double>(tokens) - m);
+  const double d = static_cast<double>(c.head_dim);
+  return c.rope_theta * std::pow(1 + c.rope_scaling.factor * past / m, d / (d - 2));
+}
+
+absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype) {
+  if (absl::Status s = CheckConfigBounds({{"vocab_size", c.vocab_size, INT32_MAX},
+                                          {"hidden_size", c.hidden_size, INT64_MAX},
+                                          {"num_hidden_layers", c.num_layers, INT32_MAX},
+                                          {"num_attention_heads", c.num_heads, INT32_MAX},
+                                          {"num_key_value_heads", c.num_kv_heads, INT32_MAX},
+                                          {"head_dim", c.head_dim, INT64_MAX},
+                                          {"intermediate_size", c.intermediate_size, INT64_MAX},
+                                          {"max_position_embeddings", c.max_position_embeddings, INT64_MAX}});
+      !s.ok())
+    return s;
+  FootprintCounter n(dtype);
+  const int64_t d = c.hidden_size, L = c.num_layers, f = c.intermediate_size;
+  const int64_t qd = n.Product({{"num_attention_heads", c.num_heads}, {"head_dim", c.head_dim}});
+  const int64_t kvd = n.Product({{"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}});
+  n.Add(n.Product({{"vocab_size", c.vocab_size}, {"hidden_size", d}}), c.tie_word_embeddings ? 1 : 2);
+  n.Add(d, 2 * L + 1);  // the layers' two norms, the final norm
+  n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), 2 * L);   // q, o
+  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * L);  // k, v
+  n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * L);                 // gate, up, down
+  if (c.attention_bias) {
+    n.Add(qd, L);
+    n.Add(kvd, 2 * L);
+  }
+  if (c.o_bias()) n.Add(d, L);
+  if (c.mlp_bias) {
+    n.Add(f, 2 * L);
+    n.Add(d, L);
+  }
+  if (c.qk_norm()) n.Add(c.head_dim, 2 * L);
+  n.Add(c.head_dim / 2);  // RoPE frequencies
+  return n.Result();
+}
+
+namespace io {
 namespace {
 
 using internal::AbslView;
 using internal::JsonTypeName;
 using nlohmann::json;
-
-// Typed access to the fields of one JSON object, producing errors that name
-// the source file and the field. A field set to null counts as absent, as in
-// HF's own config classes.
-class FieldReader {
- public:
-  FieldReader(const json& object, std::string source_name, std::string field_prefix = "")
-      : object_(object), source_name_(std::move(source_name)), field_prefix_(std::move(field_prefix)) {}
-
-  absl::Status Error(std::string_view field, std::string_view problem) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name_, ": field '", field_prefix_, AbslView(field), "' ", AbslView(problem)));
-  }
-
-  // Whether the field is there at all, null included.
-  bool Has(std::string_view field) const { return object_.contains(std::string(field)); }
-
-  const json* Get(std::string_view field) const {
-    const auto it = object_.find(std::string(field));
-    return (it == object_.end() || it->is_null()) ? nullptr : &*it;
-  }
-
-  absl::StatusOr<int64_t> PositiveInt(std::string_view field, std::optional<int64_t> fallback = std::nullopt) const {
-    const json* value = Get(field);
-    if (value == nullptr) {
-      if (fallback) return *fallback;
-      return Error(field, "is missing");
-    }
-    if (!value->is_number_integer()) {
-      return Error(field, absl::StrCat("must be an integer, got ", JsonTypeName(*value)));
-    }
-    // Values above INT64_MAX are stored unsigned; they are absurd sizes anyway.
-    if (value->is_number_unsigned() && value->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      return Error(field, absl::StrCat("is too large: ", value->dump()));
-    }
-    const int64_t number = value->get<int64_t>();
-    if (number <= 0) return Error(field, absl::StrCat("must be positive, got ", number));
-    return number;
-  }
-
-  absl::StatusOr<double> PositiveNumber(std::string_view field, std::optional<double> fallback = std::nullopt) const {
-    const json* value = Get(field);
-    if (value == nullptr) {
-      if (fallback) return *fallback;
-      return Error(field, "is missing");
-    }
-    if (!value->is_number()) {
-      return Error(field, absl::StrCat("must be a number, got ", JsonTypeName(*value)));
-    }
-    const double number = value->get<double>();
-    if (!(number > 0) || !std::isfinite(number)) {
-      return Error(field, absl::StrCat("must be a positive finite number, got ", value->dump()));
-    }
-    return number;
-  }
-
-  absl::StatusOr<bool> Bool(std::string_view field, bool fallback) const {
-    const json* value = Get(field);
-    if (value == nullptr) return fallback;
-    if (!value->is_boolean()) {
-      return Error(field, absl::StrCat("must be a boolean, got ", JsonTypeName(*value)));
-    }
-    return value->get<bool>();
-  }
-
-  // nullopt when absent.
-  absl::StatusOr<std::optional<std::string>> String(std::string_view field) const {
-    const json* value = Get(field);
-    if (value == nullptr) return std::optional<std::string>();
-    if (!value->is_string()) {
-      return Error(field, absl::StrCat("must be a string, got ", JsonTypeName(*value)));
-    }
-    return std::optional<std::string>(value->get_ref<const std::string&>());
-  }
-
- private:
-  const json& object_;
-  std::string source_name_;
-  std::string field_prefix_;
-};
-
-// Assigns the value of a StatusOr expression to `lhs`, or returns its error.
-#define SG_IO_ASSIGN_OR_RETURN(lhs, expression)                   \
-  do {                                                            \
-    auto sg_assign_result = (expression);                         \
-    if (!sg_assign_result.ok()) return sg_assign_result.status(); \
-    lhs = *std::move(sg_assign_result);                           \
-  } while (false)
 
 // "llama", "qwen2" or "qwen3" from model_type, or from architectures when model_type
 // is absent (some older exports omit it).
@@ -276,16 +230,6 @@ absl::Status CheckLayerTypes(const FieldReader& fields) {
   return absl::OkStatus();
 }
 
-// config.json text as a JSON object; errors name source_name.
-absl::StatusOr<json> ParseConfigObject(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = internal::ParseJson(json_text);
-  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", parsed.status().message()));
-  if (!parsed->is_object())
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": must be a JSON object, got ", JsonTypeName(*parsed)));
-  return parsed;
-}
-
 }  // namespace
 
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
@@ -343,104 +287,10 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   return config;
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> ReadConfigJson(const std::string& path) {
-  struct stat info;
-  std::string file = path;
-  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    file = (!path.empty() && path.back() == '/') ? path + "config.json" : path + "/config.json";
-  }
-  absl::StatusOr<std::string> text = internal::ReadFileToString(file);
-  if (!text.ok()) return text.status();
-  return std::make_pair(*std::move(text), file);
-}
-
 absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path) {
   absl::StatusOr<std::pair<std::string, std::string>> text = ReadConfigJson(path);
   if (!text.ok()) return text.status();
   return ParseTransformerConfig(text->first, text->second);
-}
-
-absl::StatusOr<ConfigModelType> ReadConfigModelType(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
-  if (!parsed.ok()) return parsed.status();
-  const FieldReader fields(*parsed, source_name);
-  ConfigModelType type;
-  SG_IO_ASSIGN_OR_RETURN(type.model_type, fields.String("model_type"));
-  const json* architectures = fields.Get("architectures");
-  if (architectures && architectures->is_array())
-    for (const json& name : *architectures)
-      if (name.is_string()) type.architectures.push_back(name.get<std::string>());
-  return type;
-}
-
-absl::StatusOr<MambaConfig> ParseMambaConfig(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
-  if (!parsed.ok()) return parsed.status();
-  const FieldReader fields(*parsed, source_name);
-  std::optional<std::string> model_type;
-  SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
-  if (model_type && *model_type != "mamba")
-    return fields.Error("model_type", absl::StrCat("is '", *model_type, "'; only 'mamba' (Mamba-1) is supported"));
-  MambaConfig config;
-  SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
-  SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
-  SG_IO_ASSIGN_OR_RETURN(config.state_size, fields.PositiveInt("state_size", 16));
-  SG_IO_ASSIGN_OR_RETURN(config.num_layers, fields.PositiveInt("num_hidden_layers"));
-  SG_IO_ASSIGN_OR_RETURN(config.conv_kernel, fields.PositiveInt("conv_kernel", 4));
-  int64_t expand;
-  SG_IO_ASSIGN_OR_RETURN(expand, fields.PositiveInt("expand", 2));
-  if (__builtin_mul_overflow(expand, config.hidden_size, &config.intermediate_size))
-    return fields.Error("expand",
-                        absl::StrCat("(", expand, ") x hidden_size (", config.hidden_size, ") overflows int64"));
-  int64_t intermediate;
-  SG_IO_ASSIGN_OR_RETURN(intermediate, fields.PositiveInt("intermediate_size", config.intermediate_size));
-  if (intermediate != config.intermediate_size)
-    return fields.Error("intermediate_size",
-                        absl::StrCat("is ", intermediate, " but expand * hidden_size is ", config.intermediate_size));
-  const json* rank = fields.Get("time_step_rank");
-  if (rank == nullptr || (rank->is_string() && *rank == "auto")) {
-    config.time_step_rank = config.hidden_size / 16 + (config.hidden_size % 16 != 0);  // ceil, without overflow
-  } else {
-    SG_IO_ASSIGN_OR_RETURN(config.time_step_rank, fields.PositiveInt("time_step_rank"));
-  }
-  SG_IO_ASSIGN_OR_RETURN(config.use_bias, fields.Bool("use_bias", false));
-  SG_IO_ASSIGN_OR_RETURN(config.use_conv_bias, fields.Bool("use_conv_bias", true));
-  SG_IO_ASSIGN_OR_RETURN(config.layer_norm_epsilon, fields.PositiveNumber("layer_norm_epsilon", 1e-5));
-  SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", true));
-  std::optional<std::string> hidden_act;
-  SG_IO_ASSIGN_OR_RETURN(hidden_act, fields.String("hidden_act"));
-  if (hidden_act && *hidden_act != "silu")
-    return fields.Error("hidden_act", absl::StrCat("is '", *hidden_act, "'; only 'silu' is supported"));
-  return config;
-}
-
-absl::StatusOr<MambaConfig> LoadMambaConfig(const std::string& path) {
-  absl::StatusOr<std::pair<std::string, std::string>> text = ReadConfigJson(path);
-  if (!text.ok()) return text.status();
-  return ParseMambaConfig(text->first, text->second);
-}
-
-std::string MambaConfigToHFJson(const MambaConfig& config) {
-  nlohmann::ordered_json out;
-  out["architectures"] = {"MambaForCausalLM"};
-  out["model_type"] = "mamba";
-  out["torch_dtype"] = "float32";
-  out["hidden_act"] = "silu";
-  out["vocab_size"] = config.vocab_size;
-  out["hidden_size"] = config.hidden_size;
-  out["state_size"] = config.state_size;
-  out["num_hidden_layers"] = config.num_layers;
-  out["expand"] = config.intermediate_size / config.hidden_size;
-  out["intermediate_size"] = config.intermediate_size;
-  out["conv_kernel"] = config.conv_kernel;
-  out["time_step_rank"] = config.time_step_rank;
-  out["use_bias"] = config.use_bias;
-  out["use_conv_bias"] = config.use_conv_bias;
-  out["layer_norm_epsilon"] = config.layer_norm_epsilon;
-  out["tie_word_embeddings"] = config.tie_word_embeddings;
-  out["residual_in_fp32"] = true;
-  out["use_cache"] = false;
-  return out.dump(2) + "\n";
 }
 
 std::string TransformerConfigToHFJson(const TransformerConfig& config) {
@@ -492,4 +342,5 @@ std::string TransformerConfigToHFJson(const TransformerConfig& config) {
 
 #undef SG_IO_ASSIGN_OR_RETURN
 
-}  // namespace sg::io
+}  // namespace io
+}  // namespace sg

@@ -1,0 +1,80 @@
+// The transformer family's hyper-parameters (Llama, Qwen2, Qwen3), as read from a Hugging Face config.json or a
+// preset, and config.json <-> TransformerConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "core/models/footprint.h"
+
+namespace sg {
+
+// RoPE frequency scaling, as transformers' modeling_rope_utils defines each "rope_type":
+//   linear:  inverse frequencies divided by factor;
+//   dynamic: NTK-aware: the base grows with the sequence length T once T > max_position_embeddings;
+//   yarn:    frequencies blended between divided and kept by a ramp over [beta_slow, beta_fast] rotations of
+//            original_max_position_embeddings, and q/k scaled by attention_factor;
+//   llama3:  long wavelengths divided by factor, short ones kept, the band between interpolated.
+struct RopeScaling {
+  std::string type = "default";  // default | linear | dynamic | yarn | llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3, yarn
+  double attention_factor = 0;                   // yarn; 0 = derived from factor (and mscale / mscale_all_dim)
+  double mscale = 0, mscale_all_dim = 0;         // yarn (DeepSeek style); 0 = absent
+  double beta_fast = 32, beta_slow = 1;          // yarn
+  bool truncate = true;                          // yarn: round the ramp's ends outwards
+};
+
+// Transformer of the Llama / Qwen2 / Qwen3 family.
+struct TransformerConfig {
+  std::string architecture = "llama";  // "llama", "qwen2" or "qwen3" (HF model_type)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;        // d_model
+  int64_t num_layers = 0;         // num_hidden_layers
+  int64_t num_heads = 0;          // num_attention_heads
+  int64_t num_kv_heads = 0;       // num_key_value_heads (defaults to num_heads)
+  int64_t head_dim = 0;           // hidden_size / num_heads unless given
+  int64_t intermediate_size = 0;  // SwiGLU width
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases, and o_proj's on Llama and Qwen3 (Qwen2: q/k/v always, no o)
+  bool mlp_bias = false;        // gate/up/down biases (Llama)
+  int64_t max_position_embeddings = 0;
+
+  // Qwen3: RMSNorm over head_dim of each q and k head (q_norm / k_norm), before RoPE.
+  bool qk_norm() const { return architecture == "qwen3"; }
+  // Whether o_proj has a bias: attention_bias means q/k/v/o on Llama and Qwen3, q/k/v only on Qwen2.
+  bool o_bias() const { return attention_bias && architecture != "qwen2"; }
+};
+
+// Dynamic NTK's RoPE base for a sequence of `tokens` (transformers' len(input_ids)): rope_theta (1 + factor (T - M) /
+// M) ^ (d / (d - 2)) with T = max(tokens, M), M = max_position_embeddings, d = head_dim; transformers writes the
+// bracket factor T / M - (factor - 1), equal but inexact at T = M for a large factor. rope_theta itself for T <= M.
+double DynamicRopeBase(const TransformerConfig& c, int64_t tokens);
+
+// The parameters and bytes a model of c takes (core/models/footprint.h).
+absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype);
+
+namespace io {
+
+// Parses the text of a config.json. Errors start with `source_name` and name
+// the offending field, e.g.
+//   "config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)".
+absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name);
+
+// Reads `path`, or `path`/config.json when `path` is a directory.
+absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path);
+
+// A config.json (pretty-printed) that HF transformers loads as the same model,
+// with torch_dtype "float32". ParseTransformerConfig reads it back unchanged.
+std::string TransformerConfigToHFJson(const TransformerConfig& config);
+
+}  // namespace io
+}  // namespace sg
