@@ -44,7 +44,7 @@ sg_status* LoadInto(const char* fn, sg_trainer* t, const char* dir, int64_t* ste
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

@@ -55,7 +55,7 @@ void FillEvalResult(const EvalResult& r, int64_t peak_bytes, double seconds, sg_
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

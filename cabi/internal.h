@@ -152,6 +152,7 @@ struct PublishedSize {
   const char* version;
   size_t size;
 };
+// The older sizes each struct_size check accepts besides this library's.
 inline constexpr PublishedSize kTrainerOptionsSizes[] = {
     {"0.1", kTrainerOptionsSize0_1},
     {"0.2", kTrainerOptionsSize0_2},

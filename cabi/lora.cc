@@ -48,7 +48,7 @@ sg_status* LoraOptionsOf(const char* fn, const sg_lora_options& options, const M
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

@@ -20,7 +20,7 @@ sg_status* CheckOptimizerMemory(const char* fn, sg_trainer* t) {
 
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

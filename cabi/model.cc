@@ -123,7 +123,7 @@ sg_status* ParamTensor(const char* fn, const sg_model* model, int64_t index, int
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

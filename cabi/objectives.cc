@@ -10,6 +10,14 @@
 namespace sg::cabi {
 namespace {
 
+// Run on a DPO or GRPO batch: the reference model is guarded too.
+sg_status* RunObjectiveBatch(const char* fn, sg_trainer* t, Call call, sg_metrics* out,
+                             const std::function<sg_status*()>& check, const Batch& batch) {
+  Trainer& trainer = *t->trainer;
+  return Run(fn, t, call, true, out, check,
+             [&] { return dist::ComputeGradients(trainer, t->tp.get(), batch, call == Call::kAccumulate); });
+}
+
 sg_status* RunDpoOn(const char* fn, sg_trainer* t, const int32_t* const* chosen_ids,
                     const int32_t* const* chosen_labels, const int64_t* chosen_lengths,
                     const int32_t* const* rejected_ids, const int32_t* const* rejected_labels,
@@ -65,9 +73,7 @@ sg_status* RunDpoOn(const char* fn, sg_trainer* t, const int32_t* const* chosen_
     }
     return nullptr;
   };
-  Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check,
-             [&] { return dist::Gradients(trainer, t->tp.get(), batch, call == Call::kAccumulate); });
+  return RunObjectiveBatch(fn, t, call, out, check, batch);
 }
 
 // The groups' offsets into the completions: from 0, increasing, none empty, covering every completion.
@@ -161,9 +167,7 @@ sg_status* RunGrpoOn(const char* fn, sg_trainer* t, const int32_t* const* ids, c
       }
     return nullptr;
   };
-  Trainer& trainer = *t->trainer;
-  return Run(fn, t, call, true, out, check,
-             [&] { return dist::Gradients(trainer, t->tp.get(), batch, call == Call::kAccumulate); });
+  return RunObjectiveBatch(fn, t, call, out, check, batch);
 }
 
 // The calls, agreeing across tensor-parallel ranks (Agreed).
@@ -179,7 +183,7 @@ sg_status* RunGrpo(const char* fn, sg_trainer* t, A... a) {
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

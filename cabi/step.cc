@@ -68,7 +68,7 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const in
     if (call == Call::kEvaluate) return trainer.EvaluateLoss(WithPositions(std::move(batch)));
     Batch whole;
     whole.sequences = WithPositions(std::move(batch));
-    return dist::Gradients(trainer, t->tp.get(), whole, call == Call::kAccumulate);
+    return dist::ComputeGradients(trainer, t->tp.get(), whole, call == Call::kAccumulate);
   });
 }
 
@@ -136,7 +136,7 @@ sg_status* Run(const char* fn, sg_trainer* t, Call call, bool with_reference, sg
 
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

@@ -185,7 +185,7 @@ sg_status* CreateTrainer(const char* fn, sg_model* model, const sg_trainer_optio
 }  // namespace
 }  // namespace sg::cabi
 
-using namespace sg::cabi;  // NOLINT(build/namespaces): the C functions below call its helpers
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
 
 extern "C" {
 

@@ -163,7 +163,8 @@ absl::Status CheckSameRun(TensorParallelRun& run, Trainer& split) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepMetrics> Gradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch, bool accumulate) {
+absl::StatusOr<StepMetrics> ComputeGradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch,
+                                             bool accumulate) {
   if (!run || !run->data_parallel)
     return accumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
   if (accumulate)

@@ -91,6 +91,7 @@ absl::Status CheckSameRun(TensorParallelRun& run, Trainer& split);
 // The gradients of `batch` (the same on every rank) by `trainer`, the split one of `run` (null: no tensor
 // parallelism): with more than one group, each computes its shard (ShardOf) and the gradients are summed across
 // groups. accumulate: Trainer::AccumulateGradients (one group only: refused across groups).
-absl::StatusOr<StepMetrics> Gradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch, bool accumulate);
+absl::StatusOr<StepMetrics> ComputeGradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch,
+                                             bool accumulate);
 
 }  // namespace sg::dist
