@@ -1,5 +1,5 @@
 // libseqgrad_mpi.so: the MPI communicator for tensor parallelism, loaded by libseqgrad.so only when a trainer asks for
-// tp > 1 (cabi/tensor_parallel_trainer.cc). libseqgrad.so itself does not link OpenMPI, so programs that never use
+// tp > 1 (cabi/tensor_parallel.cc). libseqgrad.so itself does not link OpenMPI, so programs that never use
 // tensor parallelism (and the packages) need no MPI, and a job uses the OpenMPI of its own mpirun.
 #include <memory>
 #include <string>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -71,6 +72,35 @@ absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std
     absl::StrAppend(&msg, " (this rank, ", comm.rank(), ", agrees with rank 0; the differing ranks list the fields)");
   }
   return absl::FailedPreconditionError(msg);
+}
+
+absl::StatusOr<int> FirstFailedRank(Communicator& comm, bool failed) {
+  std::vector<int64_t> first = {failed ? comm.rank() : comm.size()};
+  if (absl::Status s = comm.AllReduce(first, ReduceOp::kMin); !s.ok()) return s;
+  return static_cast<int>(first[0]);
+}
+
+absl::Status AgreeAcrossRanks(Communicator& comm, const absl::Status& local) {
+  absl::StatusOr<int> failed = FirstFailedRank(comm, !local.ok());
+  if (!failed.ok()) return failed.status();
+  if (!local.ok()) return local;
+  if (*failed == comm.size()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rank ", *failed, " of ", comm.size(), " failed (its status says why)"));
+}
+
+absl::Status WriteOnRankZero(Communicator& comm, const std::function<absl::Status()>& write) {
+  absl::Status mine = comm.rank() == 0 ? write() : absl::OkStatus();
+  // Rank 0's code and message, as int32s (the element types a communicator carries).
+  std::vector<int32_t> head = {static_cast<int32_t>(mine.code()), static_cast<int32_t>(mine.message().size())};
+  if (absl::Status s = comm.Broadcast(head.data(), 2, DType::kI32, 0); !s.ok()) return s;
+  std::vector<int32_t> text(head[1]);
+  for (size_t i = 0; i < text.size() && comm.rank() == 0; ++i) text[i] = static_cast<unsigned char>(mine.message()[i]);
+  if (head[1] > 0)
+    if (absl::Status s = comm.Broadcast(text.data(), head[1], DType::kI32, 0); !s.ok()) return s;
+  if (comm.rank() == 0 || head[0] == 0) return mine;
+  std::string message = "rank 0: ";
+  for (int32_t c : text) message.push_back(static_cast<char>(c));
+  return absl::Status(static_cast<absl::StatusCode>(head[0]), message);
 }
 
 absl::StatusOr<double> TimeoutSeconds(double default_s) {

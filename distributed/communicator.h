@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,6 +84,16 @@ uint64_t ConfigHash(const std::map<std::string, std::string>& config);
 // every rank ("configuration differs across ranks ..."), listing each rank's hash and, on a rank that differs from
 // rank 0, the fields that differ (this rank's value against rank 0's).
 absl::Status CheckSameConfig(Communicator& comm, const std::map<std::string, std::string>& config);
+
+// Collective: the lowest rank whose `failed` is true, or size() when none is.
+absl::StatusOr<int> FirstFailedRank(Communicator& comm, bool failed);
+
+// Collective: OK when every rank's `local` is; otherwise this rank's error, or one naming the first rank that
+// failed, so that no rank goes on into a collective the others skip.
+absl::Status AgreeAcrossRanks(Communicator& comm, const absl::Status& local);
+
+// Collective: rank 0 runs `write` (only it writes files); every rank returns rank 0's status.
+absl::Status WriteOnRankZero(Communicator& comm, const std::function<absl::Status()>& write);
 
 // The per-call timeout of a backend: SEQGRAD_DIST_TIMEOUT_S (seconds) when set, else default_s; an error names
 // the variable when it is not a number.

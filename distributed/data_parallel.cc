@@ -24,12 +24,12 @@ bool IsEmpty(const Batch& b) { return b.sequences.empty() && b.pairs.empty() && 
 // Agrees on failure: every rank contributes `local` (OK or its error); when any rank failed, every rank returns an
 // error naming the lowest failed rank (its own message on that rank).
 absl::Status Agree(Communicator& comm, const absl::Status& local, const std::string& what) {
-  std::vector<int64_t> failed = {local.ok() ? int64_t{comm.size()} : int64_t{comm.rank()}};
-  if (absl::Status s = comm.AllReduce(failed, ReduceOp::kMin); !s.ok()) return s;
-  if (failed[0] == comm.size()) return absl::OkStatus();
+  absl::StatusOr<int> failed = FirstFailedRank(comm, !local.ok());
+  if (!failed.ok()) return failed.status();
+  if (*failed == comm.size()) return absl::OkStatus();
   if (!local.ok())
     return absl::Status(local.code(), absl::StrCat("rank ", comm.rank(), ": ", what, ": ", local.message()));
-  return absl::AbortedError(absl::StrCat("rank ", comm.rank(), ": ", what, " failed on rank ", failed[0],
+  return absl::AbortedError(absl::StrCat("rank ", comm.rank(), ": ", what, " failed on rank ", *failed,
                                          " (see its error); every rank stops"));
 }
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/checkpoint.h"
 
 namespace sg::dist {
 
@@ -104,6 +106,74 @@ absl::Status GatherTrainer(Trainer& split, Trainer& whole) {
   if (absl::Status st = whole.optimizer().EnsureMoments(whole.model()); !st.ok()) return st;
   return ForEachOptimizerTensor(whole, split, *s,
                                 [&](Tensor& w, Tensor& b, TpShard shard) { return GatherTensor(b, shard, s->tp, w); });
+}
+
+absl::StatusOr<WholeTrainer> GatherWholeTrainer(Trainer& split) {
+  absl::StatusOr<WholeTrainer> whole = MakeWholeTrainer(split, Device::kCPU);
+  if (!whole.ok()) return whole.status();
+  if (absl::Status s = GatherTrainer(split, *whole->trainer); !s.ok()) return s;
+  return whole;
+}
+
+absl::Status TensorParallelRun::ScatterFrom(Model& whole) {
+  split->memory().set_limit(whole.memory().limit());
+  return ScatterParams(whole, *split);
+}
+
+absl::Status TensorParallelRun::GatherInto(Model& whole, bool grads, bool values) {
+  if (grads)
+    if (absl::Status s = GatherGrads(*split, whole); !s.ok()) return s;
+  if (values) return GatherParams(*split, whole);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TensorParallelRun>> JoinTensorParallel(std::unique_ptr<Communicator> world, Model& whole,
+                                                                      int tp, const absl::Status& precheck) {
+  auto run = std::make_unique<TensorParallelRun>();
+  run->world = std::move(world);
+  absl::StatusOr<TensorParallelGrid> grid = CreateTensorParallelGrid(*run->world, tp);
+  if (!grid.ok()) return grid.status();  // the same verdict on every rank
+  run->grid = std::move(*grid);
+  absl::Status local = precheck;
+  if (local.ok()) {
+    absl::StatusOr<std::unique_ptr<Model>> split = SplitModel(whole, run->grid.layers());
+    if (split.ok())
+      run->split = std::move(*split);
+    else if (absl::StartsWith(split.status().message(), "--tp"))
+      local = split.status();
+    else
+      local = absl::Status(split.status().code(), absl::StrCat("--tp=", tp, ": ", split.status().message()));
+  }
+  if (absl::Status s = AgreeAcrossRanks(*run->world, local); !s.ok()) return s;
+  return run;
+}
+
+absl::Status CheckSameRun(TensorParallelRun& run, Trainer& split) {
+  // The whole model's configuration (a meta twin), as checkpoints record it.
+  absl::StatusOr<WholeTrainer> meta = MakeWholeTrainer(split, Device::kMeta);
+  absl::Status local = meta.status();
+  RunConfig config;
+  if (meta.ok()) {
+    config = TrainerRunConfig(*meta->trainer);
+    config.erase(absl::StrCat(kRuntimePrefix, "threads"));  // ranks may use different thread counts
+  }
+  if (absl::Status s = AgreeAcrossRanks(*run.world, local); !s.ok()) return s;
+  if (absl::Status s = CheckSameConfig(*run.world, config); !s.ok()) return s;
+  if (run.grid.dp->size() > 1) run.data_parallel = std::make_unique<DataParallel>(split, *run.grid.dp);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepMetrics> ComputeGradients(Trainer& trainer, TensorParallelRun* run, const Batch& batch,
+                                             bool accumulate) {
+  if (!run || !run->data_parallel)
+    return accumulate ? trainer.AccumulateGradients(batch) : trainer.ComputeGradients(batch);
+  if (accumulate)
+    return absl::UnimplementedError(absl::StrCat(
+        "accumulating micro-batches across ", run->grid.dp->size(),
+        " tensor-parallel groups: pass the whole batch to compute_gradients / step (each group takes its share)"));
+  uint64_t first = 0;
+  const Batch shard = ShardOf(batch, run->grid.dp->rank(), run->grid.dp->size(), &first);
+  return run->data_parallel->ComputeGradients(shard, first);
 }
 
 }  // namespace sg::dist
