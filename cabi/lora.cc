@@ -26,7 +26,7 @@ sg_status* CheckLoraCanBeEnabled(const char* fn, const ModelCore& core) {
   return nullptr;
 }
 
-// options, checked, into the engine's; the targets default to the family's (as examples:train's --lora_targets).
+// options, checked, into the engine's; the targets default to the family's (as cli:train's --lora_targets).
 sg_status* LoraOptionsOf(const char* fn, const sg_lora_options& options, const Model& m, LoraOptions* o) {
   if (options.rank < 1) return Invalid(absl::StrCat(fn, ": options->rank is ", options.rank, "; need >= 1"));
   const double alpha = options.alpha == 0 ? 2.0 * static_cast<double>(options.rank) : options.alpha;

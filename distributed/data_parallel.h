@@ -48,7 +48,7 @@ class DataParallel {
   // parameters this rank owns (optimizer memory ~1/W at parameter granularity), steps them after the same global
   // norm clipping every rank computes from the all-reduced gradients, and broadcasts each updated parameter from its
   // owner, so the weights equal those of the unsharded step. The trainer's moments of other parameters stay
-  // undefined: a checkpoint written from one rank holds only that rank's moments (examples:train does not use it).
+  // undefined: a checkpoint written from one rank holds only that rank's moments (cli:train does not use it).
   void set_shard_optimizer(bool on) { shard_optimizer_ = on; }
   bool shard_optimizer() const { return shard_optimizer_; }
   // The owner rank of model.params()[i] under ZeRO-1 (-1 for parameters without a gradient).

@@ -6,7 +6,7 @@ namespace sg::dist {
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedNcclCommunicator() {
   return absl::FailedPreconditionError(
       "NCCL is not available: this binary was built without --config=cuda (rebuild with "
-      "`./bazelw build --config=cuda //examples:train`, or use --dist=mpi, which works in every build)");
+      "`./bazelw build --config=cuda //cli:train`, or use --dist=mpi, which works in every build)");
 }
 
 bool HostStagedNcclBuilt() { return false; }

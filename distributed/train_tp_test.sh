@@ -1,6 +1,6 @@
 #!/bin/bash
-# examples:gradcheck --tp=2: grpo's gradient of the split model equals one process's (1e-12), dense and sparse.
-# examples:train --tp: 2 ranks (TP = 2) train with the per-step losses of one process (fp64, 1e-10); 4 ranks as
+# cli:gradcheck --tp=2: grpo's gradient of the split model equals one process's (1e-12), dense and sparse.
+# cli:train --tp: 2 ranks (TP = 2) train with the per-step losses of one process (fp64, 1e-10); 4 ranks as
 # TP = 2 x DP = 2 too, also with ZeRO-1 over the data-parallel groups; a TP checkpoint resumes in one process and a
 # one-process checkpoint under TP, both with the uninterrupted run's losses; --save writes the whole model, the same
 # tensors as one process's; bad --tp values stop every rank at start with the numbers. Mamba (bench-ssm) the same way:

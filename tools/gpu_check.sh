@@ -11,7 +11,7 @@
 #                    + transformers (SDPA; full and gradient checkpointing): tok/s, MFU, peak memory (each engine's
 #                    own, and the GPU's used memory sampled by nvidia-smi)
 #   memory      130  qwen2.5-7b-shape, seco with KV offload and LoRA at 16K and 32K: device growth per 10K tokens
-#                    (engine-accounted and nvidia-smi's) against the meta plan (examples/plan)
+#                    (engine-accounted and nvidia-smi's) against the meta plan (cli/plan)
 #   extras       70  compute-sanitizer memcheck of ops_test, racecheck and initcheck of the loss kernels (whose
 #                    summed loss varied by one ulp between identical calls on an H200); the five most expensive
 #                    kernels of one seco step

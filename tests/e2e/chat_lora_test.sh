@@ -1,7 +1,7 @@
 #!/bin/bash
 # docs/lora.md#end-to-end-chats-to-a-peft-adapter, command for command: a tiny Hugging Face Llama directory (with its
 # tokenizer) -> python -m seqgrad.data (chats, packed to 2048 tokens) -> LoRA with seco at chunk 128 through
-# examples:train and through the Java pipeline -> each adapter loaded by peft.PeftModel.from_pretrained, whose loss
+# cli:train and through the Java pipeline -> each adapter loaded by peft.PeftModel.from_pretrained, whose loss
 # on the prepared data must equal the engine's and differ from the base model's (peft_check.py).
 # usage: chat_lora_test.sh JAVA LORA_TRAIN_JAR SEQGRAD_JAR TRAIN
 set -euo pipefail
@@ -25,7 +25,7 @@ lengths = [len(json.loads(line)["input_ids"]) for line in open("train.jsonl")]
 assert len(lengths) >= 3 and max(lengths) <= 2048 and sorted(lengths)[-2] > 1536, lengths
 print("prepared sequences of", lengths, "tokens")
 EOF
-# 3. LoRA with seco through examples:train; the engine's loss of the trained adapter on the same data is the
+# 3. LoRA with seco through cli:train; the engine's loss of the trained adapter on the same data is the
 #    evaluation after the last step.
 "$train" --model=tiny_llama --data=train.jsonl --seq_len=2048 --strategy=seco --chunk=128 \
     --lora_rank=8 --lora_targets=all --steps=8 --lr=1e-2 --save=adapter \

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import unittest
 
-GRADCHECK = sys.argv[1] if len(sys.argv) > 1 else "examples/gradcheck"
+GRADCHECK = sys.argv[1] if len(sys.argv) > 1 else "cli/gradcheck"
 SEEDS = [1, 2, 3, 4, 5]
 N = 32
 

@@ -22,7 +22,7 @@ groups of G = 3 with random advantages and old / ref per-token log-probs near th
 the clipped surrogate occur; and an on-policy GRPO batch without old / ref log-probs and no KL term) are compared for
 full, ckpt, seco, streambp and spaco (with a budget of every chunk and no cap, which is then exact).
 
-A second test trains one step with //examples:train, saves the model, and checks that the export parses, has the
+A second test trains one step with //cli:train, saves the model, and checks that the export parses, has the
 input's tensor names and shapes, and loads back into the engine with gradients matching the reference.
 
 Binaries come from the command line (`--grad_dump=PATH --train=PATH`, set by the BUILD file's args) or from the
@@ -100,7 +100,7 @@ def grad_dump_path():
 
 
 def train_path():
-    return _binary("SG_TRAIN", "examples/train")
+    return _binary("SG_TRAIN", "cli/train")
 
 
 def run(cmd, check=True, threads=None):
@@ -1014,11 +1014,11 @@ def test_grad_dump_objective_errors():
 @pytest.mark.parametrize("config", ["llama_gqa", "qwen2_tied", "llama_rope_scaled", "llama_dynamic", "qwen3_yarn_bias",
                                     "llama_biases"])
 def test_saved_model_loads_back(config):
-    """One training step with //examples:train --save: the export parses, has the input's tensor names and shapes
+    """One training step with //cli:train --save: the export parses, has the input's tensor names and shapes
     (no lm_head.weight when tied) and config, and loads back into the engine with exact gradients."""
     train = train_path()
     if train is None:
-        pytest.skip("//examples:train is not available")
+        pytest.skip("//cli:train is not available")
     spec = ALL_CONFIGS[config]
     c = case(config)
     saved = os.path.join(c["root"], "saved")

@@ -5,7 +5,7 @@
 """
 
 SCRIPTS = {
-    "scripts/bench_torch_gpu.py": "//examples:bench_torch_gpu.py",
+    "scripts/bench_torch_gpu.py": "//cli:bench_torch_gpu.py",
     "scripts/gpu_check_summary.py": "//tools/gpu:gpu_check_summary.py",
 }
 

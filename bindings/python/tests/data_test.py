@@ -761,7 +761,7 @@ class DataTest(unittest.TestCase):
 
     def test_written_files_train_with_the_cli(self):
         """What write() produces is what `train --data` reads, for each objective."""
-        train = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "examples", "train")
+        train = os.path.join(os.environ["TEST_SRCDIR"], os.environ["TEST_WORKSPACE"], "cli", "train")
         cases = [
             ("sft", data.prepare([{"messages": MULTI_TURN}] * 3, self.tok, seq_len=64, pack=True), []),
             ("dpo", data.prepare([{"prompt": chat(("user", "two plus four")), "chosen": chat(("assistant", "six")),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Smoke test of //examples:bench: tiny model, both engines, JSON + SVG written. Never asserts on timing.
+# Smoke test of //cli:bench: tiny model, both engines, JSON + SVG written. Never asserts on timing.
 # usage: bench_smoke_test.sh <bench binary>
 set -euo pipefail
 bench="$1"

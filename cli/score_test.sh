@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples:score: JSONL aligned with input_ids (null where nothing is predicted), the same values at any chunk size,
+# cli:score: JSONL aligned with input_ids (null where nothing is predicted), the same values at any chunk size,
 # dpo sums and grpo arrays equal to the sft scores of the same tokens, and grpo's reference log-probs from score
 # train exactly as --ref_model does. Also --help (every flag, exit 0) and --threads of every tool, and their
 # passive OpenMP wait policy.

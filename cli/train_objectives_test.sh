@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# //examples:train with --objective=sft|dpo|grpo on the tiny preset: each run exits 0 and reports finite losses;
+# //cli:train with --objective=sft|dpo|grpo on the tiny preset: each run exits 0 and reports finite losses;
 # dpo without reference log-probs in the data works with --ref_model and fails clearly without; malformed lines
 # fail with a message naming the file, the line and the field; the shipped data files are what make_tiny.py writes.
 # usage: train_objectives_test.sh <train binary> <dpo_tiny.jsonl> <grpo_tiny.jsonl> <make_tiny.py>

@@ -1,4 +1,4 @@
-"""PyTorch references for //examples:bench: the same Llama/Qwen2 model, timed the same way.
+"""PyTorch references for //cli:bench: the same Llama/Qwen2 model, timed the same way.
 
 bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
 sequences to a directory and runs this script with --python (default /usr/bin/python3; a PyTorch 2.x venv from

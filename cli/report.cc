@@ -1,4 +1,4 @@
-#include "examples/report.h"
+#include "cli/report.h"
 
 #include <unistd.h>
 
@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "examples/common.h"
-#include "examples/svg_chart.h"
+#include "cli/common.h"
+#include "cli/svg_chart.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(int64_t, eval_every, 0,

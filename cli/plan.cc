@@ -15,7 +15,7 @@
 #include "core/plan.h"
 #include "nlohmann/json.hpp"
 #include "distributed/tensor_parallel.h"
-#include "examples/common.h"
+#include "cli/common.h"
 
 ABSL_FLAG(int64_t, seq_len, 4096, "tokens per sequence (dpo: of each response of the pair; grpo: of each completion)");
 ABSL_FLAG(std::string, memory, "",

@@ -18,7 +18,7 @@
 #include "core/model_io.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/tensor_parallel.h"
-#include "examples/common.h"
+#include "cli/common.h"
 
 ABSL_FLAG(std::string, json, "", "write the result here");
 ABSL_FLAG(int, tp, 1,

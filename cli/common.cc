@@ -1,4 +1,4 @@
-#include "examples/common.h"
+#include "cli/common.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -48,7 +48,7 @@ ABSL_FLAG(std::string, dtype, "f32",
           "tile into f32 compute; fp32 gradients, masters and AdamW moments)");
 ABSL_FLAG(std::string, device, "cpu",
           "where the model lives and runs: cpu, or cuda (a build with --config=cuda on a machine with a GPU); meta "
-          "(no storage, no compute) is for //examples:plan only");
+          "(no storage, no compute) is for //cli:plan only");
 ABSL_FLAG(std::string, matmul, "fp32",
           "how f32 matmuls multiply: fp32 (exact), bf16 (bf16 inputs, f32 accumulation; cpu and cuda), or tf32 "
           "(cuda)");
@@ -157,7 +157,7 @@ Device DeviceFromFlags() {
   ExitIfError(d.status(), "--device");
   if (*d == Device::kMeta)
     ExitIfError(absl::InvalidArgumentError("meta tensors hold no values: --device=meta only plans memory, with "
-                                           "//examples:plan"),
+                                           "//cli:plan"),
                 "--device");
   ExitIfError(CheckDevice(*d), "--device");
   const std::string matmul = absl::GetFlag(FLAGS_matmul);
@@ -204,7 +204,7 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
       return absl::ResourceExhaustedError(absl::StrFormat(
           "--seq_len=%d does not fit on the %s: the plan of a --strategy=%s step peaks at %.1f MiB (%s MiB)%s + "
           "256 MiB margin, and %.1f MiB are free besides the %.1f MiB already there (%.1f MiB in all); try "
-          "--strategy=seco with a smaller --chunk, or a shorter --seq_len (plan it with //examples:plan)",
+          "--strategy=seco with a smaller --chunk, or a shorter --seq_len (plan it with //cli:plan)",
           seq_len, d == Device::kCPU ? "host" : "GPU", s.name, p.total_peak / 1048576.0, parts,
           host ? absl::StrFormat(" + %.1f MiB of offloaded pages", host / 1048576.0) : "", free_bytes / 1048576.0,
           now.total_current / 1048576.0, total_bytes / 1048576.0));

@@ -1,7 +1,7 @@
 // Per-token log-probabilities of token data under a model (preset or HF directory, optionally with a PEFT adapter),
 // by the engine's chunked forward pass (--chunk tokens at a time, --lm_chunk rows of logits: never a sequence x
 // vocabulary array), as JSONL, one line per input record:
-//   sft (.jsonl {"input_ids", "labels"} or a .bin token file, as examples:train reads them):
+//   sft (.jsonl {"input_ids", "labels"} or a .bin token file, as cli:train reads them):
 //     {"logprobs": [...], "sum": s, "tokens": n}, logprobs aligned with input_ids (Hugging Face's convention):
 //     entry t = log p(labels[t] | input_ids[0..t)), null at t = 0 and where the label is -100
 //   dpo (train's pair format): {"chosen_logp": x, "rejected_logp": y}, each summed over the response's tokens: what
@@ -24,7 +24,7 @@
 #include "core/model_io.h"
 #include "core/objective.h"
 #include "core/trainer.h"
-#include "examples/common.h"
+#include "cli/common.h"
 
 ABSL_FLAG(std::string, data, "",
           "the records to score: sft (default --objective) a .jsonl of {\"input_ids\", \"labels\"} or a headerless "

@@ -1,6 +1,6 @@
 // The report pieces on their own: the progress line on and off a terminal, the report JSON around a run's summary,
 // plot paths, timeline downsampling, the SVG plots' titles and structure, and the stacked chart.
-#include "examples/report.h"
+#include "cli/report.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/svg_chart.h"
+#include "cli/svg_chart.h"
 #include "nlohmann/json.hpp"
 
 namespace sg::tools {

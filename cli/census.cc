@@ -1,4 +1,4 @@
-#include "examples/census.h"
+#include "cli/census.h"
 
 #include <cstdio>
 #include <vector>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/census.h"
-#include "examples/common.h"
+#include "cli/common.h"
 #include "nlohmann/json.hpp"
 
 namespace sg::tools {

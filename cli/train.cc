@@ -30,8 +30,8 @@
 #include "distributed/layer_sharded.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/tensor_parallel.h"
-#include "examples/common.h"
-#include "examples/report.h"
+#include "cli/common.h"
+#include "cli/report.h"
 
 ABSL_FLAG(std::string, data, "",
           "sft: token data, headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task. dpo, grpo: the "
@@ -451,7 +451,7 @@ int Main() {
     shared.erase(absl::StrCat(kRuntimePrefix, "threads"));
     tools::ExitIfError(dist::CheckSameConfig(*comm, shared), dist_what_flag.c_str());
   }
-  // Progress line, per-step metrics, held-out evaluation and the report's plots (examples/report.h).
+  // Progress line, per-step metrics, held-out evaluation and the report's plots (cli/report.h).
   tools::TrainMonitor monitor(trainer, steps);
   tools::ExitIfError(monitor.SetUpEval(objective.name, sft && data.empty() ? &train_data.task : nullptr, seed, seq_len,
                                        absl::GetFlag(FLAGS_data_dtype)),

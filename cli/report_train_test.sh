@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# //examples:train's evaluation and reports on the tiny presets: --report with --eval_every writes the summary
+# //cli:train's evaluation and reports on the tiny presets: --report with --eval_every writes the summary
 # fields, per-step metrics and evaluations, and three SVG plots that parse as XML with the expected titles; off a
 # terminal no progress line is printed (only the summary), on one (through script(1)) the line is rewritten in
 # place; the Mamba preset evaluates too; --eval_data reads held-out token files; bad combinations fail clearly.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# //examples:train's checkpoints, resume, optimizer flags and guard rails, on CPU with a fixed seed:
+# //cli:train's checkpoints, resume, optimizer flags and guard rails, on CPU with a fixed seed:
 #   - resume equals uninterrupted: 6 steps straight vs 3 steps (--steps=6 --stop_at_step=3) + --resume give the same
 #     per-step losses in the --report JSON, compared exactly (%.17g), for spaco (its sampling stream is restored),
 #     dpo with --grad_accum=2 and a cosine schedule with warmup, a Mamba model with seco, and LoRA with dropout;

@@ -1,8 +1,8 @@
 // Benchmark: time and memory of one gradient computation (forward + backward of a strategy, no optimizer step)
 // per (strategy, sequence length), with the engine's own memory accounting, the machine's sgemm rate as the
-// yardstick, optionally the same model in plain PyTorch (examples/bench_torch.py) and a memory-budget search.
+// yardstick, optionally the same model in plain PyTorch (cli/bench_torch.py) and a memory-budget search.
 //
-//   ./bazelw run //examples:bench -- --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096
+//   ./bazelw run //cli:bench -- --model=bench-cpu --strategies=full,ckpt --seq_lens=1024,2048,4096
 //       --compare_torch --json=/tmp/bench.json
 //
 // adjoint (SSMs) takes variants in --strategies: "adjoint" (pairs, no window), "adjoint:256" (pairs, window 256),
@@ -50,9 +50,9 @@
 #include "core/trainer.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/tensor_parallel.h"
-#include "examples/census.h"
-#include "examples/common.h"
-#include "examples/svg_chart.h"
+#include "cli/census.h"
+#include "cli/common.h"
+#include "cli/svg_chart.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 
@@ -67,7 +67,7 @@ ABSL_FLAG(int32_t, repeats, 3, "timed rounds per length (each runs every strateg
 ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
 ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
 ABSL_FLAG(bool, compare_torch, false,
-          "also time the same model in PyTorch (examples/bench_torch.py: plain torch ops, and Hugging Face "
+          "also time the same model in PyTorch (cli/bench_torch.py: plain torch ops, and Hugging Face "
           "transformers' model class with SDPA where --python has transformers)");
 ABSL_FLAG(std::string, torch_strategies, "",
           "--compare_torch: the PyTorch strategies (full, ckpt); default: those of --strategies");
@@ -82,7 +82,7 @@ ABSL_FLAG(std::string, python, "/usr/bin/python3",
           "interpreter for --compare_torch (must have torch; with transformers too for the hf rows), e.g. the venv "
           "of tests/e2e/pip_venv.sh");
 ABSL_FLAG(std::string, torch_script, "", "path of bench_torch.py (default: found in the runfiles)");
-// --census (examples/census.h): count, do not run.
+// --census (cli/census.h): count, do not run.
 ABSL_FLAG(int32_t, tp, 1,
           "tensor parallel: run under `mpirun -np N` with --tp=N; per strategy and length, the step time of the model "
           "split over the N ranks against rank 0 alone running the whole model with N times its threads (the same "
@@ -455,14 +455,14 @@ std::string ShellQuote(const std::string& s) {
 // bench_torch.py (CPU: plain torch ops) or bench_torch_gpu.py (GPU: HF transformers with SDPA).
 std::string FindTorchScript(const std::string& name) {
   if (std::string f = absl::GetFlag(FLAGS_torch_script); !f.empty()) return tools::ResolveUserPath(f);
-  const std::string rel = "seqgrad/examples/" + name;
+  const std::string rel = "seqgrad/cli/" + name;
   std::vector<std::string> candidates;
   for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"})
     if (const char* d = std::getenv(env); d && *d) candidates.push_back(absl::StrCat(d, "/", rel));
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) candidates.push_back(exe.string() + ".runfiles/" + rel);
-  candidates.push_back("examples/" + name);  // bazel run's working directory is the runfiles root
+  candidates.push_back("cli/" + name);  // bazel run's working directory is the runfiles root
   for (const std::string& c : candidates)
     if (fs::exists(c, ec)) return c;
   Fail("--compare_torch",

@@ -1,4 +1,4 @@
-// What examples:train shows and writes about a run besides training itself:
+// What cli:train shows and writes about a run besides training itself:
 //   - the progress line, rewritten in place on a terminal and absent otherwise (stdout not a TTY: only the
 //     summary is printed);
 //   - held-out evaluation (core/eval.h) every --eval_every steps: loss, perplexity, accuracy and, on the synthetic
@@ -120,7 +120,7 @@ std::vector<MemoryEvent> DownsampleTimeline(const std::vector<MemoryEvent>& even
 // One line for an evaluation: "loss 1.3850  ppl 3.99  acc 0.268 (8 seqs, 1024 labels)".
 std::string EvalLine(const EvalResult& r);
 
-// examples:train's hooks: progress, per-step records, evaluation when due, the memory timeline of the last step,
+// cli:train's hooks: progress, per-step records, evaluation when due, the memory timeline of the last step,
 // the summary's evaluation lines and the report.
 class TrainMonitor {
  public:

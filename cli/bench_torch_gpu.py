@@ -1,4 +1,4 @@
-"""PyTorch + Hugging Face transformers reference for //examples:bench --device=cuda --compare_torch.
+"""PyTorch + Hugging Face transformers reference for //cli:bench --device=cuda --compare_torch.
 
 The model bench saved (config.json + model.safetensors) is loaded with transformers' AutoModelForCausalLM on the
 GPU with SDPA attention, in bfloat16 when bench multiplies in bf16 (--matmul=bf16) and float32 otherwise. For each

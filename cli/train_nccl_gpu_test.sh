@@ -2,7 +2,7 @@
 # --dist=nccl (host-staged NCCL, distributed/host_staged_nccl.h) under `mpirun -np 1` on one GPU: the per-step
 # losses equal one process's (fp64, to 1e-10). Needs a train built with --config=cuda. Without a GPU (nvidia-smi
 # absent, no GPU listed, or CUDA sees no device) it prints SKIP and passes.
-# Usage: train_nccl_gpu_test.sh <path to train>   (bazel test --config=cuda //examples:train_nccl_gpu_test)
+# Usage: train_nccl_gpu_test.sh <path to train>   (bazel test --config=cuda //cli:train_nccl_gpu_test)
 set -uo pipefail
 train="$1"; [[ "$train" == /* ]] || train="$(pwd)/$train"
 skip() { echo "SKIP: $* (the --dist=nccl path was not exercised)"; exit 0; }

@@ -1,4 +1,4 @@
-#include "examples/svg_chart.h"
+#include "cli/svg_chart.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# examples:plan: a preset, a bare config.json and an HF directory plan the same; --json carries every category;
+# cli:plan: a preset, a bare config.json and an HF directory plan the same; --json carries every category;
 # the memory check before training agrees with the plan (train refuses a --seq_len the plan says does not fit in
 # a smaller host, via --memory_budget); --memory's answer fits and one more token does not; 7B at 128K is quick;
 # dense --offload keeps the 7B's device memory flat from 100K to 110K tokens (bf16 LoRA, the yardstick); bad input is refused by name (an overflowing --seq_len, --memory, --lora_init, --device, the model).
