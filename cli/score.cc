@@ -20,11 +20,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/common.h"
 #include "core/data.h"
 #include "core/model_io.h"
 #include "core/objective.h"
 #include "core/trainer.h"
-#include "cli/common.h"
 
 ABSL_FLAG(std::string, data, "",
           "the records to score: sft (default --objective) a .jsonl of {\"input_ids\", \"labels\"} or a headerless "

@@ -18,6 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/common.h"
+#include "cli/report.h"
 #include "core/checkpoint.h"
 #include "core/data.h"
 #include "core/lr_schedule.h"
@@ -30,8 +32,6 @@
 #include "distributed/layer_sharded.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/tensor_parallel.h"
-#include "cli/common.h"
-#include "cli/report.h"
 
 ABSL_FLAG(std::string, data, "",
           "sft: token data, headerless .bin (see --data_dtype) or .jsonl; empty = synthetic task. dpo, grpo: the "
