@@ -29,13 +29,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/errno_status.h"
+#include "base/tensor.h"
 #include "cabi/tensor_parallel_trainer.h"
 #include "core/checkpoint.h"
 #include "core/eval.h"
-#include "core/io/file.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
-#include "core/memory.h"
 #include "core/model_io.h"
 #include "core/objective.h"
 #include "core/presets.h"
@@ -128,11 +128,11 @@ sg_status* NullArg(const char* fn, const char* arg) {
   return Invalid(absl::StrCat(fn, ": argument '", arg, "' is NULL"));
 }
 // NULL when `path` (argument `arg`) is a directory; NOT_FOUND for another kind of file; when stat fails, the code of
-// its errno (sg::io::ErrnoCode, as everywhere: ENOENT NOT_FOUND, ENOTDIR FAILED_PRECONDITION, ...).
+// its errno (sg::ErrnoCode, as everywhere: ENOENT NOT_FOUND, ENOTDIR FAILED_PRECONDITION, ...).
 sg_status* CheckDirectory(const char* fn, const char* arg, const char* path) {
   const std::string what = absl::StrCat(fn, ": argument '", arg, "' ('", path, "') is not a directory");
   struct stat st;
-  if (stat(path, &st) != 0) return FromAbsl(sg::io::ErrnoStatus(errno, what));
+  if (stat(path, &st) != 0) return FromAbsl(sg::ErrnoStatus(errno, what));
   if (!S_ISDIR(st.st_mode)) return MakeStatus(SG_ERR_NOT_FOUND, what);
   return nullptr;
 }

@@ -9,9 +9,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/model.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
 #include "distributed/tensor_parallel.h"
 

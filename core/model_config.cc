@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/memory.h"
+#include "base/checked.h"
 
 namespace sg {
 

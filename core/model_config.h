@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg {
 

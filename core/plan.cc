@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "base/checked.h"
 #include "core/io/hf_config.h"
 #include "core/mamba.h"
 #include "core/model_config.h"

@@ -27,10 +27,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/lora.h"
 #include "core/model.h"
 #include "core/model_config.h"
-#include "distributed/communicator.h"
 
 namespace sg {
 

@@ -10,9 +10,9 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/tensor_parallel.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 
 namespace sg::dist {
 
