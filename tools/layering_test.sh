@@ -5,8 +5,8 @@
 #   core/     includes nothing of distributed/ or cabi/.
 # One exemption: a kernels test (kernels/**/*_test.cc) may include core/, since bf16_strategy_test runs the engine's
 # strategies on the CUDA backend. A test is a leaf (nothing links it), so this makes no kernels library depend on core.
-# The sources come from each package's :sources filegroup (this test's data, in the runfiles); a new package under
-# base/, kernels/ or core/ adds its own to the test's data in tools/BUILD.
+# The sources come from each package's :sources filegroup (layer_sources() of tools/layers.bzl; this test's data, in
+# the runfiles): a new package under base/, kernels/ or core/ calls it and adds its :sources to the data in tools/BUILD.
 set -euo pipefail
 cd "${TEST_SRCDIR}/${TEST_WORKSPACE}"
 
