@@ -16,11 +16,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/memory.h"
+#include "base/communicator.h"
+#include "base/errno_status.h"
+#include "base/tensor.h"
 #include "core/model.h"
 #include "core/objective.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 #include "distributed/tensor_parallel.h"
 #include "seqgrad/seqgrad.h"
 
@@ -83,7 +84,7 @@ sg_status* NullArg(const char* fn, const char* arg);
 sg_status* Busy(const char* fn);
 sg_status* Cancelled(const char* fn);
 // NULL when `path` (argument `arg`) is a directory; NOT_FOUND for another kind of file; when stat fails, the code of
-// its errno (sg::io::ErrnoCode, as everywhere: ENOENT NOT_FOUND, ENOTDIR FAILED_PRECONDITION, ...).
+// its errno (sg::ErrnoCode, as everywhere: ENOENT NOT_FOUND, ENOTDIR FAILED_PRECONDITION, ...).
 sg_status* CheckDirectory(const char* fn, const char* arg, const char* path);
 
 // Runs f, turning exceptions into statuses: out of memory is RESOURCE_EXHAUSTED with the bytes asked and

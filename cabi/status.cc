@@ -100,7 +100,7 @@ sg_status* Cancelled(const char* fn) { return MakeStatus(SG_ERR_CANCELLED, absl:
 sg_status* CheckDirectory(const char* fn, const char* arg, const char* path) {
   const std::string what = absl::StrCat(fn, ": argument '", arg, "' ('", path, "') is not a directory");
   struct stat st;
-  if (stat(path, &st) != 0) return FromAbsl(io::ErrnoStatus(errno, what));
+  if (stat(path, &st) != 0) return FromAbsl(sg::ErrnoStatus(errno, what));
   if (!S_ISDIR(st.st_mode)) return MakeStatus(SG_ERR_NOT_FOUND, what);
   return nullptr;
 }

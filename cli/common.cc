@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/checked.h"
 #include "core/data.h"
 #include "core/io/file.h"
 #include "core/lora.h"

@@ -7,7 +7,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
-#include "core/memory.h"
+#include "base/memory.h"
 #include "core/model.h"
 #include "core/objective.h"
 #include "core/strategy.h"

@@ -18,9 +18,9 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "base/memory.h"
 #include "core/data.h"
 #include "core/eval.h"
-#include "core/memory.h"
 #include "core/trainer.h"
 
 ABSL_DECLARE_FLAG(int64_t, eval_every);

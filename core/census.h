@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/model.h"
 #include "core/strategy.h"
 #include "kernels/census.h"

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/errno_status.h"
 #include "core/io/file.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
@@ -73,7 +74,7 @@ std::string DoubleStr(double v) {
   return absl::StrFormat("%.17g", v);
 }
 
-absl::Status Errno(const std::string& what, int err) { return io::ErrnoStatus(err, what); }
+absl::Status Errno(const std::string& what, int err) { return ErrnoStatus(err, what); }
 
 absl::Status FsyncPath(const std::string& path, bool directory) {
   const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -148,7 +149,7 @@ absl::Status RemoveCheckpointDir(const std::string& out_dir, const std::string& 
   if (absl::Status s = FsyncPath(out_dir, true); !s.ok()) return s;
   std::error_code ec;
   fs::remove_all(to, ec);
-  if (ec) return io::ErrnoStatus(ec.value(), absl::StrCat(to, ": cannot remove"));
+  if (ec) return ErrnoStatus(ec.value(), absl::StrCat(to, ": cannot remove"));
   return absl::OkStatus();
 }
 
@@ -365,7 +366,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& out_dir, Trainer& 
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", step, " is negative"));
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  if (ec) return io::ErrnoStatus(ec.value(), absl::StrCat(out_dir, ": cannot create directory"));
+  if (ec) return ErrnoStatus(ec.value(), absl::StrCat(out_dir, ": cannot create directory"));
   RemoveStaleTemporaries(out_dir);
 
   const std::string name = absl::StrCat(kPrefix, step);

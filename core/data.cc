@@ -13,9 +13,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/errno_status.h"
+#include "base/memory.h"
 #include "core/io/file.h"
 #include "core/io/json_util.h"
-#include "core/memory.h"
 #include "nlohmann/json.hpp"
 
 namespace sg {
@@ -125,7 +126,7 @@ absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int 
     const int64_t n = std::min<int64_t>(count - i, static_cast<int64_t>(block.size()) / bytes_per_token);
     size_t got = 0;
     if (!io::ReadFully(fd->get(), block.data(), static_cast<size_t>(n * bytes_per_token), &got))
-      return io::ErrnoStatus(errno, absl::StrCat(path, ": read failed"));
+      return ErrnoStatus(errno, absl::StrCat(path, ": read failed"));
     if (got != static_cast<size_t>(n * bytes_per_token))
       return absl::DataLossError(absl::StrCat(path, ": the file shrank while it was read"));
     for (int64_t k = 0; k < n; ++k, ++i) {
@@ -278,7 +279,7 @@ absl::Status ForEachJsonLine(const std::string& path, int64_t max_line_bytes,
         if (eof) break;
         size_t got = 0;
         if (!io::ReadFully(fd->get(), block.data(), block.size(), &got))
-          return io::ErrnoStatus(errno, absl::StrCat(path, ":", lineno, ": read failed"));
+          return ErrnoStatus(errno, absl::StrCat(path, ":", lineno, ": read failed"));
         begin = 0;
         end = got;
         eof = got < block.size();

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "base/memory.h"
 #include "core/data.h"
-#include "core/memory.h"
 #include "core/model_io.h"
 #include "core/trainer.h"
 

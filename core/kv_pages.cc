@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/checked.h"
 
 namespace sg {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/memory.h"
+#include "base/tensor.h"
 #include "kernels/backend.h"
 
 namespace sg {

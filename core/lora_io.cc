@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "base/errno_status.h"
 #include "core/io/file.h"
 #include "core/io/peft.h"
 #include "core/io/safetensors.h"
@@ -30,7 +31,7 @@ absl::Status MakeDirectory(const std::string& dir) {
     if (S_ISDIR(st.st_mode)) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
   }
-  if (mkdir(dir.c_str(), 0755) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create directory"));
+  if (mkdir(dir.c_str(), 0755) != 0) return ErrnoStatus(errno, absl::StrCat(dir, ": cannot create directory"));
   return absl::OkStatus();
 }
 
@@ -41,7 +42,7 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   if (!temp.ok()) return temp.status();
   const std::string& tmp = temp->path();
   const int fd = open(tmp.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (fd < 0) return io::ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", tmp));
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat(path, ": cannot create ", tmp));
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);
@@ -49,19 +50,19 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
       const int err = n < 0 ? errno : EIO;
       close(fd);
       unlink(tmp.c_str());
-      return io::ErrnoStatus(err, absl::StrCat(path, ": write failed"));
+      return ErrnoStatus(err, absl::StrCat(path, ": write failed"));
     }
     done += static_cast<size_t>(n);
   }
   if (fsync(fd) != 0 || close(fd) != 0) {
     const int err = errno;
     unlink(tmp.c_str());
-    return io::ErrnoStatus(err, absl::StrCat(path, ": flush failed"));
+    return ErrnoStatus(err, absl::StrCat(path, ": flush failed"));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     unlink(tmp.c_str());
-    return io::ErrnoStatus(err, absl::StrCat(path, ": cannot rename ", tmp, " over it"));
+    return ErrnoStatus(err, absl::StrCat(path, ": cannot rename ", tmp, " over it"));
   }
   return absl::OkStatus();
 }

@@ -9,9 +9,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
+#include "base/tensor.h"
 #include "core/loss_sum.h"
-#include "core/memory.h"
 
 namespace sg {
 

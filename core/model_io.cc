@@ -18,11 +18,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/errno_status.h"
+#include "base/tensor.h"
 #include "core/io/file.h"
 #include "core/io/safetensors.h"
 #include "core/lora.h"
 #include "core/lora_io.h"
-#include "core/memory.h"
 #include "core/models/family.h"
 #include "core/models/footprint.h"
 #include "core/plan.h"
@@ -198,7 +199,7 @@ absl::StatusOr<int> CreateStaging(const std::string& dir, std::string* staging) 
   for (int attempt = 0; attempt < 8; ++attempt) {
     *staging = absl::StrCat(dir, kStagingInfix, "XXXXXX");
     if (!mkdtemp(staging->data()))
-      return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
+      return ErrnoStatus(errno, absl::StrCat(dir, ": cannot create a staging directory beside it"));
     const int fd = open(staging->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0 && io::LockIfLinked(fd)) {
       chmod(staging->c_str(), 0755);
@@ -232,7 +233,7 @@ absl::StatusOr<std::optional<std::string>> ReadCarriedFile(const std::string& so
   if (!realpath(path.c_str(), resolved))
     return refused(absl::StatusCode::kInvalidArgument,
                    absl::StrCat("a link that leads nowhere (", std::strerror(errno), ")"));
-  if (!realpath(source_dir.c_str(), root)) return io::ErrnoStatus(errno, absl::StrCat(source_dir, ": cannot resolve"));
+  if (!realpath(source_dir.c_str(), root)) return ErrnoStatus(errno, absl::StrCat(source_dir, ": cannot resolve"));
   const std::string parent = io::ParentOf(root);
   const bool hub_blob = absl::EndsWith(parent, "/snapshots") && IsInside(resolved, io::ParentOf(parent) + "/blobs");
   if (!IsInside(resolved, root) && !hub_blob)
@@ -260,9 +261,9 @@ absl::Status CheckCarriedFiles(const std::string& source_dir) {
 // An existing directory that files can be created in; errors name it.
 absl::Status CheckWritableDirectory(const std::string& dir) {
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+  if (stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": is not a directory"));
-  if (access(dir.c_str(), W_OK | X_OK) != 0) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot write in it"));
+  if (access(dir.c_str(), W_OK | X_OK) != 0) return ErrnoStatus(errno, absl::StrCat(dir, ": cannot write in it"));
   return absl::OkStatus();
 }
 
@@ -274,7 +275,7 @@ struct Existing {
 };
 absl::StatusOr<Existing> ListExisting(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
-  if (!d) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot list"));
+  if (!d) return ErrnoStatus(errno, absl::StrCat(dir, ": cannot list"));
   Existing out;
   out.exists = true;
   while (const dirent* e = readdir(d)) {
@@ -385,7 +386,7 @@ namespace {
 absl::StatusOr<Existing> CheckSaveTarget(const std::string& dir) {
   struct stat st;
   const bool exists = lstat(dir.c_str(), &st) == 0;
-  if (!exists && errno != ENOENT) return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+  if (!exists && errno != ENOENT) return ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   if (exists && !S_ISDIR(st.st_mode))
     return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
   if (absl::Status s = CheckWritableDirectory(io::ParentOf(dir)); !s.ok()) return s;
@@ -421,7 +422,7 @@ absl::Status CheckWritableTarget(const std::string& dir_arg) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) return CheckWritableDirectory(io::ParentOf(dir));
-    return io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
+    return ErrnoStatus(errno, absl::StrCat(dir, ": cannot save there"));
   }
   if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(dir, ": exists and is not a directory"));
   return CheckWritableDirectory(dir);
@@ -452,7 +453,7 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
     written.push_back("config.json");  // last: a reader that finds the new config finds the new weights
     for (const std::string& name : written)
       if (std::rename(absl::StrCat(staging, "/", name).c_str(), absl::StrCat(dir, "/", name).c_str()) != 0) {
-        s = io::ErrnoStatus(errno, absl::StrCat(dir, "/", name, ": cannot replace it with the saved file"));
+        s = ErrnoStatus(errno, absl::StrCat(dir, "/", name, ": cannot replace it with the saved file"));
         break;
       }
     for (const std::string& name : existing.model_files)  // an earlier source's tokenizer files that this one lacks
@@ -463,8 +464,8 @@ absl::Status SaveModel(Model& model, const std::string& dir_arg, const std::stri
     const int rc = existing.exists ? renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE)
                                    : renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE);
     if (rc != 0)
-      s = io::ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", existing.exists ? "replace" : "create",
-                                              " it atomically with the saved model (rename from ", staging, ")"));
+      s = ErrnoStatus(errno, absl::StrCat(dir, ": cannot ", existing.exists ? "replace" : "create",
+                                          " it atomically with the saved model (rename from ", staging, ")"));
   }
   RemoveFlatDirectory(staging);  // the replaced model, what is left of the staged one, or the partial save
   close(*lock);

@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
+#include "base/memory.h"
 #include "core/kv_offload.h"
 #include "core/kv_pages.h"
-#include "core/memory.h"
 #include "core/model.h"
 #include "kernels/backend.h"
 

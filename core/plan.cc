@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/checked.h"
 #include "core/io/config_fields.h"
 #include "core/models/family.h"
 #include "core/tensor_parallel.h"

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/memory.h"
 #include "core/lora.h"
-#include "core/memory.h"
 #include "core/model.h"
 #include "core/objective.h"
 #include "core/strategy.h"

@@ -27,11 +27,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/lora.h"
 #include "core/model.h"
 #include "core/models/mamba/config.h"
 #include "core/models/transformer/config.h"
-#include "distributed/communicator.h"
 
 namespace sg {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 
 namespace sg::dist {
 

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "distributed/communicator.h"
+#include "base/communicator.h"
 
 namespace sg::dist {
 

@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "core/strategy.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 
 namespace sg::dist {
 

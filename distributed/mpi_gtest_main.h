@@ -2,7 +2,7 @@
 // failure on any rank fails every rank.
 #pragma once
 
-#include "distributed/communicator.h"
+#include "base/communicator.h"
 
 namespace sg::dist {
 extern Communicator* g_comm;  // set before the tests run

@@ -13,9 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/communicator.h"
 #include "core/tensor_parallel.h"
 #include "core/trainer.h"
-#include "distributed/communicator.h"
 #include "distributed/data_parallel.h"
 
 namespace sg::dist {

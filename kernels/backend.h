@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg {
 

@@ -6,12 +6,12 @@
         name = "attention_cuda",
         srcs = ["attention.cu"],            # .cu (and private .cuh/.h) files
         hdrs = ["attention_cuda.h"],         # host-callable API, visible to cc_* dependents
-        deps = ["//core:dtype"],             # cc_library deps: headers/includes/defines reach nvcc
+        deps = ["//base:dtype"],             # cc_library deps: headers/includes/defines reach nvcc
     )
 
     cc_binary(name = "bench", srcs = ["bench.cc"], deps = [":attention_cuda"])
 
-* Includes are resolved from the repository root (`#include "core/dtype.h"`), the bin
+* Includes are resolved from the repository root (`#include "base/dtype.h"`), the bin
   directory (generated headers) and every include path of `deps`; CUDA headers come from
   //third_party:cuda (always added to deps), which also links cuBLAS, cuBLASLt, NCCL and a
   static cudart.

@@ -6,12 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/errno_status.h"
 
 namespace sg::io {
 
@@ -26,12 +26,6 @@ ReadFd& ReadFd::operator=(ReadFd&& other) noexcept {
 
 ReadFd::~ReadFd() {
   if (fd_ >= 0) close(fd_);
-}
-
-absl::StatusCode ErrnoCode(int err) { return absl::ErrnoToStatusCode(err); }
-
-absl::Status ErrnoStatus(int err, const std::string& what) {
-  return absl::Status(ErrnoCode(err), absl::StrCat(what, ": ", std::strerror(err)));
 }
 
 namespace {

@@ -31,15 +31,6 @@ class ReadFd {
   int fd_ = -1;
 };
 
-// The one mapping of errno values to status codes, absl's: ENOENT -> NOT_FOUND, EACCES/EPERM/EROFS ->
-// PERMISSION_DENIED, ENOTDIR/EISDIR -> FAILED_PRECONDITION, ENOSPC/EDQUOT -> RESOURCE_EXHAUSTED, EEXIST ->
-// ALREADY_EXISTS, EIO -> UNKNOWN, ... Every failed system call of the engine reports its errno through it, so one
-// errno gives one code whatever the call (saving, loading, reading data).
-absl::StatusCode ErrnoCode(int err);
-
-// The status of a failed system call: ErrnoCode(err), message "<what>: <strerror>".
-absl::Status ErrnoStatus(int err, const std::string& what);
-
 // Opens `path` for reading when it is a regular file; *info (if not null) gets its fstat. A directory, FIFO,
 // socket or device is INVALID_ARGUMENT naming the path and what it is, returned without blocking.
 absl::StatusOr<ReadFd> OpenRegularFile(const std::string& path, struct stat* info = nullptr);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/models/transformer/config.h"
 #include "core/io/safetensors.h"
 #include "gtest/gtest.h"

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/errno_status.h"
 #include "core/io/file.h"
 #include "core/io/json_util.h"
 #include "nlohmann/json.hpp"

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg::io {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/io/file.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

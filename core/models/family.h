@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/model.h"
 #include "core/models/footprint.h"
 

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/dtype.h"
-#include "core/memory.h"
+#include "base/checked.h"
+#include "base/dtype.h"
 
 namespace sg {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg::cpu {
 namespace {

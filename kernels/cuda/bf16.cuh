@@ -1,4 +1,4 @@
-// bf16 storage in device code (--dtype=bf16): bits as uint16_t, converted with core/dtype.h's rounding (to nearest
+// bf16 storage in device code (--dtype=bf16): bits as uint16_t, converted with base/dtype.h's rounding (to nearest
 // even, NaN kept quiet). Kernels templated on a storage type S compute in Wide<S> (bf16 -> f32).
 #pragma once
 

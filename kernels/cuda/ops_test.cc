@@ -29,8 +29,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/memory.h"
+#include "base/dtype.h"
+#include "base/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_test_support.h"

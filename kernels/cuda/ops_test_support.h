@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/memory.h"
+#include "base/dtype.h"
+#include "base/tensor.h"
 #include "kernels/backend.h"
 
 namespace sg {

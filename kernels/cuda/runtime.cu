@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/memory.h"
+#include "base/memory.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/ops_test_support.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/models/footprint.h"
 
 namespace sg {

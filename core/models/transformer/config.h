@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "core/models/footprint.h"
 
 namespace sg {

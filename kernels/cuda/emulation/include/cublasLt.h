@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 #include "library_types.h"

@@ -1,7 +1,7 @@
 // Stand-in for <cublas_v2.h> in the CPU emulation of the CUDA backend: column-major GEMM with transposes on the
 // host (products accumulated in double), validating arguments as cuBLAS does (sizes >= 0, lda >= max(1, rows of
 // op's operand as stored), ...). f32 compute types: 32F exact, FAST_TF32 rounds the inputs to TF32 (10-bit
-// mantissa), FAST_16BF rounds them to bf16 (core/dtype.h's F32ToBF16), as the tensor cores do.
+// mantissa), FAST_16BF rounds them to bf16 (base/dtype.h's F32ToBF16), as the tensor cores do.
 #pragma once
 
 #include "cuda_runtime.h"

@@ -1,7 +1,5 @@
-// The host block cache under the CPU allocator (core/memory.h): reuse per size class, its bound, release, threads,
+// The host block cache under the CPU allocator (base/host_cache.h): reuse per size class, its bound, release, threads,
 // zeroing of reused blocks, exact category counts, and SG_HOST_CACHE=0 (memory_cache_off_test runs this file so).
-#include "core/memory.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,6 +10,9 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "base/host_cache.h"
+#include "base/tensor.h"
 
 namespace sg {
 namespace {

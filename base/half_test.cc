@@ -4,7 +4,7 @@
 #include <limits>
 #include <random>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 #include "gtest/gtest.h"
 
 namespace sg {

@@ -1,4 +1,4 @@
-#include "distributed/communicator.h"
+#include "base/communicator.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,8 +1,8 @@
-// IEEE 754 binary16 <-> binary32 conversions declared in core/dtype.h.
+// IEEE 754 binary16 <-> binary32 conversions declared in base/dtype.h.
 #include <cstdint>
 #include <cstring>
 
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg {
 

@@ -1,7 +1,8 @@
 // Collective and point-to-point communication between the ranks of a distributed run, behind one interface with
-// real backends only: MPI (Debian OpenMPI, host memory; mpi_communicator.h) and NCCL (device memory,
-// nccl_communicator.h; host buffers staged through the device, host_staged_nccl.h). Every call returns a status; none
-// throws.
+// real backends only, in //distributed: MPI (Debian OpenMPI, host memory; distributed/mpi_communicator.h) and NCCL
+// (device memory, distributed/nccl_communicator.h; host buffers staged through the device,
+// distributed/host_staged_nccl.h). Every call returns a status; none throws. The interface is in the base layer so
+// that the layers below distributed/ (core's tensor parallelism) can hold a communicator.
 //
 // Failure model. A backend never waits forever: an operation that has not completed after the communicator's
 // timeout (MpiOptions::timeout_s) returns DEADLINE_EXCEEDED naming the operation and the rank, and the
@@ -21,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "core/dtype.h"
+#include "base/dtype.h"
 
 namespace sg::dist {
 
