@@ -15,33 +15,13 @@ namespace sg::cabi {
 
 enum class OptionKind { kString, kInt64, kUint64, kInt32, kBool, kDouble };
 
-// The C type of a kind's field.
+// The C type of a kind's field (kBool: an int32_t flag).
 template <OptionKind K>
-struct OptionCType;
-template <>
-struct OptionCType<OptionKind::kString> {
-  using type = const char*;
-};
-template <>
-struct OptionCType<OptionKind::kInt64> {
-  using type = int64_t;
-};
-template <>
-struct OptionCType<OptionKind::kUint64> {
-  using type = uint64_t;
-};
-template <>
-struct OptionCType<OptionKind::kInt32> {
-  using type = int32_t;
-};
-template <>
-struct OptionCType<OptionKind::kBool> {
-  using type = int32_t;
-};
-template <>
-struct OptionCType<OptionKind::kDouble> {
-  using type = double;
-};
+using OptionCType = std::conditional_t<
+    K == OptionKind::kString, const char*,
+    std::conditional_t<K == OptionKind::kDouble, double,
+                       std::conditional_t<K == OptionKind::kInt64, int64_t,
+                                          std::conditional_t<K == OptionKind::kUint64, uint64_t, int32_t>>>>;
 
 namespace trainer_options_layout {
 
@@ -91,8 +71,8 @@ static_assert(Contiguous(), "cabi/trainer_options.inc does not list sg_trainer_o
 static_assert(TakesInitializers<sg_trainer_options, std::make_index_sequence<kScalars>>::value &&
                   !TakesInitializers<sg_trainer_options, std::make_index_sequence<kScalars + 1>>::value,
               "sg_trainer_options has a field that cabi/trainer_options.inc does not list");
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc)                                                  \
-  static_assert(std::is_same_v<decltype(sg_trainer_options::name), OptionCType<OptionKind::kind>::type>, \
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc)                                            \
+  static_assert(std::is_same_v<decltype(sg_trainer_options::name), OptionCType<OptionKind::kind>>, \
                 "sg_trainer_options." #name " is not of the kind cabi/trainer_options.inc gives it");
 #include "cabi/trainer_options.inc"
 

@@ -466,7 +466,7 @@ using sg::cabi::OptionKind;
 jfieldID OptionsField(JNIEnv* env, jclass cls, const char* c_name, OptionKind kind) {
   std::string name;
   for (const char* c = c_name; *c; ++c) name += *c == '_' && c[1] ? static_cast<char>(std::toupper(*++c)) : *c;
-  const char* sig = kind == OptionKind::kString ? "Ljava/lang/String;"
+  const char* sig = kind == OptionKind::kString   ? "Ljava/lang/String;"
                     : kind == OptionKind::kDouble ? "D"
                     : kind == OptionKind::kBool   ? "Z"
                     : kind == OptionKind::kInt32  ? "I"
@@ -496,7 +496,44 @@ bool ReadOption(JNIEnv* env, jobject options, jclass cls, const char* c_name, st
   }
   return true;
 }
+
+// Writes one option into a Trainer.Options object; false with a Java exception pending.
+template <OptionKind K, typename T>
+bool WriteOption(JNIEnv* env, jobject options, jclass cls, const char* c_name, T value) {
+  jfieldID id = OptionsField(env, cls, c_name, K);
+  if (!id) return false;
+  if constexpr (K == OptionKind::kString) {
+    jstring s = env->NewStringUTF(value);
+    if (!s) return false;
+    env->SetObjectField(options, id, s);
+    env->DeleteLocalRef(s);
+  } else if constexpr (K == OptionKind::kDouble) {
+    env->SetDoubleField(options, id, value);
+  } else if constexpr (K == OptionKind::kBool) {
+    env->SetBooleanField(options, id, value != 0);
+  } else if constexpr (K == OptionKind::kInt32) {
+    env->SetIntField(options, id, value);
+  } else {
+    env->SetLongField(options, id, static_cast<jlong>(value));
+  }
+  return true;
+}
 }  // namespace
+
+// A Trainer.Options holding sg_trainer_default_options(), written field by field as trainerCreate reads them.
+JNI_FN(jobject, trainerDefaultOptions)(JNIEnv* env, jclass) {
+  GUARD_BEGIN
+  jclass cls = env->FindClass("org/seqgrad/Trainer$Options");
+  jmethodID init = cls ? env->GetMethodID(cls, "<init>", "()V") : nullptr;
+  jobject options = init ? env->NewObject(cls, init) : nullptr;
+  if (!options) return nullptr;
+  const sg_trainer_options o = sg_trainer_default_options();
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+  if (!WriteOption<OptionKind::kind>(env, options, cls, #name, o.name)) return nullptr;
+#include "cabi/trainer_options.inc"
+  return options;
+  GUARD_END(nullptr)
+}
 
 // options: an org.seqgrad.Trainer.Options, read field by field (cabi/trainer_options.inc).
 JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jobject options) {

@@ -139,6 +139,8 @@ final class NativeApi {
 
   /** Reads options field by field: each sg_trainer_options field (cabi/trainer_options.inc) in camelCase. */
   static native long trainerCreate(Trainer.Holder owner, long model, Trainer.Options options);
+  /** Options holding the C API's defaults (sg_trainer_default_options), written field by field. */
+  static native Trainer.Options trainerDefaultOptions();
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);
