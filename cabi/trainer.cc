@@ -1,16 +1,41 @@
 // The trainer handle: its options, creation (joining a tensor-parallel job when asked), reference model, progress
 // callback and cancellation.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "cabi/internal.h"
+#include "cabi/trainer_options.h"
 #include "core/strategy.h"
 
 namespace sg::cabi {
 namespace {
+
+// The engine column of the options that are converted here by hand (cabi/trainer_options.inc).
+struct ByHand;
+
+// An option as the engine holds it: a NULL string is the option's default, an int32_t flag a bool.
+void CopyOption(const char* value, const char* default_value, std::string* to) { *to = value ? value : default_value; }
+template <typename From, typename Default, typename To>
+void CopyOption(From value, Default, To* to) {
+  *to = static_cast<To>(value);
+}
+
+// Copies the options that cabi/trainer_options.inc gives the engine struct Engine (StrategyOptions, ...) as they are.
+// Older callers' options keep the engine's defaults of the fields their struct_size does not reach.
+template <typename Engine>
+void CopyPlainOptions(const sg_trainer_options& o, Engine* to) {
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc)                                                           \
+  if constexpr (std::is_same_v<Engine, engine>) {                                                                 \
+    if (o.struct_size >= offsetof(sg_trainer_options, name) + sizeof(o.name)) CopyOption(o.name, def, &to->name); \
+  }
+#include "cabi/trainer_options.inc"
+}
 
 sg_status* CheckOptionsSize(const char* fn, const sg_trainer_options& o) {
   if (sg_status* s = CheckStructSize(fn, "options", o.struct_size, sizeof(sg_trainer_options), kTrainerOptionsSizes))
@@ -24,22 +49,7 @@ sg_status* CheckOptionsSize(const char* fn, const sg_trainer_options& o) {
 StrategyOptions StrategyOptionsOf(const sg_trainer_options& o) {
   StrategyOptions so;
   so.name = o.strategy ? o.strategy : "full";
-  so.chunk = o.chunk;
-  so.page_size = o.page_size;
-  so.lm_chunk = o.lm_chunk;
-  if (o.struct_size > kTrainerOptionsSize0_1) {
-    so.spaco_budget = o.spaco_budget;
-    so.spaco_cap = o.spaco_cap;
-    so.seed = o.seed;
-  }
-  if (o.struct_size > kTrainerOptionsSize0_3) {
-    so.adjoint_form = o.adjoint_form ? o.adjoint_form : "pairs";
-    so.adjoint_window = o.adjoint_window;
-  }
-  if (o.struct_size > kTrainerOptionsSize0_5) {  // older callers' options: dense, no offload
-    so.sparse_pages = o.sparse_pages;
-    so.offload = o.offload != 0;
-  }
+  CopyPlainOptions(o, &so);
   return so;
 }
 
@@ -76,12 +86,8 @@ sg_status* CheckStrategy(const char* fn, const StrategyOptions& so, const Model&
 }
 
 sg_status* ObjectiveOptionsOf(const char* fn, const sg_trainer_options& o, ObjectiveOptions* obj) {
-  if (o.struct_size > kTrainerOptionsSize0_2) {  // older callers' options keep the sft defaults
-    obj->name = o.objective ? o.objective : "sft";
-    obj->dpo_beta = o.dpo_beta;
-    obj->grpo_clip_eps = o.grpo_clip_eps;
-    obj->grpo_kl_beta = o.grpo_kl_beta;
-  }
+  if (o.struct_size > kTrainerOptionsSize0_2) obj->name = o.objective ? o.objective : "sft";  // older: sft
+  CopyPlainOptions(o, obj);
   // Callers built before the field keep the plain k3 they were built for.
   obj->grpo_kl_bias_correction = o.struct_size > kTrainerOptionsSize0_7 && o.grpo_kl_bias_correction;
   if (obj->name != "sft" && obj->name != "dpo" && obj->name != "grpo")
@@ -109,19 +115,7 @@ sg_status* OptimizerOptionsOf(const char* fn, const sg_trainer_options& o, Optim
     return Invalid(absl::StrCat(fn, ": options->weight_decay is ", o.weight_decay, "; need >= 0"));
   if (!(o.clip_grad_norm >= 0))
     return Invalid(absl::StrCat(fn, ": options->clip_grad_norm is ", o.clip_grad_norm, "; need >= 0"));
-  oo->lr = o.lr;
-  oo->beta1 = o.beta1;
-  oo->beta2 = o.beta2;
-  oo->eps = o.eps;
-  oo->weight_decay = o.weight_decay;
-  oo->clip_grad_norm = o.clip_grad_norm;
-  if (o.struct_size > kTrainerOptionsSize0_4) {  // older callers' options keep a constant lr, no accumulation
-    oo->lr_schedule = o.lr_schedule ? o.lr_schedule : "constant";
-    oo->warmup_steps = o.warmup_steps;
-    oo->min_lr = o.min_lr;
-    oo->total_steps = o.total_steps;
-    oo->grad_accum = o.grad_accum;
-  }
+  CopyPlainOptions(o, oo);
   if (absl::Status s = ValidateOptimizerOptions(*oo); !s.ok())
     return Invalid(absl::StrCat(fn, ": options->", s.message()));
   return nullptr;
@@ -192,37 +186,9 @@ extern "C" {
 sg_trainer_options sg_trainer_default_options(void) {
   sg_trainer_options o{};
   o.struct_size = sizeof(sg_trainer_options);
-  o.strategy = "full";
-  const sg::StrategyOptions so;
-  const sg::OptimizerOptions oo;
-  o.chunk = so.chunk;
-  o.page_size = so.page_size;
-  o.lm_chunk = so.lm_chunk;
-  o.spaco_budget = so.spaco_budget;
-  o.spaco_cap = so.spaco_cap;
-  o.seed = so.seed;
-  o.adjoint_form = "pairs";
-  o.adjoint_window = so.adjoint_window;
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) o.name = def;
+#include "cabi/trainer_options.inc"
   static_assert(sg::StrategyOptions::kNoAdjointWindow == INT64_MAX, "the C API documents INT64_MAX as no window");
-  const sg::ObjectiveOptions obj;
-  o.objective = "sft";
-  o.dpo_beta = obj.dpo_beta;
-  o.grpo_clip_eps = obj.grpo_clip_eps;
-  o.grpo_kl_beta = obj.grpo_kl_beta;
-  o.grpo_kl_bias_correction = obj.grpo_kl_bias_correction ? 1 : 0;
-  o.lr = oo.lr;
-  o.beta1 = oo.beta1;
-  o.beta2 = oo.beta2;
-  o.eps = oo.eps;
-  o.weight_decay = oo.weight_decay;
-  o.clip_grad_norm = oo.clip_grad_norm;
-  o.lr_schedule = "constant";
-  o.warmup_steps = oo.warmup_steps;
-  o.min_lr = oo.min_lr;
-  o.total_steps = oo.total_steps;
-  o.grad_accum = oo.grad_accum;
-  o.sparse_pages = so.sparse_pages;
-  o.offload = so.offload ? 1 : 0;
   return o;
 }
 

@@ -13,10 +13,13 @@
 #endif
 
 #include <atomic>
+#include <deque>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cabi/trainer_options.h"
 #include "seqgrad/seqgrad.h"
 
 namespace py = pybind11;
@@ -143,6 +146,44 @@ void CheckNoGradViews(const NativeModel& self, const char* what) {
               std::string(what) + ": " + std::to_string(self.grad_views) +
                   " numpy view(s) of the model's gradients are alive (Model.gradients()); LoRA releases the base "
                   "parameters' gradients: drop the views (or enable LoRA before taking them)");
+}
+
+// Sets one field of sg_trainer_options from a Python value of its kind; `strings` keeps the string options' bytes.
+template <sg::cabi::OptionKind K, typename T>
+void SetOption(py::handle value, const char* name, std::deque<std::string>* strings, T* field) {
+  using sg::cabi::OptionKind;
+  try {
+    if constexpr (K == OptionKind::kString) {
+      *field = strings->emplace_back(value.cast<std::string>()).c_str();
+    } else if constexpr (K == OptionKind::kBool) {
+      *field = value.cast<bool>() ? 1 : 0;
+    } else {
+      *field = value.cast<T>();
+    }
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("Trainer option '") + name + "' cannot be " +
+                         std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+  }
+}
+
+// sg_trainer_options' field names (cabi/trainer_options.inc), the Python layer's option names.
+constexpr const char* kTrainerOptionNames[] = {
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) #name,
+#include "cabi/trainer_options.inc"
+};
+
+// sg_trainer_options from a dict keyed by its field names; the fields the dict lacks keep their defaults.
+sg_trainer_options TrainerOptions(const py::dict& options, std::deque<std::string>* strings) {
+  for (const auto& item : options) {
+    bool known = false;
+    for (const char* name : kTrainerOptionNames) known = known || py::str(name).equal(item.first);
+    if (!known) RaiseCode(SG_ERR_INVALID_ARGUMENT, "Trainer: unknown option " + std::string(py::repr(item.first)));
+  }
+  sg_trainer_options o = sg_trainer_default_options();
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+  if (options.contains(#name)) SetOption<sg::cabi::OptionKind::kind>(options[#name], #name, strings, &o.name);
+#include "cabi/trainer_options.inc"
+  return o;
 }
 
 struct NativeTrainer {
@@ -459,6 +500,21 @@ PYBIND11_MODULE(_native, mod) {
     for (int c = 0; c < SG_NUM_MEMORY_CATEGORIES_ALL; ++c) l.append(sg_memory_category_name(c));
     return l;
   });
+  mod.attr("TRAINER_OPTIONS") = [] {
+    py::tuple names(std::size(kTrainerOptionNames));
+    for (size_t i = 0; i < std::size(kTrainerOptionNames); ++i) names[i] = kTrainerOptionNames[i];
+    return names;
+  }();
+  // sg_trainer_default_options() as a dict keyed by TRAINER_OPTIONS (flags as bools).
+  mod.def("trainer_default_options", [] {
+    using sg::cabi::OptionKind;
+    const sg_trainer_options o = sg_trainer_default_options();
+    py::dict d;
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+  d[#name] = OptionKind::kind == OptionKind::kBool ? py::object(py::bool_(o.name != 0)) : py::cast(o.name);
+#include "cabi/trainer_options.inc"
+    return d;
+  });
   mod.def("preset_names", [] {
     py::list l;
     for (const char* const* p = sg_model_preset_names(); *p; ++p) l.append(*p);
@@ -609,44 +665,10 @@ PYBIND11_MODULE(_native, mod) {
       });
 
   py::class_<NativeTrainer, std::shared_ptr<NativeTrainer>>(mod, "Trainer")
-      .def(py::init([](NativeModel& model, const std::string& strategy, int64_t chunk, int64_t page_size,
-                       int64_t lm_chunk, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       double clip_grad_norm, int64_t spaco_budget, double spaco_cap, uint64_t seed,
-                       const std::string& objective, double dpo_beta, double grpo_clip_eps, double grpo_kl_beta,
-                       bool grpo_kl_bias_correction, const std::string& adjoint_form, int64_t adjoint_window,
-                       const std::string& lr_schedule,
-                       int64_t warmup_steps, double min_lr, int64_t total_steps, int64_t grad_accum,
-                       int64_t sparse_pages, bool offload, int32_t num_threads, int64_t tp) {
-             sg_trainer_options o = sg_trainer_default_options();
-             o.strategy = strategy.c_str();
-             o.chunk = chunk;
-             o.page_size = page_size;
-             o.lm_chunk = lm_chunk;
-             o.lr = lr;
-             o.beta1 = beta1;
-             o.beta2 = beta2;
-             o.eps = eps;
-             o.weight_decay = weight_decay;
-             o.clip_grad_norm = clip_grad_norm;
-             o.spaco_budget = spaco_budget;
-             o.spaco_cap = spaco_cap;
-             o.seed = seed;
-             o.objective = objective.c_str();
-             o.dpo_beta = dpo_beta;
-             o.grpo_clip_eps = grpo_clip_eps;
-             o.grpo_kl_beta = grpo_kl_beta;
-             o.grpo_kl_bias_correction = grpo_kl_bias_correction ? 1 : 0;
-             o.adjoint_form = adjoint_form.c_str();
-             o.adjoint_window = adjoint_window;
-             o.lr_schedule = lr_schedule.c_str();
-             o.warmup_steps = warmup_steps;
-             o.min_lr = min_lr;
-             o.total_steps = total_steps;
-             o.grad_accum = grad_accum;
-             o.sparse_pages = sparse_pages;
-             o.offload = offload ? 1 : 0;
-             o.num_threads = num_threads;
-             o.tp = tp;
+      // options: a dict keyed by sg_trainer_options' field names (TRAINER_OPTIONS).
+      .def(py::init([](NativeModel& model, const py::dict& options) {
+             std::deque<std::string> strings;
+             const sg_trainer_options o = TrainerOptions(options, &strings);
              auto self = std::make_shared<NativeTrainer>();
              self->callback = py::none();
              self->callback_error = py::none();
@@ -654,13 +676,7 @@ PYBIND11_MODULE(_native, mod) {
              Check(sg_trainer_set_progress_callback(self->t, ProgressTrampoline, self.get()));
              return self;
            }),
-           py::arg("model"), py::arg("strategy"), py::arg("chunk"), py::arg("page_size"), py::arg("lm_chunk"),
-           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"),
-           py::arg("clip_grad_norm"), py::arg("spaco_budget"), py::arg("spaco_cap"), py::arg("seed"),
-           py::arg("objective"), py::arg("dpo_beta"), py::arg("grpo_clip_eps"), py::arg("grpo_kl_beta"),
-           py::arg("grpo_kl_bias_correction"), py::arg("adjoint_form"), py::arg("adjoint_window"), py::arg("lr_schedule"), py::arg("warmup_steps"),
-           py::arg("min_lr"), py::arg("total_steps"), py::arg("grad_accum"), py::arg("sparse_pages"),
-           py::arg("offload"), py::arg("num_threads"), py::arg("tp"))
+           py::arg("model"), py::arg("options"))
       .def("step", [](NativeTrainer& s, py::object ids, py::object labels,
                       py::object lengths) { return RunStep(s, ids, labels, lengths, kStep); })
       .def("compute_gradients", [](NativeTrainer& s, py::object ids, py::object labels,

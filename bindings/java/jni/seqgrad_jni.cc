@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "cabi/trainer_options.h"
 #include "seqgrad/seqgrad.h"
 
 namespace {
@@ -455,47 +458,93 @@ JNI_FN(void, paramWrite)(JNIEnv* env, jclass, jlong h, jlong i, jobject src) {
   GUARD_END()
 }
 
-JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jstring strategy, jlong chunk,
-                             jlong page_size, jlong lm_chunk, jdouble lr, jdouble beta1, jdouble beta2, jdouble eps,
-                             jdouble weight_decay, jdouble clip, jlong spaco_budget, jdouble spaco_cap,
-                             jlong seed, jstring objective, jdouble dpo_beta, jdouble grpo_clip_eps,
-                             jdouble grpo_kl_beta, jboolean grpo_kl_bias_correction, jstring adjoint_form,
-                             jlong adjoint_window, jstring lr_schedule,
-                             jlong warmup_steps, jdouble min_lr, jlong total_steps, jlong grad_accum,
-                             jlong sparse_pages, jboolean offload, jint num_threads, jlong tp) {
+namespace {
+using sg::cabi::OptionKind;
+
+// The field of org.seqgrad.Trainer.Options for an sg_trainer_options field: its name in camelCase (page_size:
+// pageSize), of the Java type of its kind.
+jfieldID OptionsField(JNIEnv* env, jclass cls, const char* c_name, OptionKind kind) {
+  std::string name;
+  for (const char* c = c_name; *c; ++c) name += *c == '_' && c[1] ? static_cast<char>(std::toupper(*++c)) : *c;
+  const char* sig = kind == OptionKind::kString   ? "Ljava/lang/String;"
+                    : kind == OptionKind::kDouble ? "D"
+                    : kind == OptionKind::kBool   ? "Z"
+                    : kind == OptionKind::kInt32  ? "I"
+                                                  : "J";
+  return env->GetFieldID(cls, name.c_str(), sig);
+}
+
+// Reads one option from a Trainer.Options object; false with a Java exception pending. `strings` keeps the string
+// options' bytes; a null String is the C default.
+template <OptionKind K, typename T>
+bool ReadOption(JNIEnv* env, jobject options, jclass cls, const char* c_name, std::deque<std::string>* strings,
+                T* field) {
+  jfieldID id = OptionsField(env, cls, c_name, K);
+  if (!id) return false;
+  if constexpr (K == OptionKind::kString) {
+    auto s = static_cast<jstring>(env->GetObjectField(options, id));
+    *field = s ? strings->emplace_back(Str(env, s)).c_str() : nullptr;
+    env->DeleteLocalRef(s);
+  } else if constexpr (K == OptionKind::kDouble) {
+    *field = env->GetDoubleField(options, id);
+  } else if constexpr (K == OptionKind::kBool) {
+    *field = env->GetBooleanField(options, id) ? 1 : 0;
+  } else if constexpr (K == OptionKind::kInt32) {
+    *field = env->GetIntField(options, id);
+  } else {
+    *field = static_cast<T>(env->GetLongField(options, id));  // Java has no unsigned long: a seed's bits carry over
+  }
+  return true;
+}
+
+// Writes one option into a Trainer.Options object; false with a Java exception pending.
+template <OptionKind K, typename T>
+bool WriteOption(JNIEnv* env, jobject options, jclass cls, const char* c_name, T value) {
+  jfieldID id = OptionsField(env, cls, c_name, K);
+  if (!id) return false;
+  if constexpr (K == OptionKind::kString) {
+    jstring s = env->NewStringUTF(value);
+    if (!s) return false;
+    env->SetObjectField(options, id, s);
+    env->DeleteLocalRef(s);
+  } else if constexpr (K == OptionKind::kDouble) {
+    env->SetDoubleField(options, id, value);
+  } else if constexpr (K == OptionKind::kBool) {
+    env->SetBooleanField(options, id, value != 0);
+  } else if constexpr (K == OptionKind::kInt32) {
+    env->SetIntField(options, id, value);
+  } else {
+    env->SetLongField(options, id, static_cast<jlong>(value));
+  }
+  return true;
+}
+}  // namespace
+
+// A Trainer.Options holding sg_trainer_default_options(), written field by field as trainerCreate reads them.
+JNI_FN(jobject, trainerDefaultOptions)(JNIEnv* env, jclass) {
   GUARD_BEGIN
-  const std::string s = Str(env, strategy), obj = Str(env, objective), form = Str(env, adjoint_form);
-  const std::string schedule = Str(env, lr_schedule);
+  jclass cls = env->FindClass("org/seqgrad/Trainer$Options");
+  jmethodID init = cls ? env->GetMethodID(cls, "<init>", "()V") : nullptr;
+  jobject options = init ? env->NewObject(cls, init) : nullptr;
+  if (!options) return nullptr;
+  const sg_trainer_options o = sg_trainer_default_options();
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+  if (!WriteOption<OptionKind::kind>(env, options, cls, #name, o.name)) return nullptr;
+#include "cabi/trainer_options.inc"
+  return options;
+  GUARD_END(nullptr)
+}
+
+// options: an org.seqgrad.Trainer.Options, read field by field (cabi/trainer_options.inc).
+JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jobject options) {
+  GUARD_BEGIN
+  std::deque<std::string> strings;
   sg_trainer_options o = sg_trainer_default_options();
-  o.strategy = strategy ? s.c_str() : nullptr;
-  o.chunk = chunk;
-  o.page_size = page_size;
-  o.lm_chunk = lm_chunk;
-  o.lr = lr;
-  o.beta1 = beta1;
-  o.beta2 = beta2;
-  o.eps = eps;
-  o.weight_decay = weight_decay;
-  o.clip_grad_norm = clip;
-  o.spaco_budget = spaco_budget;
-  o.spaco_cap = spaco_cap;
-  o.seed = static_cast<uint64_t>(seed);  // Java has no unsigned long: the bits carry over
-  o.objective = objective ? obj.c_str() : nullptr;
-  o.dpo_beta = dpo_beta;
-  o.grpo_clip_eps = grpo_clip_eps;
-  o.grpo_kl_beta = grpo_kl_beta;
-  o.grpo_kl_bias_correction = grpo_kl_bias_correction ? 1 : 0;
-  o.adjoint_form = adjoint_form ? form.c_str() : nullptr;  // null: "pairs"
-  o.adjoint_window = adjoint_window;
-  o.lr_schedule = lr_schedule ? schedule.c_str() : nullptr;  // null: "constant"
-  o.warmup_steps = warmup_steps;
-  o.min_lr = min_lr;
-  o.total_steps = total_steps;
-  o.grad_accum = grad_accum;
-  o.sparse_pages = sparse_pages;
-  o.offload = offload ? 1 : 0;
-  o.num_threads = num_threads;
-  o.tp = tp;
+  jclass cls = env->GetObjectClass(options);
+#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+  if (!ReadOption<OptionKind::kind>(env, options, cls, #name, &strings, &o.name)) return 0;
+#include "cabi/trainer_options.inc"
+  env->DeleteLocalRef(cls);
   sg_trainer* t = nullptr;
   if (Failed(env, sg_trainer_create(M(model), &o, &t))) return 0;
   auto* jt = new JTrainer;

@@ -405,14 +405,13 @@ class Trainer:
                                        "no window)" % adjoint_window)
         self.model = model
         self.reference = None
-        self._native = _native.Trainer(model._get(), strategy, chunk, page_size, lm_chunk, lr, betas[0], betas[1],
-                                       eps, weight_decay, clip_grad_norm, spaco_budget, spaco_cap, seed,
-                                       "sft" if objective is None else objective, dpo_beta, grpo_clip_eps,
-                                       grpo_kl_beta, bool(grpo_kl_bias_correction),
-                                       "pairs" if adjoint_form is None else adjoint_form,
-                                       int(adjoint_window), "constant" if lr_schedule is None else lr_schedule,
-                                       warmup_steps, min_lr, total_steps, grad_accum, sparse_pages,
-                                       bool(offload), _thread_count(num_threads), _tp_size(tp))
+        # The keyword arguments are sg_trainer_options' fields by name (_native.TRAINER_OPTIONS), but for betas.
+        options = dict(locals(), beta1=betas[0], beta2=betas[1], objective="sft" if objective is None else objective,
+                       grpo_kl_bias_correction=bool(grpo_kl_bias_correction), adjoint_window=int(adjoint_window),
+                       adjoint_form="pairs" if adjoint_form is None else adjoint_form,
+                       lr_schedule="constant" if lr_schedule is None else lr_schedule, offload=bool(offload),
+                       num_threads=_thread_count(num_threads), tp=_tp_size(tp))
+        self._native = _native.Trainer(model._get(), {name: options[name] for name in _native.TRAINER_OPTIONS})
         if reference is not None:
             self.set_reference(reference)
         if progress is not None:

@@ -137,11 +137,10 @@ final class NativeApi {
   static native void modelSaveLoraAdapter(long h, String dir, String base);
   static native void modelLoadLoraAdapter(long h, String dir);
 
-  static native long trainerCreate(Trainer.Holder owner, long model, String strategy, long chunk, long pageSize,
-      long lmChunk, double lr, double beta1, double beta2, double eps, double weightDecay, double clip,
-      long spacoBudget, double spacoCap, long seed, String objective, double dpoBeta, double grpoClipEps,
-      double grpoKlBeta, boolean grpoKlBiasCorrection, String adjointForm, long adjointWindow, String lrSchedule, long warmupSteps, double minLr,
-      long totalSteps, long gradAccum, long sparsePages, boolean offload, int numThreads, long tp);
+  /** Reads options field by field: each sg_trainer_options field (cabi/trainer_options.inc) in camelCase. */
+  static native long trainerCreate(Trainer.Holder owner, long model, Trainer.Options options);
+  /** Options holding the C API's defaults (sg_trainer_default_options), written field by field. */
+  static native Trainer.Options trainerDefaultOptions();
   static native void trainerFree(long h);
   static native void trainerCancel(long h);
   static native long trainerStepCount(long h);

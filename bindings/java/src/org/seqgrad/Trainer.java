@@ -47,7 +47,9 @@ public final class Trainer extends NativeHandle {
 
   /**
    * Trainer options, public fields with chainable setters (defaults as in the C API's sg_trainer_default_options).
-   * Bad values throw {@link InvalidArgumentException} naming the option from {@link Trainer#create}.
+   * Bad values throw {@link InvalidArgumentException} naming the option from {@link Trainer#create}. The native layer
+   * reads the fields by name: each of the C API's sg_trainer_options fields in camelCase ({@code page_size}: {@link
+   * #pageSize}), with the Java type of its kind (String, long, int, double, boolean).
    */
   public static final class Options {
     /** Options with the defaults. */
@@ -225,10 +227,7 @@ public final class Trainer extends NativeHandle {
     long mh = model.handleForTrainer();
     try {
       Holder holder = new Holder();
-      long h = NativeApi.trainerCreate(holder, mh, o.strategy, o.chunk, o.pageSize, o.lmChunk, o.lr, o.beta1,
-          o.beta2, o.eps, o.weightDecay, o.clipGradNorm, o.spacoBudget, o.spacoCap, o.seed, o.objective, o.dpoBeta,
-          o.grpoClipEps, o.grpoKlBeta, o.grpoKlBiasCorrection, o.adjointForm, o.adjointWindow, o.lrSchedule,
-          o.warmupSteps, o.minLr, o.totalSteps, o.gradAccum, o.sparsePages, o.offload, o.numThreads, o.tp);
+      long h = NativeApi.trainerCreate(holder, mh, o);
       Trainer t = holder.bind(new Trainer(h, NativeApi.modelParamBytes(mh)));
       if (o.reference != null) {
         try {
