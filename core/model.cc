@@ -15,6 +15,28 @@ DType Model::activation_dtype() {
   return dtype();
 }
 
+DType CreatedDType(Model& model) { return model.activation_dtype(); }
+
+absl::Status CheckDevice(Device d) {
+  const std::string why = DeviceUnavailableReason(d);
+  if (why.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("device '", DeviceName(d), "' cannot run: ", why));
+}
+
+absl::StatusOr<Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return Device::kCPU;
+  if (name == "cuda") return Device::kCUDA;
+  if (name == "meta") return Device::kMeta;
+  return absl::InvalidArgumentError(absl::StrCat("--device: unknown device '", name, "' (choose cpu, cuda or meta)"));
+}
+
+const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : d == Device::kMeta ? "meta" : "cpu"; }
+
+void ZeroGrads(Model& model) {
+  for (Param& p : model.params())
+    if (p.grad.defined()) p.grad.SetZero();
+}
+
 Tensor Model::NewRows(int64_t rows) {
   return Tensor::Empty(&memory(), MemCategory::kActivations, activation_dtype(), {rows, hidden_size()});
 }

@@ -192,4 +192,8 @@ absl::Status CheckDevice(Device d);
 absl::StatusOr<Device> ParseDevice(const std::string& name);
 const char* DeviceName(Device d);
 
+// The dtype a model was created with: bf16 when it stores weight matrices in bf16 (DType::kBF16, whose compute
+// dtype Model::dtype() is f32), else its compute dtype.
+DType CreatedDType(Model& model);
+
 }  // namespace sg

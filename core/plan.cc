@@ -86,8 +86,6 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, 
   return WithLora(Create(**config, dtype, device, seed, text->second), lora);
 }
 
-DType CreatedDType(Model& model) { return model.activation_dtype(); }
-
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   LoraOptions lora;
   if (model.lora()) lora = model.lora()->options;

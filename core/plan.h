@@ -23,10 +23,6 @@ absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, 
 // The same architecture, dtype (bf16 storage included) and LoRA as `model`, on meta.
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model);
 
-// The dtype a model was created with: bf16 when it stores weight matrices in bf16 (DType::kBF16, whose compute
-// dtype Model::dtype() is f32), else its compute dtype.
-DType CreatedDType(Model& model);
-
 struct MemoryPlan {
   int64_t seq_len = 0;
   MemorySnapshot device;   // peaks per category and of the total over the step (weights included)

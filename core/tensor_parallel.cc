@@ -10,7 +10,6 @@
 #include "absl/strings/str_join.h"
 #include "core/models/family.h"
 #include "core/optimizer.h"
-#include "core/plan.h"
 #include "kernels/backend.h"
 
 namespace sg {

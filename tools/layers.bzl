@@ -25,6 +25,15 @@ CORE_USERS = DISTRIBUTED_USERS + [
     "//kernels/cuda",
 ]
 
+# Packages that may depend on the model families (//core:models) and what is built on them (//core:train, the
+# //core aggregate, ...): CORE_USERS but //core/strategies, whose strategies see a model only through core/model.h
+# (//core:model; //tools:layering_test checks their #include lines too).
+FAMILY_USERS = DISTRIBUTED_USERS + [
+    "//core",
+    "//core/io",
+    "//kernels/cuda",
+]
+
 # Packages that may depend on //kernels and its backends: all but //base.
 KERNELS_USERS = DISTRIBUTED_USERS + [
     "//core/...",

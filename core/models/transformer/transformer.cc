@@ -71,26 +71,6 @@ RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
   return r;
 }
 
-absl::Status CheckDevice(Device d) {
-  const std::string why = DeviceUnavailableReason(d);
-  if (why.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("device '", DeviceName(d), "' cannot run: ", why));
-}
-
-absl::StatusOr<Device> ParseDevice(const std::string& name) {
-  if (name == "cpu") return Device::kCPU;
-  if (name == "cuda") return Device::kCUDA;
-  if (name == "meta") return Device::kMeta;
-  return absl::InvalidArgumentError(absl::StrCat("--device: unknown device '", name, "' (choose cpu, cuda or meta)"));
-}
-
-const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : d == Device::kMeta ? "meta" : "cpu"; }
-
-void ZeroGrads(Model& model) {
-  for (Param& p : model.params())
-    if (p.grad.defined()) p.grad.SetZero();
-}
-
 namespace {
 
 class TransformerState final : public SequenceState {
