@@ -8,6 +8,12 @@
 
 namespace sg {
 
+void ModelSpec::InitRandom(Model& model, uint64_t seed) const {
+  InitOptions init;
+  init.seed = seed;
+  sg::InitRandom(model, init);
+}
+
 // A new family is one line here.
 const std::vector<const ModelFamily*>& ModelFamilies() {
   static const std::vector<const ModelFamily*> families = {&TransformerModelFamily(), &MambaModelFamily()};

@@ -37,8 +37,8 @@ class ModelSpec {
   // A model with zero weights (none on meta). With tp.size > 1, rank tp.rank's blocks of a tensor-parallel split
   // under the whole model's names (the model is then also a TensorParallelModel).
   virtual absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const = 0;
-  // The family's random initialisation of a model created from this spec.
-  virtual void InitRandom(Model& model, uint64_t seed) const = 0;
+  // The family's random initialisation of a model created from this spec (by default sg::InitRandom's).
+  virtual void InitRandom(Model& model, uint64_t seed) const;
 
   // Parameters that multiply activations in a matmul: the layers' projections and the LM head (not the embedding
   // lookup, the norms or the biases).
@@ -69,6 +69,18 @@ class ModelFamily {
   virtual absl::StatusOr<std::unique_ptr<ModelSpec>> ParseConfig(const std::string& json_text,
                                                                  const std::string& source_name) const = 0;
 };
+
+// What every family's spec and parser convert: a created model of the family's type, a parsed config.
+template <typename FamilyModel>
+absl::StatusOr<std::unique_ptr<Model>> AsModel(absl::StatusOr<std::unique_ptr<FamilyModel>> model) {
+  if (!model.ok()) return model.status();
+  return std::unique_ptr<Model>(*std::move(model));
+}
+template <typename Spec, typename Config>
+absl::StatusOr<std::unique_ptr<ModelSpec>> AsSpec(absl::StatusOr<Config> config) {
+  if (!config.ok()) return config.status();
+  return std::unique_ptr<ModelSpec>(std::make_unique<Spec>(*std::move(config)));
+}
 
 // Every family, in the order config.json files are matched against them.
 const std::vector<const ModelFamily*>& ModelFamilies();

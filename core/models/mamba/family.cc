@@ -10,7 +10,6 @@
 #include "absl/strings/str_format.h"
 #include "core/models/mamba/config.h"
 #include "core/models/mamba/mamba.h"
-#include "core/models/transformer/transformer.h"  // InitRandom
 #include "core/tensor_parallel.h"
 
 namespace sg {
@@ -25,15 +24,11 @@ class MambaSpec final : public ModelSpec {
   std::string HFConfigJson() const override { return io::MambaConfigToHFJson(c_); }
   absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
   absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const override {
-    absl::StatusOr<std::unique_ptr<MambaModel>> m = CreateMamba(c_, dtype, device, tp);
-    if (!m.ok()) return m.status();
-    return std::unique_ptr<Model>(std::move(*m));
+    return AsModel(CreateMamba(c_, dtype, device, tp));
   }
   // The matrices as every family's, then the scan's own initialisation (InitMambaScan).
   void InitRandom(Model& model, uint64_t seed) const override {
-    InitOptions init;
-    init.seed = seed;
-    sg::InitRandom(model, init);
+    ModelSpec::InitRandom(model, seed);
     InitMambaScan(static_cast<MambaModel&>(model), seed);
   }
 
@@ -83,9 +78,7 @@ class MambaFamily final : public ModelFamily {
   }
   absl::StatusOr<std::unique_ptr<ModelSpec>> ParseConfig(const std::string& json_text,
                                                          const std::string& source_name) const override {
-    absl::StatusOr<MambaConfig> c = io::ParseMambaConfig(json_text, source_name);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<ModelSpec>(std::make_unique<MambaSpec>(*c));
+    return AsSpec<MambaSpec>(io::ParseMambaConfig(json_text, source_name));
   }
 };
 

@@ -24,14 +24,7 @@ class TransformerSpec final : public ModelSpec {
   std::string HFConfigJson() const override { return io::TransformerConfigToHFJson(c_); }
   absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
   absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const override {
-    absl::StatusOr<std::unique_ptr<TransformerModel>> m = CreateTransformer(c_, dtype, device, tp);
-    if (!m.ok()) return m.status();
-    return std::unique_ptr<Model>(std::move(*m));
-  }
-  void InitRandom(Model& model, uint64_t seed) const override {
-    InitOptions init;
-    init.seed = seed;
-    sg::InitRandom(model, init);
+    return AsModel(CreateTransformer(c_, dtype, device, tp));
   }
 
   int64_t MatmulParams() const override {
@@ -83,9 +76,7 @@ class TransformerFamily final : public ModelFamily {
   }
   absl::StatusOr<std::unique_ptr<ModelSpec>> ParseConfig(const std::string& json_text,
                                                          const std::string& source_name) const override {
-    absl::StatusOr<TransformerConfig> c = io::ParseTransformerConfig(json_text, source_name);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<ModelSpec>(std::make_unique<TransformerSpec>(*c));
+    return AsSpec<TransformerSpec>(io::ParseTransformerConfig(json_text, source_name));
   }
 };
 
