@@ -32,7 +32,7 @@ class ModelSpec {
   virtual bool tied_embeddings() const = 0;
   // A config.json that transformers loads as this model; the family's parser reads it back unchanged.
   virtual std::string HFConfigJson() const = 0;
-  // The parameters and bytes a model of this config takes once created (core/model_config.h).
+  // The parameters and bytes a model of this config takes once created (core/models/footprint.h).
   virtual absl::StatusOr<ModelFootprint> Footprint(DType dtype) const = 0;
   // A model with zero weights (none on meta). With tp.size > 1, rank tp.rank's blocks of a tensor-parallel split
   // under the whole model's names (the model is then also a TensorParallelModel).
