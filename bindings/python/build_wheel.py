@@ -17,6 +17,9 @@ import zipfile
 
 # What the tests run: Debian 12's NumPy 1.24 and PyPI's NumPy 2 (//bindings/python:seqgrad_numpy2_test).
 NUMPY_REQUIREMENT = "numpy>=1.24,<3"
+# `pip install 'seqgrad[data]'`: what seqgrad.data needs (the tokenizer, chat templates, saved datasets), from the
+# releases //bindings/python:data_test runs.
+DATA_REQUIREMENTS = ["transformers>=5.23,<6", "jinja2>=3.1", "datasets>=5.2"]
 
 
 def _record_hash(data):
@@ -32,7 +35,9 @@ def _write_wheel(path, version, files):
             entries.append(("seqgrad/" + name, fh.read(), ".so" in name))
     metadata = ("Metadata-Version: 2.1\nName: seqgrad\nVersion: %s\n"
                 "Summary: Exact-gradient long-sequence training of Llama/Qwen2 transformers (C ABI bindings)\n"
-                "Requires-Python: >=3.11,<3.12\nRequires-Dist: %s\n" % (version, NUMPY_REQUIREMENT))
+                "Requires-Python: >=3.11,<3.12\nRequires-Dist: %s\nProvides-Extra: data\n"
+                % (version, NUMPY_REQUIREMENT))
+    metadata += "".join('Requires-Dist: %s; extra == "data"\n' % r for r in DATA_REQUIREMENTS)
     wheel = ("Wheel-Version: 1.0\nGenerator: seqgrad build_wheel.py\nRoot-Is-Purelib: false\n"
              "Tag: cp311-cp311-linux_x86_64\n")
     entries.append((dist + "/METADATA", metadata.encode(), False))

@@ -48,7 +48,10 @@ import seqgrad
 
 assert np.__version__.startswith("2."), np.__version__
 assert importlib.metadata.version("seqgrad") == seqgrad.__version__ == seqgrad.version()  # one version source
-assert importlib.metadata.requires("seqgrad") == ["numpy>=1.24,<3"], importlib.metadata.requires("seqgrad")
+# seqgrad[data]: seqgrad.data's dependencies, only on request.
+data = ['transformers>=5.23,<6; extra == "data"', 'jinja2>=3.1; extra == "data"', 'datasets>=5.2; extra == "data"']
+assert importlib.metadata.requires("seqgrad") == ["numpy>=1.24,<3"] + data, importlib.metadata.requires("seqgrad")
+assert importlib.metadata.metadata("seqgrad").get_all("Provides-Extra") == ["data"]
 package = os.path.dirname(seqgrad.__file__)
 assert package.startswith(sys.prefix), package
 bundled = os.path.join(os.path.dirname(package), "seqgrad.libs")

@@ -71,8 +71,8 @@ def load_tokenizer(model_dir):
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
-        raise ImportError("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install transformers "
-                          "jinja2): %s" % e) from None
+        raise ImportError("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install "
+                          "'seqgrad[data]'): %s" % e) from None
     if not os.path.isdir(model_dir):
         raise InvalidArgumentError("%s: not a directory (a model or tokenizer directory with tokenizer.json or "
                                    "tokenizer_config.json)" % model_dir)
@@ -227,7 +227,7 @@ def _records(source, name, max_line_bytes):
                 import datasets
             except ImportError:
                 raise ImportError("%s is a directory: reading a saved dataset needs Hugging Face datasets "
-                                  "(pip install datasets)" % path) from None
+                                  "(pip install 'seqgrad[data]')" % path) from None
             _check_files_in(path)
             yield from _records(datasets.load_from_disk(path), path, max_line_bytes)
             return
@@ -358,6 +358,9 @@ class _Tokenize:
                 (rec.where, getattr(self.tok, "name_or_path", "") or type(self.tok).__name__))
         try:
             return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except ImportError as e:  # transformers renders templates with jinja2, an optional dependency of its own
+            raise ImportError("seqgrad.data needs jinja2 for chat templates (pip install 'seqgrad[data]'): %s" % e) \
+                from None
         except Exception as e:  # template errors (jinja's raise_exception, missing keys) name no record
             raise InvalidArgumentError("%s: the chat template failed on this conversation: %s: %s" %
                                        (rec.where, type(e).__name__, e)) from None

@@ -756,8 +756,21 @@ class DataTest(unittest.TestCase):
                             self.jsonl("one.jsonl", [{"text": "yes"}]), "--output", os.path.join(self.tmp, "y")],
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install transformers",
+        self.assertIn("seqgrad.data needs Hugging Face transformers for the tokenizer (pip install 'seqgrad[data]')",
                       r.stderr)
+
+    def test_chat_without_jinja2_says_so(self):
+        # Blocked, submodules too, after transformers is imported: its chat templates import jinja2 when they render.
+        script = ("import sys; from seqgrad import data; import transformers\n"
+                  "for m in [m for m in sys.modules if m.split('.')[0] == 'jinja2'] + ['jinja2']:\n"
+                  "    sys.modules[m] = None\n"
+                  "sys.exit(data.main(sys.argv[1:]))")
+        chat = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]}]
+        r = subprocess.run([sys.executable, "-c", script, "--tokenizer", self.chat_dir, "--input",
+                            self.jsonl("chat.jsonl", chat), "--output", os.path.join(self.tmp, "z")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("seqgrad.data needs jinja2 for chat templates (pip install 'seqgrad[data]')", r.stderr)
 
     def test_written_files_train_with_the_cli(self):
         """What write() produces is what `train --data` reads, for each objective."""
