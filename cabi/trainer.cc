@@ -30,7 +30,7 @@ void CopyOption(From value, Default, To* to) {
 // Older callers' options keep the engine's defaults of the fields their struct_size does not reach.
 template <typename Engine>
 void CopyPlainOptions(const sg_trainer_options& o, Engine* to) {
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc)                                                           \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc)                                                      \
   if constexpr (std::is_same_v<Engine, engine>) {                                                                 \
     if (o.struct_size >= offsetof(sg_trainer_options, name) + sizeof(o.name)) CopyOption(o.name, def, &to->name); \
   }
@@ -186,7 +186,7 @@ extern "C" {
 sg_trainer_options sg_trainer_default_options(void) {
   sg_trainer_options o{};
   o.struct_size = sizeof(sg_trainer_options);
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) o.name = def;
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) o.name = def;
 #include "cabi/trainer_options.inc"
   static_assert(sg::StrategyOptions::kNoAdjointWindow == INT64_MAX, "the C API documents INT64_MAX as no window");
   return o;

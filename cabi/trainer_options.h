@@ -34,7 +34,7 @@ inline constexpr Field kFields[] = {
 #define SG_TRAINER_OPTIONS_LAYOUT(name)                                  \
   {offsetof(sg_trainer_options, name), sizeof(sg_trainer_options::name), \
    alignof(std::remove_all_extents_t<decltype(sg_trainer_options::name)>)},
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) SG_TRAINER_OPTIONS_LAYOUT(name)
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_TRAINER_OPTIONS_LAYOUT(name)
 #include "cabi/trainer_options.inc"
 };
 
@@ -54,7 +54,7 @@ constexpr bool Contiguous() {
 constexpr size_t kScalars = 0
 #define SG_TRAINER_OPTIONS_LAYOUT(name) \
   +sizeof(sg_trainer_options::name) / sizeof(std::remove_all_extents_t<decltype(sg_trainer_options::name)>)
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) SG_TRAINER_OPTIONS_LAYOUT(name)
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_TRAINER_OPTIONS_LAYOUT(name)
 #include "cabi/trainer_options.inc"
     ;
 struct AnyValue {
@@ -71,7 +71,7 @@ static_assert(Contiguous(), "cabi/trainer_options.inc does not list sg_trainer_o
 static_assert(TakesInitializers<sg_trainer_options, std::make_index_sequence<kScalars>>::value &&
                   !TakesInitializers<sg_trainer_options, std::make_index_sequence<kScalars + 1>>::value,
               "sg_trainer_options has a field that cabi/trainer_options.inc does not list");
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc)                                            \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc)                                       \
   static_assert(std::is_same_v<decltype(sg_trainer_options::name), OptionCType<OptionKind::kind>>, \
                 "sg_trainer_options." #name " is not of the kind cabi/trainer_options.inc gives it");
 #include "cabi/trainer_options.inc"

@@ -18,9 +18,10 @@ struct ByHand;  // the options cabi/trainer.cc converts itself, checked one by o
 template <typename Engine>
 void ExpectEngineDefaults(const Engine& e) {
   const sg_trainer_options o = sg_trainer_default_options();
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
-  if constexpr (std::is_same_v<Engine, engine>)         \
-    EXPECT_EQ(e.name, static_cast<std::decay_t<decltype(e.name)>>(o.name)) << #name;
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc)                         \
+  if constexpr (std::is_same_v<Engine, engine>) {                                    \
+    EXPECT_EQ(e.name, static_cast<std::decay_t<decltype(e.name)>>(o.name)) << #name; \
+  }
 #include "cabi/trainer_options.inc"
 }
 

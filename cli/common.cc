@@ -53,36 +53,17 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, matmul, "fp32",
           "how f32 matmuls multiply: fp32 (exact), bf16 (bf16 inputs, f32 accumulation; cpu and cuda), or tf32 "
           "(cuda)");
-ABSL_FLAG(std::string, strategy, "full", "full | ckpt | seco | spaco | streambp | adjoint (SSMs)");
-ABSL_FLAG(int64_t, chunk, 512, "tokens per chunk (seco, spaco) or per partition inside a layer (streambp)");
-ABSL_FLAG(int64_t, page_size, 256, "KV-cache page size in tokens");
-ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
-ABSL_FLAG(int64_t, sparse_pages, 0,
-          "page-level sparse attention (seco): per query chunk and layer, the first page, the local window and the "
-          "top-k other earlier pages by mean-query . mean-key score; 0 = dense");
-ABSL_FLAG(bool, offload, false,
-          "seco on transformers: keep every layer's KV and KV-gradient pages in (pinned) host memory and only a "
-          "few layers on the device, prefetched and written back on copy streams (SeCOv2 4.2)");
 ABSL_FLAG(int64_t, attention_group, 0,
           "seco: attention visits the KV cache in groups of this many tokens (whole pages) and merges them; with "
           "--offload a group is what the device holds of a layer's earlier pages at once; 0 = 16384");
-ABSL_FLAG(int64_t, spaco_budget, 8,
-          "spaco: chunks backpropagated per sequence on average (each of k chunks with probability budget/k)");
-ABSL_FLAG(double, spaco_cap, 2.0,
-          "spaco: cap on the compensation of relayed state gradients (paper: 2); 0 = none, exactly unbiased");
-ABSL_FLAG(std::string, adjoint_form, "pairs",
-          "adjoint: pairs (adjoint sharding, exact per-layer cotangents) | scan (one reverse scan per chunk, the "
-          "cheap exact form) | paper (the paper's multi-layer formula: exact for one layer only)");
 ABSL_FLAG(std::string, adjoint_window, "none",
           "adjoint: truncation window T̄ in tokens (only pairs with t - i < T̄), or none");
-ABSL_FLAG(std::string, objective, "sft", "sft | dpo | grpo (dpo and grpo read their JSONL formats from --data)");
-ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
-ABSL_FLAG(double, grpo_clip_eps, 0.2, "grpo: clip epsilon of the ratio");
-ABSL_FLAG(double, grpo_kl_beta, 0.04, "grpo: weight of the KL penalty against the reference (0 = none)");
-ABSL_FLAG(bool, grpo_kl_bias_correction, true,
-          "grpo: the KL term times the importance ratio r (TRL's use_bias_correction_kl, its default); false: plain "
-          "k3");
-ABSL_FLAG(uint64_t, seed, 1, "random seed (init, data and spaco's sampling)");
+// The trainer options every tool takes (cabi/trainer_options.inc).
+#define SG_CLI_FLAG_Tools SG_CLI_DEFINE_FLAG
+#define SG_CLI_FLAG_Train SG_CLI_SKIP
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_CLI_OPTION(FLAG, name, kind, engine, cli, doc)
+#include "cabi/trainer_options.inc"
+
 ABSL_FLAG(int64_t, lora_rank, 0,
           "LoRA rank r: train low-rank adapters on --lora_targets with the base weights frozen; 0 = off (full "
           "fine-tuning)");
@@ -224,19 +205,20 @@ absl::Status CheckDeviceMemory(Model& model, const StrategyOptions& s, int64_t s
   return absl::OkStatus();
 }
 
+// The flags every tool has that the list gives the engine struct Engine as they are.
+template <typename Engine>
+void CopyToolFlags(Engine* to){
+#define SG_CLI_COPY_Tools SG_CLI_COPY_FLAG
+#define SG_CLI_COPY_Train SG_CLI_SKIP
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_CLI_OPTION(COPY, name, kind, engine, cli, doc)
+#include "cabi/trainer_options.inc"
+}
+
 StrategyOptions StrategyFromFlags() {
   StrategyOptions o;
   o.name = absl::GetFlag(FLAGS_strategy);
-  o.chunk = absl::GetFlag(FLAGS_chunk);
-  o.page_size = absl::GetFlag(FLAGS_page_size);
-  o.lm_chunk = absl::GetFlag(FLAGS_lm_chunk);
-  o.sparse_pages = absl::GetFlag(FLAGS_sparse_pages);
-  o.offload = absl::GetFlag(FLAGS_offload);
+  CopyToolFlags(&o);
   o.attention_group = absl::GetFlag(FLAGS_attention_group);
-  o.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
-  o.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.adjoint_form = absl::GetFlag(FLAGS_adjoint_form);
   absl::StatusOr<int64_t> window = ParseAdjointWindow(absl::GetFlag(FLAGS_adjoint_window));
   ExitIfError(window.status(), "flags");
   o.adjoint_window = *window;
@@ -255,9 +237,7 @@ absl::StatusOr<int64_t> ParseAdjointWindow(const std::string& text) {
 ObjectiveOptions ObjectiveFromFlags() {
   ObjectiveOptions o;
   o.name = absl::GetFlag(FLAGS_objective);
-  o.dpo_beta = absl::GetFlag(FLAGS_dpo_beta);
-  o.grpo_clip_eps = absl::GetFlag(FLAGS_grpo_clip_eps);
-  o.grpo_kl_beta = absl::GetFlag(FLAGS_grpo_kl_beta);
+  CopyToolFlags(&o);
   o.grpo_kl_bias_correction = absl::GetFlag(FLAGS_grpo_kl_bias_correction);
   return o;
 }

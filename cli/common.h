@@ -8,6 +8,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "base/memory.h"
+#include "cli/trainer_flags.h"
 #include "core/model.h"
 #include "core/objective.h"
 #include "core/strategy.h"
@@ -19,18 +20,6 @@ ABSL_DECLARE_FLAG(int64_t, max_line_bytes);
 ABSL_DECLARE_FLAG(std::string, overlong);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, matmul);
-ABSL_DECLARE_FLAG(std::string, strategy);
-ABSL_DECLARE_FLAG(int64_t, chunk);
-ABSL_DECLARE_FLAG(int64_t, page_size);
-ABSL_DECLARE_FLAG(int64_t, lm_chunk);
-ABSL_DECLARE_FLAG(int64_t, spaco_budget);
-ABSL_DECLARE_FLAG(double, spaco_cap);
-ABSL_DECLARE_FLAG(std::string, objective);
-ABSL_DECLARE_FLAG(double, dpo_beta);
-ABSL_DECLARE_FLAG(double, grpo_clip_eps);
-ABSL_DECLARE_FLAG(double, grpo_kl_beta);
-ABSL_DECLARE_FLAG(bool, grpo_kl_bias_correction);
-ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int64_t, lora_rank);
 ABSL_DECLARE_FLAG(double, lora_alpha);
 ABSL_DECLARE_FLAG(double, lora_dropout);

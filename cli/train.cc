@@ -44,8 +44,6 @@ ABSL_FLAG(std::string, ref_model, "",
           "dpo, grpo: frozen reference model (preset or Hugging Face directory, loaded like --model) for the reference "
           "log-probs that --data does not carry; '@base' with LoRA: --model itself with its adapters off (no second "
           "model)");
-ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
-ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay");
 ABSL_FLAG(std::string, report, "", "write a JSON report here");
 ABSL_FLAG(std::string, save, "",
           "save the trained model (HF config.json + model.safetensors) to this directory; with LoRA, the PEFT adapter "
@@ -57,14 +55,12 @@ ABSL_FLAG(std::string, save_dtype, "",
 ABSL_FLAG(bool, merge_lora, false,
           "with LoRA: save the base model with the adapters merged (W + alpha/r B A), a plain HF model, instead of "
           "the adapter files");
-ABSL_FLAG(std::string, lr_schedule, "constant",
-          "learning rate after --warmup_steps: constant (--lr), or cosine / linear decay from --lr to --min_lr at "
-          "--steps");
-ABSL_FLAG(int64_t, warmup_steps, 0, "linear learning-rate warmup from lr/warmup_steps to --lr over this many steps");
-ABSL_FLAG(double, min_lr, 0.0, "cosine, linear: the learning rate at --steps");
-ABSL_FLAG(int64_t, grad_accum, 1,
-          "micro-batches of --batch whose gradients accumulate into each optimizer step (the step equals one on "
-          "batch x grad_accum records)");
+// The trainer options of train only (cabi/trainer_options.inc): the optimizer's.
+#define SG_CLI_FLAG_Tools SG_CLI_SKIP
+#define SG_CLI_FLAG_Train SG_CLI_DEFINE_FLAG
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_CLI_OPTION(FLAG, name, kind, engine, cli, doc)
+#include "cabi/trainer_options.inc"
+
 ABSL_FLAG(std::string, out_dir, "",
           "write checkpoints here (checkpoint-<step>/: every --save_every steps and after the last step) and the "
           "final model (like --save)");
@@ -102,15 +98,19 @@ namespace {
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
-// --lr, --weight_decay, --lr_schedule, --warmup_steps, --min_lr, --grad_accum; the decay ends at --steps.
+// train's flags that the list gives the engine struct Engine as they are.
+template <typename Engine>
+void CopyTrainFlags(Engine* to){
+#define SG_CLI_COPY_Tools SG_CLI_SKIP
+#define SG_CLI_COPY_Train SG_CLI_COPY_FLAG
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) SG_CLI_OPTION(COPY, name, kind, engine, cli, doc)
+#include "cabi/trainer_options.inc"
+}
+
+// The optimizer's flags; the decay ends at --steps.
 OptimizerOptions OptimizerFromFlags() {
   OptimizerOptions o;
-  o.lr = absl::GetFlag(FLAGS_lr);
-  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
-  o.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  o.min_lr = absl::GetFlag(FLAGS_min_lr);
-  o.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  CopyTrainFlags(&o);
   o.total_steps = absl::GetFlag(FLAGS_steps);
   if (o.lr_schedule != "constant" && o.total_steps <= o.warmup_steps)
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat(

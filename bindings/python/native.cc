@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cabi/grad_views.h"
 #include "cabi/trainer_options.h"
 #include "seqgrad/seqgrad.h"
 
@@ -118,9 +119,7 @@ py::array_t<T, py::array::c_style> Exact(const py::handle& obj, const std::strin
 // Owns one sg_model reference. Python arrays viewing its memory hold a reference to this object.
 struct NativeModel {
   sg_model* m = nullptr;
-  // Live numpy views of gradients (see GradViewBase): enabling LoRA releases the base parameters' gradients, so it
-  // is refused while any is alive. Changed with the GIL held.
-  int64_t grad_views = 0;
+  sg::cabi::GradViews grad_views;  // live numpy views of gradients (GradViewBase)
   explicit NativeModel(sg_model* m) : m(m) {}
   ~NativeModel() { sg_model_free(m); }
 };
@@ -131,21 +130,26 @@ py::capsule GradViewBase(const std::shared_ptr<NativeModel>& model) {
     std::shared_ptr<NativeModel> model;
   };
   auto* k = new Keeper{model};
-  ++model->grad_views;
+  {
+    auto lock = model->grad_views.Lock();
+    model->grad_views.Retain();
+  }
   return py::capsule(k, [](void* p) {
     auto* k = static_cast<Keeper*>(p);
-    --k->model->grad_views;
+    k->model->grad_views.Release();
     delete k;
   });
 }
 
-// LoRA releases the base parameters' gradients: refused while numpy views of them could still be read.
-void CheckNoGradViews(const NativeModel& self, const char* what) {
-  if (self.grad_views > 0)
-    RaiseCode(SG_ERR_FAILED_PRECONDITION,
-              std::string(what) + ": " + std::to_string(self.grad_views) +
-                  " numpy view(s) of the model's gradients are alive (Model.gradients()); LoRA releases the base "
-                  "parameters' gradients: drop the views (or enable LoRA before taking them)");
+// Before a call that enables LoRA (cabi/grad_views.h): refused while numpy views of gradients are alive.
+void CheckNoGradViews(NativeModel& self, const char* what, bool enables_only_without_lora) {
+  std::string refusal;
+  {
+    auto lock = self.grad_views.Lock();  // released before raising: the exception may collect a view (Release)
+    refusal = self.grad_views.LoraRefusal(self.m, what, enables_only_without_lora,
+                                          "numpy view(s) of the model's gradients (Model.gradients())");
+  }
+  if (!refusal.empty()) RaiseCode(SG_ERR_FAILED_PRECONDITION, refusal);
 }
 
 // Sets one field of sg_trainer_options from a Python value of its kind; `strings` keeps the string options' bytes.
@@ -168,7 +172,7 @@ void SetOption(py::handle value, const char* name, std::deque<std::string>* stri
 
 // sg_trainer_options' field names (cabi/trainer_options.inc), the Python layer's option names.
 constexpr const char* kTrainerOptionNames[] = {
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) #name,
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) #name,
 #include "cabi/trainer_options.inc"
 };
 
@@ -180,7 +184,7 @@ sg_trainer_options TrainerOptions(const py::dict& options, std::deque<std::strin
     if (!known) RaiseCode(SG_ERR_INVALID_ARGUMENT, "Trainer: unknown option " + std::string(py::repr(item.first)));
   }
   sg_trainer_options o = sg_trainer_default_options();
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) \
   if (options.contains(#name)) SetOption<sg::cabi::OptionKind::kind>(options[#name], #name, strings, &o.name);
 #include "cabi/trainer_options.inc"
   return o;
@@ -510,7 +514,7 @@ PYBIND11_MODULE(_native, mod) {
     using sg::cabi::OptionKind;
     const sg_trainer_options o = sg_trainer_default_options();
     py::dict d;
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) \
   d[#name] = OptionKind::kind == OptionKind::kBool ? py::object(py::bool_(o.name != 0)) : py::cast(o.name);
 #include "cabi/trainer_options.inc"
     return d;
@@ -601,7 +605,7 @@ PYBIND11_MODULE(_native, mod) {
       // targets: comma-separated names, "all", or None (the family's default); alpha 0 = 2 * rank.
       .def("enable_lora",
            [](NativeModel& s, int64_t rank, double alpha, double dropout, py::object targets, uint64_t seed) {
-             CheckNoGradViews(s, "Model.enable_lora");
+             CheckNoGradViews(s, "Model.enable_lora", false);
              sg_lora_options o = sg_lora_default_options();
              o.rank = rank;
              o.alpha = alpha;
@@ -637,9 +641,7 @@ PYBIND11_MODULE(_native, mod) {
            })
       .def("load_lora_adapter",
            [](NativeModel& s, const std::string& dir) {
-             sg_lora_options o = sg_lora_default_options();
-             Check(sg_model_lora(s.m, &o));
-             if (o.rank == 0) CheckNoGradViews(s, "Model.load_lora_adapter");  // it enables LoRA
+             CheckNoGradViews(s, "Model.load_lora_adapter", true);
              sg_status* st;
              {
                py::gil_scoped_release release;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cabi/grad_views.h"
 #include "cabi/trainer_options.h"
 #include "seqgrad/seqgrad.h"
 
@@ -40,10 +41,7 @@ struct JModel {
   explicit JModel(sg_model* model) : m(model) { ++g_live_handles; }
   sg_model* m;
   std::atomic<int64_t> refs{1};
-  // Enabling LoRA releases the base parameters' gradients: refused while views of gradients live (guarded by mu,
-  // which also orders handing out a gradient view against enabling LoRA).
-  std::mutex mu;
-  int64_t grad_views = 0;
+  sg::cabi::GradViews grad_views;  // live direct buffers of gradients (paramBuffer)
 };
 
 void Unref(JModel* jm) {
@@ -53,14 +51,13 @@ void Unref(JModel* jm) {
   --g_live_handles;
 }
 
-// Enabling LoRA releases the base parameters' gradients: true (FAILED_PRECONDITION thrown) while views of them live.
-// Call with jm->mu held.
-bool GradViewsLive(JNIEnv* env, JModel* jm, const char* what) {
-  if (jm->grad_views == 0) return false;
-  ThrowCode(env, SG_ERR_FAILED_PRECONDITION,
-            std::string(what) + ": " + std::to_string(jm->grad_views) +
-                " gradient view(s) of the model (Model.grad) are still reachable; LoRA releases the base parameters' "
-                "gradients: drop the views (or enable LoRA before taking them)");
+// Before a call that enables LoRA (cabi/grad_views.h), with jm->grad_views locked: true (FAILED_PRECONDITION
+// thrown) while gradient views of the model live.
+bool GradViewsLive(JNIEnv* env, JModel* jm, const char* what, bool enables_only_without_lora) {
+  const std::string refusal = jm->grad_views.LoraRefusal(jm->m, what, enables_only_without_lora,
+                                                         "gradient view(s) of the model (Model.grad)");
+  if (refusal.empty()) return false;
+  ThrowCode(env, SG_ERR_FAILED_PRECONDITION, refusal);
   return true;
 }
 
@@ -332,16 +329,12 @@ JNI_FN(void, modelFree)(JNIEnv*, jclass, jlong h) { Unref(JM(h)); }
 
 // Drops a view buffer's reference (its Cleaner).
 JNI_FN(void, viewRelease)(JNIEnv*, jclass, jlong h, jboolean grad) {
-  if (grad) {
-    std::lock_guard<std::mutex> lock(JM(h)->mu);
-    --JM(h)->grad_views;
-  }
+  if (grad) JM(h)->grad_views.Release();
   Unref(JM(h));
 }
 
 JNI_FN(jlong, gradViews)(JNIEnv*, jclass, jlong h) {
-  std::lock_guard<std::mutex> lock(JM(h)->mu);
-  return JM(h)->grad_views;
+  return JM(h)->grad_views.Live();
 }
 
 JNI_FN(jlong, liveHandles)(JNIEnv*, jclass) { return g_live_handles.load(); }
@@ -397,7 +390,7 @@ jlong ElementBytes(int dtype) {
 
 JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean grad) {
   GUARD_BEGIN
-  std::lock_guard<std::mutex> lock(JM(h)->mu);
+  auto lock = JM(h)->grad_views.Lock();  // a LoRA call cannot release the gradient in between
   sg_param_info p = sg_param_info_init();
   if (Failed(env, sg_model_param_info(M(h), i, &p))) return nullptr;
   void* ptr = grad ? p.grad : p.data;
@@ -406,7 +399,7 @@ JNI_FN(jobject, paramBuffer)(JNIEnv* env, jclass, jlong h, jlong i, jboolean gra
   jobject buffer = env->NewDirectByteBuffer(ptr, p.numel * ElementBytes(dtype));
   if (!buffer) return nullptr;
   ++JM(h)->refs;
-  if (grad) ++JM(h)->grad_views;
+  if (grad) JM(h)->grad_views.Retain();
   return buffer;
   GUARD_END(nullptr)
 }
@@ -528,7 +521,7 @@ JNI_FN(jobject, trainerDefaultOptions)(JNIEnv* env, jclass) {
   jobject options = init ? env->NewObject(cls, init) : nullptr;
   if (!options) return nullptr;
   const sg_trainer_options o = sg_trainer_default_options();
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) \
   if (!WriteOption<OptionKind::kind>(env, options, cls, #name, o.name)) return nullptr;
 #include "cabi/trainer_options.inc"
   return options;
@@ -541,7 +534,7 @@ JNI_FN(jlong, trainerCreate)(JNIEnv* env, jclass, jobject owner, jlong model, jo
   std::deque<std::string> strings;
   sg_trainer_options o = sg_trainer_default_options();
   jclass cls = env->GetObjectClass(options);
-#define SG_TRAINER_OPTION(name, kind, def, engine, doc) \
+#define SG_TRAINER_OPTION(name, kind, def, engine, cli, doc) \
   if (!ReadOption<OptionKind::kind>(env, options, cls, #name, &strings, &o.name)) return 0;
 #include "cabi/trainer_options.inc"
   env->DeleteLocalRef(cls);
@@ -696,8 +689,8 @@ JNI_FN(void, modelEnableLora)(JNIEnv* env, jclass, jlong h, jlong rank, jdouble 
   o.dropout = dropout;
   o.targets = targets ? t.c_str() : nullptr;  // null: the family's default
   o.seed = static_cast<uint64_t>(seed);
-  std::lock_guard<std::mutex> lock(JM(h)->mu);
-  if (GradViewsLive(env, JM(h), "Model.enableLora")) return;
+  auto lock = JM(h)->grad_views.Lock();
+  if (GradViewsLive(env, JM(h), "Model.enableLora", false)) return;
   Failed(env, sg_model_enable_lora(M(h), &o));
   GUARD_END()
 }
@@ -728,10 +721,8 @@ JNI_FN(void, modelSaveLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir, js
 JNI_FN(void, modelLoadLoraAdapter)(JNIEnv* env, jclass, jlong h, jstring dir) {
   GUARD_BEGIN
   const std::string d = Str(env, dir);
-  std::lock_guard<std::mutex> lock(JM(h)->mu);
-  sg_lora_options o = sg_lora_default_options();
-  if (Failed(env, sg_model_lora(M(h), &o))) return;
-  if (o.rank == 0 && GradViewsLive(env, JM(h), "Model.loadLoraAdapter")) return;  // it enables LoRA
+  auto lock = JM(h)->grad_views.Lock();
+  if (GradViewsLive(env, JM(h), "Model.loadLoraAdapter", true)) return;
   Failed(env, sg_model_load_lora_adapter(M(h), dir ? d.c_str() : nullptr));
   GUARD_END()
 }
