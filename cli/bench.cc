@@ -52,7 +52,7 @@
 #include "core/model_io.h"
 #include "core/models/family.h"
 #include "core/trainer.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/mpi_plugin.h"
 #include "distributed/tensor_parallel.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
@@ -768,7 +768,7 @@ int Main() {
   std::unique_ptr<dist::Communicator> world;
   if (tp != 1) {
     if (tp < 1) Fail("--tp", absl::StrCat("must be at least 1, got ", tp));
-    absl::StatusOr<std::unique_ptr<dist::Communicator>> c = dist::CreateMpiCommunicator();
+    absl::StatusOr<std::unique_ptr<dist::Communicator>> c = dist::JoinMpiJob("--tp");
     tools::ExitIfError(c.status(), "--tp");
     world = std::move(*c);
     if (world->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;

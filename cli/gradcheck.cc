@@ -16,7 +16,7 @@
 #include "core/gradcheck.h"
 #include "core/lora.h"
 #include "core/model_io.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/mpi_plugin.h"
 #include "distributed/tensor_parallel.h"
 #include "cli/common.h"
 
@@ -41,7 +41,7 @@ namespace {
 // --tp: per strategy, the split model's gradient (gathered) against the whole model's, both by the strategy.
 int TensorParallelCheck(Model& whole, const Batch& batch, const std::vector<StrategyOptions>& runs,
                         const ObjectiveOptions& objective, int tp) {
-  absl::StatusOr<std::unique_ptr<dist::Communicator>> world = dist::CreateMpiCommunicator();
+  absl::StatusOr<std::unique_ptr<dist::Communicator>> world = dist::JoinMpiJob("--tp");
   tools::ExitIfError(world.status(), "--tp");
   absl::StatusOr<dist::TensorParallelGrid> grid = dist::CreateTensorParallelGrid(**world, tp);
   tools::ExitIfError(grid.status(), "--tp");

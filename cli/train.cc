@@ -30,7 +30,7 @@
 #include "distributed/data_parallel.h"
 #include "distributed/host_staged_nccl.h"
 #include "distributed/layer_sharded.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/mpi_plugin.h"
 #include "distributed/tensor_parallel.h"
 
 ABSL_FLAG(std::string, data, "",
@@ -280,7 +280,7 @@ bool JoinJob(TrainRun& run) {
   run.dist_what = absl::StrCat("--dist=", dist_flag);
   if (dist_flag == "mpi" || dist_flag == "nccl") {
     absl::StatusOr<std::unique_ptr<dist::Communicator>> c =
-        dist_flag == "mpi" ? dist::CreateMpiCommunicator() : dist::CreateHostStagedNcclCommunicator();
+        dist_flag == "mpi" ? dist::JoinMpiJob(run.dist_what) : dist::CreateHostStagedNcclCommunicator();
     tools::ExitIfError(c.status(), run.dist_what.c_str());
     run.comm = std::move(*c);
     if (run.comm->rank() != 0) {  // rank 0 prints; the others keep stderr for their errors
