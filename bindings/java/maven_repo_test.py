@@ -1,6 +1,7 @@
 """The Maven repository of //bindings/java:maven_repo: its four files and their checksums, the sources and javadoc
 jars' contents, the POM's coordinates against the jar's manifest, and a Maven project (maven_consumer/) that takes
-org.seqgrad:seqgrad from it, offline, compiles against it and trains a step with the jar Maven resolved.
+org.seqgrad:seqgrad from it (or from what mvn install:install-file installed from it), offline, compiles against it
+and trains a step with the jar Maven resolved.
 usage: maven_repo_test.py JAVA VERSION CONSUMER_POM REPO_FILE..."""
 import hashlib
 import os
@@ -20,7 +21,7 @@ REPO = REPO_FILES[0][:REPO_FILES[0].rindex("/" + ARTIFACT_DIR + "/")]
 ARTIFACTS = [".jar", ".pom", "-sources.jar", "-javadoc.jar"]
 POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
-# Maven's default plugins (resources, compiler) come from Debian's packages in /usr/share/maven-repo (no checksums
+# Maven's plugins (resources, compiler, install) come from Debian's packages in /usr/share/maven-repo (no checksums
 # there): offline, a file:// repository is reachable only with aether.offline.protocols=file.
 DEBIAN_SETTINGS = """<settings>
   <profiles><profile><id>debian</id>
@@ -69,33 +70,54 @@ class MavenRepoTest(unittest.TestCase):
         entries = dict(line.split(": ", 1) for line in manifest.splitlines() if ": " in line)
         self.assertEqual(entries["Implementation-Version"], coordinates[2])
 
-    def test_maven_project_compiles_and_trains_offline(self):
-        mvn = shutil.which("mvn")
-        self.assertIsNotNone(mvn, "mvn not found: ./bazelw installs Debian's maven and its compiler/resources plugins")
-        work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-        project = os.path.join(work, "consumer")
-        shutil.copytree(os.path.dirname(CONSUMER_POM), project)
-        local_repo = os.path.join(work, "m2")
-        settings = os.path.join(work, "settings.xml")
-        with open(settings, "w") as f:
-            f.write(DEBIAN_SETTINGS)
-        env = dict(os.environ, JAVA_HOME=os.path.dirname(os.path.dirname(JAVA)), HOME=work)
-        build = subprocess.run(
-            [mvn, "-o", "-B", "-s", settings, "-Dmaven.repo.local=" + local_repo, "-Daether.offline.protocols=file",
-             "-Dseqgrad.repository=file://" + REPO, "-Dseqgrad.version=" + VERSION, "compile"],
-            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.assertEqual(build.returncode, 0, build.stdout)
-        self.assertNotRegex(build.stdout, r"\[WARNING\].*org\.seqgrad", "Maven warned about the artifact")
-
+    def test_maven_project_takes_the_jar_from_the_repository(self):
+        work, project, local_repo = self.consumer()
+        self.maven(work, project, local_repo, "-Dseqgrad.repository=file://" + REPO, "compile")
         resolved = os.path.join(local_repo, ARTIFACT_DIR, "seqgrad-%s.jar" % VERSION)
         with open(resolved, "rb") as got, open(artifact(".jar"), "rb") as want:
             self.assertTrue(got.read() == want.read(), "Maven's copy differs from the repository's jar")
+        self.train(work, project, resolved)
+
+    def test_maven_project_takes_the_jar_installed_with_install_file(self):
+        work, project, local_repo = self.consumer()
+        files = ["-D%s=%s" % (key, artifact(suffix)) for key, suffix in
+                 [("file", ".jar"), ("pomFile", ".pom"), ("sources", "-sources.jar"), ("javadoc", "-javadoc.jar")]]
+        self.maven(work, work, local_repo, "install:install-file", *files)
+        installed = os.path.join(local_repo, ARTIFACT_DIR, "seqgrad-%s" % VERSION)
+        self.assertTrue(all(os.path.isfile(installed + a) for a in ARTIFACTS), os.listdir(os.path.dirname(installed)))
+        self.maven(work, project, local_repo, "-Dseqgrad.repository=file://%s/none" % work, "compile")
+        self.train(work, project, installed + ".jar")
+
+    def consumer(self):
+        """A fresh directory with a copy of maven_consumer/ and an empty Maven repository beside it."""
+        work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        project = os.path.join(work, "consumer")
+        shutil.copytree(os.path.dirname(CONSUMER_POM), project)
+        return work, project, os.path.join(work, "m2")
+
+    def maven(self, work, cwd, local_repo, *args):
+        mvn = shutil.which("mvn")
+        self.assertIsNotNone(mvn, "mvn not found: ./bazelw installs Debian's maven and the plugins this test uses")
+        settings = os.path.join(work, "settings.xml")
+        with open(settings, "w") as f:
+            f.write(DEBIAN_SETTINGS)
+        build = subprocess.run(
+            [mvn, "-o", "-B", "-s", settings, "-Dmaven.repo.local=" + local_repo, "-Daether.offline.protocols=file",
+             "-Dseqgrad.version=" + VERSION] + list(args),
+            cwd=cwd, env=self.env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.assertEqual(build.returncode, 0, build.stdout)
+        self.assertNotRegex(build.stdout, r"\[WARNING\].*org\.seqgrad", "Maven warned about the artifact")
+
+    def train(self, work, project, jar):
         run = subprocess.run(
-            [JAVA, "-Djava.io.tmpdir=" + work, "-cp", os.path.join(project, "target/classes") + ":" + resolved,
-             "example.Main"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [JAVA, "-Djava.io.tmpdir=" + work, "-cp", os.path.join(project, "target/classes") + ":" + jar,
+             "example.Main"], env=self.env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.assertEqual(run.returncode, 0, run.stdout)
         self.assertRegex(run.stdout, re.compile(r"^loss \d", re.M))
 
+    @staticmethod
+    def env(work):
+        return dict(os.environ, JAVA_HOME=os.path.dirname(os.path.dirname(JAVA)), HOME=work)
 
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1])
