@@ -491,8 +491,8 @@ def fit(model, train_dataset, *, eval_dataset=None, tokenizer=None, lora=None, o
         budget, source = ((memory_budget, "memory_budget") if memory_budget is not None else _device_budget(model))
         choice = choose_strategy(spec, model, longest, kind, budget, source, chunk, page_size, lm_chunk)
     else:
-        choice = {"strategy": strategy, "planned_peak_bytes": None, "memory_budget": memory_budget,
-                  "budget_source": None, "seq_len": longest, "rejected": [], "reason": "given: strategy=%r" % strategy}
+        choice = {"strategy": strategy, "planned_peak_bytes": None, "memory_budget": None, "budget_source": None,
+                  "seq_len": longest, "rejected": [], "reason": "%s: given (strategy=)" % strategy}
     lr = DEFAULT_LR[kind] if learning_rate is None else learning_rate
     beta = (0.1 if kind == "dpo" else 0.0) if beta is None else beta
     objective = {"dpo": {"dpo_beta": beta}, "grpo": {"grpo_kl_beta": beta, "grpo_clip_eps": epsilon}}.get(kind, {})
