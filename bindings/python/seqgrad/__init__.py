@@ -24,6 +24,10 @@ LoRA, a learning-rate schedule, gradient accumulation, checkpoints and held-out 
         tr.evaluate_detailed(ids, labels, distances=d)     # loss, perplexity, accuracy, by_distance buckets
     model.save_lora_adapter("adapter")                     # PEFT files
 
+A whole run in one call, TRL-style (seqgrad/fit.py; strategy="auto" picks the fastest that fits the memory):
+
+    result = seqgrad.fit("hf_model_dir", "chats.jsonl", lora={"r": 16}, max_length=32768, output_dir="run")
+
 Labels follow Hugging Face's convention everywhere: aligned with ids (labels[t] is the token at position t, -100 =
 ignored), shifted by the engine (position t learns to predict labels[t + 1]), None = next-token labels (labels = ids).
 

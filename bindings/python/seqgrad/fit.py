@@ -170,6 +170,9 @@ def _token_field(rec, name, value=None, empty_ok=False):
     v = rec.obj.get(name) if value is None else value
     if not (_int_list(v) or (empty_ok and isinstance(v, (list, tuple)) and not v)):
         raise rec.error(name, "must be a non-empty list of token ids, got %s" % data._describe(v))
+    wide = [t for t in v if not -2 ** 31 <= t < 2 ** 31]
+    if wide:
+        raise rec.error(name, "holds %d, outside 32-bit integers" % wide[0])
     return [int(t) for t in v]
 
 
@@ -228,10 +231,11 @@ def _check_vocab(prepared, vocab, name):
     """Every token id and label inside the model's vocabulary, before the first step."""
     for i, r in enumerate(prepared.records):
         for ids, labels in _sequences(prepared.kind, r):
-            bad = [t for t in ids if not 0 <= t < vocab] or [t for t in labels if t != data.IGNORE and
-                                                              not 0 <= t < vocab]
-            if bad:
-                raise InvalidArgumentError("%s: sequence %d has token id %d outside the model's vocabulary of %d "
+            labels = np.asarray(labels, dtype=np.int64)
+            tokens = np.concatenate([np.asarray(ids, dtype=np.int64), labels[labels != data.IGNORE]])
+            bad = tokens[(tokens < 0) | (tokens >= vocab)]
+            if bad.size:
+                raise InvalidArgumentError("%s: record %d has token id %d outside the model's vocabulary of %d "
                                            "(a tokenizer of another model?)" % (name, i, bad[0], vocab))
 
 

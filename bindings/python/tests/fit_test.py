@@ -231,6 +231,35 @@ def test_plain_progress_lines_without_tqdm(monkeypatch, capsys):
     assert "step 2/3  loss" in err and "step 3/3" in err and "step 1/3" not in err and "tok/s" in err
 
 
+def test_tqdm_bar_shows_loss_speed_and_memory(monkeypatch):
+    bars = []
+
+    class Bar:
+        def __init__(self, **kw):
+            self.kw, self.postfix, self.updates, self.closed = kw, [], 0, False
+            bars.append(self)
+
+        def set_postfix(self, values, refresh):
+            self.postfix.append(values)
+
+        def update(self, n):
+            self.updates += n
+
+        def write(self, line, file):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", types.SimpleNamespace(tqdm=Bar))
+    r = fit(records(), progress=True, max_steps=3, strategy="full")
+    (bar,) = bars
+    assert bar.kw["total"] == 3 and bar.updates == 3 and bar.closed
+    assert [p["loss"] for p in bar.postfix] == ["%.4f" % h["loss"] for h in r.history]
+    assert set(bar.postfix[0]) == {"loss", "tok/s", "peak"} and bar.postfix[0]["peak"].endswith(" MiB")
+
+
 def test_packing_and_max_length_use_seqgrad_data():
     recs = records(6, lo=5, hi=12)
     r = fit(recs, packing=True, max_length=24, per_device_train_batch_size=100, max_steps=1, strategy="full")
@@ -263,8 +292,13 @@ def test_packing_and_max_length_use_seqgrad_data():
     (dict(train=[{"text": "hello"}]), seqgrad.InvalidArgumentError, "tokenizer: the data is text"),
     (dict(train=[{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3]}]),
      seqgrad.InvalidArgumentError, r"train_dataset\[1\]: field 'labels' has 3 entries for 4 input_ids"),
-    (dict(train=[{"input_ids": [1, 2, 500]}]), seqgrad.InvalidArgumentError, "token id 500 outside the model's "
-                                                                             "vocabulary of 97"),
+    (dict(train=[{"input_ids": [1, 2, 500]}]), seqgrad.InvalidArgumentError,
+     "train_dataset: record 0 has token id 500 outside the model's vocabulary of 97"),
+    (dict(train=[{"input_ids": [1, 2], "labels": [-100, -7]}]), seqgrad.InvalidArgumentError, "token id -7 outside"),
+    (dict(train=[{"input_ids": [1, 2 ** 40]}]), seqgrad.InvalidArgumentError,
+     r"train_dataset\[0\]: field 'input_ids' holds 1099511627776, outside 32-bit integers"),
+    (dict(train=[{"prompt": [1, 2], "chosen": [3], "rejected": "four"}]), seqgrad.InvalidArgumentError,
+     r"train_dataset\[0\]: field 'rejected' must be a non-empty list of token ids"),
     (dict(train=[{"input_ids": [1, 2]}], eval_dataset=dpo_records(1)), seqgrad.InvalidArgumentError,
      "eval_dataset: evaluation is for SFT data"),
 ])
