@@ -38,12 +38,13 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 
 from . import Model, PRESETS, Trainer, data
 from ._cli import tool_path
-from ._errors import FailedPreconditionError, InternalError, InvalidArgumentError, ResourceExhaustedError
+from ._errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 
 # Exact strategies, fastest first (the module docstring says why).
 AUTO_ORDER = ("full", "seco", "streambp", "ckpt")
@@ -60,10 +61,11 @@ CONFIG_FILE = "fit_config.json"  # the data and batching a resume must match
 
 
 class FitResult:
-    """What fit() returns. metrics: loss_first, loss_last, steps, tokens_per_s, peak_bytes, eval (the last
-    evaluation or None); history: per-step metrics; strategy, strategy_reason, planned_peak_bytes, memory_budget,
-    rejected (faster strategies that did not fit, as (name, planned peak bytes)); model: the trained seqgrad.Model;
-    paths: what was written (report, model or adapter, checkpoints)."""
+    """What fit() returns. metrics: loss_first, loss_last, steps, tokens_per_s, peak_bytes(_by_category) (of the
+    steps this call trained), eval (the last evaluation or None); history: per-step metrics; strategy,
+    strategy_reason, planned_peak_bytes, memory_budget, rejected (faster strategies that did not fit, as (name,
+    planned peak bytes)); objective; model: the trained seqgrad.Model; paths: what was written (report, model or
+    adapter, checkpoints)."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -263,15 +265,16 @@ def step_schedule(n, batch_size, grad_accum, shuffle, seed, total_steps):
 
 # ---- the strategy ----
 
-def _plan_peak(spec, model, strategy, seq_len, kind, chunk, page_size, lm_chunk):
-    """Planned peak bytes of one step (the plan tool, --json)."""
-    args = [tool_path("plan"), "--json", "--model=" + spec, "--dtype=" + model.dtype, "--strategy=" + strategy,
-            "--objective=" + kind, "--seq_len=%d" % seq_len, "--chunk=%d" % chunk, "--page_size=%d" % page_size,
-            "--lm_chunk=%d" % lm_chunk]
-    lora = model.lora
+def _plan_peak(spec, dtype, lora, strategy, seq_len, kind, a):
+    """Planned peak bytes of one step (the plan tool, --json); lora: enable_lora's options or None."""
+    args = [tool_path("plan"), "--json", "--model=" + spec, "--dtype=" + dtype, "--strategy=" + strategy,
+            "--objective=" + kind, "--seq_len=%d" % seq_len, "--chunk=%d" % a.chunk, "--page_size=%d" % a.page_size,
+            "--lm_chunk=%d" % a.lm_chunk]
     if lora:
-        args += ["--lora_rank=%d" % lora["rank"], "--lora_alpha=%r" % lora["alpha"],
-                 "--lora_dropout=%r" % lora["dropout"], "--lora_targets=" + ",".join(lora["targets"])]
+        targets = lora["targets"] or ""
+        args += ["--lora_rank=%d" % lora["rank"], "--lora_alpha=%r" % float(lora["alpha"]),
+                 "--lora_dropout=%r" % float(lora["dropout"]),
+                 "--lora_targets=" + (targets if isinstance(targets, str) else ",".join(targets))]
     run = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if run.returncode != 0:
         raise InvalidArgumentError("strategy='auto': planning %s failed: %s" % (strategy, run.stderr.strip()))
@@ -304,7 +307,7 @@ def _mib(n):
     return "%.1f MiB" % (n / 1048576.0)
 
 
-def choose_strategy(spec, model, seq_len, kind, budget, source, chunk, page_size, lm_chunk):
+def choose_strategy(spec, dtype, lora, seq_len, kind, budget, source, a):
     """dict(strategy, planned_peak_bytes, memory_budget, budget_source, seq_len, rejected, reason): the first of
     AUTO_ORDER whose planned step fits the budget. ResourceExhaustedError when none does."""
     if spec is None:
@@ -312,7 +315,7 @@ def choose_strategy(spec, model, seq_len, kind, budget, source, chunk, page_size
                                    "made by Model.load or Model.from_preset: give strategy=")
     rejected = []
     for strategy in AUTO_ORDER:
-        peak = _plan_peak(spec, model, strategy, seq_len, kind, chunk, page_size, lm_chunk)
+        peak = _plan_peak(spec, dtype, lora, strategy, seq_len, kind, a)
         if peak <= budget:
             slower = "; faster ones that do not fit: %s" % ", ".join(
                 "%s plans %s" % (s, _mib(p)) for s, p in rejected) if rejected else ""
@@ -327,6 +330,14 @@ def choose_strategy(spec, model, seq_len, kind, budget, source, chunk, page_size
             _mib(budget), source, seq_len, ", ".join("%s %s" % (s, _mib(p)) for s, p in rejected)))
 
 
+def _strategy_choice(a, model, spec, lora, seq_len, kind):
+    if a.strategy != "auto":
+        return {"strategy": a.strategy, "planned_peak_bytes": None, "memory_budget": None, "budget_source": None,
+                "seq_len": seq_len, "rejected": [], "reason": "%s: given (strategy=)" % a.strategy}
+    budget, source = (a.memory_budget, "memory_budget") if a.memory_budget is not None else _device_budget(model)
+    return choose_strategy(spec, model.dtype, lora or model.lora, seq_len, kind, budget, source, a)
+
+
 # ---- checkpoints, the report ----
 
 def _write_json(path, obj):
@@ -337,14 +348,17 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
-def _run_config(prepared, batch_size, grad_accum, shuffle, seed, total_steps):
+def _run_config(prepared, a, total_steps):
+    """What a resumed run must share with the run that wrote the checkpoint, besides the Trainer's configuration."""
     digest = hashlib.sha256(json.dumps(prepared.records, sort_keys=True).encode()).hexdigest()
-    return {"data_sha256": digest, "records": len(prepared.records), "per_device_train_batch_size": batch_size,
-            "gradient_accumulation_steps": grad_accum, "shuffle": shuffle, "seed": seed, "total_steps": total_steps}
+    return {"data_sha256": digest, "records": len(prepared.records),
+            "per_device_train_batch_size": a.per_device_train_batch_size,
+            "gradient_accumulation_steps": a.gradient_accumulation_steps, "shuffle": a.shuffle, "seed": a.seed,
+            "total_steps": total_steps}
 
 
-def _check_run_config(output_dir, config):
-    path = os.path.join(output_dir, CONFIG_FILE)
+def _check_run_config(directory, config):
+    path = os.path.join(directory, CONFIG_FILE)
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
@@ -354,25 +368,50 @@ def _check_run_config(output_dir, config):
                                           "output_dir" % (path, ", ".join(differ)))
 
 
-def _checkpoints(output_dir):
-    return sorted(e for e in os.listdir(output_dir) if e.startswith("checkpoint-"))
+def _prepare_output_dir(output_dir, resume_from_checkpoint, config):
+    """Creates output_dir; refuses to train over its checkpoints unless resuming, or to resume another run's."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise InvalidArgumentError("output_dir %s: cannot create it: %s" % (output_dir, e.strerror)) from None
+    existing = sorted(e for e in os.listdir(output_dir) if e.startswith("checkpoint-"))
+    if existing and not resume_from_checkpoint:
+        raise FailedPreconditionError("output_dir %s already holds %s: pass resume_from_checkpoint=True to continue "
+                                      "from its newest checkpoint, or choose another output_dir" %
+                                      (output_dir, existing[-1]))
+    _check_run_config(output_dir, config)
+    _write_json(os.path.join(output_dir, CONFIG_FILE), config)
 
 
-def _resume(trainer, output_dir, resume_from_checkpoint):
-    """(first step, history) after loading the checkpoint resume_from_checkpoint says (True: the newest)."""
-    if isinstance(resume_from_checkpoint, (str, os.PathLike)):
-        state = trainer.load_checkpoint(resume_from_checkpoint)
-        where = os.fspath(resume_from_checkpoint)
-    else:
-        state = trainer.resume(output_dir, missing_ok=True)
+def _resume(trainer, a, config):
+    """(first step, history, records read before it) after loading the checkpoint resume_from_checkpoint names
+    (True: the newest in output_dir)."""
+    if a.resume_from_checkpoint is True:
+        state = trainer.resume(a.output_dir, missing_ok=True)
         if state is None:
-            return 1, []
-        where = os.path.join(output_dir, "checkpoint-%d" % state["step"])
+            return 1, [], 0
+        where = os.path.join(a.output_dir, "checkpoint-%d" % state["step"])
+    else:
+        where = os.fspath(a.resume_from_checkpoint)
+        _check_run_config(os.path.dirname(os.path.abspath(where)), config)
+        state = trainer.load_checkpoint(where)
     history = []
     if os.path.exists(os.path.join(where, HISTORY_FILE)):
         with open(os.path.join(where, HISTORY_FILE)) as f:
             history = json.load(f)
-    return state["step"] + 1, history
+    return state["step"] + 1, history, state["data_position"]
+
+
+def _summary(history, first):
+    """The run's numbers; speed and peak memory of the steps this call trained."""
+    done = [h for h in history if h["step"] >= first]
+    seconds = sum(h["seconds"] for h in done)
+    peak = max(done, key=lambda h: h["peak_bytes"], default={"peak_bytes": 0, "peak_bytes_by_category": {}})
+    return {"loss_first": history[0]["loss"] if history else None,
+            "loss_last": history[-1]["loss"] if history else None,
+            "tokens_per_s": sum(h["tokens"] for h in done) / seconds if seconds else 0.0,
+            "peak_bytes": peak["peak_bytes"], "peak_bytes_by_category": peak["peak_bytes_by_category"],
+            "eval": next((h["eval"] for h in reversed(history) if "eval" in h), None)}
 
 
 def _lora_json(model):
@@ -382,6 +421,18 @@ def _lora_json(model):
     grads = model.gradients()
     return dict(lora, adapters=sum(name.endswith("lora_A.weight") for name in grads),
                 trainable_params=int(sum(g.size for g in grads.values())))
+
+
+def _report(model, spec, kind, choice, a, total, first, history, summary):
+    """report.json: train --report's keys where they apply, and how the strategy was chosen."""
+    return {"model": spec, "objective": kind, "strategy": choice["strategy"], "seq_len": choice["seq_len"],
+            "chunk": a.chunk, "steps": total, "resumed_from_step": first - 1, "loss_first": summary["loss_first"],
+            "loss_last": summary["loss_last"], "tokens_per_s": summary["tokens_per_s"],
+            "peak_bytes": summary["peak_bytes"], "peak_bytes_by_category": summary["peak_bytes_by_category"],
+            "lora": _lora_json(model), "losses": [h["loss"] for h in history], "metrics": history,
+            "evals": [dict(step=h["step"], **h["eval"]) for h in history if "eval" in h], "plots": [],
+            "strategy_choice": {k: choice[k] for k in ("strategy", "planned_peak_bytes", "memory_budget",
+                                                        "budget_source", "rejected", "reason")}}
 
 
 def _evaluate(trainer, prepared, batch_size):
@@ -452,159 +503,156 @@ def fit(model, train_dataset, *, eval_dataset=None, tokenizer=None, lora=None, o
     checkpoint directory. beta: DPO's beta (TRL's 0.1) or GRPO's KL coefficient (TRL's 0.0); epsilon: GRPO's clip.
     DPO and GRPO with a KL term need a frozen reference: ref_model (a Model or what `model` takes), else with LoRA
     the base weights (adapters off), else a copy of the model's weights. learning_rate None: TRL's (2e-5 SFT,
-    1e-6 DPO and GRPO). progress: a tqdm bar (or a line every logging_steps steps) and notes on stderr."""
-    args = _check_arguments(locals())
+    1e-6 DPO and GRPO). progress: a tqdm bar (or a line every logging_steps steps) and notes on stderr.
+    The given model is changed only once everything is checked and the strategy chosen."""
+    a = _checked_arguments(types.SimpleNamespace(**locals()))
     model, spec = _open_model(model, dtype, device, seed)
-    if lora is not None:
-        if model.lora is not None:
-            raise InvalidArgumentError("lora: the model already has LoRA adapters (rank %d)" % model.lora["rank"])
-        model.enable_lora(seed=seed, **lora_options(lora))
-    tokenizer_cache = []
-
-    def get_tokenizer():
-        if not tokenizer_cache:
-            tok = tokenizer
-            if tok is None:
-                if spec is None or not os.path.isdir(spec):
-                    raise InvalidArgumentError("tokenizer: the data is text, and the model is not a Hugging Face "
-                                               "directory to load one from: pass tokenizer=")
-                tok = spec
-            tokenizer_cache.append(data.load_tokenizer(os.fspath(tok)) if isinstance(tok, (str, os.PathLike))
-                                   else tok)
-        return tokenizer_cache[0]
-
-    train = _prepare(train_dataset, "train_dataset", get_tokenizer, dataset_format, max_length, packing, overlong)
-    _check_vocab(train, model.vocab_size, "train_dataset")
-    evals = None
-    if eval_dataset is not None:
-        evals = _prepare(eval_dataset, "eval_dataset", get_tokenizer, dataset_format, max_length, packing, overlong)
-        if train.kind != "sft" or evals.kind != "sft":
-            raise InvalidArgumentError("eval_dataset: evaluation is for SFT data (token loss), not %s" %
-                                       (evals.kind if train.kind == "sft" else train.kind))
-        _check_vocab(evals, model.vocab_size, "eval_dataset")
-    kind = train.kind
-    batch_size, grad_accum = args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
-    steps_per_epoch = -(-(-(-len(train) // batch_size)) // grad_accum)
-    total = args["max_steps"] or steps_per_epoch * args["num_train_epochs"]
-    if args["schedule"] != "constant" and total <= args["warmup_steps"]:
-        raise InvalidArgumentError("warmup_steps=%d: lr_scheduler_type=%r decays after the warmup, and the run has "
-                                   "%d steps" % (args["warmup_steps"], lr_scheduler_type, total))
-    longest = max(len(ids) for p in ([train] + ([evals] if evals else [])) for r in p.records
+    if a.lora_options and model.lora is not None:
+        raise InvalidArgumentError("lora: the model already has LoRA adapters (rank %d)" % model.lora["rank"])
+    tokenizers = _Tokenizers(tokenizer, spec)
+    train, evals = _datasets(a, tokenizers, model.vocab_size)
+    total = _total_steps(len(train), a)
+    longest = max(len(ids) for p in (train, evals) if p is not None for r in p.records
                   for ids, _ in _sequences(p.kind, r))
-    if strategy == "auto":
-        budget, source = ((memory_budget, "memory_budget") if memory_budget is not None else _device_budget(model))
-        choice = choose_strategy(spec, model, longest, kind, budget, source, chunk, page_size, lm_chunk)
-    else:
-        choice = {"strategy": strategy, "planned_peak_bytes": None, "memory_budget": None, "budget_source": None,
-                  "seq_len": longest, "rejected": [], "reason": "%s: given (strategy=)" % strategy}
-    lr = DEFAULT_LR[kind] if learning_rate is None else learning_rate
-    beta = (0.1 if kind == "dpo" else 0.0) if beta is None else beta
-    objective = {"dpo": {"dpo_beta": beta}, "grpo": {"grpo_kl_beta": beta, "grpo_clip_eps": epsilon}}.get(kind, {})
-    trainer = Trainer(model, strategy=choice["strategy"], chunk=chunk, page_size=page_size, lm_chunk=lm_chunk, lr=lr,
-                      betas=(adam_beta1, adam_beta2), eps=adam_epsilon, weight_decay=weight_decay,
-                      clip_grad_norm=max_grad_norm, seed=seed, objective=kind, lr_schedule=args["schedule"],
-                      warmup_steps=warmup_steps, min_lr=min_lr, total_steps=total, grad_accum=grad_accum,
-                      num_threads=num_threads, **objective)
-    config = _run_config(train, batch_size, grad_accum, shuffle, seed, total)
-    if output_dir is not None:
-        _prepare_output_dir(output_dir, resume_from_checkpoint, config)
-    with trainer:
-        _set_reference(trainer, train, model, spec, ref_model, seed, beta)
-        first, history = (_resume(trainer, output_dir, resume_from_checkpoint)
-                          if resume_from_checkpoint else (1, []))
+    choice = _strategy_choice(a, model, spec, a.lora_options, longest, train.kind)
+    if a.lora_options:
+        model.enable_lora(seed=seed, **a.lora_options)
+    config = _run_config(train, a, total)
+    with _trainer(model, choice["strategy"], train.kind, total, a) as trainer:
+        if output_dir is not None:
+            _prepare_output_dir(output_dir, resume_from_checkpoint, config)
+        _set_reference(trainer, train, model, spec, a)
+        first, history, position = _resume(trainer, a, config) if resume_from_checkpoint else (1, [], 0)
         bar = _Progress(progress, total, first, logging_steps)
         bar.note("seqgrad.fit: strategy %s" % choice["reason"])
         try:
-            written = _train(trainer, train, evals, kind, config, first, history, bar, output_dir, args)
+            written = _train(trainer, train, evals, config, first, position, history, bar, a)
         finally:
             bar.close()
-        final_eval = history[-1].get("eval") if history else None
-    paths = _save_outputs(model, spec, output_dir, tokenizer_cache, history, choice, kind, chunk, total, first,
-                          written)
-    steps_done = [h for h in history if h["step"] >= first]
-    seconds = sum(h["seconds"] for h in steps_done)
-    metrics = {"loss_first": history[0]["loss"] if history else None,
-               "loss_last": history[-1]["loss"] if history else None, "steps": total,
-               "tokens_per_s": sum(h["tokens"] for h in steps_done) / seconds if seconds else 0.0,
-               "peak_bytes": max((h["peak_bytes"] for h in steps_done), default=0), "eval": final_eval}
-    return FitResult(metrics=metrics, history=history, strategy=choice["strategy"], strategy_reason=choice["reason"],
-                     planned_peak_bytes=choice["planned_peak_bytes"], memory_budget=choice["memory_budget"],
-                     rejected=choice["rejected"], model=model, paths=paths, objective=kind)
+    summary = _summary(history, first)
+    paths = {}
+    if output_dir is not None:
+        paths = _save_outputs(model, spec, tokenizers.loaded, output_dir,
+                              _report(model, spec, train.kind, choice, a, total, first, history, summary), written)
+    return FitResult(metrics=dict(summary, steps=total), history=history, strategy=choice["strategy"],
+                     strategy_reason=choice["reason"], planned_peak_bytes=choice["planned_peak_bytes"],
+                     memory_budget=choice["memory_budget"], rejected=choice["rejected"], model=model, paths=paths,
+                     objective=train.kind)
 
 
-def _check_arguments(a):
-    """fit()'s plain arguments checked by name before anything is loaded; a few normalised."""
-    out = {}
+def _total_steps(records, a):
+    """max_steps, else num_train_epochs epochs of optimizer steps (an epoch's last step may be short)."""
+    per_epoch = math.ceil(math.ceil(records / a.per_device_train_batch_size) / a.gradient_accumulation_steps)
+    total = a.max_steps or a.num_train_epochs * per_epoch
+    if a.schedule != "constant" and total <= a.warmup_steps:
+        raise InvalidArgumentError("warmup_steps=%d: lr_scheduler_type=%r decays after the warmup, and the run has "
+                                   "%d steps" % (a.warmup_steps, a.lr_scheduler_type, total))
+    return total
+
+
+def _checked_arguments(a):
+    """fit()'s plain arguments checked by name before anything is loaded; adds schedule and lora_options."""
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "logging_steps"):
-        out[name] = _integer(a[name], name, 1)
+        _integer(getattr(a, name), name, 1)
     for name in ("max_steps", "eval_steps", "save_steps", "save_total_limit", "memory_budget"):
-        out[name] = _integer(a[name], name, 1, none_ok=True)
-    out["warmup_steps"] = _integer(a["warmup_steps"], "warmup_steps", 0)
-    if a["max_length"] is not None:
-        _integer(a["max_length"], "max_length", 2)
-    if a["packing"] and a["max_length"] is None:
+        _integer(getattr(a, name), name, 1, none_ok=True)
+    _integer(a.warmup_steps, "warmup_steps", 0)
+    _integer(a.max_length, "max_length", 2, none_ok=True)
+    if a.packing and a.max_length is None:
         raise InvalidArgumentError("packing needs max_length (the length of the packed sequences)")
-    if a["lr_scheduler_type"] not in SCHEDULES:
+    if a.lr_scheduler_type not in SCHEDULES:
         raise InvalidArgumentError("lr_scheduler_type must be one of %s, got %r" % (", ".join(SCHEDULES),
-                                                                                   a["lr_scheduler_type"]))
-    out["schedule"] = SCHEDULES[a["lr_scheduler_type"]]
-    if a["strategy"] != "auto" and a["strategy"] not in STRATEGIES:
+                                                                                   a.lr_scheduler_type))
+    a.schedule = SCHEDULES[a.lr_scheduler_type]
+    if a.strategy != "auto" and a.strategy not in STRATEGIES:
         raise InvalidArgumentError("strategy must be 'auto' or one of %s, got %r" % (", ".join(STRATEGIES),
-                                                                                    a["strategy"]))
-    if a["memory_budget"] is not None and a["strategy"] != "auto":
+                                                                                    a.strategy))
+    if a.memory_budget is not None and a.strategy != "auto":
         raise InvalidArgumentError("memory_budget is what strategy='auto' plans for; strategy=%r was given" %
-                                   a["strategy"])
-    if a["learning_rate"] is not None:
-        _number(a["learning_rate"], "learning_rate", 0, low_open=True)
-    if a["beta"] is not None:
-        _number(a["beta"], "beta", 0)
+                                   a.strategy)
+    if a.learning_rate is not None:
+        _number(a.learning_rate, "learning_rate", 0, low_open=True)
+    if a.beta is not None:
+        _number(a.beta, "beta", 0)
     for name, low, high in (("min_lr", 0, math.inf), ("weight_decay", 0, math.inf), ("adam_beta1", 0, 1),
                             ("adam_beta2", 0, 1), ("max_grad_norm", 0, math.inf), ("epsilon", 0, math.inf)):
-        _number(a[name], name, low, high)
-    _number(a["adam_epsilon"], "adam_epsilon", 0, low_open=True)
+        _number(getattr(a, name), name, low, high)
+    _number(a.adam_epsilon, "adam_epsilon", 0, low_open=True)
     for name in ("shuffle", "packing", "progress"):
-        if not isinstance(a[name], bool):
-            raise InvalidArgumentError("%s must be True or False, got %r" % (name, a[name]))
-    resume = a["resume_from_checkpoint"]
-    if not isinstance(resume, (bool, str, os.PathLike)):
+        if not isinstance(getattr(a, name), bool):
+            raise InvalidArgumentError("%s must be True or False, got %r" % (name, getattr(a, name)))
+    _check_output_arguments(a)
+    a.lora_options = None if a.lora is None else lora_options(a.lora)
+    return a
+
+
+def _check_output_arguments(a):
+    if not isinstance(a.resume_from_checkpoint, (bool, str, os.PathLike)):
         raise InvalidArgumentError("resume_from_checkpoint must be True, False or a checkpoint directory, got %r" %
-                                   (resume,))
-    if resume is True and a["output_dir"] is None:
+                                   (a.resume_from_checkpoint,))
+    if a.output_dir is not None and not isinstance(a.output_dir, (str, os.PathLike)):
+        raise InvalidArgumentError("output_dir must be a directory path or None, got %r" % (a.output_dir,))
+    if a.resume_from_checkpoint is True and a.output_dir is None:
         raise InvalidArgumentError("resume_from_checkpoint=True needs output_dir (where the checkpoints are)")
-    if a["save_steps"] is not None and a["output_dir"] is None:
+    if a.save_steps is not None and a.output_dir is None:
         raise InvalidArgumentError("save_steps needs output_dir (where checkpoints are written)")
-    if a["eval_steps"] is not None and a["eval_dataset"] is None:
+    if a.eval_steps is not None and a.eval_dataset is None:
         raise InvalidArgumentError("eval_steps needs eval_dataset")
-    if a["lora"] is not None:
-        lora_options(a["lora"])
-    return out
 
 
-def _prepare_output_dir(output_dir, resume_from_checkpoint, config):
-    """Creates output_dir; refuses to train over its checkpoints unless resuming, or to resume another run's."""
-    output_dir = os.fspath(output_dir)
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as e:
-        raise InvalidArgumentError("output_dir %s: cannot create it: %s" % (output_dir, e.strerror)) from None
-    existing = _checkpoints(output_dir)
-    if existing and not resume_from_checkpoint:
-        raise FailedPreconditionError("output_dir %s already holds %s: pass resume_from_checkpoint=True to continue "
-                                      "from its newest checkpoint, or choose another output_dir" %
-                                      (output_dir, existing[-1]))
-    _check_run_config(output_dir, config)
-    _write_json(os.path.join(output_dir, CONFIG_FILE), config)
+class _Tokenizers:
+    """The tokenizer, loaded when text first needs it: tokenizer= (an object or a directory), else the model's."""
+
+    def __init__(self, given, spec):
+        self.given, self.spec, self.loaded = given, spec, None
+
+    def __call__(self):
+        if self.loaded is None:
+            tok = self.given
+            if tok is None:
+                if self.spec is None or not os.path.isdir(self.spec):
+                    raise InvalidArgumentError("tokenizer: the data is text, and the model is not a Hugging Face "
+                                               "directory to load one from: pass tokenizer=")
+                tok = self.spec
+            self.loaded = data.load_tokenizer(os.fspath(tok)) if isinstance(tok, (str, os.PathLike)) else tok
+        return self.loaded
 
 
-def _set_reference(trainer, prepared, model, spec, ref_model, seed, kl_beta):
+def _datasets(a, tokenizers, vocab):
+    """(train, eval or None) as seqgrad.data.Prepared, every token inside the vocabulary."""
+    options = (a.dataset_format, a.max_length, a.packing, a.overlong)
+    train = _prepare(a.train_dataset, "train_dataset", tokenizers, *options)
+    _check_vocab(train, vocab, "train_dataset")
+    if a.eval_dataset is None:
+        return train, None
+    evals = _prepare(a.eval_dataset, "eval_dataset", tokenizers, *options)
+    if train.kind != "sft" or evals.kind != "sft":
+        raise InvalidArgumentError("eval_dataset: evaluation is for SFT data (token loss), not %s" %
+                                   (evals.kind if train.kind == "sft" else train.kind))
+    _check_vocab(evals, vocab, "eval_dataset")
+    return train, evals
+
+
+def _trainer(model, strategy, kind, total, a):
+    lr = DEFAULT_LR[kind] if a.learning_rate is None else a.learning_rate
+    beta = (0.1 if kind == "dpo" else 0.0) if a.beta is None else a.beta
+    objective = {"dpo": {"dpo_beta": beta}, "grpo": {"grpo_kl_beta": beta, "grpo_clip_eps": a.epsilon}}.get(kind, {})
+    return Trainer(model, strategy=strategy, chunk=a.chunk, page_size=a.page_size, lm_chunk=a.lm_chunk, lr=lr,
+                   betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon, weight_decay=a.weight_decay,
+                   clip_grad_norm=a.max_grad_norm, seed=a.seed, objective=kind, lr_schedule=a.schedule,
+                   warmup_steps=a.warmup_steps, min_lr=a.min_lr, total_steps=total,
+                   grad_accum=a.gradient_accumulation_steps, num_threads=a.num_threads, **objective)
+
+
+def _set_reference(trainer, prepared, model, spec, a):
     """DPO, and GRPO with a KL term: the frozen reference the records' own log-probs do not replace."""
+    kl_beta = 0.0 if a.beta is None else a.beta
     needed = (prepared.kind == "dpo" and any("ref_chosen_logp" not in r for r in prepared.records) or
               prepared.kind == "grpo" and kl_beta > 0)
-    if not needed and ref_model is None:
+    if not needed and a.ref_model is None:
         return
-    if ref_model is not None:
-        ref, _ = _open_model(ref_model, model.dtype, model.device, seed)
-        trainer.set_reference(ref)
+    if a.ref_model is not None:
+        trainer.set_reference(_open_model(a.ref_model, model.dtype, model.device, a.seed)[0])
     elif model.lora is not None:
         trainer.set_reference_base_model()
     else:
@@ -622,68 +670,57 @@ def _frozen_copy(model, spec):
     return copy
 
 
-def _train(trainer, train, evals, kind, config, first, history, bar, output_dir, args):
+def _train(trainer, train, evals, config, first, resumed_position, history, bar, a):
     """The steps from `first` on; appends each step's metrics to history. Returns the checkpoints written."""
-    step_call, accumulate_call = (getattr(trainer, name) for name in _STEP_CALLS[kind])
+    step_call, accumulate_call = (getattr(trainer, name) for name in _STEP_CALLS[train.kind])
     total, written, position = config["total_steps"], [], 0
-    schedule = step_schedule(len(train), config["per_device_train_batch_size"],
-                             config["gradient_accumulation_steps"], config["shuffle"], config["seed"], total)
+    schedule = step_schedule(len(train), a.per_device_train_batch_size, a.gradient_accumulation_steps, a.shuffle,
+                             a.seed, total)
     for step, micro_batches in enumerate(schedule, 1):
+        if step == first and position != resumed_position:
+            raise FailedPreconditionError("the checkpoint of step %d had read %d records, this run's step %d starts "
+                                          "at record %d: other data or batch options" % (first - 1, resumed_position,
+                                                                                         first, position))
         position += sum(map(len, micro_batches))
         if step < first:
             continue
         batches = [[train.records[i] for i in mb] for mb in micro_batches]
-        tokens = sum(len(ids) for b in batches for r in b for ids, _ in _sequences(kind, r))
         t0 = time.perf_counter()
         if len(batches) == 1:
-            m = step_call(*_trainer_batch(kind, batches[0]))
+            m = step_call(*_trainer_batch(train.kind, batches[0]))
         else:
             for b in batches:
-                accumulate_call(*_trainer_batch(kind, b))
+                accumulate_call(*_trainer_batch(train.kind, b))
             m = trainer.optimizer_step()
         seconds = time.perf_counter() - t0
+        tokens = sum(len(ids) for b in batches for r in b for ids, _ in _sequences(train.kind, r))
         record = {"step": step, "loss": m["loss"], "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": tokens,
                   "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                   "peak_bytes": m["peak_bytes"], "peak_bytes_by_category": m["peak_bytes_by_category"]}
         history.append(record)
         bar.step(record)
-        if evals is not None and ((args["eval_steps"] and step % args["eval_steps"] == 0) or step == total):
-            record["eval"] = _evaluate(trainer, evals, config["per_device_train_batch_size"])
+        if evals is not None and ((a.eval_steps and step % a.eval_steps == 0) or step == total):
+            record["eval"] = _evaluate(trainer, evals, a.per_device_train_batch_size)
             bar.note("step %d: eval loss %.4f, accuracy %.4f" % (step, record["eval"]["loss"],
                                                                  record["eval"]["accuracy"]))
-        if output_dir is not None and ((args["save_steps"] and step % args["save_steps"] == 0) or step == total):
-            path = trainer.save_checkpoint(output_dir, data_position=position, keep=args["save_total_limit"] or 0)
+        if a.output_dir is not None and ((a.save_steps and step % a.save_steps == 0) or step == total):
+            path = trainer.save_checkpoint(a.output_dir, data_position=position, keep=a.save_total_limit or 0)
             _write_json(os.path.join(path, HISTORY_FILE), history)
             written.append(path)
             bar.note("saved %s" % path)
     return written
 
 
-def _save_outputs(model, spec, output_dir, tokenizer_cache, history, choice, kind, chunk, total, first, written):
+def _save_outputs(model, spec, tokenizer, output_dir, report, checkpoints):
     """The trained model (or adapter), the tokenizer and report.json in output_dir; their paths."""
-    if output_dir is None:
-        return {}
     output_dir = os.fspath(output_dir)
     if model.lora is not None:
         model.save_lora_adapter(output_dir, spec if spec and os.path.isdir(spec) else None)
     else:
         model.save(output_dir)
-    if tokenizer_cache:
-        tokenizer_cache[0].save_pretrained(output_dir)
-    done = [h for h in history if h["step"] >= first]
-    seconds = sum(h["seconds"] for h in done)
-    peak = max(done, key=lambda h: h["peak_bytes"]) if done else {"peak_bytes": 0, "peak_bytes_by_category": {}}
-    losses = [h["loss"] for h in history]
-    report = {"model": spec, "objective": kind, "strategy": choice["strategy"], "seq_len": choice["seq_len"],
-              "chunk": chunk, "steps": total, "resumed_from_step": first - 1,
-              "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-              "tokens_per_s": sum(h["tokens"] for h in done) / seconds if seconds else 0.0,
-              "peak_bytes": peak["peak_bytes"], "peak_bytes_by_category": peak["peak_bytes_by_category"],
-              "lora": _lora_json(model), "losses": losses, "metrics": history,
-              "evals": [dict(step=h["step"], **h["eval"]) for h in history if "eval" in h], "plots": [],
-              "strategy_choice": {k: choice[k] for k in ("strategy", "planned_peak_bytes", "memory_budget",
-                                                          "budget_source", "rejected", "reason")}}
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output_dir)
     report_path = os.path.join(output_dir, "report.json")
     _write_json(report_path, report)
-    return {"output_dir": output_dir, "report": report_path, "checkpoints": written,
+    return {"output_dir": output_dir, "report": report_path, "checkpoints": checkpoints,
             "adapter" if model.lora is not None else "model": output_dir}

@@ -69,8 +69,9 @@ def test_auto_refuses_before_any_step_when_nothing_fits(tmp_path):
         before = {k: v.copy() for k, v in model.parameters().items()}
         with pytest.raises(seqgrad.ResourceExhaustedError, match=r"no exact strategy fits .*full .*seco .*streambp "
                                                                  r".*ckpt .*; shorten max_length"):
-            fit(records(), model=model, dtype=None, memory_budget=100000, output_dir=str(tmp_path / "out"))
-        assert all(np.array_equal(v, before[k]) for k, v in model.parameters().items())
+            fit(records(), model=model, dtype=None, memory_budget=100000, output_dir=str(tmp_path / "out"),
+                lora={"r": 2})
+        assert all(np.array_equal(v, before[k]) for k, v in model.parameters().items()) and model.lora is None
     assert not os.path.exists(tmp_path / "out")  # nothing written either
 
 
@@ -194,6 +195,13 @@ def test_resume_gives_the_uninterrupted_run(tmp_path):
         uninterrupted = json.load(f)
     assert report["resumed_from_step"] == 2 and report["losses"] == uninterrupted["losses"]
     assert len(report["losses"]) == 5
+    # A checkpoint alone (no fit_config.json beside it) read with other batches: its data position differs.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", alone / "checkpoint-2")
+    with pytest.raises(seqgrad.FailedPreconditionError, match="the checkpoint of step 2 had read 7 records, this "
+                                                               "run's step 3 starts at record 4"):
+        fit(recs, output_dir=str(alone), resume_from_checkpoint=True, **dict(options, per_device_train_batch_size=1))
     # A checkpoint directory named explicitly.
     again = fit(recs, resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-4"), **dict(options,
                                                                                             save_steps=None))
