@@ -304,7 +304,7 @@ def _device_budget(model):
 
 
 def _mib(n):
-    return "%.1f MiB" % (n / 1048576.0)
+    return ("%.1f MiB" if n >= 10 << 20 else "%.3f MiB") % (n / 1048576.0)
 
 
 def choose_strategy(spec, dtype, lora, seq_len, kind, budget, source, a):
