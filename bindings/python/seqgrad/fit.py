@@ -294,8 +294,10 @@ def _device_budget(model):
             fields = dict(line.split(":", 1) for line in f)
         available = int(fields["MemAvailable"].split()[0]) * 1024
         return available + _held_bytes(model) - MARGIN_BYTES, "the host's MemAvailable + the model's bytes - 256 MiB"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"] +
+                             (["--id=" + visible] if visible else []),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True).stdout
         return int(out.split()[0]) * (1 << 20) - MARGIN_BYTES, "the GPU's memory (nvidia-smi) - 256 MiB"
     except (OSError, subprocess.CalledProcessError, ValueError, IndexError):

@@ -64,6 +64,31 @@ def test_auto_takes_the_fastest_strategy_that_fits():
     assert fit(recs, memory_budget=full).strategy == "full"
 
 
+def test_the_default_budget_is_the_devices_memory(monkeypatch, tmp_path):
+    r = fit(records(), max_steps=1)  # the host's MemAvailable: plenty for tiny
+    assert r.strategy == "full" and "MemAvailable" in r.strategy_reason and r.memory_budget > 2 ** 20
+    with seqgrad.Model.from_preset("tiny", dtype="f64", seed=SEED) as model:
+        model.set_memory_limit(plan("full", longest(records())) - 1)
+        r = fit(records(), model=model, dtype=None, max_steps=1)
+        assert r.strategy == "seco" and r.memory_budget == model.memory_limit
+        assert "the model's memory limit" in r.strategy_reason
+    # A GPU: its total memory from nvidia-smi (of the first visible device), less 256 MiB.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho \"$@\" > %s/args\necho 81559\n" % tmp_path)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    gpu = types.SimpleNamespace(memory_limit=0, device="cuda")
+    device_budget = sys.modules["seqgrad.fit"]._device_budget  # the module; seqgrad.fit is the function
+    assert device_budget(gpu)[0] == (81559 - 256) * 2 ** 20
+    assert (tmp_path / "args").read_text().split() == ["--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                                                       "--id=3"]
+    smi.unlink()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(seqgrad.InvalidArgumentError, match="cannot read the GPU's memory .*give memory_budget"):
+        device_budget(gpu)
+
+
 def test_auto_refuses_before_any_step_when_nothing_fits(tmp_path):
     with seqgrad.Model.from_preset("tiny", dtype="f64", seed=SEED) as model:
         before = {k: v.copy() for k, v in model.parameters().items()}
