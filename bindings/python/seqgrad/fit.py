@@ -7,22 +7,24 @@
 
 is TRL's SFTTrainer(model, args=SFTConfig(output_dir="run", max_length=32768), train_dataset=...,
 peft_config=LoraConfig(r=16, lora_alpha=32)).train(), with the config's fields as keyword arguments of the same
-names and defaults (num_train_epochs, max_steps, per_device_train_batch_size, gradient_accumulation_steps,
-learning_rate, lr_scheduler_type, warmup_steps, seed, eval_steps, save_steps, save_total_limit,
-resume_from_checkpoint, logging_steps, packing, beta). The data's format picks the objective: text,
+names (num_train_epochs, max_steps, per_device_train_batch_size, gradient_accumulation_steps, learning_rate,
+lr_scheduler_type, warmup_steps, seed, eval_steps, save_steps, save_total_limit, resume_from_checkpoint,
+logging_steps, max_length, packing, beta) and TRL's defaults, but max_length (None: no limit) and save_steps (None:
+a checkpoint after the last step only). The data's format picks the objective: text,
 prompt/completion and messages train SFT, {prompt, chosen, rejected} DPO, {prompt, completions, advantages} GRPO
 (seqgrad.data tokenizes them with the model directory's tokenizer); records already tokenized ({"input_ids"[,
 "labels"]}, or the token-id records seqgrad.data writes) are taken as they are.
 
 strategy="auto" plans one step of every exact strategy with the package's plan tool (the engine's allocation
-schedule walked on the meta device, equal to the CPU's measured peak) at the data's longest sequence, fastest
-first, and takes the first whose planned peak fits the budget: memory_budget, else the model's memory limit, else
-the device's memory less a 256 MiB margin (the host's MemAvailable plus what the model holds; a GPU's total from
-nvidia-smi). The order, from the measured runs in docs/bench: full (no recompute), then seco and streambp (each
-recomputes one forward; seco was 0-8% faster than streambp at 2K-16K tokens on the CPU and is faster in the H100
-roofline census), then ckpt (the slowest there, and more memory than streambp). spaco is left out (an unbiased
-estimate, not exact), and so is adjoint: docs/strategies.md measures it as seco's gradient with no less memory
-and, in its default pairs form, O(T^2) time, so it is never the fastest that fits.
+schedule walked on the meta device, checked byte for byte against the CPU by //core:plan_test) at the data's longest
+sequence, fastest first, and takes the first whose planned peak fits the budget: memory_budget, else the model's
+memory limit, else the device's memory less a 256 MiB margin (the host's MemAvailable plus what the model holds; a
+GPU's total from nvidia-smi). A separate reference model (DPO, GRPO) is not in the plan. The order, from the
+measured runs in docs/bench: full (no recompute), then seco and streambp (each recomputes one forward; seco was 0-8%
+faster than streambp at 2K-16K tokens on the CPU and is faster in the H100 roofline census), then ckpt (the slowest
+of the four in docs/cpu.md's table, and more memory than streambp). spaco is left out (an unbiased estimate, not
+exact), and so is adjoint: docs/strategies.md measures it as seco's gradient with no less memory and, in its default
+pairs form, O(T^2) time, so it is never the fastest that fits.
 
 Order of the data (what a hand-written loop reproduces): epoch e takes the records in the order
 numpy.random.default_rng([seed, e]).permutation(n) (shuffle=False: as given), in micro-batches of
@@ -55,7 +57,7 @@ DEFAULT_LR = {"sft": 2e-5, "dpo": 1e-6, "grpo": 1e-6}
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 _STEP_CALLS = {"sft": ("step", "accumulate_gradients"), "dpo": ("step_dpo", "accumulate_gradients_dpo"),
                "grpo": ("step_grpo", "accumulate_gradients_grpo")}
-_LORA_FIELDS = {"r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout", "target_modules": "targets"}
+_LORA_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules")  # a PEFT LoraConfig's, as lora= reads them
 HISTORY_FILE = "fit_history.json"  # per-step metrics, inside each checkpoint-<step> directory
 CONFIG_FILE = "fit_config.json"  # the data and batching a resume must match
 
