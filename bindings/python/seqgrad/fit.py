@@ -217,7 +217,11 @@ def _prepare(source, name, tokenizer, fmt, max_length, packing, overlong):
         return source
     if not isinstance(source, (str, os.PathLike, list, tuple)) and not hasattr(source, "column_names"):
         source = list(source)  # a one-pass iterable is read twice (the first record says what it holds)
-    if _is_tokenized(_first_record(source, name)):
+    first = _first_record(source, name)
+    if not isinstance(first, dict):
+        raise InvalidArgumentError("%s: %s" % (name, "no records" if first is None else
+                                               "expected records (dicts), the first is %s" % data._describe(first)))
+    if _is_tokenized(first):
         return data._convert(source, name, data.MAX_LINE_BYTES, "auto", _tokenized_format, _tokenized_record,
                              max_length, packing, overlong)
     return data.prepare(source, tokenizer(), fmt, max_length, packing, overlong, name)
@@ -372,8 +376,12 @@ def _check_run_config(directory, config):
                                           "output_dir" % (path, ", ".join(differ)))
 
 
-def _prepare_output_dir(output_dir, resume_from_checkpoint, config):
-    """Creates output_dir; refuses to train over its checkpoints unless resuming, or to resume another run's."""
+def _prepare_output_dir(output_dir, resume_from_checkpoint, config, spec):
+    """Creates output_dir; refuses to train over its checkpoints unless resuming, to resume another run's, or to
+    write over the model directory."""
+    if spec is not None and os.path.isdir(spec) and os.path.exists(output_dir) and os.path.samefile(spec, output_dir):
+        raise InvalidArgumentError("output_dir %s is the model's directory: the trained model would overwrite it; "
+                                   "choose another output_dir" % output_dir)
     try:
         os.makedirs(output_dir, exist_ok=True)
     except OSError as e:
@@ -524,7 +532,7 @@ def fit(model, train_dataset, *, eval_dataset=None, tokenizer=None, lora=None, o
     config = _run_config(train, a, total)
     with _trainer(model, choice["strategy"], train.kind, total, a) as trainer:
         if output_dir is not None:
-            _prepare_output_dir(output_dir, resume_from_checkpoint, config)
+            _prepare_output_dir(output_dir, resume_from_checkpoint, config, spec)
         _set_reference(trainer, train, model, spec, a)
         first, history, position = _resume(trainer, a, config) if resume_from_checkpoint else (1, [], 0)
         bar = _Progress(progress, total, first, logging_steps)

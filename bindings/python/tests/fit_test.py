@@ -323,6 +323,8 @@ def test_packing_and_max_length_use_seqgrad_data():
     (dict(eval_steps=2), seqgrad.InvalidArgumentError, "eval_steps needs eval_dataset"),
     (dict(lr_scheduler_type="linear", warmup_steps=3), seqgrad.InvalidArgumentError, "warmup_steps=3: "),
     (dict(train=[{"text": "hello"}]), seqgrad.InvalidArgumentError, "tokenizer: the data is text"),
+    (dict(train=[]), seqgrad.InvalidArgumentError, "train_dataset: no records"),
+    (dict(train=["hello"]), seqgrad.InvalidArgumentError, "train_dataset: expected records .*the string \"hello\""),
     (dict(train=[{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3]}]),
      seqgrad.InvalidArgumentError, r"train_dataset\[1\]: field 'labels' has 3 entries for 4 input_ids"),
     (dict(train=[{"input_ids": [1, 2, 500]}]), seqgrad.InvalidArgumentError,
@@ -339,6 +341,13 @@ def test_bad_arguments_are_named(kwargs, error, message):
     recs = kwargs.pop("train", records())
     with pytest.raises(error, match=message):
         fit(recs, **kwargs)
+
+
+def test_the_model_directory_is_not_an_output_dir(tmp_path):
+    with seqgrad.Model.from_preset("tiny", dtype="f64") as model:
+        model.save(str(tmp_path))
+    with pytest.raises(seqgrad.InvalidArgumentError, match="output_dir .* is the model's directory"):
+        seqgrad.fit(str(tmp_path), records(), output_dir=str(tmp_path), strategy="full", progress=False)
 
 
 def test_a_given_model_keeps_its_dtype():
