@@ -24,6 +24,10 @@ LoRA, a learning-rate schedule, gradient accumulation, checkpoints and held-out 
         tr.evaluate_detailed(ids, labels, distances=d)     # loss, perplexity, accuracy, by_distance buckets
     model.save_lora_adapter("adapter")                     # PEFT files
 
+A whole run in one call, TRL-style (seqgrad/fit.py; strategy="auto" picks the fastest that fits the memory):
+
+    result = seqgrad.fit("hf_model_dir", "chats.jsonl", lora={"r": 16}, max_length=32768, output_dir="run")
+
 Labels follow Hugging Face's convention everywhere: aligned with ids (labels[t] is the token at position t, -100 =
 ignored), shifted by the engine (position t learns to predict labels[t + 1]), None = next-token labels (labels = ids).
 
@@ -49,6 +53,7 @@ __all__ = [
     "Model", "Trainer", "SeqgradError", "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "CancelledError",
     "BusyError", "ResourceExhaustedError", "FailedPreconditionError", "InternalError", "ClosedError", "DataLossError",
     "PermissionDeniedError", "UnimplementedError", "StepAppliedError", "version", "MEMORY_CATEGORIES", "PRESETS", "LORA_TARGETS",
+    "fit", "FitResult",
 ]
 
 __version__ = "%d.%d.%d" % (_native.VERSION_MAJOR, _native.VERSION_MINOR, _native.VERSION_PATCH)
@@ -74,19 +79,20 @@ class Model:
     trainers keep the memory alive until they are gone, so views never dangle.
     """
 
-    def __init__(self, native):
+    def __init__(self, native, spec=None):
         self._native = native
+        self._spec = spec  # the preset name or directory it was made from: what seqgrad.fit plans with
 
     @classmethod
     def from_preset(cls, name="tiny", dtype="f32", seed=0, device="cpu"):
         """A randomly initialised preset. device: "cpu" or "cuda" (the model's tensors and steps on the GPU;
         without a usable GPU FailedPreconditionError "device 'cuda' cannot run: ...")."""
-        return cls(_native.Model.create_preset(name, dtype, seed, device))
+        return cls(_native.Model.create_preset(name, dtype, seed, device), name)
 
     @classmethod
     def load(cls, hf_dir, dtype="f32", device="cpu"):
         """A Hugging Face directory; dtype "f32", "f64" or "bf16", device "cpu" or "cuda" as in from_preset."""
-        return cls(_native.Model.load(os.fspath(hf_dir), dtype, device))
+        return cls(_native.Model.load(os.fspath(hf_dir), dtype, device), os.path.abspath(hf_dir))
 
     def _get(self):
         if self._native is None:
@@ -642,3 +648,6 @@ class Trainer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+from .fit import FitResult, fit  # noqa: E402 (it builds on Model and Trainer)

@@ -414,6 +414,15 @@ class _Tokenize:
         return (self.ids(self.render(rec, prompt, True), False) if isinstance(prompt, list)
                 else self.ids(prompt, True))
 
+    def record(self, rec, fmt):
+        """One record of format fmt tokenized."""
+        if fmt == "dpo":
+            return _dpo(self, rec)
+        if fmt == "grpo":
+            return _grpo(self, rec)
+        ids, labels = _sft(self, rec, fmt)
+        return {"input_ids": ids, "labels": labels}
+
 
 def _assistant_turns(rec, messages, field):
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -649,29 +658,34 @@ def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong
     if not callable(tokenizer) or not hasattr(tokenizer, "eos_token_id"):
         raise InvalidArgumentError("tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), "
                                    "got %s" % type(tokenizer).__name__)
-    tk = _Tokenize(tokenizer)
+    return _convert(source, name, max_line_bytes, format, _detect_or_refuse, _Tokenize(tokenizer).record, seq_len,
+                    pack, overlong)
+
+
+def _detect_or_refuse(where, obj):
+    fmt = detect_format(obj)
+    if fmt is None:
+        raise InvalidArgumentError(
+            "%s: cannot tell the format from the fields (%s): expected 'text', 'prompt' + 'completion', "
+            "'messages', 'prompt' + 'chosen' + 'rejected' (dpo) or 'prompt' + 'completions' (grpo)" %
+            (where, ", ".join(map(repr, obj)) or "none"))
+    return fmt
+
+
+def _convert(source, name, max_line_bytes, format, detect, record, seq_len, pack, overlong):
+    """prepare()'s reading, cutting and packing around a converter: record(_Record, format) gives one record's
+    output (sft {"input_ids", "labels"}, dpo, grpo); detect(where, obj) the format when it is "auto". Also what
+    seqgrad.fit reads already tokenized records with."""
     stats = {"records": 0, "sequences": 0, "truncated": 0, "tokens_cut": 0, "dropped": 0}
     records, too_long = [], []
     for where, obj in _records(source, name, max_line_bytes):
         if not isinstance(obj, dict):
             raise InvalidArgumentError("%s: expected a JSON object (a record), got %s" % (where, _describe(obj)))
-        rec = _Record(where, obj)
         if format == "auto":
-            format = detect_format(obj)
-            if format is None:
-                raise InvalidArgumentError(
-                    "%s: cannot tell the format from the fields (%s): expected 'text', 'prompt' + 'completion', "
-                    "'messages', 'prompt' + 'chosen' + 'rejected' (dpo) or 'prompt' + 'completions' (grpo)" %
-                    (where, ", ".join(map(repr, obj)) or "none"))
+            format = detect(where, obj)
         if pack and format in ("dpo", "grpo"):
             raise InvalidArgumentError("pack applies to text, prompt_completion and messages, not %s" % format)
-        if format == "dpo":
-            out = _dpo(tk, rec)
-        elif format == "grpo":
-            out = _grpo(tk, rec)
-        else:
-            ids, labels = _sft(tk, rec, format)
-            out = {"input_ids": ids, "labels": labels}
+        out = record(_Record(where, obj), format)
         stats["records"] += 1
         out = _fit(_kind(format), out, where, seq_len, overlong, stats, too_long)
         if out is not None:

@@ -17,28 +17,10 @@ import tempfile
 import threading
 import unittest
 
-REQUIREMENTS = ["transformers==5.23.0", "tokenizers==0.23.3", "jinja2==3.1.6", "datasets==5.2.0",
-                "hypothesis==6.170.15"]
+import data_venv
 
-
-def _have_requirements():
-    try:
-        import datasets, hypothesis, jinja2, tokenizers, transformers  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-def _venv_python():
-    """The python of a venv with REQUIREMENTS, made once by tests/e2e/pip_venv.sh (kept in ~/.cache/seqgrad-pip)."""
-    script = os.path.join(os.environ["TEST_SRCDIR"], "seqgrad", "tests", "e2e", "pip_venv.sh")
-    venv = subprocess.run([script] + REQUIREMENTS, check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
-    return os.path.join(venv, "bin", "python")
-
-
-if __name__ == "__main__" and not _have_requirements():
-    python = _venv_python()
-    os.execv(python, [python, os.path.abspath(__file__)] + sys.argv[1:])  # PYTHONPATH (seqgrad) carries over
+if __name__ == "__main__":
+    data_venv.run_in_venv(__file__)
 
 # Hypothesis keeps caches in a directory, by default in the working directory (here the runfiles): the test's tmpdir.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
