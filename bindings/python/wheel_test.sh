@@ -82,7 +82,16 @@ with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model) as train
     before = w.copy()
     loss = trainer.step([[1, 2, 3, 4, 5, 6]])["loss"]
     assert np.isfinite(loss) and not np.array_equal(before, w)
+# fit(strategy="auto") plans with the wheel's own plan tool: a budget under full's peak picks another strategy.
+records = [{"input_ids": [(i * 7 + k) % 90 for i in range(64)]} for k in range(4)]
+result = seqgrad.fit("tiny", records, max_steps=2, per_device_train_batch_size=2, memory_budget=10 ** 12,
+                     progress=False)
+assert result.strategy == "full", result.strategy_reason
+tight = seqgrad.fit("tiny", records, max_steps=1, per_device_train_batch_size=2,
+                    memory_budget=result.planned_peak_bytes - 1, progress=False)
+assert tight.strategy != "full", tight.strategy_reason
 print("seqgrad", seqgrad.version(), "numpy", np.__version__, "loss", loss, "libraries from", bundled)
+print("fit(strategy='auto') from the wheel:", tight.strategy_reason)
 PY
 cd /  # import the installed package, not the source tree
 "$hide" "$tmp/venv/bin/python" "$tmp/check.py"
