@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/mpi_plugin.h"
 #include "distributed/nccl_communicator.h"
 
 namespace sg::dist {
@@ -147,8 +147,8 @@ class HostStagedNccl : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateHostStagedNcclCommunicator() {
-  absl::StatusOr<std::unique_ptr<Communicator>> mpi = CreateMpiCommunicator();
-  if (!mpi.ok()) return absl::Status(mpi.status().code(), absl::StrCat("NCCL bootstrap (MPI): ", mpi.status().message()));
+  absl::StatusOr<std::unique_ptr<Communicator>> mpi = JoinMpiJob("NCCL bootstrap (MPI)");
+  if (!mpi.ok()) return mpi.status();
   int local_rank = 0;
   if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); env && *env) {
     char* end = nullptr;

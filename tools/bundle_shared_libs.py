@@ -4,7 +4,8 @@ directory, each with RUNPATH $ORIGIN: the directory then works on a machine with
 usage: bundle_shared_libs.py OUT_DIR LIB...   (prints the names of the files it wrote)
 
 Every file is named by its SONAME, the name the loader looks for. Kept from the system, as the manylinux policies do:
-glibc's libraries, libstdc++ and libgcc_s (a JVM or Python has loaded its own already). Everything else that `ldd`
+glibc's libraries, libstdc++ and libgcc_s (a JVM or Python has loaded its own already), and in a --config=cuda build
+the CUDA driver, cuBLAS and NCCL (the machine's CUDA installation). Everything else that `ldd`
 resolves (Abseil, OpenBLAS, libgomp, libgfortran, libquadmath, ...) is copied. Needs patchelf.
 """
 import os
@@ -13,8 +14,8 @@ import shutil
 import subprocess
 import sys
 
-SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libmvec|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)"
-                    r"[.-]")
+SYSTEM = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libmvec|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+"
+                    r"|libgcc_s|libcuda|libcublas|libcublasLt|libnccl)[.-]")
 
 
 def soname_of(lib):

@@ -18,3 +18,10 @@ NUMPY2_DIRS = {
     "cp312": "/opt/seqgrad-pypi/cp312/numpy-2.4.6",
     "cp313": "/opt/seqgrad-pypi/cp313/numpy-2.4.6",
 }
+
+# NVIDIA's cuBLAS and NCCL wheels for CUDA 13, which the CUDA wheel (seqgrad-cu13) requires
+# (//bindings/python:wheel_cu13_test; about 1.3 GB installed).
+NVIDIA_DIRS = [
+    "/opt/seqgrad-pypi/nvidia-cublas-13.10.0.20",
+    "/opt/seqgrad-pypi/nvidia-nccl-cu13-2.32.3",
+]
