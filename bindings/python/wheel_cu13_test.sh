@@ -3,16 +3,18 @@
 # the machine's CUDA toolkit libraries and Debian's copies of the bundled ones hidden (tools/hide_system_libs.sh with
 # SG_HIDE_CUDA=1). It loads cuBLAS from site-packages/nvidia, trains on the CPU, and a "cuda" model either trains
 # (a machine with a GPU) or is refused with CUDA's reason; its console script's train likewise.
-# usage: wheel_cu13_test.sh WHEEL NUMPY2_DIR HIDE_SYSTEM_LIBS NVIDIA_DIR...  (NVIDIA_DIR: pip --target installs of
-#   NVIDIA's wheels, made by ./bazelw)
+# usage: wheel_cu13_test.sh WHEEL NUMPY2_DIR HIDE_SYSTEM_LIBS PYTHON NVIDIA_DIR...  (PYTHON: the CPython the wheel
+#   is for; NVIDIA_DIR: pip --target installs of NVIDIA's wheels, made by ./bazelw)
 set -euo pipefail
 whl="$(readlink -f "$1")"
 numpy2="$2"
 hide="$(readlink -f "$3")"
-shift 3
+python="$4"
+shift 4
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 
-if [[ "$(basename "$whl")" != seqgrad_cu13-*-cp311-cp311-manylinux_*_x86_64.whl ]]; then
+tag="$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+if [[ "$(basename "$whl")" != seqgrad_cu13-*-$tag-$tag-manylinux_*_x86_64.whl ]]; then
   echo "FAIL: $(basename "$whl") is not a seqgrad_cu13 manylinux wheel" >&2
   exit 1
 fi
@@ -21,7 +23,7 @@ if /usr/bin/python3 -m zipfile -l "$whl" | grep -E "lib(cublas|cublasLt|nccl)[^/
   exit 1
 fi
 
-/usr/bin/python3 -m venv "$tmp/venv"
+"$python" -m venv "$tmp/venv"
 site="$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')"
 echo "$numpy2" >"$site/numpy2.pth"
 for dir in "$@"; do cp -rs "$dir"/* "$site"/; done  # NVIDIA's wheels, installed (as links to their files)
