@@ -87,6 +87,40 @@ absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::strin
       return absl::InvalidArgumentError(absl::StrCat(source, ": label ", s.labels[i], " at position ", i,
                                                      " is outside the vocabulary [0, ", vocab, ") and not -100"));
   }
+  const int64_t n = static_cast<int64_t>(s.ids.size());
+  for (size_t d = 0; d < s.doc_starts.size(); ++d) {
+    const int64_t start = s.doc_starts[d];
+    if (d == 0 ? start != 0 : start <= s.doc_starts[d - 1] || start >= n)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": document ", d, " starts at position ", start,
+                                                     "; documents start at 0, in increasing order, inside the ", n,
+                                                     " positions"));
+    if (d > 0 && s.labels[start - 1] != -100)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": the label at position ", start - 1,
+                                                     " crosses into document ", d, " (it must be -100)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetDocuments(Sequence& s, const std::vector<int64_t>& lengths, const std::string& source) {
+  const int64_t n = static_cast<int64_t>(s.ids.size());
+  int64_t total = 0;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    if (lengths[d] < 1)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": document ", d, " has length ", lengths[d],
+                                                     "; need >= 1"));
+    total += lengths[d];
+  }
+  if (!lengths.empty() && total != n + 1)
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the document lengths sum to ", total, " tokens, not the ",
+                                                   n + 1, " of the sequence"));
+  s.doc_starts.clear();
+  if (lengths.size() < 2) return absl::OkStatus();
+  int64_t start = 0;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    if (d > 0) s.labels[start - 1] = -100;  // position start - 1 would learn this document's first token
+    if (start < n) s.doc_starts.push_back(start);  // (a last document of one token is only a label)
+    start += lengths[d];
+  }
   return absl::OkStatus();
 }
 

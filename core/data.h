@@ -85,7 +85,13 @@ absl::StatusOr<std::vector<DpoPair>> LoadDpoJsonl(const std::string& path, int64
 absl::StatusOr<std::vector<GrpoGroup>> LoadGrpoJsonl(const std::string& path, int64_t vocab,
                                                      int64_t max_line_bytes = kDefaultMaxLineBytes);
 
-// Checks ids against the vocabulary and that the sequence is not empty; the message names `source`.
+// Checks ids against the vocabulary, that the sequence is not empty and its documents (Sequence::doc_starts:
+// ascending from 0, inside the sequence, no label crossing a start); the message names `source`.
 absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::string& source);
+
+// Makes s a sequence of packed documents of the given lengths in tokens, as given with its ids (which hold their sum,
+// less the final label-only token): doc_starts from the lengths, and the label of each document's last position (the
+// first token of the next document) -100. One length or none: one document. The message names `source`.
+absl::Status SetDocuments(Sequence& s, const std::vector<int64_t>& lengths, const std::string& source);
 
 }  // namespace sg

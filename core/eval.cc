@@ -47,7 +47,7 @@ absl::StatusOr<TokenPredictions> PredictTokens(Model& m, const Sequence& s, cons
   TokenPredictions p;
   p.logp.assign(s.ids.size(), std::nan(""));
   p.argmax.assign(s.ids.size(), -1);
-  Sequence recorded{s.ids, s.labels, std::make_shared<Predicting>(&p)};
+  Sequence recorded{s.ids, s.labels, std::make_shared<Predicting>(&p), s.doc_starts};
   if (absl::Status st = CatchStrategyErrors("evaluation", [&] { EvaluateLoss(m, recorded, o); }); !st.ok()) return st;
   return p;
 }

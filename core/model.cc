@@ -1,5 +1,6 @@
 #include "core/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -31,6 +32,30 @@ absl::StatusOr<Device> ParseDevice(const std::string& name) {
 }
 
 const char* DeviceName(Device d) { return d == Device::kCUDA ? "cuda" : d == Device::kMeta ? "meta" : "cpu"; }
+
+int64_t DocumentStart(const std::vector<int64_t>& doc_starts, int64_t pos) {
+  auto it = std::upper_bound(doc_starts.begin(), doc_starts.end(), pos);
+  return it == doc_starts.begin() ? 0 : *(it - 1);
+}
+
+std::vector<Chunk> SplitAtDocuments(Chunk c, const std::vector<int64_t>& doc_starts) {
+  std::vector<Chunk> pieces;
+  int64_t begin = c.begin;
+  for (auto it = std::upper_bound(doc_starts.begin(), doc_starts.end(), c.begin); it != doc_starts.end() && *it < c.end;
+       ++it) {
+    pieces.push_back({begin, *it});
+    begin = *it;
+  }
+  pieces.push_back({begin, c.end});
+  return pieces;
+}
+
+int64_t LongestDocument(const std::vector<int64_t>& doc_starts, int64_t seq_len) {
+  if (seq_len <= 0) return 0;
+  int64_t longest = seq_len + 1 - DocumentStart(doc_starts, seq_len - 1);  // the last one has the label-only token
+  for (size_t d = 0; d + 1 < doc_starts.size(); ++d) longest = std::max(longest, doc_starts[d + 1] - doc_starts[d]);
+  return longest;
+}
 
 void ZeroGrads(Model& model) {
   for (Param& p : model.params())

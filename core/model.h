@@ -69,13 +69,29 @@ struct StateOptions {
   // position, so every pass over the same sequence draws the same ones. Off otherwise (evaluation).
   bool training = false;
   uint64_t seed = 0;
+  // Packed documents (Sequence::doc_starts): where each document starts; empty: one document.
+  std::vector<int64_t> doc_starts;
   StateOptions Training(uint64_t sequence_seed) const {
     StateOptions o = *this;
     o.training = true;
     o.seed = sequence_seed;
     return o;
   }
+  StateOptions Documents(const std::vector<int64_t>& starts) const {
+    StateOptions o = *this;
+    o.doc_starts = starts;
+    return o;
+  }
 };
+
+// The first position of the document holding `pos` (0 without documents).
+int64_t DocumentStart(const std::vector<int64_t>& doc_starts, int64_t pos);
+// Chunk c cut where documents start: the pieces in order, each inside one document (c itself without documents).
+std::vector<Chunk> SplitAtDocuments(Chunk c, const std::vector<int64_t>& doc_starts);
+// Tokens of the longest document of a sequence of seq_len positions, counting the final label-only token (the
+// engine's inputs are ids[0, n - 1), its labels ids[1, n)) as transformers' position_ids do: the length dynamic
+// RoPE scales from; seq_len + 1 without documents.
+int64_t LongestDocument(const std::vector<int64_t>& doc_starts, int64_t seq_len);
 
 // State carried along the sequence (KV cache pages for attention, scan states for SSMs) and its gradient.
 class SequenceState {

@@ -8,28 +8,29 @@
 namespace sg {
 namespace {
 
-// The selected pages of each non-empty group over logical pages [0, pages), in order.
-std::vector<std::vector<int64_t>> Groups(const PagedAttention& a, int64_t pages) {
+// The selected pages of each non-empty group over logical pages [begin, pages), in order.
+std::vector<std::vector<int64_t>> Groups(const PagedAttention& a, int64_t begin, int64_t pages) {
   std::vector<std::vector<int64_t>> groups;
   for (int64_t first = 0; first < pages; first += a.group_pages) {
     std::vector<int64_t> group;
-    for (int64_t p = first; p < std::min(pages, first + a.group_pages); ++p)
+    for (int64_t p = std::max(first, begin); p < std::min(pages, first + a.group_pages); ++p)
       if (a.selected == nullptr || a.selected[p]) group.push_back(p);
     if (!group.empty()) groups.push_back(std::move(group));
   }
   return groups;
 }
 
-// Runs call(mask, first) for every group in order (mask null: one group of every selected page), streaming the
-// groups' pages with the offload's ring when there is one: group i + 1 is fetched while group i computes.
+// Runs call(mask, first) for every group of the pages holding keys [s.key_begin, pos0 + n) in order (mask null:
+// one group of every selected page), streaming the groups' pages with the offload's ring when there is one: group
+// i + 1 is fetched while group i computes. Pages wholly before key_begin (earlier documents) are never visited.
 template <typename Call>
-void Walk(const PagedAttention& a, int64_t key_end, bool grad, Call call) {
-  const int64_t pages = (key_end + a.kv->page_size() - 1) / a.kv->page_size();
-  if (!a.stream && pages <= a.group_pages) {
+void Walk(const PagedAttention& a, const AttentionShape& s, bool grad, Call call) {
+  const int64_t ps = a.kv->page_size(), begin = s.key_begin / ps, pages = (s.pos0 + s.n + ps - 1) / ps;
+  if (!a.stream && begin / a.group_pages == (pages - 1) / a.group_pages) {  // one group
     call(a.selected, /*first=*/true);
     return;
   }
-  const std::vector<std::vector<int64_t>> groups = Groups(a, pages);
+  const std::vector<std::vector<int64_t>> groups = Groups(a, begin, pages);
   std::vector<uint8_t> mask(groups.size() > 1 ? pages : 0, 0);  // the group's pages, set while it computes
   if (a.stream && !groups.empty()) a.stream->StreamGroup(a.layer, groups[0], grad);
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -67,7 +68,7 @@ void PagedAttentionForward(const OpTable<T>& ops, const AttentionShape& s, const
                            T* lse) {
   Tensor ws = Workspace<T>(a, {ops.attention_workspace_elems(s, a.kv->page_size())});
   Tensor group_out, group_lse;  // a later group's result, merged into out and lse
-  Walk(a, s.pos0 + s.n, /*grad=*/false, [&](const uint8_t* mask, bool first) {
+  Walk(a, s, /*grad=*/false, [&](const uint8_t* mask, bool first) {
     if (!first && !group_out.defined()) {
       group_out = Workspace<T>(a, {s.n * s.heads * s.head_dim});
       group_lse = Workspace<T>(a, {s.heads * s.n});
@@ -94,10 +95,10 @@ void PagedAttentionBackward(const OpTable<T>& ops, const AttentionShape& s, cons
                             const T* out, const T* lse, const T* dout, T* dq) {
   // Only the selected pages receive gradients (and exist). Streamed, the chunk's own pages are made here and the
   // others by the ring, a group at a time.
-  a.grad->Ensure(a.layer, a.stream ? s.pos0 : 0, s.pos0 + s.n, /*zero_new=*/true, a.selected);
+  a.grad->Ensure(a.layer, a.stream ? s.pos0 : s.key_begin, s.pos0 + s.n, /*zero_new=*/true, a.selected);
   Tensor ws = Workspace<T>(a, {ops.attention_workspace_elems(s, a.kv->page_size())});
   Tensor group_dq;  // a later group's share of dq
-  Walk(a, s.pos0 + s.n, /*grad=*/true, [&](const uint8_t* mask, bool first) {
+  Walk(a, s, /*grad=*/true, [&](const uint8_t* mask, bool first) {
     if (!first && !group_dq.defined()) group_dq = Workspace<T>(a, {s.n * s.heads * s.head_dim});
     T* d = first ? dq : group_dq.data<T>();
     if (a.kv->dtype() == DType::kBF16) {

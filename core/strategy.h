@@ -63,6 +63,10 @@ struct Sequence {
   std::vector<int32_t> labels;
   // What the LM head computes from the labels' log-probs (core/objective.h); null: token cross-entropy (SFT).
   std::shared_ptr<const TokenObjective> objective = nullptr;
+  // Packed documents: the positions where documents start, ascending, the first 0 (empty: one document). A position
+  // attends only within its document, RoPE positions and SSM states restart at each start, and no label crosses
+  // one (SetDocuments, core/data.h, masks the label of the position before each start).
+  std::vector<int64_t> doc_starts;
 };
 
 struct GradResult {

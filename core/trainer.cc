@@ -234,7 +234,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
 
 absl::StatusOr<std::vector<double>> Trainer::TokenLogprobs(Model& model, const Sequence& s) {
   std::vector<double> logp(s.ids.size(), std::nan(""));
-  Sequence recorded{s.ids, s.labels, RecordingObjective(&logp)};
+  Sequence recorded{s.ids, s.labels, RecordingObjective(&logp), s.doc_starts};
   if (absl::Status s = CatchStrategyErrors("log-prob pass", [&] { sg::EvaluateLoss(model, recorded, strategy_options_); });
       !s.ok())
     return s;
@@ -298,8 +298,8 @@ absl::StatusOr<StepMetrics> Trainer::DpoGradients(const std::vector<DpoPair>& pa
     metrics.loss -= LogSigmoid(z) / P;
     pass->dpo_loss = metrics.loss;
     const double c = -beta * Sigmoid(-z) / P;  // dL/dpi_chosen; dL/dpi_rejected = -c
-    all.push_back({p.chosen.ids, p.chosen.labels, LinearObjective(c)});
-    all.push_back({p.rejected.ids, p.rejected.labels, LinearObjective(-c)});
+    all.push_back({p.chosen.ids, p.chosen.labels, LinearObjective(c), p.chosen.doc_starts});
+    all.push_back({p.rejected.ids, p.rejected.labels, LinearObjective(-c), p.rejected.doc_starts});
   }
   absl::StatusOr<StepMetrics> m = Backprop(all, 1.0, pass);
   if (!m.ok()) return m;
@@ -340,7 +340,7 @@ absl::StatusOr<StepMetrics> Trainer::GrpoGradients(const std::vector<GrpoGroup>&
         ref = std::move(*rl);
       }
       const double scale = 1.0 / (static_cast<double>(*tokens) * static_cast<double>(cs.size()) * B);
-      all.push_back({c.seq.ids, c.seq.labels, GrpoObjective(c, std::move(ref), objective_, scale)});
+      all.push_back({c.seq.ids, c.seq.labels, GrpoObjective(c, std::move(ref), objective_, scale), c.seq.doc_starts});
     }
   }
   absl::StatusOr<StepMetrics> m = Backprop(all, 1.0, pass);

@@ -37,7 +37,8 @@ struct PagedKV {
 };
 
 // Geometry of one attention call: a chunk of n queries at absolute positions [pos0, pos0 + n), causal over
-// keys [0, pos0 + n) held in the paged cache.
+// keys [key_begin, pos0 + n) held in the paged cache. key_begin > 0 (<= pos0): the queries' document starts there
+// (packed documents): keys before it are masked, and pages wholly before it are never read.
 struct AttentionShape {
   int64_t n = 0;
   int64_t pos0 = 0;
@@ -45,6 +46,7 @@ struct AttentionShape {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   double scale = 0;  // softmax scale, 1/sqrt(head_dim)
+  int64_t key_begin = 0;
 };
 
 // The table's entries, their signatures and contracts are listed once, in kernels/ops.inc.

@@ -38,7 +38,9 @@ HeadResult BackpropChunk(Model& m, const Sequence& s, Chunk c, SequenceState& st
 
 GradResult EvaluateLoss(Model& m, const Sequence& s, const StrategyOptions& o) {
   const int64_t T = static_cast<int64_t>(s.ids.size());
-  auto state = m.NewState({T, o.page_size, /*resident_layers=*/m.num_layers(), /*resident_grad_layers=*/0});
+  auto state =
+      m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/m.num_layers(), /*resident_grad_layers=*/0}.Documents(
+          s.doc_starts));
   m.set_lm_chunk(o.lm_chunk);
   GradResult result;
   result.chunks = result.chunks_backpropagated = 0;

@@ -8,8 +8,9 @@ GradResult CheckpointedBackprop(Model& m, const Sequence& s, double grad_scale, 
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
   const Chunk all{0, T};
-  auto state =
-      m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}.Training(o.seed));
+  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}
+                              .Documents(s.doc_starts)
+                              .Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
   std::vector<Tensor> inputs(L);

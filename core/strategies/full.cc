@@ -9,6 +9,7 @@ GradResult FullBackprop(Model& m, const Sequence& s, double grad_scale, const St
   const Chunk all{0, T};
   auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/1,
                                        /*adjoint_window=*/0, /*sparse_pages=*/o.sparse_pages}
+                              .Documents(s.doc_starts)
                               .Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 

@@ -10,7 +10,7 @@ namespace sg {
 GradResult SecoSchedule(Model& m, const Sequence& s, double grad_scale, const StrategyOptions& o,
                         const StateOptions& state_options, LayerCotangent cotangent) {
   const std::vector<Chunk> chunks = SplitIntoChunks(static_cast<int64_t>(s.ids.size()), o.chunk);
-  auto state = m.NewState(state_options);
+  auto state = m.NewState(state_options.Documents(s.doc_starts));
   m.set_lm_chunk(o.lm_chunk);
 
   for (size_t i = 0; i + 1 < chunks.size(); ++i) {

@@ -45,8 +45,9 @@ GradResult SparseChunkedBackprop(Model& m, const Sequence& s, double grad_scale,
   const double relay_factor = o.spaco_cap > 0 ? std::min(loss_factor, o.spaco_cap) : loss_factor;
   const std::vector<bool> keep = SampleChunks(k, q, o.seed);
 
-  auto state =
-      m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}.Training(o.seed));
+  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/L, /*resident_grad_layers=*/L}
+                              .Documents(s.doc_starts)
+                              .Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
   for (int64_t i = 0; i < k; ++i)
     if (!keep[i]) state->SkipGrad(chunks[i]);  // relays into dropped chunks would be discarded: skip them

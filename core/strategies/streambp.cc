@@ -16,8 +16,9 @@ GradResult StreamBackprop(Model& m, const Sequence& s, double grad_scale, const 
   const int64_t T = static_cast<int64_t>(s.ids.size());
   const int L = m.num_layers();
   const std::vector<Chunk> parts = SplitIntoChunks(T, o.chunk);
-  auto state =
-      m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}.Training(o.seed));
+  auto state = m.NewState(StateOptions{T, o.page_size, /*resident_layers=*/1, /*resident_grad_layers=*/1}
+                              .Documents(s.doc_starts)
+                              .Training(o.seed));
   m.set_lm_chunk(o.lm_chunk);
 
   std::vector<Tensor> inputs(L);  // inputs[l]: layer l's input, whole sequence (Model::NewRows)

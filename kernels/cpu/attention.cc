@@ -237,22 +237,24 @@ void AttentionForward(const AttentionShape& s, const T* q, const PagedKV<KV>& kv
       l[r] = 0;
       std::fill(Ob + r * ldq, Ob + r * ldq + hd, T(0));
     }
-    for (int64_t lp = 0; lp * ps < kv_len; ++lp) {
+    for (int64_t lp = s.key_begin / ps; lp * ps < kv_len; ++lp) {
       if (!kv.selected(lp)) continue;
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
+      const int64_t lo = std::clamp<int64_t>(s.key_begin - j0, 0, cols);  // keys of an earlier document
       const KV* Kp = kv.k_page(lp) + g * hd;
       const KV* Vp = kv.v_page(lp) + g * hd;
       Mm(false, true, bq, cols, hd, scale, Qb, {kPageType<KV>, Kp, ldk}, T(0), S, cols);
       for (int64_t r = 0; r < bq; ++r) {
         T* Sr = S + r * cols;
         const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
-        if (valid == 0) {
+        std::fill(Sr, Sr + std::min(lo, valid), T(0));
+        if (valid <= lo) {
           std::fill(Sr, Sr + cols, T(0));
           continue;
         }
-        const T m_new = std::max(m[r], RowMax(Sr, valid));
+        const T m_new = std::max(m[r], RowMax(Sr + lo, valid - lo));
         const T alpha = std::exp(m[r] - m_new);
-        const T sum = ExpShiftedSum(Sr, valid, m_new);
+        const T sum = ExpShiftedSum(Sr + lo, valid - lo, m_new);
         std::fill(Sr + valid, Sr + cols, T(0));
         l[r] = l[r] * alpha + sum;
         m[r] = m_new;
@@ -299,8 +301,9 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
     T* dP = P + kQueryBlock * ps;
     T* dq_target = stripes > 1 ? dq_private + stripe * dq_elems : dq;
     for (int64_t lp = stripe; lp * ps < kv_len; lp += stripes) {
-      if (!kv.selected(lp)) continue;
+      if (!kv.selected(lp) || (lp + 1) * ps <= s.key_begin) continue;  // a page of an earlier document
       const int64_t j0 = lp * ps, cols = std::min(ps, kv_len - j0);
+      const int64_t lo = std::clamp<int64_t>(s.key_begin - j0, 0, cols);
       PageSlice<T, KV> page(kv, dkv, lp, g, cols, hd, ldk, dkv.has_page(lp));
       // The first query block whose last row sees key j0.
       const int64_t first_block = std::max<int64_t>(0, (j0 - s.pos0) / kQueryBlock);
@@ -321,7 +324,10 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<KV>& k
             T* Pr = P + r * cols;
             T* dPr = dP + r * cols;
             const int64_t valid = std::clamp<int64_t>(s.pos0 + i0 + r - j0 + 1, 0, cols);
-            SoftmaxBackward(Pr, dPr, valid, lse_b[r], Db[r]);  // P, and dS in dP
+            const int64_t from = std::min(lo, valid);
+            SoftmaxBackward(Pr + from, dPr + from, valid - from, lse_b[r], Db[r]);  // P, and dS in dP
+            std::fill(Pr, Pr + from, T(0));
+            std::fill(dPr, dPr + from, T(0));
             std::fill(Pr + valid, Pr + cols, T(0));
             std::fill(dPr + valid, dPr + cols, T(0));
           }

@@ -81,6 +81,7 @@ template <typename T, typename KV>
 Args<T, KV> MakeArgs(const AttentionShape& s, const PagedKV<KV>& kv, const char* op) {
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || kv.page_size <= 0 || s.head_dim <= 0)
     throw CudaError(std::string(op) + ": bad attention shape (heads % kv_heads, page_size, head_dim)");
+  if (s.key_begin != 0) throw CudaError(std::string(op) + ": packed documents (key_begin) are not implemented here");
   Args<T, KV> a;
   a.n = s.n;
   a.pos0 = s.pos0;

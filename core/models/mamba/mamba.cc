@@ -183,7 +183,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   const TensorParallel& tensor_parallel() const override { return tp_; }
   TpShard ShardOf(int param) const override { return ShardOfParam(shards_, Store::LoraState(), param); }
 
-  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override { return std::make_unique<MambaState>(o); }
+  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
+    if (!o.doc_starts.empty()) throw std::invalid_argument("Mamba: packed documents are not implemented yet");
+    return std::make_unique<MambaState>(o);
+  }
 
   Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c, Group()); }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {

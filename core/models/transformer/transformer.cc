@@ -306,7 +306,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
                  pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0), o.page_size,
                  kv_heads_, cfg_.head_dim),
-        o, num_layers(), copies, RopeFor(cfg_, TokensOfSequence(o.seq_len)).inv_freq);
+        o, num_layers(), copies, RopeFor(cfg_, LongestDocument(o.doc_starts, o.seq_len)).inv_freq);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override {
@@ -353,7 +353,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     } else {
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
-    ops_.rope(q.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), false);
+    Rope(q.data<T>(), c, heads_, /*inverse=*/false, state);
     keep(kQ, q);
     if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
     done(xn1);
@@ -361,8 +361,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     {
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
       if (selected) state.RequireSelected(l, c, pass);
-      PagedAttentionForward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(), attn.data<T>(),
-                               lse.data<T>());
+      const PagedAttention pages = state.AttentionPages(l, selected, &mem_);
+      ByDocument(c, state, lse, [&](Chunk p, const AttentionShape& s, int64_t row, T* piece_lse) {
+        PagedAttentionForward<T>(ops_, s, pages, q.data<T>() + row * qd, attn.data<T>() + row * qd, piece_lse);
+      });
     }
     done(q);
     keep(kAttn, attn);
@@ -451,14 +453,17 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       BiasBackward(L.o_bias, dh.data<T>(), n, d);
       Store::LoraBackward(ops_, L.o, attn.data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
       const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
-      PagedAttentionBackward<T>(ops_, Shape(c), state.AttentionPages(l, selected, &mem_), q.data<T>(), attn.data<T>(),
-                                s[kLse].data<T>(), dattn.data<T>(), dq.data<T>());
+      const PagedAttention pages = state.AttentionPages(l, selected, &mem_);
+      ByDocument(c, state, s[kLse], [&](Chunk p, const AttentionShape& sh, int64_t row, T* piece_lse) {
+        PagedAttentionBackward<T>(ops_, sh, pages, q.data<T>() + row * qd, attn.data<T>() + row * qd, piece_lse,
+                                  dattn.data<T>() + row * qd, dq.data<T>() + row * qd);
+      });
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
     state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
-    ops_.rope(dq.data<T>(), n, heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
-    ops_.rope(dk.data<T>(), n, kv_heads_, cfg_.head_dim, c.begin, state.inv_freq.data(), true);
+    Rope(dq.data<T>(), c, heads_, /*inverse=*/true, state);
+    Rope(dk.data<T>(), c, kv_heads_, /*inverse=*/true, state);
     const Tensor xn1_kept = wide(kXn1);
     const T* xn1 = xn1_kept.data<T>();
     if (cfg_.qk_norm()) {
@@ -510,7 +515,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                            rstd.data<T>());
     }
     state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-    state.kv.ScatterRoped<T>(l, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
+    if (state.opts.doc_starts.empty()) {
+      state.kv.ScatterRoped<T>(l, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
+    } else {  // positions within each document: rope, then write (what rope_kv_write does in one pass)
+      Rope(k.data<T>(), c, kv_heads_, /*inverse=*/false, state);
+      state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+    }
     state.MarkKV(l, c);
     if (state.opts.sparse_pages > 0) SumPageKeys(l, c, state);
   }
@@ -570,6 +580,40 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return state.selection.emplace(key, std::move(mask)).first->second.data();
   }
 
+  // Rotates x, the rows of chunk c with `heads` heads, at each row's position within its document (RoPE restarts
+  // at every document); inverse: the backward's transpose rotation.
+  void Rope(T* x, Chunk c, int64_t heads, bool inverse, const TransformerState& state) {
+    const std::vector<int64_t>& docs = state.opts.doc_starts;
+    for (const Chunk& p : SplitAtDocuments(c, docs))
+      ops_.rope(x + (p.begin - c.begin) * heads * cfg_.head_dim, p.size(), heads, cfg_.head_dim,
+                p.begin - DocumentStart(docs, p.begin), state.inv_freq.data(), inverse);
+  }
+
+  // Runs attention(piece, its shape, its first row in c, its lse) for each piece of chunk c inside one document,
+  // whose keys begin at the document's start. lse [heads][c.size()] is the chunk's: a piece of several uses its
+  // own [heads][piece] copy (filled from lse first, written back after).
+  template <typename Attention>
+  void ByDocument(Chunk c, const TransformerState& state, const Tensor& lse, Attention attention) {
+    const std::vector<int64_t>& docs = state.opts.doc_starts;
+    const std::vector<Chunk> pieces = SplitAtDocuments(c, docs);
+    if (pieces.size() == 1) {
+      AttentionShape s = Shape(c);
+      s.key_begin = DocumentStart(docs, c.begin);
+      attention(c, s, 0, lse.data<T>());
+      return;
+    }
+    const int64_t n = c.size();
+    for (const Chunk& p : pieces) {
+      AttentionShape s = Shape(p);
+      s.key_begin = DocumentStart(docs, p.begin);
+      const int64_t row = p.begin - c.begin, m = p.size();
+      Tensor piece_lse = New(MemCategory::kWorkspace, {heads_, m});
+      for (int64_t h = 0; h < heads_; ++h) ops_.copy(piece_lse.data<T>() + h * m, lse.data<T>() + h * n + row, m);
+      attention(p, s, row, piece_lse.data<T>());
+      for (int64_t h = 0; h < heads_; ++h) ops_.copy(lse.data<T>() + h * n + row, piece_lse.data<T>() + h * m, m);
+    }
+  }
+
   AttentionShape Shape(Chunk c) const {
     AttentionShape s;
     s.n = c.size();
@@ -614,10 +658,6 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
     ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);
   }
-
-  // The length transformers sees for a sequence of `positions`: its input_ids hold one more token, the last
-  // label, whose own prediction is never used (the engine's inputs are ids[0, n - 1), its labels ids[1, n)).
-  static int64_t TokensOfSequence(int64_t positions) { return positions > 0 ? positions + 1 : 0; }
 
   TransformerConfig cfg_;
   const OpTable<T>& ops_;
