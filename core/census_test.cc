@@ -153,14 +153,17 @@ TEST(Census, CausalPairsAgainstBruteForce) {
   for (int64_t pos0 : {0, 3, 8, 21}) {
     for (int64_t n : {1, 5, 8, 19}) {
       for (int64_t ps : {1, 4, 8}) {
-        AttentionShape s;
-        s.n = n;
-        s.pos0 = pos0;
-        auto keep = [](int64_t p) { return p % 3 != 1; };
-        int64_t brute = 0;
-        for (int64_t q = pos0; q < pos0 + n; ++q)
-          for (int64_t k = 0; k <= q; ++k) brute += keep(k / ps);
-        EXPECT_EQ(CausalPairs(s, ps, keep), brute) << pos0 << " " << n << " " << ps;
+        for (int64_t key_begin : {int64_t{0}, pos0 / 2, pos0}) {  // packed documents: keys from key_begin
+          AttentionShape s;
+          s.n = n;
+          s.pos0 = pos0;
+          s.key_begin = key_begin;
+          auto keep = [](int64_t p) { return p % 3 != 1; };
+          int64_t brute = 0;
+          for (int64_t q = pos0; q < pos0 + n; ++q)
+            for (int64_t k = key_begin; k <= q; ++k) brute += keep(k / ps);
+          EXPECT_EQ(CausalPairs(s, ps, keep), brute) << pos0 << " " << n << " " << ps << " " << key_begin;
+        }
       }
     }
   }

@@ -9,6 +9,7 @@
 #include "core/data.h"
 #include "core/models/transformer/transformer.h"
 #include "core/strategy.h"
+#include "kernels/census.h"
 
 namespace sg {
 namespace {
@@ -116,19 +117,20 @@ TEST_P(DocumentsTest, PackedEqualsDocumentsAlone) {
   ExpectSame(packed, alone, c.preset + " " + c.strategy);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Exact, DocumentsTest,
-    ::testing::Values(Case{"tiny", "full", 512, 4}, Case{"tiny-qwen2", "full", 512, 3}, Case{"tiny", "ckpt", 512, 4},
-                      Case{"tiny", "seco", 5, 4}, Case{"tiny", "seco", 4, 8}, Case{"tiny-qwen2", "seco", 3, 2},
-                      Case{"tiny", "spaco", 5, 4}, Case{"tiny", "streambp", 5, 4},
-                      Case{"tiny-qwen2", "streambp", 4, 3}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.preset + "_" + info.param.strategy + "_chunk" + std::to_string(info.param.chunk) +
-                         "_page" + std::to_string(info.param.page_size);
-      for (char& ch : name)
-        if (ch == '-') ch = '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Exact, DocumentsTest,
+                         ::testing::Values(Case{"tiny", "full", 512, 4}, Case{"tiny-qwen2", "full", 512, 3},
+                                           Case{"tiny", "ckpt", 512, 4}, Case{"tiny", "seco", 5, 4},
+                                           Case{"tiny", "seco", 4, 8}, Case{"tiny-qwen2", "seco", 3, 2},
+                                           Case{"tiny", "spaco", 5, 4}, Case{"tiny", "streambp", 5, 4},
+                                           Case{"tiny-qwen2", "streambp", 4, 3}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.preset + "_" + info.param.strategy + "_chunk" +
+                                              std::to_string(info.param.chunk) + "_page" +
+                                              std::to_string(info.param.page_size);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 
 // Dynamic NTK RoPE scales from the longest document (transformers' max position_id + 1), not from the packed
 // length: documents of one length, past max_position_embeddings, packed equal each alone.
@@ -144,6 +146,69 @@ TEST(DocumentsTest, DynamicRopeScalesFromTheLongestDocument) {
   StrategyOptions o;
   o.page_size = 4;
   ExpectSame(Train(*model, {p.packed}, o), Train(*model, p.alone, o), "dynamic rope");
+}
+
+// A document sees nothing of the others: with the first document's labels ignored, replacing its tokens changes
+// neither the loss nor any gradient, under sparse attention (whose page selection must not spend its budget on, or
+// score, another document's pages) and KV offload (streamed in small groups) too.
+TEST(DocumentsTest, OtherDocumentsChangeNothing) {
+  auto model = Tiny("tiny");
+  auto run = [&](uint64_t first_seed, const StrategyOptions& o) {
+    Packed p = Pack({40, 45}, model->vocab_size(), 9);
+    std::mt19937_64 rng(first_seed);
+    for (int64_t i = 0; i < 39; ++i) p.packed.ids[i] = static_cast<int32_t>(rng() % model->vocab_size());
+    for (int64_t i = 0; i < 40; ++i) p.packed.labels[i] = -100;
+    return Train(*model, {p.packed}, o);
+  };
+  StrategyOptions sparse;
+  sparse.name = "seco";
+  sparse.chunk = 8;
+  sparse.page_size = 4;
+  sparse.sparse_pages = 2;
+  StrategyOptions offload = sparse;
+  offload.sparse_pages = 0;
+  offload.offload = true;
+  offload.attention_group = 8;  // two pages a group: the second document's earlier pages stream through
+  StrategyOptions both = sparse;
+  both.offload = true;
+  for (const StrategyOptions& o : {sparse, offload, both}) {
+    SCOPED_TRACE(std::to_string(o.sparse_pages) + " " + std::to_string(o.offload));
+    const Result a = run(1, o), b = run(2, o);
+    EXPECT_GT(a.tokens, 0);
+    ExpectSame(a, b, "sparse " + std::to_string(o.sparse_pages) + " offload " + std::to_string(o.offload));
+  }
+}
+
+// Attention computes only (query, key) pairs of one document: counted by the census over the CPU table, for full
+// backprop (each pair once forward) and seco (chunks cutting documents: a state-building forward and a recompute).
+TEST(DocumentsTest, AttentionPairsAreThoseInsideDocuments) {
+  const absl::StatusOr<TransformerConfig> c = TransformerPreset("tiny");
+  ASSERT_TRUE(c.ok());
+  const Packed p = Pack({7, 3, 9, 2, 1, 6}, c->vocab_size, 5);
+  int64_t pairs = 0;  // positions of each document (the last token of the sequence is only a label)
+  const int64_t n = static_cast<int64_t>(p.packed.ids.size());
+  for (size_t d = 0; d < p.packed.doc_starts.size(); ++d) {
+    const int64_t end = d + 1 < p.packed.doc_starts.size() ? p.packed.doc_starts[d + 1] : n;
+    const int64_t m = end - p.packed.doc_starts[d];
+    pairs += m * (m + 1) / 2;
+  }
+  const int64_t per_pair = 4 * c->head_dim * c->num_heads;  // QK^T and PV, 2 flops a product, a layer
+  auto forward_pairs = [&](const StrategyOptions& o) {
+    OpCensus census;
+    CensusScope scope(Device::kCPU, &census);  // before the model: it binds the counting table when created
+    auto model = Tiny("tiny");
+    Train(*model, {p.packed}, o);
+    const int64_t flops = census.family(OpFamily::kAttentionForward).flops;
+    EXPECT_EQ(flops % per_pair, 0);
+    return flops / per_pair;
+  };
+  StrategyOptions full;
+  full.page_size = 4;
+  EXPECT_EQ(forward_pairs(full), pairs * c->num_layers);
+  StrategyOptions seco = full;
+  seco.name = "seco";
+  seco.chunk = 5;
+  EXPECT_LT(forward_pairs(seco), 2 * pairs * c->num_layers);  // at most twice each pair: no others
 }
 
 // Bad documents are refused naming the problem.

@@ -70,7 +70,7 @@ struct StateOptions {
   bool training = false;
   uint64_t seed = 0;
   // Packed documents (Sequence::doc_starts): where each document starts; empty: one document.
-  std::vector<int64_t> doc_starts;
+  std::vector<int64_t> doc_starts = {};
   StateOptions Training(uint64_t sequence_seed) const {
     StateOptions o = *this;
     o.training = true;

@@ -77,12 +77,13 @@ void CountGemm(const char* op, int64_t m, int64_t n, int64_t k, int64_t a_size, 
         m * n * c_size);
 }
 
-// How many of the keys [0, pos0 + n) lie on the pages kept by keep.
+// How many of the keys [0, pos0 + n) lie on the pages kept by keep, from the page holding key_begin (the pages a
+// call reads).
 template <typename Keep>
 int64_t KeyTokens(const AttentionShape& s, int64_t page_size, Keep keep) {
   int64_t tokens = 0;
   const int64_t end = s.pos0 + s.n;
-  for (int64_t p = 0; p * page_size < end; ++p)
+  for (int64_t p = s.key_begin / page_size; p * page_size < end; ++p)
     if (keep(p)) tokens += std::min(end, (p + 1) * page_size) - p * page_size;
   return tokens;
 }

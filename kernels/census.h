@@ -105,15 +105,15 @@ class CensusScope {
   DeviceBackend previous_;
 };
 
-// (query, key) pairs of a causal attention call over the keys [0, pos0 + n) of the logical pages with keep(page):
-// query at position p sees the keys j <= p. Exposed for tests.
+// (query, key) pairs of a causal attention call over the keys [key_begin, pos0 + n) of the logical pages with
+// keep(page): query at position p sees the keys key_begin <= j <= p. Exposed for tests.
 template <typename Keep>
 int64_t CausalPairs(const AttentionShape& s, int64_t page_size, Keep keep) {
   int64_t pairs = 0;
   const int64_t end = s.pos0 + s.n;
-  for (int64_t p = 0; p * page_size < end; ++p) {
+  for (int64_t p = s.key_begin / page_size; p * page_size < end; ++p) {
     if (!keep(p)) continue;
-    const int64_t j0 = p * page_size, j1 = std::min(end, j0 + page_size);
+    const int64_t j0 = std::max(p * page_size, s.key_begin), j1 = std::min(end, (p + 1) * page_size);
     // key j is seen by the queries [max(j, pos0), end): end - max(j, pos0) of them
     const int64_t below = std::max<int64_t>(0, std::min(j1, s.pos0) - j0);  // keys before pos0: n queries each
     pairs += below * s.n;

@@ -129,21 +129,27 @@ class TransformerState final : public SequenceState {
     if (offload) offload->Require(Access(l, c, pass));
   }
   // Sparse attention's page mask of chunk c in layer l, as far as it is known before the chunk's queries are: the
-  // stored selection, else the pages always kept (page 0, the chunk's pages and the one before); empty: dense.
+  // stored selection, else the pages always kept (the first page, the chunk's pages and the one before); empty: dense.
   std::vector<uint8_t> KnownPages(int l, Chunk c) const {
     if (auto it = selection.find({l, c.begin}); it != selection.end()) return it->second;
     return KeptPages(c);
   }
   // Sparse attention's pages always kept for chunk c (empty: dense, when there are no more than sparse_pages
-  // candidates, the earlier pages 1 .. first_local - 2).
+  // candidates, the earlier pages first + 1 .. first_local - 2; with a first page past 0, every page from it).
   std::vector<uint8_t> KeptPages(Chunk c) const {
     const int64_t ps = kv.page_size(), first_local = c.begin / ps, pages = (c.end + ps - 1) / ps;
-    if (opts.sparse_pages <= 0 || first_local - 2 <= opts.sparse_pages) return {};
+    const int64_t first = FirstPage(c);
+    if (opts.sparse_pages <= 0) return {};
+    const bool all = first_local - 2 - first <= opts.sparse_pages;
+    if (all && first == 0) return {};
     std::vector<uint8_t> mask(pages, 0);
-    mask[0] = 1;
-    for (int64_t p = first_local - 1; p < pages; ++p) mask[p] = 1;
+    mask[first] = 1;
+    for (int64_t p = all ? first : first_local - 1; p < pages; ++p) mask[p] = 1;
     return mask;
   }
+  // The page sparse attention keeps as chunk c's first: page 0, or with packed documents the page where the
+  // chunk's first document starts (pages before it belong to other documents and are never selected).
+  int64_t FirstPage(Chunk c) const { return DocumentStart(opts.doc_starts, c.begin) / kv.page_size(); }
 
   PagePool kv;
   PagePool grad;
@@ -547,7 +553,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   // Sparse attention's page mask for chunk c in layer l (null: dense). Made once per (layer, chunk) from the
   // chunk's roped queries and the cached keys, then reused: the recompute and the backward read the stored mask.
-  // Always kept: page 0, the pages the chunk overlaps and the page before them; of the other earlier pages the
+  // Always kept: the first page (FirstPage), the pages the chunk overlaps and the page before them; of the other
+  // earlier pages of its documents the
   // sparse_pages ones with the highest score sum_h mean_q[h] . mean_k[page][group(h)] (ties: lower page).
   // The scores are computed on the device (OpTable::page_scores); they are the one thing a chunk reads back: one
   // f64 per candidate page, once per layer and chunk, because the host picks the pages (its page masks and the
@@ -557,18 +564,19 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (auto it = state.selection.find(key); it != state.selection.end()) return it->second.data();
     std::vector<uint8_t> mask = state.KeptPages(c);
     if (mask.empty()) return nullptr;  // dense
-    const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size();
-    const int64_t candidates = c.begin / ps - 2;  // pages 1 .. first_local - 2, all complete
+    const int64_t k = state.opts.sparse_pages, ps = state.kv.page_size(), first = state.FirstPage(c);
+    const int64_t candidates = c.begin / ps - 2 - first;  // pages first + 1 .. first_local - 2, all complete
+    if (candidates <= k) return state.selection.emplace(key, std::move(mask)).first->second.data();  // all kept
     const int64_t H = heads_, hd = cfg_.head_dim;
     Tensor q_sums = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kF64, {H * hd});
     Tensor scores = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kF64, {candidates});
     ops_.column_sums_f64(q, c.size(), H * hd, q_sums.data<double>());
-    ops_.page_scores(q_sums.data<double>(), c.size(), H, kv_heads_, hd, state.key_sums.at(l).data<double>(), 1,
+    ops_.page_scores(q_sums.data<double>(), c.size(), H, kv_heads_, hd, state.key_sums.at(l).data<double>(), first + 1,
                      candidates, ps, scores.data<double>());
     if (mem_.device() == Device::kMeta) {
       // No scores on meta: pages 1..k. Any choice is the worst case: the page pools are allocated whole when the
       // sequence starts, so the bytes do not depend on which pages are picked.
-      std::fill(mask.begin() + 1, mask.begin() + 1 + k, 1);
+      std::fill(mask.begin() + first + 1, mask.begin() + first + 1 + k, 1);
       return state.selection.emplace(key, std::move(mask)).first->second.data();
     }
     std::vector<double> score = HostCopy<double>(scores);
@@ -576,7 +584,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[a] > score[b]; });
-    for (int64_t i = 0; i < k; ++i) mask[order[i] + 1] = 1;
+    for (int64_t i = 0; i < k; ++i) mask[order[i] + first + 1] = 1;
     return state.selection.emplace(key, std::move(mask)).first->second.data();
   }
 
