@@ -1,6 +1,7 @@
 // Packed documents (Sequence::doc_starts) in fp64: a packed sequence trained by each strategy gives the sum of the
 // losses and the gradients of its documents trained one by one with full backprop, with chunks and pages that cut
-// documents and documents shorter than a page.
+// documents and documents shorter than a page. Built with SG_CUDA_EMULATED (//core:documents_emulated_cuda_test) the
+// models live on Device::kCUDA, the CPU emulation of the CUDA backend (its attention's key_begin).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,11 +15,17 @@
 namespace sg {
 namespace {
 
+#ifdef SG_CUDA_EMULATED
+constexpr Device kDevice = Device::kCUDA;
+#else
+constexpr Device kDevice = Device::kCPU;
+#endif
+
 std::unique_ptr<Model> Tiny(const std::string& preset, TransformerConfig* config = nullptr) {
   absl::StatusOr<TransformerConfig> c = TransformerPreset(preset);
   EXPECT_TRUE(c.ok()) << c.status();
   if (config) *c = *config;
-  auto model = CreateTransformer(*c, DType::kF64);
+  auto model = CreateTransformer(*c, DType::kF64, kDevice);
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 11;

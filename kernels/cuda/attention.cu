@@ -5,8 +5,10 @@
 // wide heads and doubles so that shared memory fits); Q/K/V/dO tiles live in shared memory as [TILE][HD + 1]
 // (padded: column reads are conflict free), head_dim zero-padded up to HD in {16, 32, 64, 128, 256}. Each thread
 // owns the scores of rows ty + 16x and columns tx + 16y of a TILE x TILE score tile, and the output rows
-// ty + 16x, dims tx + 16d of its accumulator, both in registers. A key tile is TILE consecutive logical positions;
-// every key row finds its own page (so tiny pages cost nothing extra), and rows of unselected pages are masked.
+// ty + 16x, dims tx + 16d of its accumulator, both in registers. A key tile is TILE consecutive logical positions,
+// the first tile starting at key_begin (packed documents: keys of earlier documents are neither loaded nor
+// computed); every key row finds its own page (so tiny pages cost nothing extra), and rows of unselected pages are
+// masked.
 //
 // Forward: block = (query tile, head); online softmax over key tiles, saves lse = m + log(l).
 // Backward: D = rowsum(dO * O) (one warp per row and head, into the workspace); then
@@ -176,8 +178,8 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(Args<T> a, const T* q,
     m[x] = neg_inf;
     l[x] = 0;
   }
-  const int64_t kv_end = a.pos0 + i0 + rows;  // the last row of the tile sees keys [0, kv_end)
-  for (int64_t j0 = 0; j0 < kv_end; j0 += TL) {
+  const int64_t kv_end = a.pos0 + i0 + rows;  // the last row of the tile sees keys [key_begin, kv_end)
+  for (int64_t j0 = a.key_begin; j0 < kv_end; j0 += TL) {
     bool any = false;
     for (int c = threadIdx.x; c < TL; c += kThreads) {
       koff[c] = KeyOffset(a, j0 + c, g);
@@ -295,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
   Zero(acc);
 
   const int64_t kv_end = a.pos0 + i0 + rows;
-  for (int64_t j0 = 0; j0 < kv_end; j0 += TL) {
+  for (int64_t j0 = a.key_begin; j0 < kv_end; j0 += TL) {
     bool any = false;
     for (int c = threadIdx.x; c < TL; c += kThreads) {
       koff[c] = KeyOffset(a, j0 + c, g);
@@ -340,7 +342,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t* qoff = goff + TL;
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int g = blockIdx.y;
-  const int64_t j0 = int64_t(blockIdx.x) * TL;
+  const int64_t j0 = a.key_begin + int64_t(blockIdx.x) * TL;
   bool any = false;
   for (int c = threadIdx.x; c < TL; c += kThreads) {
     koff[c] = KeyOffset(a, j0 + c, g);
@@ -430,7 +432,7 @@ void AttentionBackward(const AttentionShape& s, const T* q, const PagedKV<T>& kv
       const dim3 dq_grid(Tiles(s.n, C::kTile), static_cast<unsigned>(s.heads));
       DqKernel<T, HD><<<dq_grid, kThreads, dq_bytes, Stream()>>>(a, q, dout, lse, D, dq);
       const size_t kv_bytes = SharedMemory(DkdvKernel<T, HD>, C::Bytes(4, 2), op);
-      const dim3 kv_grid(Tiles(a.kv_total, C::kTile), static_cast<unsigned>(s.kv_heads));
+      const dim3 kv_grid(Tiles(a.kv_total - a.key_begin, C::kTile), static_cast<unsigned>(s.kv_heads));
       DkdvKernel<T, HD><<<kv_grid, kThreads, kv_bytes, Stream()>>>(a, q, dout, lse, D, dkv.k_pool, dkv.v_pool,
                                                                    gtable, dkv.page_stride);
     });

@@ -17,10 +17,11 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;
 
-// The call's geometry and the (device-staged) page table of the forward view; T computes, KV is stored.
+// The call's geometry and the (device-staged) page table of the forward view; T computes, KV is stored. Keys
+// [key_begin, kv_total) are visible (packed documents: the queries' document starts at key_begin).
 template <typename T, typename KV = T>
 struct Args {
-  int64_t n, pos0, heads, kv_heads, hd, group, page_size, page_stride, kv_total;
+  int64_t n, pos0, heads, kv_heads, hd, group, page_size, page_stride, key_begin, kv_total;
   T scale;
   const KV* k_pool;
   const KV* v_pool;
@@ -31,10 +32,11 @@ struct Args {
 __host__ __device__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ inline int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// Pool offset of key j's row for kv head g, or -1 when the key is past the cache or its page is unselected/absent.
+// Pool offset of key j's row for kv head g, or -1 when the key is outside [key_begin, kv_total) or its page is
+// unselected/absent. Key tiles start at key_begin; the check keeps an earlier document's keys unread regardless.
 template <typename A>
 __device__ inline int64_t KeyOffset(const A& a, int64_t j, int g) {
-  if (j >= a.kv_total) return -1;
+  if (j < a.key_begin || j >= a.kv_total) return -1;
   const int64_t lp = j / a.page_size;
   if ((a.mask && !a.mask[lp]) || a.table[lp] < 0) return -1;
   return a.table[lp] * a.page_stride + (j - lp * a.page_size) * a.kv_heads * a.hd + g * a.hd;
@@ -79,9 +81,10 @@ void DispatchHeadDim(int64_t hd, const char* op, F&& f) {
 
 template <typename T, typename KV>
 Args<T, KV> MakeArgs(const AttentionShape& s, const PagedKV<KV>& kv, const char* op) {
-  if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || kv.page_size <= 0 || s.head_dim <= 0)
-    throw CudaError(std::string(op) + ": bad attention shape (heads % kv_heads, page_size, head_dim)");
-  if (s.key_begin != 0) throw CudaError(std::string(op) + ": packed documents (key_begin) are not implemented here");
+  if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || kv.page_size <= 0 || s.head_dim <= 0 || s.key_begin < 0 ||
+      s.key_begin > s.pos0)
+    throw CudaError(std::string(op) + ": bad attention shape (heads % kv_heads, page_size, head_dim, key_begin " +
+                    std::to_string(s.key_begin) + " outside [0, pos0 " + std::to_string(s.pos0) + "])");
   Args<T, KV> a;
   a.n = s.n;
   a.pos0 = s.pos0;
@@ -91,6 +94,7 @@ Args<T, KV> MakeArgs(const AttentionShape& s, const PagedKV<KV>& kv, const char*
   a.group = s.heads / s.kv_heads;
   a.page_size = kv.page_size;
   a.page_stride = kv.page_stride;
+  a.key_begin = s.key_begin;
   a.kv_total = s.pos0 + s.n;
   a.scale = static_cast<T>(s.scale);
   a.k_pool = kv.k_pool;

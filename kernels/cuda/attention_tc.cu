@@ -13,6 +13,7 @@
 //     dK/dV: block = 64 keys x kv head g, over every head of group g and query tiles of kCols rows that see the
 //            keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q in f32 registers, then added once into
 //            the bf16 gradient pages (rounded once).
+//   Key tiles (and dK/dV blocks) start at key_begin: keys of earlier packed documents are never read.
 // Deterministic, no atomics: every element of dQ, dK and dV has one writer lane, which sums its terms in a fixed
 // order. Rows that see no selected key get out = 0, lse = -inf and zero gradients, as the scalar kernels.
 #include <cuda_runtime.h>
@@ -221,8 +222,8 @@ __global__ void __launch_bounds__(kTcThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   float o[C::kHt][4];
   ZeroC(o);
-  const int64_t kv_end = a.pos0 + i0 + rows;  // the block's last row sees keys [0, kv_end)
-  for (int64_t j0 = 0; j0 < kv_end; j0 += KT) {
+  const int64_t kv_end = a.pos0 + i0 + rows;  // the block's last row sees keys [key_begin, kv_end)
+  for (int64_t j0 = a.key_begin; j0 < kv_end; j0 += KT) {
     if (!KeyRows(a, j0, g, KT, koff)) continue;  // the whole tile lies in unselected pages
     LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd, vec.kv);
     LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd, vec.kv);
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kTcThreads)
   ZeroC(acc);
 
   const int64_t kv_end = a.pos0 + i0 + rows;
-  for (int64_t j0 = 0; j0 < kv_end; j0 += KT) {
+  for (int64_t j0 = a.key_begin; j0 < kv_end; j0 += KT) {
     if (!KeyRows(a, j0, g, KT, koff)) continue;
     LoadTile<HD>(sK, a.k_pool, koff, KT, a.hd, vec.kv);
     LoadTile<HD>(sV, a.v_pool, koff, KT, a.hd, vec.kv);
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(kTcThreads)
   float* sD = sL + QT;
   const int warp = threadIdx.x / 32;
   const int g = blockIdx.y;
-  const int64_t j0 = int64_t(blockIdx.x) * kRows;
+  const int64_t j0 = a.key_begin + int64_t(blockIdx.x) * kRows;
   bool any = false;
   for (int c = threadIdx.x; c < kRows; c += kTcThreads) {
     koff[c] = KeyOffset(a, j0 + c, g);
@@ -470,7 +471,7 @@ void AttentionBackwardBf16(const AttentionShape& s, const float* q, const PagedK
       TcDqKernel<HD><<<dq_grid, kTcThreads, dq_bytes, Stream()>>>(a, vec, q, dout, lse, D, dq);
       const size_t kv_bytes = SharedMemory(
           TcDkdvKernel<HD>, C::Bytes(2 * kRows + 2 * C::kCols, 2 * kRows + C::kCols, 2 * C::kCols), op);
-      const dim3 kv_grid(Tiles(a.kv_total, kRows), static_cast<unsigned>(s.kv_heads));
+      const dim3 kv_grid(Tiles(a.kv_total - a.key_begin, kRows), static_cast<unsigned>(s.kv_heads));
       TcDkdvKernel<HD><<<kv_grid, kTcThreads, kv_bytes, Stream()>>>(a, vec, q, dout, lse, D, dkv.k_pool,
                                                                      dkv.v_pool, gtable, dkv.page_stride);
     });
