@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/checkpoint.h"
+#include "core/data.h"
 #include "core/lora.h"
 #include "core/model_io.h"
 #include "core/models/mamba/mamba.h"
@@ -281,6 +282,23 @@ TEST_F(CudaStrategyTest, MambaMatchesCpu) {
       if (o.adjoint_window == StrategyOptions::kNoAdjointWindow) ExpectClose(gpu, gpu_full, tol, what + " vs gpu full");
     }
   }
+}
+
+// Packed documents (core/documents_test.cc checks them on the CPU against the documents alone): a chunk runs the
+// conv and scan ops on its pieces inside one document, at offsets into its rows; the GPU gives the CPU's gradients.
+TEST_F(CudaStrategyTest, MambaDocumentsMatchCpu) {
+  Pair p = Mambas(DType::kF64);
+  ASSERT_TRUE(p.gpu && p.cpu);
+  std::vector<Sequence> packed = {RaggedBatch(p.gpu->vocab_size(), 999)[0]};
+  ASSERT_TRUE(SetDocuments(packed[0], {7, 3, 9, 1, 4}, "packed").ok());
+  StrategyOptions scan_form = Strategy("adjoint", 4, 4);
+  scan_form.adjoint_form = "scan";
+  StrategyOptions truncated = Strategy("adjoint", 4, 4);
+  truncated.adjoint_window = 3;
+  for (const StrategyOptions& o : {Strategy("full", 512, 4), Strategy("seco", 4, 4), Strategy("adjoint", 5, 4),
+                                   scan_form, truncated, Strategy("streambp", 3, 4)})
+    ExpectClose(Gradients(*p.gpu, o, packed), Gradients(*p.cpu, o, packed), 1e-10,
+                "f64 tiny-ssm documents: gpu " + Describe(o) + " " + o.adjoint_form + " vs cpu");
 }
 
 // A shape the CUDA kernels reject (head_dim 512 > the attention kernels' 256) is an error status naming the op,

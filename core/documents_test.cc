@@ -1,13 +1,17 @@
 // Packed documents (Sequence::doc_starts) in fp64: a packed sequence trained by each strategy gives the sum of the
 // losses and the gradients of its documents trained one by one with full backprop, with chunks and pages that cut
-// documents and documents shorter than a page. Built with SG_CUDA_EMULATED (//core:documents_emulated_cuda_test) the
-// models live on Device::kCUDA, the CPU emulation of the CUDA backend (its attention's key_begin).
+// documents and documents shorter than a page; for Mamba, every adjoint form and window too. Built with
+// SG_CUDA_EMULATED (//core:documents_emulated_cuda_test) the transformers live on Device::kCUDA, the CPU emulation
+// of the CUDA backend (its attention's key_begin).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "core/data.h"
+#include "core/lora.h"
+#include "core/models/mamba/mamba.h"
 #include "core/models/transformer/transformer.h"
 #include "core/strategy.h"
 #include "kernels/census.h"
@@ -21,11 +25,8 @@ constexpr Device kDevice = Device::kCUDA;
 constexpr Device kDevice = Device::kCPU;
 #endif
 
-std::unique_ptr<Model> Tiny(const std::string& preset, TransformerConfig* config = nullptr) {
-  absl::StatusOr<TransformerConfig> c = TransformerPreset(preset);
-  EXPECT_TRUE(c.ok()) << c.status();
-  if (config) *c = *config;
-  auto model = CreateTransformer(*c, DType::kF64, kDevice);
+template <typename M>
+std::unique_ptr<Model> Randomized(absl::StatusOr<std::unique_ptr<M>> model) {
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 11;
@@ -35,10 +36,17 @@ std::unique_ptr<Model> Tiny(const std::string& preset, TransformerConfig* config
   return std::move(*model);
 }
 
+std::unique_ptr<Model> Tiny(const std::string& preset, TransformerConfig* config = nullptr) {
+  absl::StatusOr<TransformerConfig> c = TransformerPreset(preset);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (config) *c = *config;
+  return Randomized(CreateTransformer(*c, DType::kF64, kDevice));
+}
+
 struct Result {
   double loss = 0;
-  int64_t tokens = 0;
-  std::vector<std::vector<double>> grads;
+  int64_t tokens = 0, adjoint_pairs = 0;
+  std::vector<std::vector<double>> grads;  // empty for a frozen parameter
 };
 
 Result Train(Model& m, const std::vector<Sequence>& seqs, const StrategyOptions& o) {
@@ -50,8 +58,9 @@ Result Train(Model& m, const std::vector<Sequence>& seqs, const StrategyOptions&
     const GradResult g = (*fn)(m, s, 1.0, o);
     r.loss += g.loss_sum.value();
     r.tokens += g.tokens;
+    r.adjoint_pairs += g.adjoint_pairs;
   }
-  for (Param& p : m.params()) r.grads.push_back(HostCopy<double>(p.grad));
+  for (Param& p : m.params()) r.grads.push_back(p.grad.defined() ? HostCopy<double>(p.grad) : std::vector<double>{});
   return r;
 }
 
@@ -99,6 +108,16 @@ void ExpectSame(const Result& packed, const Result& alone, const std::string& wh
   EXPECT_LE(worst, 1e-11) << what;
 }
 
+// The options both families' cases share: the LM head 4 rows at a time, spaco keeping every chunk (exact).
+StrategyOptions Options(const std::string& strategy, int64_t chunk) {
+  StrategyOptions o;
+  o.name = strategy;
+  o.chunk = chunk;
+  o.lm_chunk = 4;
+  if (strategy == "spaco") o.spaco_budget = 1 << 20;
+  return o;
+}
+
 struct Case {
   std::string preset, strategy;
   int64_t chunk, page_size;
@@ -111,12 +130,8 @@ TEST_P(DocumentsTest, PackedEqualsDocumentsAlone) {
   const Case& c = GetParam();
   auto model = Tiny(c.preset);
   const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 5);
-  StrategyOptions o;
-  o.name = c.strategy;
-  o.chunk = c.chunk;
+  StrategyOptions o = Options(c.strategy, c.chunk);
   o.page_size = c.page_size;
-  o.lm_chunk = 4;
-  if (c.strategy == "spaco") o.spaco_budget = 1 << 20;  // every chunk: exact
   StrategyOptions full = o;
   full.name = "full";
   const Result alone = Train(*model, p.alone, full);
@@ -138,6 +153,92 @@ INSTANTIATE_TEST_SUITE_P(Exact, DocumentsTest,
                              if (ch == '-') ch = '_';
                            return name;
                          });
+
+// Mamba (Mamba-2's seq_idx semantics): the conv and the scan restart from zeros at every document start and no
+// gradient crosses one, whichever strategy, chunking and adjoint form; adjoint sharding's pairs (t, i) stay inside a
+// document. Forms that are not exact (a window, the paper's formula on more than one layer) are checked against
+// the documents alone under the same options.
+struct SsmCase {
+  std::string strategy;
+  int64_t chunk;
+  std::string form = "pairs";
+  int64_t window = StrategyOptions::kNoAdjointWindow;
+  int64_t layers = 3;
+};
+
+class MambaDocumentsTest : public ::testing::TestWithParam<SsmCase> {};
+
+std::string SsmCaseName(const ::testing::TestParamInfo<SsmCase>& info) {
+  const SsmCase& c = info.param;
+  std::string name = c.strategy + "_chunk" + std::to_string(c.chunk);
+  if (c.strategy == "adjoint") name += "_" + c.form + "_layers" + std::to_string(c.layers);
+  if (c.window != StrategyOptions::kNoAdjointWindow) name += "_window" + std::to_string(c.window);
+  return name;
+}
+
+std::unique_ptr<Model> TinySsm(int64_t layers) {
+  MambaConfig config = *MambaPreset("tiny-ssm");
+  config.num_layers = layers;
+  return Randomized(CreateMamba(config, DType::kF64));
+}
+
+// The pairs (t, i), i <= t < i + window, of one layer and channel with i and t in one document of s.
+int64_t PairsWithinDocuments(const Sequence& s, int64_t window) {
+  int64_t pairs = 0;
+  for (size_t d = 0; d < s.doc_starts.size(); ++d) {
+    const int64_t end = d + 1 < s.doc_starts.size() ? s.doc_starts[d + 1] : static_cast<int64_t>(s.ids.size());
+    for (int64_t i = s.doc_starts[d]; i < end; ++i) pairs += std::min(end - i, window);
+  }
+  return pairs;
+}
+
+// Documents of 7, 3, 9, 2, 1 and 6 tokens, as the transformers'.
+TEST_P(MambaDocumentsTest, PackedEqualsDocumentsAlone) {
+  const SsmCase& c = GetParam();
+  auto model = TinySsm(c.layers);
+  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 5);
+  StrategyOptions o = Options(c.strategy, c.chunk);
+  o.adjoint_form = c.form;
+  o.adjoint_window = c.window;
+  const bool exact = c.window == StrategyOptions::kNoAdjointWindow && (c.form != "paper" || c.layers == 1);
+  StrategyOptions reference = o;
+  if (exact) reference.name = "full";
+  const Result alone = Train(*model, p.alone, reference);
+  const Result packed = Train(*model, {p.packed}, o);
+  const std::string what = c.strategy + " " + c.form + " chunk " + std::to_string(c.chunk);
+  ExpectSame(packed, alone, what);
+  if (c.strategy == "adjoint" && c.form != "scan")
+    EXPECT_EQ(packed.adjoint_pairs, c.layers * PairsWithinDocuments(p.packed, c.window)) << what;
+}
+
+// Chunks of 1 to 5 cut documents, start at document starts (10, 21) and hold several (20-24: 20, 21 and 22-24, a
+// one-token document with no label among them); windows shorter and longer than a chunk.
+INSTANTIATE_TEST_SUITE_P(Exact, MambaDocumentsTest,
+                         ::testing::Values(SsmCase{"full", 512}, SsmCase{"ckpt", 512}, SsmCase{"seco", 1},
+                                           SsmCase{"seco", 3}, SsmCase{"seco", 4}, SsmCase{"spaco", 5},
+                                           SsmCase{"streambp", 3}, SsmCase{"streambp", 4}, SsmCase{"adjoint", 1},
+                                           SsmCase{"adjoint", 4}, SsmCase{"adjoint", 5}, SsmCase{"adjoint", 3, "scan"},
+                                           SsmCase{"adjoint", 4, "paper", StrategyOptions::kNoAdjointWindow, 1}),
+                         SsmCaseName);
+INSTANTIATE_TEST_SUITE_P(Truncated, MambaDocumentsTest,
+                         ::testing::Values(SsmCase{"adjoint", 4, "pairs", 3}, SsmCase{"adjoint", 2, "pairs", 1},
+                                           SsmCase{"adjoint", 3, "pairs", 5}, SsmCase{"adjoint", 5, "paper"},
+                                           SsmCase{"adjoint", 4, "paper", 2}),
+                         SsmCaseName);
+
+// LoRA adapters on every Mamba module (dropout off: its masks follow positions, which packing moves).
+TEST(MambaDocumentsTest, LoraPackedEqualsDocumentsAlone) {
+  auto model = TinySsm(2);
+  LoraOptions lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  lora.seed = 3;
+  lora.targets = LoraTargetModules(model->family());
+  ASSERT_TRUE(EnableLora(*model, lora).ok());
+  RandomizeLoraB(*model, 5, 0.3);
+  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 7);
+  ExpectSame(Train(*model, {p.packed}, Options("seco", 4)), Train(*model, p.alone, Options("full", 512)), "lora seco");
+}
 
 // Dynamic NTK RoPE scales from the longest document (transformers' max position_id + 1), not from the packed
 // length: documents of one length, past max_position_embeddings, packed equal each alone.
@@ -202,7 +303,7 @@ TEST(DocumentsTest, AttentionPairsAreThoseInsideDocuments) {
   const int64_t per_pair = 4 * c->head_dim * c->num_heads;  // QK^T and PV, 2 flops a product, a layer
   auto forward_pairs = [&](const StrategyOptions& o) {
     OpCensus census;
-    CensusScope scope(Device::kCPU, &census);  // before the model: it binds the counting table when created
+    CensusScope scope(kDevice, &census);  // before the model: it binds the counting table when created
     auto model = Tiny("tiny");
     Train(*model, {p.packed}, o);
     const int64_t flops = census.family(OpFamily::kAttentionForward).flops;

@@ -183,10 +183,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   const TensorParallel& tensor_parallel() const override { return tp_; }
   TpShard ShardOf(int param) const override { return ShardOfParam(shards_, Store::LoraState(), param); }
 
-  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
-    if (!o.doc_starts.empty()) throw std::invalid_argument("Mamba: packed documents are not implemented yet");
-    return std::make_unique<MambaState>(o);
-  }
+  std::unique_ptr<SequenceState> NewState(const StateOptions& o) override { return std::make_unique<MambaState>(o); }
 
   Tensor Embed(const int32_t* ids, Chunk c) override { return Store::EmbedRows(ops_, embed_, ids, c, Group()); }
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
@@ -235,9 +232,10 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     done(xn);
     keep_copy(kXin, xin);
 
-    // The input state: zeros at the sequence start, else what the previous chunk left.
-    const BoundaryState* in = c.begin > 0 ? MambaState::Find(state.cache, l, c.begin) : nullptr;
-    if (c.begin > 0 && !in)
+    // The input state: zeros where a document (or the sequence) starts, else what the previous chunk left.
+    const bool carries_in = !StartsDocument(state, c.begin);
+    const BoundaryState* in = carries_in ? MambaState::Find(state.cache, l, c.begin) : nullptr;
+    if (carries_in && !in)
       throw std::logic_error(absl::StrCat("mamba layer ", l, ": no scan state at position ", c.begin));
     Tensor h0 = New(act, {E, N}), tail0 = New(act, {K - 1, E});
     CopyOrZero(in ? &in->h : nullptr, h0);
@@ -249,9 +247,14 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       out->tail = New(MemCategory::kKVCache, {K - 1, E});
     }
 
+    // The conv and the scan run document by document: a piece that starts one reads the zero state, the first
+    // piece the chunk's input state, and the last piece leaves the output state.
+    const std::vector<Piece> pieces = Pieces(c, state);
     Tensor xc = New(big, {n, E}), u = New(big, {n, E});
-    ops_.conv1d_forward(xin.data<T>(), tail0.data<T>(), W(L.conv_w), L.conv_b >= 0 ? W(L.conv_b) : nullptr, n, E, K,
-                        xc.data<T>(), out ? out->tail.data<T>() : nullptr);
+    for (const Piece& p : pieces)
+      ops_.conv1d_forward(xin.data<T>() + p.row * E, p.first ? tail0.data<T>() : nullptr, W(L.conv_w),
+                          L.conv_b >= 0 ? W(L.conv_b) : nullptr, p.rows, E, K, xc.data<T>() + p.row * E,
+                          p.last && out ? out->tail.data<T>() : nullptr);
     done(xin);
     keep_copy(kXc, xc);
     ops_.silu_forward(xc.data<T>(), n * E, u.data<T>());
@@ -288,8 +291,11 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     keep(kDelta, delta);
     Tensor A = NegExp(L.a_log);
     Tensor y = New(big, {n, E});
-    ops_.selective_scan_forward(u.data<T>(), delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d),
-                                h0.data<T>(), n, E, N, y.data<T>(), out ? out->h.data<T>() : nullptr);
+    for (const Piece& p : pieces)
+      ops_.selective_scan_forward(u.data<T>() + p.row * E, delta.data<T>() + p.row * E, A.data<T>(),
+                                  B.data<T>() + p.row * N, C.data<T>() + p.row * N, W(L.d),
+                                  p.first ? h0.data<T>() : nullptr, p.rows, E, N, y.data<T>() + p.row * E,
+                                  p.last && out ? out->h.data<T>() : nullptr);
     done(u), done(delta), done(proj), done(dtr), done(B), done(C);
     Tensor gated = New(big, {n, E});
     Store::SwigluAndKeep(ops_, z, y, gated, act, slot(kZ), slot(kY), slot(kGated));  // y * silu(z)
@@ -337,10 +343,11 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     auto rows = [&](Saved k, int64_t r0, int64_t r1) -> Tensor { return Store::Widen(ops_, s[k].Rows(r0, r1)); };
 
     // The gradient of c's output state is complete (later chunks ran their backward first); c leaves the gradient
-    // of its input state for the previous chunk (none at the sequence start: the zero state is a constant).
+    // of its input state for the previous chunk (none where a document starts: the zero state is a constant).
     const BoundaryState* gout = MambaState::Find(state.grad, l, c.end);
     BoundaryState* gin = nullptr;
-    if (c.begin > 0) {
+    const bool carries_in = !StartsDocument(state, c.begin);
+    if (carries_in) {
       gin = &state.Slot(state.grad, l, c.begin, state.opts.resident_grad_layers, "state gradients");
       if (!gin->tail.defined()) {
         if (!adjoint) gin->h = New(MemCategory::kKVGrad, {E, N});
@@ -356,22 +363,37 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
     const Tensor u_kept = wide(kU), delta = wide(kDelta), B = wide(kB), C = wide(kC);
     const T* u = u_kept.data<T>();
+    const std::vector<Piece> pieces = Pieces(c, state);
     if (adjoint) {
+      // Pairs (t, i) stay inside a document: only the last piece reads the tokens after c (of its document, as
+      // relayed), and earlier chunks read c's first piece (and what follows it when c is one piece), or nothing.
       LaterTokens& later = state.Later(l);
       if (later.rows > 0 && later.begin != c.end)
         throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
                                             ", not after the chunk ending at ", c.end));
-      state.pairs += ops_.selective_scan_backward_pairs(
-          dyscan.data<T>(), u, delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d), s[kH0].data<T>(), n, E,
-          N, later.rows ? later.dy.data<T>() : nullptr, later.rows ? later.delta.data<T>() : nullptr,
-          later.rows ? later.C.data<T>() : nullptr, later.rows, state.opts.adjoint_window, du.data<T>(),
-          ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(), GradOrScratch(L.d));
-      if (c.begin > 0) later = PrependTokens(c, dyscan, delta, C, later, state.opts.adjoint_window - 1);
+      for (const Piece& p : pieces) {
+        const int64_t reads = p.last ? later.rows : 0;
+        state.pairs += ops_.selective_scan_backward_pairs(
+            dyscan.data<T>() + p.row * E, u + p.row * E, delta.data<T>() + p.row * E, A.data<T>(),
+            B.data<T>() + p.row * N, C.data<T>() + p.row * N, W(L.d), p.first ? s[kH0].data<T>() : nullptr, p.rows, E,
+            N, reads ? later.dy.data<T>() : nullptr, reads ? later.delta.data<T>() : nullptr,
+            reads ? later.C.data<T>() : nullptr, reads, state.opts.adjoint_window, du.data<T>() + p.row * E,
+            ddelta.data<T>() + p.row * E, dA.data<T>(), dB.data<T>() + p.row * N, dC.data<T>() + p.row * N,
+            GradOrScratch(L.d));
+      }
+      if (carries_in)
+        later = PrependTokens({c.begin, c.begin + pieces[0].rows}, dyscan, delta, C,
+                              pieces.size() == 1 ? later : LaterTokens{}, state.opts.adjoint_window - 1);
+      else
+        later = {};
     } else {
-      ops_.selective_scan_backward(dyscan.data<T>(), gout && gout->h.defined() ? gout->h.data<T>() : nullptr, u,
-                                   delta.data<T>(), A.data<T>(), B.data<T>(), C.data<T>(), W(L.d), s[kH0].data<T>(), n,
-                                   E, N, du.data<T>(), ddelta.data<T>(), dA.data<T>(), dB.data<T>(), dC.data<T>(),
-                                   GradOrScratch(L.d), gin ? gin->h.data<T>() : nullptr);
+      for (const Piece& p : pieces)
+        ops_.selective_scan_backward(
+            dyscan.data<T>() + p.row * E, p.last && gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
+            u + p.row * E, delta.data<T>() + p.row * E, A.data<T>(), B.data<T>() + p.row * N, C.data<T>() + p.row * N,
+            W(L.d), p.first ? s[kH0].data<T>() : nullptr, p.rows, E, N, du.data<T>() + p.row * E,
+            ddelta.data<T>() + p.row * E, dA.data<T>(), dB.data<T>() + p.row * N, dC.data<T>() + p.row * N,
+            GradOrScratch(L.d), p.first && gin ? gin->h.data<T>() : nullptr);
     }
     if (T* g = G(L.a_log)) ops_.ssm_neg_exp_backward(dA.data<T>(), A.data<T>(), E * N, g);  // A = -exp(A_log)
 
@@ -409,9 +431,14 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       ops_.silu_backward(du.data<T>() + r0 * E, rows(kXc, r0, r1).template data<T>(), (r1 - r0) * E,
                          dxc.data<T>() + r0 * E);
     });
-    ops_.conv1d_backward(dxc.data<T>(), gout ? gout->tail.data<T>() : nullptr, wide(kXin).template data<T>(),
-                         s[kTail0].data<T>(), W(L.conv_w), n, E, K, dxin.data<T>(), gin ? gin->tail.data<T>() : nullptr,
-                         GradOrScratch(L.conv_w), L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
+    {
+      const Tensor xin = wide(kXin);
+      for (const Piece& p : pieces)
+        ops_.conv1d_backward(dxc.data<T>() + p.row * E, p.last && gout ? gout->tail.data<T>() : nullptr,
+                             xin.data<T>() + p.row * E, p.first ? s[kTail0].data<T>() : nullptr, W(L.conv_w), p.rows, E,
+                             K, dxin.data<T>() + p.row * E, p.first && gin ? gin->tail.data<T>() : nullptr,
+                             GradOrScratch(L.conv_w), L.conv_b >= 0 ? GradOrScratch(L.conv_b) : nullptr);
+    }
 
     // (xin, z) = in_proj(xn)
     Tensor dxn = New(ws, {n, d});
@@ -444,9 +471,28 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   }
 
  private:
-  // Later positions read the output state of c, unless c ends the sequence.
+  // Later positions read the output state of c, unless c ends the sequence or a document starts at c.end.
   static bool KeepsOutputState(const MambaState& state, Chunk c) {
-    return state.opts.seq_len <= 0 || c.end < state.opts.seq_len;
+    return (state.opts.seq_len <= 0 || c.end < state.opts.seq_len) && !StartsDocument(state, c.end);
+  }
+  // Whether position b starts a document (the sequence's start included): no state crosses b, either way.
+  static bool StartsDocument(const MambaState& state, int64_t b) {
+    const std::vector<int64_t>& docs = state.opts.doc_starts;
+    return b == 0 || std::binary_search(docs.begin(), docs.end(), b);
+  }
+  // A piece of a chunk inside one document: its first row in the chunk and its rows; whether it is the chunk's
+  // first (it reads the chunk's input state) and last (it leaves the output state). Pieces after the first start
+  // a document.
+  struct Piece {
+    int64_t row, rows;
+    bool first, last;
+  };
+  static std::vector<Piece> Pieces(Chunk c, const MambaState& state) {
+    const std::vector<Chunk> chunks = SplitAtDocuments(c, state.opts.doc_starts);
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < chunks.size(); ++i)
+      pieces.push_back({chunks[i].begin - c.begin, chunks[i].size(), i == 0, i + 1 == chunks.size()});
+    return pieces;
   }
   // c's scan cotangents, deltas and C followed by those of the tokens after c, cut to the first `keep` rows: what
   // the chunks before c read.

@@ -1,7 +1,9 @@
 // Mamba-1 state-space model (HF MambaForCausalLM) on the per-layer chunk primitives. The state a chunk carries to
 // the next is, per layer, the scan state h [d_inner][state_size] and the conv tail (the last conv_kernel - 1 conv
 // inputs) at the chunk boundary; its gradient is relayed back the same way, so full, ckpt, seco and streambp work
-// unchanged.
+// unchanged. Packed documents (StateOptions::doc_starts, Mamba-2's seq_idx): a chunk runs its conv and scan
+// document by document, each document from the zero state; no state or gradient crosses a document start, and
+// adjoint sharding's pairs (t, i) stay inside a document.
 #pragma once
 
 #include <memory>
