@@ -66,7 +66,7 @@ struct Sequence {
   // Packed documents: the positions where documents start, ascending, the first 0 (empty: one document). A position
   // attends only within its document, RoPE positions and SSM states restart at each start, and no label crosses
   // one (SetDocuments, core/data.h, masks the label of the position before each start).
-  std::vector<int64_t> doc_starts;
+  std::vector<int64_t> doc_starts = {};
 };
 
 struct GradResult {
