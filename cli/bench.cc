@@ -59,7 +59,11 @@
 
 ABSL_FLAG(
     std::string, strategies, "full,ckpt",
-    "comma-separated strategies to benchmark (also forward, spaco, adjoint:scan|pairs|paper|<window>, seco:offload)");
+    "comma-separated strategies to benchmark (also forward, spaco, adjoint:scan|pairs|paper|<window>, seco:offload); "
+    "<strategy>:docs runs the same tokens as packed documents of --doc_len tokens, attending within each");
+ABSL_FLAG(int64_t, doc_len, 1024,
+          "tokens per document of the :docs strategies (and of PyTorch's full:docs / ckpt:docs, which run the "
+          "documents one by one)");
 ABSL_FLAG(double, skip_after_s, 0,
           "skip the longer sequences of a strategy once one of its runs took longer than this (seconds; 0 = never): "
           "for adjoint's quadratic pair form");
@@ -353,9 +357,14 @@ json SeqgradRow(const std::string& strategy, int64_t T, const Measurement& m, do
   return row;
 }
 
+// <strategy>:docs: the strategy on the sequence as packed documents (--doc_len).
+constexpr absl::string_view kDocsSuffix = ":docs";
+bool OnDocuments(const std::string& name) { return absl::EndsWith(name, kDocsSuffix); }
+
 // The options of one (strategy, T) cell: forward runs chunked like seco; spaco's budget follows --spaco_fraction;
 // adjoint:<form or window> picks adjoint's variant.
-StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t T, double spaco_fraction) {
+StrategyOptions OptionsFor(StrategyOptions so, std::string name, int64_t T, double spaco_fraction) {
+  if (OnDocuments(name)) name.resize(name.size() - kDocsSuffix.size());
   so.name = name == kForwardOnly ? "seco" : name;
   // seco:offload is seco with --offload (the flag itself applies to the seco rows only).
   so.offload = (so.offload && name == "seco") || name == "seco:offload";
@@ -378,6 +387,20 @@ StrategyOptions OptionsFor(StrategyOptions so, const std::string& name, int64_t 
   return so;
 }
 
+// s as packed documents of doc_len tokens (its T + 1 tokens: the last document takes the rest).
+Sequence AsDocuments(Sequence s, int64_t doc_len) {
+  const int64_t tokens = static_cast<int64_t>(s.ids.size()) + 1;
+  std::vector<int64_t> lengths(tokens / doc_len, doc_len);
+  if (tokens % doc_len) lengths.push_back(tokens % doc_len);
+  tools::ExitIfError(SetDocuments(s, lengths, "--doc_len"), "--doc_len");
+  return s;
+}
+
+// What bench_torch.py runs: full or ckpt, on the sequence or (:docs) on its documents one by one.
+bool IsTorchStrategy(const std::string& s) {
+  return s == "full" || s == "ckpt" || s == "full:docs" || s == "ckpt:docs";
+}
+
 // --- memory budget search ---------------------------------------------------------------------------------------
 
 // The longest T (doubling from t0 up to kBudgetCap, then bisection to within 1/16 of T, on multiples of
@@ -388,7 +411,8 @@ json BudgetSearch(Model& model, const StrategyOptions& base, const std::string& 
   json probes = json::array();
   auto fits = [&](int64_t T) {
     const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
-    const Sequence seq = MakeSequence(task, T, model.vocab_size(), seed);
+    Sequence seq = MakeSequence(task, T, model.vocab_size(), seed);
+    if (OnDocuments(name)) seq = AsDocuments(std::move(seq), absl::GetFlag(FLAGS_doc_len));
     model.memory().set_limit(budget);
     absl::StatusOr<Measurement> m =
         Measure(model, so, name == kForwardOnly, seq, /*warmup=*/0, /*repeats=*/1, /*rss=*/false);
@@ -507,7 +531,7 @@ absl::StatusOr<json> RunTorch(Model& model, const std::vector<std::string>& stra
       absl::StrCat(ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript(script)),
                    " --model_dir=", ShellQuote(dir), " --seq_dir=", ShellQuote(dir),
                    " --strategies=", absl::StrJoin(strategies, ","), " --seq_lens=", absl::StrJoin(lens, ","),
-                   " --repeats=", repeats, " --warmup=", warmup,
+                   " --repeats=", repeats, " --warmup=", warmup, " --doc_len=", absl::GetFlag(FLAGS_doc_len),
                    gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))
                        : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype));
   std::fprintf(stderr, "running: %s\n", cmd.c_str());
@@ -692,6 +716,30 @@ json PrintChecks(const json& rows, const std::vector<std::string>& strategies, c
   return out;
 }
 
+// <strategy>:docs against <strategy> on the same tokens, where both ran: how much faster attention within documents
+// makes a step (time without the masks / time with them).
+json PrintDocumentChecks(const json& rows, const std::vector<std::string>& strategies,
+                         const std::vector<int64_t>& seq_lens, int64_t doc_len) {
+  json out = json::array();
+  for (const std::string& name : strategies) {
+    if (!OnDocuments(name)) continue;
+    const std::string plain = name.substr(0, name.size() - kDocsSuffix.size());
+    for (int64_t T : seq_lens) {
+      const json* x = FindRow(rows, plain, T);
+      const json* y = FindRow(rows, name, T);
+      if (!x || !y) continue;
+      if (out.empty())
+        std::printf("\npacked documents of %lld tokens: step time without document masks / with them\n",
+                    static_cast<long long>(doc_len));
+      const double speedup = (*x)["time_s"].get<double>() / (*y)["time_s"].get<double>();
+      std::printf("  %-10s T=%7lld: %.2fx (%.0f -> %.0f tok/s)\n", plain.c_str(), static_cast<long long>(T), speedup,
+                  (*x)["tokens_per_s"].get<double>(), (*y)["tokens_per_s"].get<double>());
+      out.push_back({{"strategy", plain}, {"seq_len", T}, {"doc_len", doc_len}, {"speedup", speedup}});
+    }
+  }
+  return out;
+}
+
 // --tp=N: see the flag. Returns the exit code.
 int TensorParallelBench(dist::Communicator& world, int tp, Model& whole, const StrategyOptions& base,
                         const std::vector<std::string>& strategies, const std::vector<int64_t>& seq_lens,
@@ -835,11 +883,20 @@ int Main() {
         sgemm, threads, sgemm_rates.openblas, absl::GetFlag(FLAGS_matmul).c_str(), sgemm_rates.engine);
   std::fflush(stdout);
 
-  std::map<int64_t, Sequence> seqs;
-  for (int64_t T : seq_lens) seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
+  std::map<int64_t, Sequence> seqs, doc_seqs;  // doc_seqs: the same tokens as documents of --doc_len
+  const int64_t doc_len = absl::GetFlag(FLAGS_doc_len);
+  if (doc_len < 2) Fail("--doc_len", absl::StrCat("must be at least 2, got ", doc_len));
+  for (int64_t T : seq_lens) {
+    seqs.emplace(T, MakeSequence(task, T, model.vocab_size(), seed));
+    doc_seqs.emplace(T, AsDocuments(seqs.at(T), doc_len));
+  }
+  auto seq_for = [&](const std::string& name, int64_t T) -> const Sequence& {
+    return OnDocuments(name) ? doc_seqs.at(T) : seqs.at(T);
+  };
 
   if (world && (compare_torch || budget > 0))
     Fail("--tp", "times the split model alone: drop --compare_torch and --memory_budget");
+  if (world && std::any_of(strategies.begin(), strategies.end(), OnDocuments)) Fail("--tp", "runs no :docs strategy");
   if (world)
     return TensorParallelBench(*world, tp, model, base, strategies, seq_lens, seqs, spaco_fraction, warmup, repeats,
                                absl::GetFlag(FLAGS_json));
@@ -858,10 +915,10 @@ int Main() {
   if (const std::string list = absl::GetFlag(FLAGS_torch_strategies); !list.empty()) {
     torch_strategies = SplitList(list);
     for (const std::string& s : torch_strategies)
-      if (s != "full" && s != "ckpt") Fail("--torch_strategies", absl::StrCat("'", s, "' (full, ckpt)"));
+      if (!IsTorchStrategy(s)) Fail("--torch_strategies", absl::StrCat("'", s, "' (full, ckpt, full:docs, ckpt:docs)"));
   } else {
     for (const std::string& s : strategies)
-      if (s == "full" || s == "ckpt") torch_strategies.push_back(s);
+      if (IsTorchStrategy(s)) torch_strategies.push_back(s);
   }
   if (compare_torch && torch_strategies.empty())
     std::fprintf(stderr, "--compare_torch: bench_torch.py knows only full and ckpt; nothing to compare\n");
@@ -906,7 +963,7 @@ int Main() {
         }
         StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
         so.seed += static_cast<uint64_t>(round);
-        absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seqs.at(T), 0, 1, /*rss=*/true);
+        absl::StatusOr<Measurement> m = Measure(model, so, name == kForwardOnly, seq_for(name, T), 0, 1, /*rss=*/true);
         if (absl::IsResourceExhausted(m.status())) {  // the longest T that fits is the one before
           skipped[name] = absl::StrCat("out of memory at T=", T, ": ", m.status().message());
           skipped_rows.push_back({{"strategy", name}, {"seq_len", T}, {"reason", skipped[name]}});
@@ -938,11 +995,13 @@ int Main() {
       const StrategyOptions so = OptionsFor(base, name, T, spaco_fraction);
       if (!measured.count({name, T})) continue;  // skipped
       const Measurement& m = measured.at({name, T});
-      double flops = facts.useful_flops(T, ValidLabels(seqs.at(T)));
+      double flops = facts.useful_flops(T, ValidLabels(seq_for(name, T)));
       if (name == kForwardOnly) flops /= 3;  // forward is a third of forward + backward
       json row = SeqgradRow(name, T, m, flops, sgemm, state_bytes_per_token);
-      // spaco's useful work is random, sparse attention's depends on the selection: no FLOP rate for them.
-      if (name == "spaco" || (so.sparse_pages > 0 && so.name == "seco"))
+      if (OnDocuments(name)) row["doc_len"] = doc_len;
+      // spaco's useful work is random, sparse attention's depends on the selection, documents' attention is the sum
+      // of their squares: no FLOP rate for them.
+      if (name == "spaco" || (so.sparse_pages > 0 && so.name == "seco") || OnDocuments(name))
         for (const char* k : {"gflops", "gflops_per_s", "sgemm_fraction"}) row[k] = nullptr;
       if (name == "spaco") {
         row["spaco_budget"] = so.spaco_budget;
@@ -960,7 +1019,8 @@ int Main() {
       rows.push_back(row);
     }
   }
-  const json checks = PrintChecks(rows, strategies, seq_lens, state_bytes_per_token);
+  json checks = PrintChecks(rows, strategies, seq_lens, state_bytes_per_token);
+  checks["documents"] = PrintDocumentChecks(rows, strategies, seq_lens, doc_len);
 
   for (json& r : torch_rows) rows.push_back(std::move(r));
 

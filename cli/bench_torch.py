@@ -273,6 +273,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    ap.add_argument("--doc_len", type=int, default=1024,
+                    help="full:docs, ckpt:docs: the sequence's documents of this many tokens, one by one")
     ap.add_argument("--dtype", default="f32", choices=["f32", "f64", "bf16"],
                     help="bf16: fp32 weights under torch.autocast('cpu', bfloat16)")
     ap.add_argument("--engines", default="torch,hf",
@@ -289,7 +291,7 @@ def main():
         raise SystemExit(f"bench_torch.py: --dtype=bf16 needs torch.autocast (torch >= 1.10; this is {torch.__version__})")
     strategies = [s for s in args.strategies.split(",") if s]
     for s in strategies:
-        if s not in STRATEGIES:
+        if s.removesuffix(":docs") not in STRATEGIES:
             raise SystemExit(f"bench_torch.py: unknown strategy {s!r} (known: {', '.join(STRATEGIES)})")
     seq_lens = [int(t) for t in args.seq_lens.split(",") if t]
     engines = [e for e in args.engines.split(",") if e]
@@ -331,14 +333,30 @@ def main():
                 labels = torch.from_numpy(raw[T:].astype(np.int64))
                 valid = int((labels >= 0).sum())
 
+                # :docs: the documents of --doc_len tokens one by one (each document's last label, the next one's
+                # first token, ignored: what seqgrad's packed documents train), gradients summed.
+                plain, docs = strategy.removesuffix(":docs"), strategy.endswith(":docs")
+                pieces = [(ids, labels)]
+                if docs:
+                    pieces, labels = [], labels.clone()
+                    for b in range(0, T, args.doc_len):
+                        e = min(T, b + args.doc_len)
+                        if b + args.doc_len <= T:  # the next document starts at e: its first token is no label
+                            labels[e - 1] = -100
+                        pieces.append((ids[b:e], labels[b:e]))
+                    valid = int((labels >= 0).sum())
+
                 def step():
                     for p in params:
                         p.grad = None
-                    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-                    with ctx:
-                        loss = model.loss(ids, labels, valid, strategy)
-                    loss.backward()
-                    return loss.item()
+                    total = 0.0
+                    for piece_ids, piece_labels in pieces:
+                        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+                        with ctx:
+                            loss = model.loss(piece_ids, piece_labels, valid, plain)
+                        loss.backward()
+                        total += loss.item()
+                    return total
 
                 for _ in range(args.warmup):
                     step()
