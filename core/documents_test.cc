@@ -240,6 +240,22 @@ TEST(MambaDocumentsTest, LoraPackedEqualsDocumentsAlone) {
   ExpectSame(Train(*model, {p.packed}, Options("seco", 4)), Train(*model, p.alone, Options("full", 512)), "lora seco");
 }
 
+// LoRA on every transformer target, dropout off: the adapters' gradients too.
+TEST(DocumentsTest, LoraPackedEqualsDocumentsAlone) {
+  auto model = Tiny("tiny");
+  LoraOptions lora;
+  lora.rank = 2;
+  lora.alpha = 4;
+  lora.seed = 3;
+  lora.targets = LoraTargetModules(model->family());
+  ASSERT_TRUE(EnableLora(*model, lora).ok());
+  RandomizeLoraB(*model, 5, 0.3);
+  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 7);
+  for (const char* strategy : {"seco", "streambp"})
+    ExpectSame(Train(*model, {p.packed}, Options(strategy, 4)), Train(*model, p.alone, Options("full", 512)),
+               std::string("lora ") + strategy);
+}
+
 // Dynamic NTK RoPE scales from the longest document (transformers' max position_id + 1), not from the packed
 // length: documents of one length, past max_position_embeddings, packed equal each alone.
 TEST(DocumentsTest, DynamicRopeScalesFromTheLongestDocument) {
