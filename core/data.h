@@ -33,9 +33,10 @@ struct RetrievalTask {
 
 // Headerless little-endian uint16 or uint32 token ids (a regular file, refused before reading when the host lacks
 // the memory to hold it), cut into windows of seq_len + 1 tokens (inputs and
-// next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence.
+// next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence. doc_sep_token >= 0
+// (--doc_sep_token, e.g. the EOS id): a document ends after each such token (Sequence::doc_starts); -1: one stream.
 absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int bytes_per_token, int64_t seq_len,
-                                                   int64_t vocab);
+                                                   int64_t vocab, int64_t doc_sep_token = -1);
 
 // JSONL lines longer than this are refused (the --max_line_bytes default): a line's JSON takes ~15x its bytes.
 constexpr int64_t kDefaultMaxLineBytes = int64_t{64} << 20;
