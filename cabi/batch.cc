@@ -58,7 +58,8 @@ sg_status* ApplyDocuments(const char* fn, const sg_batch& b, int64_t s, int64_t*
   if (sum != b.lengths[s])
     return Invalid(absl::StrCat(fn, ": doc_lengths[", s, "] sums to ", sum, " but lengths[", s, "] is ", b.lengths[s]));
   *first += count;
-  const absl::Status st = SetDocuments(*q, std::vector<int64_t>(lengths, lengths + count), absl::StrCat("sequence ", s));
+  const absl::Status st =
+      SetDocuments(*q, std::vector<int64_t>(lengths, lengths + count), absl::StrCat("sequence ", s));
   return st.ok() ? nullptr : FromAbslIn(fn, st);
 }
 

@@ -134,7 +134,8 @@ PY
 rc=0
 "$train" --model=tiny --steps=1 --seq_len=8 --data="$tmp/docs.bin" --doc_sep_token=100000 >/dev/null 2>"$tmp/err" ||
   rc=$?
-[ "$rc" = 1 ] && grep -qF -- "--doc_sep_token=100000 is outside the vocabulary" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+[ "$rc" = 1 ] && grep -qF -- "--doc_sep_token=100000 is outside the vocabulary" "$tmp/err" ||
+  { cat "$tmp/err"; exit 1; }
 
 # A resume with another thread count continues, warned that it is no longer bit-identical.
 "$train" --model=tiny --steps=2 --seq_len=16 --data="$tmp/sft.jsonl" --threads=1 --out_dir="$tmp/run" \

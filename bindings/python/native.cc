@@ -684,23 +684,18 @@ PYBIND11_MODULE(_native, mod) {
            py::arg("model"), py::arg("options"))
       // num_documents: None or int64 per sequence; doc_lengths: int64, their lengths sequence after sequence.
       .def("step", [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
-                      py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kStep); },
-           py::arg("ids"), py::arg("labels"), py::arg("lengths"), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
+                      py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kStep); })
       .def("compute_gradients",
            [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
-              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kGradients); },
-           py::arg("ids"), py::arg("labels"), py::arg("lengths"), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
+              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kGradients); })
       .def("evaluate", [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
-                          py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kEvaluate); },
-           py::arg("ids"), py::arg("labels"), py::arg("lengths"), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
+                          py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kEvaluate); })
       .def("accumulate_gradients",
            [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
-              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kAccumulate); },
-           py::arg("ids"), py::arg("labels"), py::arg("lengths"), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
-      .def("score", &Score, py::arg("ids"), py::arg("labels"), py::arg("lengths"), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
-      // distances: None or int64 aligned with ids (used where the label is valid).
-      .def("evaluate_detailed", &EvaluateDetailed, py::arg("ids"), py::arg("labels"), py::arg("lengths"),
-           py::arg("distances") = py::none(), py::arg("num_documents") = py::none(), py::arg("doc_lengths") = py::none())
+              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kAccumulate); })
+      .def("score", &Score)
+      // distances: None or int64 aligned with ids (used where the label is valid); then the documents as above.
+      .def("evaluate_detailed", &EvaluateDetailed)
       .def("save_checkpoint",
            [](NativeTrainer& s, const std::string& out_dir, int64_t data_position, int64_t keep) {
              CheckpointCall(s, [&](sg_trainer* t, int64_t*, int64_t*) {

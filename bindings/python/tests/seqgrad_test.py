@@ -1183,7 +1183,7 @@ def test_wrong_arrays_raise_typed_errors(model):
                             ((ids, None, lengths.astype(np.int32)), "lengths .* of int64, got dtype int32"),
                             ((ids, None, lengths.astype(">i8")), "lengths .* of int64, got dtype >i8")]:
             with pytest.raises(seqgrad.InvalidArgumentError, match=match):
-                native.evaluate(*args)
+                native.evaluate(*args, None, None)
         assert tr.step_count == 0
     with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as tr:
         groups = _groups()
@@ -1221,7 +1221,8 @@ def test_wrong_arrays_raise_typed_errors(model):
                           np.array([1]), np.array([1.0]), 0)
     with seqgrad.Trainer(model) as tr:
         with pytest.raises(seqgrad.InvalidArgumentError, match="distances .* of int64, got dtype float64"):
-            tr._get().evaluate_detailed(np.array([1, 2], dtype=np.int32), None, np.array([2]), np.array([1.0, 1.0]))
+            tr._get().evaluate_detailed(np.array([1, 2], dtype=np.int32), None, np.array([2]), np.array([1.0, 1.0]),
+                                        None, None)
         with pytest.raises(seqgrad.InvalidArgumentError, match=r"distances\[0\] must be 2 integers"):
             tr.evaluate_detailed([[1, 2]], [[2, -100]], [[1.0, 1.0]])
 
