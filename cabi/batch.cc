@@ -38,8 +38,8 @@ sg_status* CheckBatch(const char* fn, const sg_batch* b) {
 
 namespace {
 
-// Sequence s's documents (b.num_documents, b.doc_lengths from offset *first) onto q, checked by name; *first moves
-// past them. The lengths are checked before sequences: a count is at most its sequence's length.
+// Sequence s's documents (b.num_documents[s] lengths of b.doc_lengths from offset *first) onto q, checked and named
+// as doc_lengths[s][d]; *first moves past them.
 sg_status* ApplyDocuments(const char* fn, const sg_batch& b, int64_t s, int64_t* first, Sequence* q) {
   const int64_t count = b.num_documents[s];
   if (count < 0 || count > b.lengths[s])
@@ -68,7 +68,8 @@ sg_status* ApplyDocuments(const char* fn, const sg_batch& b, int64_t s, int64_t*
 sg_status* BuildBatch(const char* fn, int64_t vocab, const sg_batch& b, std::vector<Sequence>* batch,
                       bool allow_unlabelled) {
   const int32_t *ids = b.ids, *labels = b.labels;
-  const int64_t *lengths = b.lengths, num_tokens = b.num_tokens, num_sequences = b.num_sequences;
+  const int64_t* lengths = b.lengths;
+  const int64_t num_tokens = b.num_tokens, num_sequences = b.num_sequences;
   if (!ids) return NullArg(fn, "ids");
   if (!lengths) return NullArg(fn, "lengths");
   if (num_sequences <= 0)

@@ -65,7 +65,10 @@ struct JsonlCounts {
 };
 
 // One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
-// same length as input_ids, not shifted, -100 = ignored). Records longer than seq_len + 1 tokens: see Overlong.
+// same length as input_ids, not shifted, -100 = ignored). Packed documents (Sequence::doc_starts) by the optional
+// "doc_lengths" (summing to len(input_ids)) and/or "position_ids" (Hugging Face's flattening: a document starts where
+// the position is 0, each other one is the previous + 1); both given must agree. Records longer than seq_len + 1
+// tokens: see Overlong (the pieces keep their parts of the documents).
 absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
                                                 int64_t max_line_bytes = kDefaultMaxLineBytes,
                                                 Overlong overlong = Overlong::kRefuse, JsonlCounts* counts = nullptr);
