@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cabi/internal.h"
+#include "core/data.h"
 
 namespace sg::cabi {
 
@@ -19,9 +20,56 @@ std::vector<Sequence> WithPositions(std::vector<Sequence> batch) {
   return batch;
 }
 
-sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                      const int64_t* lengths, int64_t num_sequences, std::vector<Sequence>* batch,
+sg_batch FlatBatch(const int32_t* ids, const int32_t* labels, int64_t num_tokens, const int64_t* lengths,
+                   int64_t num_sequences) {
+  sg_batch b = sg_batch_init();
+  b.ids = ids;
+  b.labels = labels;
+  b.num_tokens = num_tokens;
+  b.lengths = lengths;
+  b.num_sequences = num_sequences;
+  return b;
+}
+
+sg_status* CheckBatch(const char* fn, const sg_batch* b) {
+  if (!b) return NullArg(fn, "batch");
+  return CheckStructSize(fn, "batch", b->struct_size, sizeof(sg_batch));
+}
+
+namespace {
+
+// Sequence s's documents (b.num_documents[s] lengths of b.doc_lengths from offset *first) onto q, checked and named
+// as doc_lengths[s][d]; *first moves past them.
+sg_status* ApplyDocuments(const char* fn, const sg_batch& b, int64_t s, int64_t* first, Sequence* q) {
+  const int64_t count = b.num_documents[s];
+  if (count < 0 || count > b.lengths[s])
+    return Invalid(absl::StrCat(fn, ": num_documents[", s, "] = ", count, "; need 0 to lengths[", s, "] = ",
+                                b.lengths[s], " documents"));
+  if (count == 0) return nullptr;
+  if (!b.doc_lengths) return NullArg(fn, "doc_lengths");
+  const int64_t* lengths = b.doc_lengths + *first;
+  int64_t sum = 0;
+  for (int64_t d = 0; d < count; ++d) {
+    if (lengths[d] < 1 || lengths[d] > b.lengths[s] - sum)
+      return Invalid(absl::StrCat(fn, ": doc_lengths[", s, "][", d, "] = ", lengths[d], "; sequence ", s,
+                                  "'s documents need >= 1 token each and sum to lengths[", s, "] = ", b.lengths[s]));
+    sum += lengths[d];
+  }
+  if (sum != b.lengths[s])
+    return Invalid(absl::StrCat(fn, ": doc_lengths[", s, "] sums to ", sum, " but lengths[", s, "] is ", b.lengths[s]));
+  *first += count;
+  const absl::Status st =
+      SetDocuments(*q, std::vector<int64_t>(lengths, lengths + count), absl::StrCat("sequence ", s));
+  return st.ok() ? nullptr : FromAbslIn(fn, st);
+}
+
+}  // namespace
+
+sg_status* BuildBatch(const char* fn, int64_t vocab, const sg_batch& b, std::vector<Sequence>* batch,
                       bool allow_unlabelled) {
+  const int32_t *ids = b.ids, *labels = b.labels;
+  const int64_t* lengths = b.lengths;
+  const int64_t num_tokens = b.num_tokens, num_sequences = b.num_sequences;
   if (!ids) return NullArg(fn, "ids");
   if (!lengths) return NullArg(fn, "lengths");
   if (num_sequences <= 0)
@@ -46,12 +94,14 @@ sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const i
       return Invalid(absl::StrCat(fn, ": labels[", i, "] = ", labels[i], " is neither -100 nor in [0, ", vocab, ")"));
   }
   batch->resize(num_sequences);
-  int64_t off = 0;
+  int64_t off = 0, first_document = 0;
   bool any_label = false;
   for (int64_t s = 0; s < num_sequences; ++s) {
     Sequence& q = (*batch)[s];
     const int64_t n = lengths[s];
     q = EngineSequence(ids + off, labels ? labels + off : nullptr, n);
+    if (b.num_documents)
+      if (sg_status* st = ApplyDocuments(fn, b, s, &first_document, &q)) return st;
     for (int32_t l : q.labels) any_label |= l >= 0;
     off += n;
   }
@@ -91,3 +141,9 @@ sg_status* BuildSequence(const char* fn, int64_t vocab, const SequenceArgs& a, i
 }
 
 }  // namespace sg::cabi
+
+extern "C" sg_batch sg_batch_init(void) {
+  sg_batch b{};
+  b.struct_size = sizeof(sg_batch);
+  return b;
+}

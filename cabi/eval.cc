@@ -12,9 +12,8 @@ namespace sg::cabi {
 namespace {
 
 // The batch and its distances, aligned with the C API's labels: the engine's position i predicts label i + 1.
-sg_status* BuildEvalSet(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                        const int64_t* lengths, int64_t num_sequences, const int64_t* distances, EvalSet* set) {
-  if (sg_status* s = BuildBatch(fn, vocab, ids, labels, num_tokens, lengths, num_sequences, &set->sequences)) return s;
+sg_status* BuildEvalSet(const char* fn, int64_t vocab, const sg_batch& b, const int64_t* distances, EvalSet* set) {
+  if (sg_status* s = BuildBatch(fn, vocab, b, &set->sequences)) return s;
   if (distances) {
     int64_t off = 0;
     for (Sequence& q : set->sequences) {
@@ -52,32 +51,17 @@ void FillEvalResult(const EvalResult& r, int64_t peak_bytes, double seconds, sg_
   }
 }
 
-}  // namespace
-}  // namespace sg::cabi
-
-using namespace sg::cabi;  // NOLINT: the entry points call its helpers
-
-extern "C" {
-
-sg_eval_result sg_eval_result_init(void) {
-  sg_eval_result r{};
-  r.struct_size = sizeof(sg_eval_result);
-  return r;
-}
-
-sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
-                                        int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
-                                        const int64_t* distances, sg_eval_result* out) {
-  static const char fn[] = "sg_trainer_evaluate_detailed";
+// sg_trainer_evaluate_detailed(_batch)'s body.
+sg_status* EvaluateDetailed(const char* fn, sg_trainer* trainer, const sg_batch* b, const int64_t* distances,
+                            sg_eval_result* out) {
   return Guard(fn, [&] {
     return Agreed(fn, trainer, [&]() -> sg_status* {
       if (!trainer) return NullArg(fn, "trainer");
       if (!out) return NullArg(fn, "out");
       if (sg_status* s = CheckStructSize(fn, "out", out->struct_size, sizeof(sg_eval_result))) return s;
+      if (sg_status* s = CheckBatch(fn, b)) return s;
       sg::EvalSet set;
-      if (sg_status* s = BuildEvalSet(fn, trainer->core->model->vocab_size(), ids, labels, num_tokens, lengths,
-                                      num_sequences, distances, &set))
-        return s;
+      if (sg_status* s = BuildEvalSet(fn, trainer->core->model->vocab_size(), *b, distances, &set)) return s;
       BusyGuard guard(*trainer->core);
       if (!guard.acquired()) return Busy(fn);
       if (trainer->cancel.exchange(false)) return Cancelled(fn);
@@ -97,6 +81,31 @@ sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids,
       return nullptr;
     });
   });
+}
+
+}  // namespace
+}  // namespace sg::cabi
+
+using namespace sg::cabi;  // NOLINT: the entry points call its helpers
+
+extern "C" {
+
+sg_eval_result sg_eval_result_init(void) {
+  sg_eval_result r{};
+  r.struct_size = sizeof(sg_eval_result);
+  return r;
+}
+
+sg_status* sg_trainer_evaluate_detailed(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                        int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
+                                        const int64_t* distances, sg_eval_result* out) {
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return EvaluateDetailed("sg_trainer_evaluate_detailed", trainer, &b, distances, out);
+}
+
+sg_status* sg_trainer_evaluate_detailed_batch(sg_trainer* trainer, const sg_batch* batch, const int64_t* distances,
+                                              sg_eval_result* out) {
+  return EvaluateDetailed("sg_trainer_evaluate_detailed_batch", trainer, batch, distances, out);
 }
 
 }  // extern "C"

@@ -184,10 +184,16 @@ Sequence EngineSequence(const int32_t* ids, const int32_t* hf, int64_t n);
 // The sequences with positions: the engine refuses empty ones (C API sequences of one token).
 std::vector<Sequence> WithPositions(std::vector<Sequence> batch);
 
-// Builds the batch from the flat arrays (one engine sequence per C sequence, empty for one token), checking each
-// argument; a batch without any label is refused unless allow_unlabelled.
-sg_status* BuildBatch(const char* fn, int64_t vocab, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                      const int64_t* lengths, int64_t num_sequences, std::vector<Sequence>* batch,
+// The flat arrays of the calls without documents as an sg_batch.
+sg_batch FlatBatch(const int32_t* ids, const int32_t* labels, int64_t num_tokens, const int64_t* lengths,
+                   int64_t num_sequences);
+
+// A *_batch call's batch: not NULL, of a known size.
+sg_status* CheckBatch(const char* fn, const sg_batch* b);
+
+// Builds the batch from its arrays (one engine sequence per C sequence, empty for one token, with its documents),
+// checking each argument; a batch without any label is refused unless allow_unlabelled.
+sg_status* BuildBatch(const char* fn, int64_t vocab, const sg_batch& b, std::vector<Sequence>* batch,
                       bool allow_unlabelled = false);
 
 // Sequence i of pointer arrays (ids[i], labels[i] of lengths[i] tokens), checked; the names are the C arguments'.

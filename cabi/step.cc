@@ -47,8 +47,7 @@ absl::StatusOr<StepMetrics> Score(Trainer& trainer, const std::vector<Sequence>&
 }
 
 // Shared body of compute_gradients / step / evaluate / accumulate_gradients / score (which writes `logprobs`).
-sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
-                     const int64_t* lengths, int64_t num_sequences, sg_metrics* out, Call call,
+sg_status* RunStepOn(const char* fn, sg_trainer* t, const sg_batch& b, sg_metrics* out, Call call,
                      double* logprobs = nullptr) {
   if (!t) return NullArg(fn, "trainer");
   if (sg_status* s = CheckMetrics(fn, out)) return s;
@@ -59,8 +58,7 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const in
                           t->objective.name == "dpo" ? "sg_trainer_step_dpo / compute_gradients_dpo"
                                                      : "sg_trainer_step_grpo / compute_gradients_grpo");
   std::vector<Sequence> batch;
-  if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), ids, labels, num_tokens, lengths, num_sequences,
-                                &batch, call == Call::kScore))
+  if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), b, &batch, call == Call::kScore))
     return s;
   Trainer& trainer = *t->trainer;
   return Run(fn, t, forward_only ? Call::kEvaluate : call, false, out, nullptr, [&]() -> absl::StatusOr<StepMetrics> {
@@ -72,10 +70,15 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const int32_t* ids, const in
   });
 }
 
-// RunStepOn, agreeing across tensor-parallel ranks.
-template <typename... A>
-sg_status* RunStep(const char* fn, sg_trainer* t, A... a) {
-  return Agreed(fn, t, [&] { return RunStepOn(fn, t, a...); });
+// Every call on a batch: the batch checked, then RunStepOn, agreeing across tensor-parallel ranks.
+sg_status* RunBatch(const char* fn, sg_trainer* t, const sg_batch* b, sg_metrics* out, Call call,
+                    double* logprobs = nullptr) {
+  return Guard(fn, [&] {
+    return Agreed(fn, t, [&] {
+      if (sg_status* s = CheckBatch(fn, b)) return s;
+      return RunStepOn(fn, t, *b, out, call, logprobs);
+    });
+  });
 }
 
 }  // namespace
@@ -144,24 +147,23 @@ sg_status* sg_trainer_compute_gradients(sg_trainer* trainer, const int32_t* ids,
                                         int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                         sg_metrics* out) {
   static const char fn[] = "sg_trainer_compute_gradients";
-  return Guard(
-      fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kGradients); });
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return RunBatch(fn, trainer, &b, out, Call::kGradients);
 }
 
 sg_status* sg_trainer_step(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                            const int64_t* lengths, int64_t num_sequences, sg_metrics* out) {
   static const char fn[] = "sg_trainer_step";
-  return Guard(fn,
-               [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kStep); });
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return RunBatch(fn, trainer, &b, out, Call::kStep);
 }
 
 sg_status* sg_trainer_accumulate_gradients(sg_trainer* trainer, const int32_t* ids, const int32_t* labels,
                                            int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                            sg_metrics* out) {
   static const char fn[] = "sg_trainer_accumulate_gradients";
-  return Guard(fn, [&] {
-    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kAccumulate);
-  });
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return RunBatch(fn, trainer, &b, out, Call::kAccumulate);
 }
 
 sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
@@ -195,16 +197,35 @@ sg_status* sg_trainer_optimizer_step(sg_trainer* trainer, sg_metrics* out) {
 sg_status* sg_trainer_evaluate(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                                const int64_t* lengths, int64_t num_sequences, sg_metrics* out) {
   static const char fn[] = "sg_trainer_evaluate";
-  return Guard(
-      fn, [&] { return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kEvaluate); });
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return RunBatch(fn, trainer, &b, out, Call::kEvaluate);
 }
 
 sg_status* sg_trainer_score(sg_trainer* trainer, const int32_t* ids, const int32_t* labels, int64_t num_tokens,
                             const int64_t* lengths, int64_t num_sequences, double* logprobs, sg_metrics* out) {
   static const char fn[] = "sg_trainer_score";
-  return Guard(fn, [&] {
-    return RunStep(fn, trainer, ids, labels, num_tokens, lengths, num_sequences, out, Call::kScore, logprobs);
-  });
+  const sg_batch b = FlatBatch(ids, labels, num_tokens, lengths, num_sequences);
+  return RunBatch(fn, trainer, &b, out, Call::kScore, logprobs);
+}
+
+sg_status* sg_trainer_compute_gradients_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out) {
+  return RunBatch("sg_trainer_compute_gradients_batch", trainer, batch, out, Call::kGradients);
+}
+
+sg_status* sg_trainer_step_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out) {
+  return RunBatch("sg_trainer_step_batch", trainer, batch, out, Call::kStep);
+}
+
+sg_status* sg_trainer_accumulate_gradients_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out) {
+  return RunBatch("sg_trainer_accumulate_gradients_batch", trainer, batch, out, Call::kAccumulate);
+}
+
+sg_status* sg_trainer_evaluate_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out) {
+  return RunBatch("sg_trainer_evaluate_batch", trainer, batch, out, Call::kEvaluate);
+}
+
+sg_status* sg_trainer_score_batch(sg_trainer* trainer, const sg_batch* batch, double* logprobs, sg_metrics* out) {
+  return RunBatch("sg_trainer_score_batch", trainer, batch, out, Call::kScore, logprobs);
 }
 
 }  // extern "C"

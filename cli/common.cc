@@ -44,6 +44,9 @@ ABSL_FLAG(std::string, overlong, "refuse",
           "a .jsonl record (of --data / --eval_data) longer than --seq_len + 1 tokens: refuse (an error naming its "
           "line and length), truncate (keep its first --seq_len + 1 tokens) or split (into sequences of --seq_len "
           "that together train every label); the counts are printed at the start");
+ABSL_FLAG(int64_t, doc_sep_token, -1,
+          "a .bin token file (of --data / --eval_data) holds documents, each ending with this token (e.g. the EOS id): "
+          "positions attend within their document and no label crosses into the next; -1 = one token stream");
 ABSL_FLAG(std::string, dtype, "f32",
           "f32, f64, or bf16 (CPU, Llama/Qwen2: weight matrices, KV pages and logits stored in bf16, read tile by "
           "tile into f32 compute; fp32 gradients, masters and AdamW moments)");

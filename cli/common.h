@@ -18,6 +18,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(int64_t, max_line_bytes);
 ABSL_DECLARE_FLAG(std::string, overlong);
+ABSL_DECLARE_FLAG(int64_t, doc_sep_token);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, matmul);
 ABSL_DECLARE_FLAG(int64_t, lora_rank);

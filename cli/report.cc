@@ -338,7 +338,7 @@ absl::Status TrainMonitor::SetUpEval(const std::string& objective, const Retriev
     } else {
       if (data_dtype != "uint16" && data_dtype != "uint32")
         return absl::InvalidArgumentError("--data_dtype must be uint16 or uint32");
-      loaded = LoadTokenBin(path, data_dtype == "uint16" ? 2 : 4, seq_len, vocab);
+      loaded = LoadTokenBin(path, data_dtype == "uint16" ? 2 : 4, seq_len, vocab, absl::GetFlag(FLAGS_doc_sep_token));
     }
     if (!loaded.ok()) return absl::Status(loaded.status().code(), absl::StrCat("--eval_data: ", loaded.status().message()));
     set.sequences = std::move(*loaded);

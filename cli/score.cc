@@ -153,7 +153,7 @@ int Main() {
       if (seq_len == 0)
         tools::ExitIfError(absl::InvalidArgumentError("a .bin token file needs --seq_len (its window length - 1)"),
                            "--seq_len");
-      seqs = LoadTokenBin(data, t == "uint16" ? 2 : 4, seq_len, vocab);
+      seqs = LoadTokenBin(data, t == "uint16" ? 2 : 4, seq_len, vocab, absl::GetFlag(FLAGS_doc_sep_token));
     }
     tools::ExitIfError(seqs.status(), "--data");
     for (const Sequence& s : *seqs) {

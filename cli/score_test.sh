@@ -99,6 +99,44 @@ assert abs(a[0]) > 1e-4, a  # the KL term to a reference that differs from the p
 assert all(abs(x - y) <= 1e-12 * max(1, abs(y)) for x, y in zip(a, b)), (a, b)
 PY
 
+# --doc_sep_token: a .bin of documents, each ending with the separator 2, scores as its documents alone (whole, and
+# in chunks that cut documents); training on it runs.
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, struct, sys
+tmp = sys.argv[1]
+docs = [[10, 11, 12, 13, 14, 2], [20, 21, 22, 2], [30, 31, 32, 33, 34, 35, 36]]
+tokens = sum(docs, [])
+open(f"{tmp}/docs.bin", "wb").write(struct.pack("<%dH" % len(tokens), *tokens))
+with open(f"{tmp}/docs_alone.jsonl", "w") as f:
+    f.writelines(json.dumps({"input_ids": d}) + "\n" for d in docs)
+PY
+"$score" --model=tiny --dtype=f64 --data="$tmp/docs_alone.jsonl" --out="$tmp/alone.jsonl" 2>/dev/null
+"$score" --model=tiny --dtype=f64 --data="$tmp/docs.bin" --seq_len=64 --doc_sep_token=2 --out="$tmp/sep.jsonl" \
+  2>/dev/null
+"$score" --model=tiny --dtype=f64 --data="$tmp/docs.bin" --seq_len=64 --doc_sep_token=2 --strategy=seco --chunk=3 \
+  --page_size=2 --out="$tmp/sep_chunked.jsonl" 2>/dev/null
+"$score" --model=tiny --dtype=f64 --data="$tmp/docs.bin" --seq_len=64 --out="$tmp/stream.jsonl" 2>/dev/null
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+load = lambda p: [json.loads(l) for l in open(p)]
+alone = sum((r["logprobs"] for r in load(f"{tmp}/alone.jsonl")), [])
+for name in ("sep", "sep_chunked"):
+    (packed,) = load(f"{tmp}/{name}.jsonl")
+    got = packed["logprobs"]
+    assert len(got) == len(alone) and [x is None for x in got] == [x is None for x in alone], (name, got, alone)
+    assert all(x is None or abs(x - y) <= 1e-12 * abs(y) for x, y in zip(got, alone)), (name, got, alone)
+(stream,) = load(f"{tmp}/stream.jsonl")  # without the flag: one stream, attending across documents
+assert stream["tokens"] == len(alone) - 1 and abs(stream["logprobs"][8] - alone[8]) > 1e-6, stream
+PY
+"$train" --model=tiny --steps=1 --seq_len=8 --data="$tmp/docs.bin" --doc_sep_token=2 >/dev/null 2>"$tmp/err" ||
+  { cat "$tmp/err"; exit 1; }
+rc=0
+"$train" --model=tiny --steps=1 --seq_len=8 --data="$tmp/docs.bin" --doc_sep_token=100000 >/dev/null 2>"$tmp/err" ||
+  rc=$?
+[ "$rc" = 1 ] && grep -qF -- "--doc_sep_token=100000 is outside the vocabulary" "$tmp/err" ||
+  { cat "$tmp/err"; exit 1; }
+
 # A resume with another thread count continues, warned that it is no longer bit-identical.
 "$train" --model=tiny --steps=2 --seq_len=16 --data="$tmp/sft.jsonl" --threads=1 --out_dir="$tmp/run" \
   --stop_at_step=1 >/dev/null 2>&1

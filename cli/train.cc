@@ -430,7 +430,7 @@ void LoadTrainData(TrainRun& run) {
       const std::string t = absl::GetFlag(FLAGS_data_dtype);
       if (t != "uint16" && t != "uint32")
         tools::ExitIfError(absl::InvalidArgumentError("--data_dtype must be uint16 or uint32"), "flags");
-      loaded = LoadTokenBin(path, t == "uint16" ? 2 : 4, run.seq_len, vocab);
+      loaded = LoadTokenBin(path, t == "uint16" ? 2 : 4, run.seq_len, vocab, absl::GetFlag(FLAGS_doc_sep_token));
     }
     tools::ExitIfError(loaded.status(), "--data");
     run.train_data.sequences = std::move(*loaded);
@@ -519,6 +519,9 @@ void BuildRunConfig(TrainRun& run) {
   if (run.sft) config["seq_len"] = absl::StrCat(run.seq_len);
   if (run.sft && !run.data.empty() && !absl::EndsWith(run.data, ".jsonl"))
     config["data_dtype"] = absl::GetFlag(FLAGS_data_dtype);
+  // Separators change the sequences a step trains (none: no field, older checkpoints resume).
+  if (run.sft && !run.data.empty() && !absl::EndsWith(run.data, ".jsonl") && absl::GetFlag(FLAGS_doc_sep_token) >= 0)
+    config["doc_sep_token"] = absl::StrCat(absl::GetFlag(FLAGS_doc_sep_token));
   // Splitting changes the records a data position counts (truncation keeps them: no field, older checkpoints resume).
   if (run.sft && absl::EndsWith(run.data, ".jsonl") && run.overlong == Overlong::kSplit) config["overlong"] = "split";
   config["batch"] = absl::StrCat(run.batch);

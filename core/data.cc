@@ -13,6 +13,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/errno_status.h"
 #include "base/memory.h"
 #include "core/io/file.h"
@@ -132,12 +133,30 @@ Sequence Shifted(const std::vector<int32_t>& tok, const std::vector<int32_t>& la
   s.labels.assign(labels.begin() + 1, labels.end());
   return s;
 }
+
+// The tokens [b, e) of a record whose documents start at `starts` (ascending, from 0) as a sequence of documents:
+// the lengths of the documents cut to [b, e), given to SetDocuments.
+absl::Status SetPieceDocuments(Sequence& s, const std::vector<int64_t>& starts, int64_t b, int64_t e,
+                               const std::string& source) {
+  if (starts.size() < 2) return absl::OkStatus();
+  std::vector<int64_t> lengths;
+  int64_t from = b;
+  for (auto it = std::upper_bound(starts.begin(), starts.end(), b); it != starts.end() && *it < e; ++it) {
+    lengths.push_back(*it - from);
+    from = *it;
+  }
+  lengths.push_back(e - from);
+  return SetDocuments(s, lengths, source);
+}
 }  // namespace
 
 absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int bytes_per_token, int64_t seq_len,
-                                                   int64_t vocab) {
+                                                   int64_t vocab, int64_t doc_sep_token) {
   if (bytes_per_token != 2 && bytes_per_token != 4)
     return absl::InvalidArgumentError("--data_dtype must be uint16 or uint32");
+  if (doc_sep_token < -1 || doc_sep_token >= vocab)
+    return absl::InvalidArgumentError(absl::StrCat("--doc_sep_token=", doc_sep_token,
+                                                   " is outside the vocabulary [0, ", vocab, ") and not -1 (none)"));
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
   struct stat info;
   absl::StatusOr<io::ReadFd> fd = io::OpenRegularFile(path, &info);
@@ -172,10 +191,16 @@ absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int 
       tok[i] = static_cast<int32_t>(v);
     }
   }
+  std::vector<int64_t> starts = {0};  // a document ends after each separator
+  if (doc_sep_token >= 0)
+    for (int64_t i = 0; i + 1 < count; ++i)
+      if (tok[i] == doc_sep_token) starts.push_back(i + 1);
   std::vector<Sequence> out;
   for (int64_t b = 0; b + 1 < count; b += seq_len) {
-    std::vector<int32_t> window(tok.begin() + b, tok.begin() + std::min(count, b + seq_len + 1));
+    const int64_t e = std::min(count, b + seq_len + 1);
+    std::vector<int32_t> window(tok.begin() + b, tok.begin() + e);
     out.push_back(Shifted(window, window));
+    if (absl::Status s = SetPieceDocuments(out.back(), starts, b, e, path); !s.ok()) return s;
   }
   return out;
 }
@@ -374,6 +399,52 @@ Sequence PromptResponse(const std::vector<int32_t>& prompt, const std::vector<in
   return Shifted(full, labels);
 }
 
+// Where a record's documents start (ascending, from 0), from its optional "position_ids" (Hugging Face's
+// flattening convention: a document starts where the position is 0) and "doc_lengths" (summing to the record's
+// n tokens); both given must agree. Neither: {0}, one document.
+absl::StatusOr<std::vector<int64_t>> ReadDocumentStarts(const JsonLine& line, int64_t n) {
+  std::vector<int64_t> from_positions, from_lengths;
+  absl::StatusOr<const nlohmann::json*> positions = line.Field("position_ids", /*required=*/false);
+  if (!positions.ok()) return positions.status();
+  if (*positions) {
+    const nlohmann::json& v = **positions;
+    if (absl::Status s = line.Array(v, "position_ids", n, absl::StrCat(n, " input ids")); !s.ok()) return s;
+    for (int64_t i = 0; i < n; ++i) {
+      const nlohmann::json& e = v[i];
+      const int64_t want = i == 0 ? 0 : v[i - 1].get<int64_t>() + 1;
+      if (!e.is_number_integer() || (e.get<int64_t>() != 0 && (i == 0 || e.get<int64_t>() != want)))
+        return line.Error(absl::StrCat("position_ids[", i, "]"),
+                          absl::StrCat("is ", e.dump(), "; positions start at 0 and each is the previous + 1 (",
+                                       want, ") or 0 (a new document)"));
+      if (e.get<int64_t>() == 0) from_positions.push_back(i);
+    }
+  }
+  absl::StatusOr<const nlohmann::json*> lengths = line.Field("doc_lengths", /*required=*/false);
+  if (!lengths.ok()) return lengths.status();
+  if (*lengths) {
+    const nlohmann::json& v = **lengths;
+    if (absl::Status s = line.Array(v, "doc_lengths"); !s.ok()) return s;
+    int64_t start = 0;
+    for (size_t d = 0; d < v.size(); ++d) {
+      const nlohmann::json& e = v[d];
+      if (!e.is_number_integer() || e.get<int64_t>() < 1 || e.get<int64_t>() > n - start)
+        return line.Error(absl::StrCat("doc_lengths[", d, "]"),
+                          absl::StrCat("is ", e.dump(), "; document lengths are >= 1 and sum to the ", n,
+                                       " input ids (", n - start, " left)"));
+      from_lengths.push_back(start);
+      start += e.get<int64_t>();
+    }
+    if (start != n)
+      return line.Error("doc_lengths", absl::StrCat("sums to ", start, ", not the ", n, " input ids"));
+  }
+  if (*positions && *lengths && from_positions != from_lengths)
+    return line.Error("doc_lengths", absl::StrCat("starts documents at ", absl::StrJoin(from_lengths, ","),
+                                                  " and 'position_ids' at ", absl::StrJoin(from_positions, ",")));
+  if (*lengths) return from_lengths;
+  if (*positions) return from_positions;
+  return std::vector<int64_t>{0};
+}
+
 // Reads a required token-id field.
 absl::Status ReadIds(const JsonLine& line, const char* field, int64_t vocab, const char* role,
                      std::vector<int32_t>* out) {
@@ -422,6 +493,8 @@ absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t
     if (ids.size() < 2) return line.Error("input_ids", "has fewer than 2 input ids");
     ++c.records;
     const int64_t n = static_cast<int64_t>(ids.size());
+    absl::StatusOr<std::vector<int64_t>> starts = ReadDocumentStarts(line, n);
+    if (!starts.ok()) return starts.status();
     if (n > window && overlong == Overlong::kRefuse) {
       if (too_long++ == 0)
         first_too_long = absl::StrCat(line.where(), ": field 'input_ids' has ", n, " tokens (", n - 1,
@@ -437,6 +510,7 @@ absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t
       const int64_t e = std::min(n, b + window);
       Sequence s = Shifted(std::vector<int32_t>(ids.begin() + b, ids.begin() + e),
                            std::vector<int32_t>(labels.begin() + b, labels.begin() + e));
+      if (absl::Status d = SetPieceDocuments(s, *starts, b, e, line.where()); !d.ok()) return d;
       if (absl::Status v = ValidateSequence(s, vocab, line.where()); !v.ok()) return v;
       const bool learns = std::any_of(s.labels.begin(), s.labels.end(), [](int32_t l) { return l >= 0; });
       if (cut && !learns) ++c.dropped;

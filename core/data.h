@@ -33,9 +33,10 @@ struct RetrievalTask {
 
 // Headerless little-endian uint16 or uint32 token ids (a regular file, refused before reading when the host lacks
 // the memory to hold it), cut into windows of seq_len + 1 tokens (inputs and
-// next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence.
+// next-token labels). A final shorter window (>= 2 tokens) is kept as a ragged sequence. doc_sep_token >= 0
+// (--doc_sep_token, e.g. the EOS id): a document ends after each such token (Sequence::doc_starts); -1: one stream.
 absl::StatusOr<std::vector<Sequence>> LoadTokenBin(const std::string& path, int bytes_per_token, int64_t seq_len,
-                                                   int64_t vocab);
+                                                   int64_t vocab, int64_t doc_sep_token = -1);
 
 // JSONL lines longer than this are refused (the --max_line_bytes default): a line's JSON takes ~15x its bytes.
 constexpr int64_t kDefaultMaxLineBytes = int64_t{64} << 20;
@@ -64,7 +65,10 @@ struct JsonlCounts {
 };
 
 // One JSON object per line: {"input_ids": [...], "labels": [...]} (labels optional, Hugging Face convention:
-// same length as input_ids, not shifted, -100 = ignored). Records longer than seq_len + 1 tokens: see Overlong.
+// same length as input_ids, not shifted, -100 = ignored). Packed documents (Sequence::doc_starts) by the optional
+// "doc_lengths" (summing to len(input_ids)) and/or "position_ids" (Hugging Face's flattening: a document starts where
+// the position is 0, each other one is the previous + 1); both given must agree. Records longer than seq_len + 1
+// tokens: see Overlong (the pieces keep their parts of the documents).
 absl::StatusOr<std::vector<Sequence>> LoadJsonl(const std::string& path, int64_t seq_len, int64_t vocab,
                                                 int64_t max_line_bytes = kDefaultMaxLineBytes,
                                                 Overlong overlong = Overlong::kRefuse, JsonlCounts* counts = nullptr);

@@ -280,5 +280,82 @@ TEST(Jsonl, OverlongRecordsAreRefusedUnlessTruncatedOrSplit) {
   EXPECT_EQ(ParseOverlong("cut").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Documents of a record from "position_ids" (Hugging Face's flattening convention) and/or "doc_lengths": the same
+// doc_starts either way, the label crossing each start masked, and split pieces keep the documents they cut.
+TEST(Jsonl, DocumentsFromPositionIdsOrLengths) {
+  const std::string ids = "\"input_ids\": [1, 2, 3, 4, 5, 6, 7, 8]";
+  const std::string positions = "\"position_ids\": [0, 1, 2, 0, 1, 0, 1, 2]";
+  const std::string lengths = "\"doc_lengths\": [3, 2, 3]";
+  const std::string path = WriteFile("docs.jsonl", "{" + ids + ", " + positions + "}\n{" + ids + ", " + lengths +
+                                                       "}\n{" + ids + ", " + positions + ", " + lengths + "}\n");
+  absl::StatusOr<std::vector<Sequence>> seqs = LoadJsonl(path, 16, kVocab);
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  ASSERT_EQ(seqs->size(), 3);
+  for (const Sequence& s : *seqs) {
+    EXPECT_EQ(s.doc_starts, (std::vector<int64_t>{0, 3, 5}));
+    EXPECT_EQ(s.labels, V({2, 3, -100, 5, -100, 7, 8}));
+  }
+  // Windows of 4 tokens overlapping by one: [1 2 3 4] [4 5 6 7] [7 8].
+  absl::StatusOr<std::vector<Sequence>> split = LoadJsonl(WriteFile("docs1.jsonl", "{" + ids + ", " + lengths + "}\n"),
+                                                          3, kVocab, kDefaultMaxLineBytes, Overlong::kSplit);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->size(), 3);
+  EXPECT_EQ((*split)[0].doc_starts, (std::vector<int64_t>{0}));  // the second document's first token: only a label
+  EXPECT_EQ((*split)[0].labels, V({2, 3, -100}));
+  EXPECT_EQ((*split)[1].ids, V({4, 5, 6}));
+  EXPECT_EQ((*split)[1].doc_starts, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ((*split)[1].labels, V({5, -100, 7}));
+  EXPECT_TRUE((*split)[2].doc_starts.empty());  // [7 8]: inside one document
+}
+
+TEST(Jsonl, BadDocumentsNameTheLineAndField) {
+  const std::string ids = "{\"input_ids\": [1, 2, 3, 4], ";
+  const struct {
+    std::string line, error;
+  } cases[] = {
+      {ids + "\"position_ids\": [1, 2, 3, 4]}", "field 'position_ids[0]' is 1; positions start at 0"},
+      {ids + "\"position_ids\": [0, 1, 3, 4]}", "field 'position_ids[2]' is 3; positions start at 0 and each is the "
+                                                "previous + 1 (2) or 0"},
+      {ids + "\"position_ids\": [0, 1, 2]}", "field 'position_ids' has 3 entries for 4 input ids"},
+      {ids + "\"position_ids\": [0, 1, -1, 0]}", "field 'position_ids[2]' is -1"},
+      {ids + "\"doc_lengths\": [2, 0, 2]}", "field 'doc_lengths[1]' is 0; document lengths are >= 1"},
+      {ids + "\"doc_lengths\": [2, 3]}", "field 'doc_lengths[1]' is 3"},
+      {ids + "\"doc_lengths\": [2, 1]}", "field 'doc_lengths' sums to 3, not the 4 input ids"},
+      {ids + "\"doc_lengths\": 4}", "field 'doc_lengths' must be an array"},
+      {ids + "\"doc_lengths\": [2, 2], \"position_ids\": [0, 1, 2, 0]}",
+       "field 'doc_lengths' starts documents at 0,2 and 'position_ids' at 0,3"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+    const std::string path = WriteFile("bad_docs" + std::to_string(i) + ".jsonl", "{\"input_ids\": [1, 2]}\n" +
+                                                                                      cases[i].line + "\n");
+    absl::Status s = LoadJsonl(path, 16, kVocab).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cases[i].line;
+    EXPECT_NE(s.message().find(path + ":2: " + cases[i].error), absl::string_view::npos) << s;
+  }
+}
+
+// --doc_sep_token: a document ends after each separator, windows keep the documents they cut.
+TEST(TokenBin, SeparatorEndsDocuments) {
+  std::string bytes;
+  for (uint16_t t : {5, 6, 0, 7, 8, 9, 0, 4, 3}) bytes += std::string{static_cast<char>(t), '\0'};
+  const std::string path = WriteFile("sep.bin", bytes);
+  absl::StatusOr<std::vector<Sequence>> seqs = LoadTokenBin(path, 2, 8, kVocab, /*doc_sep_token=*/0);
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  ASSERT_EQ(seqs->size(), 1);
+  EXPECT_EQ((*seqs)[0].doc_starts, (std::vector<int64_t>{0, 3, 7}));
+  EXPECT_EQ((*seqs)[0].labels, V({6, 0, -100, 8, 9, 0, -100, 3}));
+  seqs = LoadTokenBin(path, 2, 4, kVocab, 0);  // windows [5 6 0 7 8] [8 9 0 4 3]
+  ASSERT_TRUE(seqs.ok()) << seqs.status();
+  ASSERT_EQ(seqs->size(), 2);
+  EXPECT_EQ((*seqs)[0].doc_starts, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ((*seqs)[1].doc_starts, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ((*seqs)[1].labels, V({9, 0, -100, 3}));
+  seqs = LoadTokenBin(path, 2, 8, kVocab);  // no separator: one stream
+  ASSERT_TRUE(seqs.ok());
+  EXPECT_TRUE((*seqs)[0].doc_starts.empty());
+  absl::Status s = LoadTokenBin(path, 2, 8, kVocab, kVocab).status();
+  EXPECT_NE(s.message().find("--doc_sep_token=97 is outside the vocabulary"), absl::string_view::npos) << s;
+}
+
 }  // namespace
 }  // namespace sg

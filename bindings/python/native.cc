@@ -287,49 +287,61 @@ void CheckSize(py::ssize_t got, py::ssize_t want, const std::string& what, const
 
 enum Mode { kGradients = 0, kStep = 1, kEvaluate = 2, kAccumulate = 3 };
 
-// A packed batch: ids, labels (NULL = next-token labels), lengths: int32/int32/int64 C-contiguous (the Python layer
-// converts).
+// A packed batch: ids, labels (None = next-token labels), lengths, and documents (None, or per sequence a count and
+// the lengths, flat): int32/int32/int64/int64/int64 C-contiguous (the Python layer converts). c points into them.
 struct Batch {
   IdArray ids, labels;
-  const int32_t* labels_ptr = nullptr;
-  LenArray lengths;
+  LenArray lengths, num_documents, doc_lengths;
+  sg_batch c = sg_batch_init();
 };
 
-Batch ReadBatch(const py::object& ids_obj, const py::object& labels_obj, const py::object& lengths_obj) {
+Batch ReadBatch(const py::object& ids_obj, const py::object& labels_obj, const py::object& lengths_obj,
+                const py::object& num_documents_obj, const py::object& doc_lengths_obj) {
   Batch b;
   b.ids = Ids(ids_obj, "ids");
   b.lengths = Int64s(lengths_obj, "lengths");
+  b.c.ids = b.ids.data();
+  b.c.num_tokens = b.ids.size();
+  b.c.lengths = b.lengths.data();
+  b.c.num_sequences = b.lengths.size();
   if (!labels_obj.is_none()) {
     b.labels = Ids(labels_obj, "labels");
     if (b.labels.size() != b.ids.size())
       RaiseCode(SG_ERR_INVALID_ARGUMENT, "labels has " + std::to_string(b.labels.size()) + " tokens but ids has " +
                                              std::to_string(b.ids.size()));
-    b.labels_ptr = b.labels.data();
+    b.c.labels = b.labels.data();
+  }
+  if (!num_documents_obj.is_none()) {
+    b.num_documents = Int64s(num_documents_obj, "num_documents");
+    CheckSize(b.num_documents.size(), b.lengths.size(), "num_documents", "lengths (sequences)");
+    b.doc_lengths = Int64s(doc_lengths_obj, "doc_lengths");
+    b.c.num_documents = b.num_documents.data();
+    b.c.doc_lengths = b.doc_lengths.size() ? b.doc_lengths.data() : nullptr;
   }
   return b;
 }
 
-py::dict RunStep(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj, Mode mode) {
+py::dict RunStep(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj,
+                 py::object num_documents, py::object doc_lengths, Mode mode) {
   sg_trainer* t = self.get();
-  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj);
+  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj, num_documents, doc_lengths);
   return CallTrainer(self, [&](sg_metrics* m) {
-    auto fn = mode == kStep         ? sg_trainer_step
-              : mode == kEvaluate   ? sg_trainer_evaluate
-              : mode == kAccumulate ? sg_trainer_accumulate_gradients
-                                    : sg_trainer_compute_gradients;
-    return fn(t, b.ids.data(), b.labels_ptr, b.ids.size(), b.lengths.data(), b.lengths.size(), m);
+    auto fn = mode == kStep         ? sg_trainer_step_batch
+              : mode == kEvaluate   ? sg_trainer_evaluate_batch
+              : mode == kAccumulate ? sg_trainer_accumulate_gradients_batch
+                                    : sg_trainer_compute_gradients_batch;
+    return fn(t, &b.c, m);
   });
 }
 
 // (log-probs aligned with ids, metrics) of sg_trainer_score.
-py::tuple Score(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj) {
+py::tuple Score(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj,
+                py::object num_documents, py::object doc_lengths) {
   sg_trainer* t = self.get();
-  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj);
+  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj, num_documents, doc_lengths);
   F64Array logprobs(b.ids.size());
   double* out = logprobs.mutable_data();
-  py::dict metrics = CallTrainer(self, [&](sg_metrics* m) {
-    return sg_trainer_score(t, b.ids.data(), b.labels_ptr, b.ids.size(), b.lengths.data(), b.lengths.size(), out, m);
-  });
+  py::dict metrics = CallTrainer(self, [&](sg_metrics* m) { return sg_trainer_score_batch(t, &b.c, out, m); });
   return py::make_tuple(logprobs, metrics);
 }
 
@@ -422,22 +434,14 @@ py::dict RunGrpo(NativeTrainer& self, const py::list& ids, const py::list& label
 
 // Held-out evaluation with the distance buckets as a list of dicts.
 py::dict EvaluateDetailed(NativeTrainer& self, py::object ids_obj, py::object labels_obj, py::object lengths_obj,
-                          py::object distances_obj) {
+                          py::object distances_obj, py::object num_documents, py::object doc_lengths) {
   sg_trainer* t = self.get();
-  IdArray ids = Ids(ids_obj, "ids");
-  LenArray lengths = Int64s(lengths_obj, "lengths");
-  IdArray labels;
+  Batch b = ReadBatch(ids_obj, labels_obj, lengths_obj, num_documents, doc_lengths);
   LenArray distances;
-  const int32_t* labels_ptr = nullptr;
   const int64_t* distances_ptr = nullptr;
-  if (!labels_obj.is_none()) {
-    labels = Ids(labels_obj, "labels");
-    CheckSize(labels.size(), ids.size(), "labels", "ids");
-    labels_ptr = labels.data();
-  }
   if (!distances_obj.is_none()) {
     distances = Int64s(distances_obj, "distances");
-    CheckSize(distances.size(), ids.size(), "distances", "ids");
+    CheckSize(distances.size(), b.ids.size(), "distances", "ids");
     distances_ptr = distances.data();
   }
   sg_eval_result r = sg_eval_result_init();
@@ -445,8 +449,7 @@ py::dict EvaluateDetailed(NativeTrainer& self, py::object ids_obj, py::object la
   self.inflight.fetch_add(1);
   {
     py::gil_scoped_release release;
-    st = sg_trainer_evaluate_detailed(t, ids.data(), labels_ptr, ids.size(), lengths.data(), lengths.size(),
-                                      distances_ptr, &r);
+    st = sg_trainer_evaluate_detailed_batch(t, &b.c, distances_ptr, &r);
   }
   self.inflight.fetch_sub(1);
   Check(st);
@@ -679,16 +682,19 @@ PYBIND11_MODULE(_native, mod) {
              return self;
            }),
            py::arg("model"), py::arg("options"))
-      .def("step", [](NativeTrainer& s, py::object ids, py::object labels,
-                      py::object lengths) { return RunStep(s, ids, labels, lengths, kStep); })
-      .def("compute_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
-                                   py::object lengths) { return RunStep(s, ids, labels, lengths, kGradients); })
-      .def("evaluate", [](NativeTrainer& s, py::object ids, py::object labels,
-                          py::object lengths) { return RunStep(s, ids, labels, lengths, kEvaluate); })
-      .def("accumulate_gradients", [](NativeTrainer& s, py::object ids, py::object labels,
-                                      py::object lengths) { return RunStep(s, ids, labels, lengths, kAccumulate); })
+      // num_documents: None or int64 per sequence; doc_lengths: int64, their lengths sequence after sequence.
+      .def("step", [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
+                      py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kStep); })
+      .def("compute_gradients",
+           [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
+              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kGradients); })
+      .def("evaluate", [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
+                          py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kEvaluate); })
+      .def("accumulate_gradients",
+           [](NativeTrainer& s, py::object ids, py::object labels, py::object lengths, py::object counts,
+              py::object docs) { return RunStep(s, ids, labels, lengths, counts, docs, kAccumulate); })
       .def("score", &Score)
-      // distances: None or int64 aligned with ids (used where the label is valid).
+      // distances: None or int64 aligned with ids (used where the label is valid); then the documents as above.
       .def("evaluate_detailed", &EvaluateDetailed)
       .def("save_checkpoint",
            [](NativeTrainer& s, const std::string& out_dir, int64_t data_position, int64_t keep) {

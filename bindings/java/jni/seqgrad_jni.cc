@@ -225,10 +225,23 @@ Copied<T> Copy(JNIEnv* env, JArray a, void (JNIEnv::*get)(JArray, jsize, jsize, 
   return c;
 }
 
-// A flat batch (ids, labels, lengths as sg_trainer_compute_gradients takes them) copied before the call.
+// A flat batch (ids, labels, lengths as sg_trainer_compute_gradients takes them, and the documents of each
+// sequence) copied before the call.
 struct FlatBatch {
   Copied<int32_t> ids, labels;
   Copied<int64_t> lengths;
+  std::vector<int64_t> num_documents, doc_lengths;  // num_documents empty: no documents
+  sg_batch C() const {
+    sg_batch b = sg_batch_init();
+    b.ids = ids.data();
+    b.labels = labels.data();
+    b.num_tokens = ids.size();
+    b.lengths = lengths.data();
+    b.num_sequences = lengths.size();
+    b.num_documents = num_documents.empty() ? nullptr : num_documents.data();
+    b.doc_lengths = doc_lengths.empty() ? nullptr : doc_lengths.data();
+    return b;
+  }
 };
 
 // False with an exception pending when a per-token array (present) does not have the ids' length.
@@ -240,12 +253,25 @@ bool AlignedWithIds(JNIEnv* env, const FlatBatch& b, bool present, int64_t size,
   return false;
 }
 
-// False with an exception pending when labels do not align with ids.
-bool ReadFlatBatch(JNIEnv* env, jintArray ids, jintArray labels, jlongArray lengths, FlatBatch* b) {
+// False with an exception pending when labels do not align with ids, or docLengths (null, or one entry per
+// sequence: null or its documents' lengths) has another number of sequences.
+bool ReadFlatBatch(JNIEnv* env, jintArray ids, jintArray labels, jlongArray lengths, jobjectArray doc_lengths,
+                   FlatBatch* b) {
   b->ids = Copy<int32_t>(env, ids, &JNIEnv::GetIntArrayRegion);
   b->labels = Copy<int32_t>(env, labels, &JNIEnv::GetIntArrayRegion);
   b->lengths = Copy<int64_t>(env, lengths, &JNIEnv::GetLongArrayRegion);
-  return AlignedWithIds(env, *b, b->labels.present, b->labels.size(), "labels");
+  if (!AlignedWithIds(env, *b, b->labels.present, b->labels.size(), "labels")) return false;
+  if (!doc_lengths) return true;
+  const Arrays<jlong> docs = ReadArrays<jlong, jlongArray>(env, doc_lengths, &JNIEnv::GetLongArrayRegion);
+  if (static_cast<int64_t>(docs.ptrs.size()) != b->lengths.size()) {
+    ThrowCode(env, SG_ERR_INVALID_ARGUMENT,
+              "docLengths has " + std::to_string(docs.ptrs.size()) + " entries but lengths has " +
+                  std::to_string(b->lengths.size()) + " (one per sequence)");
+    return false;
+  }
+  b->num_documents = docs.lengths;
+  for (const std::vector<jlong>& d : docs.data) b->doc_lengths.insert(b->doc_lengths.end(), d.begin(), d.end());
+  return true;
 }
 
 // Per-sequence arrays that the C API reads by the ids' lengths (Trainer.java checks them first): false with an
@@ -641,22 +667,23 @@ JNI_FN(jdoubleArray, trainerGrpo)(JNIEnv* env, jclass, jlong h, jint mode, jobje
 
 // mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients.
 JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintArray ids, jintArray labels,
-                                 jlongArray lengths) {
+                                 jlongArray lengths, jobjectArray doc_lengths) {
   GUARD_BEGIN
   JTrainer* jt = T(h);
   sg_trainer* t = jt ? jt->t : nullptr;
   FlatBatch b;
-  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
+  if (!ReadFlatBatch(env, ids, labels, lengths, doc_lengths, &b)) return nullptr;
   sg_metrics m = sg_metrics_init();
   sg_status* st;
   if (mode == 2) {
     st = sg_trainer_optimizer_step(t, &m);
   } else {
-    auto fn = mode == 1   ? sg_trainer_step
-              : mode == 3 ? sg_trainer_evaluate
-              : mode == 4 ? sg_trainer_accumulate_gradients
-                          : sg_trainer_compute_gradients;
-    st = fn(t, b.ids.data(), b.labels.data(), b.ids.size(), b.lengths.data(), b.lengths.size(), &m);
+    auto fn = mode == 1   ? sg_trainer_step_batch
+              : mode == 3 ? sg_trainer_evaluate_batch
+              : mode == 4 ? sg_trainer_accumulate_gradients_batch
+                          : sg_trainer_compute_gradients_batch;
+    const sg_batch c = b.C();
+    st = fn(t, &c, &m);
   }
   return Finish(env, jt, st, m);
   GUARD_END(nullptr)
@@ -664,14 +691,13 @@ JNI_FN(jdoubleArray, trainerRun)(JNIEnv* env, jclass, jlong h, jint mode, jintAr
 
 // Per-token log-probs (sg_trainer_score): one per id, NaN where there is no label.
 JNI_FN(jdoubleArray, trainerScore)(JNIEnv* env, jclass, jlong h, jintArray ids, jintArray labels,
-                                   jlongArray lengths) {
+                                   jlongArray lengths, jobjectArray doc_lengths) {
   GUARD_BEGIN
   FlatBatch b;
-  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
+  if (!ReadFlatBatch(env, ids, labels, lengths, doc_lengths, &b)) return nullptr;
   std::vector<double> logprobs(std::max<int64_t>(b.ids.size(), 1));  // non-NULL even for an empty (refused) batch
-  if (Failed(env, sg_trainer_score(T(h) ? T(h)->t : nullptr, b.ids.data(), b.labels.data(), b.ids.size(),
-                                   b.lengths.data(), b.lengths.size(), logprobs.data(), nullptr)))
-    return nullptr;
+  const sg_batch c = b.C();
+  if (Failed(env, sg_trainer_score_batch(T(h) ? T(h)->t : nullptr, &c, logprobs.data(), nullptr))) return nullptr;
   logprobs.resize(b.ids.size());
   return ToJava(env, logprobs);
   GUARD_END(nullptr)
@@ -765,15 +791,15 @@ JNI_FN(jlongArray, trainerResume)(JNIEnv* env, jclass, jlong h, jstring out_dir)
 // [sequences, tokens, loss, perplexity, correct, accuracy, peak_bytes, seconds, n, count x n, correct x n, loss x n]
 // (EvalResult.java reads this layout).
 JNI_FN(jdoubleArray, trainerEvaluateDetailed)(JNIEnv* env, jclass, jlong h, jintArray ids, jintArray labels,
-                                              jlongArray lengths, jlongArray distances) {
+                                              jlongArray lengths, jlongArray distances, jobjectArray doc_lengths) {
   GUARD_BEGIN
   FlatBatch b;
-  if (!ReadFlatBatch(env, ids, labels, lengths, &b)) return nullptr;
+  if (!ReadFlatBatch(env, ids, labels, lengths, doc_lengths, &b)) return nullptr;
   const Copied<int64_t> dist = Copy<int64_t>(env, distances, &JNIEnv::GetLongArrayRegion);
   if (!AlignedWithIds(env, b, dist.present, dist.size(), "distances")) return nullptr;
   sg_eval_result r = sg_eval_result_init();
-  if (Failed(env, sg_trainer_evaluate_detailed(T(h) ? T(h)->t : nullptr, b.ids.data(), b.labels.data(),
-                                               b.ids.size(), b.lengths.data(), b.lengths.size(), dist.data(), &r)))
+  const sg_batch c = b.C();
+  if (Failed(env, sg_trainer_evaluate_detailed_batch(T(h) ? T(h)->t : nullptr, &c, dist.data(), &r)))
     return nullptr;
   std::vector<jdouble> v = {static_cast<double>(r.sequences), static_cast<double>(r.tokens), r.loss, r.perplexity,
                             static_cast<double>(r.correct), r.accuracy, static_cast<double>(r.peak_bytes), r.seconds,

@@ -262,6 +262,25 @@ def _flatten(batch, what):
     return np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int32), lengths
 
 
+def _documents(doc_lengths, num_sequences):
+    """(num_documents, flat doc_lengths) as int64 arrays for the C ABI, or (None, None); the values are checked there,
+    by name (doc_lengths[s][d])."""
+    if doc_lengths is None:
+        return None, None
+    if isinstance(doc_lengths, (str, bytes, dict)) or not hasattr(doc_lengths, "__len__") or \
+            len(doc_lengths) != num_sequences:
+        raise InvalidArgumentError("doc_lengths must hold one entry per sequence of ids (%d): None or the lengths of "
+                                   "the documents packed into it" % num_sequences)
+    parts = []
+    for i, d in enumerate(doc_lengths):
+        a = np.zeros(0, dtype=np.int64) if d is None else np.asarray(d)
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+            raise InvalidArgumentError("doc_lengths[%d] must be None or a list of integer document lengths" % i)
+        parts.append(a.astype(np.int64))
+    counts = np.array([len(p) for p in parts], dtype=np.int64)
+    return counts, np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0), dtype=np.int64)
+
+
 def _float(value, what, none_ok):
     if value is None and none_ok:
         return float("nan")
@@ -436,7 +455,7 @@ class Trainer:
         _check_callback(fn, "fn")
         self._get().set_callback(fn)
 
-    def _batch(self, ids, labels):
+    def _batch(self, ids, labels, doc_lengths):
         flat, lengths = _flatten(ids, "ids")
         flat_labels = None
         if labels is not None:
@@ -444,37 +463,39 @@ class Trainer:
             if not np.array_equal(lengths, label_lengths):
                 raise InvalidArgumentError("labels must have the same sequence lengths as ids: %s vs %s" %
                                            (label_lengths.tolist(), lengths.tolist()))
-        return flat, flat_labels, lengths
+        return (flat, flat_labels, lengths) + _documents(doc_lengths, len(lengths))
 
-    def step(self, ids, labels=None):
+    def step(self, ids, labels=None, doc_lengths=None):
         """Gradients of the batch + an optimizer step. ids: list of token lists or a 2-D int array; labels alike,
         Hugging Face style (aligned with ids, shifted by the engine, -100 = ignored) or None for next-token labels.
-        Returns a metrics dict."""
+        doc_lengths: None, or per sequence None or the lengths of the documents packed into it (summing to its
+        length): each document trains as if alone (attention and RoPE positions restart, no label crosses into the
+        next document). Returns a metrics dict."""
         n = self._get()
-        return n.step(*self._batch(ids, labels))
+        return n.step(*self._batch(ids, labels, doc_lengths))
 
-    def compute_gradients(self, ids, labels=None):
+    def compute_gradients(self, ids, labels=None, doc_lengths=None):
         n = self._get()
-        return n.compute_gradients(*self._batch(ids, labels))
+        return n.compute_gradients(*self._batch(ids, labels, doc_lengths))
 
     def optimizer_step(self):
         """Clipping + AdamW with the gradients held now (of compute_gradients*, or the accumulate_gradients* calls
         since the last step, averaged as one batch)."""
         return self._get().optimizer_step()
 
-    def accumulate_gradients(self, ids, labels=None):
+    def accumulate_gradients(self, ids, labels=None, doc_lengths=None):
         """Adds the gradient of one micro-batch (zeroing first when none is pending); optimizer_step() then steps
         as on one batch holding every micro-batch. Returns the micro-batch's metrics (its own mean loss)."""
         n = self._get()
-        return n.accumulate_gradients(*self._batch(ids, labels))
+        return n.accumulate_gradients(*self._batch(ids, labels, doc_lengths))
 
-    def evaluate_detailed(self, ids, labels=None, distances=None):
+    def evaluate_detailed(self, ids, labels=None, distances=None, doc_lengths=None):
         """Held-out evaluation without gradients: dict(sequences, tokens, loss, perplexity, correct, accuracy,
         peak_bytes, seconds, by_distance). distances: None, or per sequence (the shape of ids) the distance >= 1 from
         the key each labelled position retrieves (anything where the label is -100); by_distance then lists the
         buckets [lo, hi) = [2^k, 2^(k+1)) up to the largest distance: dict(lo, hi, count, correct, accuracy, loss)."""
         n = self._get()
-        flat, flat_labels, lengths = self._batch(ids, labels)
+        flat, flat_labels, lengths, counts, docs = self._batch(ids, labels, doc_lengths)
         flat_distances = None
         if distances is not None:
             seqs = distances
@@ -490,7 +511,7 @@ class Trainer:
                                                (i, lengths[i], i))
                 parts.append(a.astype(np.int64))
             flat_distances = np.ascontiguousarray(np.concatenate(parts), dtype=np.int64)
-        return n.evaluate_detailed(flat, flat_labels, lengths, flat_distances)
+        return n.evaluate_detailed(flat, flat_labels, lengths, flat_distances, counts, docs)
 
     def save_checkpoint(self, out_dir, data_position=0, keep=0):
         """Writes out_dir/checkpoint-<step_count> atomically (weights and adapters, AdamW moments, step, sampling
@@ -518,20 +539,20 @@ class Trainer:
             raise
         return {"step": step, "data_position": position}
 
-    def evaluate(self, ids, labels=None):
+    def evaluate(self, ids, labels=None, doc_lengths=None):
         """The batch's mean token loss without gradients (chunked forward), as a metrics dict; the batch as in
         step(). Gradients and the optimizer are left alone."""
         n = self._get()
-        return n.evaluate(*self._batch(ids, labels))
+        return n.evaluate(*self._batch(ids, labels, doc_lengths))
 
-    def score(self, ids, labels=None):
+    def score(self, ids, labels=None, doc_lengths=None):
         """Per-token log-probabilities without gradients: a list with one float64 array per sequence, as long as its
         ids, whose entry t is log p(labels[t] | ids[:t]) (labels None: ids), NaN at position 0 and where the label is
         -100. Computed chunk by chunk (never a sequence x vocabulary array), at any length. The arrays are what
         step_grpo's old_logprobs/ref_logprobs take; their nan-sums are what step_dpo's ref_*_logp take."""
         n = self._get()
-        flat, flat_labels, lengths = self._batch(ids, labels)
-        logprobs, _ = n.score(flat, flat_labels, lengths)
+        flat, flat_labels, lengths, counts, docs = self._batch(ids, labels, doc_lengths)
+        logprobs, _ = n.score(flat, flat_labels, lengths, counts, docs)
         return np.split(logprobs, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
     def set_reference(self, model):

@@ -33,10 +33,11 @@ seq_len limits the tokens per sequence (input_ids; for dpo/grpo prompt + each re
 (overlong="refuse", the default: one error listing them) or cut at the end (overlong="truncate"); a record left with
 nothing to learn is dropped. Counts are in Prepared.stats and printed by the command.
 
-pack=True (SFT formats) concatenates whole records, in order, into sequences of at most seq_len tokens. Documents
-are kept apart only by their tokens: each ends with EOS (or the template's end of turn) and the first token of each
-document has label -100, so no loss spans two documents. Attention is NOT masked between them and positions run on:
-the engine has no document mask, so a token also sees the earlier documents of its sequence.
+pack=True (SFT formats) concatenates whole records, in order, into sequences of at most seq_len tokens, each with
+its "doc_lengths" (the records' lengths): the engine trains every document as if alone (attention within the
+document, RoPE positions restarting at 0, no label crossing into the next; the first token of each document has
+label -100). cross_document=True (--pack_cross_document) packs without doc_lengths, as before 0.8: a token then also
+attends to the earlier documents of its sequence and positions run on.
 """
 import argparse
 import contextlib
@@ -533,14 +534,15 @@ class Prepared:
                     os.remove(tmp)
 
     def batches(self, batch_size):
-        """Batches for a Trainer, in order (the last may be smaller): sft (ids, labels) for step(ids, labels); dpo a
-        list of pairs for step_dpo(); grpo a list of groups for step_grpo()."""
+        """Batches for a Trainer, in order (the last may be smaller): sft (ids, labels), or (ids, labels,
+        doc_lengths) when packed with documents, for step(*batch); dpo a list of pairs for step_dpo(); grpo a list of
+        groups for step_grpo()."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError("batch_size must be a positive integer, got %r" % (batch_size,))
         for b in range(0, len(self.records), batch_size):
             chunk = self.records[b:b + batch_size]
             if self.kind == "sft":
-                yield [r["input_ids"] for r in chunk], [r["labels"] for r in chunk]
+                yield sft_batch(chunk)
             elif self.kind == "dpo":
                 yield [_trainer_pair(r) for r in chunk]
             else:
@@ -622,29 +624,41 @@ def _fit(kind, rec, where, seq_len, overlong, stats, too_long):
     return out
 
 
-def _pack(records, seq_len):
-    """Whole records concatenated in order into sequences of <= seq_len tokens; each document's first label -100."""
-    packed, ids, labels = [], [], []
+def sft_batch(records):
+    """A Trainer's sft arguments for these records: (ids, labels), and doc_lengths when any is packed documents."""
+    batch = ([r["input_ids"] for r in records], [r["labels"] for r in records])
+    if any("doc_lengths" in r for r in records):
+        batch += ([r.get("doc_lengths") for r in records],)
+    return batch
+
+
+def _pack(records, seq_len, documents):
+    """Whole records concatenated in order into sequences of <= seq_len tokens; each document's first label -100;
+    documents: with each sequence's doc_lengths."""
+    packed = []
     for r in records:
-        if ids and len(ids) + len(r["input_ids"]) > seq_len:
-            packed.append({"input_ids": ids, "labels": labels})
-            ids, labels = [], []
-        ids.extend(r["input_ids"])
-        labels.append(IGNORE)
-        labels.extend(r["labels"][1:])
-    if ids:
-        packed.append({"input_ids": ids, "labels": labels})
+        if not packed or len(packed[-1]["input_ids"]) + len(r["input_ids"]) > seq_len:
+            packed.append({"input_ids": [], "labels": []})
+            if documents:
+                packed[-1]["doc_lengths"] = []
+        p = packed[-1]
+        p["input_ids"].extend(r["input_ids"])
+        p["labels"].append(IGNORE)
+        p["labels"].extend(r["labels"][1:])
+        if documents:
+            p["doc_lengths"].append(len(r["input_ids"]))
     return packed
 
 
 def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong="refuse", name="dataset",
-            max_line_bytes=MAX_LINE_BYTES):
+            max_line_bytes=MAX_LINE_BYTES, cross_document=False):
     """Tokenizes a dataset into a Prepared. source: a JSONL path (a regular file, read as train --data reads JSONL),
     a directory saved by datasets' save_to_disk, a `datasets` Dataset or any sequence of dicts (errors name records
     as file:line or name[index]); tokenizer: a transformers tokenizer (load_tokenizer); format: "auto" (from the
     first record's fields) or one of FORMATS; seq_len: max tokens per sequence (None: no limit); pack: concatenate
-    SFT records up to seq_len; overlong: "refuse" or "truncate" records longer than seq_len; max_line_bytes: the
-    longest JSONL line read."""
+    SFT records up to seq_len, each sequence with its doc_lengths (cross_document=True: without, attending across
+    documents); overlong: "refuse" or "truncate" records longer than seq_len; max_line_bytes: the longest JSONL line
+    read."""
     if format != "auto" and format not in FORMATS:
         raise InvalidArgumentError("format must be 'auto' or one of %s, got %r" % (", ".join(FORMATS), format))
     if overlong not in ("refuse", "truncate"):
@@ -659,7 +673,7 @@ def prepare(source, tokenizer, format="auto", seq_len=None, pack=False, overlong
         raise InvalidArgumentError("tokenizer must be a Hugging Face transformers tokenizer (data.load_tokenizer), "
                                    "got %s" % type(tokenizer).__name__)
     return _convert(source, name, max_line_bytes, format, _detect_or_refuse, _Tokenize(tokenizer).record, seq_len,
-                    pack, overlong)
+                    pack, overlong, not cross_document)
 
 
 def _detect_or_refuse(where, obj):
@@ -672,7 +686,7 @@ def _detect_or_refuse(where, obj):
     return fmt
 
 
-def _convert(source, name, max_line_bytes, format, detect, record, seq_len, pack, overlong):
+def _convert(source, name, max_line_bytes, format, detect, record, seq_len, pack, overlong, documents=True):
     """prepare()'s reading, cutting and packing around a converter: record(_Record, format) gives one record's
     output (sft {"input_ids", "labels"}, dpo, grpo); detect(where, obj) the format when it is "auto". Also what
     seqgrad.fit reads already tokenized records with."""
@@ -699,7 +713,7 @@ def _convert(source, name, max_line_bytes, format, detect, record, seq_len, pack
                                    "overlong='truncate' (--overlong=truncate) or raise seq_len" %
                                    (len(too_long), stats["records"], seq_len, listed))
     if pack:
-        records = _pack(records, seq_len)
+        records = _pack(records, seq_len, documents)
     stats["sequences"] = len(records)
     return Prepared(format, records, stats)
 
@@ -742,7 +756,12 @@ def main(argv=None):
     p.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
                    help="input format (auto: from the first record's fields)")
     p.add_argument("--seq_len", type=int, default=None, help="max tokens per sequence (default: no limit)")
-    p.add_argument("--pack", action="store_true", help="concatenate SFT records into sequences of <= seq_len")
+    p.add_argument("--pack", action="store_true",
+                   help="concatenate SFT records into sequences of <= seq_len, each with its doc_lengths: every record "
+                        "trains as if alone")
+    p.add_argument("--pack_cross_document", action="store_true",
+                   help="with --pack: write no doc_lengths, so a record also attends to the earlier records of its "
+                        "sequence (the packing before 0.8)")
     p.add_argument("--overlong", default="refuse", choices=("refuse", "truncate"),
                    help="records longer than --seq_len: refuse (error listing them) or truncate (cut the end)")
     p.add_argument("--max_line_bytes", type=_positive, default=MAX_LINE_BYTES,
@@ -751,8 +770,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         _check_command_files(args.input, args.output)
+        if args.pack_cross_document and not args.pack:
+            raise InvalidArgumentError("--pack_cross_document needs --pack")
         prepared = prepare(args.input, load_tokenizer(args.tokenizer), args.format, args.seq_len, args.pack,
-                           args.overlong, max_line_bytes=args.max_line_bytes)
+                           args.overlong, max_line_bytes=args.max_line_bytes, cross_document=args.pack_cross_document)
         prepared.write(args.output)
     except (InvalidArgumentError, ImportError, OSError) as e:
         print("seqgrad.data: error: %s" % e, file=sys.stderr)

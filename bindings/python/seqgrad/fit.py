@@ -250,7 +250,7 @@ def _check_vocab(prepared, vocab, name):
 def _trainer_batch(kind, records):
     """The arguments of a Trainer call on these records."""
     if kind == "sft":
-        return [r["input_ids"] for r in records], [r["labels"] for r in records]
+        return data.sft_batch(records)
     return ([data._trainer_pair(r) for r in records] if kind == "dpo" else
             [data._trainer_group(r) for r in records],)
 
@@ -450,8 +450,8 @@ def _report(model, spec, kind, choice, a, total, first, history, summary):
 def _evaluate(trainer, prepared, batch_size):
     """Token-weighted loss, perplexity and accuracy over the SFT records."""
     loss = tokens = correct = 0.0
-    for ids, labels in prepared.batches(batch_size):
-        r = trainer.evaluate_detailed(ids, labels)
+    for ids, labels, *docs in prepared.batches(batch_size):
+        r = trainer.evaluate_detailed(ids, labels, doc_lengths=docs[0] if docs else None)
         loss += r["loss"] * r["tokens"]
         tokens += r["tokens"]
         correct += r["correct"]
@@ -508,7 +508,8 @@ def fit(model, train_dataset, *, eval_dataset=None, tokenizer=None, lora=None, o
     in TRL's formats (seqgrad.data), or tokenized records; eval_dataset is SFT data, evaluated every eval_steps
     steps and after the last. tokenizer: a transformers tokenizer or its directory (default: the model directory's).
     max_length: tokens per sequence (records longer are refused, or cut with overlong="truncate"); packing: SFT
-    records packed into sequences of max_length. lora: a peft.LoraConfig or a dict of its fields.
+    records packed into sequences of max_length, each record training as if alone (seqgrad.data, doc_lengths).
+    lora: a peft.LoraConfig or a dict of its fields.
     strategy: "auto" (the module docstring) or a Trainer strategy; memory_budget: bytes for "auto".
     output_dir: checkpoint-<step>/ every save_steps steps and after the last (save_total_limit kept), the trained
     model (or LoRA adapter), the tokenizer and report.json; resume_from_checkpoint: True (the newest there) or a

@@ -363,6 +363,9 @@ class DataTest(unittest.TestCase):
             expect("<s> [hello there </s>] <s> [how are you </s>]"),
             expect("<s> [yes </s>] <s> [one three five seven </s>]")])
         self.assertEqual(p.stats, {"records": 4, "sequences": 2, "truncated": 0, "tokens_cut": 0, "dropped": 0})
+        self.assertEqual([r["doc_lengths"] for r in p.records], [[4, 5], [3, 6]])
+        across = data.prepare(records, self.tok, seq_len=9, pack=True, cross_document=True)
+        self.assertEqual(across.records, [{k: r[k] for k in ("input_ids", "labels")} for r in p.records])
         chats = data.prepare([{"messages": chat(("user", "hello"), ("assistant", "yes"))}] * 3, self.tok,
                              seq_len=24, pack=True)
         one = "<|im_start|> user hello <|im_end|> <|im_start|> assistant [yes <|im_end|>]"
@@ -688,6 +691,16 @@ class DataTest(unittest.TestCase):
             written = [json.loads(line) for line in f]
         self.assertEqual(written, data.prepare(src, self.tok, seq_len=64, pack=True).records)
         self.assertEqual(len(written[0]["input_ids"]), 26 + 9)
+        self.assertEqual(written[0]["doc_lengths"], [26, 9])
+        r = self.run_cli("--tokenizer", self.chat_dir, "--input", src, "--output", out, "--seq_len", "64", "--pack",
+                         "--pack_cross_document")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(out) as f:
+            self.assertEqual([json.loads(line) for line in f],
+                             [{k: w[k] for k in ("input_ids", "labels")} for w in written])
+        r = self.run_cli("--tokenizer", self.chat_dir, "--input", src, "--output", out, "--pack_cross_document")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("seqgrad.data: error: --pack_cross_document needs --pack", r.stderr)
 
         r = self.run_cli("--tokenizer", self.plain_dir(), "--input", src, "--output", out)
         self.assertEqual(r.returncode, 1)
@@ -790,6 +803,16 @@ class DataTest(unittest.TestCase):
             with seqgrad.Trainer(model, lr=1e-3) as t:
                 for ids, labels in sft.batches(2):
                     self.assertGreater(t.step(ids, labels)["loss"], 0)
+        # Packed with documents: each record trains as alone, so the packed batch's loss is the records'.
+        records = [{"messages": MULTI_TURN}, {"messages": chat(("user", "hello"), ("assistant", "yes"))}]
+        packed = data.prepare(records, self.tok, seq_len=64, pack=True)
+        with seqgrad.Model.from_preset("tiny", dtype="f64", seed=0) as model, seqgrad.Trainer(model) as t:
+            (batch,) = packed.batches(2)
+            self.assertEqual(len(batch), 3)
+            alone = t.evaluate(*data.prepare(records, self.tok).batches(2).__next__())
+            together = t.evaluate(*batch)
+            self.assertEqual(together["tokens"], alone["tokens"])
+            self.assertAlmostEqual(together["loss"], alone["loss"], delta=1e-12 * alone["loss"])
             with seqgrad.Trainer(model, objective="dpo", lr=1e-3) as t:
                 for pairs in dpo.batches(1):
                     self.assertGreater(t.step_dpo(pairs)["loss"], 0)

@@ -296,8 +296,12 @@ def test_tqdm_bar_shows_loss_speed_and_memory(monkeypatch):
 def test_packing_and_max_length_use_seqgrad_data():
     recs = records(6, lo=5, hi=12)
     r = fit(recs, packing=True, max_length=24, per_device_train_batch_size=100, max_steps=1, strategy="full")
-    packed = data._pack([{"input_ids": x["input_ids"], "labels": x["input_ids"]} for x in recs], 24)
+    packed = data._pack([{"input_ids": x["input_ids"], "labels": x["input_ids"]} for x in recs], 24, True)
+    assert all("doc_lengths" in p for p in packed)
     assert r.history[0]["tokens"] == sum(len(p["input_ids"]) for p in packed)
+    # Packed documents train as the records alone: one batch of all of them, packed or not, has the same loss.
+    alone = fit(recs, max_length=24, per_device_train_batch_size=100, max_steps=1, strategy="full")
+    assert abs(r.history[0]["loss"] - alone.history[0]["loss"]) <= 1e-5 * alone.history[0]["loss"]
     with pytest.raises(seqgrad.InvalidArgumentError, match=r"7 of 7 records are longer than seq_len 4 tokens"):
         fit(records(), max_length=4)
     cut = fit(records(), max_length=4, overlong="truncate", per_device_train_batch_size=100, max_steps=1)

@@ -1183,7 +1183,7 @@ def test_wrong_arrays_raise_typed_errors(model):
                             ((ids, None, lengths.astype(np.int32)), "lengths .* of int64, got dtype int32"),
                             ((ids, None, lengths.astype(">i8")), "lengths .* of int64, got dtype >i8")]:
             with pytest.raises(seqgrad.InvalidArgumentError, match=match):
-                native.evaluate(*args)
+                native.evaluate(*args, None, None)
         assert tr.step_count == 0
     with seqgrad.Trainer(model, objective="grpo", grpo_kl_beta=0.0) as tr:
         groups = _groups()
@@ -1221,10 +1221,43 @@ def test_wrong_arrays_raise_typed_errors(model):
                           np.array([1]), np.array([1.0]), 0)
     with seqgrad.Trainer(model) as tr:
         with pytest.raises(seqgrad.InvalidArgumentError, match="distances .* of int64, got dtype float64"):
-            tr._get().evaluate_detailed(np.array([1, 2], dtype=np.int32), None, np.array([2]), np.array([1.0, 1.0]))
+            tr._get().evaluate_detailed(np.array([1, 2], dtype=np.int32), None, np.array([2]), np.array([1.0, 1.0]),
+                                        None, None)
         with pytest.raises(seqgrad.InvalidArgumentError, match=r"distances\[0\] must be 2 integers"):
             tr.evaluate_detailed([[1, 2]], [[2, -100]], [[1.0, 1.0]])
 
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"]))
+
+
+def test_doc_lengths_train_each_document_alone():
+    """A sequence packing documents (doc_lengths) gives the gradients, loss and log-probs of its documents as
+    separate sequences, in every sft call, under a chunked strategy that cuts documents; bad lengths are named."""
+    docs = [[3, 14, 15, 92, 65], [35, 89, 79], [32, 38, 46, 26, 43, 83]]
+    packed = [sum(docs, [])]
+    with _f64() as m:
+        t = seqgrad.Trainer(m, strategy="seco", chunk=4, page_size=2)
+        alone = t.compute_gradients(docs)
+        alone_grads = _grads(m)
+        together = t.compute_gradients(packed, doc_lengths=[[5, 3, 6]])
+        assert together["tokens"] == alone["tokens"] == 11
+        assert abs(together["loss"] - alone["loss"]) <= 1e-13 * alone["loss"]
+        _assert_grads_close(_grads(m), alone_grads, 1e-11)
+        assert abs(t.evaluate(packed, doc_lengths=[[5, 3, 6]])["loss"] - alone["loss"]) <= 1e-13 * alone["loss"]
+        detailed = t.evaluate_detailed(packed, doc_lengths=[[5, 3, 6]])
+        assert detailed["tokens"] == 11 and abs(detailed["loss"] - alone["loss"]) <= 1e-13 * alone["loss"]
+        np.testing.assert_allclose(t.score(packed, doc_lengths=[[5, 3, 6]])[0], np.concatenate(t.score(docs)),
+                                   rtol=1e-12)
+        assert t.evaluate(packed, doc_lengths=[None])["tokens"] == 13  # None: one document, attending across
+        acc = t.accumulate_gradients(packed, doc_lengths=[[5, 3, 6]])
+        assert abs(acc["loss"] - alone["loss"]) <= 1e-13 * alone["loss"]
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"doc_lengths\[0\]\[1\] = 0"):
+            t.step(packed, doc_lengths=[[5, 0, 9]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"doc_lengths\[0\] sums to 13 but lengths\[0\] is 14"):
+            t.step(packed, doc_lengths=[[5, 8]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match="one entry per sequence"):
+            t.step(packed, doc_lengths=[[5, 9], [1]])
+        with pytest.raises(seqgrad.InvalidArgumentError, match=r"doc_lengths\[0\] must be None or a list"):
+            t.step(packed, doc_lengths=[[5.0, 9.0]])
+        assert t.step_count == 0

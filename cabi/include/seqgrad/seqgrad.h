@@ -715,6 +715,44 @@ SG_API sg_status* sg_trainer_score(sg_trainer* trainer, const int32_t* ids, cons
                                    int64_t num_tokens, const int64_t* lengths, int64_t num_sequences,
                                    double* logprobs, sg_metrics* out);
 
+/* ---- Batches of packed documents (since 0.8) -------------------------------------------------------------------
+ *
+ * A batch as one struct, which may carry each sequence's documents: several documents packed into one sequence train
+ * exactly as each alone (a position attends only within its document, RoPE positions restart at each document, no
+ * label crosses into the next document: the label of a document's first token is ignored). The *_batch calls are
+ * the calls above (same results, errors and metrics) with the batch's arguments in an sg_batch; without documents
+ * they equal them. Documents need a transformer on the CPU for now (other models and devices refuse them with
+ * SG_ERR_INVALID_ARGUMENT or SG_ERR_UNIMPLEMENTED). */
+typedef struct sg_batch {
+  size_t struct_size;     /* sizeof(sg_batch) of the header the caller compiled with (sg_batch_init) */
+  const int32_t* ids;     /* num_tokens token ids, the sequences concatenated (as in sg_trainer_compute_gradients) */
+  const int32_t* labels;  /* NULL or num_tokens labels aligned with ids (see Labels) */
+  int64_t num_tokens;
+  const int64_t* lengths; /* num_sequences lengths (each >= 1) summing to num_tokens */
+  int64_t num_sequences;
+  /* NULL (every sequence one document), or num_sequences counts: sequence s packs num_documents[s] documents (0 or 1:
+   * one document) */
+  const int64_t* num_documents;
+  /* The documents' lengths in tokens (each >= 1), sequence after sequence: num_documents[s] of them summing to
+   * lengths[s]. May be NULL when every count is 0. */
+  const int64_t* doc_lengths;
+} sg_batch;
+
+/* A zeroed sg_batch with struct_size set. */
+SG_API sg_batch sg_batch_init(void);
+
+/* Errors of every *_batch call, besides those of the matching call: SG_ERR_INVALID_ARGUMENT for a NULL batch, a
+ * struct_size smaller than 0.8's, a negative count or one above lengths[s] ("num_documents[2] = 9"), a length below 1
+ * ("doc_lengths[2][1] = 0": sequence 2's document 1) or lengths that do not sum to lengths[s]. */
+SG_API sg_status* sg_trainer_compute_gradients_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out);
+SG_API sg_status* sg_trainer_step_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out);
+SG_API sg_status* sg_trainer_accumulate_gradients_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out);
+SG_API sg_status* sg_trainer_evaluate_batch(sg_trainer* trainer, const sg_batch* batch, sg_metrics* out);
+SG_API sg_status* sg_trainer_evaluate_detailed_batch(sg_trainer* trainer, const sg_batch* batch,
+                                                     const int64_t* distances, sg_eval_result* out);
+SG_API sg_status* sg_trainer_score_batch(sg_trainer* trainer, const sg_batch* batch, double* logprobs,
+                                         sg_metrics* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -146,9 +146,10 @@ final class NativeApi {
   static native long trainerStepCount(long h);
   static native void trainerSetReference(long h, long model);
   /** mode 0 = compute_gradients, 1 = step, 2 = optimizer_step, 3 = evaluate, 4 = accumulate_gradients. */
-  static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths);
+  /** docLengths: null, or per sequence null (one document) or its documents' lengths (sg_batch). */
+  static native double[] trainerRun(long h, int mode, int[] ids, int[] labels, long[] lengths, long[][] docLengths);
   /** One log-prob per id (sg_trainer_score), NaN where there is no label. */
-  static native double[] trainerScore(long h, int[] ids, int[] labels, long[] lengths);
+  static native double[] trainerScore(long h, int[] ids, int[] labels, long[] lengths, long[][] docLengths);
   /**
    * mode 0 = compute gradients, 1 = step, 4 = accumulate. Label arrays may hold nulls (next-token labels); ref arrays
    * hold NaN for the reference model's values.
@@ -159,7 +160,8 @@ final class NativeApi {
   static native double[] trainerGrpo(long h, int mode, int[][] ids, int[][] labels, double[] advantages,
       double[][] oldLogprobs, double[][] refLogprobs, long[] groupOffsets);
   /** distances may be null; see EvalResult for the layout. */
-  static native double[] trainerEvaluateDetailed(long h, int[] ids, int[] labels, long[] lengths, long[] distances);
+  static native double[] trainerEvaluateDetailed(long h, int[] ids, int[] labels, long[] lengths, long[] distances,
+      long[][] docLengths);
   static native void trainerSaveCheckpoint(long h, String outDir, long dataPosition, long keep);
   /** {step, dataPosition}. */
   static native long[] trainerLoadCheckpoint(long h, String dir);

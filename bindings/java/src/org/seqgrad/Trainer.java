@@ -294,7 +294,24 @@ public final class Trainer extends NativeHandle {
    * @return the call's metrics
    */
   public Metrics step(int[] ids, int[] labels, long[] lengths) {
-    return run(1, ids, labels, lengths);
+    return run(1, ids, labels, lengths, null);
+  }
+
+  /**
+   * {@link #step(int[], int[], long[])} of sequences that pack documents: each document trains as if alone
+   * (attention within the document, RoPE positions restarting, no label crossing into the next document). The
+   * document overloads of computeGradients, evaluate, accumulateGradients, evaluateDetailed and score take docLengths
+   * the same way.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param docLengths null, or one entry per sequence: null (one document) or the lengths of its documents, summing
+   *     to its length; bad lengths throw {@link InvalidArgumentException} naming them ("doc_lengths[s][d] = 0")
+   * @return the call's metrics
+   */
+  public Metrics step(int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
+    return run(1, ids, labels, lengths, docLengths);
   }
 
   /**
@@ -306,7 +323,20 @@ public final class Trainer extends NativeHandle {
    * @return the call's metrics
    */
   public Metrics computeGradients(int[] ids, int[] labels, long[] lengths) {
-    return run(0, ids, labels, lengths);
+    return run(0, ids, labels, lengths, null);
+  }
+
+  /**
+   * {@link #computeGradients(int[], int[], long[])} of sequences that pack documents.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param docLengths as in {@link #step(int[], int[], long[], long[][])}
+   * @return the call's metrics
+   */
+  public Metrics computeGradients(int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
+    return run(0, ids, labels, lengths, docLengths);
   }
 
   /**
@@ -315,7 +345,7 @@ public final class Trainer extends NativeHandle {
    * @return the call's metrics
    */
   public Metrics optimizerStep() {
-    return run(2, null, null, null);
+    return run(2, null, null, null, null);
   }
 
   /**
@@ -328,7 +358,20 @@ public final class Trainer extends NativeHandle {
    * @return the metrics (loss, tokens)
    */
   public Metrics evaluate(int[] ids, int[] labels, long[] lengths) {
-    return run(3, ids, labels, lengths);
+    return run(3, ids, labels, lengths, null);
+  }
+
+  /**
+   * {@link #evaluate(int[], int[], long[])} of sequences that pack documents.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param docLengths as in {@link #step(int[], int[], long[], long[][])}
+   * @return the metrics (loss, tokens)
+   */
+  public Metrics evaluate(int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
+    return run(3, ids, labels, lengths, docLengths);
   }
 
   /**
@@ -341,7 +384,20 @@ public final class Trainer extends NativeHandle {
    * @return the micro-batch's metrics (its own mean loss)
    */
   public Metrics accumulateGradients(int[] ids, int[] labels, long[] lengths) {
-    return run(4, ids, labels, lengths);
+    return run(4, ids, labels, lengths, null);
+  }
+
+  /**
+   * {@link #accumulateGradients(int[], int[], long[])} of sequences that pack documents.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param docLengths as in {@link #step(int[], int[], long[], long[][])}
+   * @return the micro-batch's metrics (its own mean loss)
+   */
+  public Metrics accumulateGradients(int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
+    return run(4, ids, labels, lengths, docLengths);
   }
 
   /**
@@ -439,12 +495,26 @@ public final class Trainer extends NativeHandle {
    * @return the result
    */
   public EvalResult evaluateDetailed(int[] ids, int[] labels, long[] lengths, long[] distances) {
+    return evaluateDetailed(ids, labels, lengths, distances, null);
+  }
+
+  /**
+   * {@link #evaluateDetailed(int[], int[], long[], long[])} of sequences that pack documents.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #step(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param distances per position, or null
+   * @param docLengths as in {@link #step(int[], int[], long[], long[][])}
+   * @return the result
+   */
+  public EvalResult evaluateDetailed(int[] ids, int[] labels, long[] lengths, long[] distances, long[][] docLengths) {
     if (distances != null && ids != null && distances.length != ids.length) {
       throw new InvalidArgumentException("distances has " + distances.length + " entries but ids has " + ids.length);
     }
     long h = acquire();
     try {
-      return new EvalResult(NativeApi.trainerEvaluateDetailed(h, ids, labels, lengths, distances));
+      return new EvalResult(NativeApi.trainerEvaluateDetailed(h, ids, labels, lengths, distances, docLengths));
     } finally {
       release();
     }
@@ -684,9 +754,22 @@ public final class Trainer extends NativeHandle {
    * @return ids.length log-probs
    */
   public double[] score(int[] ids, int[] labels, long[] lengths) {
+    return score(ids, labels, lengths, null);
+  }
+
+  /**
+   * {@link #score(int[], int[], long[])} of sequences that pack documents.
+   *
+   * @param ids as in {@link #step(int[], int[], long[])}
+   * @param labels as in {@link #score(int[], int[], long[])}
+   * @param lengths as in {@link #step(int[], int[], long[])}
+   * @param docLengths as in {@link #step(int[], int[], long[], long[][])}
+   * @return ids.length log-probs
+   */
+  public double[] score(int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
     long h = acquire();
     try {
-      return NativeApi.trainerScore(h, ids, labels, lengths);
+      return NativeApi.trainerScore(h, ids, labels, lengths, docLengths);
     } finally {
       release();
     }
@@ -704,10 +787,10 @@ public final class Trainer extends NativeHandle {
     return f.split(score(f.ids, f.labels, f.lengths));
   }
 
-  private Metrics run(int mode, int[] ids, int[] labels, long[] lengths) {
+  private Metrics run(int mode, int[] ids, int[] labels, long[] lengths, long[][] docLengths) {
     long h = acquire();
     try {
-      return new Metrics(NativeApi.trainerRun(h, mode, ids, labels, lengths));
+      return new Metrics(NativeApi.trainerRun(h, mode, ids, labels, lengths, docLengths));
     } finally {
       release();
     }
