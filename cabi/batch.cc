@@ -43,8 +43,8 @@ namespace {
 sg_status* ApplyDocuments(const char* fn, const sg_batch& b, int64_t s, int64_t* first, Sequence* q) {
   const int64_t count = b.num_documents[s];
   if (count < 0 || count > b.lengths[s])
-    return Invalid(absl::StrCat(fn, ": num_documents[", s, "] = ", count, "; need 0 to lengths[", s, "] = ",
-                                b.lengths[s], " documents"));
+    return Invalid(absl::StrCat(fn, ": num_documents[", s, "] = ", count, "; need 0 to lengths[", s,
+                                "] = ", b.lengths[s], " documents"));
   if (count == 0) return nullptr;
   if (!b.doc_lengths) return NullArg(fn, "doc_lengths");
   const int64_t* lengths = b.doc_lengths + *first;

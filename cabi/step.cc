@@ -58,8 +58,7 @@ sg_status* RunStepOn(const char* fn, sg_trainer* t, const sg_batch& b, sg_metric
                           t->objective.name == "dpo" ? "sg_trainer_step_dpo / compute_gradients_dpo"
                                                      : "sg_trainer_step_grpo / compute_gradients_grpo");
   std::vector<Sequence> batch;
-  if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), b, &batch, call == Call::kScore))
-    return s;
+  if (sg_status* s = BuildBatch(fn, t->core->model->vocab_size(), b, &batch, call == Call::kScore)) return s;
   Trainer& trainer = *t->trainer;
   return Run(fn, t, forward_only ? Call::kEvaluate : call, false, out, nullptr, [&]() -> absl::StatusOr<StepMetrics> {
     if (call == Call::kScore) return Score(trainer, batch, logprobs);

@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, memory, "",
 ABSL_FLAG(int64_t, max_seq_len, int64_t{1} << 24, "--memory: the longest --seq_len the search tries");
 ABSL_FLAG(bool, json, false, "print the plan as one JSON object instead of a table");
 ABSL_FLAG(int, tp, 1, "plan one rank of a tensor-parallel run over this many GPUs (docs/distributed.md)");
+ABSL_FLAG(int64_t, doc_len, 0,
+          "sft: plan the sequence as packed documents of this many tokens (attention within each); 0 = one document");
 
 namespace sg {
 namespace {
@@ -74,7 +76,8 @@ int Main() {
   int64_t memory = 0;
   absl::StatusOr<MemoryPlan> plan;
   if (memory_text.empty()) {
-    plan = PlanStep(**model, strategy, objective, absl::GetFlag(FLAGS_seq_len));
+    plan = PlanStep(**model, strategy, objective, absl::GetFlag(FLAGS_seq_len), /*limit=*/0,
+                    absl::GetFlag(FLAGS_doc_len));
     tools::ExitIfError(plan.status(), "plan");
   } else {
     absl::StatusOr<int64_t> parsed = ParseBytes(memory_text);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/checked.h"
+#include "core/data.h"
 #include "core/io/config_fields.h"
 #include "core/models/family.h"
 #include "core/tensor_parallel.h"
@@ -32,8 +33,9 @@ absl::StatusOr<std::unique_ptr<Model>> WithLora(absl::StatusOr<std::unique_ptr<M
   return m;
 }
 
-// Token ids and labels of a synthetic sequence: only their count matters to memory.
-Sequence Synthetic(int64_t n, int64_t vocab) {
+// Token ids and labels of a synthetic sequence: only their count matters to memory (and, packed as documents of
+// doc_len tokens when doc_len > 0, where attention's pieces start).
+Sequence Synthetic(int64_t n, int64_t vocab, int64_t doc_len = 0) {
   Sequence s;
   s.ids.resize(n);
   s.labels.resize(n);
@@ -41,10 +43,15 @@ Sequence Synthetic(int64_t n, int64_t vocab) {
     s.ids[i] = static_cast<int32_t>(i % vocab);
     s.labels[i] = static_cast<int32_t>((i + 1) % vocab);
   }
+  if (doc_len > 0) {
+    std::vector<int64_t> lengths((n + 1) / doc_len, doc_len);
+    if ((n + 1) % doc_len) lengths.push_back((n + 1) % doc_len);
+    (void)SetDocuments(s, lengths, "plan");  // lengths that sum to the sequence's tokens: always valid
+  }
   return s;
 }
 
-Batch SyntheticBatch(const ObjectiveOptions& o, int64_t n, int64_t vocab) {
+Batch SyntheticBatch(const ObjectiveOptions& o, int64_t n, int64_t vocab, int64_t doc_len) {
   Batch b;
   if (o.name == "dpo") {
     DpoPair p;
@@ -63,7 +70,7 @@ Batch SyntheticBatch(const ObjectiveOptions& o, int64_t n, int64_t vocab) {
     }
     b.groups.push_back(std::move(g));
   } else {
-    b.sequences.push_back(Synthetic(n, vocab));
+    b.sequences.push_back(Synthetic(n, vocab, doc_len));
   }
   return b;
 }
@@ -96,7 +103,8 @@ absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
 }
 
 absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strategy, const ObjectiveOptions& objective,
-                                    int64_t seq_len, int64_t limit) {
+                                    int64_t seq_len, int64_t limit, int64_t doc_len) {
+  if (doc_len < 0) return absl::InvalidArgumentError(absl::StrCat("--doc_len must be >= 0, got ", doc_len));
   if (seq_len <= 0) return absl::InvalidArgumentError(absl::StrCat("--seq_len must be positive, got ", seq_len));
   // Byte counts that overflow int64 are refused before anything is allocated: the KV cache (or scan states) of
   // every layer, and the host's synthetic tokens.
@@ -120,7 +128,7 @@ absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strateg
   plan.seq_len = seq_len;
   absl::StatusOr<StepMetrics> m;
   {
-    const Batch batch = SyntheticBatch(objective, seq_len, model.vocab_size());
+    const Batch batch = SyntheticBatch(objective, seq_len, model.vocab_size(), doc_len);
     OptimizerOptions opt;
     opt.lr = 1e-30;  // the step's values do not matter (CPU plans keep their weights near where they were)
     Trainer trainer(model, strategy, opt, objective);

@@ -34,9 +34,10 @@ struct MemoryPlan {
 // sft one sequence; dpo one pair (reference log-probs given, no reference model); grpo one group of two
 // completions. Peaks are taken from what the model holds when called (its weights and gradients) to the step's
 // end. Under `limit` > 0 (bytes of the whole device), a step that would pass it stops: RESOURCE_EXHAUSTED.
-// A seq_len whose byte counts overflow 64 bits is INVALID_ARGUMENT naming it.
+// A seq_len whose byte counts overflow 64 bits is INVALID_ARGUMENT naming it. doc_len > 0: the sft sequence is packed
+// documents of doc_len tokens (Sequence::doc_starts), attending within each.
 absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strategy, const ObjectiveOptions& objective,
-                                    int64_t seq_len, int64_t limit = 0);
+                                    int64_t seq_len, int64_t limit = 0, int64_t doc_len = 0);
 
 // The longest seq_len in [1, max_seq_len] whose step fits in `memory` bytes (the device's peak total), by
 // doubling then bisection to one token; its plan. RESOURCE_EXHAUSTED when even the shortest does not fit.

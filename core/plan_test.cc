@@ -221,6 +221,27 @@ TEST(PlanTest, MetaTwinKeepsBF16Storage) {
   }
 }
 
+// Packed documents walk the same schedule (attention in pieces inside each document): on meta, with sparse
+// attention and offload too, the same bytes as one document but for attention's per-piece temporaries.
+TEST(PlanTest, PackedDocumentsPlanLikeOneDocument) {
+  absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel("demo", DType::kF32, Device::kMeta, LoraOptions{}, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  StrategyOptions s;
+  s.name = "seco";
+  s.chunk = 256;
+  s.page_size = 64;
+  for (bool sparse_offload : {false, true}) {
+    s.sparse_pages = sparse_offload ? 2 : 0;
+    s.offload = sparse_offload;
+    absl::StatusOr<MemoryPlan> one = PlanStep(**m, s, ObjectiveOptions{}, 4096);
+    absl::StatusOr<MemoryPlan> docs = PlanStep(**m, s, ObjectiveOptions{}, 4096, /*limit=*/0, /*doc_len=*/700);
+    ASSERT_TRUE(one.ok() && docs.ok()) << one.status() << docs.status();
+    EXPECT_LE(docs->device.total_peak, one->device.total_peak + 64 * 1024) << sparse_offload;
+    EXPECT_GE(docs->device.total_peak, one->device.total_peak) << sparse_offload;
+  }
+  EXPECT_FALSE(PlanStep(**m, s, ObjectiveOptions{}, 4096, 0, -1).ok());
+}
+
 // Meta allocates nothing: Qwen2.5-7B at 128K tokens with LoRA (a plan of hundreds of GB) runs here in a few
 // seconds, and the process grows by far less than one layer's weights.
 TEST(PlanTest, MetaWalksA7BModelAt128KWithoutMemory) {

@@ -95,9 +95,9 @@ TEST(DocumentsC, PackedEqualsTheDocumentsAsSequences) {
   }
   sg_eval_result ep = sg_eval_result_init(), ea = sg_eval_result_init();
   ASSERT_EQ(Code(sg_trainer_evaluate_detailed_batch(packed.trainer, &b, nullptr, &ep)), 0);
-  ASSERT_EQ(Code(sg_trainer_evaluate_detailed(alone.trainer, kTokens.data(), nullptr, b.num_tokens, kDocs, 3, nullptr,
-                                              &ea)),
-            0);
+  ASSERT_EQ(
+      Code(sg_trainer_evaluate_detailed(alone.trainer, kTokens.data(), nullptr, b.num_tokens, kDocs, 3, nullptr, &ea)),
+      0);
   EXPECT_EQ(ep.tokens, ea.tokens);
   EXPECT_NEAR(ep.loss, ea.loss, 1e-13 * ea.loss);
 
