@@ -1,19 +1,26 @@
 """Packed documents against transformers 5.23 run document by document, in float64.
 
 For a tiny Llama (GQA), Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (per-head q/k norms, head_dim unlike
-hidden_size / heads, o_proj bias) made by transformers, a JSONL batch of two records packs documents: one by
+hidden_size / heads, o_proj bias) made by transformers, and a tiny Mamba-1 (MambaForCausalLM: conv kernel 4, tied
+embeddings, in/out_proj biases; torch_ref_test.py's weights), a JSONL batch of two records packs documents: one by
 "doc_lengths" (7, 3, 12, 9 tokens), one by Hugging Face's flattened "position_ids" (5, 11, 2). grad_dump (the engine)
-trains the batch with full, seco and streambp, with KV pages of 3 or 4 tokens (the 2- and 3-token documents are
-shorter than a page) and chunks of 4 or 5 tokens that cut documents. transformers runs each document as its own
-sequence; the mean token loss over all of them and every parameter gradient must match to 1e-10 relative.
+trains the batch with every exact strategy: full, ckpt, seco, spaco (a budget of every chunk: each is kept, the
+compensation is 1), streambp, and on Mamba adjoint (pairs, with and without a window that only pairs within one
+document reach, and scan). Transformers use KV pages of 3 or 4 tokens (the 2- and 3-token documents are shorter than a
+page); chunks of 4 or 5 tokens cut documents, and the 2- and 3-token ones are shorter than a chunk and no longer
+than Mamba's conv tail (3 tokens). transformers runs each document as its own sequence; the mean token loss over all
+of them and every parameter gradient must match to 1e-10 relative. The same batch unpacked (no documents, only the
+labels across documents masked) must not match: the check sees what crosses a document boundary.
 
 Two halves:
   * run in the venv of tests/e2e/pip_venv.sh (torch, transformers from PyPI) as a script:
-      documents_hf_test.py make DIR FAMILY        the tiny model (config.json + model.safetensors, float64)
-      documents_hf_test.py reference DIR BATCH    {"loss", "grads": {name: [...]}} of the documents alone, as JSON
-    transformers computes RoPE, RMSNorm and softmax in float32 even in a float64 model; its float32 is made float64
-    here, so the comparison is exact to rounding.
-  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump runner and safetensors reader).
+      documents_hf_test.py reference DIR BATCH [FAMILY]
+          {"loss", "grads": {name: [...]}} of the documents alone, as JSON; with FAMILY (llama, qwen2, qwen3) it
+          first makes the tiny model in DIR (config.json + model.safetensors, float64).
+    transformers computes RoPE, RMSNorm, softmax and Mamba's scan parameters in float32 even in a float64 model; its
+    float32 is made float64 here, so the comparison is exact to rounding.
+  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump runner, safetensors reader and Mamba
+    weights).
 """
 import json
 import os
@@ -23,9 +30,19 @@ import sys
 TOLERANCE = 1e-10
 DOC_LENGTHS = [7, 3, 12, 9]
 POSITION_DOCS = [5, 11, 2]
-RUNS = [("full", 512, 4), ("seco", 5, 4), ("seco", 4, 3), ("streambp", 4, 3), ("streambp", 5, 4)]
+# (strategy, chunk, KV page, grad_dump flags...). spaco: chunks of 15 make two of each record (30 and 17 positions)
+# and cut a document in each; a budget of 2 keeps every chunk. adjoint's window: the tightest exact one, as no
+# pair (t, i) reaches across a document and the last position of one has no label (the next document's first token).
+SPACO_EXACT = ("spaco", 15, 3, "--spaco_budget=2")
+RUNS = [("full", 512, 4), ("ckpt", 512, 3), ("seco", 5, 4), ("seco", 4, 3), SPACO_EXACT, ("streambp", 4, 3),
+        ("streambp", 5, 4)]
+MAMBA_RUNS = [("full", 512, 16), ("ckpt", 512, 16), ("seco", 4, 16), ("seco", 5, 16), SPACO_EXACT,
+              ("streambp", 4, 16), ("adjoint", 5, 16, "--adjoint_form=pairs"),
+              ("adjoint", 4, 16, "--adjoint_form=pairs", f"--adjoint_window={max(DOC_LENGTHS + POSITION_DOCS) - 1}"),
+              ("adjoint", 4, 16, "--adjoint_form=scan"), ("adjoint", 5, 16, "--adjoint_form=scan")]
 FAMILIES = ("llama", "qwen2", "qwen3")
 VOCAB = 50
+UNPACKED_DIFFERS = 1e-6  # the batch without documents is at least this far from the documents alone
 
 
 # ---- the venv half ----------------------------------------------------------------------------------------------
@@ -37,14 +54,16 @@ def _float64_transformers():
     import torch
     import transformers.modeling_rope_utils as rope_utils
     import transformers.models.llama.modeling_llama as llama
+    import transformers.models.mamba.modeling_mamba as mamba
     import transformers.models.qwen2.modeling_qwen2 as qwen2
     import transformers.models.qwen3.modeling_qwen3 as qwen3
 
     proxy = types.ModuleType("torch")
     proxy.__getattr__ = lambda name: getattr(torch, name)
     proxy.float32 = proxy.float = torch.float64
-    for module in (rope_utils, llama, qwen2, qwen3):
+    for module in (rope_utils, llama, qwen2, qwen3, mamba):
         module.torch = proxy
+    torch.Tensor.float = torch.Tensor.double  # Mamba's mixer: A_log.float(), D.float(), B.float(), ...
     torch.set_default_dtype(torch.float64)
 
 
@@ -70,7 +89,9 @@ def make(directory, family):
     model.save_pretrained(directory)
 
 
-def reference(directory, batch):
+def reference(directory, batch, family=None):
+    if family:
+        make(directory, family)
     _float64_transformers()
     import torch
     import torch.nn.functional as F
@@ -114,6 +135,19 @@ def batch_records():
             {"input_ids": by_positions, "position_ids": [p for n in POSITION_DOCS for p in range(n)]}]
 
 
+def unpacked_records():
+    """The batch as plain sequences: no documents, and the labels of documents' first tokens masked, as packing
+    masks them, so that only what crosses a document boundary differs."""
+    out = []
+    for record in batch_records():
+        labels, start = list(record["input_ids"]), 0
+        for doc in documents(record):
+            labels[start] = -100
+            start += len(doc)
+        out.append({"input_ids": record["input_ids"], "labels": labels})
+    return out
+
+
 def _rel(a, b):
     import numpy as np
 
@@ -121,43 +155,86 @@ def _rel(a, b):
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
-def test_packed_documents_match_transformers_document_by_document():
+def _write_jsonl(path, records):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def _ref():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_ref_test
+
+    return torch_ref_test
+
+
+def _scratch():
     import tempfile
 
+    return tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+def _reference(model_dir, batch, *family):
+    """transformers' loss and gradients of the batch's documents alone (the venv half)."""
     import pytest
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch_ref_test as ref
-
-    pip_venv = os.environ.get("SG_PIP_VENV") or ref._runfile("tests/e2e/pip_venv.sh")
+    pip_venv = os.environ.get("SG_PIP_VENV") or _ref()._runfile("tests/e2e/pip_venv.sh")
     if not pip_venv:
         pytest.fail("tests/e2e/pip_venv.sh not found (pass --pip_venv=PATH)")
     python = os.path.join(subprocess.check_output(["bash", pip_venv], text=True).strip(), "bin", "python")
-    tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    batch = os.path.join(tmp, "batch.jsonl")
-    with open(batch, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in batch_records())
+    return json.loads(subprocess.run([python, os.path.abspath(__file__), "reference", model_dir, batch, *family],
+                                     check=True, capture_output=True, text=True).stdout)
+
+
+def _worst(engine, want):
+    loss, grads = engine
+    assert set(grads) == set(want["grads"]), sorted(set(grads) ^ set(want["grads"]))
+    return max([abs(loss - want["loss"]) / abs(want["loss"])] + [_rel(grads[n], want["grads"][n]) for n in grads])
+
+
+def check_documents(label, model_dir, runs, family=None):
+    """Every run of the packed batch matches transformers' documents to TOLERANCE; the unpacked batch does not.
+    family: transformers makes the model in model_dir first."""
+    ref = _ref()
+    tmp = os.path.dirname(model_dir)
+    batch = _write_jsonl(os.path.join(tmp, "batch.jsonl"), batch_records())
+    want = _reference(model_dir, batch, *([family] if family else []))
+    out = os.path.join(tmp, "g.safetensors")
     failures = []
-    for family in FAMILIES:
-        model_dir = os.path.join(tmp, family)
-        subprocess.run([python, os.path.abspath(__file__), "make", model_dir, family], check=True)
-        want = json.loads(subprocess.run([python, os.path.abspath(__file__), "reference", model_dir, batch],
-                                         check=True, capture_output=True, text=True).stdout)
-        for strategy, chunk, page in RUNS:
-            loss, grads = ref.run_grad_dump(model_dir, batch, os.path.join(tmp, "g.safetensors"), strategy, page,
-                                            lm_chunk=7, chunk=chunk)
-            assert set(grads) == set(want["grads"]), (family, sorted(grads))
-            worst = max([abs(loss - want["loss"]) / abs(want["loss"])] +
-                        [_rel(grads[n], want["grads"][n]) for n in want["grads"]])
-            print(f"{family} {strategy} chunk={chunk} page={page}: loss {loss:.17g}, worst rel {worst:.2e}")
-            if not worst <= TOLERANCE:
-                failures.append(f"{family} {strategy} chunk={chunk} page={page}: rel {worst:.2e}")
+    for strategy, chunk, page, *flags in runs:
+        loss, grads, _ = ref.grad_dump(model_dir, batch, out, strategy, page, lm_chunk=7, chunk=chunk, flags=flags)
+        worst = _worst((loss, grads), want)
+        name = " ".join([label, strategy, f"chunk={chunk}", f"page={page}"] + flags)
+        print(f"{name}: loss {loss:.17g}, worst rel {worst:.2e}")
+        if not worst <= TOLERANCE:
+            failures.append(f"{name}: rel {worst:.2e}")
+    unpacked = _write_jsonl(os.path.join(tmp, "unpacked.jsonl"), unpacked_records())
+    apart = _worst(ref.run_grad_dump(model_dir, unpacked, out, "full", 4, lm_chunk=7), want)
+    print(f"{label} unpacked: worst rel {apart:.2e}")
+    assert apart > UNPACKED_DIFFERS, f"{label}: the unpacked batch matches the documents too (rel {apart:.2e})"
     assert not failures, "packed documents differ from transformers: " + "; ".join(failures)
 
 
+def pytest_generate_tests(metafunc):  # the venv half has no pytest to import
+    if "family" in metafunc.fixturenames:
+        metafunc.parametrize("family", FAMILIES)
+
+
+def test_transformer_documents_match_transformers_document_by_document(family):
+    check_documents(family, os.path.join(_scratch(), "model"), RUNS, family)
+
+
+def test_mamba_documents_match_transformers_document_by_document():
+    ref = _ref()
+    hf = dict(ref.MAMBA_CONFIGS["mamba_tied"], use_bias=True)
+    model_dir = os.path.join(_scratch(), "model")
+    ref.write_model_dir(model_dir, hf, ref.make_mamba_weights(hf, 7))
+    check_documents("mamba", model_dir, MAMBA_RUNS)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in ("make", "reference"):
-        {"make": make, "reference": reference}[sys.argv[1]](*sys.argv[2:])
+    if sys.argv[1:2] == ["reference"]:
+        reference(*sys.argv[2:])
         sys.exit(0)
     import pytest
 

@@ -45,6 +45,8 @@ ABSL_FLAG(int64_t, lm_chunk, 256, "LM-head rows computed at a time");
 ABSL_FLAG(int64_t, spaco_budget, 8, "spaco: chunks backpropagated per sequence on average");
 ABSL_FLAG(double, spaco_cap, 2.0, "spaco: cap on relayed-state compensation (0 = none)");
 ABSL_FLAG(uint64_t, seed, 0, "sampling seed (spaco)");
+ABSL_FLAG(std::string, adjoint_form, "pairs", "adjoint: pairs | scan | paper (StrategyOptions::adjoint_form)");
+ABSL_FLAG(int64_t, adjoint_window, 0, "adjoint (pairs, paper): keep the pairs with t - i < this; 0 = no window");
 ABSL_FLAG(std::string, objective, "sft", "training objective: sft | dpo | grpo");
 ABSL_FLAG(std::string, data, "", "dpo / grpo: JSONL of preference pairs / groups (core/data.h formats)");
 ABSL_FLAG(double, dpo_beta, 0.1, "dpo: beta");
@@ -88,6 +90,8 @@ absl::Status Run() {
   opts.spaco_budget = absl::GetFlag(FLAGS_spaco_budget);
   opts.spaco_cap = absl::GetFlag(FLAGS_spaco_cap);
   opts.seed = absl::GetFlag(FLAGS_seed);
+  opts.adjoint_form = absl::GetFlag(FLAGS_adjoint_form);
+  if (const int64_t window = absl::GetFlag(FLAGS_adjoint_window); window != 0) opts.adjoint_window = window;
   if (absl::Status s = ValidateStrategyOptions(opts); !s.ok()) return s;
 
   const std::string dtype_name = absl::GetFlag(FLAGS_dtype);
