@@ -207,8 +207,9 @@ TEST_P(MambaDocumentsTest, PackedEqualsDocumentsAlone) {
   const Result packed = Train(*model, {p.packed}, o);
   const std::string what = c.strategy + " " + c.form + " chunk " + std::to_string(c.chunk);
   ExpectSame(packed, alone, what);
-  if (c.strategy == "adjoint" && c.form != "scan")
+  if (c.strategy == "adjoint" && c.form != "scan") {
     EXPECT_EQ(packed.adjoint_pairs, c.layers * PairsWithinDocuments(p.packed, c.window)) << what;
+  }
 }
 
 // Chunks of 1 to 5 cut documents, start at document starts (10, 21) and hold several (20-24: 20, 21 and 22-24, a
@@ -226,34 +227,28 @@ INSTANTIATE_TEST_SUITE_P(Truncated, MambaDocumentsTest,
                                            SsmCase{"adjoint", 4, "paper", 2}),
                          SsmCaseName);
 
-// LoRA adapters on every Mamba module (dropout off: its masks follow positions, which packing moves).
-TEST(MambaDocumentsTest, LoraPackedEqualsDocumentsAlone) {
-  auto model = TinySsm(2);
+// LoRA adapters on every module of the family (dropout off: its masks follow positions, which packing moves): the
+// adapters' gradients too, for each strategy against full backprop on the documents alone.
+void ExpectLoraPackedEqualsDocumentsAlone(Model& model, const std::vector<std::string>& strategies) {
   LoraOptions lora;
   lora.rank = 2;
   lora.alpha = 4;
   lora.seed = 3;
-  lora.targets = LoraTargetModules(model->family());
-  ASSERT_TRUE(EnableLora(*model, lora).ok());
-  RandomizeLoraB(*model, 5, 0.3);
-  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 7);
-  ExpectSame(Train(*model, {p.packed}, Options("seco", 4)), Train(*model, p.alone, Options("full", 512)), "lora seco");
+  lora.targets = LoraTargetModules(model.family());
+  ASSERT_TRUE(EnableLora(model, lora).ok());
+  RandomizeLoraB(model, 5, 0.3);
+  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model.vocab_size(), 7);
+  for (const std::string& strategy : strategies)
+    ExpectSame(Train(model, {p.packed}, Options(strategy, 4)), Train(model, p.alone, Options("full", 512)),
+               "lora " + strategy);
 }
 
-// LoRA on every transformer target, dropout off: the adapters' gradients too.
+TEST(MambaDocumentsTest, LoraPackedEqualsDocumentsAlone) {
+  ExpectLoraPackedEqualsDocumentsAlone(*TinySsm(2), {"seco"});
+}
+
 TEST(DocumentsTest, LoraPackedEqualsDocumentsAlone) {
-  auto model = Tiny("tiny");
-  LoraOptions lora;
-  lora.rank = 2;
-  lora.alpha = 4;
-  lora.seed = 3;
-  lora.targets = LoraTargetModules(model->family());
-  ASSERT_TRUE(EnableLora(*model, lora).ok());
-  RandomizeLoraB(*model, 5, 0.3);
-  const Packed p = Pack({7, 3, 9, 2, 1, 6}, model->vocab_size(), 7);
-  for (const char* strategy : {"seco", "streambp"})
-    ExpectSame(Train(*model, {p.packed}, Options(strategy, 4)), Train(*model, p.alone, Options("full", 512)),
-               std::string("lora ") + strategy);
+  ExpectLoraPackedEqualsDocumentsAlone(*Tiny("tiny"), {"seco", "streambp"});
 }
 
 // Dynamic NTK RoPE scales from the longest document (transformers' max position_id + 1), not from the packed

@@ -17,8 +17,9 @@ import org.seqgrad.Trainer;
 
 /**
  * The Java pipeline of the end-to-end example: LoRA on a Hugging Face model directory from the JSONL that {@code
- * python -m seqgrad.data} writes ({"input_ids": [...], "labels": [...]} per line, Hugging Face labels), one record
- * per step in file order (cycling), then the PEFT adapter and the trained model's loss over every record.
+ * python -m seqgrad.data} writes ({"input_ids": [...], "labels": [...]} per line, Hugging Face labels; packed records
+ * also "doc_lengths", trained as their documents), one record per step in file order (cycling), then the PEFT adapter
+ * and the trained model's loss over every record.
  *
  * <p>usage: LoraTrain MODEL_DIR DATA.jsonl ADAPTER_OUT [--steps=8] [--strategy=seco] [--chunk=128] [--lr=1e-2]
  * [--lora-rank=8] [--lora-alpha=16] [--lora-targets=all]
@@ -46,8 +47,8 @@ public final class LoraTrain {
     }
   }
 
-  /** One record: its token ids and Hugging Face labels. */
-  record Sequence(int[] ids, int[] labels) {}
+  /** One record: its token ids, Hugging Face labels and, when packed, its documents' lengths (else null). */
+  record Sequence(int[] ids, int[] labels, long[] docLengths) {}
 
   private static int[] intArray(String line, String field, String where) {
     Matcher m = Pattern.compile("\"" + field + "\"\\s*:\\s*\\[([^\\]]*)\\]").matcher(line);
@@ -73,7 +74,12 @@ public final class LoraTrain {
     for (int i = 0; i < lines.size(); ++i) {
       if (lines.get(i).isBlank()) continue;
       String where = path + ":" + (i + 1);
-      Sequence s = new Sequence(intArray(lines.get(i), "input_ids", where), intArray(lines.get(i), "labels", where));
+      long[] docs = null;
+      if (lines.get(i).contains("\"doc_lengths\"")) {
+        docs = java.util.Arrays.stream(intArray(lines.get(i), "doc_lengths", where)).asLongStream().toArray();
+      }
+      Sequence s = new Sequence(intArray(lines.get(i), "input_ids", where), intArray(lines.get(i), "labels", where),
+          docs);
       if (s.ids.length != s.labels.length) {
         throw new IllegalArgumentException(where + ": " + s.ids.length + " input_ids but " + s.labels.length
             + " labels");
@@ -107,7 +113,7 @@ public final class LoraTrain {
       try (Trainer trainer = Trainer.create(model, options)) {
         for (long step = 0; step < steps; ++step) {
           Sequence s = data.get((int) (step % data.size()));
-          Metrics m = trainer.step(s.ids, s.labels, new long[] {s.ids.length});
+          Metrics m = trainer.step(s.ids, s.labels, new long[] {s.ids.length}, new long[][] {s.docLengths});
           System.out.printf("step %d loss %.6f tokens %d chunks %d peak %d bytes%n", m.step, m.loss, m.tokens,
               m.chunks, m.peakBytes);
         }
@@ -116,15 +122,17 @@ public final class LoraTrain {
         int[] ids = new int[total];
         int[] labels = new int[total];
         long[] lengths = new long[data.size()];
+        long[][] docLengths = new long[data.size()][];
         int at = 0;
         for (int i = 0; i < data.size(); ++i) {
           Sequence s = data.get(i);
           System.arraycopy(s.ids, 0, ids, at, s.ids.length);
           System.arraycopy(s.labels, 0, labels, at, s.labels.length);
           lengths[i] = s.ids.length;
+          docLengths[i] = s.docLengths;
           at += s.ids.length;
         }
-        System.out.printf("eval loss %.17g%n", trainer.evaluate(ids, labels, lengths).loss);
+        System.out.printf("eval loss %.17g%n", trainer.evaluate(ids, labels, lengths, docLengths).loss);
       }
       model.saveLoraAdapter(args[2], modelDir);
       System.out.println("wrote " + args[2]);

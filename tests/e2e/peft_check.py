@@ -3,8 +3,8 @@ against the loss the engine reported for the same adapter.
 
 usage: peft_check.py MODEL_DIR ADAPTER_DIR DATA.jsonl ENGINE_LOSS   (needs torch, transformers, peft)
 
-The loss is the engine's: the mean over every labelled token of every record (Hugging Face labels, shifted here),
-computed in float64. Fails unless PEFT's loss equals ENGINE_LOSS within TOLERANCE and the adapter moves the loss
+The loss is the engine's: the mean over every labelled token of every record (Hugging Face labels, shifted here; a
+packed record's documents each alone), computed in float64. Fails unless PEFT's loss equals ENGINE_LOSS within TOLERANCE and the adapter moves the loss
 away from the base model's by more than 100 times that, so a no-op adapter cannot pass.
 """
 import json
@@ -24,14 +24,26 @@ def load_records(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def documents(record):
+    """The record's documents as (input_ids, labels) slices: packed records (doc_lengths, as seqgrad.data --pack
+    writes them) are evaluated document by document, which is what the engine's document masks compute."""
+    ids, labels = record["input_ids"], record["labels"]
+    lengths = record.get("doc_lengths") or [len(ids)]
+    start = 0
+    for n in lengths:
+        yield ids[start:start + n], labels[start:start + n]
+        start += n
+
+
 def mean_loss(model, records):
     total, count = 0.0, 0
     with torch.no_grad():
         for r in records:
-            logits = model(input_ids=torch.tensor([r["input_ids"]])).logits[0]
-            labels = torch.tensor(r["labels"])
-            total += F.cross_entropy(logits[:-1].double(), labels[1:], ignore_index=-100, reduction="sum").item()
-            count += int((labels[1:] != -100).sum())
+            for ids, doc_labels in documents(r):
+                logits = model(input_ids=torch.tensor([ids])).logits[0]
+                labels = torch.tensor(doc_labels)
+                total += F.cross_entropy(logits[:-1].double(), labels[1:], ignore_index=-100, reduction="sum").item()
+                count += int((labels[1:] != -100).sum())
     return total / count
 
 
