@@ -387,12 +387,9 @@ StrategyOptions OptionsFor(StrategyOptions so, std::string name, int64_t T, doub
   return so;
 }
 
-// s as packed documents of doc_len tokens (its T + 1 tokens: the last document takes the rest).
+// s as packed documents of doc_len tokens.
 Sequence AsDocuments(Sequence s, int64_t doc_len) {
-  const int64_t tokens = static_cast<int64_t>(s.ids.size()) + 1;
-  std::vector<int64_t> lengths(tokens / doc_len, doc_len);
-  if (tokens % doc_len) lengths.push_back(tokens % doc_len);
-  tools::ExitIfError(SetDocuments(s, lengths, "--doc_len"), "--doc_len");
+  tools::ExitIfError(SetDocumentsOfLength(s, doc_len, "--doc_len"), "--doc_len");
   return s;
 }
 

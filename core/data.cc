@@ -102,6 +102,14 @@ absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::strin
   return absl::OkStatus();
 }
 
+absl::Status SetDocumentsOfLength(Sequence& s, int64_t doc_len, const std::string& source) {
+  if (doc_len < 1) return absl::InvalidArgumentError(absl::StrCat(source, ": documents of ", doc_len, " tokens"));
+  const int64_t tokens = static_cast<int64_t>(s.ids.size()) + 1;  // the last token is only a label
+  std::vector<int64_t> lengths(tokens / doc_len, doc_len);
+  if (tokens % doc_len) lengths.push_back(tokens % doc_len);
+  return SetDocuments(s, lengths, source);
+}
+
 absl::Status SetDocuments(Sequence& s, const std::vector<int64_t>& lengths, const std::string& source) {
   const int64_t n = static_cast<int64_t>(s.ids.size());
   int64_t total = 0;

@@ -97,5 +97,7 @@ absl::Status ValidateSequence(const Sequence& s, int64_t vocab, const std::strin
 // less the final label-only token): doc_starts from the lengths, and the label of each document's last position (the
 // first token of the next document) -100. One length or none: one document. The message names `source`.
 absl::Status SetDocuments(Sequence& s, const std::vector<int64_t>& lengths, const std::string& source);
+// SetDocuments with documents of doc_len tokens (>= 1), the last one taking the rest (benchmarks and plans).
+absl::Status SetDocumentsOfLength(Sequence& s, int64_t doc_len, const std::string& source);
 
 }  // namespace sg

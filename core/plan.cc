@@ -43,11 +43,7 @@ Sequence Synthetic(int64_t n, int64_t vocab, int64_t doc_len = 0) {
     s.ids[i] = static_cast<int32_t>(i % vocab);
     s.labels[i] = static_cast<int32_t>((i + 1) % vocab);
   }
-  if (doc_len > 0) {
-    std::vector<int64_t> lengths((n + 1) / doc_len, doc_len);
-    if ((n + 1) % doc_len) lengths.push_back((n + 1) % doc_len);
-    (void)SetDocuments(s, lengths, "plan");  // lengths that sum to the sequence's tokens: always valid
-  }
+  if (doc_len > 0) (void)SetDocumentsOfLength(s, doc_len, "plan");  // always valid for doc_len >= 1
   return s;
 }
 

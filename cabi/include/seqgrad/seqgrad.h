@@ -721,8 +721,7 @@ SG_API sg_status* sg_trainer_score(sg_trainer* trainer, const int32_t* ids, cons
  * exactly as each alone (a position attends only within its document, RoPE positions restart at each document, no
  * label crosses into the next document: the label of a document's first token is ignored). The *_batch calls are
  * the calls above (same results, errors and metrics) with the batch's arguments in an sg_batch; without documents
- * they equal them. Documents need a transformer on the CPU for now (other models and devices refuse them with
- * SG_ERR_INVALID_ARGUMENT or SG_ERR_UNIMPLEMENTED). */
+ * they equal them. Every model family, strategy and device takes documents. */
 typedef struct sg_batch {
   size_t struct_size;     /* sizeof(sg_batch) of the header the caller compiled with (sg_batch_init) */
   const int32_t* ids;     /* num_tokens token ids, the sequences concatenated (as in sg_trainer_compute_gradients) */
