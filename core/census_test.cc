@@ -211,5 +211,32 @@ TEST(Census, OneCallRecords) {
   EXPECT_EQ(census.Total().calls, 5);
 }
 
+// Gated DeltaNet's ops on meta, by hand: the delta rule's state products and compulsory bytes, its gates'; the
+// workspace size is the CPU's (plans size the backward's checkpoints as a CPU run does).
+TEST(Census, GatedDeltaRecords) {
+  OpCensus census({/*peak_flops=*/1e12, /*bandwidth=*/1e9}, /*keep_records=*/true);
+  {
+    CensusScope scope(Device::kMeta, &census);
+    const OpTable<double>& ops = OpsFor<double>(Device::kMeta);
+    EXPECT_EQ(ops.gated_delta_workspace_elems(10, 4, 8, 16),
+              CpuOps<double>().gated_delta_workspace_elems(10, 4, 8, 16));
+    EXPECT_GE(ops.gated_delta_workspace_elems(10, 4, 8, 16), 4 * (4 + 1) * 8 * 16);  // checkpoints + a block's states
+    // 10 tokens, 2 key heads, 4 value heads, dk 8, dv 16; a state in, none out, no state gradients
+    const double state_in = 0;
+    ops.gated_delta_forward(nullptr, nullptr, nullptr, nullptr, nullptr, &state_in, 10, 2, 4, 8, 16, nullptr, nullptr);
+    ops.gated_delta_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &state_in, 10, 2, 4, 8, 16,
+                             nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ops.gdn_gates_forward(nullptr, nullptr, nullptr, nullptr, 10, 4, nullptr, nullptr);
+  }
+  const std::vector<OpRecord>& r = census.records();
+  ASSERT_EQ(r.size(), 3u);
+  const int64_t state = 4 * 8 * 16, qk = 10 * 2 * 8, values = 10 * 4 * 16, gates = 10 * 4;
+  EXPECT_EQ(r[0], (OpRecord{"gated_delta_forward", OpFamily::kSsm, 3 * 2 * 10 * state,
+                            (2 * qk + values + 2 * gates + state) * 8, values * 8}));
+  EXPECT_EQ(r[1], (OpRecord{"gated_delta_backward", OpFamily::kSsm, 11 * 2 * 10 * state,
+                            (2 * qk + 2 * values + 2 * gates + state) * 8, (2 * qk + values + 2 * gates) * 8}));
+  EXPECT_EQ(r[2], (OpRecord{"gdn_gates_forward", OpFamily::kSsm, 0, (2 * gates + 2 * 4) * 8, 2 * gates * 8}));
+}
+
 }  // namespace
 }  // namespace sg

@@ -122,7 +122,7 @@ void CountRopeKvWrite(const char* op, int64_t n, const PagedKV<P>& kv, int64_t i
 }
 
 // The counting half of each counted op: its arguments, no result; null for the ops that are not counted (LoRA
-// dropout, Mamba's A, page sums and scores, the vocabulary shards, attention's workspace size). The counters name
+// dropout, Mamba's A, page sums and scores, the vocabulary shards, attention's and gated delta's workspace sizes). The counters name
 // only the arguments they read, by position in ops.inc's signature; the others are `auto`.
 template <typename T>
 struct Counters {
@@ -297,6 +297,42 @@ Counters<T> MakeCounters() {
   };
   c.softplus_backward = [](auto, auto, int64_t count, auto) {
     Count("softplus_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
+  };
+  c.copy_rows = [](auto, auto, auto, auto, int64_t rows, int64_t cols) {
+    Count("copy_rows", OpFamily::kPointwise, 0, rows * cols * S, rows * cols * S);
+  };
+  c.sigmoid_gate_forward = [](auto, auto, int64_t count, auto) {
+    Count("sigmoid_gate_forward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
+  };
+  c.sigmoid_gate_backward = [](auto, auto, auto, int64_t count, auto, auto) {
+    Count("sigmoid_gate_backward", OpFamily::kPointwise, 0, 3 * count * S, 2 * count * S);
+  };
+  c.gdn_gates_forward = [](auto, auto, auto, auto, int64_t n, int64_t heads, auto, auto) {
+    Count("gdn_gates_forward", OpFamily::kSsm, 0, (2 * n * heads + 2 * heads) * S, 2 * n * heads * S);
+  };
+  c.gdn_gates_backward = [](auto, auto, auto, auto, auto, auto, int64_t n, int64_t heads, auto, auto, auto, auto) {
+    // dg, dbeta, a, b, a_log, dt_bias read; da, db written; da_log, ddt_bias accumulated
+    Count("gdn_gates_backward", OpFamily::kSsm, 0, (4 * n * heads + 4 * heads) * S, (2 * n * heads + 2 * heads) * S);
+  };
+  // The gated delta rule: its FLOPs are the state products per token and value head (2 dk dv each): forward u, the
+  // update and out; backward the two recomputations (u and the update each) and its own seven. Chunked kernels run
+  // them as matmuls.
+  c.gated_delta_forward = [](auto, auto, auto, auto, auto, const T* s0, int64_t n, int64_t k_heads, int64_t v_heads,
+                             int64_t dk, int64_t dv, auto, T* s_final) {
+    const int64_t state = v_heads * dk * dv;
+    Count("gated_delta_forward", OpFamily::kSsm, 3 * 2 * n * state,
+          (2 * n * k_heads * dk + n * v_heads * (dv + 2) + (s0 ? state : 0)) * S,
+          (n * v_heads * dv + (s_final ? state : 0)) * S);
+  };
+  c.gated_delta_backward = [](auto, const T* ds_final, auto, auto, auto, auto, auto, const T* s0, int64_t n,
+                              int64_t k_heads, int64_t v_heads, int64_t dk, int64_t dv, auto, auto, auto, auto, auto,
+                              T* ds0, auto) {
+    const int64_t state = v_heads * dk * dv;
+    // dout, q, k, v, g, beta, s0, ds_final read; dq, dk, dv, dg, dbeta, ds0 written
+    Count("gated_delta_backward", OpFamily::kSsm, (2 * 2 + 7) * 2 * n * state,
+          (2 * n * k_heads * dk + 2 * n * v_heads * dv + 2 * n * v_heads + (s0 ? state : 0) +
+           (ds_final ? state : 0)) * S,
+          (2 * n * k_heads * dk + n * v_heads * (dv + 2) + (ds0 ? state : 0)) * S);
   };
   c.adamw = [](auto, auto, auto, auto, int64_t count, auto, auto, auto, auto, auto, auto) {
     Count("adamw", OpFamily::kOptimizer, 0, 4 * count * S, 3 * count * S);

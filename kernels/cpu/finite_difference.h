@@ -28,6 +28,13 @@ inline double Dot(const Vec& a, const Vec& b) {
   return s;
 }
 
+// max |a[i] - b[i]| (equal sizes).
+inline double MaxDiff(const Vec& a, const Vec& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
 // Max error of the analytic gradient of f with respect to x against central differences, relative to the largest
 // numeric entry.
 inline double FiniteDifferenceError(const std::function<double()>& f, Vec& x, const Vec& analytic) {

@@ -1,5 +1,6 @@
-// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, residual add; and the fused layer ops
-// (RoPE into the K/V page write, RMSNorm and SwiGLU with their bf16 roundings).
+// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, the sigmoid output gate, residual add,
+// copies of column blocks; and the fused layer ops (RoPE into the K/V page write, RMSNorm and SwiGLU with their bf16
+// roundings).
 #include <cstring>
 #include <algorithm>
 #include <cmath>
@@ -254,6 +255,30 @@ void SwigluBackwardBF16(const float* dout, const uint16_t* gate, const uint16_t*
   for (int64_t i = 0; i < count; ++i) SwigluGrad(dout[i], BF16ToF32(gate[i]), BF16ToF32(up[i]), dgate[i], dup[i]);
 }
 
+// Gated attention's output gate: out = sigmoid(gate) x.
+template <typename T>
+void SigmoidGateForward(const T* gate, const T* x, int64_t count, T* out) {
+#pragma omp parallel for simd if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) out[i] = Sigmoid(gate[i]) * x[i];
+}
+
+// Reads every input of element i before writing it (dx or dgate may be dout's buffer).
+template <typename T>
+void SigmoidGateBackward(const T* dout, const T* gate, const T* x, int64_t count, T* dgate, T* dx) {
+#pragma omp parallel for simd if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) {
+    const T s = Sigmoid(gate[i]), d = dout[i], xi = x[i];
+    dgate[i] = d * xi * s * (T(1) - s);
+    dx[i] = d * s;
+  }
+}
+
+template <typename T>
+void CopyRows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+#pragma omp parallel for if (rows * cols > 65536)
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, cols * sizeof(T));
+}
+
 template <typename T>
 void AddInplace(T* y, const T* x, int64_t count) {
 #pragma omp parallel for if (count > 65536)
@@ -286,6 +311,9 @@ void Scale(T* x, int64_t count, double factor) {
   template void BiasBackward<T>(const T*, int64_t, int64_t, T*);                                             \
   template void SwigluForward<T>(const T*, const T*, int64_t, T*);                                           \
   template void SwigluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                            \
+  template void SigmoidGateForward<T>(const T*, const T*, int64_t, T*);                                     \
+  template void SigmoidGateBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                      \
+  template void CopyRows<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t);                              \
   template void AddInplace<T>(T*, const T*, int64_t);                                                       \
   template void Copy<T>(T*, const T*, int64_t);                                                              \
   template void Fill<T>(T*, int64_t, T);                                                                     \

@@ -15,14 +15,9 @@ namespace {
 
 using testing_fd::Dot;
 using testing_fd::FiniteDifferenceError;
+using testing_fd::MaxDiff;
 using testing_fd::Random;
 using testing_fd::Vec;
-
-double MaxDiff(const Vec& a, const Vec& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
 
 constexpr double kTol = 1e-7;
 const OpTable<double>& ops = CpuOps<double>();

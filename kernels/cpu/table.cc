@@ -103,6 +103,14 @@ OpTable<T> MakeCpuTable() {
   SG_ENTRY(silu_backward, kSsm, cpu::SiluBackward<T>);
   SG_ENTRY(softplus_forward, kSsm, cpu::SoftplusForward<T>);
   SG_ENTRY(softplus_backward, kSsm, cpu::SoftplusBackward<T>);
+  SG_ENTRY(copy_rows, kPointwise, cpu::CopyRows<T>);
+  SG_ENTRY(sigmoid_gate_forward, kPointwise, cpu::SigmoidGateForward<T>);
+  SG_ENTRY(sigmoid_gate_backward, kPointwise, cpu::SigmoidGateBackward<T>);
+  SG_ENTRY(gdn_gates_forward, kSsm, cpu::GdnGatesForward<T>);
+  SG_ENTRY(gdn_gates_backward, kSsm, cpu::GdnGatesBackward<T>);
+  SG_ENTRY(gated_delta_forward, kSsm, cpu::GatedDeltaForward<T>);
+  SG_ENTRY(gated_delta_backward, kSsm, cpu::GatedDeltaBackward<T>);
+  t.gated_delta_workspace_elems = cpu::GatedDeltaWorkspaceElems;
   SG_ENTRY(adamw, kOptimizer, cpu::AdamW<T>);
   SG_ENTRY(lora_dropout, kPointwise, cpu::LoraDropout<T>);
   SG_ENTRY(ssm_neg_exp, kSsm, cpu::SsmNegExp<T>);

@@ -6,8 +6,8 @@
 
 namespace sg::meta {
 
-// Ops that return nothing, zero counts and losses; attention's workspace size is the CPU backend's, so that the
-// workspace category matches a CPU run exactly.
+// Ops that return nothing, zero counts and losses; attention's and gated delta's workspace sizes are the CPU
+// backend's, so that the workspace category matches a CPU run exactly.
 template <typename T>
 const OpTable<T>& MetaOps();
 // Host "memory" for offloaded pages: counted by the caller (KvOffload), never allocated; copies do nothing.

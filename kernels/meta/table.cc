@@ -23,6 +23,7 @@ OpTable<T> MakeTable() {
 #define SG_OP(name, Kernel, ret, params) t.name = &Nop<decltype(t.name)>::Call;
 #include "kernels/ops.inc"
   t.attention_workspace_elems = CpuOps<T>().attention_workspace_elems;  // sizes only: reads no tensor
+  t.gated_delta_workspace_elems = CpuOps<T>().gated_delta_workspace_elems;
   return t;
 }
 
