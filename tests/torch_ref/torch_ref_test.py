@@ -1056,13 +1056,14 @@ def test_saved_model_loads_back(config):
 
 
 def main(test_file):
-    """Runs pytest on test_file; --grad_dump=PATH and --train=PATH name the binaries (Bazel passes them)."""
+    """Runs pytest on test_file; --grad_dump=PATH and --train=PATH name the binaries, --pip_venv=PATH
+    tests/e2e/pip_venv.sh (Bazel passes them)."""
+    paths = {"--grad_dump": "SG_GRAD_DUMP", "--train": "SG_TRAIN", "--pip_venv": "SG_PIP_VENV"}
     args = []
     for a in sys.argv[1:]:
-        if a.startswith("--grad_dump="):
-            os.environ["SG_GRAD_DUMP"] = os.path.abspath(a.split("=", 1)[1])
-        elif a.startswith("--train="):
-            os.environ["SG_TRAIN"] = os.path.abspath(a.split("=", 1)[1])
+        flag, _, path = a.partition("=")
+        if flag in paths and path:
+            os.environ[paths[flag]] = os.path.abspath(path)
         else:
             args.append(a)
     sys.exit(pytest.main([os.path.abspath(test_file), "-q", "-s", "-p", "no:cacheprovider"] + args))
