@@ -43,7 +43,8 @@ LENGTHS = [151, 120]  # 150 and 119 positions: 3 chunks each of 50 (spaco needs 
 # (strategy, chunk, KV page, grad_dump flags...)
 RUNS = [("full", 512, 16), ("ckpt", 512, 3), ("seco", 48, 3), ("seco", 50, 16), ("spaco", 50, 3, "--spaco_budget=3"),
         ("streambp", 48, 16), ("streambp", 50, 3)]
-# documents_hf_test's packed batch (documents of 2..12 tokens): chunks that cut documents, pages longer than some.
+# documents_hf_test's packed batch (documents of 2..12 tokens): chunks that cut documents, pages longer than some of
+# them, documents shorter than the conv tail (3 tokens).
 DOCUMENT_RUNS = [("full", 512, 4), ("seco", 5, 4), ("seco", 4, 3), ("streambp", 4, 3), ("streambp", 5, 4)]
 MODELS = ("qwen3_5_text", "qwen3_next", "qwen3_5")
 TEXT = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
@@ -51,7 +52,7 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_l
             linear_key_head_dim=4, linear_value_head_dim=6, linear_conv_kernel_dim=4, max_position_embeddings=256,
             rms_norm_eps=1e-6)
 ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-# Rotary dim 4 = 2 frequencies: the text's, height's and width's sections (equal positions for text).
+# Rotary dim 4 = 2 frequencies in mrope's temporal, height and width sections (text: the same positions in each).
 MROPE = {"mrope_section": [1, 1, 0], "mrope_interleaved": True}
 VISION = dict(depth=1, hidden_size=8, intermediate_size=16, num_heads=2, patch_size=2, spatial_merge_size=2,
               temporal_patch_size=2, out_hidden_size=16, num_position_embeddings=16)
@@ -270,7 +271,8 @@ def test_adjoint_refused_by_name(name):
     proc = _ref().run([_ref().grad_dump_path(), f"--model_dir={model_dir(name)}",
                        f"--batch_jsonl={models()['batch']}", "--strategy=adjoint", "--chunk=48", f"--out={out}"],
                       check=False)
-    assert proc.returncode == 1 and "adjoint" in proc.stderr, (proc.returncode, proc.stderr)
+    assert proc.returncode == 1 and "adjoint" in proc.stderr, \
+        f"{name}: --strategy=adjoint must be refused by name (exit 1); exit {proc.returncode}: {proc.stderr}"
     assert not os.path.exists(out)
 
 
