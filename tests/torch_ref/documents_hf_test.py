@@ -19,8 +19,8 @@ Two halves:
           first makes the tiny model in DIR (config.json + model.safetensors, float64).
     transformers computes RoPE, RMSNorm, softmax and Mamba's scan parameters in float32 even in a float64 model; its
     float32 is made float64 here, so the comparison is exact to rounding.
-  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump runner, safetensors reader and Mamba
-    weights).
+  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump and venv runners, safetensors reader
+    and Mamba weights).
 """
 import json
 import os
@@ -193,20 +193,9 @@ def _scratch():
     return tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 
-def venv_json(script, *args):
-    """Runs script's venv half (the venv of tests/e2e/pip_venv.sh) with args; returns what it prints, as JSON."""
-    import pytest
-
-    pip_venv = os.environ.get("SG_PIP_VENV") or _ref()._runfile("tests/e2e/pip_venv.sh")
-    if not pip_venv:
-        pytest.fail("tests/e2e/pip_venv.sh not found (pass --pip_venv=PATH)")
-    python = os.path.join(_ref().run(["bash", pip_venv]).stdout.strip(), "bin", "python")
-    return json.loads(_ref().run([python, os.path.abspath(script), *args]).stdout)
-
-
 def _reference(model_dir, batch, *family):
     """transformers' loss and gradients of the batch's documents alone (the venv half)."""
-    return venv_json(__file__, "reference", model_dir, batch, *family)
+    return _ref().venv_json(__file__, "reference", model_dir, batch, *family)
 
 
 def _worst(engine, want):

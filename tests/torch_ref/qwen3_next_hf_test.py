@@ -204,7 +204,7 @@ def models():
     if not _MODELS:
         root = _docs()._scratch()
         batch = _write_batch(os.path.join(root, "batch.jsonl"))
-        refs = _docs().venv_json(__file__, "make", root, batch)
+        refs = _ref().venv_json(__file__, "make", root, batch)
         _MODELS.update(root=root, batch=batch, refs=refs)
     return _MODELS
 
@@ -305,7 +305,7 @@ def test_trained_conditional_layout_loads_into_transformers():
     for key in ("model_type", "architectures", "vision_config"):
         assert saved_config.get(key) == source_config[key], (key, saved_config.get(key), source_config[key])
 
-    want = _docs().venv_json(__file__, "reference", saved, batch)
+    want = _ref().venv_json(__file__, "reference", saved, batch)
     assert not any(want["loading_info"].values()), want["loading_info"]
     check_runs("qwen3_5 saved", saved, batch, want, [("full", 512, 16)])
 
