@@ -19,12 +19,11 @@ Two halves:
           first makes the tiny model in DIR (config.json + model.safetensors, float64).
     transformers computes RoPE, RMSNorm, softmax and Mamba's scan parameters in float32 even in a float64 model; its
     float32 is made float64 here, so the comparison is exact to rounding.
-  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump runner, safetensors reader and Mamba
-    weights).
+  * the test, under the pinned /usr/bin/python3 (torch_ref_test's grad_dump and venv runners, safetensors reader
+    and Mamba weights).
 """
 import json
 import os
-import subprocess
 import sys
 
 TOLERANCE = 1e-10
@@ -47,22 +46,24 @@ UNPACKED_DIFFERS = 1e-6  # the batch without documents is at least this far from
 
 # ---- the venv half ----------------------------------------------------------------------------------------------
 
+# transformers' modeling modules whose float32 is made float64 (the hybrids' too: qwen3_next_hf_test.py).
+FLOAT64_MODULES = ("modeling_rope_utils", "models.llama.modeling_llama", "models.mamba.modeling_mamba",
+                   "models.qwen2.modeling_qwen2", "models.qwen3.modeling_qwen3",
+                   "models.qwen3_next.modeling_qwen3_next", "models.qwen3_5.modeling_qwen3_5")
+
+
 def _float64_transformers():
     """transformers' modeling code, with its float32 (and torch.float) meaning float64."""
+    import importlib
     import types
 
     import torch
-    import transformers.modeling_rope_utils as rope_utils
-    import transformers.models.llama.modeling_llama as llama
-    import transformers.models.mamba.modeling_mamba as mamba
-    import transformers.models.qwen2.modeling_qwen2 as qwen2
-    import transformers.models.qwen3.modeling_qwen3 as qwen3
 
     proxy = types.ModuleType("torch")
     proxy.__getattr__ = lambda name: getattr(torch, name)
     proxy.float32 = proxy.float = torch.float64
-    for module in (rope_utils, llama, qwen2, qwen3, mamba):
-        module.torch = proxy
+    for name in FLOAT64_MODULES:
+        importlib.import_module("transformers." + name).torch = proxy
     torch.Tensor.float = torch.Tensor.double  # Mamba's mixer: A_log.float(), D.float(), B.float(), ...
     torch.set_default_dtype(torch.float64)
 
@@ -94,21 +95,39 @@ def reference(directory, batch, family=None):
         make(directory, family)
     _float64_transformers()
     import torch
-    import torch.nn.functional as F
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64,
                                                               attn_implementation="eager")
+    print(json.dumps(loss_and_grads(model, batch)))
+
+
+def loss_and_grads(model, batch):
+    """{"loss": the mean token loss of the JSONL batch, "grads": {name: flat gradient}} (parameters the loss uses).
+    A packed record's documents are each a sequence of their own; a record with "labels" is one sequence with its
+    labels (Hugging Face's: unshifted, -100 ignored)."""
+    import torch
+    import torch.nn.functional as F
+
     total, count = torch.zeros(()), 0
     for line in open(batch):
-        for doc in documents(json.loads(line)):
-            x = torch.tensor([doc])
-            total = total + F.cross_entropy(model(input_ids=x).logits[0, :-1], x[0, 1:], reduction="sum")
-            count += len(doc) - 1
+        record = json.loads(line)
+        for ids, labels in sequences(record):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+            targets = torch.tensor(labels[1:])
+            total = total + F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+            count += int((targets != -100).sum())
     loss = total / count
     loss.backward()
-    print(json.dumps({"loss": loss.item(), "grads": {n: p.grad.flatten().tolist()
-                                                     for n, p in model.named_parameters()}}))
+    return {"loss": loss.item(),
+            "grads": {n: p.grad.flatten().tolist() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+def sequences(record):
+    """(tokens, labels) of each sequence of a record: the record with its labels, or each document alone."""
+    if "labels" in record:
+        return [(record["input_ids"], record["labels"])]
+    return [(doc, doc) for doc in documents(record)]
 
 
 def documents(record):
@@ -176,14 +195,7 @@ def _scratch():
 
 def _reference(model_dir, batch, *family):
     """transformers' loss and gradients of the batch's documents alone (the venv half)."""
-    import pytest
-
-    pip_venv = os.environ.get("SG_PIP_VENV") or _ref()._runfile("tests/e2e/pip_venv.sh")
-    if not pip_venv:
-        pytest.fail("tests/e2e/pip_venv.sh not found (pass --pip_venv=PATH)")
-    python = os.path.join(subprocess.check_output(["bash", pip_venv], text=True).strip(), "bin", "python")
-    return json.loads(subprocess.run([python, os.path.abspath(__file__), "reference", model_dir, batch, *family],
-                                     check=True, capture_output=True, text=True).stdout)
+    return _ref().venv_json(__file__, "reference", model_dir, batch, *family)
 
 
 def _worst(engine, want):
@@ -236,14 +248,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["reference"]:
         reference(*sys.argv[2:])
         sys.exit(0)
-    import pytest
-
-    args = []
-    for a in sys.argv[1:]:
-        if a.startswith("--grad_dump="):
-            os.environ["SG_GRAD_DUMP"] = os.path.abspath(a.split("=", 1)[1])
-        elif a.startswith("--pip_venv="):
-            os.environ["SG_PIP_VENV"] = os.path.abspath(a.split("=", 1)[1])
-        else:
-            args.append(a)
-    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-s", "-p", "no:cacheprovider"] + args))
+    _ref().main(__file__)

@@ -116,6 +116,20 @@ def run(cmd, check=True, threads=None):
     return proc
 
 
+_VENV_PYTHON = []
+
+
+def venv_json(script, *args):
+    """Runs script in the venv of tests/e2e/pip_venv.sh (torch, transformers and peft from PyPI; --pip_venv=PATH or
+    SG_PIP_VENV names the script) with args; returns what it prints, as JSON."""
+    if not _VENV_PYTHON:
+        pip_venv = os.environ.get("SG_PIP_VENV") or _runfile("tests/e2e/pip_venv.sh")
+        if not pip_venv:
+            pytest.fail("tests/e2e/pip_venv.sh not found (pass --pip_venv=PATH or set SG_PIP_VENV)")
+        _VENV_PYTHON.append(os.path.join(run(["bash", pip_venv]).stdout.strip(), "bin", "python"))
+    return json.loads(run([_VENV_PYTHON[0], os.path.abspath(script), *args]).stdout)
+
+
 def scratch_dir(prefix):
     if os.environ.get("TEST_TMPDIR"):  # Bazel cleans it up
         return tempfile.mkdtemp(prefix=prefix, dir=os.environ["TEST_TMPDIR"])
@@ -1056,13 +1070,14 @@ def test_saved_model_loads_back(config):
 
 
 def main(test_file):
-    """Runs pytest on test_file; --grad_dump=PATH and --train=PATH name the binaries (Bazel passes them)."""
+    """Runs pytest on test_file; --grad_dump=PATH and --train=PATH name the binaries, --pip_venv=PATH
+    tests/e2e/pip_venv.sh (Bazel passes them)."""
+    paths = {"--grad_dump": "SG_GRAD_DUMP", "--train": "SG_TRAIN", "--pip_venv": "SG_PIP_VENV"}
     args = []
     for a in sys.argv[1:]:
-        if a.startswith("--grad_dump="):
-            os.environ["SG_GRAD_DUMP"] = os.path.abspath(a.split("=", 1)[1])
-        elif a.startswith("--train="):
-            os.environ["SG_TRAIN"] = os.path.abspath(a.split("=", 1)[1])
+        flag, _, path = a.partition("=")
+        if flag in paths and path:
+            os.environ[paths[flag]] = os.path.abspath(path)
         else:
             args.append(a)
     sys.exit(pytest.main([os.path.abspath(test_file), "-q", "-s", "-p", "no:cacheprovider"] + args))
