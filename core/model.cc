@@ -50,6 +50,37 @@ std::vector<Chunk> SplitAtDocuments(Chunk c, const std::vector<int64_t>& doc_sta
   return pieces;
 }
 
+bool StartsDocument(const std::vector<int64_t>& doc_starts, int64_t b) {
+  return b == 0 || std::binary_search(doc_starts.begin(), doc_starts.end(), b);
+}
+
+std::vector<ChunkPiece> DocumentPieces(Chunk c, const std::vector<int64_t>& doc_starts) {
+  const std::vector<Chunk> chunks = SplitAtDocuments(c, doc_starts);
+  std::vector<ChunkPiece> pieces;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    pieces.push_back({chunks[i].begin - c.begin, chunks[i].size(), i == 0, i + 1 == chunks.size()});
+  return pieces;
+}
+
+bool KeepsStateAfter(const StateOptions& o, Chunk c) {
+  return (o.seq_len <= 0 || c.end < o.seq_len) && !StartsDocument(o.doc_starts, c.end);
+}
+
+void ScaleTensor(Tensor& t, double f) {
+  if (!t.defined() || t.device() == Device::kMeta) return;  // meta tensors hold no values
+  if (!HostAddressable(t.device())) {
+    if (t.dtype() == DType::kF64)
+      OpsFor<double>(t.device()).scale(t.data<double>(), t.numel(), f);
+    else
+      OpsFor<float>(t.device()).scale(t.data<float>(), t.numel(), f);
+    return;
+  }
+  if (t.dtype() == DType::kF64)
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= f;
+  else
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(f);
+}
+
 int64_t LongestDocument(const std::vector<int64_t>& doc_starts, int64_t seq_len) {
   if (seq_len <= 0) return 0;
   int64_t longest = seq_len + 1 - DocumentStart(doc_starts, seq_len - 1);  // the last one has the label-only token

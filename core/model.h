@@ -88,6 +88,21 @@ struct StateOptions {
 int64_t DocumentStart(const std::vector<int64_t>& doc_starts, int64_t pos);
 // Chunk c cut where documents start: the pieces in order, each inside one document (c itself without documents).
 std::vector<Chunk> SplitAtDocuments(Chunk c, const std::vector<int64_t>& doc_starts);
+// Whether position b starts a document (the sequence's start included): no recurrent state crosses b.
+bool StartsDocument(const std::vector<int64_t>& doc_starts, int64_t b);
+// A piece of a chunk inside one document: its first row in the chunk and its rows; whether it is the chunk's first
+// (it reads the chunk's input state) and last (it leaves the output state). Pieces after the first start a document.
+struct ChunkPiece {
+  int64_t row, rows;
+  bool first, last;
+};
+std::vector<ChunkPiece> DocumentPieces(Chunk c, const std::vector<int64_t>& doc_starts);
+// Whether a recurrent layer (an SSM, linear attention) keeps its state after chunk c: a later chunk reads it,
+// unless c ends the sequence or a document starts where c ends.
+bool KeepsStateAfter(const StateOptions& o, Chunk c);
+// t *= factor on its device (a recurrent layer's relayed state gradient); nothing for undefined or meta tensors.
+void ScaleTensor(Tensor& t, double factor);
+
 // Tokens of the longest document of a sequence of seq_len positions, counting the final label-only token (the
 // engine's inputs are ids[0, n - 1), its labels ids[1, n)) as transformers' position_ids do: the length dynamic
 // RoPE scales from; seq_len + 1 without documents.

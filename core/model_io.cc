@@ -55,9 +55,17 @@ absl::Status CheckModelSize(const ModelSpec& spec, DType dtype, Device device, c
 std::string ConfigSource(const std::string& spec) { return IsDirectory(spec) ? spec + "/config.json" : spec; }
 }  // namespace
 
-// Every parameter by name, checking shapes; tensors the model does not use are an error. A tied head may be
-// stored anyway.
-static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, const std::string& architecture) {
+static bool StartsWithAny(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const std::string& p : prefixes)
+    if (absl::StartsWith(name, p)) return true;
+  return false;
+}
+
+// Every parameter by name, checking shapes; tensors the model does not use are an error, but for a tied head that
+// is stored anyway and the tensors the spec carries (ModelSpec::CarriedTensors).
+static absl::Status LoadParams(Model& model, const std::string& dir, const ModelSpec& spec) {
+  const bool tied = spec.tied_embeddings();
+  const std::vector<std::string> carried = spec.CarriedTensors();
   absl::StatusOr<io::ShardedSafetensors> files = io::ShardedSafetensors::OpenDir(dir);
   if (!files.ok()) return files.status();
   std::set<std::string> expected;
@@ -79,17 +87,18 @@ static absl::Status LoadParams(Model& model, const std::string& dir, bool tied, 
     // Buffers some exporters keep, and the duplicate head of tied checkpoints, carry no parameters of ours.
     if (absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
     if (name == "lm_head.weight" && tied) continue;
+    if (StartsWithAny(name, carried)) continue;
     unknown.push_back(name);
   }
   if (!unknown.empty())
-    return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ", architecture,
+    return absl::InvalidArgumentError(absl::StrCat(files->source(), ": tensors not used by a ", spec.architecture(),
                                                    " model: ", absl::StrJoin(unknown, ", ")));
   return absl::OkStatus();
 }
 
 absl::Status LoadWeights(Model& model, const std::string& dir) {
   std::unique_ptr<ModelSpec> spec = model.spec();
-  return LoadParams(model, dir, spec->tied_embeddings(), spec->architecture());
+  return LoadParams(model, dir, *spec);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
@@ -294,6 +303,19 @@ absl::StatusOr<Existing> ListExisting(const std::string& dir) {
 
 // config.json: the engine's config of the model, plus every field of the source's config.json the engine does not
 // write (bos/eos/pad token ids, ...), labelled with the dtype the weights are saved in.
+// Fields of `from` that `to` lacks, and inside text_config and rope_parameters those they lack (a conditional
+// model's text model keeps the source's fields beside the engine's, Qwen3.5's RoPE its mrope_section).
+void AddMissingFields(const nlohmann::ordered_json& from, nlohmann::ordered_json& to) {
+  for (auto it = from.begin(); it != from.end(); ++it) {
+    if (!to.contains(it.key())) {
+      to[it.key()] = it.value();
+    } else if ((it.key() == "text_config" || it.key() == "rope_parameters") && it.value().is_object() &&
+               to[it.key()].is_object()) {
+      AddMissingFields(it.value(), to[it.key()]);
+    }
+  }
+}
+
 absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dtype, const std::string& source_dir) {
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(engine_json, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) return absl::InternalError("the engine's config.json is not a JSON object");
@@ -305,12 +327,54 @@ absl::StatusOr<std::string> SavedConfig(const std::string& engine_json, DType dt
     if (!source.is_object())
       return absl::InvalidArgumentError(absl::StrCat(source_dir, "/config.json: is not a JSON object"));
     // The engine writes the RoPE block as rope_scaling: the source's rope_parameters would be a second one.
-    for (auto it = source.begin(); it != source.end(); ++it)
-      if (!config.contains(it.key()) && it.key() != "rope_parameters") config[it.key()] = it.value();
+    if (!config.contains("rope_parameters")) source.erase("rope_parameters");
+    AddMissingFields(source, config);
   }
   config["torch_dtype"] = HFDtypeName(dtype);  // transformers 4.x's name of the field
   config["dtype"] = HFDtypeName(dtype);        // and 5.x's
   return config.dump(2) + "\n";
+}
+
+// The source directory's tensors that the spec carries (ModelSpec::CarriedTensors), appended to `tensors` as they
+// are stored there. A save without a source refuses a model whose carried tensors transformers needs.
+absl::Status AddCarriedTensors(const ModelSpec& spec, const std::string& source_dir,
+                               std::optional<io::ShardedSafetensors>& files, std::vector<io::TensorToWrite>& tensors) {
+  const std::vector<std::string> carried = spec.CarriedTensors();
+  const std::string required = spec.RequiredCarriedTensors();
+  if (carried.empty()) return absl::OkStatus();
+  if (source_dir.empty()) {
+    if (required.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("a ", spec.architecture(), " save keeps the source directory's ", required,
+                     "* tensors, which the engine does not run: save a model loaded from a directory"));
+  }
+  absl::StatusOr<io::ShardedSafetensors> opened = io::ShardedSafetensors::OpenDir(source_dir);
+  if (!opened.ok()) return opened.status();
+  files = *std::move(opened);
+  bool found_required = required.empty();
+  for (const std::string& name : files->TensorNames()) {
+    if (!StartsWithAny(name, carried)) continue;
+    const io::TensorInfo* info = files->Find(name);
+    DType dtype;
+    switch (info->dtype) {
+      case io::StDType::kF64: dtype = DType::kF64; break;
+      case io::StDType::kF32: dtype = DType::kF32; break;
+      case io::StDType::kBF16: dtype = DType::kBF16; break;
+      case io::StDType::kF16: dtype = DType::kF16; break;
+      case io::StDType::kI32: dtype = DType::kI32; break;
+      case io::StDType::kI64: dtype = DType::kI64; break;
+      default:
+        return absl::UnimplementedError(absl::StrCat(files->source(), ": tensor '", name, "' is ",
+                                                     std::string(io::StDTypeName(info->dtype)),
+                                                     "; a save carries F64, F32, BF16, F16, I32 and I64 tensors"));
+    }
+    found_required = found_required || absl::StartsWith(name, required);
+    tensors.push_back({name, dtype, info->shape, info->bytes.data()});
+  }
+  if (!found_required)
+    return absl::NotFoundError(absl::StrCat(files->source(), ": no ", required, "* tensors; a ", spec.architecture(),
+                                            " save keeps them from its source directory"));
+  return absl::OkStatus();
 }
 
 // Everything a save writes, into the (new, empty) staging directory; tensors in `dtype` (nullopt: as stored).
@@ -346,6 +410,8 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
     }
     tensors.push_back({p.name, dtype.value_or(p.value.dtype()), p.value.shape(), data});
   }
+  std::optional<io::ShardedSafetensors> source_files;  // the carried tensors' bytes live as long as it does
+  if (absl::Status s = AddCarriedTensors(*spec, source_dir, source_files, tensors); !s.ok()) return s;
   if (absl::Status s = io::WriteSafetensors(staging + "/model.safetensors", tensors, {{"format", "pt"}}); !s.ok())
     return s;
   absl::StatusOr<std::string> config =

@@ -175,12 +175,14 @@ class ParamStore {
 
   // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c;
   // vocab_parallel: head holds this rank's `vocab` rows of a vocabulary split over the group (lm_head.h).
+  // norm_weight: what the norm multiplies by, when it is not final_norm's weight itself (a zero-centred norm's 1 + w,
+  // whose gradient is final_norm's).
   HeadResult Head(const OpTable<T>& ops, int final_norm, int head, double eps, int64_t d, int64_t vocab, Chunk c,
                   const Tensor& h, const int32_t* labels, const TokenObjective* objective, double grad_scale,
-                  bool need_grad, const TensorParallel* vocab_parallel = nullptr) {
+                  bool need_grad, const TensorParallel* vocab_parallel = nullptr, const T* norm_weight = nullptr) {
     LmHeadWeights<T> w;
     w.vocab_parallel = vocab_parallel;
-    w.norm = W(final_norm);
+    w.norm = norm_weight ? norm_weight : W(final_norm);
     w.norm_grad = need_grad ? GradOrScratch(final_norm) : nullptr;
     w.head = Wv(head);
     w.head_grad = G(head);

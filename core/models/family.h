@@ -39,6 +39,12 @@ class ModelSpec {
   virtual absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const = 0;
   // The family's random initialisation of a model created from this spec (by default sg::InitRandom's).
   virtual void InitRandom(Model& model, uint64_t seed) const;
+  // Name prefixes of the tensors a checkpoint holds beside the model that the engine does not run (Qwen3.5's
+  // vision tower and multi-token-prediction layers): loading skips them and a save copies them from the source
+  // directory, so that transformers loads the saved model as it loaded the source.
+  virtual std::vector<std::string> CarriedTensors() const { return {}; }
+  // Of those, the prefix a save cannot do without (transformers would report its tensors missing); empty: none.
+  virtual std::string RequiredCarriedTensors() const { return ""; }
 
   // Parameters that multiply activations in a matmul: the layers' projections and the LM head (not the embedding
   // lookup, the norms or the biases).

@@ -48,8 +48,8 @@ class MambaState final : public SequenceState {
   // What later chunks relayed to c is the gradient of c's output state.
   void ScaleGrad(int layer, Chunk c, double factor) override {
     if (BoundaryState* g = Find(grad, layer, c.end)) {
-      Scale(g->h, factor);
-      Scale(g->tail, factor);
+      ScaleTensor(g->h, factor);
+      ScaleTensor(g->tail, factor);
     }
   }
   static BoundaryState* Find(std::vector<std::map<int64_t, BoundaryState>>& m, int layer, int64_t b) {
@@ -69,20 +69,6 @@ class MambaState final : public SequenceState {
                                               "th layer held at once (resident: ", resident, ")"));
     }
     return m[layer][b];
-  }
-  static void Scale(Tensor& t, double f) {
-    if (!t.defined() || t.device() == Device::kMeta) return;  // meta tensors hold no values
-    if (!HostAddressable(t.device())) {
-      if (t.dtype() == DType::kF64)
-        OpsFor<double>(t.device()).scale(t.data<double>(), t.numel(), f);
-      else
-        OpsFor<float>(t.device()).scale(t.data<float>(), t.numel(), f);
-      return;
-    }
-    if (t.dtype() == DType::kF64)
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] *= f;
-    else
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(f);
   }
   int64_t AdjointPairs() const override { return pairs; }
   LaterTokens& Later(int layer) {
@@ -233,14 +219,14 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     keep_copy(kXin, xin);
 
     // The input state: zeros where a document (or the sequence) starts, else what the previous chunk left.
-    const bool carries_in = !StartsDocument(state, c.begin);
+    const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
     const BoundaryState* in = carries_in ? MambaState::Find(state.cache, l, c.begin) : nullptr;
     if (carries_in && !in)
       throw std::logic_error(absl::StrCat("mamba layer ", l, ": no scan state at position ", c.begin));
     Tensor h0 = New(act, {E, N}), tail0 = New(act, {K - 1, E});
     CopyOrZero(in ? &in->h : nullptr, h0);
     CopyOrZero(in ? &in->tail : nullptr, tail0);
-    const bool keep_out = KeepsOutputState(state, c);
+    const bool keep_out = KeepsStateAfter(state.opts, c);
     BoundaryState* out = keep_out ? &state.Slot(state.cache, l, c.end, state.opts.resident_layers, "states") : nullptr;
     if (out && !out->h.defined()) {
       out->h = New(MemCategory::kKVCache, {E, N});
@@ -249,9 +235,9 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
     // The conv and the scan run document by document: a piece that starts one reads the zero state, the first
     // piece the chunk's input state, and the last piece leaves the output state.
-    const std::vector<Piece> pieces = Pieces(c, state);
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     Tensor xc = New(big, {n, E}), u = New(big, {n, E});
-    for (const Piece& p : pieces)
+    for (const ChunkPiece& p : pieces)
       ops_.conv1d_forward(xin.data<T>() + p.row * E, p.first ? tail0.data<T>() : nullptr, W(L.conv_w),
                           L.conv_b >= 0 ? W(L.conv_b) : nullptr, p.rows, E, K, xc.data<T>() + p.row * E,
                           p.last && out ? out->tail.data<T>() : nullptr);
@@ -291,7 +277,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     keep(kDelta, delta);
     Tensor A = NegExp(L.a_log);
     Tensor y = New(big, {n, E});
-    for (const Piece& p : pieces)
+    for (const ChunkPiece& p : pieces)
       ops_.selective_scan_forward(u.data<T>() + p.row * E, delta.data<T>() + p.row * E, A.data<T>(),
                                   B.data<T>() + p.row * N, C.data<T>() + p.row * N, W(L.d),
                                   p.first ? h0.data<T>() : nullptr, p.rows, E, N, y.data<T>() + p.row * E,
@@ -346,7 +332,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     // of its input state for the previous chunk (none where a document starts: the zero state is a constant).
     const BoundaryState* gout = MambaState::Find(state.grad, l, c.end);
     BoundaryState* gin = nullptr;
-    const bool carries_in = !StartsDocument(state, c.begin);
+    const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
     if (carries_in) {
       gin = &state.Slot(state.grad, l, c.begin, state.opts.resident_grad_layers, "state gradients");
       if (!gin->tail.defined()) {
@@ -363,7 +349,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     Tensor A = NegExp(L.a_log), dA = Tensor::Zeros(&mem_, ws, Store::kDType, {E, N});
     const Tensor u_kept = wide(kU), delta = wide(kDelta), B = wide(kB), C = wide(kC);
     const T* u = u_kept.data<T>();
-    const std::vector<Piece> pieces = Pieces(c, state);
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     if (adjoint) {
       // Pairs (t, i) stay inside a document: only the last piece reads the tokens after c (of its document, as
       // relayed), and earlier chunks read c's first piece (and what follows it when c is one piece), or nothing.
@@ -371,7 +357,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       if (later.rows > 0 && later.begin != c.end)
         throw std::logic_error(absl::StrCat("mamba layer ", l, ": adjoint cotangents start at ", later.begin,
                                             ", not after the chunk ending at ", c.end));
-      for (const Piece& p : pieces) {
+      for (const ChunkPiece& p : pieces) {
         const int64_t reads = p.last ? later.rows : 0;
         state.pairs += ops_.selective_scan_backward_pairs(
             dyscan.data<T>() + p.row * E, u + p.row * E, delta.data<T>() + p.row * E, A.data<T>(),
@@ -387,7 +373,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
       else
         later = {};
     } else {
-      for (const Piece& p : pieces)
+      for (const ChunkPiece& p : pieces)
         ops_.selective_scan_backward(
             dyscan.data<T>() + p.row * E, p.last && gout && gout->h.defined() ? gout->h.data<T>() : nullptr,
             u + p.row * E, delta.data<T>() + p.row * E, A.data<T>(), B.data<T>() + p.row * N, C.data<T>() + p.row * N,
@@ -433,7 +419,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     });
     {
       const Tensor xin = wide(kXin);
-      for (const Piece& p : pieces)
+      for (const ChunkPiece& p : pieces)
         ops_.conv1d_backward(dxc.data<T>() + p.row * E, p.last && gout ? gout->tail.data<T>() : nullptr,
                              xin.data<T>() + p.row * E, p.first ? s[kTail0].data<T>() : nullptr, W(L.conv_w), p.rows, E,
                              K, dxin.data<T>() + p.row * E, p.first && gin ? gin->tail.data<T>() : nullptr,
@@ -472,28 +458,6 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
  private:
   // Later positions read the output state of c, unless c ends the sequence or a document starts at c.end.
-  static bool KeepsOutputState(const MambaState& state, Chunk c) {
-    return (state.opts.seq_len <= 0 || c.end < state.opts.seq_len) && !StartsDocument(state, c.end);
-  }
-  // Whether position b starts a document (the sequence's start included): no state crosses b, either way.
-  static bool StartsDocument(const MambaState& state, int64_t b) {
-    const std::vector<int64_t>& docs = state.opts.doc_starts;
-    return b == 0 || std::binary_search(docs.begin(), docs.end(), b);
-  }
-  // A piece of a chunk inside one document: its first row in the chunk and its rows; whether it is the chunk's
-  // first (it reads the chunk's input state) and last (it leaves the output state). Pieces after the first start
-  // a document.
-  struct Piece {
-    int64_t row, rows;
-    bool first, last;
-  };
-  static std::vector<Piece> Pieces(Chunk c, const MambaState& state) {
-    const std::vector<Chunk> chunks = SplitAtDocuments(c, state.opts.doc_starts);
-    std::vector<Piece> pieces;
-    for (size_t i = 0; i < chunks.size(); ++i)
-      pieces.push_back({chunks[i].begin - c.begin, chunks[i].size(), i == 0, i + 1 == chunks.size()});
-    return pieces;
-  }
   // c's scan cotangents, deltas and C followed by those of the tokens after c, cut to the first `keep` rows: what
   // the chunks before c read.
   LaterTokens PrependTokens(Chunk c, const Tensor& dy, const Tensor& delta, const Tensor& C, const LaterTokens& after,

@@ -14,10 +14,14 @@
 
 namespace sg {
 
+int64_t TransformerConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+}
+
 double DynamicRopeBase(const TransformerConfig& c, int64_t tokens) {
   const double m = static_cast<double>(c.max_position_embeddings);
   const double past = std::max(0.0, static_cast<double>(tokens) - m);
-  const double d = static_cast<double>(c.head_dim);
+  const double d = static_cast<double>(c.rotary_dim());
   return c.rope_theta * std::pow(1 + c.rope_scaling.factor * past / m, d / (d - 2));
 }
 
@@ -34,24 +38,38 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
     return s;
   FootprintCounter n(dtype);
   const int64_t d = c.hidden_size, L = c.num_layers, f = c.intermediate_size;
+  int64_t linear = 0;  // Gated DeltaNet layers; the others are attention layers
+  for (int64_t l = 0; l < L; ++l) linear += c.is_linear(l) ? 1 : 0;
+  const int64_t A = L - linear;
   const int64_t qd = n.Product({{"num_attention_heads", c.num_heads}, {"head_dim", c.head_dim}});
   const int64_t kvd = n.Product({{"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}});
   n.Add(n.Product({{"vocab_size", c.vocab_size}, {"hidden_size", d}}), c.tie_word_embeddings ? 1 : 2);
   n.Add(d, 2 * L + 1);  // the layers' two norms, the final norm
-  n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), 2 * L);   // q, o
-  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * L);  // k, v
+  // q (with a gate per value in hybrids' gated attention), o
+  n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), (c.hybrid() ? 3 : 2) * A);
+  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);  // k, v
   n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * L);                 // gate, up, down
   if (c.attention_bias) {
-    n.Add(qd, L);
-    n.Add(kvd, 2 * L);
+    n.Add(qd * (c.hybrid() ? 2 : 1), A);
+    n.Add(kvd, 2 * A);
   }
-  if (c.o_bias()) n.Add(d, L);
+  if (c.o_bias()) n.Add(d, A);
   if (c.mlp_bias) {
     n.Add(f, 2 * L);
     n.Add(d, L);
   }
-  if (c.qk_norm()) n.Add(c.head_dim, 2 * L);
-  n.Add(c.head_dim / 2);  // RoPE frequencies
+  if (c.qk_norm()) n.Add(c.head_dim, 2 * A);
+  n.Add(c.rotary_dim() / 2);  // RoPE frequencies
+  if (linear > 0) {
+    const LinearAttentionConfig& a = c.linear;
+    const int64_t conv = n.Product({{"linear conv channels", a.conv_dim()}, {"linear_conv_kernel_dim", a.conv_kernel}});
+    n.Add(n.Product({{"linear conv channels", a.conv_dim()}, {"hidden_size", d}}), linear);  // in_proj q, k, v
+    n.Add(n.Product({{"linear value dim", a.value_dim()}, {"hidden_size", d}}), 2 * linear);  // in_proj z, out_proj
+    n.Add(n.Product({{"linear_num_value_heads", a.value_heads}, {"hidden_size", d}}), 2 * linear);  // b, a
+    n.Add(conv, linear);
+    n.Add(a.value_heads, 2 * linear);  // A_log, dt_bias
+    n.Add(a.value_head_dim, linear);   // the gated norm
+  }
   return n.Result();
 }
 
@@ -68,9 +86,11 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
-    if (*model_type == "llama" || *model_type == "qwen2" || *model_type == "qwen3") return *model_type;
-    return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
-                                                   "' is not supported (supported: llama, qwen2, qwen3)"));
+    for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5"})
+      if (*model_type == type) return *model_type;
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": model_type '", *model_type,
+                     "' is not supported (supported: llama, qwen2, qwen3, qwen3_next, qwen3_5_text, qwen3_5)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -84,12 +104,16 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
     if (name == "LlamaForCausalLM") return std::string("llama");
     if (name == "Qwen2ForCausalLM") return std::string("qwen2");
     if (name == "Qwen3ForCausalLM") return std::string("qwen3");
+    if (name == "Qwen3NextForCausalLM") return std::string("qwen3_next");
+    if (name == "Qwen3_5ForCausalLM") return std::string("qwen3_5_text");
+    if (name == "Qwen3_5ForConditionalGeneration") return std::string("qwen3_5");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
-                   "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"));
+                   "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                   "Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)"));
 }
 
 // The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is
@@ -122,6 +146,21 @@ json StandardRopeBlock(const json& block, double rope_theta) {
   return out;
 }
 
+// Partial RoPE (hybrids) rotates the first head_dim x partial_rotary_factor dims of a head: an even number, at
+// least 2 and at most head_dim. Llama, Qwen2 and Qwen3 rotate whole heads.
+absl::Status CheckRotaryDim(const FieldReader& fields, const TransformerConfig& config) {
+  const double f = config.partial_rotary_factor;
+  if (!config.hybrid() && f != 1.0)
+    return fields.Error("partial_rotary_factor",
+                        absl::StrCat("is ", f, "; ", config.architecture, " rotates whole heads (1)"));
+  const int64_t dim = config.rotary_dim();
+  if (f > 1.0 || dim < 2 || dim % 2 != 0)
+    return fields.Error("partial_rotary_factor",
+                        absl::StrCat("is ", f, ": head_dim (", config.head_dim, ") x it = ", dim,
+                                     " rotated dims; they must be even, at least 2 and at most head_dim"));
+  return absl::OkStatus();
+}
+
 // Dynamic RoPE's base must stay finite up to this sequence length (tokens).
 constexpr int64_t kLongestDynamicRopeCheck = int64_t{1} << 31;
 
@@ -147,10 +186,8 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   }
   const FieldReader rope(*block, source_name, block_name + ".");
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, rope.PositiveNumber("rope_theta", config.rope_theta));
-  double partial_rotary_factor;
-  SG_IO_ASSIGN_OR_RETURN(partial_rotary_factor, rope.PositiveNumber("partial_rotary_factor", 1.0));
-  if (partial_rotary_factor != 1.0)
-    return rope.Error("partial_rotary_factor", "is not 1; only full rotary embeddings are supported");
+  SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor,
+                         rope.PositiveNumber("partial_rotary_factor", config.partial_rotary_factor));
   // Newer configs say "rope_type", older ones "type"; transformers takes rope_type when both are there.
   std::optional<std::string> type, old_type;
   SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
@@ -191,9 +228,10 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
     return absl::OkStatus();
   }
   if (scaling.type == "dynamic") {
-    // NTK's exponent is head_dim / (head_dim - 2).
-    if (config.head_dim <= 2)
-      return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs head_dim > 2"));
+    // NTK's exponent is d / (d - 2), d the rotated dims.
+    if (config.rotary_dim() <= 2)
+      return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs more than 2 rotated "
+                                                   "dims (head_dim x partial_rotary_factor)"));
     if (!std::isfinite(DynamicRopeBase(config, kLongestDynamicRopeCheck)))
       return rope.Error("factor", absl::StrCat("is ", scaling.factor, ": dynamic RoPE's base overflows (at ",
                                                kLongestDynamicRopeCheck,
@@ -210,35 +248,90 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   return absl::OkStatus();
 }
 
-// transformers >= 5 lists each layer's attention kind; only full attention
-// is implemented.
-absl::Status CheckLayerTypes(const FieldReader& fields) {
+// transformers >= 5 lists each layer's attention kind: full attention everywhere, and in hybrids
+// "linear_attention" (Gated DeltaNet) too, by default in every layer but each full_attention_interval-th.
+absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& config) {
   const json* layer_types = fields.Get("layer_types");
-  if (layer_types == nullptr) return absl::OkStatus();
+  if (layer_types == nullptr) {
+    if (!config.hybrid()) return absl::OkStatus();
+    int64_t interval;
+    SG_IO_ASSIGN_OR_RETURN(interval, fields.PositiveInt("full_attention_interval", 4));
+    for (int64_t i = 0; i < config.num_layers; ++i) config.linear_layers.push_back((i + 1) % interval != 0);
+    return absl::OkStatus();
+  }
   if (!layer_types->is_array()) {
     return fields.Error("layer_types", absl::StrCat("must be an array, got ", JsonTypeName(*layer_types)));
   }
+  if (static_cast<int64_t>(layer_types->size()) != config.num_layers)
+    return fields.Error("layer_types", absl::StrCat("lists ", layer_types->size(), " layers; num_hidden_layers is ",
+                                                    config.num_layers));
+  const char* supported = config.hybrid() ? "'full_attention' and 'linear_attention' are" : "only 'full_attention' is";
   for (const json& type : *layer_types) {
-    if (type != "full_attention") {
+    const bool linear = config.hybrid() && type == "linear_attention";
+    if (type != "full_attention" && !linear) {
       return fields.Error("layer_types",
                           absl::StrCat("has ",
                                        type.is_string() ? absl::StrCat("'", type.get_ref<const std::string&>(), "'")
                                                         : JsonTypeName(type),
-                                       "; only 'full_attention' is supported"));
+                                       "; ", supported, " supported for ", config.architecture));
+    }
+    config.linear_layers.push_back(linear);
+  }
+  if (config.hybrid() && std::find(config.linear_layers.begin(), config.linear_layers.end(), true) ==
+                             config.linear_layers.end())
+    config.linear_layers.clear();  // every layer full attention
+  return absl::OkStatus();
+}
+
+// Gated DeltaNet's shapes (transformers' defaults), and Qwen3-Next's mixture of experts, refused until supported.
+absl::Status ParseLinearAttention(const FieldReader& fields, TransformerConfig& config) {
+  LinearAttentionConfig& a = config.linear;
+  SG_IO_ASSIGN_OR_RETURN(a.conv_kernel, fields.PositiveInt("linear_conv_kernel_dim", 4));
+  SG_IO_ASSIGN_OR_RETURN(a.key_head_dim, fields.PositiveInt("linear_key_head_dim", 128));
+  SG_IO_ASSIGN_OR_RETURN(a.value_head_dim, fields.PositiveInt("linear_value_head_dim", 128));
+  SG_IO_ASSIGN_OR_RETURN(a.key_heads, fields.PositiveInt("linear_num_key_heads", 16));
+  SG_IO_ASSIGN_OR_RETURN(a.value_heads, fields.PositiveInt("linear_num_value_heads", 32));
+  if (a.value_heads % a.key_heads != 0)
+    return fields.Error("linear_num_value_heads", absl::StrCat("(", a.value_heads, ") must be a multiple of "
+                                                               "linear_num_key_heads (", a.key_heads, ")"));
+  if (config.architecture != "qwen3_next") return absl::OkStatus();
+  // Qwen3NextDecoderLayer: a sparse MoE block where num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not
+  // in mlp_only_layers; a dense MLP elsewhere.
+  const json* experts = fields.Get("num_experts");
+  if (experts && !experts->is_number_integer())
+    return fields.Error("num_experts", absl::StrCat("must be an integer, got ", JsonTypeName(*experts)));
+  const int64_t num_experts = experts ? experts->get<int64_t>() : 512;
+  if (num_experts <= 0) return absl::OkStatus();
+  int64_t step;
+  SG_IO_ASSIGN_OR_RETURN(step, fields.PositiveInt("decoder_sparse_step", 1));
+  std::vector<bool> dense(config.num_layers, false);
+  if (const json* only = fields.Get("mlp_only_layers")) {
+    if (!only->is_array()) return fields.Error("mlp_only_layers", "must be an array of layer indices");
+    for (const json& i : *only) {
+      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= config.num_layers)
+        return fields.Error("mlp_only_layers", absl::StrCat("holds ", i.dump(), ", not a layer index"));
+      dense[i.get<int64_t>()] = true;
     }
   }
+  for (int64_t i = 0; i < config.num_layers; ++i)
+    if (!dense[i] && (i + 1) % step == 0)
+      return fields.Error("num_experts", absl::StrCat("is ", num_experts, ": layer ", i,
+                                                      " is a mixture of experts, which is not supported yet (dense "
+                                                      "Qwen3-Next: num_experts 0, or every layer in mlp_only_layers)"));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
-  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
-  if (!parsed.ok()) return parsed.status();
-  const FieldReader fields(*parsed, source_name);
+namespace {
+
+// The fields of one text model of `architecture` (a config.json, or a conditional model's text_config).
+absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, const std::string& source_name,
+                                                  const std::string& architecture) {
   TransformerConfig config;
-  SG_IO_ASSIGN_OR_RETURN(config.architecture, DetectArchitecture(fields, source_name));
+  config.architecture = architecture;
   const bool is_qwen2 = config.architecture == "qwen2", is_qwen3 = config.architecture == "qwen3";
+  const bool hybrid = config.hybrid();
 
   SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
   SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
@@ -250,20 +343,28 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
         "num_key_value_heads",
         absl::StrCat("(", config.num_kv_heads, ") must divide num_attention_heads (", config.num_heads, ")"));
   }
-  if (fields.Get("head_dim") == nullptr && !is_qwen3 && config.hidden_size % config.num_heads != 0) {
+  if (fields.Get("head_dim") == nullptr && !is_qwen3 && !hybrid && config.hidden_size % config.num_heads != 0) {
     return fields.Error("hidden_size",
                         absl::StrCat("(", config.hidden_size, ") must be divisible by num_attention_heads (",
                                      config.num_heads, ") when head_dim is not given"));
   }
-  // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads.
-  SG_IO_ASSIGN_OR_RETURN(config.head_dim,
-                         fields.PositiveInt("head_dim", is_qwen3 ? 128 : config.hidden_size / config.num_heads));
+  // Qwen3Config's head_dim defaults to 128, the hybrids' to 256, not hidden_size / num_attention_heads.
+  SG_IO_ASSIGN_OR_RETURN(config.head_dim, fields.PositiveInt("head_dim", is_qwen3 ? 128
+                                                                         : hybrid ? 256
+                                                                                  : config.hidden_size / config.num_heads));
   SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
   // Defaults are those of HF's LlamaConfig / Qwen2Config.
   SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                         fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 ? 32768 : 2048));
+                         fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 || hybrid ? 32768 : 2048));
+  // The hybrids' configs default partial_rotary_factor to 0.25 (top level, or in the RoPE block).
+  SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor, fields.PositiveNumber("partial_rotary_factor", hybrid ? 0.25 : 1.0));
   if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
+  if (absl::Status status = CheckRotaryDim(fields, config); !status.ok()) return status;
+  if (hybrid && config.rope_scaling.type != "default")
+    return fields.Error(fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling",
+                        absl::StrCat("has rope_type '", config.rope_scaling.type, "'; ", config.architecture,
+                                     " models use the default RoPE"));
   SG_IO_ASSIGN_OR_RETURN(config.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
   // Qwen2 always has q/k/v biases; Llama and Qwen3 have them (and o_proj's) only when asked, and only Llama has
   // an mlp_bias option.
@@ -283,7 +384,37 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   bool sliding_window;
   SG_IO_ASSIGN_OR_RETURN(sliding_window, fields.Bool("use_sliding_window", false));
   if (sliding_window) return fields.Error("use_sliding_window", "is true, which is not supported");
-  if (absl::Status status = CheckLayerTypes(fields); !status.ok()) return status;
+  if (absl::Status status = ParseLayerTypes(fields, config); !status.ok()) return status;
+  if (hybrid)
+    if (absl::Status status = ParseLinearAttention(fields, config); !status.ok()) return status;
+  return config;
+}
+
+}  // namespace
+
+absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
+  absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
+  if (!parsed.ok()) return parsed.status();
+  const FieldReader fields(*parsed, source_name);
+  std::string architecture;
+  SG_IO_ASSIGN_OR_RETURN(architecture, DetectArchitecture(fields, source_name));
+  if (architecture != "qwen3_5") return ParseTextConfig(fields, source_name, architecture);
+  // Qwen3_5ForConditionalGeneration: the text model is text_config; its head may be tied at the top level.
+  const json* text = fields.Get("text_config");
+  if (text == nullptr || !text->is_object())
+    return fields.Error("text_config", text ? absl::StrCat("must be an object, got ", JsonTypeName(*text))
+                                            : std::string("is missing"));
+  const FieldReader text_fields(*text, source_name, "text_config.");
+  std::optional<std::string> text_type;
+  SG_IO_ASSIGN_OR_RETURN(text_type, text_fields.String("model_type"));
+  if (text_type && *text_type != "qwen3_5_text")
+    return text_fields.Error("model_type", absl::StrCat("is '", *text_type, "'; a qwen3_5 model's is 'qwen3_5_text'"));
+  absl::StatusOr<TransformerConfig> config = ParseTextConfig(text_fields, source_name, "qwen3_5_text");
+  if (!config.ok()) return config.status();
+  config->conditional = true;
+  bool tied;
+  SG_IO_ASSIGN_OR_RETURN(tied, fields.Bool("tie_word_embeddings", config->tie_word_embeddings));
+  config->tie_word_embeddings = tied;
   return config;
 }
 
@@ -293,7 +424,59 @@ absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path)
   return ParseTransformerConfig(text->first, text->second);
 }
 
+namespace {
+
+// A hybrid's text config as transformers 5 writes it: one rope_parameters block, the layer types, Gated DeltaNet's
+// shapes, and (Qwen3-Next) no experts.
+nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
+  const bool next = config.architecture == "qwen3_next";
+  nlohmann::ordered_json out;
+  if (!config.conditional) out["architectures"] = {next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"};
+  out["model_type"] = config.architecture;
+  out["hidden_act"] = "silu";
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"vocab_size", config.vocab_size},
+                              {"hidden_size", config.hidden_size},
+                              {"num_hidden_layers", config.num_layers},
+                              {"num_attention_heads", config.num_heads},
+                              {"num_key_value_heads", config.num_kv_heads},
+                              {"head_dim", config.head_dim},
+                              {"intermediate_size", config.intermediate_size},
+                              {"max_position_embeddings", config.max_position_embeddings},
+                              {"linear_conv_kernel_dim", config.linear.conv_kernel},
+                              {"linear_key_head_dim", config.linear.key_head_dim},
+                              {"linear_value_head_dim", config.linear.value_head_dim},
+                              {"linear_num_key_heads", config.linear.key_heads},
+                              {"linear_num_value_heads", config.linear.value_heads}})
+    out[field] = value;
+  out["rms_norm_eps"] = config.rms_norm_eps;
+  out["attention_bias"] = config.attention_bias;
+  out["tie_word_embeddings"] = config.tie_word_embeddings;
+  nlohmann::ordered_json& types = out["layer_types"] = nlohmann::ordered_json::array();
+  for (int64_t l = 0; l < config.num_layers; ++l) types.push_back(config.is_linear(l) ? "linear_attention"
+                                                                                      : "full_attention");
+  if (next) out["num_experts"] = 0;
+  nlohmann::ordered_json& rope = out["rope_parameters"];
+  rope["rope_type"] = config.rope_scaling.type;
+  rope["rope_theta"] = config.rope_theta;
+  rope["partial_rotary_factor"] = config.partial_rotary_factor;
+  return out;
+}
+
+}  // namespace
+
 std::string TransformerConfigToHFJson(const TransformerConfig& config) {
+  if (config.hybrid()) {
+    nlohmann::ordered_json out = HybridTextJson(config);
+    if (config.conditional) {
+      nlohmann::ordered_json outer;
+      outer["architectures"] = {"Qwen3_5ForConditionalGeneration"};
+      outer["model_type"] = "qwen3_5";
+      outer["tie_word_embeddings"] = config.tie_word_embeddings;
+      outer["text_config"] = std::move(out);
+      out = std::move(outer);
+    }
+    return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  }
   const bool is_qwen2 = config.architecture == "qwen2", is_llama = config.architecture == "llama";
   nlohmann::ordered_json out;
   out["architectures"] = {is_qwen2 ? "Qwen2ForCausalLM" : is_llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,9 +31,24 @@ struct RopeScaling {
   bool truncate = true;                          // yarn: round the ramp's ends outwards
 };
 
-// Transformer of the Llama / Qwen2 / Qwen3 family.
+// Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): per value head a [key_head_dim][value_head_dim] state
+// updated by the gated delta rule, fed by a causal depthwise conv over q, k and v.
+struct LinearAttentionConfig {
+  int64_t conv_kernel = 4;     // linear_conv_kernel_dim
+  int64_t key_head_dim = 0;    // linear_key_head_dim
+  int64_t value_head_dim = 0;  // linear_value_head_dim
+  int64_t key_heads = 0;       // linear_num_key_heads
+  int64_t value_heads = 0;     // linear_num_value_heads (a multiple of key_heads)
+  int64_t key_dim() const { return key_heads * key_head_dim; }
+  int64_t value_dim() const { return value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // the conv's channels: q, k, v
+};
+
+// Transformer of the Llama / Qwen2 / Qwen3 family, and the Qwen3-Next / Qwen3.5 hybrids.
 struct TransformerConfig {
-  std::string architecture = "llama";  // "llama", "qwen2" or "qwen3" (HF model_type)
+  // HF model_type: "llama", "qwen2", "qwen3", "qwen3_next" or "qwen3_5_text" (Qwen3.5's text model; also read
+  // from a "qwen3_5" config's text_config, `conditional`).
+  std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;        // d_model
   int64_t num_layers = 0;         // num_hidden_layers
@@ -48,8 +64,24 @@ struct TransformerConfig {
   bool mlp_bias = false;        // gate/up/down biases (Llama)
   int64_t max_position_embeddings = 0;
 
+  // Hybrids: per layer, true where it is Gated DeltaNet linear attention (layer_types "linear_attention"); empty:
+  // every layer is full attention.
+  std::vector<bool> linear_layers;
+  LinearAttentionConfig linear;
+  double partial_rotary_factor = 1.0;  // RoPE rotates the first head_dim x this dims of each head
+  // Qwen3.5 as published (Qwen3_5ForConditionalGeneration): the text model under "model.language_model.", beside a
+  // vision tower the engine does not run (kept on save).
+  bool conditional = false;
+
   // Qwen3: RMSNorm over head_dim of each q and k head (q_norm / k_norm), before RoPE.
-  bool qk_norm() const { return architecture == "qwen3"; }
+  bool qk_norm() const { return architecture == "qwen3" || hybrid(); }
+  // Qwen3-Next / Qwen3.5: gated attention (q_proj gives each head's query and output gate), zero-centred RMSNorms
+  // (x (1 + w)) and partial RoPE; Gated DeltaNet in the layers linear_layers marks.
+  bool hybrid() const { return architecture == "qwen3_next" || architecture == "qwen3_5_text"; }
+  bool is_linear(int64_t layer) const { return !linear_layers.empty() && linear_layers[layer]; }
+  int64_t rotary_dim() const;  // head_dim x partial_rotary_factor, as transformers truncates it
+  // Where the text model's parameters live: "model." or, in the conditional layout, "model.language_model.".
+  std::string prefix() const { return conditional ? "model.language_model." : "model."; }
   // Whether o_proj has a bias: attention_bias means q/k/v/o on Llama and Qwen3, q/k/v only on Qwen2.
   bool o_bias() const { return attention_bias && architecture != "qwen2"; }
 };

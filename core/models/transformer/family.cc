@@ -1,4 +1,4 @@
-// The transformer family (Llama, Qwen2, Qwen3) behind core/models/family.h.
+// The transformer family (Llama, Qwen2, Qwen3; the Qwen3-Next / Qwen3.5 hybrids) behind core/models/family.h.
 #include "core/models/family.h"
 
 #include <memory>
@@ -27,20 +27,31 @@ class TransformerSpec final : public ModelSpec {
     return AsModel(CreateTransformer(c_, dtype, device, tp));
   }
 
+  std::vector<std::string> CarriedTensors() const override {
+    if (!c_.hybrid()) return {};
+    return {"model.visual.", "mtp."};  // transformers' Qwen3.5 / Qwen3-Next causal LMs skip these too
+  }
+  std::string RequiredCarriedTensors() const override { return c_.conditional ? "model.visual." : ""; }
+
   int64_t MatmulParams() const override {
     const int64_t d = c_.hidden_size, qd = c_.num_heads * c_.head_dim, kvd = c_.num_kv_heads * c_.head_dim;
-    const int64_t per_layer = qd * d + 2 * kvd * d + d * qd + 3 * c_.intermediate_size * d;
-    return c_.num_layers * per_layer + c_.vocab_size * d;
+    const int64_t attention = (c_.hybrid() ? 2 : 1) * qd * d + 2 * kvd * d + d * qd;
+    const LinearAttentionConfig& a = c_.linear;
+    const int64_t linear = (a.conv_dim() + 2 * a.value_dim() + 2 * a.value_heads) * d;
+    const int64_t L = c_.num_layers, lin = LinearLayers();
+    return (L - lin) * attention + lin * linear + L * 3 * c_.intermediate_size * d + c_.vocab_size * d;
   }
-  // 6 x matmul parameters x tokens, and causal attention: QK^T and PV, 2 FLOPs per multiply-add, over the T (T + 1)
-  // / 2 pairs, x3 for forward and backward.
+  // 6 x matmul parameters x tokens, causal attention (QK^T and PV, 2 FLOPs per multiply-add, over the T (T + 1) / 2
+  // pairs) and the linear layers' conv and gated delta rule, x3 for forward and backward.
   int64_t StepFlops(int64_t seq_len) const override {
-    const int64_t T = seq_len, causal_pairs = T * (T + 1) / 2;
-    return 6 * MatmulParams() * T + 3 * 4 * c_.head_dim * c_.num_heads * c_.num_layers * causal_pairs;
+    const int64_t T = seq_len, causal_pairs = T * (T + 1) / 2, A = c_.num_layers - LinearLayers();
+    return 6 * MatmulParams() * T + 3 * 4 * c_.head_dim * c_.num_heads * A * causal_pairs +
+           3 * LinearLayers() * LinearMixingPerToken() * T;
   }
   double MixingForwardFlops(int64_t T) const override {
     const double per_layer = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c_.num_heads * c_.head_dim;
-    return per_layer * c_.num_layers;
+    return per_layer * (c_.num_layers - LinearLayers()) +
+           static_cast<double>(LinearLayers()) * LinearMixingPerToken() * static_cast<double>(T);
   }
   std::string Description() const override {
     return absl::StrFormat("%s, d=%d, layers=%d, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
@@ -54,6 +65,17 @@ class TransformerSpec final : public ModelSpec {
   }
 
  private:
+  int64_t LinearLayers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < c_.num_layers; ++l) n += c_.is_linear(l) ? 1 : 0;
+    return n;
+  }
+  // Forward FLOPs of one token in a Gated DeltaNet layer: the conv, and per value head the state's decay, S^T k,
+  // its rank-1 update and S^T q.
+  int64_t LinearMixingPerToken() const {
+    const LinearAttentionConfig& a = c_.linear;
+    return 2 * a.conv_dim() * a.conv_kernel + 7 * a.value_heads * a.key_head_dim * a.value_head_dim;
+  }
   TransformerConfig c_;
 };
 
@@ -67,8 +89,10 @@ class TransformerFamily final : public ModelFamily {
   }
   bool Reads(const std::optional<std::string>& model_type,
              const std::vector<std::string>& architectures) const override {
-    static const std::set<std::string> types = {"llama", "qwen2", "qwen3"};
-    static const std::set<std::string> classes = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    static const std::set<std::string> types = {"llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5"};
+    static const std::set<std::string> classes = {"LlamaForCausalLM",     "Qwen2ForCausalLM",
+                                                  "Qwen3ForCausalLM",     "Qwen3NextForCausalLM",
+                                                  "Qwen3_5ForCausalLM",   "Qwen3_5ForConditionalGeneration"};
     if (model_type) return types.count(*model_type) > 0;
     for (const std::string& a : architectures)
       if (classes.count(a)) return true;

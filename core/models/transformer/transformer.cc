@@ -21,8 +21,8 @@ namespace sg {
 
 RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
   const RopeScaling& s = c.rope_scaling;
-  const int64_t half = c.head_dim / 2;
-  const double dim = static_cast<double>(c.head_dim);
+  const int64_t half = c.rotary_dim() / 2;
+  const double dim = static_cast<double>(c.rotary_dim());
   // NTK-aware dynamic: the base grows with the sequence once it is past max_position_embeddings.
   const double base = s.type == "dynamic" ? DynamicRopeBase(c, seq_len) : c.rope_theta;
   RopeParameters r;
@@ -73,26 +73,47 @@ RopeParameters RopeFor(const TransformerConfig& c, int64_t seq_len) {
 
 namespace {
 
+// Gated DeltaNet's state at a chunk boundary (or its gradient): the delta rule's state and the conv's tail.
+struct LinearBoundary {
+  Tensor s;     // [value_heads][key_head_dim][value_head_dim]
+  Tensor tail;  // [conv_kernel - 1][conv channels]
+};
+
+// The state of a sequence: KV pages of the attention layers, numbered among themselves (`kv_index`: a model layer's
+// number in the pools, -1 for a Gated DeltaNet layer), and the linear layers' boundary states. Every method below
+// but the SequenceState overrides takes attention layers by their number in the pools.
 class TransformerState final : public SequenceState {
  public:
   // offload_copies: the device's copy engine when the pools hold only KvOffload::kSlots layers (StateOptions::offload).
-  TransformerState(PagePool kv_pool, PagePool grad_pool, const StateOptions& opts, int layers,
-                   const CopyEngine* offload_copies, std::vector<double> inv_freq)
+  TransformerState(PagePool kv_pool, PagePool grad_pool, const StateOptions& opts, std::vector<int> kv_index,
+                   int layers, const CopyEngine* offload_copies, std::vector<double> inv_freq)
       : kv(std::move(kv_pool)),
         grad(std::move(grad_pool)),
         seq_len(opts.seq_len),
         opts(opts),
+        kv_index(std::move(kv_index)),
         layers(layers),
         inv_freq(std::move(inv_freq)) {
     if (offload_copies)
       offload = std::make_unique<KvOffload>(kv, opts.resident_grad_layers > 0 ? &grad : nullptr, *offload_copies,
                                             layers, opts.seq_len);
   }
-  void Release(int layer, int64_t from) override {
+  void Release(int model_layer, int64_t from) override {
+    const int layer = kv_index[model_layer];
+    if (layer < 0) {  // a boundary b belongs to position b - 1: positions >= from own the boundaries b > from
+      for (auto* m : {&linear_cache, &linear_grad})
+        m->erase(m->upper_bound({model_layer, from}), m->lower_bound({model_layer + 1, 0}));
+      return;
+    }
     if (offload) offload->Release(layer, from);
     kv.Release(layer, from);
     grad.Release(layer, from);
     if (layer < static_cast<int>(kv_end.size())) kv_end[layer] = std::min(kv_end[layer], from);
+  }
+  // A linear layer's boundary state at b (of `model_layer`), or null.
+  static LinearBoundary* Find(std::map<std::pair<int, int64_t>, LinearBoundary>& m, int model_layer, int64_t b) {
+    auto it = m.find({model_layer, b});
+    return it == m.end() ? nullptr : &it->second;
   }
   // K/V of positions [0, kv_end[layer]) are in the cache: a chunk inside it is recomputed (seco's stage 2,
   // streambp's partitions) without projecting its K/V again; the values would be bit-identical.
@@ -102,7 +123,13 @@ class TransformerState final : public SequenceState {
     if (layer >= static_cast<int>(kv_end.size())) kv_end.resize(layer + 1, 0);
     if (c.begin <= kv_end[layer]) kv_end[layer] = std::max(kv_end[layer], c.end);
   }
-  void ScaleGrad(int layer, Chunk c, double factor) override { grad.Scale(layer, c.begin, c.end, factor); }
+  void ScaleGrad(int model_layer, Chunk c, double factor) override {
+    if (kv_index[model_layer] >= 0) return grad.Scale(kv_index[model_layer], c.begin, c.end, factor);
+    if (LinearBoundary* g = Find(linear_grad, model_layer, c.end)) {  // what later chunks relayed to c
+      ScaleTensor(g->s, factor);
+      ScaleTensor(g->tail, factor);
+    }
+  }
   void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
   int64_t OffloadedBytes() const override { return offload ? offload->host_bytes() : 0; }
 
@@ -155,7 +182,11 @@ class TransformerState final : public SequenceState {
   PagePool grad;
   int64_t seq_len;
   StateOptions opts;
-  int layers;
+  std::vector<int> kv_index;
+  int layers;  // attention layers
+  // Gated DeltaNet layers: by (model layer, boundary b > 0) the state of positions < b (boundary 0 is the zero
+  // state, never stored), and the gradients later chunks relayed to those states.
+  std::map<std::pair<int, int64_t>, LinearBoundary> linear_cache, linear_grad;
   std::vector<double> inv_freq;  // RoPE of this sequence (the dynamic type depends on its length)
   std::vector<int64_t> kv_end;
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
@@ -185,14 +216,35 @@ class TransformerState final : public SequenceState {
   }
 };
 
-// Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent.
-struct LayerParams {
-  int norm1, q, q_bias, k, k_bias, v, v_bias, o, o_bias, norm2, gate, gate_bias, up, up_bias, down, down_bias;
-  int q_norm, k_norm;
+// Gated DeltaNet's parameters: Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, or Qwen3-Next's fused
+// in_proj_qkvz and in_proj_ba (the others -1).
+struct DeltaNetParams {
+  int qkv = -1, z = -1, b = -1, a = -1, qkvz = -1, ba = -1, conv = -1, dt_bias = -1, a_log = -1, norm = -1, out = -1;
 };
 
-// Order of LayerSaved::tensors; kQRaw / kQRstd (q before its per-head norm, and the norm's rstd) only with q/k norm.
-enum Saved { kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kNumSaved };
+// Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent, and the attention's in a
+// Gated DeltaNet layer (`linear`).
+struct LayerParams {
+  int norm1 = -1, q = -1, q_bias = -1, k = -1, k_bias = -1, v = -1, v_bias = -1, o = -1, o_bias = -1, norm2 = -1;
+  int gate = -1, gate_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1, q_norm = -1, k_norm = -1;
+  bool linear = false;
+  DeltaNetParams delta;
+};
+
+// The gated delta rule's inputs: q, k (L2-normed, q scaled; with their raw values and rstd for the backward), v,
+// g and beta.
+struct DeltaInputs {
+  Tensor q_raw, k_raw, q, k, q_rstd, k_rstd, v, g, beta;
+};
+
+// Order of LayerSaved::tensors; kQRaw / kQRstd (q before its per-head norm, and the norm's rstd) only with q/k norm,
+// kQGate (gated attention's output gate) only in hybrids. Gated DeltaNet layers keep x, the norms' and the MLP's
+// like attention layers, and kMixed (the conv's input), kXc (its output), kBA (b and a), kS0 and kTail0 (the state
+// before the chunk), kCore (the delta rule's output), kCoreRstd, kZ, kNormed and kGated (the gated norm's).
+enum Saved {
+  kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kQGate,
+  kMixed, kXc, kBA, kS0, kTail0, kCore, kCoreRstd, kZ, kNormed, kGated, kNumSaved
+};
 
 template <typename T>
 class Transformer final : public TransformerModel, public TensorParallelModel, private ParamStore<T> {
@@ -225,13 +277,24 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       shards_.push_back(shard);
       return Add(name, std::move(shape));
     };
-    embed_ = add("model.embed_tokens.weight", {vocab_rows_, d}, rows);
+    // Gated attention's q_proj gives each head's query and then its output gate.
+    const int64_t q_rows = (c.hybrid() ? 2 : 1) * qd;
+    embed_ = add(c.prefix() + "embed_tokens.weight", {vocab_rows_, d}, rows);
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      const std::string p = absl::StrCat("model.layers.", i, ".");
+      const std::string p = absl::StrCat(c.prefix(), "layers.", i, ".");
       LayerParams L;
       L.norm1 = add(p + "input_layernorm.weight", {d}, whole);
-      L.q = add(p + "self_attn.q_proj.weight", {qd, d}, rows);
-      L.q_bias = c.attention_bias ? add(p + "self_attn.q_proj.bias", {qd}, rows) : -1;
+      kv_index_.push_back(c.is_linear(i) ? -1 : kv_layers_++);
+      if (c.is_linear(i)) {
+        L.linear = true;
+        L.delta = AddDeltaNet(p + "linear_attn.", add);
+        L.norm2 = add(p + "post_attention_layernorm.weight", {d}, whole);
+        AddMlp(p, L, add);
+        layers_.push_back(L);
+        continue;
+      }
+      L.q = add(p + "self_attn.q_proj.weight", {q_rows, d}, rows);
+      L.q_bias = c.attention_bias ? add(p + "self_attn.q_proj.bias", {q_rows}, rows) : -1;
       L.k = add(p + "self_attn.k_proj.weight", {kvd, d}, rows);
       L.k_bias = c.attention_bias ? add(p + "self_attn.k_proj.bias", {kvd}, rows) : -1;
       L.v = add(p + "self_attn.v_proj.weight", {kvd, d}, rows);
@@ -241,20 +304,21 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       L.q_norm = c.qk_norm() ? add(p + "self_attn.q_norm.weight", {c.head_dim}, partial) : -1;
       L.k_norm = c.qk_norm() ? add(p + "self_attn.k_norm.weight", {c.head_dim}, partial) : -1;
       L.norm2 = add(p + "post_attention_layernorm.weight", {d}, whole);
-      L.gate = add(p + "mlp.gate_proj.weight", {f, d}, rows);
-      L.gate_bias = c.mlp_bias ? add(p + "mlp.gate_proj.bias", {f}, rows) : -1;
-      L.up = add(p + "mlp.up_proj.weight", {f, d}, rows);
-      L.up_bias = c.mlp_bias ? add(p + "mlp.up_proj.bias", {f}, rows) : -1;
-      L.down = add(p + "mlp.down_proj.weight", {d, f}, cols);
-      L.down_bias = c.mlp_bias ? add(p + "mlp.down_proj.bias", {d}, whole) : -1;
+      AddMlp(p, L, add);
       layers_.push_back(L);
     }
-    final_norm_ = add("model.norm.weight", {d}, whole);
+    final_norm_ = add(c.prefix() + "norm.weight", {d}, whole);
     head_ = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {vocab_rows_, d}, rows);
-    for (const LayerParams& L : layers_)
+    // Unit norms: weights of 1, or of 0 where the norm multiplies by 1 + w (the hybrids').
+    const T unit = c.hybrid() ? T(0) : T(1);
+    for (const LayerParams& L : layers_) {
       for (int idx : {L.norm1, L.norm2, L.q_norm, L.k_norm})
-        if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), T(1));
-    ops_.fill(W(final_norm_), params_[final_norm_].value.numel(), T(1));
+        if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), unit);
+      if (!L.linear) continue;
+      ops_.fill(W(L.delta.norm), c.linear.value_head_dim, T(1));
+      ops_.fill(W(L.delta.dt_bias), c.linear.value_heads, T(1));  // A_log stays 0: A = 1
+    }
+    ops_.fill(W(final_norm_), params_[final_norm_].value.numel(), unit);
   }
 
   std::string family() const override { return "transformer"; }
@@ -273,8 +337,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   }
   absl::Status EnableLora(const LoraOptions& o) override {
     std::vector<int> linears;
-    for (const LayerParams& L : layers_)
-      for (int w : {L.q, L.k, L.v, L.o, L.gate, L.up, L.down}) linears.push_back(w);
+    for (const LayerParams& L : layers_) {
+      const DeltaNetParams& P = L.delta;
+      for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.gate, L.up, L.down})
+        if (w >= 0) linears.push_back(w);
+    }
     if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
     Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
     return absl::OkStatus();
@@ -297,9 +364,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     // The ring holds pages of one layer at a time: never more than a layer's.
     auto ring = [&](int groups) { return streams ? std::min(pages_per_layer, groups * AttentionGroupPages(o)) : 0; };
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
-    const int slots = std::min(num_layers(), KvOffload::kSlots);
-    const int kv_layers = o.offload ? std::min(o.resident_layers, slots) : o.resident_layers;
-    const int grad_layers = o.offload ? std::min(o.resident_grad_layers, slots) : o.resident_grad_layers;
+    // Only attention layers hold pages (a hybrid's linear layers carry a fixed-size state instead).
+    const int slots = std::min(kv_layers_, KvOffload::kSlots);
+    const int resident = std::min(o.resident_layers, kv_layers_), resident_grad = std::min(o.resident_grad_layers, kv_layers_);
+    const int kv_layers = o.offload ? std::min(resident, slots) : resident;
+    const int grad_layers = o.offload ? std::min(resident_grad, slots) : resident_grad;
     const CopyEngine* copies = nullptr;
     if (o.offload) {
       const DeviceBackend* backend = FindBackend(mem_.device());
@@ -312,7 +381,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         PagePool(&mem_, MemCategory::kKVGrad, KVDType(),
                  pages_per_slot * grad_layers + (grad_layers > 0 ? ring(KvOffload::kGradRingGroups) : 0), o.page_size,
                  kv_heads_, cfg_.head_dim),
-        o, num_layers(), copies, RopeFor(cfg_, LongestDocument(o.doc_starts, o.seq_len)).inv_freq);
+        o, kv_index_, kv_layers_, copies, RopeFor(cfg_, LongestDocument(o.doc_starts, o.seq_len)).inv_freq);
   }
 
   Tensor Embed(const int32_t* ids, Chunk c) override {
@@ -324,86 +393,31 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
     auto& state = static_cast<TransformerState&>(state_base);
-    const auto pass = saved ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward;
-    state.PrepareLayer(l, c, pass);
-    const LayerParams& L = layers_[l];
-    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
-    const int64_t qd = heads_ * cfg_.head_dim;
     const MemCategory act = saved ? MemCategory::kActivations : MemCategory::kWorkspace;
-    const T* x = x_in.data<T>();
-    // What backward reads. Under --dtype=bf16 the large tensors are made in workspace (`big`), rounded where they
-    // are made and kept in bf16 (ParamStore::RoundAndKeep); the per-row statistics (rstd, lse) stay in T: they
-    // are small, and the norms' and softmax's backward divide by them.
-    std::vector<Tensor> kept(kNumSaved);
-    const MemCategory big = Store::ActCategory(act);
-    auto keep = [&](Saved k, Tensor& t) {
-      Tensor half = Store::RoundAndKeep(ops_, t, act);
-      if (saved) kept[k] = std::move(half);
-    };
-    auto slot = [&](Saved k) { return saved ? &kept[k] : nullptr; };  // where a fused op puts what is kept
-    // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
-    auto done = [&](Tensor& t) {
-      if (Store::HalfActivations()) t.Reset();
-    };
-
-    Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
-    kept[kXn1] = Norm(x, L.norm1, xn1, rstd1, act, saved);
-    Tensor q = New(big, {n, qd}), q_raw, q_rstd;
-    if (cfg_.qk_norm()) {
-      q_raw = New(big, {n, qd});
-      q_rstd = New(act, {n * heads_});
-      Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
-      keep(kQRaw, q_raw);
-      ops_.rmsnorm_forward(q_raw.data<T>(), W(L.q_norm), n * heads_, cfg_.head_dim, cfg_.rms_norm_eps, q.data<T>(),
-                           q_rstd.data<T>());
-    } else {
-      Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
-    }
-    Rope(q.data<T>(), c, heads_, /*inverse=*/false, state);
-    keep(kQ, q);
-    if (!state.HoldsKV(l, c)) AppendKV(l, c, xn1.data<T>(), state);
-    done(xn1);
-    Tensor attn = New(big, {n, qd}), lse = New(act, {heads_, n});
-    {
-      const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
-      if (selected) state.RequireSelected(l, c, pass);
-      const PagedAttention pages = state.AttentionPages(l, selected, &mem_);
-      ByDocument(c, state, lse, [&](Chunk p, const AttentionShape& s, int64_t row, T* piece_lse) {
-        PagedAttentionForward<T>(ops_, s, pages, q.data<T>() + row * qd, attn.data<T>() + row * qd, piece_lse);
-      });
-    }
-    done(q);
-    keep(kAttn, attn);
-    Tensor h = New(big, {n, d});
-    ops_.copy(h.data<T>(), x, n * d);
-    RowParallelAdd(attn.data<T>(), qd, L.o, L.o_bias, c, state.opts, h.data<T>());
-    done(attn);
-    keep(kH, h);
-
-    Tensor xn2 = New(big, {n, d}), rstd2 = New(act, {n});
-    kept[kXn2] = Norm(h.data<T>(), L.norm2, xn2, rstd2, act, saved);
-    Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
-    Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, state.opts);
-    Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, state.opts);
-    done(xn2);
-    Store::SwigluAndKeep(ops_, gate, up, a, act, slot(kGate), slot(kUp), slot(kAct));
-    done(gate), done(up);
-    Tensor y = New(MemCategory::kActivations, {n, d});
-    ops_.copy(y.data<T>(), h.data<T>(), n * d);
-    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, state.opts, y.data<T>());
-
+    // What backward reads. Under --dtype=bf16 the large tensors are made in workspace (Store::ActCategory), rounded
+    // where they are made and kept in bf16 (Keep); the per-row statistics (rstd, lse) and the recurrent states stay
+    // in T: they are small, and the norms' and softmax's backward divide by them.
+    std::vector<Tensor> kept_tensors(kNumSaved);
+    std::vector<Tensor>* kept = saved ? &kept_tensors : nullptr;
+    Tensor h = layers_[l].linear ? DeltaNetForward(l, c, x_in, state, act, kept)
+                                 : AttentionForward(l, c, x_in, state, act, kept);
+    Tensor y = MlpForward(layers_[l], c, h, state.opts, act, kept);
     if (saved) {
-      kept[kX] = Store::Narrow(ops_, x_in, act);
-      kept[kRstd1] = rstd1, kept[kLse] = lse, kept[kRstd2] = rstd2, kept[kQRstd] = q_rstd;
-      saved->tensors = std::move(kept);
+      kept_tensors[kX] = Store::Narrow(ops_, x_in, act);
+      saved->tensors = std::move(kept_tensors);
     }
     return Store::Boundary(ops_, std::move(y));
   }
 
-  // The layer's K/V of the chunk are all that later positions need of it: norm, K/V projections, rope.
+  // The layer's K/V of the chunk are all that later positions need of an attention layer: norm, K/V projections,
+  // rope. A linear layer's state needs its whole token mixing.
   void LayerAppendState(int l, Chunk c, const Tensor& x, SequenceState& state_base) override {
     auto& state = static_cast<TransformerState&>(state_base);
-    state.PrepareLayer(l, c, TransformerState::Pass::kForward);
+    if (layers_[l].linear) {
+      DeltaNetForward(l, c, x, state, MemCategory::kWorkspace, nullptr);
+      return;
+    }
+    state.PrepareLayer(kv_index_[l], c, TransformerState::Pass::kForward);
     const int64_t n = c.size(), d = cfg_.hidden_size;
     Tensor xn1 = New(MemCategory::kWorkspace, {n, d}), rstd1 = New(MemCategory::kWorkspace, {n});
     Norm(x.data<T>(), layers_[l].norm1, xn1, rstd1, MemCategory::kWorkspace, false);  // rounded as LayerForward's
@@ -412,54 +426,195 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
     auto& state = static_cast<TransformerState&>(state_base);
-    state.PrepareLayer(l, c, TransformerState::Pass::kBackward);
     const LayerParams& L = layers_[l];
+    if (!L.linear) state.PrepareLayer(kv_index_[l], c, TransformerState::Pass::kBackward);
     const std::vector<Tensor>& s = saved.tensors;
-    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
-    const int64_t qd = heads_ * cfg_.head_dim, kvd = kv_heads_ * cfg_.head_dim;
-    const T* dy = dy_in.data<T>();
-    constexpr MemCategory ws = MemCategory::kWorkspace;
-    // A saved tensor in T (under bf16 a copy widened into workspace, freed when the block using it ends).
-    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
+    const int64_t n = c.size(), d = cfg_.hidden_size;
+    const Tensor dh = MlpBackward(L, c, dy_in.data<T>(), s, state.opts);
+    const Tensor dxn1 = L.linear ? DeltaNetBackward(l, c, dh.data<T>(), s, state)
+                                 : AttentionBackward(l, c, dh.data<T>(), s, state);
+    Tensor dx = New(MemCategory::kActivations, {n, d});
+    ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
+    NormBackward(dxn1.data<T>(), Store::Widen(ops_, s[kX]).template data<T>(), L.norm1, s[kRstd1].data<T>(), n,
+                 dx.data<T>());
+    return dx;
+  }
 
-    // MLP: y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h)
-    Tensor dh = New(ws, {n, d});
-    {
-      Tensor da = New(ws, {n, f});
-      Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
-      {
-        const Tensor a = wide(kAct);  // widened before dgate and dup exist
-        if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
-        BiasBackward(L.down_bias, dy, n, d);
-        Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, state.opts);
+  HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
+                      double grad_scale, bool need_grad) override {
+    Tensor norm;
+    return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, vocab_rows_, c, h, labels,
+                       objective, grad_scale, need_grad, tp_.on() ? &tp_ : nullptr, NormWeight(final_norm_, norm));
+  }
+
+ private:
+  // Rounds t to bf16 values under bf16 storage (ParamStore::RoundAndKeep) and keeps the bf16 copy in slot k when
+  // the forward keeps what backward reads (kept non-null).
+  void Keep(std::vector<Tensor>* kept, Saved k, Tensor& t, MemCategory act) {
+    Tensor half = Store::RoundAndKeep(ops_, t, act);
+    if (kept) (*kept)[k] = std::move(half);
+  }
+  // Where a fused op puts what is kept (null: nothing kept).
+  static Tensor* Slot(std::vector<Tensor>* kept, Saved k) { return kept ? &(*kept)[k] : nullptr; }
+  // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
+  void Done(Tensor& t) {
+    if (Store::HalfActivations()) t.Reset();
+  }
+
+  // h = x + o(attn(rope(q(xn1)), cache)) (gated attention: o(attn sigmoid(gate))), xn1 = norm1(x); appends the
+  // chunk's K/V.
+  Tensor AttentionForward(int l, Chunk c, const Tensor& x_in, TransformerState& state, MemCategory act,
+                          std::vector<Tensor>* kept) {
+    const auto pass = kept ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward;
+    const int kl = kv_index_[l];
+    state.PrepareLayer(kl, c, pass);
+    const LayerParams& L = layers_[l];
+    const int64_t n = c.size(), d = cfg_.hidden_size, hd = cfg_.head_dim;
+    const int64_t qd = heads_ * hd;
+    const T* x = x_in.data<T>();
+    const MemCategory big = Store::ActCategory(act);
+
+    Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
+    Tensor xn1_kept = Norm(x, L.norm1, xn1, rstd1, act, kept != nullptr);
+    Tensor q = New(big, {n, qd}), q_raw, q_rstd, gate;
+    if (cfg_.qk_norm()) {
+      q_raw = New(big, {n, qd});
+      q_rstd = New(act, {n * heads_});
+      if (cfg_.hybrid()) {  // q_proj's rows: per head its query, then its output gate
+        Tensor q_and_gate = New(MemCategory::kWorkspace, {n, 2 * qd});
+        Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_and_gate.data<T>(), 2 * qd, c, state.opts);
+        gate = New(big, {n, qd});
+        ops_.copy_rows(q_raw.data<T>(), hd, q_and_gate.data<T>(), 2 * hd, n * heads_, hd);
+        ops_.copy_rows(gate.data<T>(), hd, q_and_gate.data<T>() + hd, 2 * hd, n * heads_, hd);
+        Keep(kept, kQGate, gate, act);
+      } else {
+        Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q_raw.data<T>(), qd, c, state.opts);
       }
-      Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
-      Store::SwigluBackwardKept(ops_, da.data<T>(), s[kGate], s[kUp], dgate.data<T>(), dup.data<T>());
-      Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
-      Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
-      const Tensor xn2_kept = wide(kXn2);
-      const T* xn2 = xn2_kept.data<T>();
-      if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
-      if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
-      BiasBackward(L.gate_bias, dgate.data<T>(), n, f);
-      BiasBackward(L.up_bias, dup.data<T>(), n, f);
-      Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, state.opts);
-      Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, state.opts);
-      tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of gate/up gave part of it
-      ops_.copy(dh.data<T>(), dy, n * d);
-      NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+      Keep(kept, kQRaw, q_raw, act);
+      Tensor w;
+      ops_.rmsnorm_forward(q_raw.data<T>(), NormWeight(L.q_norm, w), n * heads_, hd, cfg_.rms_norm_eps, q.data<T>(),
+                           q_rstd.data<T>());
+    } else {
+      Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
-    // Attention: h = x + o(attn(rope(q(xn1)), cache)), xn1 = norm1(x)
-    Tensor dq = New(ws, {n, qd});
+    Rope(q.data<T>(), c, heads_, /*inverse=*/false, state);
+    Keep(kept, kQ, q, act);
+    if (!state.HoldsKV(kl, c)) AppendKV(l, c, xn1.data<T>(), state);
+    Done(xn1);
+    Tensor attn = New(big, {n, qd}), lse = New(act, {heads_, n});
+    {
+      const uint8_t* selected = SelectPages(kl, c, q.data<T>(), state);
+      if (selected) state.RequireSelected(kl, c, pass);
+      const PagedAttention pages = state.AttentionPages(kl, selected, &mem_);
+      ByDocument(c, state, lse, [&](Chunk p, const AttentionShape& s, int64_t row, T* piece_lse) {
+        PagedAttentionForward<T>(ops_, s, pages, q.data<T>() + row * qd, attn.data<T>() + row * qd, piece_lse);
+      });
+    }
+    Done(q);
+    Keep(kept, kAttn, attn, act);
+    Tensor h = New(big, {n, d});
+    ops_.copy(h.data<T>(), x, n * d);
+    if (gate.defined()) {
+      Tensor gated = New(MemCategory::kWorkspace, {n, qd});
+      ops_.sigmoid_gate_forward(gate.data<T>(), attn.data<T>(), n * qd, gated.data<T>());
+      RowParallelAdd(gated.data<T>(), qd, L.o, L.o_bias, c, state.opts, h.data<T>());
+    } else {
+      RowParallelAdd(attn.data<T>(), qd, L.o, L.o_bias, c, state.opts, h.data<T>());
+    }
+    Done(attn);
+    if (kept) {
+      (*kept)[kXn1] = std::move(xn1_kept);
+      (*kept)[kRstd1] = rstd1, (*kept)[kLse] = lse, (*kept)[kQRstd] = q_rstd;
+    }
+    return h;
+  }
+
+  // y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h).
+  Tensor MlpForward(const LayerParams& L, Chunk c, Tensor& h, const StateOptions& st, MemCategory act,
+                    std::vector<Tensor>* kept) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    const MemCategory big = Store::ActCategory(act);
+    Keep(kept, kH, h, act);
+    Tensor xn2 = New(big, {n, d}), rstd2 = New(act, {n});
+    Tensor xn2_kept = Norm(h.data<T>(), L.norm2, xn2, rstd2, act, kept != nullptr);
+    Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
+    Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, st);
+    Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
+    Done(xn2);
+    Store::SwigluAndKeep(ops_, gate, up, a, act, Slot(kept, kGate), Slot(kept, kUp), Slot(kept, kAct));
+    Done(gate), Done(up);
+    Tensor y = New(MemCategory::kActivations, {n, d});
+    ops_.copy(y.data<T>(), h.data<T>(), n * d);
+    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+    if (kept) (*kept)[kXn2] = std::move(xn2_kept), (*kept)[kRstd2] = rstd2;
+    return y;
+  }
+
+  // The MLP's backward: dh = dy + d(norm2) from dy, y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h).
+  Tensor MlpBackward(const LayerParams& L, Chunk c, const T* dy, const std::vector<Tensor>& s, const StateOptions& st) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
+    Tensor dh = New(ws, {n, d});
+    Tensor da = New(ws, {n, f});
+    Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
+    {
+      const Tensor a = wide(kAct);  // widened before dgate and dup exist
+      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
+      BiasBackward(L.down_bias, dy, n, d);
+      Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, st);
+    }
+    Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+    Store::SwigluBackwardKept(ops_, da.data<T>(), s[kGate], s[kUp], dgate.data<T>(), dup.data<T>());
+    Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
+    Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
+    const Tensor xn2_kept = wide(kXn2);
+    const T* xn2 = xn2_kept.data<T>();
+    if (T* g = G(L.gate)) ops_.gemm(true, false, f, d, n, T(1), dgate.data<T>(), f, xn2, d, T(1), g, d);
+    if (T* g = G(L.up)) ops_.gemm(true, false, f, d, n, T(1), dup.data<T>(), f, xn2, d, T(1), g, d);
+    BiasBackward(L.gate_bias, dgate.data<T>(), n, f);
+    BiasBackward(L.up_bias, dup.data<T>(), n, f);
+    Store::LoraBackward(ops_, L.gate, xn2, dgate.data<T>(), f, dxn2.data<T>(), c, st);
+    Store::LoraBackward(ops_, L.up, xn2, dup.data<T>(), f, dxn2.data<T>(), c, st);
+    tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of gate/up gave part of it
+    ops_.copy(dh.data<T>(), dy, n * d);
+    NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+    return dh;
+  }
+
+  // Attention's backward: dxn1 from dh, h = x + o(attn(rope(q(xn1)), cache)) (gated: o(attn sigmoid(gate))).
+  Tensor AttentionBackward(int l, Chunk c, const T* dh, const std::vector<Tensor>& s, TransformerState& state) {
+    const LayerParams& L = layers_[l];
+    const int kl = kv_index_[l];
+    const int64_t n = c.size(), d = cfg_.hidden_size, hd = cfg_.head_dim;
+    const int64_t qd = heads_ * hd, kvd = kv_heads_ * hd;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
+    const bool gated = cfg_.hybrid();
+    Tensor dq = New(ws, {n, qd}), dgate;
     {
       Tensor dattn = New(ws, {n, qd});
       const Tensor attn = wide(kAttn), q = wide(kQ);
-      Store::GemmW(ops_, false, n, qd, d, T(1), dh.data<T>(), d, L.o, qd, T(0), dattn.data<T>(), qd);
-      if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh.data<T>(), d, attn.data<T>(), qd, T(1), g, qd);
-      BiasBackward(L.o_bias, dh.data<T>(), n, d);
-      Store::LoraBackward(ops_, L.o, attn.data<T>(), dh.data<T>(), d, dattn.data<T>(), c, state.opts);
-      const uint8_t* selected = SelectPages(l, c, q.data<T>(), state);
-      const PagedAttention pages = state.AttentionPages(l, selected, &mem_);
+      Tensor o_in = attn;  // o_proj's input: attn, or attn sigmoid(gate)
+      Tensor gate;
+      if (gated) {
+        gate = wide(kQGate);
+        o_in = New(ws, {n, qd});
+        ops_.sigmoid_gate_forward(gate.data<T>(), attn.data<T>(), n * qd, o_in.data<T>());
+      }
+      Store::GemmW(ops_, false, n, qd, d, T(1), dh, d, L.o, qd, T(0), dattn.data<T>(), qd);
+      if (T* g = G(L.o)) ops_.gemm(true, false, d, qd, n, T(1), dh, d, o_in.data<T>(), qd, T(1), g, qd);
+      BiasBackward(L.o_bias, dh, n, d);
+      Store::LoraBackward(ops_, L.o, o_in.data<T>(), dh, d, dattn.data<T>(), c, state.opts);
+      if (gated) {
+        dgate = New(ws, {n, qd});
+        Tensor d_ungated = New(ws, {n, qd});
+        ops_.sigmoid_gate_backward(dattn.data<T>(), gate.data<T>(), attn.data<T>(), n * qd, dgate.data<T>(),
+                                   d_ungated.data<T>());
+        dattn = std::move(d_ungated);
+      }
+      const uint8_t* selected = SelectPages(kl, c, q.data<T>(), state);
+      const PagedAttention pages = state.AttentionPages(kl, selected, &mem_);
       ByDocument(c, state, s[kLse], [&](Chunk p, const AttentionShape& sh, int64_t row, T* piece_lse) {
         PagedAttentionBackward<T>(ops_, sh, pages, q.data<T>() + row * qd, attn.data<T>() + row * qd, piece_lse,
                                   dattn.data<T>() + row * qd, dq.data<T>() + row * qd);
@@ -467,48 +622,360 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
     // This chunk's dK/dV are complete: later chunks (processed before, in reverse) already added theirs.
     Tensor dk = New(ws, {n, kvd}), dv = New(ws, {n, kvd});
-    state.grad.Gather<T>(l, c.begin, c.end, dk.data<T>(), dv.data<T>());
+    state.grad.Gather<T>(kl, c.begin, c.end, dk.data<T>(), dv.data<T>());
     Rope(dq.data<T>(), c, heads_, /*inverse=*/true, state);
     Rope(dk.data<T>(), c, kv_heads_, /*inverse=*/true, state);
     const Tensor xn1_kept = wide(kXn1);
     const T* xn1 = xn1_kept.data<T>();
     if (cfg_.qk_norm()) {
       // Through the per-head norms: q's input was saved; k's is projected again from xn1.
-      const int64_t H = heads_, G = kv_heads_, hd = cfg_.head_dim;
-      Tensor dq_raw = New(ws, {n, qd});
-      ops_.rmsnorm_backward(dq.data<T>(), wide(kQRaw).template data<T>(), W(L.q_norm), s[kQRstd].data<T>(), n * H, hd,
-                            dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
+      const int64_t H = heads_, G = kv_heads_;
+      Tensor dq_raw = New(ws, {n, qd}), wq, wk;
+      ops_.rmsnorm_backward(dq.data<T>(), wide(kQRaw).template data<T>(), NormWeight(L.q_norm, wq),
+                            s[kQRstd].data<T>(), n * H, hd, dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
       dq = std::move(dq_raw);
       Tensor k_raw = New(ws, {n, kvd}), k_normed = New(ws, {n, kvd}), k_rstd = New(ws, {n * G});
       Linear(xn1, n, d, L.k, L.k_bias, k_raw.data<T>(), kvd, c, state.opts);
-      ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(),
+      const T* k_norm = NormWeight(L.k_norm, wk);
+      ops_.rmsnorm_forward(k_raw.data<T>(), k_norm, n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(),
                            k_rstd.data<T>());
-      ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), W(L.k_norm), k_rstd.data<T>(), n * G, hd, k_normed.data<T>(),
+      ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), k_norm, k_rstd.data<T>(), n * G, hd, k_normed.data<T>(),
                             GradOrScratch(L.k_norm), false);
       dk = std::move(k_normed);
     }
+    if (gated) {  // q_proj's output gradient: per head its query's, then its gate's
+      Tensor dq_and_gate = New(ws, {n, 2 * qd});
+      ops_.copy_rows(dq_and_gate.data<T>(), 2 * hd, dq.data<T>(), hd, n * heads_, hd);
+      ops_.copy_rows(dq_and_gate.data<T>() + hd, 2 * hd, dgate.data<T>(), hd, n * heads_, hd);
+      dq = std::move(dq_and_gate);
+    }
     Tensor dxn1 = New(ws, {n, d});
-    LinearBackward(dq.data<T>(), qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0), c, state.opts);
+    LinearBackward(dq.data<T>(), (gated ? 2 : 1) * qd, xn1, n, L.q, L.q_bias, dxn1.data<T>(), T(0), c, state.opts);
     LinearBackward(dk.data<T>(), kvd, xn1, n, L.k, L.k_bias, dxn1.data<T>(), T(1), c, state.opts);
     LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
     tp_.AllReduce(dxn1.raw(), n * d, dtype());  // each rank's heads gave part of it
-
-    Tensor dx = New(MemCategory::kActivations, {n, d});
-    ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
-    NormBackward(dxn1.data<T>(), wide(kX).template data<T>(), L.norm1, s[kRstd1].data<T>(), n, dx.data<T>());
-    return dx;
+    return dxn1;
   }
 
-  HeadResult HeadLoss(Chunk c, const Tensor& h, const int32_t* labels, const TokenObjective* objective,
-                      double grad_scale, bool need_grad) override {
-    return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, vocab_rows_, c, h, labels,
-                       objective, grad_scale, need_grad, tp_.on() ? &tp_ : nullptr);
+  // ---- Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet) ----
+  // h = x + out_proj(norm(o) silu(z)), o = the gated delta rule over q, k, v, with (q, k, v) = silu(conv(mixed))
+  // (mixed, z, b, a) = the input projections of xn1 = norm1(x), beta = sigmoid(b), g = -exp(A_log) softplus(a +
+  // dt_bias), q and k L2-normalised per head (q also scaled by key_head_dim^-1/2). The conv's tail and the rule's
+  // state carry from chunk to chunk, and restart from zero where a document does.
+  Tensor DeltaNetForward(int l, Chunk c, const Tensor& x_in, TransformerState& state, MemCategory act,
+                         std::vector<Tensor>* kept) {
+    const LayerParams& L = layers_[l];
+    const DeltaNetParams& P = L.delta;
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t n = c.size(), d = cfg_.hidden_size, C = a.conv_dim(), K = a.conv_kernel;
+    const int64_t V = a.value_dim(), Hv = a.value_heads, dk = a.key_head_dim, dv = a.value_head_dim;
+    const MemCategory big = Store::ActCategory(act);
+    // The conv's input and output are kept in bf16 but not rounded in the forward (as Mamba's conv path).
+    auto keep_copy = [&](Saved k, const Tensor& t) {
+      if (kept) (*kept)[k] = Store::Narrow(ops_, t, act);
+    };
+
+    Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
+    Tensor xn1_kept = Norm(x_in.data<T>(), L.norm1, xn1, rstd1, act, kept != nullptr);
+    Tensor mixed = New(big, {n, C}), z = New(big, {n, V}), ba = New(act, {2 * n * Hv});
+    Tensor b = ba.Rows(0, n * Hv), gate_a = ba.Rows(n * Hv, 2 * n * Hv);
+    Project(P, xn1.data<T>(), c, state.opts, mixed.data<T>(), z.data<T>(), b.data<T>(), gate_a.data<T>());
+    Done(xn1);
+    keep_copy(kMixed, mixed);
+
+    // The input state: zeros where a document (or the sequence) starts, else what the previous chunk left.
+    const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
+    const LinearBoundary* in = carries_in ? TransformerState::Find(state.linear_cache, l, c.begin) : nullptr;
+    if (carries_in && !in)
+      throw std::logic_error(absl::StrCat("linear attention layer ", l, ": no state at position ", c.begin));
+    Tensor s0 = New(act, {Hv, dk, dv}), tail0 = New(act, {K - 1, C});
+    CopyOrZero(in ? &in->s : nullptr, s0);
+    CopyOrZero(in ? &in->tail : nullptr, tail0);
+    LinearBoundary* out = KeepsStateAfter(state.opts, c) ? &state.linear_cache[{l, c.end}] : nullptr;
+    if (out && !out->s.defined()) {
+      out->s = New(MemCategory::kKVCache, {Hv, dk, dv});
+      out->tail = New(MemCategory::kKVCache, {K - 1, C});
+    }
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
+    Tensor xc = New(big, {n, C});
+    for (const ChunkPiece& p : pieces)
+      ops_.conv1d_forward(mixed.data<T>() + p.row * C, p.first ? tail0.data<T>() : nullptr, W(P.conv), nullptr,
+                          p.rows, C, K, xc.data<T>() + p.row * C, p.last && out ? out->tail.data<T>() : nullptr);
+    Done(mixed);
+    keep_copy(kXc, xc);
+    DeltaInputs in_t = DeltaRuleInputs(P, xc, b.data<T>(), gate_a.data<T>(), n);
+    Done(xc);
+    Tensor core = New(big, {n, V});
+    for (const ChunkPiece& p : pieces)
+      ops_.gated_delta_forward(in_t.q.data<T>() + p.row * a.key_dim(), in_t.k.data<T>() + p.row * a.key_dim(),
+                               in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
+                               in_t.beta.data<T>() + p.row * Hv, p.first ? s0.data<T>() : nullptr, p.rows, a.key_heads,
+                               Hv, dk, dv, core.data<T>() + p.row * V,
+                               p.last && out ? out->s.data<T>() : nullptr);
+    Keep(kept, kCore, core, act);
+    // The gated norm: w rmsnorm(o) silu(z), per value head (a plain RMSNorm weight, not a zero-centred one).
+    Tensor normed = New(big, {n, V}), core_rstd = New(act, {n * Hv}), gated = New(big, {n, V});
+    ops_.rmsnorm_forward(core.data<T>(), W(P.norm), n * Hv, dv, cfg_.rms_norm_eps, normed.data<T>(),
+                         core_rstd.data<T>());
+    Done(core);
+    Store::SwigluAndKeep(ops_, z, normed, gated, act, Slot(kept, kZ), Slot(kept, kNormed), Slot(kept, kGated));
+    Done(z), Done(normed);
+    Tensor h = New(big, {n, d});
+    ops_.copy(h.data<T>(), x_in.data<T>(), n * d);
+    RowParallelAdd(gated.data<T>(), V, P.out, -1, c, state.opts, h.data<T>());
+    if (kept) {
+      (*kept)[kXn1] = std::move(xn1_kept);
+      (*kept)[kRstd1] = rstd1, (*kept)[kBA] = ba, (*kept)[kS0] = s0, (*kept)[kTail0] = tail0;
+      (*kept)[kCoreRstd] = core_rstd;
+    }
+    return h;
   }
 
- private:
+  // Gated DeltaNet's backward: dxn1 from dh; accumulates the parameters' gradients, consumes the gradient later
+  // chunks relayed to c's output state and leaves that of its input state.
+  Tensor DeltaNetBackward(int l, Chunk c, const T* dh, const std::vector<Tensor>& s, TransformerState& state) {
+    const LayerParams& L = layers_[l];
+    const DeltaNetParams& P = L.delta;
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t n = c.size(), d = cfg_.hidden_size, C = a.conv_dim(), K = a.conv_kernel, Kd = a.key_dim();
+    const int64_t V = a.value_dim(), Hv = a.value_heads, Hk = a.key_heads, dk = a.key_head_dim, dv = a.value_head_dim;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
+
+    // out_proj, the gated norm
+    Tensor dgated = New(ws, {n, V}), dz = New(ws, {n, V}), dnormed = New(ws, {n, V}), dcore = New(ws, {n, V});
+    Store::GemmW(ops_, false, n, V, d, T(1), dh, d, P.out, V, T(0), dgated.data<T>(), V);
+    {
+      const Tensor gated = wide(kGated);
+      if (T* g = G(P.out)) ops_.gemm(true, false, d, V, n, T(1), dh, d, gated.data<T>(), V, T(1), g, V);
+      Store::LoraBackward(ops_, P.out, gated.data<T>(), dh, d, dgated.data<T>(), c, state.opts);
+    }
+    Store::SwigluBackwardKept(ops_, dgated.data<T>(), s[kZ], s[kNormed], dz.data<T>(), dnormed.data<T>());
+    ops_.rmsnorm_backward(dnormed.data<T>(), wide(kCore).template data<T>(), W(P.norm), s[kCoreRstd].data<T>(),
+                          n * Hv, dv, dcore.data<T>(), GradOrScratch(P.norm), false);
+
+    // The delta rule. The gradient of c's output state is complete (later chunks ran their backward first); c
+    // leaves the gradient of its input state for the previous chunk (none where a document starts).
+    const Tensor xc = wide(kXc);
+    const T* b = s[kBA].data<T>();
+    const T* gate_a = b + n * Hv;
+    DeltaInputs in_t = DeltaRuleInputs(P, xc, b, gate_a, n);
+    const LinearBoundary* gout = TransformerState::Find(state.linear_grad, l, c.end);
+    LinearBoundary* gin = nullptr;
+    if (!StartsDocument(state.opts.doc_starts, c.begin)) {
+      gin = &state.linear_grad[{l, c.begin}];
+      if (!gin->s.defined()) {
+        gin->s = New(MemCategory::kKVGrad, {Hv, dk, dv});
+        gin->tail = New(MemCategory::kKVGrad, {K - 1, C});
+      }
+    }
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
+    Tensor dq = New(ws, {n, Kd}), dkey = New(ws, {n, Kd}), dvalue = New(ws, {n, V});
+    Tensor dg = New(ws, {n, Hv}), dbeta = New(ws, {n, Hv});
+    {
+      int64_t longest = 0;
+      for (const ChunkPiece& p : pieces) longest = std::max(longest, p.rows);
+      Tensor work = New(ws, {std::max<int64_t>(1, ops_.gated_delta_workspace_elems(longest, Hv, dk, dv))});
+      for (const ChunkPiece& p : pieces)
+        ops_.gated_delta_backward(
+            dcore.data<T>() + p.row * V, p.last && gout ? gout->s.data<T>() : nullptr, in_t.q.data<T>() + p.row * Kd,
+            in_t.k.data<T>() + p.row * Kd, in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
+            in_t.beta.data<T>() + p.row * Hv, p.first ? s[kS0].data<T>() : nullptr, p.rows, Hk, Hv, dk, dv,
+            dq.data<T>() + p.row * Kd, dkey.data<T>() + p.row * Kd, dvalue.data<T>() + p.row * V,
+            dg.data<T>() + p.row * Hv, dbeta.data<T>() + p.row * Hv, p.first && gin ? gin->s.data<T>() : nullptr,
+            work.data<T>());
+    }
+    Tensor dba = New(ws, {2 * n * Hv});
+    T* db = dba.data<T>();
+    T* da = db + n * Hv;
+    ops_.gdn_gates_backward(dg.data<T>(), dbeta.data<T>(), gate_a, b, W(P.a_log), W(P.dt_bias), n, Hv, da, db,
+                            GradOrScratch(P.a_log), GradOrScratch(P.dt_bias));
+
+    // q and k through their L2 norms, then (q, k, v) = silu(xc)
+    Tensor du = New(ws, {n, C});
+    {
+      Tensor draw = New(ws, {n, Kd});
+      L2NormBackward(dq.data<T>(), in_t.q_raw.data<T>(), in_t.q_rstd.data<T>(), n * Hk, dk, QScale(), draw.data<T>());
+      ops_.copy_rows(du.data<T>(), C, draw.data<T>(), Kd, n, Kd);
+      L2NormBackward(dkey.data<T>(), in_t.k_raw.data<T>(), in_t.k_rstd.data<T>(), n * Hk, dk, 1, draw.data<T>());
+      ops_.copy_rows(du.data<T>() + Kd, C, draw.data<T>(), Kd, n, Kd);
+      ops_.copy_rows(du.data<T>() + 2 * Kd, C, dvalue.data<T>(), V, n, V);
+    }
+    Tensor dxc = New(ws, {n, C}), dmixed = New(ws, {n, C});
+    ops_.silu_backward(du.data<T>(), xc.data<T>(), n * C, dxc.data<T>());
+    {
+      const Tensor mixed = wide(kMixed);
+      for (const ChunkPiece& p : pieces)
+        ops_.conv1d_backward(dxc.data<T>() + p.row * C, p.last && gout ? gout->tail.data<T>() : nullptr,
+                             mixed.data<T>() + p.row * C, p.first ? s[kTail0].data<T>() : nullptr, W(P.conv), p.rows,
+                             C, K, dmixed.data<T>() + p.row * C, p.first && gin ? gin->tail.data<T>() : nullptr,
+                             GradOrScratch(P.conv), nullptr);
+    }
+    Tensor dxn1 = New(ws, {n, d});
+    const Tensor xn1 = wide(kXn1);
+    ProjectBackward(P, xn1.data<T>(), c, state.opts, dmixed.data<T>(), dz.data<T>(), db, da, dxn1.data<T>());
+    return dxn1;
+  }
+
+  // The delta rule's inputs from the conv's output xc [n][conv channels] and b, a [n][value heads].
+  DeltaInputs DeltaRuleInputs(const DeltaNetParams& P, const Tensor& xc, const T* b, const T* gate_a, int64_t n) {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t C = a.conv_dim(), Kd = a.key_dim(), V = a.value_dim(), Hk = a.key_heads, Hv = a.value_heads;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor u = New(ws, {n, C});
+    ops_.silu_forward(xc.data<T>(), n * C, u.data<T>());
+    DeltaInputs r;
+    r.q_raw = New(ws, {n, Kd}), r.k_raw = New(ws, {n, Kd}), r.v = New(ws, {n, V});
+    ops_.copy_rows(r.q_raw.data<T>(), Kd, u.data<T>(), C, n, Kd);
+    ops_.copy_rows(r.k_raw.data<T>(), Kd, u.data<T>() + Kd, C, n, Kd);
+    ops_.copy_rows(r.v.data<T>(), V, u.data<T>() + 2 * Kd, C, n, V);
+    r.q = New(ws, {n, Kd}), r.k = New(ws, {n, Kd}), r.q_rstd = New(ws, {n * Hk}), r.k_rstd = New(ws, {n * Hk});
+    L2Norm(r.q_raw.data<T>(), n * Hk, a.key_head_dim, QScale(), r.q.data<T>(), r.q_rstd.data<T>());
+    L2Norm(r.k_raw.data<T>(), n * Hk, a.key_head_dim, 1, r.k.data<T>(), r.k_rstd.data<T>());
+    r.g = New(ws, {n, Hv}), r.beta = New(ws, {n, Hv});
+    ops_.gdn_gates_forward(gate_a, b, W(P.a_log), W(P.dt_bias), n, Hv, r.g.data<T>(), r.beta.data<T>());
+    return r;
+  }
+  // transformers scales the L2-normed query by key_head_dim^-1/2.
+  double QScale() const { return 1.0 / std::sqrt(static_cast<double>(cfg_.linear.key_head_dim)); }
+  // y = x rsqrt(sum x^2 + 1e-6) scale per row of dim (transformers' l2norm), as the RMSNorm of weight
+  // scale / sqrt(dim) and epsilon 1e-6 / dim: the same function, so the same backward.
+  void L2Norm(const T* x, int64_t rows, int64_t dim, double scale, T* y, T* rstd) {
+    Tensor w = L2Weight(dim, scale);
+    ops_.rmsnorm_forward(x, w.data<T>(), rows, dim, 1e-6 / static_cast<double>(dim), y, rstd);
+  }
+  void L2NormBackward(const T* dy, const T* x, const T* rstd, int64_t rows, int64_t dim, double scale, T* dx) {
+    Tensor w = L2Weight(dim, scale), dw = Tensor::Zeros(&mem_, MemCategory::kWorkspace, Store::kDType, {dim});
+    ops_.rmsnorm_backward(dy, x, w.data<T>(), rstd, rows, dim, dx, dw.data<T>(), false);
+  }
+  Tensor L2Weight(int64_t dim, double scale) {
+    Tensor w = New(MemCategory::kWorkspace, {dim});
+    ops_.fill(w.data<T>(), dim, static_cast<T>(scale / std::sqrt(static_cast<double>(dim))));
+    return w;
+  }
+
+  // Qwen3-Next's fused projections, per key head j: in_proj_qkvz's rows [q_j, k_j, v and z of j's value heads],
+  // in_proj_ba's [b, a of j's value heads]. Each piece: its offset in the fused rows, in its own tensor, its width
+  // and which of mixed (0), z (1), b (2), a (3) it belongs to.
+  struct FusedPiece {
+    int64_t fused, own, width;
+    int target;
+  };
+  std::vector<FusedPiece> FusedLayout() const {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t r = a.value_heads / a.key_heads, dk = a.key_head_dim, rv = r * a.value_head_dim;
+    const int64_t group = 2 * dk + 2 * rv;
+    std::vector<FusedPiece> pieces;
+    for (int64_t j = 0; j < a.key_heads; ++j) {
+      pieces.push_back({j * group, j * dk, dk, 0});
+      pieces.push_back({j * group + dk, a.key_dim() + j * dk, dk, 0});
+      pieces.push_back({j * group + 2 * dk, 2 * a.key_dim() + j * rv, rv, 0});
+      pieces.push_back({j * group + 2 * dk + rv, j * rv, rv, 1});
+      pieces.push_back({j * 2 * r, j * r, r, 2});
+      pieces.push_back({j * 2 * r + r, j * r, r, 3});
+    }
+    return pieces;
+  }
+  // Between the fused projections' outputs (qkvz [n][conv channels + value dim], ba [n][2 value heads]) and mixed,
+  // z, b, a; to_fused: the other way (their gradients).
+  void CopyFused(bool to_fused, T* qkvz, T* ba, T* mixed, T* z, T* b, T* gate_a, int64_t n) {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t ld_fused[2] = {a.conv_dim() + a.value_dim(), 2 * a.value_heads};
+    T* own[4] = {mixed, z, b, gate_a};
+    const int64_t ld_own[4] = {a.conv_dim(), a.value_dim(), a.value_heads, a.value_heads};
+    for (const FusedPiece& p : FusedLayout()) {
+      const int f = p.target < 2 ? 0 : 1;
+      T* fused = (f == 0 ? qkvz : ba) + p.fused;
+      T* mine = own[p.target] + p.own;
+      if (to_fused)
+        ops_.copy_rows(fused, ld_fused[f], mine, ld_own[p.target], n, p.width);
+      else
+        ops_.copy_rows(mine, ld_own[p.target], fused, ld_fused[f], n, p.width);
+    }
+  }
+  // mixed (q, k, v: the conv's input), z, b and a of xn [n][hidden] (with LoRA adapters).
+  void Project(const DeltaNetParams& P, const T* xn, Chunk c, const StateOptions& st, T* mixed, T* z, T* b,
+               T* gate_a) {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t n = c.size(), d = cfg_.hidden_size, C = a.conv_dim(), V = a.value_dim(), H = a.value_heads;
+    if (P.qkv >= 0) {
+      Linear(xn, n, d, P.qkv, -1, mixed, C, c, st);
+      Linear(xn, n, d, P.z, -1, z, V, c, st);
+      Linear(xn, n, d, P.b, -1, b, H, c, st);
+      Linear(xn, n, d, P.a, -1, gate_a, H, c, st);
+      return;
+    }
+    Tensor qkvz = New(MemCategory::kWorkspace, {n, C + V}), ba = New(MemCategory::kWorkspace, {n, 2 * H});
+    Linear(xn, n, d, P.qkvz, -1, qkvz.data<T>(), C + V, c, st);
+    Linear(xn, n, d, P.ba, -1, ba.data<T>(), 2 * H, c, st);
+    CopyFused(false, qkvz.data<T>(), ba.data<T>(), mixed, z, b, gate_a, n);
+  }
+  // Project's backward: dxn assigned, weight (and adapter) gradients accumulated.
+  void ProjectBackward(const DeltaNetParams& P, const T* xn, Chunk c, const StateOptions& st, T* dmixed, T* dz, T* db,
+                       T* da, T* dxn) {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t n = c.size(), C = a.conv_dim(), V = a.value_dim(), H = a.value_heads;
+    if (P.qkv >= 0) {
+      LinearBackward(dmixed, C, xn, n, P.qkv, -1, dxn, T(0), c, st);
+      LinearBackward(dz, V, xn, n, P.z, -1, dxn, T(1), c, st);
+      LinearBackward(db, H, xn, n, P.b, -1, dxn, T(1), c, st);
+      LinearBackward(da, H, xn, n, P.a, -1, dxn, T(1), c, st);
+      return;
+    }
+    Tensor dqkvz = New(MemCategory::kWorkspace, {n, C + V}), dba = New(MemCategory::kWorkspace, {n, 2 * H});
+    CopyFused(true, dqkvz.data<T>(), dba.data<T>(), dmixed, dz, db, da, n);
+    LinearBackward(dqkvz.data<T>(), C + V, xn, n, P.qkvz, -1, dxn, T(0), c, st);
+    LinearBackward(dba.data<T>(), 2 * H, xn, n, P.ba, -1, dxn, T(1), c, st);
+  }
+  void CopyOrZero(const Tensor* src, Tensor& dst) const {
+    if (src)
+      ops_.copy(dst.data<T>(), src->data<T>(), dst.numel());
+    else
+      dst.SetZero();
+  }
+
+  // The SwiGLU MLP's parameters of the layer named p.
+  template <typename AddFn>
+  void AddMlp(const std::string& p, LayerParams& L, AddFn& add) {
+    const int64_t d = cfg_.hidden_size, f = inter_;
+    const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{};
+    L.gate = add(p + "mlp.gate_proj.weight", {f, d}, rows);
+    L.gate_bias = cfg_.mlp_bias ? add(p + "mlp.gate_proj.bias", {f}, rows) : -1;
+    L.up = add(p + "mlp.up_proj.weight", {f, d}, rows);
+    L.up_bias = cfg_.mlp_bias ? add(p + "mlp.up_proj.bias", {f}, rows) : -1;
+    L.down = add(p + "mlp.down_proj.weight", {d, f}, cols);
+    L.down_bias = cfg_.mlp_bias ? add(p + "mlp.down_proj.bias", {d}, whole) : -1;
+  }
+  // Gated DeltaNet's parameters under p ("...linear_attn."), in the layout of the config's architecture. The conv
+  // filter, A_log and dt_bias stay in T under bf16 storage, as Mamba's conv and scan parameters do.
+  template <typename AddFn>
+  DeltaNetParams AddDeltaNet(const std::string& p, AddFn& add) {
+    const LinearAttentionConfig& a = cfg_.linear;
+    const int64_t d = cfg_.hidden_size, C = a.conv_dim(), V = a.value_dim(), H = a.value_heads;
+    const TpShard whole{};  // tensor parallelism is refused on hybrids with linear layers (CreateTransformer)
+    DeltaNetParams P;
+    if (cfg_.architecture == "qwen3_next") {
+      P.qkvz = add(p + "in_proj_qkvz.weight", {C + V, d}, whole);
+      P.ba = add(p + "in_proj_ba.weight", {2 * H, d}, whole);
+    } else {
+      P.qkv = add(p + "in_proj_qkv.weight", {C, d}, whole);
+      P.z = add(p + "in_proj_z.weight", {V, d}, whole);
+      P.b = add(p + "in_proj_b.weight", {H, d}, whole);
+      P.a = add(p + "in_proj_a.weight", {H, d}, whole);
+    }
+    shards_.push_back(whole);
+    P.conv = Store::AddFullPrecision(p + "conv1d.weight", {C, 1, a.conv_kernel});
+    P.dt_bias = add(p + "dt_bias", {H}, whole);
+    P.a_log = add(p + "A_log", {H}, whole);
+    P.norm = add(p + "norm.weight", {a.value_head_dim}, whole);
+    P.out = add(p + "out_proj.weight", {d, V}, whole);
+    return P;
+  }
+
   // K/V of chunk c from the normed input, roped and written into the layer's cache pages.
   void AppendKV(int l, Chunk c, const T* xn1, TransformerState& state) {
     const LayerParams& L = layers_[l];
+    const int kl = kv_index_[l];
     const int64_t n = c.size(), d = cfg_.hidden_size, kvd = kv_heads_ * cfg_.head_dim;
     Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
     Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
@@ -517,18 +984,19 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       const int64_t rows = n * kv_heads_;
       Tensor k_raw = New(MemCategory::kWorkspace, {n, kvd}), rstd = New(MemCategory::kWorkspace, {rows});
       ops_.copy(k_raw.data<T>(), k.data<T>(), n * kvd);
-      ops_.rmsnorm_forward(k_raw.data<T>(), W(L.k_norm), rows, cfg_.head_dim, cfg_.rms_norm_eps, k.data<T>(),
-                           rstd.data<T>());
+      Tensor w;
+      ops_.rmsnorm_forward(k_raw.data<T>(), NormWeight(L.k_norm, w), rows, cfg_.head_dim, cfg_.rms_norm_eps,
+                           k.data<T>(), rstd.data<T>());
     }
-    state.kv.Ensure(l, c.begin, c.end, /*zero_new=*/false);
-    if (state.opts.doc_starts.empty()) {
-      state.kv.ScatterRoped<T>(l, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
-    } else {  // positions within each document: rope, then write (what rope_kv_write does in one pass)
+    state.kv.Ensure(kl, c.begin, c.end, /*zero_new=*/false);
+    if (state.opts.doc_starts.empty() && cfg_.rotary_dim() == cfg_.head_dim) {
+      state.kv.ScatterRoped<T>(kl, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
+    } else {  // positions within each document, or partial RoPE: rope, then write (rope_kv_write's two steps)
       Rope(k.data<T>(), c, kv_heads_, /*inverse=*/false, state);
-      state.kv.Scatter<T>(l, c.begin, c.end, k.data<T>(), v.data<T>());
+      state.kv.Scatter<T>(kl, c.begin, c.end, k.data<T>(), v.data<T>());
     }
-    state.MarkKV(l, c);
-    if (state.opts.sparse_pages > 0) SumPageKeys(l, c, state);
+    state.MarkKV(kl, c);
+    if (state.opts.sparse_pages > 0) SumPageKeys(kl, c, state);
   }
 
   // Sparse attention's page summaries: the key sums of the pages chunk c completed (on the device: the chunk's
@@ -590,11 +1058,21 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   // Rotates x, the rows of chunk c with `heads` heads, at each row's position within its document (RoPE restarts
   // at every document); inverse: the backward's transpose rotation.
+  // Partial RoPE (hybrids) rotates each head's first rotary_dim dims: gathered, rotated, put back.
   void Rope(T* x, Chunk c, int64_t heads, bool inverse, const TransformerState& state) {
     const std::vector<int64_t>& docs = state.opts.doc_starts;
+    const int64_t hd = cfg_.head_dim, dim = cfg_.rotary_dim(), rows = c.size() * heads;
+    Tensor part;
+    T* y = x;
+    if (dim != hd) {
+      part = New(MemCategory::kWorkspace, {rows, dim});
+      ops_.copy_rows(part.data<T>(), dim, x, hd, rows, dim);
+      y = part.data<T>();
+    }
     for (const Chunk& p : SplitAtDocuments(c, docs))
-      ops_.rope(x + (p.begin - c.begin) * heads * cfg_.head_dim, p.size(), heads, cfg_.head_dim,
-                p.begin - DocumentStart(docs, p.begin), state.inv_freq.data(), inverse);
+      ops_.rope(y + (p.begin - c.begin) * heads * dim, p.size(), heads, dim, p.begin - DocumentStart(docs, p.begin),
+                state.inv_freq.data(), inverse);
+    if (part.defined()) ops_.copy_rows(x, hd, part.data<T>(), dim, rows, dim);
   }
 
   // Runs attention(piece, its shape, its first row in c, its lse) for each piece of chunk c inside one document,
@@ -637,7 +1115,17 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   // y = rmsnorm(x) with weight w, rounded as ParamStore::RoundAndKeep rounds (in the same pass); returns the kept
   // copy when keep.
   Tensor Norm(const T* x, int w, Tensor& y, Tensor& rstd, MemCategory cat, bool keep) {
-    return Store::NormAndKeep(ops_, x, W(w), cfg_.rms_norm_eps, y, rstd, cat, keep);
+    Tensor weight;
+    return Store::NormAndKeep(ops_, x, NormWeight(w, weight), cfg_.rms_norm_eps, y, rstd, cat, keep);
+  }
+  // What an RMSNorm of weight w multiplies by: w, or 1 + w for the hybrids' zero-centred norms (made in `hold`).
+  const T* NormWeight(int w, Tensor& hold) {
+    if (!cfg_.hybrid()) return W(w);
+    const int64_t n = params_[w].value.numel();
+    hold = New(MemCategory::kWorkspace, {n});
+    ops_.fill(hold.data<T>(), n, T(1));
+    ops_.add_inplace(hold.data<T>(), W(w), n);
+    return hold.data<T>();
   }
   // y[n][out] = x[n][in] W[out][in]^T (+ b) (+ the LoRA adapter of W)
   void Linear(const T* x, int64_t n, int64_t in, int w, int b, T* y, int64_t out, Chunk c, const StateOptions& st) {
@@ -664,7 +1152,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       if (T* g = G(b)) ops_.bias_backward(dy, n, m, g);
   }
   void NormBackward(const T* dy, const T* x, int w, const T* rstd, int64_t n, T* dx_accumulate) {
-    ops_.rmsnorm_backward(dy, x, W(w), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w), true);
+    Tensor weight;  // d(1 + w) / dw = 1: the hybrids' gradient is the plain norm's
+    ops_.rmsnorm_backward(dy, x, NormWeight(w, weight), rstd, n, cfg_.hidden_size, dx_accumulate, GradOrScratch(w),
+                          true);
   }
 
   TransformerConfig cfg_;
@@ -675,6 +1165,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   int64_t heads_, kv_heads_, inter_, vocab_rows_;
   std::vector<TpShard> shards_;  // per base parameter (LoRA adapters: ShardOf)
   std::vector<LayerParams> layers_;
+  std::vector<int> kv_index_;  // per layer, its number among the attention layers (the KV pools'); -1: linear
+  int kv_layers_ = 0;          // attention layers
   int embed_ = -1, final_norm_ = -1, head_ = -1;
 };
 
@@ -698,9 +1190,30 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
                                                    ")"));
   if (c.head_dim % 2 != 0)
     return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
-  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3")
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: model_type '", c.architecture, "' is not supported (supported: llama, qwen2, qwen3)"));
+  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3" && !c.hybrid())
+    return absl::InvalidArgumentError(absl::StrCat("config: model_type '", c.architecture,
+                                                   "' is not supported (supported: llama, qwen2, qwen3, qwen3_next, "
+                                                   "qwen3_5_text)"));
+  if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim)
+    return absl::InvalidArgumentError(absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
+                                                   " rotated dims; they must be even, at least 2 and at most head_dim"));
+  if (!c.linear_layers.empty()) {
+    if (static_cast<int64_t>(c.linear_layers.size()) != c.num_layers)
+      return absl::InvalidArgumentError(absl::StrCat("config: layer_types lists ", c.linear_layers.size(),
+                                                     " layers; num_hidden_layers is ", c.num_layers));
+    const LinearAttentionConfig& a = c.linear;
+    for (auto [field, v] : {std::pair<const char*, int64_t>{"linear_conv_kernel_dim", a.conv_kernel},
+                            {"linear_key_head_dim", a.key_head_dim},
+                            {"linear_value_head_dim", a.value_head_dim},
+                            {"linear_num_key_heads", a.key_heads},
+                            {"linear_num_value_heads", a.value_heads}}) {
+      if (absl::Status s = positive(field, v); !s.ok()) return s;
+    }
+    if (a.value_heads % a.key_heads != 0)
+      return absl::InvalidArgumentError(absl::StrCat("config: linear_num_value_heads (", a.value_heads,
+                                                     ") must be a multiple of linear_num_key_heads (", a.key_heads,
+                                                     ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -710,6 +1223,9 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                                     Device device, const TensorParallel& tp) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
+  if (tp.size > 1 && !config.linear_layers.empty())
+    return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
+                                                 config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
   if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
