@@ -76,7 +76,8 @@ ABSL_FLAG(double, lora_dropout, -1,
           "--lora_init");
 ABSL_FLAG(std::string, lora_targets, "",
           "LoRA target modules by HF name, comma-separated, or all. Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, "
-          "gate_proj, up_proj, down_proj (default q_proj,v_proj); Mamba: in_proj, x_proj (default both); 'all' or "
+          "gate_proj, up_proj, down_proj (default q_proj,v_proj); Qwen3.5 / Qwen3-Next also in_proj_qkv, in_proj_z, "
+          "in_proj_b, in_proj_a / in_proj_qkvz, in_proj_ba, out_proj; Mamba: in_proj, x_proj (default both); 'all' or "
           "'all-linear' = every one");
 ABSL_FLAG(std::string, lora_init, "",
           "start LoRA from a saved PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");

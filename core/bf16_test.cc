@@ -210,7 +210,7 @@ TEST(BF16ActivationsTest, KeptActivationsHalve) {
 // chunk's contribution into the bf16 KV-gradient pages where full rounds once: their gradients differ by that (the
 // most on a k_proj bias, whose true gradient nearly cancels), their losses do not.
 TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
-  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-ssm"}) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5", "tiny-ssm"}) {
     auto full = Make(preset, DType::kBF16);
     const bool mamba = full->family() == "ssm";
     const std::vector<Sequence> batch = RaggedBatch(full->vocab_size(), 3);

@@ -388,7 +388,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Grouped("bf16_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kBF16),
                       Grouped("f64_lora_layers4_chunk5_page2_group2", Deep(4), 5, 2, 2, DType::kF64, 4),
                       Grouped("bf16_lora_layers4_chunk4_page3_group3", Deep(4), 4, 3, 3, DType::kBF16, 4),
-                      Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2)),
+                      Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2),
+                      // A Qwen3.5 hybrid: pages only in its attention layer, numbered among attention layers.
+                      Case{"qwen35_chunk4_page3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 0},
+                      Case{"qwen35_sparse1_chunk4_page2", *TransformerPreset("tiny-qwen3.5"), 4, 2, 1},
+                      Grouped("bf16_lora_qwen35_chunk4_page3_group3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 3,
+                              DType::kBF16, 4)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Groups change only the rounding: attention over groups of one page (merged forward, dQ summed over groups)

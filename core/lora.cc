@@ -32,7 +32,9 @@ const LoraAdapter* LoraInfo::AdapterOfWeight(int index) const {
 
 std::vector<std::string> LoraTargetModules(const std::string& family) {
   if (family == "ssm") return {"in_proj", "x_proj"};
-  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // Attention and the MLP, and the Gated DeltaNet projections of the hybrids (Qwen3.5's, Qwen3-Next's fused ones).
+  return {"q_proj",      "k_proj",    "v_proj",    "o_proj",       "gate_proj",   "up_proj", "down_proj",
+          "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",    "in_proj_qkvz", "in_proj_ba", "out_proj"};
 }
 
 std::string DefaultLoraTargets(const std::string& family) {

@@ -225,6 +225,15 @@ class ParamStore {
     for (Param& p : params_) p.grad.Reset();
     auto info = std::make_unique<LoraInfo>();
     info->options = o;
+    info->options.targets.clear();  // the modules this model has ("all" names every family's), as PEFT records them
+    for (const std::string& t : o.targets)
+      for (int w : chosen)
+        if (params_[w].name.size() > t.size() + 8 &&
+            params_[w].name.compare(params_[w].name.size() - t.size() - 7, t.size() + 7, t + ".weight") == 0 &&
+            params_[w].name[params_[w].name.size() - t.size() - 8] == '.') {
+          info->options.targets.push_back(t);
+          break;
+        }
     adapter_of_.assign(params_.size(), -1);
     std::mt19937_64 rng(o.seed ^ 0x6C6F7261496E6974ull);
     for (int w : chosen) {

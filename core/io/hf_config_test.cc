@@ -362,7 +362,8 @@ TEST(HfConfigTest, LoadFromDirectoryOrFile) {
 
 TEST(HfConfigErrorTest, UnsupportedArchitecture) {
   ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
-                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)"});
+                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen3_next, "
+                       "qwen3_5_text, qwen3_5)"});
   ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
                       {"config.json", "MistralForCausalLM", "not supported"});
   ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
@@ -494,7 +495,7 @@ TEST(HfConfigErrorTest, UnsupportedOptions) {
       {"config.json: field 'rope_scaling.beta_fast' must be a number, got string"});
   ExpectErrorMentions(
       Parse(MinimalLlama(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 2, "partial_rotary_factor": 0.5})")),
-      {"config.json: field 'rope_scaling.partial_rotary_factor' is not 1"});
+      {"config.json: field 'rope_scaling.partial_rotary_factor' is 0.5; llama rotates whole heads (1)"});
   ExpectErrorMentions(
       Parse(MinimalLlama(R"(, "rope_scaling": {"factor": 8})")),
       {"config.json: field 'rope_scaling.rope_type' is missing"});
@@ -517,6 +518,67 @@ TEST(HfConfigErrorTest, NotJson) {
   ExpectErrorMentions(Parse("[1, 2]"), {"config.json: must be a JSON object, got array"});
   ExpectErrorMentions(Parse(R"({"model_type": "llama", "model_type": "qwen2"})"),
                       {"config.json: duplicate JSON key 'model_type'"});
+}
+
+// A Qwen3.5 text config with transformers' defaults but for the sizes; extra fields appended.
+std::string MinimalQwen35(const std::string& model_type = "qwen3_5_text", const std::string& extra_fields = "") {
+  return R"({"model_type": ")" + model_type + R"(", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 8,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128)" +
+         extra_fields + "}";
+}
+
+TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
+  absl::StatusOr<TransformerConfig> c = Parse(MinimalQwen35());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->hybrid());
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->rotary_dim(), 64);  // partial_rotary_factor 0.25
+  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(c->linear.key_heads, 16);
+  EXPECT_EQ(c->linear.value_heads, 32);
+  EXPECT_EQ(c->linear.key_head_dim, 128);
+  EXPECT_EQ(c->linear.conv_kernel, 4);
+  c = Parse(MinimalQwen35("qwen3_next", R"(, "num_experts": 0, "full_attention_interval": 2,
+                                          "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                              "partial_rotary_factor": 0.5})"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, false, true, false, true, false, true, false}));
+  EXPECT_EQ(c->rotary_dim(), 128);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  // The published layout: the text model under text_config, its head tied at the top level.
+  c = Parse(R"({"model_type": "qwen3_5", "tie_word_embeddings": true, "vision_config": {"depth": 1},
+                "text_config": )" + MinimalQwen35() + "}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->conditional);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->prefix(), "model.language_model.");
+  // What the engine writes reads back the same.
+  absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->linear_layers, c->linear_layers);
+  EXPECT_TRUE(again->conditional);
+  EXPECT_EQ(again->rotary_dim(), c->rotary_dim());
+}
+
+TEST(HfConfigErrorTest, HybridErrorsNameTheField) {
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "layer_types": ["linear_attention"])")),
+                      {"field 'layer_types' lists 1 layers; num_hidden_layers is 8"});
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "layer_types": ["linear_attention", "mamba",
+                                           "full_attention", "full_attention", "full_attention", "full_attention",
+                                           "full_attention", "full_attention"])")),
+                      {"field 'layer_types' has 'mamba'"});
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "linear_num_value_heads": 24)")),
+                      {"field 'linear_num_value_heads' (24) must be a multiple of linear_num_key_heads (16)"});
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_next")),
+                      {"field 'num_experts' is 512: layer 0 is a mixture of experts, which is not supported yet"});
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "partial_rotary_factor": 0.001)")),
+                      {"field 'partial_rotary_factor' is 0.001"});
+  ExpectErrorMentions(
+      Parse(MinimalQwen35("qwen3_5_text", R"(, "rope_parameters": {"rope_type": "linear", "factor": 2})")),
+      {"field 'rope_parameters' has rope_type 'linear'"});
+  ExpectErrorMentions(Parse(R"({"model_type": "qwen3_5", "text_config": {"model_type": "llama"}})"),
+                      {"field 'text_config.model_type' is 'llama'"});
+  ExpectErrorMentions(Parse(R"({"model_type": "qwen3_5"})"), {"field 'text_config' is missing"});
 }
 
 }  // namespace

@@ -188,6 +188,8 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   SG_IO_ASSIGN_OR_RETURN(config.rope_theta, rope.PositiveNumber("rope_theta", config.rope_theta));
   SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                          rope.PositiveNumber("partial_rotary_factor", config.partial_rotary_factor));
+  if (rope.Has("partial_rotary_factor"))
+    if (absl::Status s = CheckRotaryDim(rope, config); !s.ok()) return s;
   // Newer configs say "rope_type", older ones "type"; transformers takes rope_type when both are there.
   std::optional<std::string> type, old_type;
   SG_IO_ASSIGN_OR_RETURN(type, rope.String("rope_type"));
@@ -257,6 +259,7 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
     int64_t interval;
     SG_IO_ASSIGN_OR_RETURN(interval, fields.PositiveInt("full_attention_interval", 4));
     for (int64_t i = 0; i < config.num_layers; ++i) config.linear_layers.push_back((i + 1) % interval != 0);
+    if (interval == 1) config.linear_layers.clear();  // every layer full attention
     return absl::OkStatus();
   }
   if (!layer_types->is_array()) {
@@ -277,8 +280,7 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
     }
     config.linear_layers.push_back(linear);
   }
-  if (config.hybrid() && std::find(config.linear_layers.begin(), config.linear_layers.end(), true) ==
-                             config.linear_layers.end())
+  if (std::find(config.linear_layers.begin(), config.linear_layers.end(), true) == config.linear_layers.end())
     config.linear_layers.clear();  // every layer full attention
   return absl::OkStatus();
 }

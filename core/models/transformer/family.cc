@@ -1,6 +1,8 @@
 // The transformer family (Llama, Qwen2, Qwen3; the Qwen3-Next / Qwen3.5 hybrids) behind core/models/family.h.
 #include "core/models/family.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <set>
@@ -27,6 +29,27 @@ class TransformerSpec final : public ModelSpec {
     return AsModel(CreateTransformer(c_, dtype, device, tp));
   }
 
+  // Hybrids, as transformers initialises them: zero-centred norms 0 (they multiply by 1 + w), dt_bias 1, A_log
+  // spread over log 1 .. log 16.
+  void InitRandom(Model& model, uint64_t seed) const override {
+    ModelSpec::InitRandom(model, seed);
+    if (!c_.hybrid() || model.memory().device() == Device::kMeta) return;  // meta tensors hold no values
+    for (Param& p : model.params()) {
+      const std::string& n = p.name;
+      auto ends = [&](const std::string& suffix) {
+        return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+      };
+      if (ends("linear_attn.dt_bias")) {
+        SetFromHost(p.value, [](int64_t) { return 1.0; });
+      } else if (ends("linear_attn.A_log")) {
+        const int64_t heads = p.value.numel();
+        SetFromHost(p.value, [&](int64_t h) { return std::log(1.0 + 15.0 * h / std::max<int64_t>(1, heads - 1)); });
+      } else if (ends("layernorm.weight") || ends("q_norm.weight") || ends("k_norm.weight") ||
+                 n == c_.prefix() + "norm.weight") {
+        SetFromHost(p.value, [](int64_t) { return 0.0; });
+      }
+    }
+  }
   std::vector<std::string> CarriedTensors() const override {
     if (!c_.hybrid()) return {};
     return {"model.visual.", "mtp."};  // transformers' Qwen3.5 / Qwen3-Next causal LMs skip these too
@@ -54,8 +77,12 @@ class TransformerSpec final : public ModelSpec {
            static_cast<double>(LinearLayers()) * LinearMixingPerToken() * static_cast<double>(T);
   }
   std::string Description() const override {
-    return absl::StrFormat("%s, d=%d, layers=%d, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
-                           c_.num_layers, c_.num_heads, c_.num_kv_heads, c_.intermediate_size, c_.vocab_size);
+    const std::string linear =
+        LinearLayers() > 0 ? absl::StrFormat(" (%d Gated DeltaNet, %d/%d heads)", LinearLayers(),
+                                             c_.linear.value_heads, c_.linear.key_heads)
+                           : "";
+    return absl::StrFormat("%s, d=%d, layers=%d%s, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
+                           c_.num_layers, linear, c_.num_heads, c_.num_kv_heads, c_.intermediate_size, c_.vocab_size);
   }
   std::vector<Field> Fields() const override {
     return {{"architecture", c_.architecture}, {"vocab_size", c_.vocab_size},

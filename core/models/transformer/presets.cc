@@ -32,11 +32,28 @@ TransformerConfig Qwen25(int64_t d, int64_t layers, int64_t heads, int64_t kv_he
   return c;
 }
 
+// Qwen3.5's text model (qwen3_5_text): three Gated DeltaNet layers to one gated attention layer, head_dim 256 with
+// a quarter of it rotated, linear key and value heads of 128 dims, conv kernel 4, rope_theta 1e7, 262144 positions.
+TransformerConfig Qwen35(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         int64_t ffn, int64_t key_heads, int64_t value_heads, int64_t linear_head_dim) {
+  TransformerConfig c = Llama(vocab, d, layers, heads, kv_heads, ffn);
+  c.architecture = "qwen3_5_text";
+  c.head_dim = head_dim;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000000.0;
+  c.max_position_embeddings = 262144;
+  c.partial_rotary_factor = 0.25;
+  for (int64_t i = 0; i < layers; ++i) c.linear_layers.push_back((i + 1) % 4 != 0);
+  c.linear = {4, linear_head_dim, linear_head_dim, key_heads, value_heads};
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny",           "tiny-qwen2",   "demo",       "bench-cpu",  "llama-1b-shape", "qwen2.5-7b-shape",
-          "qwen3-8b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
+  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "demo",         "bench-cpu",  "bench-cpu-qwen3.5",
+          "llama-1b-shape", "qwen2.5-7b-shape",  "qwen3-8b-shape",    "qwen3.5-9b-shape", "qwen3.5-27b-shape",
+          "llama-3.1-8b",   "qwen2.5-7b",        "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
@@ -50,8 +67,18 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.rms_norm_eps = 1e-6;
     return c;
   }
+  // A hybrid for tests: Gated DeltaNet and attention layers alternating (two of each), head_dim 16 with 4 dims
+  // rotated, 4 value heads on 2 key heads.
+  if (name == "tiny-qwen3.5") {
+    TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
+    c.linear_layers = {true, false, true, false};
+    c.max_position_embeddings = 4096;
+    return c;
+  }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
   if (name == "bench-cpu") return Llama(512, 256, 4, 4, 2, 688);
+  // bench-cpu's width and depth as a Qwen3.5 (three Gated DeltaNet layers, one gated attention layer).
+  if (name == "bench-cpu-qwen3.5") return Qwen35(512, 256, 4, 4, 2, 64, 688, 2, 4, 64);
   // GPU benchmark shapes (random weights): a 1B Llama (Llama-3.2-1B's layout, 32K vocabulary) and Qwen2.5-7B.
   if (name == "llama-1b-shape") {
     TransformerConfig c = Llama(32000, 2048, 16, 32, 8, 8192);
@@ -91,6 +118,13 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.max_position_embeddings = 40960;
     return c;
   }
+  // Qwen/Qwen3.5-9B's text_config: vocab_size 248320, hidden_size 4096, num_hidden_layers 32, num_attention_heads
+  // 16, num_key_value_heads 4, head_dim 256, intermediate_size 12288, linear_num_key_heads 16,
+  // linear_num_value_heads 32, linear key/value head dims 128, full_attention_interval 4, untied.
+  if (name == "qwen3.5-9b-shape") return Qwen35(248320, 4096, 32, 16, 4, 256, 12288, 16, 32, 128);
+  // Qwen/Qwen3.5-27B's: hidden_size 5120, num_hidden_layers 64, num_attention_heads 24, num_key_value_heads 4,
+  // head_dim 256, intermediate_size 17408, linear_num_key_heads 16, linear_num_value_heads 48.
+  if (name == "qwen3.5-27b-shape") return Qwen35(248320, 5120, 64, 24, 4, 256, 17408, 16, 48, 128);
   return absl::NotFoundError(
       absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }
