@@ -369,31 +369,29 @@ Case Grouped(std::string name, TransformerConfig config, int64_t chunk, int64_t 
 
 INSTANTIATE_TEST_SUITE_P(
     Exact, OffloadTest,
-    ::testing::Values(Case{"tiny_chunk4_page3", *TransformerPreset("tiny"), 4, 3, 0},
-                      Case{"tinyqwen_chunk5_page2", *TransformerPreset("tiny-qwen2"), 5, 2, 0},
-                      Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0}, Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
-                      Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0}, Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
-                      Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1},
-                      Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
-                      Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2},
-                      Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1},
-                      // Attention in groups of pages, streamed through the ring under dense offload.
-                      Grouped("tiny_chunk4_page3_group3", *TransformerPreset("tiny"), 4, 3, 3),
-                      Grouped("tinyqwen_chunk5_page2_group4", *TransformerPreset("tiny-qwen2"), 5, 2, 4),
-                      Grouped("layers7_chunk4_page2_group4", Deep(7), 4, 2, 4),
-                      Grouped("layers7_chunk6_page4_group5", Deep(7), 6, 4, 5),
-                      Grouped("layers8_chunk1_page2_group2", Deep(8), 1, 2, 2),
-                      Grouped("layers1_chunk4_page3_group6", Deep(1), 4, 3, 6),
-                      Grouped("f32_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF32),
-                      Grouped("bf16_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kBF16),
-                      Grouped("f64_lora_layers4_chunk5_page2_group2", Deep(4), 5, 2, 2, DType::kF64, 4),
-                      Grouped("bf16_lora_layers4_chunk4_page3_group3", Deep(4), 4, 3, 3, DType::kBF16, 4),
-                      Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2),
-                      // A Qwen3.5 hybrid: pages only in its attention layer, numbered among attention layers.
-                      Case{"qwen35_chunk4_page3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 0},
-                      Case{"qwen35_sparse1_chunk4_page2", *TransformerPreset("tiny-qwen3.5"), 4, 2, 1},
-                      Grouped("bf16_lora_qwen35_chunk4_page3_group3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 3,
-                              DType::kBF16, 4)),
+    ::testing::Values(
+        Case{"tiny_chunk4_page3", *TransformerPreset("tiny"), 4, 3, 0},
+        Case{"tinyqwen_chunk5_page2", *TransformerPreset("tiny-qwen2"), 5, 2, 0},
+        Case{"layers7_chunk4_page3", Deep(7), 4, 3, 0}, Case{"layers7_chunk6_page4", Deep(7), 6, 4, 0},
+        Case{"layers8_chunk1_page2", Deep(8), 1, 2, 0}, Case{"layers1_chunk4_page3", Deep(1), 4, 3, 0},
+        Case{"layers7_sparse1_chunk4_page2", Deep(7), 4, 2, 1}, Case{"layers7_sparse3_chunk4_page2", Deep(7), 4, 2, 3},
+        Case{"layers1_sparse2_chunk3_page2", Deep(1), 3, 2, 2}, Case{"layers2_sparse1_chunk5_page2", Deep(2), 5, 2, 1},
+        // Attention in groups of pages, streamed through the ring under dense offload.
+        Grouped("tiny_chunk4_page3_group3", *TransformerPreset("tiny"), 4, 3, 3),
+        Grouped("tinyqwen_chunk5_page2_group4", *TransformerPreset("tiny-qwen2"), 5, 2, 4),
+        Grouped("layers7_chunk4_page2_group4", Deep(7), 4, 2, 4),
+        Grouped("layers7_chunk6_page4_group5", Deep(7), 6, 4, 5),
+        Grouped("layers8_chunk1_page2_group2", Deep(8), 1, 2, 2),
+        Grouped("layers1_chunk4_page3_group6", Deep(1), 4, 3, 6),
+        Grouped("f32_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF32),
+        Grouped("bf16_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kBF16),
+        Grouped("f64_lora_layers4_chunk5_page2_group2", Deep(4), 5, 2, 2, DType::kF64, 4),
+        Grouped("bf16_lora_layers4_chunk4_page3_group3", Deep(4), 4, 3, 3, DType::kBF16, 4),
+        Grouped("sparse2_layers4_chunk4_page2_group4", Deep(4), 4, 2, 4, DType::kF64, 0, 2),
+        // A Qwen3.5 hybrid: pages only in its attention layer, numbered among attention layers.
+        Case{"qwen35_chunk4_page3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 0},
+        Case{"qwen35_sparse1_chunk4_page2", *TransformerPreset("tiny-qwen3.5"), 4, 2, 1},
+        Grouped("bf16_lora_qwen35_chunk4_page3_group3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 3, DType::kBF16, 4)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Groups change only the rounding: attention over groups of one page (merged forward, dQ summed over groups)

@@ -357,12 +357,24 @@ absl::Status AddCarriedTensors(const ModelSpec& spec, const std::string& source_
     const io::TensorInfo* info = files->Find(name);
     DType dtype;
     switch (info->dtype) {
-      case io::StDType::kF64: dtype = DType::kF64; break;
-      case io::StDType::kF32: dtype = DType::kF32; break;
-      case io::StDType::kBF16: dtype = DType::kBF16; break;
-      case io::StDType::kF16: dtype = DType::kF16; break;
-      case io::StDType::kI32: dtype = DType::kI32; break;
-      case io::StDType::kI64: dtype = DType::kI64; break;
+      case io::StDType::kF64:
+        dtype = DType::kF64;
+        break;
+      case io::StDType::kF32:
+        dtype = DType::kF32;
+        break;
+      case io::StDType::kBF16:
+        dtype = DType::kBF16;
+        break;
+      case io::StDType::kF16:
+        dtype = DType::kF16;
+        break;
+      case io::StDType::kI32:
+        dtype = DType::kI32;
+        break;
+      case io::StDType::kI64:
+        dtype = DType::kI64;
+        break;
       default:
         return absl::UnimplementedError(absl::StrCat(files->source(), ": tensor '", name, "' is ",
                                                      std::string(io::StDTypeName(info->dtype)),

@@ -63,7 +63,7 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   if (linear > 0) {
     const LinearAttentionConfig& a = c.linear;
     const int64_t conv = n.Product({{"linear conv channels", a.conv_dim()}, {"linear_conv_kernel_dim", a.conv_kernel}});
-    n.Add(n.Product({{"linear conv channels", a.conv_dim()}, {"hidden_size", d}}), linear);  // in_proj q, k, v
+    n.Add(n.Product({{"linear conv channels", a.conv_dim()}, {"hidden_size", d}}), linear);   // in_proj q, k, v
     n.Add(n.Product({{"linear value dim", a.value_dim()}, {"hidden_size", d}}), 2 * linear);  // in_proj z, out_proj
     n.Add(n.Product({{"linear_num_value_heads", a.value_heads}, {"hidden_size", d}}), 2 * linear);  // b, a
     n.Add(conv, linear);
@@ -232,7 +232,8 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   if (scaling.type == "dynamic") {
     // NTK's exponent is d / (d - 2), d the rotated dims.
     if (config.rotary_dim() <= 2)
-      return fields.Error("head_dim", absl::StrCat("is ", config.head_dim, "; dynamic RoPE needs more than 2 rotated "
+      return fields.Error("head_dim", absl::StrCat("is ", config.head_dim,
+                                                   "; dynamic RoPE needs more than 2 rotated "
                                                    "dims (head_dim x partial_rotary_factor)"));
     if (!std::isfinite(DynamicRopeBase(config, kLongestDynamicRopeCheck)))
       return rope.Error("factor", absl::StrCat("is ", scaling.factor, ": dynamic RoPE's base overflows (at ",
@@ -294,8 +295,10 @@ absl::Status ParseLinearAttention(const FieldReader& fields, TransformerConfig& 
   SG_IO_ASSIGN_OR_RETURN(a.key_heads, fields.PositiveInt("linear_num_key_heads", 16));
   SG_IO_ASSIGN_OR_RETURN(a.value_heads, fields.PositiveInt("linear_num_value_heads", 32));
   if (a.value_heads % a.key_heads != 0)
-    return fields.Error("linear_num_value_heads", absl::StrCat("(", a.value_heads, ") must be a multiple of "
-                                                               "linear_num_key_heads (", a.key_heads, ")"));
+    return fields.Error("linear_num_value_heads", absl::StrCat("(", a.value_heads,
+                                                               ") must be a multiple of "
+                                                               "linear_num_key_heads (",
+                                                               a.key_heads, ")"));
   if (config.architecture != "qwen3_next") return absl::OkStatus();
   // Qwen3NextDecoderLayer: a sparse MoE block where num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not
   // in mlp_only_layers; a dense MLP elsewhere.
@@ -351,16 +354,18 @@ absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, con
                                      config.num_heads, ") when head_dim is not given"));
   }
   // Qwen3Config's head_dim defaults to 128, the hybrids' to 256, not hidden_size / num_attention_heads.
-  SG_IO_ASSIGN_OR_RETURN(config.head_dim, fields.PositiveInt("head_dim", is_qwen3 ? 128
-                                                                         : hybrid ? 256
-                                                                                  : config.hidden_size / config.num_heads));
+  SG_IO_ASSIGN_OR_RETURN(config.head_dim,
+                         fields.PositiveInt("head_dim", is_qwen3 ? 128
+                                                        : hybrid ? 256
+                                                                 : config.hidden_size / config.num_heads));
   SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
   // Defaults are those of HF's LlamaConfig / Qwen2Config.
   SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
                          fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 || hybrid ? 32768 : 2048));
   // The hybrids' configs default partial_rotary_factor to 0.25 (top level, or in the RoPE block).
-  SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor, fields.PositiveNumber("partial_rotary_factor", hybrid ? 0.25 : 1.0));
+  SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor,
+                         fields.PositiveNumber("partial_rotary_factor", hybrid ? 0.25 : 1.0));
   if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
   if (absl::Status status = CheckRotaryDim(fields, config); !status.ok()) return status;
   if (hybrid && config.rope_scaling.type != "default")
@@ -404,8 +409,8 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   // Qwen3_5ForConditionalGeneration: the text model is text_config; its head may be tied at the top level.
   const json* text = fields.Get("text_config");
   if (text == nullptr || !text->is_object())
-    return fields.Error("text_config", text ? absl::StrCat("must be an object, got ", JsonTypeName(*text))
-                                            : std::string("is missing"));
+    return fields.Error(
+        "text_config", text ? absl::StrCat("must be an object, got ", JsonTypeName(*text)) : std::string("is missing"));
   const FieldReader text_fields(*text, source_name, "text_config.");
   std::optional<std::string> text_type;
   SG_IO_ASSIGN_OR_RETURN(text_type, text_fields.String("model_type"));
@@ -454,8 +459,8 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
   out["attention_bias"] = config.attention_bias;
   out["tie_word_embeddings"] = config.tie_word_embeddings;
   nlohmann::ordered_json& types = out["layer_types"] = nlohmann::ordered_json::array();
-  for (int64_t l = 0; l < config.num_layers; ++l) types.push_back(config.is_linear(l) ? "linear_attention"
-                                                                                      : "full_attention");
+  for (int64_t l = 0; l < config.num_layers; ++l)
+    types.push_back(config.is_linear(l) ? "linear_attention" : "full_attention");
   if (next) out["num_experts"] = 0;
   nlohmann::ordered_json& rope = out["rope_parameters"];
   rope["rope_type"] = config.rope_scaling.type;

@@ -77,10 +77,9 @@ class TransformerSpec final : public ModelSpec {
            static_cast<double>(LinearLayers()) * LinearMixingPerToken() * static_cast<double>(T);
   }
   std::string Description() const override {
-    const std::string linear =
-        LinearLayers() > 0 ? absl::StrFormat(" (%d Gated DeltaNet, %d/%d heads)", LinearLayers(),
-                                             c_.linear.value_heads, c_.linear.key_heads)
-                           : "";
+    const std::string linear = LinearLayers() > 0 ? absl::StrFormat(" (%d Gated DeltaNet, %d/%d heads)", LinearLayers(),
+                                                                    c_.linear.value_heads, c_.linear.key_heads)
+                                                  : "";
     return absl::StrFormat("%s, d=%d, layers=%d%s, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
                            c_.num_layers, linear, c_.num_heads, c_.num_kv_heads, c_.intermediate_size, c_.vocab_size);
   }
@@ -117,9 +116,9 @@ class TransformerFamily final : public ModelFamily {
   bool Reads(const std::optional<std::string>& model_type,
              const std::vector<std::string>& architectures) const override {
     static const std::set<std::string> types = {"llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5"};
-    static const std::set<std::string> classes = {"LlamaForCausalLM",     "Qwen2ForCausalLM",
-                                                  "Qwen3ForCausalLM",     "Qwen3NextForCausalLM",
-                                                  "Qwen3_5ForCausalLM",   "Qwen3_5ForConditionalGeneration"};
+    static const std::set<std::string> classes = {"LlamaForCausalLM",   "Qwen2ForCausalLM",
+                                                  "Qwen3ForCausalLM",   "Qwen3NextForCausalLM",
+                                                  "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"};
     if (model_type) return types.count(*model_type) > 0;
     for (const std::string& a : architectures)
       if (classes.count(a)) return true;

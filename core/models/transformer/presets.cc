@@ -51,9 +51,10 @@ TransformerConfig Qwen35(int64_t vocab, int64_t d, int64_t layers, int64_t heads
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "demo",         "bench-cpu",  "bench-cpu-qwen3.5",
-          "llama-1b-shape", "qwen2.5-7b-shape",  "qwen3-8b-shape",    "qwen3.5-9b-shape", "qwen3.5-27b-shape",
-          "llama-3.1-8b",   "qwen2.5-7b",        "qwen2.5-32b"};
+  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "demo",
+          "bench-cpu",      "bench-cpu-qwen3.5", "llama-1b-shape",    "qwen2.5-7b-shape",
+          "qwen3-8b-shape", "qwen3.5-9b-shape",  "qwen3.5-27b-shape", "llama-3.1-8b",
+          "qwen2.5-7b",     "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {

@@ -242,8 +242,32 @@ struct DeltaInputs {
 // like attention layers, and kMixed (the conv's input), kXc (its output), kBA (b and a), kS0 and kTail0 (the state
 // before the chunk), kCore (the delta rule's output), kCoreRstd, kZ, kNormed and kGated (the gated norm's).
 enum Saved {
-  kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kQGate,
-  kMixed, kXc, kBA, kS0, kTail0, kCore, kCoreRstd, kZ, kNormed, kGated, kNumSaved
+  kX,
+  kXn1,
+  kRstd1,
+  kQ,
+  kAttn,
+  kLse,
+  kH,
+  kXn2,
+  kRstd2,
+  kGate,
+  kUp,
+  kAct,
+  kQRaw,
+  kQRstd,
+  kQGate,
+  kMixed,
+  kXc,
+  kBA,
+  kS0,
+  kTail0,
+  kCore,
+  kCoreRstd,
+  kZ,
+  kNormed,
+  kGated,
+  kNumSaved
 };
 
 template <typename T>
@@ -366,7 +390,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     // Offload: the pools hold a few layers; every layer's pages live in host memory (core/kv_offload.h).
     // Only attention layers hold pages (a hybrid's linear layers carry a fixed-size state instead).
     const int slots = std::min(kv_layers_, KvOffload::kSlots);
-    const int resident = std::min(o.resident_layers, kv_layers_), resident_grad = std::min(o.resident_grad_layers, kv_layers_);
+    const int resident = std::min(o.resident_layers, kv_layers_),
+              resident_grad = std::min(o.resident_grad_layers, kv_layers_);
     const int kv_layers = o.offload ? std::min(resident, slots) : resident;
     const int grad_layers = o.offload ? std::min(resident_grad, slots) : resident_grad;
     const CopyEngine* copies = nullptr;
@@ -431,8 +456,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const std::vector<Tensor>& s = saved.tensors;
     const int64_t n = c.size(), d = cfg_.hidden_size;
     const Tensor dh = MlpBackward(L, c, dy_in.data<T>(), s, state.opts);
-    const Tensor dxn1 = L.linear ? DeltaNetBackward(l, c, dh.data<T>(), s, state)
-                                 : AttentionBackward(l, c, dh.data<T>(), s, state);
+    const Tensor dxn1 =
+        L.linear ? DeltaNetBackward(l, c, dh.data<T>(), s, state) : AttentionBackward(l, c, dh.data<T>(), s, state);
     Tensor dx = New(MemCategory::kActivations, {n, d});
     ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
     NormBackward(dxn1.data<T>(), Store::Widen(ops_, s[kX]).template data<T>(), L.norm1, s[kRstd1].data<T>(), n,
@@ -631,14 +656,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       // Through the per-head norms: q's input was saved; k's is projected again from xn1.
       const int64_t H = heads_, G = kv_heads_;
       Tensor dq_raw = New(ws, {n, qd}), wq, wk;
-      ops_.rmsnorm_backward(dq.data<T>(), wide(kQRaw).template data<T>(), NormWeight(L.q_norm, wq),
-                            s[kQRstd].data<T>(), n * H, hd, dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
+      ops_.rmsnorm_backward(dq.data<T>(), wide(kQRaw).template data<T>(), NormWeight(L.q_norm, wq), s[kQRstd].data<T>(),
+                            n * H, hd, dq_raw.data<T>(), GradOrScratch(L.q_norm), false);
       dq = std::move(dq_raw);
       Tensor k_raw = New(ws, {n, kvd}), k_normed = New(ws, {n, kvd}), k_rstd = New(ws, {n * G});
       Linear(xn1, n, d, L.k, L.k_bias, k_raw.data<T>(), kvd, c, state.opts);
       const T* k_norm = NormWeight(L.k_norm, wk);
-      ops_.rmsnorm_forward(k_raw.data<T>(), k_norm, n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(),
-                           k_rstd.data<T>());
+      ops_.rmsnorm_forward(k_raw.data<T>(), k_norm, n * G, hd, cfg_.rms_norm_eps, k_normed.data<T>(), k_rstd.data<T>());
       ops_.rmsnorm_backward(dk.data<T>(), k_raw.data<T>(), k_norm, k_rstd.data<T>(), n * G, hd, k_normed.data<T>(),
                             GradOrScratch(L.k_norm), false);
       dk = std::move(k_normed);
@@ -699,8 +723,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     Tensor xc = New(big, {n, C});
     for (const ChunkPiece& p : pieces)
-      ops_.conv1d_forward(mixed.data<T>() + p.row * C, p.first ? tail0.data<T>() : nullptr, W(P.conv), nullptr,
-                          p.rows, C, K, xc.data<T>() + p.row * C, p.last && out ? out->tail.data<T>() : nullptr);
+      ops_.conv1d_forward(mixed.data<T>() + p.row * C, p.first ? tail0.data<T>() : nullptr, W(P.conv), nullptr, p.rows,
+                          C, K, xc.data<T>() + p.row * C, p.last && out ? out->tail.data<T>() : nullptr);
     Done(mixed);
     keep_copy(kXc, xc);
     DeltaInputs in_t = DeltaRuleInputs(P, xc, b.data<T>(), gate_a.data<T>(), n);
@@ -710,8 +734,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       ops_.gated_delta_forward(in_t.q.data<T>() + p.row * a.key_dim(), in_t.k.data<T>() + p.row * a.key_dim(),
                                in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
                                in_t.beta.data<T>() + p.row * Hv, p.first ? s0.data<T>() : nullptr, p.rows, a.key_heads,
-                               Hv, dk, dv, core.data<T>() + p.row * V,
-                               p.last && out ? out->s.data<T>() : nullptr);
+                               Hv, dk, dv, core.data<T>() + p.row * V, p.last && out ? out->s.data<T>() : nullptr);
     Keep(kept, kCore, core, act);
     // The gated norm: w rmsnorm(o) silu(z), per value head (a plain RMSNorm weight, not a zero-centred one).
     Tensor normed = New(big, {n, V}), core_rstd = New(act, {n * Hv}), gated = New(big, {n, V});
@@ -751,8 +774,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Store::LoraBackward(ops_, P.out, gated.data<T>(), dh, d, dgated.data<T>(), c, state.opts);
     }
     Store::SwigluBackwardKept(ops_, dgated.data<T>(), s[kZ], s[kNormed], dz.data<T>(), dnormed.data<T>());
-    ops_.rmsnorm_backward(dnormed.data<T>(), wide(kCore).template data<T>(), W(P.norm), s[kCoreRstd].data<T>(),
-                          n * Hv, dv, dcore.data<T>(), GradOrScratch(P.norm), false);
+    ops_.rmsnorm_backward(dnormed.data<T>(), wide(kCore).template data<T>(), W(P.norm), s[kCoreRstd].data<T>(), n * Hv,
+                          dv, dcore.data<T>(), GradOrScratch(P.norm), false);
 
     // The delta rule. The gradient of c's output state is complete (later chunks ran their backward first); c
     // leaves the gradient of its input state for the previous chunk (none where a document starts).
@@ -777,13 +800,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       for (const ChunkPiece& p : pieces) longest = std::max(longest, p.rows);
       Tensor work = New(ws, {std::max<int64_t>(1, ops_.gated_delta_workspace_elems(longest, Hv, dk, dv))});
       for (const ChunkPiece& p : pieces)
-        ops_.gated_delta_backward(
-            dcore.data<T>() + p.row * V, p.last && gout ? gout->s.data<T>() : nullptr, in_t.q.data<T>() + p.row * Kd,
-            in_t.k.data<T>() + p.row * Kd, in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
-            in_t.beta.data<T>() + p.row * Hv, p.first ? s[kS0].data<T>() : nullptr, p.rows, Hk, Hv, dk, dv,
-            dq.data<T>() + p.row * Kd, dkey.data<T>() + p.row * Kd, dvalue.data<T>() + p.row * V,
-            dg.data<T>() + p.row * Hv, dbeta.data<T>() + p.row * Hv, p.first && gin ? gin->s.data<T>() : nullptr,
-            work.data<T>());
+        ops_.gated_delta_backward(dcore.data<T>() + p.row * V, p.last && gout ? gout->s.data<T>() : nullptr,
+                                  in_t.q.data<T>() + p.row * Kd, in_t.k.data<T>() + p.row * Kd,
+                                  in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
+                                  in_t.beta.data<T>() + p.row * Hv, p.first ? s[kS0].data<T>() : nullptr, p.rows, Hk,
+                                  Hv, dk, dv, dq.data<T>() + p.row * Kd, dkey.data<T>() + p.row * Kd,
+                                  dvalue.data<T>() + p.row * V, dg.data<T>() + p.row * Hv, dbeta.data<T>() + p.row * Hv,
+                                  p.first && gin ? gin->s.data<T>() : nullptr, work.data<T>());
     }
     Tensor dba = New(ws, {2 * n * Hv});
     T* db = dba.data<T>();
@@ -807,8 +830,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       const Tensor mixed = wide(kMixed);
       for (const ChunkPiece& p : pieces)
         ops_.conv1d_backward(dxc.data<T>() + p.row * C, p.last && gout ? gout->tail.data<T>() : nullptr,
-                             mixed.data<T>() + p.row * C, p.first ? s[kTail0].data<T>() : nullptr, W(P.conv), p.rows,
-                             C, K, dmixed.data<T>() + p.row * C, p.first && gin ? gin->tail.data<T>() : nullptr,
+                             mixed.data<T>() + p.row * C, p.first ? s[kTail0].data<T>() : nullptr, W(P.conv), p.rows, C,
+                             K, dmixed.data<T>() + p.row * C, p.first && gin ? gin->tail.data<T>() : nullptr,
                              GradOrScratch(P.conv), nullptr);
     }
     Tensor dxn1 = New(ws, {n, d});
@@ -894,8 +917,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
   }
   // mixed (q, k, v: the conv's input), z, b and a of xn [n][hidden] (with LoRA adapters).
-  void Project(const DeltaNetParams& P, const T* xn, Chunk c, const StateOptions& st, T* mixed, T* z, T* b,
-               T* gate_a) {
+  void Project(const DeltaNetParams& P, const T* xn, Chunk c, const StateOptions& st, T* mixed, T* z, T* b, T* gate_a) {
     const LinearAttentionConfig& a = cfg_.linear;
     const int64_t n = c.size(), d = cfg_.hidden_size, C = a.conv_dim(), V = a.value_dim(), H = a.value_heads;
     if (P.qkv >= 0) {
@@ -1195,8 +1217,9 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
                                                    "' is not supported (supported: llama, qwen2, qwen3, qwen3_next, "
                                                    "qwen3_5_text)"));
   if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim)
-    return absl::InvalidArgumentError(absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
-                                                   " rotated dims; they must be even, at least 2 and at most head_dim"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
+                     " rotated dims; they must be even, at least 2 and at most head_dim"));
   if (!c.linear_layers.empty()) {
     if (static_cast<int64_t>(c.linear_layers.size()) != c.num_layers)
       return absl::InvalidArgumentError(absl::StrCat("config: layer_types lists ", c.linear_layers.size(),
