@@ -64,7 +64,7 @@ MemoryPlan Plan(const Case& c, Device device) {
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  for (const char* model : {"tiny", "tiny-qwen2", "demo"})
+  for (const char* model : {"tiny", "tiny-qwen2", "tiny-qwen3.5", "demo"})
     for (const char* strategy : {"full", "ckpt", "seco", "spaco", "streambp"}) {
       Case c;
       c.model = model;
@@ -124,6 +124,16 @@ std::vector<Case> Cases() {
     bf16.lora_rank = 2;
     cases.push_back(bf16);
   }
+  // The Qwen3.5 hybrid in bf16, and offloading the pages of its attention layers.
+  for (const char* strategy : {"full", "seco", "streambp"}) {
+    Case bf16{"tiny-qwen3.5", strategy};
+    bf16.dtype = DType::kBF16;
+    cases.push_back(bf16);
+  }
+  Case hybrid_offload{"tiny-qwen3.5", "seco"};
+  hybrid_offload.seq_len = 256;
+  hybrid_offload.offload = true;
+  cases.push_back(hybrid_offload);
   Case bf16_offload{"tiny", "seco"};
   bf16_offload.dtype = DType::kBF16;
   bf16_offload.seq_len = 256;
