@@ -499,6 +499,21 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInTokens) {
   EXPECT_EQ(dense.kv_grad, (3 * 3 + 3 * 2) * page_bytes);
 }
 
+// A hybrid's Gated DeltaNet layers keep a state at every chunk boundary for seco's second pass: with offload these
+// wait in host memory like its attention layers' pages, so the device's cache is flat in T while the host's grows.
+TEST(OffloadMemoryTest, HybridDeviceBytesFlatInTokens) {
+  auto model = MakeModel(*TransformerPreset("tiny-qwen3.5"));
+  const StateBytes plain64 = Measure(*model, false, 64), plain256 = Measure(*model, false, 256);
+  const StateBytes at64 = Measure(*model, true, 64), at256 = Measure(*model, true, 256);
+  std::cout << "tiny-qwen3.5: device kv_cache peak " << plain64.kv_cache << " -> " << plain256.kv_cache
+            << " B from 64 to 256 tokens without offload, " << at64.kv_cache << " -> " << at256.kv_cache
+            << " B with (host " << at64.host << " -> " << at256.host << " B)\n";
+  EXPECT_GT(plain256.kv_cache, plain64.kv_cache);
+  EXPECT_EQ(at64.kv_cache, at256.kv_cache);
+  EXPECT_EQ(at64.kv_grad, at256.kv_grad);
+  EXPECT_GT(at256.host, at64.host);
+}
+
 TEST(OffloadOptionsTest, OnlySecoOnTransformers) {
   for (const std::string strategy : {"full", "streambp", "ckpt", "spaco"}) {
     StrategyOptions o = Seco(4, 4, 0, true);

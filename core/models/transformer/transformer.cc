@@ -77,6 +77,8 @@ namespace {
 struct LinearBoundary {
   Tensor s;     // [value_heads][key_head_dim][value_head_dim]
   Tensor tail;  // [conv_kernel - 1][conv channels]
+  // With offload: s's bytes then tail's, in host memory from the copy engine, while s and tail are released.
+  std::shared_ptr<char> host;
 };
 
 // The state of a sequence: KV pages of the attention layers, numbered among themselves (`kv_index`: a model layer's
@@ -97,6 +99,7 @@ class TransformerState final : public SequenceState {
     if (offload_copies)
       offload = std::make_unique<KvOffload>(kv, opts.resident_grad_layers > 0 ? &grad : nullptr, *offload_copies,
                                             layers, opts.seq_len);
+    linear_copies = offload_copies;
   }
   void Release(int model_layer, int64_t from) override {
     const int layer = kv_index[model_layer];
@@ -131,7 +134,37 @@ class TransformerState final : public SequenceState {
     }
   }
   void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
-  int64_t OffloadedBytes() const override { return offload ? offload->host_bytes() : 0; }
+  int64_t OffloadedBytes() const override { return (offload ? offload->host_bytes() : 0) + linear_host_bytes; }
+
+  // With offload, a linear layer's boundary state waits in host memory from the chunk that writes it to the chunks
+  // that read it (the forward after it, its recompute), as attention's pages do: the device then holds a few
+  // layers' states whatever T. Stash moves b's state home and releases it on the device; Load reads it (home or on
+  // the device) into s and tail.
+  void StashLinear(LinearBoundary& b) {
+    if (!linear_copies) return;
+    const size_t s_bytes = b.s.nbytes(), tail_bytes = b.tail.nbytes();
+    if (!b.host) {
+      const CopyEngine* copies = linear_copies;
+      b.host = std::shared_ptr<char>(static_cast<char*>(copies->alloc_host(s_bytes + tail_bytes)),
+                                     [copies](char* p) { copies->free_host(p); });
+      linear_host_bytes += static_cast<int64_t>(s_bytes + tail_bytes);
+    }
+    linear_copies->copy_async(b.host.get(), b.s.raw(), s_bytes, KvOffload::kWriteBackLane);
+    linear_copies->copy_async(b.host.get() + s_bytes, b.tail.raw(), tail_bytes, KvOffload::kWriteBackLane);
+    linear_copies->wait(KvOffload::kWriteBackLane);
+    b.s.Reset();
+    b.tail.Reset();
+  }
+  void LoadLinear(const LinearBoundary& b, Tensor& s, Tensor& tail) {
+    if (b.s.defined()) {
+      CopyTensor(s, b.s);
+      CopyTensor(tail, b.tail);
+      return;
+    }
+    linear_copies->copy_async(s.raw(), b.host.get(), s.nbytes(), KvOffload::kFetchLane);
+    linear_copies->copy_async(tail.raw(), b.host.get() + s.nbytes(), tail.nbytes(), KvOffload::kFetchLane);
+    linear_copies->wait(KvOffload::kFetchLane);
+  }
 
   // How a layer is visited: forward without a graph (seco's stage 1), forward keeping what its backward needs
   // (the recompute of stage 2), backward.
@@ -187,6 +220,8 @@ class TransformerState final : public SequenceState {
   // Gated DeltaNet layers: by (model layer, boundary b > 0) the state of positions < b (boundary 0 is the zero
   // state, never stored), and the gradients later chunks relayed to those states.
   std::map<std::pair<int, int64_t>, LinearBoundary> linear_cache, linear_grad;
+  const CopyEngine* linear_copies = nullptr;  // with offload
+  int64_t linear_host_bytes = 0;
   std::vector<double> inv_freq;  // RoPE of this sequence (the dynamic type depends on its length)
   std::vector<int64_t> kv_end;
   // Sparse attention: the page mask of each (layer, chunk begin), chosen by the first pass over the chunk (the
@@ -713,8 +748,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (carries_in && !in)
       throw std::logic_error(absl::StrCat("linear attention layer ", l, ": no state at position ", c.begin));
     Tensor s0 = New(act, {Hv, dk, dv}), tail0 = New(act, {K - 1, C});
-    CopyOrZero(in ? &in->s : nullptr, s0);
-    CopyOrZero(in ? &in->tail : nullptr, tail0);
+    if (in) {
+      state.LoadLinear(*in, s0, tail0);
+    } else {
+      s0.SetZero();
+      tail0.SetZero();
+    }
     LinearBoundary* out = KeepsStateAfter(state.opts, c) ? &state.linear_cache[{l, c.end}] : nullptr;
     if (out && !out->s.defined()) {
       out->s = New(MemCategory::kKVCache, {Hv, dk, dv});
@@ -735,6 +774,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                                in_t.v.data<T>() + p.row * V, in_t.g.data<T>() + p.row * Hv,
                                in_t.beta.data<T>() + p.row * Hv, p.first ? s0.data<T>() : nullptr, p.rows, a.key_heads,
                                Hv, dk, dv, core.data<T>() + p.row * V, p.last && out ? out->s.data<T>() : nullptr);
+    if (out) state.StashLinear(*out);
     Keep(kept, kCore, core, act);
     // The gated norm: w rmsnorm(o) silu(z), per value head (a plain RMSNorm weight, not a zero-centred one).
     Tensor normed = New(big, {n, V}), core_rstd = New(act, {n * Hv}), gated = New(big, {n, V});
@@ -949,13 +989,6 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     LinearBackward(dqkvz.data<T>(), C + V, xn, n, P.qkvz, -1, dxn, T(0), c, st);
     LinearBackward(dba.data<T>(), 2 * H, xn, n, P.ba, -1, dxn, T(1), c, st);
   }
-  void CopyOrZero(const Tensor* src, Tensor& dst) const {
-    if (src)
-      ops_.copy(dst.data<T>(), src->data<T>(), dst.numel());
-    else
-      dst.SetZero();
-  }
-
   // The SwiGLU MLP's parameters of the layer named p.
   template <typename AddFn>
   void AddMlp(const std::string& p, LayerParams& L, AddFn& add) {
