@@ -862,11 +862,12 @@ struct GatedDeltaCase {
 };
 
 // Shapes: one token; the CPU test's (k_heads < v_heads); dv not a multiple of 32 over two warps; a short last
-// checkpoint block (70 tokens, blocks of 9); no tokens (s_final = s0, ds0 = ds_final).
+// checkpoint block (40 tokens, blocks of 7); no tokens (s_final = s0, ds0 = ds_final).
 TYPED_TEST(CudaOpsTest, GatedDeltaForwardBackward) {
   using T = TypeParam;
-  for (GatedDeltaCase c : {GatedDeltaCase{1, 1, 1, 3, 5}, GatedDeltaCase{9, 2, 4, 3, 5}, GatedDeltaCase{37, 2, 4, 8, 40},
-                           GatedDeltaCase{70, 1, 3, 16, 32}, GatedDeltaCase{0, 2, 4, 3, 5}}) {
+  for (GatedDeltaCase c : {GatedDeltaCase{1, 1, 1, 3, 5}, GatedDeltaCase{9, 2, 4, 3, 5},
+                           GatedDeltaCase{37, 2, 4, 8, 40}, GatedDeltaCase{40, 1, 3, 16, 32},
+                           GatedDeltaCase{0, 2, 4, 3, 5}}) {
     const int64_t qk = c.n * c.k_heads * c.dk, values = c.n * c.v_heads * c.dv, gates = c.n * c.v_heads,
                   state = c.v_heads * c.dk * c.dv;
     const uint64_t seed = 400 + c.n + c.dv;
@@ -875,9 +876,9 @@ TYPED_TEST(CudaOpsTest, GatedDeltaForwardBackward) {
                          s0 = Normal<T>(state, seed + 5), dout = Normal<T>(values, seed + 6),
                          ds_final = Normal<T>(state, seed + 7);
     // Variants: every state argument given; none; a state in and its gradient out only; a state out and its
-    // gradient in only.
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool with_s0 = variant == 0 || variant == 2, with_sf = variant == 0 || variant == 3;
+    // gradient in only; every one given, s_final written over s0 and ds0 over ds_final.
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool with_s0 = variant != 1 && variant != 3, with_sf = variant != 1 && variant != 2, alias = variant == 4;
       auto [dut, cpu] = RunBoth([&](Device dev) {
         const OpTable<T>& ops = OpsFor<T>(dev);
         Buf<T> Q(dev, q, "q"), K(dev, k, "k"), V(dev, v, "v"), G(dev, g, "g"), BE(dev, beta, "beta"), S0(dev, s0, "s0"),
@@ -887,15 +888,19 @@ TYPED_TEST(CudaOpsTest, GatedDeltaForwardBackward) {
             DS0(dev, state, Nan<T>(), "ds0"),
             W(dev, ops.gated_delta_workspace_elems(c.n, c.v_heads, c.dk, c.dv), Nan<T>(), "workspace");
         const T* s0p = with_s0 ? S0.data() : nullptr;
+        Buf<T>& sf = alias ? S0 : SF;
+        Buf<T>& ds0 = alias ? DSF : DS0;
+        Buf<T> S0_copy(dev, s0, "s0 (backward)");  // the backward's s0 when the forward overwrote S0
         ops.gated_delta_forward(Q.data(), K.data(), V.data(), G.data(), BE.data(), s0p, c.n, c.k_heads, c.v_heads,
-                                c.dk, c.dv, OUT.data(), with_sf ? SF.data() : nullptr);
+                                c.dk, c.dv, OUT.data(), with_sf ? sf.data() : nullptr);
         ops.gated_delta_backward(DOUT.data(), with_sf ? DSF.data() : nullptr, Q.data(), K.data(), V.data(), G.data(),
-                                 BE.data(), s0p, c.n, c.k_heads, c.v_heads, c.dk, c.dv, DQ.data(), DK.data(),
-                                 DV.data(), DG.data(), DBE.data(), with_s0 ? DS0.data() : nullptr, W.data());
+                                 BE.data(), alias ? S0_copy.data() : s0p, c.n, c.k_heads, c.v_heads, c.dk, c.dv,
+                                 DQ.data(), DK.data(), DV.data(), DG.data(), DBE.data(),
+                                 with_s0 ? ds0.data() : nullptr, W.data());
         Outs o;
-        for (const Buf<T>* b : {&OUT, &SF, &DQ, &DK, &DV, &DG, &DBE, &DS0}) o.Add(*b);
+        for (const Buf<T>* b : {&OUT, &sf, &DQ, &DK, &DV, &DG, &DBE, &ds0}) o.Add(*b);
         EXPECT_EQ(Q.Raw(), q);
-        EXPECT_EQ(S0.Raw(), s0);
+        if (!alias) EXPECT_EQ(S0.Raw(), s0);
         W.GuardsIntact();
         return o;
       });
@@ -931,8 +936,9 @@ TYPED_TEST(CudaOpsTest, GdnGatesForwardBackward) {
     o.Add(DDT);
     return o;
   });
-  for (size_t i = 0; i < 4; ++i) ExpectClose(dut.v[i].second, cpu.v[i].second, kTight<T>, "gdn_gates " + cpu.v[i].first);
-  for (size_t i = 4; i < 6; ++i) ExpectClose(dut.v[i].second, cpu.v[i].second, kLoose<T>, "gdn_gates " + cpu.v[i].first);
+  // g, beta, da, db element by element; da_log and ddt_bias are sums over the tokens
+  for (size_t i = 0; i < dut.v.size(); ++i)
+    ExpectClose(dut.v[i].second, cpu.v[i].second, i < 4 ? kTight<T> : kLoose<T>, "gdn_gates " + cpu.v[i].first);
 }
 
 TYPED_TEST(CudaOpsTest, SigmoidGateAndCopyRows) {
@@ -1347,6 +1353,15 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
       EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos) << e.what();
       EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
     }
+  }
+  // A value head dim past the gated delta backward's limit, before anything runs (null tensors are never read).
+  try {
+    ops.gated_delta_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 1, 1, 8, 2000,
+                             nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "gated_delta_backward with dv = 2000 did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("gated_delta_backward"), std::string::npos) << e.what();
+    EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
   }
   // A head_dim past the attention kernels' limit (an exception naming the op; any std::exception is a status to
   // the engine's CatchStrategyErrors).
