@@ -82,7 +82,7 @@ template <typename T>
 struct TokenBackward {
   const Rows& r;
   const T *dout, *q, *k, *v, *g, *beta;
-  T *dq_heads, *dk_heads, *dv, *dg, *dbeta;
+  T *dq_heads, *dk_heads, *dv_out, *dg, *dbeta;
 
   void operator()(int64_t t, int64_t h, const T* prev, T* dS, T* u, T* delta, T* ddelta) const {
     const int64_t n_dk = r.dk, n_dv = r.dv;
@@ -117,7 +117,7 @@ struct TokenBackward {
     T db = 0;
     for (int64_t j = 0; j < n_dv; ++j) {
       db += (vt[j] - u[j]) * ddelta[j];
-      dv[r.Value(t, h) + j] = b * ddelta[j];
+      dv_out[r.Value(t, h) + j] = b * ddelta[j];
       ddelta[j] *= -b;  // du from here on
     }
     dbeta[r.Gate(t, h)] = db;

@@ -11,8 +11,8 @@
 namespace sg::cuda {
 
 // The table's kernels, with kernels/ops.inc's signatures: gemm.cu (GemmMixed: cuBLASLt, fp32 compute), pointwise.cu
-// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, optimizer.cu (AdamWBF16: AdamW on fp32
-// masters, then the bf16 weights), chunk_ops.cu (work inside a chunk that core once did on the host).
+// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, gated_delta.cu, optimizer.cu (AdamWBF16:
+// AdamW on fp32 masters, then the bf16 weights), chunk_ops.cu (work inside a chunk that core once did on the host).
 #include "kernels/op_kernels.inc"
 
 // The table's own entries (ops.inc's SG_OP_OWN). loss.cu instantiates the loss templates for uint16_t (bf16

@@ -855,6 +855,115 @@ TYPED_TEST(CudaOpsTest, SelectiveScanBackwardPairs) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Gated DeltaNet
+
+struct GatedDeltaCase {
+  int64_t n, k_heads, v_heads, dk, dv;
+};
+
+// Shapes: one token; the CPU test's (k_heads < v_heads); dv not a multiple of 32 over two warps; a short last
+// checkpoint block (40 tokens, blocks of 7); no tokens (s_final = s0, ds0 = ds_final).
+TYPED_TEST(CudaOpsTest, GatedDeltaForwardBackward) {
+  using T = TypeParam;
+  for (GatedDeltaCase c : {GatedDeltaCase{1, 1, 1, 3, 5}, GatedDeltaCase{9, 2, 4, 3, 5},
+                           GatedDeltaCase{37, 2, 4, 8, 40}, GatedDeltaCase{40, 1, 3, 16, 32},
+                           GatedDeltaCase{0, 2, 4, 3, 5}}) {
+    const int64_t qk = c.n * c.k_heads * c.dk, values = c.n * c.v_heads * c.dv, gates = c.n * c.v_heads,
+                  state = c.v_heads * c.dk * c.dv;
+    const uint64_t seed = 400 + c.n + c.dv;
+    const std::vector<T> q = Normal<T>(qk, seed), k = Normal<T>(qk, seed + 1, 0.5), v = Normal<T>(values, seed + 2),
+                         g = Rand<T>(gates, seed + 3, -0.8, -0.01), beta = Rand<T>(gates, seed + 4, 0.05, 0.95),
+                         s0 = Normal<T>(state, seed + 5), dout = Normal<T>(values, seed + 6),
+                         ds_final = Normal<T>(state, seed + 7);
+    // Variants: every state argument given; none; a state in and its gradient out only; a state out and its
+    // gradient in only; every one given, s_final written over s0 and ds0 over ds_final.
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool with_s0 = variant != 1 && variant != 3, with_sf = variant != 1 && variant != 2, alias = variant == 4;
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> Q(dev, q, "q"), K(dev, k, "k"), V(dev, v, "v"), G(dev, g, "g"), BE(dev, beta, "beta"), S0(dev, s0, "s0"),
+            OUT(dev, values, Nan<T>(), "out"), SF(dev, state, Nan<T>(), "s_final"), DOUT(dev, dout, "dout"),
+            DSF(dev, ds_final, "ds_final"), DQ(dev, qk, Nan<T>(), "dq"), DK(dev, qk, Nan<T>(), "dk"),
+            DV(dev, values, Nan<T>(), "dv"), DG(dev, gates, Nan<T>(), "dg"), DBE(dev, gates, Nan<T>(), "dbeta"),
+            DS0(dev, state, Nan<T>(), "ds0"),
+            W(dev, ops.gated_delta_workspace_elems(c.n, c.v_heads, c.dk, c.dv), Nan<T>(), "workspace");
+        const T* s0p = with_s0 ? S0.data() : nullptr;
+        Buf<T>& sf = alias ? S0 : SF;
+        Buf<T>& ds0 = alias ? DSF : DS0;
+        Buf<T> S0_copy(dev, s0, "s0 (backward)");  // the backward's s0 when the forward overwrote S0
+        ops.gated_delta_forward(Q.data(), K.data(), V.data(), G.data(), BE.data(), s0p, c.n, c.k_heads, c.v_heads,
+                                c.dk, c.dv, OUT.data(), with_sf ? sf.data() : nullptr);
+        ops.gated_delta_backward(DOUT.data(), with_sf ? DSF.data() : nullptr, Q.data(), K.data(), V.data(), G.data(),
+                                 BE.data(), alias ? S0_copy.data() : s0p, c.n, c.k_heads, c.v_heads, c.dk, c.dv,
+                                 DQ.data(), DK.data(), DV.data(), DG.data(), DBE.data(),
+                                 with_s0 ? ds0.data() : nullptr, W.data());
+        Outs o;
+        for (const Buf<T>* b : {&OUT, &sf, &DQ, &DK, &DV, &DG, &DBE, &ds0}) o.Add(*b);
+        EXPECT_EQ(Q.Raw(), q);
+        if (!alias) EXPECT_EQ(S0.Raw(), s0);
+        W.GuardsIntact();
+        return o;
+      });
+      ExpectAllClose(dut, cpu, kLoose<T>,
+                     "gated_delta n=" + std::to_string(c.n) + " heads " + std::to_string(c.k_heads) + "/" +
+                         std::to_string(c.v_heads) + " dk=" + std::to_string(c.dk) + " dv=" + std::to_string(c.dv) +
+                         " variant " + std::to_string(variant));
+    }
+  }
+}
+
+TYPED_TEST(CudaOpsTest, GdnGatesForwardBackward) {
+  using T = TypeParam;
+  const int64_t n = 300, heads = 5;
+  std::vector<T> a = Normal<T>(n * heads, 450, 3);
+  a[7] = 25;  // softplus above its threshold
+  const std::vector<T> b = Normal<T>(n * heads, 451, 3), a_log = Normal<T>(heads, 452, 0.5),
+                       dt_bias = Normal<T>(heads, 453), dg = Normal<T>(n * heads, 454),
+                       dbeta = Normal<T>(n * heads, 455), da_log0 = Normal<T>(heads, 456),
+                       ddt0 = Normal<T>(heads, 457);
+  auto [dut, cpu] = RunBoth([&](Device dev) {
+    const OpTable<T>& ops = OpsFor<T>(dev);
+    Buf<T> A(dev, a, "a"), B(dev, b, "b"), AL(dev, a_log, "a_log"), DT(dev, dt_bias, "dt_bias"),
+        G(dev, n * heads, Nan<T>(), "g"), BE(dev, n * heads, Nan<T>(), "beta"), DG(dev, dg, "dg"),
+        DBE(dev, dbeta, "dbeta"), DA(dev, n * heads, Nan<T>(), "da"), DB(dev, n * heads, Nan<T>(), "db"),
+        DAL(dev, da_log0, "da_log"), DDT(dev, ddt0, "ddt_bias");
+    ops.gdn_gates_forward(A.data(), B.data(), AL.data(), DT.data(), n, heads, G.data(), BE.data());
+    ops.gdn_gates_backward(DG.data(), DBE.data(), A.data(), B.data(), AL.data(), DT.data(), n, heads, DA.data(),
+                           DB.data(), DAL.data(), DDT.data());
+    Outs o;
+    for (const Buf<T>* x : {&G, &BE, &DA, &DB}) o.Add(*x);
+    o.Add(DAL);
+    o.Add(DDT);
+    return o;
+  });
+  // g, beta, da, db element by element; da_log and ddt_bias are sums over the tokens
+  for (size_t i = 0; i < dut.v.size(); ++i)
+    ExpectClose(dut.v[i].second, cpu.v[i].second, i < 4 ? kTight<T> : kLoose<T>, "gdn_gates " + cpu.v[i].first);
+}
+
+TYPED_TEST(CudaOpsTest, SigmoidGateAndCopyRows) {
+  using T = TypeParam;
+  const int64_t count = 1000, rows = 13, ld_src = 40, ld_dst = 24, cols = 17;
+  const std::vector<T> gate = Normal<T>(count, 460, 3), x = Normal<T>(count, 461), dout = Normal<T>(count, 462),
+                       src = Normal<T>(rows * ld_src, 463), dst0 = Normal<T>(rows * ld_dst, 464);
+  auto [dut, cpu] = RunBoth([&](Device dev) {
+    const OpTable<T>& ops = OpsFor<T>(dev);
+    Buf<T> GA(dev, gate, "gate"), X(dev, x, "x"), DO(dev, dout, "dout"), OUT(dev, count, Nan<T>(), "out"),
+        DGA(dev, count, Nan<T>(), "dgate"), DX(dev, count, Nan<T>(), "dx"), SRC(dev, src, "src"), DST(dev, dst0, "dst");
+    ops.sigmoid_gate_forward(GA.data(), X.data(), count, OUT.data());
+    ops.sigmoid_gate_backward(DO.data(), GA.data(), X.data(), count, DGA.data(), DX.data());
+    // columns [5, 22) of src into columns [3, 20) of dst; the other columns of dst stay
+    ops.copy_rows(DST.data() + 3, ld_dst, SRC.data() + 5, ld_src, rows, cols);
+    Outs o;
+    for (const Buf<T>* b : {&OUT, &DGA, &DX}) o.Add(*b);
+    o.Add(DST);
+    return o;
+  });
+  ExpectAllClose(dut, cpu, kTight<T>, "sigmoid_gate");
+  EXPECT_EQ(dut.v[3].second, cpu.v[3].second) << "copy_rows";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // bf16 storage (--dtype=bf16): the f32 table's bf16 entries against the CPU table's. The device rounds where its
 // tensor cores do (GEMM operands, attention's q, dO, P and dS), the CPU does not: a device result must be at most
 // twice as far from the CPU table's as the bf16-rounded reference is, i.e. the CPU's computation on inputs rounded
@@ -1244,6 +1353,15 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
       EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos) << e.what();
       EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
     }
+  }
+  // A value head dim past the gated delta backward's limit, before anything runs (null tensors are never read).
+  try {
+    ops.gated_delta_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 1, 1, 8, 2000,
+                             nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "gated_delta_backward with dv = 2000 did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("gated_delta_backward"), std::string::npos) << e.what();
+    EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
   }
   // A head_dim past the attention kernels' limit (an exception naming the op; any std::exception is a status to
   // the engine's CatchStrategyErrors).

@@ -1,9 +1,11 @@
-// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, residual add, copy, scale, SiLU,
-// softplus; the fused layer ops (RoPE into the K/V page write, RMSNorm and SwiGLU with their bf16 roundings). Formulas follow kernels/cpu/pointwise.cc and ssm.cc (same precision of every intermediate).
+// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, the sigmoid output gate, Gated DeltaNet's
+// gates, residual add, copy, copies of column blocks, scale, SiLU, softplus; the fused layer ops (RoPE into the K/V
+// page write, RMSNorm and SwiGLU with their bf16 roundings). Formulas follow kernels/cpu/pointwise.cc, ssm.cc and
+// gated_delta.cc (same precision of every intermediate).
 //
-// Determinism: no floating-point atomics anywhere. Sums over rows (dw of RMSNorm, bias gradients) go through
-// fixed per-chunk partials and a fixed-order reduction; the embedding gradient adds each id's tokens in token
-// order, exactly as the CPU does.
+// Determinism: no floating-point atomics anywhere. Sums over rows (dw of RMSNorm, bias gradients, the gates' a_log
+// and dt_bias gradients) go through fixed per-chunk partials and a fixed-order reduction; the embedding gradient adds
+// each id's tokens in token order, exactly as the CPU does.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -33,6 +35,12 @@ __device__ inline double Log1p(double x) { return log1p(x); }
 template <typename T>
 __device__ inline T Sigmoid(T x) {
   return T(1) / (T(1) + Exp(-x));
+}
+
+// torch's softplus: identity above the threshold 20.
+template <typename T>
+__device__ inline T Softplus(T x) {
+  return x > T(20) ? x : Log1p(Exp(x));
 }
 
 // ---- embedding ----
@@ -244,6 +252,72 @@ __global__ void SwigluBackwardBf16Kernel(const float* dout, const uint16_t* gate
 }
 
 template <typename T>
+__global__ void SigmoidGateForwardKernel(const T* gate, const T* x, int64_t count, T* out) {
+  SG_CUDA_LOOP(i, count) out[i] = Sigmoid(gate[i]) * x[i];
+}
+
+template <typename T>
+__global__ void SigmoidGateBackwardKernel(const T* dout, const T* gate, const T* x, int64_t count, T* dgate, T* dx) {
+  SG_CUDA_LOOP(i, count) {
+    const T s = Sigmoid(gate[i]), d = dout[i], xi = x[i];  // read before writing: dgate/dx may alias dout
+    dgate[i] = d * xi * s * (T(1) - s);
+    dx[i] = d * s;
+  }
+}
+
+template <typename T>
+__global__ void CopyRowsKernel(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  SG_CUDA_LOOP(e, rows * cols) {
+    const int64_t r = e / cols, c = e - r * cols;
+    dst[r * ld_dst + c] = src[r * ld_src + c];
+  }
+}
+
+// Gated DeltaNet's gates: beta = sigmoid(b), g = -exp(a_log) softplus(a + dt_bias).
+template <typename T>
+__global__ void GdnGatesForwardKernel(const T* a, const T* b, const T* a_log, const T* dt_bias, int64_t n,
+                                      int64_t heads, T* g, T* beta) {
+  SG_CUDA_LOOP(i, n * heads) {
+    const int64_t h = i % heads;
+    beta[i] = Sigmoid(b[i]);
+    g[i] = -Exp(a_log[h]) * Softplus(a[i] + dt_bias[h]);
+  }
+}
+
+template <typename T>
+__global__ void GdnGatesBackwardKernel(const T* dg, const T* dbeta, const T* a, const T* b, const T* a_log,
+                                       const T* dt_bias, int64_t n, int64_t heads, T* da, T* db) {
+  SG_CUDA_LOOP(i, n * heads) {
+    const int64_t h = i % heads;
+    const T x = a[i] + dt_bias[h], s = Sigmoid(b[i]);
+    db[i] = dbeta[i] * s * (T(1) - s);
+    da[i] = dg[i] * -Exp(a_log[h]) * (x > T(20) ? T(1) : Sigmoid(x));
+  }
+}
+
+// One block per head: ddt_bias[h] += sum_t da, da_log[h] += sum_t dg g (d g / d a_log = g), each thread over a
+// fixed stride of tokens, then BlockSum.
+template <typename T>
+__global__ void GdnGatesParamsKernel(const T* dg, const T* da, const T* a, const T* a_log, const T* dt_bias, int64_t n,
+                                     int64_t heads, T* da_log, T* ddt_bias) {
+  __shared__ T block_sum[32];
+  const int64_t h = blockIdx.x;
+  const T A = -Exp(a_log[h]);
+  T sum_log = 0, sum_dt = 0;
+  for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
+    const int64_t i = t * heads + h;
+    sum_dt += da[i];
+    sum_log += dg[i] * A * Softplus(a[i] + dt_bias[h]);
+  }
+  sum_log = BlockSum(sum_log, block_sum);
+  sum_dt = BlockSum(sum_dt, block_sum);
+  if (threadIdx.x == 0) {
+    da_log[h] += sum_log;
+    ddt_bias[h] += sum_dt;
+  }
+}
+
+template <typename T>
 __global__ void AddInplaceKernel(T* y, const T* x, int64_t count) {
   SG_CUDA_LOOP(i, count) y[i] += x[i];
 }
@@ -284,10 +358,9 @@ __global__ void SiluBackwardKernel(const T* dy, const T* x, int64_t count, T* dx
   }
 }
 
-// torch's softplus: identity above the threshold 20.
 template <typename T>
 __global__ void SoftplusForwardKernel(const T* x, int64_t count, T* y) {
-  SG_CUDA_LOOP(i, count) y[i] = x[i] > T(20) ? x[i] : Log1p(Exp(x[i]));
+  SG_CUDA_LOOP(i, count) y[i] = Softplus(x[i]);
 }
 
 template <typename T>
@@ -428,6 +501,48 @@ void SwigluBackward(const T* dout, const T* gate, const T* up, int64_t count, T*
 }
 
 template <typename T>
+void SigmoidGateForward(const T* gate, const T* x, int64_t count, T* out) {
+  if (count <= 0) return;
+  SigmoidGateForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(gate, x, count, out);
+  End("sigmoid_gate_forward");
+}
+
+template <typename T>
+void SigmoidGateBackward(const T* dout, const T* gate, const T* x, int64_t count, T* dgate, T* dx) {
+  if (count <= 0) return;
+  SigmoidGateBackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dout, gate, x, count, dgate, dx);
+  End("sigmoid_gate_backward");
+}
+
+template <typename T>
+void CopyRows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  CopyRowsKernel<T><<<Blocks(rows * cols, kThreads), kThreads, 0, Stream()>>>(dst, ld_dst, src, ld_src, rows, cols);
+  End("copy_rows");
+}
+
+template <typename T>
+void GdnGatesForward(const T* a, const T* b, const T* a_log, const T* dt_bias, int64_t n, int64_t heads, T* g,
+                     T* beta) {
+  if (n * heads > 0)
+    GdnGatesForwardKernel<T>
+        <<<Blocks(n * heads, kThreads), kThreads, 0, Stream()>>>(a, b, a_log, dt_bias, n, heads, g, beta);
+  End("gdn_gates_forward");
+}
+
+template <typename T>
+void GdnGatesBackward(const T* dg, const T* dbeta, const T* a, const T* b, const T* a_log, const T* dt_bias, int64_t n,
+                      int64_t heads, T* da, T* db, T* da_log, T* ddt_bias) {
+  if (n > 0 && heads > 0) {
+    GdnGatesBackwardKernel<T>
+        <<<Blocks(n * heads, kThreads), kThreads, 0, Stream()>>>(dg, dbeta, a, b, a_log, dt_bias, n, heads, da, db);
+    GdnGatesParamsKernel<T><<<static_cast<unsigned>(heads), kThreads, 0, Stream()>>>(dg, da, a, a_log, dt_bias, n,
+                                                                                     heads, da_log, ddt_bias);
+  }
+  End("gdn_gates_backward");
+}
+
+template <typename T>
 void AddInplace(T* y, const T* x, int64_t count) {
   if (count <= 0) return;
   AddInplaceKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(y, x, count);
@@ -513,6 +628,12 @@ void RoundBF16(float* x, int64_t count, uint16_t* half) {
   template void BiasBackward<T>(const T*, int64_t, int64_t, T*);                                             \
   template void SwigluForward<T>(const T*, const T*, int64_t, T*);                                           \
   template void SwigluBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                            \
+  template void SigmoidGateForward<T>(const T*, const T*, int64_t, T*);                                      \
+  template void SigmoidGateBackward<T>(const T*, const T*, const T*, int64_t, T*, T*);                       \
+  template void CopyRows<T>(T*, int64_t, const T*, int64_t, int64_t, int64_t);                               \
+  template void GdnGatesForward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*);         \
+  template void GdnGatesBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                    T*, T*, T*, T*);                                                          \
   template void AddInplace<T>(T*, const T*, int64_t);                                                        \
   template void Copy<T>(T*, const T*, int64_t);                                                              \
   template void Fill<T>(T*, int64_t, T);                                                                     \

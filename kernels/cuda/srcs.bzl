@@ -9,6 +9,7 @@ CUDA_SRCS = [
     "chunk_ops.cu",
     "common.cuh",
     "cuda_ops.cuh",
+    "gated_delta.cu",
     "gemm.cu",
     "loss.cu",
     "mma.cuh",

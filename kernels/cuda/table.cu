@@ -43,6 +43,14 @@ static OpTable<T> MakeCudaTable() {
   t.silu_backward = cuda::SiluBackward<T>;
   t.softplus_forward = cuda::SoftplusForward<T>;
   t.softplus_backward = cuda::SoftplusBackward<T>;
+  t.copy_rows = cuda::CopyRows<T>;
+  t.sigmoid_gate_forward = cuda::SigmoidGateForward<T>;
+  t.sigmoid_gate_backward = cuda::SigmoidGateBackward<T>;
+  t.gdn_gates_forward = cuda::GdnGatesForward<T>;
+  t.gdn_gates_backward = cuda::GdnGatesBackward<T>;
+  t.gated_delta_forward = cuda::GatedDeltaForward<T>;
+  t.gated_delta_backward = cuda::GatedDeltaBackward<T>;
+  t.gated_delta_workspace_elems = cuda::GatedDeltaWorkspaceElems;
   t.adamw = cuda::AdamW<T>;
   t.lora_dropout = cuda::LoraDropout<T>;
   t.ssm_neg_exp = cuda::SsmNegExp<T>;
