@@ -231,10 +231,11 @@ TEST_F(CudaStrategyTest, TransformerF32StrategiesMatchFull) {
     ExpectClose(Gradients(*p.gpu, o, batch), gpu_full, tol, "f32 tiny: gpu " + Describe(o) + " vs gpu full");
 }
 
-// f64: the GPU's gradients equal the CPU's to near rounding, for full backprop and every strategy, on both presets
-// (tiny-qwen2 adds biases and a tied head); also page-level sparse attention (seco --sparse_pages, page masks).
+// f64: the GPU's gradients equal the CPU's to near rounding, for full backprop and every strategy, on the presets
+// (tiny-qwen2 adds biases and a tied head, tiny-qwen3.5 Gated DeltaNet layers and gated attention with partial
+// RoPE); also page-level sparse attention (seco --sparse_pages, page masks).
 TEST_F(CudaStrategyTest, TransformerF64MatchesCpu) {
-  for (const std::string preset : {"tiny", "tiny-qwen2"}) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5"}) {
     Pair p = Transformers(preset, DType::kF64);
     ASSERT_TRUE(p.gpu && p.cpu);
     const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
