@@ -22,6 +22,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxSharedBytes = 48 * 1024;
+// The backward runs a thread per value dim in one block: at most 512, so that its registers fit a block on every
+// GPU (64K registers; ptx_test.sh checks the kernel's count against this bound).
+constexpr int kMaxBackwardThreads = 512;
 
 __device__ inline float Exp(float x) { return expf(x); }
 __device__ inline double Exp(double x) { return exp(x); }
@@ -233,9 +236,10 @@ void GatedDeltaBackward(const T* dout, const T* ds_final, const T* q, const T* k
   CheckGatedDeltaHeads(k_heads, v_heads, op);
   const int threads = static_cast<int>((dv + 31) / 32 * 32);
   const int64_t shared = 2 * (threads / 32) * dk * static_cast<int64_t>(sizeof(T));
-  if (dv > 1024 || shared > kMaxSharedBytes)
+  if (dv > kMaxBackwardThreads || shared > kMaxSharedBytes)
     throw CudaError(std::string(op) + ": dk=" + std::to_string(dk) + ", dv=" + std::to_string(dv) +
-                    " exceed the CUDA kernel's limits (dv <= 1024 and 2 * ceil(dv / 32) * dk values in 48 KiB)");
+                    " exceed the CUDA kernel's limits (dv <= " + std::to_string(kMaxBackwardThreads) +
+                    " and 2 * ceil(dv / 32) * dk values in 48 KiB)");
   const GatedDeltaWorkspace w = GatedDeltaLayout(n, v_heads, dk, dv);
   if (v_heads > 0 && dv > 0) {
     GatedDeltaBackwardKernel<T><<<static_cast<unsigned>(v_heads), threads, shared, Stream()>>>(
