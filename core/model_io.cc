@@ -74,10 +74,36 @@ static absl::Status LoadParams(Model& model, const std::string& dir, const Model
     Param& p = model.params()[i];
     if (lora && lora->AdapterOfParam(static_cast<int>(i))) continue;  // adapters are no part of an HF model
     expected.insert(p.name);
-    if (!files->Find(p.name))
-      return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", p.name, "' is missing"));
+    if (files->Find(p.name)) {
+      if (absl::Status s = FillFromHost(
+              p.value, [&](void* dst) { return files->ReadInto(p.name, p.value.shape(), p.value.dtype(), dst); });
+          !s.ok())
+        return s;
+      continue;
+    }
+    // Stored in pieces (ModelSpec::StoredLayout): each a block of rows of the parameter.
+    const std::vector<ModelSpec::StoredPiece> pieces = spec.StoredLayout(p.name);
+    if (pieces.empty() || !files->Find(pieces.front().name))
+      return absl::NotFoundError(
+          absl::StrCat(files->source(), ": tensor '", p.name, "' is missing",
+                       pieces.empty() ? "" : absl::StrCat(" (nor '", pieces.front().name, "')")));
+    const int64_t cols = p.value.shape().back();
+    const size_t elem = DTypeSize(p.value.dtype());
     if (absl::Status s = FillFromHost(
-            p.value, [&](void* dst) { return files->ReadInto(p.name, p.value.shape(), p.value.dtype(), dst); });
+            p.value,
+            [&](void* dst) -> absl::Status {
+              for (const ModelSpec::StoredPiece& piece : pieces) {
+                expected.insert(piece.name);
+                if (!files->Find(piece.name))
+                  return absl::NotFoundError(absl::StrCat(files->source(), ": tensor '", piece.name,
+                                                          "' is missing (a part of ", p.name, ", as ",
+                                                          pieces.front().name, " is there)"));
+                char* rows = static_cast<char*>(dst) + piece.row0 * cols * elem;
+                if (absl::Status r = files->ReadInto(piece.name, {piece.rows, cols}, p.value.dtype(), rows); !r.ok())
+                  return r;
+              }
+              return absl::OkStatus();
+            });
         !s.ok())
       return s;
   }
@@ -420,7 +446,18 @@ absl::Status WriteModelFiles(Model& model, const std::string& staging, const std
                                                  : static_cast<float>(static_cast<const double*>(data)[j]);
       data = converted.back().data();
     }
-    tensors.push_back({p.name, dtype.value_or(p.value.dtype()), p.value.shape(), data});
+    const DType saved = dtype.value_or(p.value.dtype());
+    const std::vector<ModelSpec::StoredPiece> pieces = spec->StoredLayout(p.name);
+    if (pieces.empty()) {
+      tensors.push_back({p.name, saved, p.value.shape(), data});
+      continue;
+    }
+    const int64_t cols = p.value.shape().back();
+    for (const ModelSpec::StoredPiece& piece : pieces)
+      tensors.push_back({piece.name,
+                         saved,
+                         {piece.rows, cols},
+                         static_cast<const char*>(data) + piece.row0 * cols * static_cast<int64_t>(DTypeSize(saved))});
   }
   std::optional<io::ShardedSafetensors> source_files;  // the carried tensors' bytes live as long as it does
   if (absl::Status s = AddCarriedTensors(*spec, source_dir, source_files, tensors); !s.ok()) return s;

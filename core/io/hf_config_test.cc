@@ -362,8 +362,8 @@ TEST(HfConfigTest, LoadFromDirectoryOrFile) {
 
 TEST(HfConfigErrorTest, UnsupportedArchitecture) {
   ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
-                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen3_next, "
-                       "qwen3_5_text, qwen3_5)"});
+                      {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, mixtral, "
+                       "qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe)"});
   ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
                       {"config.json", "MistralForCausalLM", "not supported"});
   ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
@@ -560,6 +560,47 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
   EXPECT_EQ(again->rotary_dim(), c->rotary_dim());
 }
 
+TEST(HfConfigTest, MixturesOfExperts) {
+  // Qwen3-Next's defaults: 512 experts in every layer, 10 a token, renormalised, a shared expert.
+  absl::StatusOr<TransformerConfig> c = Parse(MinimalQwen35("qwen3_next"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_layers, std::vector<bool>(8, true));
+  EXPECT_EQ(c->moe.experts, 512);
+  EXPECT_EQ(c->moe.top_k, 10);
+  EXPECT_TRUE(c->moe.normalize);
+  EXPECT_EQ(c->moe.shared_intermediate, 512);
+  // Qwen3-MoE: dense layers by mlp_only_layers and decoder_sparse_step; no renormalisation by default.
+  c = Parse(R"({"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 4,
+                "num_attention_heads": 4, "intermediate_size": 128, "num_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32, "decoder_sparse_step": 2, "mlp_only_layers": [3]})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_layers, (std::vector<bool>{false, true, false, false}));
+  EXPECT_FALSE(c->moe.normalize);
+  EXPECT_EQ(c->moe.shared_intermediate, 0);
+  EXPECT_TRUE(c->qk_norm());
+  absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->moe_layers, c->moe_layers);
+  EXPECT_EQ(again->moe.intermediate, 32);
+  // Mixtral: every layer, intermediate_size is the experts', 1e-5 and 1e6 defaults.
+  c = Parse(R"({"model_type": "mixtral", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "intermediate_size": 48, "num_local_experts": 4})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->moe_layers, (std::vector<bool>{true, true}));
+  EXPECT_EQ(c->moe.intermediate, 48);
+  EXPECT_EQ(c->moe.top_k, 2);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  ExpectErrorMentions(Parse(R"({"model_type": "mixtral", "vocab_size": 100, "hidden_size": 64,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+                                "router_jitter_noise": 0.1})"),
+                      {"field 'router_jitter_noise' is 0.1; random router noise in training is not supported"});
+  ExpectErrorMentions(Parse(R"({"model_type": "mixtral", "vocab_size": 100, "hidden_size": 64,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+                                "sliding_window": 4096})"),
+                      {"field 'sliding_window' is set"});
+}
+
 TEST(HfConfigErrorTest, HybridErrorsNameTheField) {
   ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "layer_types": ["linear_attention"])")),
                       {"field 'layer_types' lists 1 layers; num_hidden_layers is 8"});
@@ -569,8 +610,8 @@ TEST(HfConfigErrorTest, HybridErrorsNameTheField) {
                       {"field 'layer_types' has 'mamba'"});
   ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "linear_num_value_heads": 24)")),
                       {"field 'linear_num_value_heads' (24) must be a multiple of linear_num_key_heads (16)"});
-  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_next")),
-                      {"field 'num_experts' is 512: layer 0 is a mixture of experts, which is not supported yet"});
+  ExpectErrorMentions(Parse(MinimalQwen35("qwen3_next", R"(, "num_experts": 4, "num_experts_per_tok": 5)")),
+                      {"field 'num_experts_per_tok' (5) exceeds num_experts (4)"});
   ExpectErrorMentions(Parse(MinimalQwen35("qwen3_5_text", R"(, "partial_rotary_factor": 0.001)")),
                       {"field 'partial_rotary_factor' is 0.001"});
   ExpectErrorMentions(

@@ -45,6 +45,16 @@ class ModelSpec {
   virtual std::vector<std::string> CarriedTensors() const { return {}; }
   // Of those, the prefix a save cannot do without (transformers would report its tensors missing); empty: none.
   virtual std::string RequiredCarriedTensors() const { return ""; }
+  // How checkpoints store a parameter other than under its own name: the tensors that make it, each a block of rows
+  // of the parameter seen as [rows][last dimension] (published MoE checkpoints name experts one by one, while the
+  // engine holds a layer's experts in one tensor, as transformers 5 does in memory). Loading takes the parameter's
+  // own name or a complete stored layout; saves write the stored layout, as transformers 5.23 saves. Empty: the
+  // parameter is stored under its name.
+  struct StoredPiece {
+    std::string name;
+    int64_t row0 = 0, rows = 0;
+  };
+  virtual std::vector<StoredPiece> StoredLayout(const std::string& param) const { return {}; }
 
   // Parameters that multiply activations in a matmul: the layers' projections and the LM head (not the embedding
   // lookup, the norms or the biases).

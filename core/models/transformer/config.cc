@@ -48,7 +48,23 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   // q (with a gate per value in hybrids' gated attention), o
   n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), (c.hybrid() ? 3 : 2) * A);
   n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);  // k, v
-  n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * L);                 // gate, up, down
+  int64_t moe_layers = 0;  // sparse MoE blocks; the others are dense MLPs
+  for (int64_t l = 0; l < L; ++l) moe_layers += c.is_moe(l) ? 1 : 0;
+  n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * (L - moe_layers));  // gate, up, down
+  if (moe_layers > 0) {
+    const MoeConfig& m = c.moe;
+    const int64_t expert = n.Product({{"moe_intermediate_size", m.intermediate}, {"hidden_size", d}});
+    n.Add(n.Product({{"num_experts", m.experts}, {"hidden_size", d}}), moe_layers);  // router
+    n.Add(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", 2 * expert}}),
+          moe_layers);  // gate_up_proj
+    n.Add(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", expert}}),
+          moe_layers);  // down_proj
+    if (m.shared_intermediate > 0) {
+      n.Add(n.Product({{"shared_expert_intermediate_size", m.shared_intermediate}, {"hidden_size", d}}),
+            3 * moe_layers);
+      n.Add(d, moe_layers);  // the shared expert's gate
+    }
+  }
   if (c.attention_bias) {
     n.Add(qd * (c.hybrid() ? 2 : 1), A);
     n.Add(kvd, 2 * A);
@@ -86,11 +102,13 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
   std::optional<std::string> model_type;
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
-    for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5"})
+    for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5",
+                             "qwen3_5_moe_text", "qwen3_5_moe"})
       if (*model_type == type) return *model_type;
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": model_type '", *model_type,
-                     "' is not supported (supported: llama, qwen2, qwen3, qwen3_next, qwen3_5_text, qwen3_5)"));
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
+                                                   "' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
+                                                   "mixtral, qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
+                                                   "qwen3_5_moe)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -107,13 +125,18 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
     if (name == "Qwen3NextForCausalLM") return std::string("qwen3_next");
     if (name == "Qwen3_5ForCausalLM") return std::string("qwen3_5_text");
     if (name == "Qwen3_5ForConditionalGeneration") return std::string("qwen3_5");
+    if (name == "Qwen3MoeForCausalLM") return std::string("qwen3_moe");
+    if (name == "MixtralForCausalLM") return std::string("mixtral");
+    if (name == "Qwen3_5MoeForCausalLM") return std::string("qwen3_5_moe_text");
+    if (name == "Qwen3_5MoeForConditionalGeneration") return std::string("qwen3_5_moe");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                   "Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration)"));
+                   "Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
+                   "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)"));
 }
 
 // The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is
@@ -169,7 +192,9 @@ constexpr int64_t kLongestDynamicRopeCheck = int64_t{1} << 31;
 // max_position_embeddings and head_dim. What transformers 5.23 only warns about, or silently ignores, is refused
 // where it would compute something else than the config says.
 absl::Status ParseRope(const FieldReader& fields, const std::string& source_name, TransformerConfig& config) {
-  SG_IO_ASSIGN_OR_RETURN(config.rope_theta, fields.PositiveNumber("rope_theta", 10000.0));
+  // MixtralConfig's default_theta is 1e6; the others' 1e4.
+  SG_IO_ASSIGN_OR_RETURN(config.rope_theta,
+                         fields.PositiveNumber("rope_theta", config.architecture == "mixtral" ? 1e6 : 10000.0));
   const json* parameters = fields.Get("rope_parameters");
   const json* legacy = fields.Get("rope_scaling");
   if (parameters && legacy &&
@@ -286,7 +311,7 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
   return absl::OkStatus();
 }
 
-// Gated DeltaNet's shapes (transformers' defaults), and Qwen3-Next's mixture of experts, refused until supported.
+// Gated DeltaNet's shapes (transformers' defaults).
 absl::Status ParseLinearAttention(const FieldReader& fields, TransformerConfig& config) {
   LinearAttentionConfig& a = config.linear;
   SG_IO_ASSIGN_OR_RETURN(a.conv_kernel, fields.PositiveInt("linear_conv_kernel_dim", 4));
@@ -299,30 +324,6 @@ absl::Status ParseLinearAttention(const FieldReader& fields, TransformerConfig& 
                                                                ") must be a multiple of "
                                                                "linear_num_key_heads (",
                                                                a.key_heads, ")"));
-  if (config.architecture != "qwen3_next") return absl::OkStatus();
-  // Qwen3NextDecoderLayer: a sparse MoE block where num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not
-  // in mlp_only_layers; a dense MLP elsewhere.
-  const json* experts = fields.Get("num_experts");
-  if (experts && !experts->is_number_integer())
-    return fields.Error("num_experts", absl::StrCat("must be an integer, got ", JsonTypeName(*experts)));
-  const int64_t num_experts = experts ? experts->get<int64_t>() : 512;
-  if (num_experts <= 0) return absl::OkStatus();
-  int64_t step;
-  SG_IO_ASSIGN_OR_RETURN(step, fields.PositiveInt("decoder_sparse_step", 1));
-  std::vector<bool> dense(config.num_layers, false);
-  if (const json* only = fields.Get("mlp_only_layers")) {
-    if (!only->is_array()) return fields.Error("mlp_only_layers", "must be an array of layer indices");
-    for (const json& i : *only) {
-      if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= config.num_layers)
-        return fields.Error("mlp_only_layers", absl::StrCat("holds ", i.dump(), ", not a layer index"));
-      dense[i.get<int64_t>()] = true;
-    }
-  }
-  for (int64_t i = 0; i < config.num_layers; ++i)
-    if (!dense[i] && (i + 1) % step == 0)
-      return fields.Error("num_experts", absl::StrCat("is ", num_experts, ": layer ", i,
-                                                      " is a mixture of experts, which is not supported yet (dense "
-                                                      "Qwen3-Next: num_experts 0, or every layer in mlp_only_layers)"));
   return absl::OkStatus();
 }
 
@@ -330,13 +331,83 @@ absl::Status ParseLinearAttention(const FieldReader& fields, TransformerConfig& 
 
 namespace {
 
+// A number >= 0 (absent: fallback).
+absl::StatusOr<double> NonNegativeNumber(const FieldReader& fields, const char* field, double fallback) {
+  const json* value = fields.Get(field);
+  if (value == nullptr) return fallback;
+  if (!value->is_number() || !(value->get<double>() >= 0) || !std::isfinite(value->get<double>()))
+    return fields.Error(field, absl::StrCat("must be a finite number >= 0, got ", value->dump()));
+  return value->get<double>();
+}
+
+// Mixtures of experts, with transformers 5.23's defaults: which layers' MLP is a sparse MoE block (Qwen3-MoE and
+// Qwen3-Next: where (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers; Mixtral and Qwen3.5-MoE:
+// every layer), and its shapes.
+absl::Status ParseMoe(const FieldReader& fields, TransformerConfig& config) {
+  const std::string& arch = config.architecture;
+  const bool mixtral = arch == "mixtral", next = arch == "qwen3_next", q35 = arch == "qwen3_5_moe_text";
+  const bool q3 = arch == "qwen3_moe";
+  if (!mixtral && !next && !q35 && !q3) return absl::OkStatus();
+  MoeConfig& m = config.moe;
+  const char* experts_field = mixtral ? "num_local_experts" : "num_experts";
+  const json* experts = fields.Get(experts_field);
+  if (experts && !experts->is_number_integer())
+    return fields.Error(experts_field, absl::StrCat("must be an integer, got ", JsonTypeName(*experts)));
+  m.experts = experts ? experts->get<int64_t>() : mixtral ? 8 : next ? 512 : q35 ? 256 : 128;
+  if (m.experts < 0 || ((mixtral || q35) && m.experts == 0))
+    return fields.Error(experts_field, absl::StrCat("must be positive, got ", m.experts));
+  if (m.experts == 0) return absl::OkStatus();  // Qwen3-MoE / Qwen3-Next without experts: dense MLPs
+  SG_IO_ASSIGN_OR_RETURN(m.top_k, fields.PositiveInt("num_experts_per_tok", mixtral ? 2 : next ? 10 : 8));
+  if (m.top_k > m.experts)
+    return fields.Error("num_experts_per_tok",
+                        absl::StrCat("(", m.top_k, ") exceeds ", experts_field, " (", m.experts, ")"));
+  if (mixtral) {
+    m.intermediate = config.intermediate_size;
+  } else {
+    SG_IO_ASSIGN_OR_RETURN(m.intermediate, fields.PositiveInt("moe_intermediate_size", q3 ? 768 : 512));
+  }
+  if (q3 || next) SG_IO_ASSIGN_OR_RETURN(m.normalize, fields.Bool("norm_topk_prob", next));
+  if (next || q35)
+    SG_IO_ASSIGN_OR_RETURN(m.shared_intermediate, fields.PositiveInt("shared_expert_intermediate_size", 512));
+  SG_IO_ASSIGN_OR_RETURN(m.aux_loss, fields.Bool("output_router_logits", false));
+  SG_IO_ASSIGN_OR_RETURN(m.aux_loss_coef, NonNegativeNumber(fields, "router_aux_loss_coef", 0.001));
+  if (mixtral) {
+    double jitter;
+    SG_IO_ASSIGN_OR_RETURN(jitter, NonNegativeNumber(fields, "router_jitter_noise", 0.0));
+    if (jitter > 0)
+      return fields.Error("router_jitter_noise", absl::StrCat("is ", jitter,
+                                                              "; random router noise in training is "
+                                                              "not supported (0)"));
+    if (fields.Get("sliding_window") != nullptr)
+      return fields.Error("sliding_window", "is set; sliding-window attention is not supported (null)");
+  }
+  std::vector<bool> dense(config.num_layers, false);
+  int64_t step = 1;
+  if (q3 || next) {
+    SG_IO_ASSIGN_OR_RETURN(step, fields.PositiveInt("decoder_sparse_step", 1));
+    if (const json* only = fields.Get("mlp_only_layers")) {
+      if (!only->is_array()) return fields.Error("mlp_only_layers", "must be an array of layer indices");
+      for (const json& i : *only) {
+        if (!i.is_number_integer() || i.get<int64_t>() < 0 || i.get<int64_t>() >= config.num_layers)
+          return fields.Error("mlp_only_layers", absl::StrCat("holds ", i.dump(), ", not a layer index"));
+        dense[i.get<int64_t>()] = true;
+      }
+    }
+  }
+  for (int64_t i = 0; i < config.num_layers; ++i) config.moe_layers.push_back(!dense[i] && (i + 1) % step == 0);
+  if (std::find(config.moe_layers.begin(), config.moe_layers.end(), true) == config.moe_layers.end())
+    config.moe_layers.clear();
+  return absl::OkStatus();
+}
+
 // The fields of one text model of `architecture` (a config.json, or a conditional model's text_config).
 absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, const std::string& source_name,
                                                   const std::string& architecture) {
   TransformerConfig config;
   config.architecture = architecture;
   const bool is_qwen2 = config.architecture == "qwen2", is_qwen3 = config.architecture == "qwen3";
-  const bool hybrid = config.hybrid();
+  const bool hybrid = config.hybrid(), mixtral = config.architecture == "mixtral";
+  const bool qwen = is_qwen2 || is_qwen3 || hybrid || config.architecture == "qwen3_moe";
 
   SG_IO_ASSIGN_OR_RETURN(config.vocab_size, fields.PositiveInt("vocab_size"));
   SG_IO_ASSIGN_OR_RETURN(config.hidden_size, fields.PositiveInt("hidden_size"));
@@ -358,11 +429,17 @@ absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, con
                          fields.PositiveInt("head_dim", is_qwen3 ? 128
                                                         : hybrid ? 256
                                                                  : config.hidden_size / config.num_heads));
-  SG_IO_ASSIGN_OR_RETURN(config.intermediate_size, fields.PositiveInt("intermediate_size"));
-  // Defaults are those of HF's LlamaConfig / Qwen2Config.
-  SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-6));
+  // Qwen3.5-MoE has no dense MLP, hence no intermediate_size.
+  SG_IO_ASSIGN_OR_RETURN(
+      config.intermediate_size,
+      fields.PositiveInt("intermediate_size",
+                         config.architecture == "qwen3_5_moe_text" ? std::optional<int64_t>(0) : std::nullopt));
+  // Defaults are those of HF's LlamaConfig / Qwen2Config / MixtralConfig.
+  SG_IO_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
   SG_IO_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                         fields.PositiveInt("max_position_embeddings", is_qwen2 || is_qwen3 || hybrid ? 32768 : 2048));
+                         fields.PositiveInt("max_position_embeddings", qwen      ? 32768
+                                                                       : mixtral ? 131072
+                                                                                 : 2048));
   // The hybrids' configs default partial_rotary_factor to 0.25 (top level, or in the RoPE block).
   SG_IO_ASSIGN_OR_RETURN(config.partial_rotary_factor,
                          fields.PositiveNumber("partial_rotary_factor", hybrid ? 0.25 : 1.0));
@@ -394,6 +471,7 @@ absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, con
   if (absl::Status status = ParseLayerTypes(fields, config); !status.ok()) return status;
   if (hybrid)
     if (absl::Status status = ParseLinearAttention(fields, config); !status.ok()) return status;
+  if (absl::Status status = ParseMoe(fields, config); !status.ok()) return status;
   return config;
 }
 
@@ -405,7 +483,9 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   const FieldReader fields(*parsed, source_name);
   std::string architecture;
   SG_IO_ASSIGN_OR_RETURN(architecture, DetectArchitecture(fields, source_name));
-  if (architecture != "qwen3_5") return ParseTextConfig(fields, source_name, architecture);
+  if (architecture != "qwen3_5" && architecture != "qwen3_5_moe")
+    return ParseTextConfig(fields, source_name, architecture);
+  const std::string text_architecture = architecture + "_text";
   // Qwen3_5ForConditionalGeneration: the text model is text_config; its head may be tied at the top level.
   const json* text = fields.Get("text_config");
   if (text == nullptr || !text->is_object())
@@ -414,9 +494,10 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   const FieldReader text_fields(*text, source_name, "text_config.");
   std::optional<std::string> text_type;
   SG_IO_ASSIGN_OR_RETURN(text_type, text_fields.String("model_type"));
-  if (text_type && *text_type != "qwen3_5_text")
-    return text_fields.Error("model_type", absl::StrCat("is '", *text_type, "'; a qwen3_5 model's is 'qwen3_5_text'"));
-  absl::StatusOr<TransformerConfig> config = ParseTextConfig(text_fields, source_name, "qwen3_5_text");
+  if (text_type && *text_type != text_architecture)
+    return text_fields.Error(
+        "model_type", absl::StrCat("is '", *text_type, "'; a ", architecture, " model's is '", text_architecture, "'"));
+  absl::StatusOr<TransformerConfig> config = ParseTextConfig(text_fields, source_name, text_architecture);
   if (!config.ok()) return config.status();
   config->conditional = true;
   bool tied;
@@ -435,10 +516,40 @@ namespace {
 
 // A hybrid's text config as transformers 5 writes it: one rope_parameters block, the layer types, Gated DeltaNet's
 // shapes, and (Qwen3-Next) no experts.
+// The mixture-of-experts fields transformers reads (dense layers, where some are, as mlp_only_layers).
+void AddMoeJson(const TransformerConfig& config, nlohmann::ordered_json& out) {
+  const std::string& arch = config.architecture;
+  const MoeConfig& m = config.moe;
+  if (config.moe_layers.empty()) {
+    if (arch == "qwen3_next" || arch == "qwen3_moe") out["num_experts"] = 0;
+    return;
+  }
+  out[arch == "mixtral" ? "num_local_experts" : "num_experts"] = m.experts;
+  out["num_experts_per_tok"] = m.top_k;
+  if (arch == "mixtral") {
+    out["intermediate_size"] = m.intermediate;
+  } else {
+    out["moe_intermediate_size"] = m.intermediate;
+  }
+  if (arch == "qwen3_moe" || arch == "qwen3_next") {
+    out["norm_topk_prob"] = m.normalize;
+    out["decoder_sparse_step"] = 1;
+    nlohmann::ordered_json& dense = out["mlp_only_layers"] = nlohmann::ordered_json::array();
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      if (!config.is_moe(l)) dense.push_back(l);
+  }
+  if (m.shared_intermediate > 0) out["shared_expert_intermediate_size"] = m.shared_intermediate;
+  out["output_router_logits"] = m.aux_loss;
+  out["router_aux_loss_coef"] = m.aux_loss_coef;
+}
+
 nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
-  const bool next = config.architecture == "qwen3_next";
+  const std::string& arch = config.architecture;
+  const char* causal_lm = arch == "qwen3_next"     ? "Qwen3NextForCausalLM"
+                          : arch == "qwen3_5_text" ? "Qwen3_5ForCausalLM"
+                                                   : "Qwen3_5MoeForCausalLM";
   nlohmann::ordered_json out;
-  if (!config.conditional) out["architectures"] = {next ? "Qwen3NextForCausalLM" : "Qwen3_5ForCausalLM"};
+  if (!config.conditional) out["architectures"] = {causal_lm};
   out["model_type"] = config.architecture;
   out["hidden_act"] = "silu";
   for (auto [field, value] : {std::pair<const char*, int64_t>{"vocab_size", config.vocab_size},
@@ -461,7 +572,7 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
   nlohmann::ordered_json& types = out["layer_types"] = nlohmann::ordered_json::array();
   for (int64_t l = 0; l < config.num_layers; ++l)
     types.push_back(config.is_linear(l) ? "linear_attention" : "full_attention");
-  if (next) out["num_experts"] = 0;
+  AddMoeJson(config, out);
   nlohmann::ordered_json& rope = out["rope_parameters"];
   rope["rope_type"] = config.rope_scaling.type;
   rope["rope_theta"] = config.rope_theta;
@@ -476,8 +587,9 @@ std::string TransformerConfigToHFJson(const TransformerConfig& config) {
     nlohmann::ordered_json out = HybridTextJson(config);
     if (config.conditional) {
       nlohmann::ordered_json outer;
-      outer["architectures"] = {"Qwen3_5ForConditionalGeneration"};
-      outer["model_type"] = "qwen3_5";
+      const bool moe = config.architecture == "qwen3_5_moe_text";
+      outer["architectures"] = {moe ? "Qwen3_5MoeForConditionalGeneration" : "Qwen3_5ForConditionalGeneration"};
+      outer["model_type"] = moe ? "qwen3_5_moe" : "qwen3_5";
       outer["tie_word_embeddings"] = config.tie_word_embeddings;
       outer["text_config"] = std::move(out);
       out = std::move(outer);
@@ -485,8 +597,13 @@ std::string TransformerConfigToHFJson(const TransformerConfig& config) {
     return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   }
   const bool is_qwen2 = config.architecture == "qwen2", is_llama = config.architecture == "llama";
+  const std::string& arch = config.architecture;
   nlohmann::ordered_json out;
-  out["architectures"] = {is_qwen2 ? "Qwen2ForCausalLM" : is_llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};
+  out["architectures"] = {is_qwen2              ? "Qwen2ForCausalLM"
+                          : is_llama            ? "LlamaForCausalLM"
+                          : arch == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                          : arch == "mixtral"   ? "MixtralForCausalLM"
+                                                : "Qwen3ForCausalLM"};
   out["model_type"] = config.architecture;
   out["torch_dtype"] = "float32";
   out["hidden_act"] = "silu";
@@ -523,9 +640,10 @@ std::string TransformerConfigToHFJson(const TransformerConfig& config) {
   }
   out["max_position_embeddings"] = config.max_position_embeddings;
   out["tie_word_embeddings"] = config.tie_word_embeddings;
-  // Qwen2Config has no such option (its biases are fixed); only Llama has mlp_bias.
-  if (!is_qwen2) out["attention_bias"] = config.attention_bias;
+  // Qwen2Config has no such option (its biases are fixed), nor MixtralConfig; only Llama has mlp_bias.
+  if (!is_qwen2 && arch != "mixtral") out["attention_bias"] = config.attention_bias;
   if (is_llama) out["mlp_bias"] = config.mlp_bias;
+  AddMoeJson(config, out);
   // Replacement keeps dump() from aborting on a non-UTF-8 architecture string.
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }

@@ -44,10 +44,24 @@ struct LinearAttentionConfig {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // the conv's channels: q, k, v
 };
 
+// A sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen3-Next, Qwen3.5-MoE): a router picks top_k of `experts`
+// SwiGLU experts per token, weighted by their softmax probabilities (renormalised over the k when `normalize`);
+// Qwen3-Next and Qwen3.5-MoE add a shared SwiGLU expert scaled by a sigmoid gate.
+struct MoeConfig {
+  int64_t experts = 0;              // num_experts (Mixtral: num_local_experts)
+  int64_t top_k = 0;                // num_experts_per_tok
+  int64_t intermediate = 0;         // moe_intermediate_size (Mixtral: intermediate_size)
+  bool normalize = true;            // norm_topk_prob (always, on Mixtral and Qwen3.5-MoE)
+  int64_t shared_intermediate = 0;  // shared_expert_intermediate_size; 0: no shared expert
+  bool aux_loss = false;            // output_router_logits: the load-balancing loss joins the training loss
+  double aux_loss_coef = 0.001;     // router_aux_loss_coef
+};
+
 // Transformer of the Llama / Qwen2 / Qwen3 family, and the Qwen3-Next / Qwen3.5 hybrids.
 struct TransformerConfig {
-  // HF model_type: "llama", "qwen2", "qwen3", "qwen3_next" or "qwen3_5_text" (Qwen3.5's text model; also read
-  // from a "qwen3_5" config's text_config, `conditional`).
+  // HF model_type: "llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text" or
+  // "qwen3_5_moe_text" (Qwen3.5's text models; also read from a "qwen3_5" / "qwen3_5_moe" config's text_config,
+  // `conditional`).
   std::string architecture = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;        // d_model
@@ -72,13 +86,19 @@ struct TransformerConfig {
   // Qwen3.5 as published (Qwen3_5ForConditionalGeneration): the text model under "model.language_model.", beside a
   // vision tower the engine does not run (kept on save).
   bool conditional = false;
+  // Mixtures of experts: per layer, true where its MLP is a sparse MoE block; empty: dense MLPs everywhere.
+  std::vector<bool> moe_layers;
+  MoeConfig moe;
 
   // Qwen3: RMSNorm over head_dim of each q and k head (q_norm / k_norm), before RoPE.
-  bool qk_norm() const { return architecture == "qwen3" || hybrid(); }
+  bool qk_norm() const { return architecture == "qwen3" || architecture == "qwen3_moe" || hybrid(); }
   // Qwen3-Next / Qwen3.5: gated attention (q_proj gives each head's query and output gate), zero-centred RMSNorms
   // (x (1 + w)) and partial RoPE; Gated DeltaNet in the layers linear_layers marks.
-  bool hybrid() const { return architecture == "qwen3_next" || architecture == "qwen3_5_text"; }
+  bool hybrid() const {
+    return architecture == "qwen3_next" || architecture == "qwen3_5_text" || architecture == "qwen3_5_moe_text";
+  }
   bool is_linear(int64_t layer) const { return !linear_layers.empty() && linear_layers[layer]; }
+  bool is_moe(int64_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
   int64_t rotary_dim() const;  // head_dim x partial_rotary_factor, as transformers truncates it
   // Where the text model's parameters live: "model." or, in the conditional layout, "model.language_model.".
   std::string prefix() const { return conditional ? "model.language_model." : "model."; }

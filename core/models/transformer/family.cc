@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/models/transformer/config.h"
 #include "core/models/transformer/transformer.h"
@@ -55,6 +56,33 @@ class TransformerSpec final : public ModelSpec {
     return {"model.visual.", "mtp."};  // transformers' Qwen3.5 / Qwen3-Next causal LMs skip these too
   }
   std::string RequiredCarriedTensors() const override { return c_.conditional ? "model.visual." : ""; }
+  // MoE layers: the experts one by one (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE: experts.{e}.gate_proj / up_proj /
+  // down_proj; Mixtral: block_sparse_moe.experts.{e}.w1 / w3 / w2, and its router block_sparse_moe.gate).
+  std::vector<StoredPiece> StoredLayout(const std::string& param) const override {
+    if (c_.moe_layers.empty()) return {};
+    const MoeConfig& m = c_.moe;
+    const int64_t I = m.intermediate, d = c_.hidden_size;
+    const bool mixtral = c_.architecture == "mixtral";
+    auto strip = [&](const std::string& suffix) -> std::optional<std::string> {
+      if (param.size() < suffix.size() || param.compare(param.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return std::nullopt;
+      return param.substr(0, param.size() - suffix.size()) + (mixtral ? "block_sparse_moe." : "mlp.");
+    };
+    std::vector<StoredPiece> pieces;
+    if (std::optional<std::string> p = strip("mlp.experts.gate_up_proj")) {
+      for (int64_t e = 0; e < m.experts; ++e) {
+        const std::string expert = absl::StrCat(*p, "experts.", e, ".");
+        pieces.push_back({expert + (mixtral ? "w1" : "gate_proj") + ".weight", 2 * I * e, I});
+        pieces.push_back({expert + (mixtral ? "w3" : "up_proj") + ".weight", 2 * I * e + I, I});
+      }
+    } else if (std::optional<std::string> p = strip("mlp.experts.down_proj")) {
+      for (int64_t e = 0; e < m.experts; ++e)
+        pieces.push_back({absl::StrCat(*p, "experts.", e, ".", mixtral ? "w2" : "down_proj", ".weight"), d * e, d});
+    } else if (std::optional<std::string> p = strip("mlp.gate.weight"); p && mixtral) {
+      pieces.push_back({*p + "gate.weight", 0, m.experts});
+    }
+    return pieces;
+  }
 
   int64_t MatmulParams() const override {
     const int64_t d = c_.hidden_size, qd = c_.num_heads * c_.head_dim, kvd = c_.num_kv_heads * c_.head_dim;
@@ -62,7 +90,12 @@ class TransformerSpec final : public ModelSpec {
     const LinearAttentionConfig& a = c_.linear;
     const int64_t linear = (a.conv_dim() + 2 * a.value_dim() + 2 * a.value_heads) * d;
     const int64_t L = c_.num_layers, lin = LinearLayers();
-    return (L - lin) * attention + lin * linear + L * 3 * c_.intermediate_size * d + c_.vocab_size * d;
+    // A MoE layer multiplies each token by its router, top_k experts and the shared expert: the active parameters.
+    const MoeConfig& m = c_.moe;
+    const int64_t moe = (m.experts + 3 * m.top_k * m.intermediate + 3 * m.shared_intermediate + 1) * d;
+    const int64_t moe_layers = MoeLayers();
+    return (L - lin) * attention + lin * linear + (L - moe_layers) * 3 * c_.intermediate_size * d + moe_layers * moe +
+           c_.vocab_size * d;
   }
   // 6 x matmul parameters x tokens, causal attention (QK^T and PV, 2 FLOPs per multiply-add, over the T (T + 1) / 2
   // pairs) and the linear layers' conv and gated delta rule, x3 for forward and backward.
@@ -91,6 +124,11 @@ class TransformerSpec final : public ModelSpec {
   }
 
  private:
+  int64_t MoeLayers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < c_.num_layers; ++l) n += c_.is_moe(l) ? 1 : 0;
+    return n;
+  }
   int64_t LinearLayers() const {
     int64_t n = 0;
     for (int64_t l = 0; l < c_.num_layers; ++l) n += c_.is_linear(l) ? 1 : 0;
@@ -115,10 +153,14 @@ class TransformerFamily final : public ModelFamily {
   }
   bool Reads(const std::optional<std::string>& model_type,
              const std::vector<std::string>& architectures) const override {
-    static const std::set<std::string> types = {"llama", "qwen2", "qwen3", "qwen3_next", "qwen3_5_text", "qwen3_5"};
-    static const std::set<std::string> classes = {"LlamaForCausalLM",   "Qwen2ForCausalLM",
-                                                  "Qwen3ForCausalLM",   "Qwen3NextForCausalLM",
-                                                  "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"};
+    static const std::set<std::string> types = {
+        "llama",      "qwen2",        "qwen3",   "qwen3_moe",        "mixtral",
+        "qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"};
+    static const std::set<std::string> classes = {"LlamaForCausalLM",      "Qwen2ForCausalLM",
+                                                  "Qwen3ForCausalLM",      "Qwen3MoeForCausalLM",
+                                                  "MixtralForCausalLM",    "Qwen3NextForCausalLM",
+                                                  "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
+                                                  "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"};
     if (model_type) return types.count(*model_type) > 0;
     for (const std::string& a : architectures)
       if (classes.count(a)) return true;

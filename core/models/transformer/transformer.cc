@@ -6,9 +6,11 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/kv_offload.h"
 #include "core/kv_pages.h"
 #include "core/objective.h"
@@ -257,6 +259,12 @@ struct DeltaNetParams {
   int qkv = -1, z = -1, b = -1, a = -1, qkvz = -1, ba = -1, conv = -1, dt_bias = -1, a_log = -1, norm = -1, out = -1;
 };
 
+// A sparse MoE block's parameters: the router (mlp.gate), the experts' fused gate/up [E][2I][d] and down [E][d][I]
+// projections, and the shared expert (its gate/up/down and its sigmoid gate [1][d]; -1 without one).
+struct MoeParams {
+  int router = -1, gate_up = -1, down = -1, shared_gate = -1, shared_up = -1, shared_down = -1, shared_router = -1;
+};
+
 // Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent, and the attention's in a
 // Gated DeltaNet layer (`linear`).
 struct LayerParams {
@@ -264,6 +272,8 @@ struct LayerParams {
   int gate = -1, gate_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1, q_norm = -1, k_norm = -1;
   bool linear = false;
   DeltaNetParams delta;
+  bool moe = false;  // a sparse MoE block instead of the dense MLP
+  MoeParams experts;
 };
 
 // The gated delta rule's inputs: q, k (L2-normed, q scaled; with their raw values and rstd for the backward), v,
@@ -272,38 +282,33 @@ struct DeltaInputs {
   Tensor q_raw, k_raw, q, k, q_rstd, k_rstd, v, g, beta;
 };
 
+// The tokens each expert of a MoE layer takes in a chunk, grouped by expert (tokens in order): their rows in the
+// chunk, their slots in the router's [n][k] outputs and each one's routing weight, on the model's device (for
+// gather_rows / scatter_add_rows); iota is 0, 1, .. n - 1 there.
+struct ExpertGroups {
+  std::vector<int64_t> begin;  // expert e's assignments are [begin[e], begin[e + 1])
+  Tensor row_index, slot_index, weight, iota;
+  int64_t size(int64_t e) const { return begin[e + 1] - begin[e]; }
+  const int32_t* rows(int64_t e) const { return row_index.data<int32_t>() + begin[e]; }
+  const int32_t* slots(int64_t e) const { return slot_index.data<int32_t>() + begin[e]; }
+  const int32_t* identity() const { return iota.data<int32_t>(); }
+  template <typename T>
+  const T* scale(int64_t e) const {
+    return weight.data<T>() + begin[e];
+  }
+};
+
 // Order of LayerSaved::tensors; kQRaw / kQRstd (q before its per-head norm, and the norm's rstd) only with q/k norm,
 // kQGate (gated attention's output gate) only in hybrids. Gated DeltaNet layers keep x, the norms' and the MLP's
 // like attention layers, and kMixed (the conv's input), kXc (its output), kBA (b and a), kS0 and kTail0 (the state
-// before the chunk), kCore (the delta rule's output), kCoreRstd, kZ, kNormed and kGated (the gated norm's).
+// before the chunk), kCore (the delta rule's output), kCoreRstd, kZ, kNormed and kGated (the gated norm's). MoE
+// layers keep the router's kProbs, kTop and kRouteWeights instead of gate, up and the SwiGLU output.
+// clang-format off
 enum Saved {
-  kX,
-  kXn1,
-  kRstd1,
-  kQ,
-  kAttn,
-  kLse,
-  kH,
-  kXn2,
-  kRstd2,
-  kGate,
-  kUp,
-  kAct,
-  kQRaw,
-  kQRstd,
-  kQGate,
-  kMixed,
-  kXc,
-  kBA,
-  kS0,
-  kTail0,
-  kCore,
-  kCoreRstd,
-  kZ,
-  kNormed,
-  kGated,
-  kNumSaved
+  kX, kXn1, kRstd1, kQ, kAttn, kLse, kH, kXn2, kRstd2, kGate, kUp, kAct, kQRaw, kQRstd, kQGate,
+  kMixed, kXc, kBA, kS0, kTail0, kCore, kCoreRstd, kZ, kNormed, kGated, kProbs, kTop, kRouteWeights, kNumSaved
 };
+// clang-format on
 
 template <typename T>
 class Transformer final : public TransformerModel, public TensorParallelModel, private ParamStore<T> {
@@ -398,7 +403,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     std::vector<int> linears;
     for (const LayerParams& L : layers_) {
       const DeltaNetParams& P = L.delta;
-      for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.gate, L.up, L.down})
+      const MoeParams& M = L.experts;
+      for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.gate, L.up, L.down, M.shared_gate,
+                    M.shared_up, M.shared_down})
         if (w >= 0) linears.push_back(w);
     }
     if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
@@ -597,6 +604,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Keep(kept, kH, h, act);
     Tensor xn2 = New(big, {n, d}), rstd2 = New(act, {n});
     Tensor xn2_kept = Norm(h.data<T>(), L.norm2, xn2, rstd2, act, kept != nullptr);
+    if (kept) (*kept)[kXn2] = xn2_kept, (*kept)[kRstd2] = rstd2;
+    if (L.moe) {
+      Tensor y = New(MemCategory::kActivations, {n, d});
+      ops_.copy(y.data<T>(), h.data<T>(), n * d);
+      MoeForward(L.experts, c, xn2.data<T>(), st, act, kept, y.data<T>());
+      return y;
+    }
     Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, st);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
@@ -606,7 +620,6 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor y = New(MemCategory::kActivations, {n, d});
     ops_.copy(y.data<T>(), h.data<T>(), n * d);
     RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
-    if (kept) (*kept)[kXn2] = std::move(xn2_kept), (*kept)[kRstd2] = rstd2;
     return y;
   }
 
@@ -616,6 +629,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     constexpr MemCategory ws = MemCategory::kWorkspace;
     auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
     Tensor dh = New(ws, {n, d});
+    if (L.moe) {
+      const Tensor dxn2 = MoeBackward(L.experts, c, dy, wide(kXn2).template data<T>(), s, st);
+      ops_.copy(dh.data<T>(), dy, n * d);
+      NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+      return dh;
+    }
     Tensor da = New(ws, {n, f});
     Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
     {
@@ -714,6 +733,190 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     LinearBackward(dv.data<T>(), kvd, xn1, n, L.v, L.v_bias, dxn1.data<T>(), T(1), c, state.opts);
     tp_.AllReduce(dxn1.raw(), n * d, dtype());  // each rank's heads gave part of it
     return dxn1;
+  }
+
+  // ---- Mixture of experts (transformers' Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, Qwen3NextSparseMoeBlock) ----
+  // y += sum over each token's top-k experts of weight * expert(xn2), expert(x) = down(silu(gate x) * (up x)), the
+  // weights from the router's softmax (moe_route); with a shared expert, y += sigmoid(shared_gate xn2) shared(xn2).
+  // Tokens are grouped by expert for the GEMMs; the backward recomputes each expert's activations from xn2.
+  void MoeForward(const MoeParams& M, Chunk c, const T* xn2, const StateOptions& st, MemCategory act,
+                  std::vector<Tensor>* kept, T* y) {
+    const MoeConfig& m = cfg_.moe;
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = m.experts, k = m.top_k, I = m.intermediate;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor logits = New(ws, {n, E}), probs = New(act, {n, E}), weights = New(act, {n, k});
+    Tensor top = Tensor::Empty(&mem_, act, DType::kI32, {n, k});
+    Linear(xn2, n, d, M.router, -1, logits.data<T>(), E, c, st);
+    ops_.moe_route(logits.data<T>(), n, E, k, m.normalize, probs.data<T>(), top.data<int32_t>(), weights.data<T>());
+    const ExpertGroups groups = Group(top, weights, n);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t rows = groups.size(e);
+      if (rows == 0) continue;
+      Tensor xe = New(ws, {rows, d}), gate = New(ws, {rows, I}), up = New(ws, {rows, I}), a = New(ws, {rows, I});
+      Tensor out = New(ws, {rows, d});
+      ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
+      ExpertForward(M, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
+      ops_.scatter_add_rows(out.data<T>(), groups.rows(e), groups.template scale<T>(e), rows, d, y);
+    }
+    if (M.shared_gate >= 0) SharedExpertForward(M, c, xn2, st, y);
+    if (kept) (*kept)[kProbs] = probs, (*kept)[kTop] = top, (*kept)[kRouteWeights] = weights;
+  }
+
+  // The MoE block's backward: dxn2 from dy (the block's output gradient); accumulates the experts', router's and
+  // shared expert's gradients.
+  Tensor MoeBackward(const MoeParams& M, Chunk c, const T* dy, const T* xn2, const std::vector<Tensor>& s,
+                     const StateOptions& st) {
+    const MoeConfig& m = cfg_.moe;
+    const int64_t n = c.size(), d = cfg_.hidden_size, E = m.experts, k = m.top_k, I = m.intermediate;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor dxn2 = Tensor::Zeros(&mem_, ws, Store::kDType, {n, d});
+    Tensor dweights = Tensor::Zeros(&mem_, ws, Store::kDType, {n * k});
+    const ExpertGroups groups = Group(s[kTop], s[kRouteWeights], n);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t rows = groups.size(e);
+      if (rows == 0) continue;
+      Tensor xe = New(ws, {rows, d}), gate = New(ws, {rows, I}), up = New(ws, {rows, I}), a = New(ws, {rows, I});
+      Tensor out = New(ws, {rows, d}), dye = New(ws, {rows, d}), dw = New(ws, {rows});
+      ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
+      ExpertForward(M, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
+      // out is the expert's output before its weight: the weight's gradient is <dy, out>.
+      ops_.gather_rows(dy, groups.rows(e), rows, d, dye.data<T>());
+      ops_.row_dots(dye.data<T>(), out.data<T>(), rows, d, dw.data<T>());
+      ops_.scatter_add_rows(dw.data<T>(), groups.slots(e), nullptr, rows, 1, dweights.data<T>());
+      Tensor dout = Tensor::Zeros(&mem_, ws, Store::kDType, {rows, d});  // weight * dy
+      ops_.scatter_add_rows(dye.data<T>(), groups.identity(), groups.template scale<T>(e), rows, d, dout.data<T>());
+      Tensor da = New(ws, {rows, I}), dgate = New(ws, {rows, I}), dup = New(ws, {rows, I}), dxe = New(ws, {rows, d});
+      GemmWeight(ops_, false, false, rows, I, d, T(1), dout.data<T>(), d, ExpertRows(M.down, e, 0), I, T(0),
+                 da.data<T>(), I);
+      if (T* g = ExpertGrad(M.down, e, 0))
+        ops_.gemm(true, false, d, I, rows, T(1), dout.data<T>(), d, a.data<T>(), I, T(1), g, I);
+      ops_.swiglu_backward(da.data<T>(), gate.data<T>(), up.data<T>(), rows * I, dgate.data<T>(), dup.data<T>());
+      GemmWeight(ops_, false, false, rows, d, I, T(1), dgate.data<T>(), I, ExpertRows(M.gate_up, e, 0), d, T(0),
+                 dxe.data<T>(), d);
+      GemmWeight(ops_, false, false, rows, d, I, T(1), dup.data<T>(), I, ExpertRows(M.gate_up, e, I), d, T(1),
+                 dxe.data<T>(), d);
+      if (T* g = ExpertGrad(M.gate_up, e, 0))
+        ops_.gemm(true, false, I, d, rows, T(1), dgate.data<T>(), I, xe.data<T>(), d, T(1), g, d);
+      if (T* g = ExpertGrad(M.gate_up, e, I))
+        ops_.gemm(true, false, I, d, rows, T(1), dup.data<T>(), I, xe.data<T>(), d, T(1), g, d);
+      ops_.scatter_add_rows(dxe.data<T>(), groups.rows(e), nullptr, rows, d, dxn2.data<T>());
+    }
+    Tensor dlogits = New(ws, {n, E});
+    ops_.moe_route_backward(dweights.data<T>(), s[kProbs].data<T>(), s[kTop].data<int32_t>(), n, E, k, m.normalize,
+                            nullptr, dlogits.data<T>());
+    LinearBackward(dlogits.data<T>(), E, xn2, n, M.router, -1, dxn2.data<T>(), T(1), c, st);
+    if (M.shared_gate >= 0) SharedExpertBackward(M, c, dy, xn2, st, dxn2.data<T>());
+    return dxn2;
+  }
+
+  // The grouping is host work on the router's choices (n x k indices). On the meta device (plans) they are unknown:
+  // the first k experts take every token, the largest groups.
+  ExpertGroups Group(const Tensor& top, const Tensor& weights, int64_t n) {
+    const int64_t E = cfg_.moe.experts, k = cfg_.moe.top_k;
+    std::vector<int32_t> choice(n * k);
+    if (mem_.device() == Device::kMeta) {
+      for (int64_t i = 0; i < n * k; ++i) choice[i] = static_cast<int32_t>(i % k);
+    } else {
+      choice = HostCopy<int32_t>(top);
+    }
+    ExpertGroups g;
+    g.begin.assign(E + 1, 0);
+    for (int32_t e : choice) {
+      if (e < 0 || e >= E) throw std::logic_error(absl::StrCat("moe_route chose expert ", e, " of ", E));
+      ++g.begin[e + 1];
+    }
+    for (int64_t e = 0; e < E; ++e) g.begin[e + 1] += g.begin[e];
+    std::vector<int32_t> rows(n * k), slots(n * k), iota(n);
+    std::vector<int64_t> next(g.begin.begin(), g.begin.end() - 1);
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t at = next[choice[i]]++;
+      rows[at] = static_cast<int32_t>(i / k);
+      slots[at] = static_cast<int32_t>(i);
+    }
+    std::iota(iota.begin(), iota.end(), 0);
+    auto upload = [&](const std::vector<int32_t>& v) {
+      Tensor t = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kI32, {static_cast<int64_t>(v.size())});
+      CopyFromHost(t, v.data());
+      return t;
+    };
+    g.row_index = upload(rows), g.slot_index = upload(slots), g.iota = upload(iota);
+    g.weight = New(MemCategory::kWorkspace, {n * k});
+    ops_.gather_rows(weights.data<T>(), g.slot_index.data<int32_t>(), n * k, 1, g.weight.data<T>());
+    return g;
+  }
+  // Expert e: gate and up of its tokens' xe [rows][d], a = silu(gate) up, out = down(a).
+  void ExpertForward(const MoeParams& M, int64_t e, const T* xe, int64_t rows, T* gate, T* up, T* a, T* out) {
+    const int64_t d = cfg_.hidden_size, I = cfg_.moe.intermediate;
+    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, 0), d, T(0), gate, I);
+    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, I), d, T(0), up, I);
+    ops_.swiglu_forward(gate, up, rows * I, a);
+    GemmWeight(ops_, false, true, rows, d, I, T(1), a, I, ExpertRows(M.down, e, 0), I, T(0), out, d);
+  }
+  // Rows [row0, ..) of expert e's matrix in a [experts][rows][cols] parameter, and their gradient (null: frozen).
+  WeightView ExpertRows(int w, int64_t e, int64_t row0) const {
+    const Tensor& t = params_[w].value;
+    const int64_t offset = (e * t.dim(1) + row0) * t.dim(2);
+    return {static_cast<const char*>(t.raw()) + offset * static_cast<int64_t>(DTypeSize(t.dtype())), t.dtype()};
+  }
+  T* ExpertGrad(int w, int64_t e, int64_t row0) const {
+    T* g = G(w);
+    const Tensor& t = params_[w].value;
+    return g ? g + (e * t.dim(1) + row0) * t.dim(2) : nullptr;
+  }
+  // The shared expert: y += sigmoid(shared_gate xn2) down(silu(gate xn2) (up xn2)), the gate a scalar per token.
+  void SharedExpertForward(const MoeParams& M, Chunk c, const T* xn2, const StateOptions& st, T* y) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, S = cfg_.moe.shared_intermediate;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor gate = New(ws, {n, S}), up = New(ws, {n, S}), a = New(ws, {n, S}), out = New(ws, {n, d});
+    SharedExpertOutput(M, c, xn2, st, gate, up, a, out);
+    Tensor logit = New(ws, {n}), sig = New(ws, {n}), ones = Ones(n), iota = Iota(n);
+    Linear(xn2, n, d, M.shared_router, -1, logit.data<T>(), 1, c, st);
+    ops_.sigmoid_gate_forward(logit.data<T>(), ones.data<T>(), n, sig.data<T>());
+    ops_.scatter_add_rows(out.data<T>(), iota.data<int32_t>(), sig.data<T>(), n, d, y);
+  }
+  void SharedExpertOutput(const MoeParams& M, Chunk c, const T* xn2, const StateOptions& st, Tensor& gate, Tensor& up,
+                          Tensor& a, Tensor& out) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, S = cfg_.moe.shared_intermediate;
+    Linear(xn2, n, d, M.shared_gate, -1, gate.data<T>(), S, c, st);
+    Linear(xn2, n, d, M.shared_up, -1, up.data<T>(), S, c, st);
+    ops_.swiglu_forward(gate.data<T>(), up.data<T>(), n * S, a.data<T>());
+    Linear(a.data<T>(), n, S, M.shared_down, -1, out.data<T>(), d, c, st);
+  }
+  void SharedExpertBackward(const MoeParams& M, Chunk c, const T* dy, const T* xn2, const StateOptions& st, T* dxn2) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, S = cfg_.moe.shared_intermediate;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor gate = New(ws, {n, S}), up = New(ws, {n, S}), a = New(ws, {n, S}), out = New(ws, {n, d});
+    SharedExpertOutput(M, c, xn2, st, gate, up, a, out);
+    Tensor logit = New(ws, {n}), sig = New(ws, {n}), ones = Ones(n), iota = Iota(n);
+    Linear(xn2, n, d, M.shared_router, -1, logit.data<T>(), 1, c, st);
+    ops_.sigmoid_gate_forward(logit.data<T>(), ones.data<T>(), n, sig.data<T>());
+    // The gate: d sig = <dy, out>; through the sigmoid to its logit, then the [1][d] router.
+    Tensor dsig = New(ws, {n}), dlogit = New(ws, {n}), unused = New(ws, {n});
+    ops_.row_dots(dy, out.data<T>(), n, d, dsig.data<T>());
+    ops_.sigmoid_gate_backward(dsig.data<T>(), logit.data<T>(), ones.data<T>(), n, dlogit.data<T>(), unused.data<T>());
+    LinearBackward(dlogit.data<T>(), 1, xn2, n, M.shared_router, -1, dxn2, T(1), c, st);
+    // The expert: dout = sig dy.
+    Tensor dout = Tensor::Zeros(&mem_, ws, Store::kDType, {n, d}), da = New(ws, {n, S});
+    ops_.scatter_add_rows(dy, iota.data<int32_t>(), sig.data<T>(), n, d, dout.data<T>());
+    Store::GemmW(ops_, false, n, S, d, T(1), dout.data<T>(), d, M.shared_down, S, T(0), da.data<T>(), S);
+    if (T* g = G(M.shared_down)) ops_.gemm(true, false, d, S, n, T(1), dout.data<T>(), d, a.data<T>(), S, T(1), g, S);
+    Store::LoraBackward(ops_, M.shared_down, a.data<T>(), dout.data<T>(), d, da.data<T>(), c, st);
+    Tensor dgate = New(ws, {n, S}), dup = New(ws, {n, S});
+    ops_.swiglu_backward(da.data<T>(), gate.data<T>(), up.data<T>(), n * S, dgate.data<T>(), dup.data<T>());
+    LinearBackward(dgate.data<T>(), S, xn2, n, M.shared_gate, -1, dxn2, T(1), c, st);
+    LinearBackward(dup.data<T>(), S, xn2, n, M.shared_up, -1, dxn2, T(1), c, st);
+  }
+  Tensor Ones(int64_t n) {
+    Tensor t = New(MemCategory::kWorkspace, {n});
+    ops_.fill(t.data<T>(), n, T(1));
+    return t;
+  }
+  Tensor Iota(int64_t n) {
+    std::vector<int32_t> v(n);
+    std::iota(v.begin(), v.end(), 0);
+    Tensor t = Tensor::Empty(&mem_, MemCategory::kWorkspace, DType::kI32, {n});
+    CopyFromHost(t, v.data());
+    return t;
   }
 
   // ---- Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet) ----
@@ -994,6 +1197,23 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   void AddMlp(const std::string& p, LayerParams& L, AddFn& add) {
     const int64_t d = cfg_.hidden_size, f = inter_;
     const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{};
+    if (cfg_.is_moe(static_cast<int64_t>(layers_.size()))) {
+      // The experts are not split (tensor parallelism is refused on MoE layers, CreateTransformer).
+      const MoeConfig& m = cfg_.moe;
+      const int64_t E = m.experts, I = m.intermediate, S = m.shared_intermediate;
+      L.moe = true;
+      MoeParams& M = L.experts;
+      M.router = add(p + "mlp.gate.weight", {E, d}, whole);
+      M.gate_up = add(p + "mlp.experts.gate_up_proj", {E, 2 * I, d}, whole);
+      M.down = add(p + "mlp.experts.down_proj", {E, d, I}, whole);
+      if (S > 0) {
+        M.shared_gate = add(p + "mlp.shared_expert.gate_proj.weight", {S, d}, whole);
+        M.shared_up = add(p + "mlp.shared_expert.up_proj.weight", {S, d}, whole);
+        M.shared_down = add(p + "mlp.shared_expert.down_proj.weight", {d, S}, whole);
+        M.shared_router = add(p + "mlp.shared_expert_gate.weight", {1, d}, whole);
+      }
+      return;
+    }
     L.gate = add(p + "mlp.gate_proj.weight", {f, d}, rows);
     L.gate_bias = cfg_.mlp_bias ? add(p + "mlp.gate_proj.bias", {f}, rows) : -1;
     L.up = add(p + "mlp.up_proj.weight", {f, d}, rows);
@@ -1235,20 +1455,43 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
                           {"num_hidden_layers", c.num_layers},
                           {"num_attention_heads", c.num_heads},
                           {"num_key_value_heads", c.num_kv_heads},
-                          {"head_dim", c.head_dim},
-                          {"intermediate_size", c.intermediate_size}}) {
+                          {"head_dim", c.head_dim}}) {
     if (absl::Status s = positive(field, v); !s.ok()) return s;
   }
+  bool dense_mlp = false;  // some layer has the dense MLP, of intermediate_size
+  for (int64_t l = 0; l < c.num_layers; ++l) dense_mlp = dense_mlp || !c.is_moe(l);
+  if (dense_mlp)
+    if (absl::Status s = positive("intermediate_size", c.intermediate_size); !s.ok()) return s;
   if (c.num_heads % c.num_kv_heads != 0)
     return absl::InvalidArgumentError(absl::StrCat("config: num_attention_heads (", c.num_heads,
                                                    ") must be a multiple of num_key_value_heads (", c.num_kv_heads,
                                                    ")"));
   if (c.head_dim % 2 != 0)
     return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
-  if (c.architecture != "llama" && c.architecture != "qwen2" && c.architecture != "qwen3" && !c.hybrid())
+  const std::set<std::string> supported = {"llama",   "qwen2",      "qwen3",        "qwen3_moe",
+                                           "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
+  if (!supported.count(c.architecture))
     return absl::InvalidArgumentError(absl::StrCat("config: model_type '", c.architecture,
-                                                   "' is not supported (supported: llama, qwen2, qwen3, qwen3_next, "
-                                                   "qwen3_5_text)"));
+                                                   "' is not supported (supported: ", absl::StrJoin(supported, ", "),
+                                                   ")"));
+  if (!c.moe_layers.empty()) {
+    if (static_cast<int64_t>(c.moe_layers.size()) != c.num_layers)
+      return absl::InvalidArgumentError(absl::StrCat("config: ", c.moe_layers.size(), " layers marked for experts; ",
+                                                     "num_hidden_layers is ", c.num_layers));
+    const MoeConfig& m = c.moe;
+    for (auto [field, v] : {std::pair<const char*, int64_t>{"num_experts", m.experts},
+                            {"num_experts_per_tok", m.top_k},
+                            {"moe_intermediate_size", m.intermediate}}) {
+      if (absl::Status s = positive(field, v); !s.ok()) return s;
+    }
+    if (m.top_k > m.experts)
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: num_experts_per_tok (", m.top_k, ") exceeds num_experts (", m.experts, ")"));
+    if (m.aux_loss)
+      return absl::UnimplementedError(
+          "config: output_router_logits is true: the router's load-balancing loss is not "
+          "supported yet (set it false to train without it)");
+  }
   if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim)
     return absl::InvalidArgumentError(
         absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
@@ -1279,6 +1522,9 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                                     Device device, const TensorParallel& tp) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
+  if (tp.size > 1 && !config.moe_layers.empty())
+    return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
+                                                 config.architecture, "'s mixture-of-experts layers"));
   if (tp.size > 1 && !config.linear_layers.empty())
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
                                                  config.architecture, "'s Gated DeltaNet layers"));
