@@ -238,5 +238,35 @@ TEST(Census, GatedDeltaRecords) {
   EXPECT_EQ(r[2], (OpRecord{"gdn_gates_forward", OpFamily::kSsm, 0, (2 * gates + 2 * 4) * 8, 2 * gates * 8}));
 }
 
+// The mixture-of-experts ops on meta, by hand: the router (its backward with and without the load-balancing
+// term), the row gathers, scatters (scaled or not) and dots.
+TEST(Census, MoeRecords) {
+  OpCensus census({/*peak_flops=*/1e12, /*bandwidth=*/1e9}, /*keep_records=*/true);
+  {
+    CensusScope scope(Device::kMeta, &census);
+    const OpTable<float>& ops = OpsFor<float>(Device::kMeta);
+    const float extra = 0;
+    // 10 tokens, 8 experts, top 2; 6 rows of 16
+    ops.moe_route(nullptr, 10, 8, 2, true, nullptr, nullptr, nullptr);
+    ops.moe_route_backward(nullptr, nullptr, nullptr, 10, 8, 2, true, &extra, nullptr);
+    ops.moe_route_backward(nullptr, nullptr, nullptr, 10, 8, 2, false, nullptr, nullptr);
+    ops.gather_rows(nullptr, nullptr, 6, 16, nullptr);
+    ops.scatter_add_rows(nullptr, nullptr, &extra, 6, 16, nullptr);
+    ops.scatter_add_rows(nullptr, nullptr, nullptr, 6, 16, nullptr);
+    ops.row_dots(nullptr, nullptr, 6, 16, nullptr);
+  }
+  const std::vector<OpRecord>& r = census.records();
+  ASSERT_EQ(r.size(), 7u);
+  const OpFamily f = OpFamily::kPointwise;
+  const int64_t probs = 10 * 8 * 4, picks = 10 * 2 * (4 + 4), rows = 6 * 16 * 4;
+  EXPECT_EQ(r[0], (OpRecord{"moe_route", f, 0, probs, probs + picks}));
+  EXPECT_EQ(r[1], (OpRecord{"moe_route_backward", f, 0, probs + picks + 8 * 4, probs}));
+  EXPECT_EQ(r[2], (OpRecord{"moe_route_backward", f, 0, probs + picks, probs}));
+  EXPECT_EQ(r[3], (OpRecord{"gather_rows", f, 0, 6 * 4 + rows, rows}));
+  EXPECT_EQ(r[4], (OpRecord{"scatter_add_rows", f, 0, 6 * 4 + 6 * 4 + 2 * rows, rows}));
+  EXPECT_EQ(r[5], (OpRecord{"scatter_add_rows", f, 0, 6 * 4 + 2 * rows, rows}));
+  EXPECT_EQ(r[6], (OpRecord{"row_dots", f, 0, 2 * rows, 6 * 4}));
+}
+
 }  // namespace
 }  // namespace sg

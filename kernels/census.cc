@@ -334,6 +334,27 @@ Counters<T> MakeCounters() {
            (ds_final ? state : 0)) * S,
           (2 * n * k_heads * dk + n * v_heads * (dv + 2) + (ds0 ? state : 0)) * S);
   };
+  // The router reads the logits and writes probs, top and weights; its backward reads dweights, probs, top and
+  // dprobs_extra, and writes dlogits.
+  c.moe_route = [](auto, int64_t n, int64_t experts, int64_t k, auto, auto, auto, auto) {
+    Count("moe_route", OpFamily::kPointwise, 0, n * experts * S, n * experts * S + n * k * (4 + S));
+  };
+  c.moe_route_backward = [](auto, auto, auto, int64_t n, int64_t experts, int64_t k, auto, const T* dprobs_extra,
+                            auto) {
+    Count("moe_route_backward", OpFamily::kPointwise, 0,
+          n * experts * S + n * k * (4 + S) + (dprobs_extra ? experts * S : 0), n * experts * S);
+  };
+  c.gather_rows = [](auto, auto, int64_t rows, int64_t cols, auto) {
+    Count("gather_rows", OpFamily::kPointwise, 0, rows * 4 + rows * cols * S, rows * cols * S);
+  };
+  c.scatter_add_rows = [](auto, auto, const T* scale, int64_t rows, int64_t cols, auto) {
+    // src and the destination rows read (and the scales), the destination rows written
+    Count("scatter_add_rows", OpFamily::kPointwise, 0, rows * 4 + (scale ? rows * S : 0) + 2 * rows * cols * S,
+          rows * cols * S);
+  };
+  c.row_dots = [](auto, auto, int64_t rows, int64_t cols, auto) {
+    Count("row_dots", OpFamily::kPointwise, 0, 2 * rows * cols * S, rows * S);
+  };
   c.adamw = [](auto, auto, auto, auto, int64_t count, auto, auto, auto, auto, auto, auto) {
     Count("adamw", OpFamily::kOptimizer, 0, 4 * count * S, 3 * count * S);
   };

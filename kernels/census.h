@@ -33,7 +33,8 @@ enum class OpFamily {
   kAttentionBackward,
   kNorm,               // rmsnorm forward / backward
   kRope,
-  kPointwise,          // swiglu, silu, softplus, sigmoid gate, bias, add, copy, copy_rows, fill, scale
+  kPointwise,          // swiglu, silu, softplus, sigmoid gate, bias, add, copy, copy_rows, fill, scale; the
+                       // mixture-of-experts router and its row gathers, scatters and dots
   kEmbedding,
   kConvert,            // bf16 <-> f32
   kLoss,               // cross-entropy, token log-probs, arg max over the vocabulary

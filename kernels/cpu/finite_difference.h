@@ -35,6 +35,16 @@ inline double MaxDiff(const Vec& a, const Vec& b) {
   return m;
 }
 
+// max |a[i] - b[i]| relative to max |b[i]|: an f32 result against its f64 reference.
+inline double RelErr(const std::vector<float>& a, const Vec& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return err / scale;
+}
+
 // Max error of the analytic gradient of f with respect to x against central differences, relative to the largest
 // numeric entry.
 inline double FiniteDifferenceError(const std::function<double()>& f, Vec& x, const Vec& analytic) {

@@ -17,6 +17,7 @@ using testing_fd::Dot;
 using testing_fd::FiniteDifferenceError;
 using testing_fd::MaxDiff;
 using testing_fd::Random;
+using testing_fd::RelErr;
 using testing_fd::Vec;
 
 constexpr double kTol = 1e-7;
@@ -227,16 +228,6 @@ TEST(GatedDeltaTest, ChunksRelayingTheStateEqualWholeSequence) {
   for (auto field : {&Grads::dq, &Grads::dk, &Grads::dv, &Grads::dg, &Grads::dbeta})
     EXPECT_LT(MaxDiff(Concat(d1.*field, d2.*field), all_d.*field), 1e-11);
   EXPECT_LT(MaxDiff(d1.ds0, all_d.ds0), 1e-11);
-}
-
-// Max |a - b| relative to max |b|.
-double RelErr(const std::vector<float>& a, const Vec& b) {
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    err = std::max(err, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return err / scale;
 }
 
 TEST(GatedDeltaTest, F32CloseToF64) {

@@ -111,6 +111,11 @@ OpTable<T> MakeCpuTable() {
   SG_ENTRY(gated_delta_forward, kSsm, cpu::GatedDeltaForward<T>);
   SG_ENTRY(gated_delta_backward, kSsm, cpu::GatedDeltaBackward<T>);
   t.gated_delta_workspace_elems = cpu::GatedDeltaWorkspaceElems;
+  SG_ENTRY(moe_route, kPointwise, cpu::MoeRoute<T>);
+  SG_ENTRY(moe_route_backward, kPointwise, cpu::MoeRouteBackward<T>);
+  SG_ENTRY(gather_rows, kPointwise, cpu::GatherRows<T>);
+  SG_ENTRY(scatter_add_rows, kPointwise, cpu::ScatterAddRows<T>);
+  SG_ENTRY(row_dots, kPointwise, cpu::RowDots<T>);
   SG_ENTRY(adamw, kOptimizer, cpu::AdamW<T>);
   SG_ENTRY(lora_dropout, kPointwise, cpu::LoraDropout<T>);
   SG_ENTRY(ssm_neg_exp, kSsm, cpu::SsmNegExp<T>);
