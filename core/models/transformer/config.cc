@@ -32,10 +32,13 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
                                           {"num_attention_heads", c.num_heads, INT32_MAX},
                                           {"num_key_value_heads", c.num_kv_heads, INT32_MAX},
                                           {"head_dim", c.head_dim, INT64_MAX},
-                                          {"intermediate_size", c.intermediate_size, INT64_MAX},
                                           {"max_position_embeddings", c.max_position_embeddings, INT64_MAX}});
       !s.ok())
     return s;
+  int64_t moe_layers = 0;  // sparse MoE blocks; the others are dense MLPs, of intermediate_size
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe(l) ? 1 : 0;
+  if (moe_layers < c.num_layers)
+    if (absl::Status s = CheckConfigBounds({{"intermediate_size", c.intermediate_size, INT64_MAX}}); !s.ok()) return s;
   FootprintCounter n(dtype);
   const int64_t d = c.hidden_size, L = c.num_layers, f = c.intermediate_size;
   int64_t linear = 0;  // Gated DeltaNet layers; the others are attention layers
@@ -48,8 +51,6 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   // q (with a gate per value in hybrids' gated attention), o
   n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), (c.hybrid() ? 3 : 2) * A);
   n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);  // k, v
-  int64_t moe_layers = 0;  // sparse MoE blocks; the others are dense MLPs
-  for (int64_t l = 0; l < L; ++l) moe_layers += c.is_moe(l) ? 1 : 0;
   n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * (L - moe_layers));  // gate, up, down
   if (moe_layers > 0) {
     const MoeConfig& m = c.moe;
@@ -349,7 +350,11 @@ absl::Status ParseMoe(const FieldReader& fields, TransformerConfig& config) {
   const bool q3 = arch == "qwen3_moe";
   if (!mixtral && !next && !q35 && !q3) return absl::OkStatus();
   MoeConfig& m = config.moe;
-  const char* experts_field = mixtral ? "num_local_experts" : "num_experts";
+  // transformers 5.23 writes Qwen3-MoE's count as num_local_experts (Mixtral's name), the others' as num_experts.
+  const char* experts_field = fields.Get("num_local_experts") ? "num_local_experts" : "num_experts";
+  if (fields.Get("num_local_experts") && fields.Get("num_experts") &&
+      *fields.Get("num_local_experts") != *fields.Get("num_experts"))
+    return fields.Error("num_experts", "and num_local_experts differ; give one");
   const json* experts = fields.Get(experts_field);
   if (experts && !experts->is_number_integer())
     return fields.Error(experts_field, absl::StrCat("must be an integer, got ", JsonTypeName(*experts)));
