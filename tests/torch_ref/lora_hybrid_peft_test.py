@@ -15,6 +15,8 @@ init_lora_weights=False) and saves the adapter; its loss and adapter gradients o
     gradients to 1e-10. The merged export (--merged_out) loads into transformers (its config's class) with nothing
     missing or unexpected, the vision tower unchanged; transformers' loss and every gradient of it match the
     engine's on the same export to 1e-10, and PEFT's merge_and_unload() equals it to 1e-12.
+  * qwen3_5_text's adapter (model.layers...) on the published layout (model.language_model.layers...) is refused by
+    name.
 
 Two halves:
   * run in the venv of tests/e2e/pip_venv.sh (torch, transformers, peft from PyPI) as a script:
@@ -224,6 +226,18 @@ def test_engine_adapter_and_merged_export_load_in_peft_and_transformers(name):
         assert (n in adapted) != np.array_equal(after[n], before[n]), f"{n}: merged wrongly"
     assert abs(want["loss"] - r["loss"]) <= TOLERANCE * abs(r["loss"]), (want["loss"], r["loss"])
     hybrid.check_runs(f"{name} merged", merged, written()["batch"], want, [("full", 512, 16), ("seco", 50, 3)])
+
+
+def test_text_model_adapter_refused_on_published_layout():
+    """PEFT's adapter of qwen3_5_text (model.layers...) has the shapes of the published layout's text model but not
+    its names (model.language_model.layers...): refused, naming the file and the tensor, before any work."""
+    out = _dir("qwen3_5", "unused.safetensors")
+    proc = hybrid._ref().run([hybrid._ref().grad_dump_path(), f"--model_dir={_dir('qwen3_5', 'model')}",
+                              f"--batch_jsonl={written()['batch']}", f"--out={out}",
+                              f"--lora_init={_dir('qwen3_5_text', 'peft_adapter')}"], check=False)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "adapter_model.safetensors: tensor 'base_model.model.model.layers.0." in proc.stderr, proc.stderr
+    assert not os.path.exists(out)
 
 
 if __name__ == "__main__":
