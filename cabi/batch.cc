@@ -12,6 +12,7 @@ Sequence EngineSequence(const int32_t* ids, const int32_t* hf, int64_t n) {
   Sequence q;
   q.ids.assign(ids, ids + n - 1);
   q.labels.assign(src + 1, src + n);
+  q.last_token = ids[n - 1];
   return q;
 }
 

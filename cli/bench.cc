@@ -239,6 +239,7 @@ Sequence MakeSequence(const std::string& task, int64_t T, int64_t vocab, uint64_
   Sequence s;
   s.ids.assign(all.begin(), all.end() - 1);
   s.labels.assign(all.begin() + 1, all.end());
+  s.last_token = all.back();
   return s;
 }
 

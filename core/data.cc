@@ -139,6 +139,7 @@ Sequence Shifted(const std::vector<int32_t>& tok, const std::vector<int32_t>& la
   Sequence s;
   s.ids.assign(tok.begin(), tok.end() - 1);
   s.labels.assign(labels.begin() + 1, labels.end());
+  s.last_token = tok.back();
   return s;
 }
 

@@ -194,6 +194,17 @@ class Model {
   // in the activation dtype.
   Tensor KeepRows(const Tensor& x);
 
+  // A loss term over the whole batch that is not a sum over tokens: a mixture of experts' load-balancing loss over
+  // every input token of the batch, in every MoE layer (transformers' output_router_logits). Its gradient needs
+  // statistics of the whole batch before any backward, so the trainer runs, per batch: StartBatchStatistics; a
+  // forward of every sequence (its last token included, Sequence::last_token); FinishBatchStatistics, which returns
+  // the term (added to the batch's loss) and keeps the gradient the backward then adds; the gradient pass; and
+  // EndBatchLoss.
+  virtual bool HasBatchLoss() const { return false; }
+  virtual void StartBatchStatistics() {}
+  virtual double FinishBatchStatistics() { return 0; }
+  virtual void EndBatchLoss() {}
+
   // LoRA (core/lora.h; use sg::EnableLora): adds adapters to the target modules and freezes the base parameters.
   virtual absl::Status EnableLora(const LoraOptions& options);
   // The adapters; null while LoRA is off.

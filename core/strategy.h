@@ -67,6 +67,9 @@ struct Sequence {
   // attends only within its document, RoPE positions and SSM states restart at each start, and no label crosses
   // one (SetDocuments, core/data.h, masks the label of the position before each start).
   std::vector<int64_t> doc_starts = {};
+  // The sequence's final token, which is only a label (-1: unknown). Models with a loss over every input token (a
+  // mixture of experts' load-balancing loss, Model::HasBatchLoss) run it too, as transformers does.
+  int32_t last_token = -1;
 };
 
 struct GradResult {

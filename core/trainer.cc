@@ -100,6 +100,7 @@ absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const Batch& batch) {
 
 absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, double norm, uint64_t first_index) {
   if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  if (absl::Status s = OneBatchForBatchLoss("data parallelism"); !s.ok()) return s;
   if (!(norm > 0) || !std::isfinite(norm))
     return absl::InvalidArgumentError(absl::StrCat("the normaliser of a shard's gradients must be positive, got ", norm));
   pending_micro_batches_ = 0;
@@ -108,6 +109,10 @@ absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, d
 }
 
 absl::StatusOr<StepMetrics> Trainer::Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count) {
+  if (objective_.name != "sft" && model_.HasBatchLoss())
+    return absl::UnimplementedError(absl::StrCat(
+        objective_.name, " with the router's load-balancing loss (output_router_logits) is not supported yet: set it "
+                         "false in config.json, or train sft"));
   if (objective_.name == "dpo") {
     if (count) *count = static_cast<int64_t>(batch.pairs.size());
     return DpoGradients(batch.pairs, norm, pass);
@@ -125,9 +130,63 @@ absl::StatusOr<StepMetrics> Trainer::SftGradients(const std::vector<Sequence>& b
   if (!valid.ok()) return valid.status();
   if (count) *count = *valid;
   if (norm <= 0) norm = static_cast<double>(*valid);
-  absl::StatusOr<StepMetrics> m = Backprop(batch, 1.0 / norm, pass);
+  if (!model_.HasBatchLoss()) {
+    absl::StatusOr<StepMetrics> m = Backprop(batch, 1.0 / norm, pass);
+    if (!m.ok()) return m;
+    m->loss /= norm;
+    return CheckedLoss(std::move(m));
+  }
+  // A loss over the whole batch (a mixture of experts' load balancing): every input token's routing first, the
+  // sequences' last tokens included, then the gradients with them (their labels ignored).
+  absl::StatusOr<std::vector<Sequence>> whole = WithLastTokens(batch);
+  if (!whole.ok()) return whole.status();
+  absl::StatusOr<double> batch_loss = BatchStatistics(*whole);
+  if (!batch_loss.ok()) return batch_loss.status();
+  absl::StatusOr<StepMetrics> m = Backprop(*whole, 1.0 / norm, pass);
+  model_.EndBatchLoss();
   if (!m.ok()) return m;
-  m->loss /= norm;
+  m->loss = m->loss / norm + *batch_loss;
+  return CheckedLoss(std::move(m));
+}
+
+absl::Status Trainer::OneBatchForBatchLoss(const char* what) const {
+  if (!model_.HasBatchLoss()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the router's load-balancing loss (output_router_logits) is over one batch's tokens; ", what,
+      " would need the batches' routing statistics together, which is not supported yet (set it false in "
+      "config.json, or train on one batch a step)"));
+}
+
+absl::StatusOr<std::vector<Sequence>> Trainer::WithLastTokens(const std::vector<Sequence>& batch) const {
+  std::vector<Sequence> whole = batch;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    Sequence& s = whole[i];
+    if (s.last_token < 0 || s.last_token >= model_.vocab_size())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", i, ": the router's load-balancing loss (output_router_logits) reads every input token, and ",
+          s.last_token < 0 ? "this sequence's last token is unknown (a synthetic task's)"
+                           : absl::StrCat("its last token ", s.last_token, " is outside the vocabulary")));
+    s.ids.push_back(s.last_token);
+    s.labels.push_back(-100);
+    s.last_token = -1;
+  }
+  return whole;
+}
+
+absl::StatusOr<double> Trainer::BatchStatistics(const std::vector<Sequence>& whole) {
+  model_.StartBatchStatistics();
+  if (absl::Status s = CatchStrategyErrors("the batch's statistics pass",
+                                           [&] {
+                                             for (const Sequence& q : whole) sg::EvaluateLoss(model_, q, strategy_options_);
+                                           });
+      !s.ok()) {
+    model_.EndBatchLoss();
+    return s;
+  }
+  return model_.FinishBatchStatistics();
+}
+
+absl::StatusOr<StepMetrics> Trainer::CheckedLoss(absl::StatusOr<StepMetrics> m) {
   if (!std::isfinite(m->loss))
     return absl::InternalError(
         absl::StrCat("loss is ", m->loss, " at step ", step() + 1, NonFiniteWeightsNote(model_)));
@@ -148,6 +207,7 @@ absl::StatusOr<int64_t> Trainer::CountUnits(const Batch& batch) const {
 
 absl::StatusOr<StepMetrics> Trainer::AccumulateGradients(const Batch& micro_batch) {
   if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
+  if (absl::Status s = OneBatchForBatchLoss("gradient accumulation over micro-batches"); !s.ok()) return s;
   Pass pass{calls_++, 0, pending_micro_batches_ == 0};
   int64_t count = 0;
   absl::StatusOr<StepMetrics> m = Gradients(micro_batch, 1.0, &pass, &count);
@@ -175,6 +235,8 @@ absl::StatusOr<StepMetrics> Trainer::AccumulateGradients(const Batch& micro_batc
 absl::StatusOr<StepMetrics> Trainer::Step(const std::vector<Batch>& micro_batches) {
   if (absl::Status s = ValidateObjectiveOptions(objective_); !s.ok()) return s;
   if (micro_batches.empty()) return absl::InvalidArgumentError("no micro-batches for the step");
+  if (micro_batches.size() > 1)
+    if (absl::Status s = OneBatchForBatchLoss("gradient accumulation over micro-batches"); !s.ok()) return s;
   // Validate every micro-batch and count the units of all of them before any gradient.
   int64_t total = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {

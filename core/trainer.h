@@ -146,6 +146,13 @@ class Trainer {
                                            int64_t* count);
   // Runs the strategy over sequences (each with its objective).
   absl::StatusOr<StepMetrics> Backprop(const std::vector<Sequence>& seqs, double grad_scale, Pass* pass);
+  // Model::HasBatchLoss: the batch with each sequence's last token as an input (no label), and the statistics pass
+  // over it (the batch term of the loss).
+  absl::StatusOr<std::vector<Sequence>> WithLastTokens(const std::vector<Sequence>& batch) const;
+  // Refuses `what` (several micro-batches, data-parallel shards) for a model with a batch loss.
+  absl::Status OneBatchForBatchLoss(const char* what) const;
+  absl::StatusOr<double> BatchStatistics(const std::vector<Sequence>& whole);
+  absl::StatusOr<StepMetrics> CheckedLoss(absl::StatusOr<StepMetrics> m);  // refuses a non-finite loss
   absl::StatusOr<StepMetrics> DpoGradients(const std::vector<DpoPair>& pairs, double norm, Pass* pass);
   // A gradient pass's result once complete: a tensor-parallel model's partial gradients summed over its group.
   absl::StatusOr<StepMetrics> WholeGradients(absl::StatusOr<StepMetrics> m);

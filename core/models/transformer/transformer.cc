@@ -413,6 +413,34 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return absl::OkStatus();
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
+
+  // The load-balancing loss (transformers' load_balancing_loss_func with output_router_logits), over the R rows of
+  // every MoE layer and input token of the batch: E sum_e f_e P_e with f_e the share of top-k picks of expert e
+  // and P_e its mean probability, both over R. Only P carries a gradient: coef E f_e / R on every row's probability
+  // of e, which MoeBackward adds once the statistics pass has counted the picks.
+  bool HasBatchLoss() const override { return cfg_.moe.aux_loss && !cfg_.moe_layers.empty(); }
+  void StartBatchStatistics() override {
+    routing_ = RoutingStatistics{};
+    routing_.collecting = true;
+    routing_.picks.assign(cfg_.moe.experts, 0.0);
+    routing_.probs.assign(cfg_.moe.experts, 0.0);
+  }
+  double FinishBatchStatistics() override {
+    routing_.collecting = false;
+    const int64_t E = cfg_.moe.experts;
+    const double R = static_cast<double>(std::max<int64_t>(1, routing_.rows)), coef = cfg_.moe.aux_loss_coef;
+    double aux = 0;
+    std::vector<T> grad(E);
+    for (int64_t e = 0; e < E; ++e) {
+      aux += (routing_.picks[e] / R) * (routing_.probs[e] / R);
+      grad[e] = static_cast<T>(coef * static_cast<double>(E) * routing_.picks[e] / (R * R));
+    }
+    routing_.grad = New(MemCategory::kWorkspace, {E});
+    CopyFromHost(routing_.grad, grad.data());
+    return coef * static_cast<double>(E) * aux;
+  }
+  void EndBatchLoss() override { routing_ = RoutingStatistics{}; }
+
   // An adapter meets its weight's split (ShardOfParam).
   TpShard ShardOf(int param) const override { return ShardOfParam(shards_, Store::LoraState(), param); }
   const LoraInfo* lora() const override { return Store::LoraState(); }
@@ -749,6 +777,14 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Linear(xn2, n, d, M.router, -1, logits.data<T>(), E, c, st);
     ops_.moe_route(logits.data<T>(), n, E, k, m.normalize, probs.data<T>(), top.data<int32_t>(), weights.data<T>());
     const ExpertGroups groups = Group(top, weights, n);
+    if (routing_.collecting && mem_.device() != Device::kMeta) {  // meta has no values to count
+      Tensor sums = Tensor::Empty(&mem_, ws, DType::kF64, {E});
+      ops_.column_sums_f64(probs.data<T>(), n, E, sums.data<double>());
+      const std::vector<double> host = HostCopy<double>(sums);
+      for (int64_t e = 0; e < E; ++e)
+        routing_.picks[e] += static_cast<double>(groups.size(e)), routing_.probs[e] += host[e];
+      routing_.rows += n;
+    }
     for (int64_t e = 0; e < E; ++e) {
       const int64_t rows = groups.size(e);
       if (rows == 0) continue;
@@ -803,7 +839,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
     Tensor dlogits = New(ws, {n, E});
     ops_.moe_route_backward(dweights.data<T>(), s[kProbs].data<T>(), s[kTop].data<int32_t>(), n, E, k, m.normalize,
-                            nullptr, dlogits.data<T>());
+                            routing_.grad.defined() ? routing_.grad.template data<T>() : nullptr, dlogits.data<T>());
     LinearBackward(dlogits.data<T>(), E, xn2, n, M.router, -1, dxn2.data<T>(), T(1), c, st);
     if (M.shared_gate >= 0) SharedExpertBackward(M, c, dy, xn2, st, dxn2.data<T>());
     return dxn2;
@@ -1441,7 +1477,15 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   std::vector<TpShard> shards_;  // per base parameter (LoRA adapters: ShardOf)
   std::vector<LayerParams> layers_;
   std::vector<int> kv_index_;  // per layer, its number among the attention layers (the KV pools'); -1: linear
-  int kv_layers_ = 0;          // attention layers
+  // The batch's routing for the load-balancing loss (HasBatchLoss): picks and probability sums per expert over its
+  // rows while the statistics pass collects, then the gradient every row's probabilities get.
+  struct RoutingStatistics {
+    bool collecting = false;
+    std::vector<double> picks, probs;
+    int64_t rows = 0;
+    Tensor grad;  // [experts], on the device
+  } routing_;
+  int kv_layers_ = 0;  // attention layers
   int embed_ = -1, final_norm_ = -1, head_ = -1;
 };
 
@@ -1487,10 +1531,9 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
     if (m.top_k > m.experts)
       return absl::InvalidArgumentError(
           absl::StrCat("config: num_experts_per_tok (", m.top_k, ") exceeds num_experts (", m.experts, ")"));
-    if (m.aux_loss)
-      return absl::UnimplementedError(
-          "config: output_router_logits is true: the router's load-balancing loss is not "
-          "supported yet (set it false to train without it)");
+    // The loss runs each sequence's last token too, one position more than RoPE's length counts.
+    if (m.aux_loss && c.rope_scaling.type == "dynamic")
+      return absl::UnimplementedError("config: output_router_logits with dynamic RoPE is not supported");
   }
   if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim)
     return absl::InvalidArgumentError(
