@@ -180,6 +180,28 @@ TEST(PlanTest, MetaPlanEqualsCpuPeakPerCategory) {
   }
 }
 
+// Mixtures of experts: how many tokens each expert takes is known only once the router ran, so the plan takes the
+// largest groups (the first top_k experts take every token): the workspace, where the groups' GEMM buffers live,
+// and the total are bounds of the measured peaks; every other category is exact.
+TEST(PlanTest, MixtureOfExpertsPlanBoundsTheCpuPeak) {
+  for (const char* model : {"tiny-qwen3-moe", "tiny-qwen3-next"})
+    for (const char* strategy : {"full", "seco", "streambp"})
+      for (int64_t rank : {0, 2}) {
+        Case c{model, strategy};
+        c.lora_rank = rank;
+        const MemoryPlan cpu = Plan(c, Device::kCPU), meta = Plan(c, Device::kMeta);
+        ASSERT_GT(cpu.device.total_peak, 0) << Name(c);
+        for (int i = 0; i < kNumMemCategories; ++i) {
+          const MemCategory category = static_cast<MemCategory>(i);
+          if (category == MemCategory::kWorkspace)
+            EXPECT_GE(meta.device.peak[i], cpu.device.peak[i]) << Name(c) << ": workspace";
+          else
+            EXPECT_EQ(meta.device.peak[i], cpu.device.peak[i]) << Name(c) << ": " << MemCategoryName(category);
+        }
+        EXPECT_GE(meta.device.total_peak, cpu.device.total_peak) << Name(c);
+      }
+}
+
 // A plan is not a constant: longer sequences, LoRA and offload change it the way they must.
 TEST(PlanTest, PlansRespondToTheirOptions) {
   Case c{"tiny", "seco"};

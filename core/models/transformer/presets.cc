@@ -48,13 +48,24 @@ TransformerConfig Qwen35(int64_t vocab, int64_t d, int64_t layers, int64_t heads
   return c;
 }
 
+// A sparse MoE block in the layers `moe` marks: `experts` SwiGLU experts of width `width`, top_k a token.
+void WithExperts(TransformerConfig& c, std::vector<bool> moe, int64_t experts, int64_t top_k, int64_t width,
+                 bool normalize, int64_t shared = 0) {
+  c.moe_layers = std::move(moe);
+  c.moe.experts = experts;
+  c.moe.top_k = top_k;
+  c.moe.intermediate = width;
+  c.moe.normalize = normalize;
+  c.moe.shared_intermediate = shared;
+}
+
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "demo",
-          "bench-cpu",      "bench-cpu-qwen3.5", "llama-1b-shape",    "qwen2.5-7b-shape",
-          "qwen3-8b-shape", "qwen3.5-9b-shape",  "qwen3.5-27b-shape", "llama-3.1-8b",
-          "qwen2.5-7b",     "qwen2.5-32b"};
+  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "tiny-qwen3-moe",   "tiny-qwen3-next",
+          "demo",           "bench-cpu",         "bench-cpu-qwen3.5", "llama-1b-shape",   "qwen2.5-7b-shape",
+          "qwen3-8b-shape", "qwen3.5-9b-shape",  "qwen3.5-27b-shape", "qwen3-30b-a3b-shape",
+          "qwen3.5-35b-a3b-shape", "mixtral-8x7b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
@@ -74,6 +85,23 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
     c.linear_layers = {true, false, true, false};
     c.max_position_embeddings = 4096;
+    return c;
+  }
+  // Mixtures of experts for tests: a Qwen3-MoE (q/k norms) whose middle layer is dense, 4 experts of which 2 a
+  // token; a Qwen3-Next hybrid with experts and a shared expert in every layer.
+  if (name == "tiny-qwen3-moe") {
+    TransformerConfig c = Llama(97, 32, 3, 4, 2, 48);
+    c.architecture = "qwen3_moe";
+    c.rms_norm_eps = 1e-6;
+    WithExperts(c, {true, false, true}, 4, 2, 16, /*normalize=*/false);
+    return c;
+  }
+  if (name == "tiny-qwen3-next") {
+    TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
+    c.architecture = "qwen3_next";
+    c.linear_layers = {true, false, true, false};
+    c.max_position_embeddings = 4096;
+    WithExperts(c, {true, true, true, true}, 4, 2, 16, /*normalize=*/true, /*shared=*/16);
     return c;
   }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
@@ -126,6 +154,39 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   // Qwen/Qwen3.5-27B's: hidden_size 5120, num_hidden_layers 64, num_attention_heads 24, num_key_value_heads 4,
   // head_dim 256, intermediate_size 17408, linear_num_key_heads 16, linear_num_value_heads 48.
   if (name == "qwen3.5-27b-shape") return Qwen35(248320, 5120, 64, 24, 4, 256, 17408, 16, 48, 128);
+  // Qwen/Qwen3-30B-A3B: vocab_size 151936, hidden_size 2048, num_hidden_layers 48, num_attention_heads 32,
+  // num_key_value_heads 4, head_dim 128, num_experts 128, num_experts_per_tok 8, moe_intermediate_size 768,
+  // norm_topk_prob true, rope_theta 1e6, max_position_embeddings 40960, untied.
+  if (name == "qwen3-30b-a3b-shape") {
+    TransformerConfig c = Llama(151936, 2048, 48, 32, 4, 6144);
+    c.architecture = "qwen3_moe";
+    c.head_dim = 128;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 40960;
+    WithExperts(c, std::vector<bool>(48, true), 128, 8, 768, /*normalize=*/true);
+    return c;
+  }
+  // Qwen/Qwen3.5-35B-A3B's text_config: hidden_size 2048, num_hidden_layers 40 (three Gated DeltaNet to one
+  // attention), num_attention_heads 16, num_key_value_heads 2, head_dim 256, num_experts 256, num_experts_per_tok 8,
+  // moe_intermediate_size 512, shared_expert_intermediate_size 512, linear heads 16 / 32 of 128.
+  if (name == "qwen3.5-35b-a3b-shape") {
+    TransformerConfig c = Qwen35(248320, 2048, 40, 16, 2, 256, 0, 16, 32, 128);
+    c.architecture = "qwen3_5_moe_text";
+    WithExperts(c, std::vector<bool>(40, true), 256, 8, 512, /*normalize=*/true, /*shared=*/512);
+    return c;
+  }
+  // mistralai/Mixtral-8x7B-v0.1: vocab_size 32000, hidden_size 4096, num_hidden_layers 32, num_attention_heads 32,
+  // num_key_value_heads 8, intermediate_size 14336 (each expert's), num_local_experts 8, num_experts_per_tok 2,
+  // rope_theta 1e6, rms_norm_eps 1e-5, max_position_embeddings 32768.
+  if (name == "mixtral-8x7b-shape") {
+    TransformerConfig c = Llama(32000, 4096, 32, 32, 8, 14336);
+    c.architecture = "mixtral";
+    c.rope_theta = 1000000.0;
+    c.max_position_embeddings = 32768;
+    WithExperts(c, std::vector<bool>(32, true), 8, 2, 14336, /*normalize=*/true);
+    return c;
+  }
   return absl::NotFoundError(
       absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }
