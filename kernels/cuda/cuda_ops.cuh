@@ -2,7 +2,8 @@
 // Same signatures and semantics as the CPU kernels. Tensors (T*) are device memory (runtime.cu's caching
 // allocator over cudaMalloc: not host-addressable); the small index and parameter arrays of the
 // table (ids, labels, page_table, page_mask, inv_freq, row_scale, and the outputs of token_logprobs/token_argmax)
-// are host memory in every backend: the kernels stage them through sg::cuda::Stage / copy results back.
+// are host memory in every backend: the kernels stage them through sg::cuda::Stage / copy results back. The mixture
+// of experts' indices (moe_route's top, the row ops' index) are device memory, as the tensors.
 // Instantiated for float and double; the bf16 entries of the f32 table (--dtype=bf16) are plain functions.
 #pragma once
 
@@ -11,8 +12,9 @@
 namespace sg::cuda {
 
 // The table's kernels, with kernels/ops.inc's signatures: gemm.cu (GemmMixed: cuBLASLt, fp32 compute), pointwise.cu
-// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, gated_delta.cu, optimizer.cu (AdamWBF16:
-// AdamW on fp32 masters, then the bf16 weights), chunk_ops.cu (work inside a chunk that core once did on the host).
+// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, gated_delta.cu, moe.cu, optimizer.cu
+// (AdamWBF16: AdamW on fp32 masters, then the bf16 weights), chunk_ops.cu (work inside a chunk that core once did on
+// the host).
 #include "kernels/op_kernels.inc"
 
 // The table's own entries (ops.inc's SG_OP_OWN). loss.cu instantiates the loss templates for uint16_t (bf16

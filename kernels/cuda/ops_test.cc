@@ -964,6 +964,89 @@ TYPED_TEST(CudaOpsTest, SigmoidGateAndCopyRows) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Mixture of experts
+
+struct MoeRouteCase {
+  int64_t n, experts, k;
+  bool normalize;
+};
+
+// Shapes: a few experts, top 2; as many experts as the block's threads; more experts than threads (some threads
+// scan three, some two); k = experts; k = 1; no tokens. Row 1 has exactly equal logits (picks in index order), row
+// 2 two equal pairs, row 3 a NaN logit (all its probabilities NaN, picks in index order). With and without the
+// load-balancing term.
+TYPED_TEST(CudaOpsTest, MoeRouteForwardBackward) {
+  using T = TypeParam;
+  for (MoeRouteCase c : {MoeRouteCase{37, 8, 2, true}, MoeRouteCase{5, 128, 8, false}, MoeRouteCase{20, 300, 10, true},
+                         MoeRouteCase{6, 6, 6, true}, MoeRouteCase{4, 5, 1, false}, MoeRouteCase{0, 8, 2, true}}) {
+    const int64_t rows = c.n * c.experts, picks = c.n * c.k;
+    const uint64_t seed = 500 + c.experts + c.k;
+    std::vector<T> logits = Normal<T>(rows, seed, 2);
+    if (c.n > 3) {
+      std::fill(logits.begin() + c.experts, logits.begin() + 2 * c.experts, T(0.5));
+      logits[2 * c.experts + 3] = logits[2 * c.experts + 1];
+      logits[2 * c.experts + 4] = logits[2 * c.experts + 0];
+      logits[3 * c.experts + 2] = Nan<T>();
+    }
+    const std::vector<T> dweights = Normal<T>(picks, seed + 1), extra = Normal<T>(c.experts, seed + 2);
+    for (bool with_extra : {false, true}) {
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> X(dev, logits, "logits"), P(dev, rows, Nan<T>(), "probs"), W(dev, picks, Nan<T>(), "weights"),
+            DW(dev, dweights, "dweights"), E(dev, extra, "dprobs_extra"), DX(dev, rows, Nan<T>(), "dlogits");
+        Buf<int32_t> TOP(dev, picks, -1, "top");
+        ops.moe_route(X.data(), c.n, c.experts, c.k, c.normalize, P.data(), TOP.data(), W.data());
+        ops.moe_route_backward(DW.data(), P.data(), TOP.data(), c.n, c.experts, c.k, c.normalize,
+                               with_extra ? E.data() : nullptr, DX.data());
+        Outs o;
+        o.Add(TOP);
+        for (const Buf<T>* b : {&P, &W, &DX}) o.Add(*b);
+        const std::vector<T> after = X.Raw();  // unchanged, bit for bit (a NaN is not equal to itself)
+        EXPECT_EQ(std::memcmp(after.data(), logits.data(), rows * sizeof(T)), 0);
+        return o;
+      });
+      const std::string what = "moe_route n=" + std::to_string(c.n) + " experts=" + std::to_string(c.experts) +
+                               " k=" + std::to_string(c.k) + (c.normalize ? " normalized" : "") +
+                               (with_extra ? " balance" : "");
+      ExpectAllEqual(Outs{{dut.v[0]}}, Outs{{cpu.v[0]}}, what);
+      for (size_t i = 1; i < cpu.v.size(); ++i)
+        ExpectClose(dut.v[i].second, cpu.v[i].second, kTight<T>, what + " " + cpu.v[i].first);
+    }
+  }
+}
+
+// Rows gathered by index, scattered back (scaled or not) onto other values, and their dots; 70 columns span more
+// than one grid-stride thread's share.
+TYPED_TEST(CudaOpsTest, GatherScatterAddRowDots) {
+  using T = TypeParam;
+  const int64_t src_rows = 50, rows = 20, cols = 70;
+  std::vector<int32_t> index(src_rows);
+  std::iota(index.begin(), index.end(), 0);
+  std::shuffle(index.begin(), index.end(), std::mt19937_64(510));
+  index.resize(rows);
+  const std::vector<T> src = Normal<T>(src_rows * cols, 511), dst0 = Normal<T>(src_rows * cols, 512),
+                       scale = Normal<T>(rows, 513), other = Normal<T>(rows * cols, 514);
+  for (bool scaled : {false, true}) {
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> SRC(dev, src, "src"), G(dev, rows * cols, Nan<T>(), "gathered"), S(dev, scale, "scale"),
+          DST(dev, dst0, "dst"), B(dev, other, "b"), DOT(dev, rows, Nan<T>(), "dots");
+      Buf<int32_t> I(dev, index, "index");
+      ops.gather_rows(SRC.data(), I.data(), rows, cols, G.data());
+      ops.scatter_add_rows(G.data(), I.data(), scaled ? S.data() : nullptr, rows, cols, DST.data());
+      ops.row_dots(G.data(), B.data(), rows, cols, DOT.data());
+      Outs o;
+      for (const Buf<T>* b : {&G, &DST, &DOT}) o.Add(*b);
+      return o;
+    });
+    const std::string what = scaled ? "rows scaled" : "rows";
+    ExpectAllEqual(Outs{{dut.v[0]}}, Outs{{cpu.v[0]}}, what + " gather");  // a gather is exact
+    ExpectClose(dut.v[1].second, cpu.v[1].second, kTight<T>, what + " scatter_add");
+    ExpectClose(dut.v[2].second, cpu.v[2].second, kTight<T>, what + " row_dots");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // bf16 storage (--dtype=bf16): the f32 table's bf16 entries against the CPU table's. The device rounds where its
 // tensor cores do (GEMM operands, attention's q, dO, P and dS), the CPU does not: a device result must be at most
 // twice as far from the CPU table's as the bf16-rounded reference is, i.e. the CPU's computation on inputs rounded
@@ -1361,6 +1444,14 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
     ADD_FAILURE() << "gated_delta_backward with dv = 2000 did not throw";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("gated_delta_backward"), std::string::npos) << e.what();
+    EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
+  }
+  // More experts per token than experts, before anything runs.
+  try {
+    ops.moe_route(nullptr, 4, 4, 5, true, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "moe_route with k = 5 of 4 experts did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_route: k = 5"), std::string::npos) << e.what();
     EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
   }
   // A head_dim past the attention kernels' limit (an exception naming the op; any std::exception is a status to

@@ -25,11 +25,13 @@ template <typename T> DType DTypeOf();
 template <> inline DType DTypeOf<float>() { return DType::kF32; }
 template <> inline DType DTypeOf<double>() { return DType::kF64; }
 template <> inline DType DTypeOf<uint16_t>() { return DType::kBF16; }  // bf16 bits (--dtype=bf16 storage)
+template <> inline DType DTypeOf<int32_t>() { return DType::kI32; }    // indices (expert picks, rows)
 
 // An element as a number (bf16 bits widened).
 inline double AsDouble(float x) { return x; }
 inline double AsDouble(double x) { return x; }
 inline double AsDouble(uint16_t bf16) { return BF16ToF32(bf16); }
+inline double AsDouble(int32_t i) { return i; }
 
 inline MemoryTracker* TrackerFor(Device d) {
   if (d == Device::kCPU) return nullptr;  // aligned host memory

@@ -2,7 +2,7 @@
 # The bf16 tensor-core attention kernels (attention_tc.cu) compiled to PTX by nvcc for sm_80 and sm_90: every
 # forward, dQ and dK/dV kernel (each head-dim instantiation) must contain the bf16 mma.sync instruction. The
 # emulated ops test runs the tensor-core path on the CPU; this checks that nvcc really emits it for the GPUs. And
-# the Gated DeltaNet kernels' resources (below).
+# the Gated DeltaNet and mixture-of-experts kernels' resources (below).
 # Skips (passes with a message) only where no nvcc is installed.
 set -euo pipefail
 
@@ -47,29 +47,54 @@ for arch in 80 90; do
   [[ "$kernels" -eq 15 ]] || status=1
 done
 
-# The Gated DeltaNet kernels (gated_delta.cu): every entry, for sm_80 and sm_90, keeps its state in registers (no
-# stack frame, no spills), and the backward's registers fit its largest block (512 threads of 64K registers).
-for arch in 80 90; do
-  info="$("$nvcc" -cubin -arch="sm_${arch}" --std=c++17 -I. -Xptxas -v -o "${TEST_TMPDIR}/gd_sm${arch}.cubin" \
-    kernels/cuda/gated_delta.cu 2>&1)"
+# Compiles kernels/cuda/$2.cu for sm_$1 with ptxas's resource report into $info; fails unless it has $4 entries
+# ($3: what they are), none with a stack frame or spills (their state stays in registers).
+compile_without_local_memory() {
+  local arch="$1" file="$2" what="$3" expected="$4" entries
+  info="$("$nvcc" -cubin -arch="sm_${arch}" --std=c++17 -I. -Xptxas -v -o "${TEST_TMPDIR}/${file}_sm${arch}.cubin" \
+    "kernels/cuda/${file}.cu" 2>&1)"
   entries="$(grep -c "Compiling entry" <<<"$info" || true)"
-  if [[ "$entries" -ne 6 ]]; then
-    echo "FAIL sm_${arch}: ${entries} gated delta kernels, expected 6 (forward, backward, sum over heads; f32, f64)"
+  if [[ "$entries" -ne "$expected" ]]; then
+    echo "FAIL sm_${arch}: ${entries} ${file}.cu kernels, expected ${expected} (${what})"
     status=1
   fi
   if grep -E "stack frame|spill" <<<"$info" | grep -vq "^ *0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"; then
-    echo "FAIL sm_${arch}: a gated delta kernel uses local memory:"
+    echo "FAIL sm_${arch}: a ${file}.cu kernel uses local memory:"
     grep -E "entry|stack frame" <<<"$info"
     status=1
   fi
-  regs="$(awk '/Compiling entry/ { backward = index($0, "GatedDeltaBackwardKernel") > 0 }
-               backward && /Used [0-9]+ registers/ { for (i = 1; i <= NF; i++) if ($i == "Used") print $(i + 1) }' \
-          <<<"$info" | sort -n | tail -1)"
+}
+
+# The most registers an entry of $info whose name contains $1 uses.
+max_registers() {
+  awk -v name="$1" '/Compiling entry/ { match_ = index($0, name) > 0 }
+                    match_ && /Used [0-9]+ registers/ { for (i = 1; i <= NF; i++) if ($i == "Used") print $(i + 1) }' \
+    <<<"$info" | sort -n | tail -1
+}
+
+# The Gated DeltaNet kernels (gated_delta.cu): no local memory, and the backward's registers fit its largest block
+# (512 threads of 64K registers).
+for arch in 80 90; do
+  compile_without_local_memory "$arch" gated_delta "forward, backward, sum over heads; f32, f64" 6
+  regs="$(max_registers GatedDeltaBackwardKernel)"
   if [[ -z "$regs" || $((regs * 512)) -gt 65536 ]]; then
     echo "FAIL sm_${arch}: the gated delta backward uses ${regs:-?} registers; 512 threads need <= 128"
     status=1
   else
-    echo "sm_${arch} gated delta: ${entries} kernels without local memory, backward ${regs} registers"
+    echo "sm_${arch} gated delta: no local memory, backward ${regs} registers"
+  fi
+done
+
+# The mixture-of-experts kernels (moe.cu): no local memory, and every kernel's registers fit its block (at most 256
+# threads).
+for arch in 80 90; do
+  compile_without_local_memory "$arch" moe "route, its backward, gather, scatter-add, row dots; f32, f64" 10
+  regs="$(max_registers Kernel)"
+  if [[ -z "$regs" || $((regs * 256)) -gt 65536 ]]; then
+    echo "FAIL sm_${arch}: a mixture-of-experts kernel uses ${regs:-?} registers; 256 threads need <= 256"
+    status=1
+  else
+    echo "sm_${arch} mixture of experts: no local memory, at most ${regs} registers"
   fi
 done
 exit "$status"

@@ -13,6 +13,7 @@ CUDA_SRCS = [
     "gemm.cu",
     "loss.cu",
     "mma.cuh",
+    "moe.cu",
     "optimizer.cu",
     "pointwise.cu",
     "runtime.cu",

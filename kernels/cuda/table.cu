@@ -51,6 +51,11 @@ static OpTable<T> MakeCudaTable() {
   t.gated_delta_forward = cuda::GatedDeltaForward<T>;
   t.gated_delta_backward = cuda::GatedDeltaBackward<T>;
   t.gated_delta_workspace_elems = cuda::GatedDeltaWorkspaceElems;
+  t.moe_route = cuda::MoeRoute<T>;
+  t.moe_route_backward = cuda::MoeRouteBackward<T>;
+  t.gather_rows = cuda::GatherRows<T>;
+  t.scatter_add_rows = cuda::ScatterAddRows<T>;
+  t.row_dots = cuda::RowDots<T>;
   t.adamw = cuda::AdamW<T>;
   t.lora_dropout = cuda::LoraDropout<T>;
   t.ssm_neg_exp = cuda::SsmNegExp<T>;
