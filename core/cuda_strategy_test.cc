@@ -233,9 +233,10 @@ TEST_F(CudaStrategyTest, TransformerF32StrategiesMatchFull) {
 
 // f64: the GPU's gradients equal the CPU's to near rounding, for full backprop and every strategy, on the presets
 // (tiny-qwen2 adds biases and a tied head, tiny-qwen3.5 Gated DeltaNet layers and gated attention with partial
-// RoPE); also page-level sparse attention (seco --sparse_pages, page masks).
+// RoPE, tiny-qwen3-moe and tiny-qwen3-next experts and a shared expert); also page-level sparse attention (seco
+// --sparse_pages, page masks).
 TEST_F(CudaStrategyTest, TransformerF64MatchesCpu) {
-  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5"}) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3-next"}) {
     Pair p = Transformers(preset, DType::kF64);
     ASSERT_TRUE(p.gpu && p.cpu);
     const std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
