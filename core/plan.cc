@@ -43,6 +43,7 @@ Sequence Synthetic(int64_t n, int64_t vocab, int64_t doc_len = 0) {
     s.ids[i] = static_cast<int32_t>(i % vocab);
     s.labels[i] = static_cast<int32_t>((i + 1) % vocab);
   }
+  s.last_token = static_cast<int32_t>(n % vocab);
   if (doc_len > 0) (void)SetDocumentsOfLength(s, doc_len, "plan");  // always valid for doc_len >= 1
   return s;
 }

@@ -274,6 +274,17 @@ def aux_reference(directory, batch, top_k, plain_loss):
                           "engine_positions_only": pooled(lambda n: slice(0, n - 1))}}
 
 
+def saved_reference(directory, batch):
+    """transformers' training loss and gradients of a saved model on the padded batch with its attention mask (the
+    load-balancing loss as its config.json says), and what loading it reported."""
+    _docs()._float64_transformers()
+    model, info = _load(directory)
+    ids, mask, labels, _ = _padded(batch)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return {"loss": float(out.loss), "grads": _grads(model), "loading_info": info}
+
+
 def references(root, batch):
     out = {}
     for seed, name in enumerate(MODELS):
@@ -403,8 +414,38 @@ def test_published_layout_trains_as_the_fused_one(name):
         assert apart <= SAME_LAYOUT and worst <= TOLERANCE, (name, strategy, apart, worst)
 
 
+def test_trained_published_layout_loads_into_transformers(name):
+    """//cli:train (seco, with the load-balancing loss) on published/, saved: the experts one by one under the
+    published names, which transformers loads with nothing missing or unexpected, and its loss and gradients of the
+    saved model are the engine's."""
+    import numpy as np
+    import pytest
+
+    train = _ref().train_path()
+    if train is None:
+        pytest.fail("//cli:train not found (pass --train=PATH)")
+    source, batch = model_dir(name, "published"), models()["batch"]
+    saved = os.path.join(models()["root"], name, "saved")
+    _ref().run([train, f"--model={source}", f"--data={batch}", "--steps=2", "--seq_len=64", "--overlong=truncate",
+                "--dtype=f64", "--strategy=seco", "--chunk=12", "--page_size=16", "--lr=0.01", f"--save={saved}"])
+    before, _, _ = _ref().read_safetensors(os.path.join(source, "model.safetensors"))
+    after, _, _ = _ref().read_safetensors(os.path.join(saved, "model.safetensors"))
+    assert sorted(after) == sorted(before), sorted(set(after) ^ set(before))
+    assert any(not np.array_equal(after[n], before[n]) for n in before if ".experts." in n), "experts unchanged"
+    want = _ref().venv_json(__file__, "saved", saved, batch)
+    assert not any(want["loading_info"].values()), want["loading_info"]
+    loss, grads, _ = _ref().grad_dump(saved, batch, os.path.join(saved, "grads.safetensors"), "full", 16, lm_chunk=7,
+                                      chunk=512)
+    worst = _docs()._worst((loss, grads), want)
+    print(f"{name} trained and saved: loss {loss:.17g} (transformers {want['loss']:.17g}), worst rel {worst:.2e}")
+    assert worst <= TOLERANCE, (name, worst)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["make"]:
         print(json.dumps(references(*sys.argv[2:])))
+        sys.exit(0)
+    if sys.argv[1:2] == ["saved"]:
+        print(json.dumps(saved_reference(*sys.argv[2:])))
         sys.exit(0)
     _ref().main(__file__)

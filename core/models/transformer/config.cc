@@ -563,7 +563,7 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
                               {"num_attention_heads", config.num_heads},
                               {"num_key_value_heads", config.num_kv_heads},
                               {"head_dim", config.head_dim},
-                              {"intermediate_size", config.intermediate_size},
+
                               {"max_position_embeddings", config.max_position_embeddings},
                               {"linear_conv_kernel_dim", config.linear.conv_kernel},
                               {"linear_key_head_dim", config.linear.key_head_dim},
@@ -571,6 +571,7 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
                               {"linear_num_key_heads", config.linear.key_heads},
                               {"linear_num_value_heads", config.linear.value_heads}})
     out[field] = value;
+  if (config.intermediate_size > 0) out["intermediate_size"] = config.intermediate_size;  // none: experts only
   out["rms_norm_eps"] = config.rms_norm_eps;
   out["attention_bias"] = config.attention_bias;
   out["tie_word_embeddings"] = config.tie_word_embeddings;

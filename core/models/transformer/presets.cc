@@ -62,10 +62,25 @@ void WithExperts(TransformerConfig& c, std::vector<bool> moe, int64_t experts, i
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
-  return {"tiny",           "tiny-qwen2",        "tiny-qwen3.5",      "tiny-qwen3-moe",   "tiny-qwen3-next",
-          "demo",           "bench-cpu",         "bench-cpu-qwen3.5", "llama-1b-shape",   "qwen2.5-7b-shape",
-          "qwen3-8b-shape", "qwen3.5-9b-shape",  "qwen3.5-27b-shape", "qwen3-30b-a3b-shape",
-          "qwen3.5-35b-a3b-shape", "mixtral-8x7b-shape", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-32b"};
+  return {"tiny",
+          "tiny-qwen2",
+          "tiny-qwen3.5",
+          "tiny-qwen3-moe",
+          "tiny-qwen3-next",
+          "demo",
+          "bench-cpu",
+          "bench-cpu-qwen3.5",
+          "llama-1b-shape",
+          "qwen2.5-7b-shape",
+          "qwen3-8b-shape",
+          "qwen3.5-9b-shape",
+          "qwen3.5-27b-shape",
+          "qwen3-30b-a3b-shape",
+          "qwen3.5-35b-a3b-shape",
+          "mixtral-8x7b-shape",
+          "llama-3.1-8b",
+          "qwen2.5-7b",
+          "qwen2.5-32b"};
 }
 
 absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
