@@ -563,7 +563,6 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
                               {"num_attention_heads", config.num_heads},
                               {"num_key_value_heads", config.num_kv_heads},
                               {"head_dim", config.head_dim},
-
                               {"max_position_embeddings", config.max_position_embeddings},
                               {"linear_conv_kernel_dim", config.linear.conv_kernel},
                               {"linear_key_head_dim", config.linear.key_head_dim},
