@@ -205,9 +205,12 @@ for s in seco streambp; do
   check "gradcheck_$s" 30 "$bin/gradcheck" --device=cuda --model=tiny --dtype=f64 --strategy=$s --chunk=48 \
     --page_size=16 --seq_len=256 --json="$out/gradcheck_$s.json"
 done
-# The Qwen3.5 hybrid: Gated DeltaNet's kernels and gated attention on the GPU, against full backprop there.
+# The Qwen3.5 hybrid (Gated DeltaNet's kernels, gated attention) and a Qwen3-Next with experts (the router's
+# kernels, experts grouped by expert) on the GPU, against full backprop there.
 check gradcheck_qwen3.5_seco 30 "$bin/gradcheck" --device=cuda --model=tiny-qwen3.5 --dtype=f64 --strategy=seco \
   --chunk=48 --page_size=16 --seq_len=256 --json="$out/gradcheck_qwen3.5_seco.json"
+check gradcheck_qwen3_next_seco 30 "$bin/gradcheck" --device=cuda --model=tiny-qwen3-next --dtype=f64 \
+  --strategy=seco --chunk=48 --page_size=16 --seq_len=256 --json="$out/gradcheck_qwen3_next_seco.json"
 
 # bench --compare_torch needs a python3 with torch (CUDA) and transformers.
 torch_ok="$("$python" -c 'import torch, transformers; print(int(torch.cuda.is_available()))' 2>/dev/null || true)"

@@ -39,7 +39,7 @@ assert sum(st["budget_s"] for st in s["stages"]) <= 430, s["stages"]
 want = {
     "correctness": {"nvidia_smi": "skipped", "libraries": "pass", "ops_test": "pass", "cuda_strategy_test": "pass",
                     "bf16_strategy_test": "pass", "gradcheck_seco": "pass", "gradcheck_streambp": "pass",
-                    "gradcheck_qwen3.5_seco": "pass"},
+                    "gradcheck_qwen3.5_seco": "pass", "gradcheck_qwen3_next_seco": "pass"},
     "speed": {"bench_speed_64": "pass", "bench_speed_128": "pass", "torch_reference": "skipped"},
     "memory": {"plan_64": "pass", "bench_offload_64": "pass", "plan_128": "pass", "bench_offload_128": "pass"},
     "extras": {"memcheck": "skipped", "racecheck": "skipped", "kernel_profile": "skipped"},
@@ -55,7 +55,7 @@ for name, checks in want.items():
 for t in ("ops_test", "cuda_strategy_test", "bf16_strategy_test"):
     g = json.load(open(os.path.join(out, t + ".gtest.json")))
     assert g["tests"] >= 1 and g["failures"] == 0, (t, g["tests"], g["failures"])
-for name, s_ in (("seco", "seco"), ("streambp", "streambp"), ("qwen3.5_seco", "seco")):
+for name, s_ in (("seco", "seco"), ("streambp", "streambp"), ("qwen3.5_seco", "seco"), ("qwen3_next_seco", "seco")):
     r = json.load(open(os.path.join(out, f"gradcheck_{name}.json")))
     assert r["strategy"] == s_ and r["dtype"] == "f64" and r["max_rel_err"] <= 1e-10, r
 speed = [r for r in s["speed"] if "engine" in r]
@@ -136,7 +136,7 @@ import json, sys
 s = json.load(open(sys.argv[1] + "/summary.json"))
 ran = {c["check"]: c for st in s["stages"] for c in st["checks"] if c["status"] != "skipped"}
 for name in ("ops_test", "cuda_strategy_test", "bf16_strategy_test", "gradcheck_seco", "gradcheck_streambp",
-             "gradcheck_qwen3.5_seco", "bench_speed_64", "bench_speed_128", "plan_64", "plan_128", "bench_offload_64", "bench_offload_128"):
+             "gradcheck_qwen3.5_seco", "gradcheck_qwen3_next_seco", "bench_speed_64", "bench_speed_128", "plan_64", "plan_128", "bench_offload_64", "bench_offload_128"):
     assert ran[name]["status"] == "fail" and ran[name]["rc"] == 3 and ran[name]["reason"] == "broken", ran.get(name)
 assert [st["status"] for st in s["stages"]] == ["fail", "fail", "fail", "skipped"], s["stages"]
 assert [r for r in s["speed"] if "engine" in r] == [] and s["memory"]["rows"] == [], (s["speed"], s["memory"])
