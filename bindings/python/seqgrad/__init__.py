@@ -1,4 +1,4 @@
-"""seqgrad: train Llama/Qwen2 transformers and Mamba-1 SSMs on long sequences with exact gradient strategies.
+"""seqgrad: train Llama / Qwen transformers (Qwen3.5 and MoE too) and Mamba-1 SSMs on long sequences, exactly.
 
     import seqgrad
     with seqgrad.Model.from_preset("tiny") as model, seqgrad.Trainer(model, strategy="seco", chunk=64) as tr:
