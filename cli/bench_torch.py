@@ -1,4 +1,4 @@
-"""PyTorch references for //cli:bench: the same Llama/Qwen2/Qwen3 model (or Qwen3.5 / Qwen3-Next hybrid), timed the same way.
+"""PyTorch references for //cli:bench: the same Llama/Qwen2/Qwen3/Qwen3.5/Qwen3-Next model, timed the same way.
 
 bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
 sequences to a directory and runs this script with --python (default /usr/bin/python3; a PyTorch 2.x venv from
@@ -162,7 +162,7 @@ class Llama:
         if pre + "self_attn.q_norm.weight" in p:  # Qwen3: RMSNorm over each head before RoPE
             q = self.rms_norm(q, p[pre + "self_attn.q_norm.weight"])
             k = self.rms_norm(k, p[pre + "self_attn.k_norm.weight"])
-        q = q.transpose(0, 1)   # [H, T, hd]
+        q = q.transpose(0, 1)  # [H, T, hd]
         k = k.transpose(0, 1)  # [KV, T, hd]
         v = v.view(T, self.KV, self.hd).transpose(0, 1)
         q = self.rope(q, cos, sin)
