@@ -51,6 +51,7 @@
 #include "core/data.h"
 #include "core/model_io.h"
 #include "core/models/family.h"
+#include "core/models/footprint.h"
 #include "core/trainer.h"
 #include "distributed/mpi_plugin.h"
 #include "distributed/tensor_parallel.h"
@@ -73,7 +74,8 @@ ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
 ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
 ABSL_FLAG(bool, compare_torch, false,
           "also time the same model in PyTorch (cli/bench_torch.py: plain torch ops, and Hugging Face "
-          "transformers' model class with SDPA where --python has transformers)");
+          "transformers' model class with SDPA where --python has transformers; the Qwen3.5 / Qwen3-Next hybrids "
+          "in transformers only)");
 ABSL_FLAG(std::string, torch_strategies, "",
           "--compare_torch: the PyTorch strategies (full, ckpt); default: those of --strategies");
 ABSL_FLAG(int64_t, memory_budget, 0,
@@ -92,6 +94,11 @@ ABSL_FLAG(int32_t, tp, 1,
           "tensor parallel: run under `mpirun -np N` with --tp=N; per strategy and length, the step time of the model "
           "split over the N ranks against rank 0 alone running the whole model with N times its threads (the same "
           "cores), and the bytes each rank all-reduces per step (docs/distributed.md)");
+ABSL_FLAG(std::string, config_overrides, "",
+          "a JSON object merged into the --model preset's config.json (a JSON merge patch: null drops a field); the "
+          "weights are random from --seed. A variant of a preset without a preset of its own, e.g. one Gated "
+          "DeltaNet layer: --model=bench-cpu-qwen3.5 --config_overrides='{\"num_hidden_layers\": 1, "
+          "\"layer_types\": [\"linear_attention\"], \"vocab_size\": 32}'");
 ABSL_FLAG(bool, census, false,
           "print the roofline census of one training step per strategy and length instead of timing (counted on "
           "the meta device: FLOPs, bytes and time at H100 limits per kernel family, the MFU upper bound)");
@@ -220,6 +227,34 @@ ModelFacts Describe(Model& model) {
     return 6.0 * (matmul - head) * T + 6.0 * head * head_tokens + 3.0 * spec->MixingForwardFlops(T);
   };
   return f;
+}
+
+// --model, with --config_overrides merged into its preset's config.json (random weights from the seed), refused
+// before anything is allocated when the patch is no JSON object, the result no valid config or too large for the
+// host.
+absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed, Device device) {
+  const std::string overrides = absl::GetFlag(FLAGS_config_overrides);
+  if (overrides.empty()) return LoadAnyModel(tools::ModelSpec(), dtype, seed, device);
+  const std::string name = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::unique_ptr<ModelSpec>> preset = PresetSpec(name);
+  if (!preset.ok())
+    return absl::InvalidArgumentError(absl::StrCat("varies a preset (random weights); --model=", name, " is not one"));
+  const json patch = json::parse(overrides, nullptr, /*allow_exceptions=*/false);
+  if (patch.is_discarded() || !patch.is_object())
+    return absl::InvalidArgumentError(absl::StrCat("must be a JSON object, got '", overrides, "'"));
+  json config = json::parse((*preset)->HFConfigJson());
+  config.merge_patch(patch);
+  const std::string source = absl::StrCat(name, "'s config.json merged with them");
+  absl::StatusOr<std::unique_ptr<ModelSpec>> spec = ParseConfigSpec(config.dump(), source);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ModelFootprint> footprint = (*spec)->Footprint(dtype);
+  if (!footprint.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", footprint.status().message()));
+  if (device == Device::kCPU)
+    if (absl::Status s = CheckFootprintFits(*footprint, HostAvailableBytes(), source); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Model>> model = (*spec)->Create(dtype, device, {});
+  if (!model.ok()) return model.status();
+  (*spec)->InitRandom(**model, seed);
+  return model;
 }
 
 // --- sequences --------------------------------------------------------------------------------------------------
@@ -397,6 +432,16 @@ Sequence AsDocuments(Sequence s, int64_t doc_len) {
 // What bench_torch.py runs: full or ckpt, on the sequence or (:docs) on its documents one by one.
 bool IsTorchStrategy(const std::string& s) {
   return s == "full" || s == "ckpt" || s == "full:docs" || s == "ckpt:docs";
+}
+
+// The PyTorch strategy a seqgrad strategy is compared with: the same one, or for the exact chunked strategies (whose
+// gradient is full backprop's) PyTorch's full on the same tokens; "" for none (forward runs as seco but computes
+// no gradient).
+std::string TorchCounterpart(const std::string& name, const StrategyOptions& so) {
+  if (IsTorchStrategy(name)) return name;
+  const bool exact = name != kForwardOnly && ((so.name == "seco" && so.sparse_pages == 0) || so.name == "streambp");
+  if (!exact) return "";
+  return OnDocuments(name) ? "full:docs" : "full";
 }
 
 // --- memory budget search ---------------------------------------------------------------------------------------
@@ -806,6 +851,8 @@ int TensorParallelBench(dist::Communicator& world, int tp, Model& whole, const S
 
 int Main() {
   // --census: before --device is checked, so that `--device=cuda --census` counts on any machine.
+  if (absl::GetFlag(FLAGS_census) && !absl::GetFlag(FLAGS_config_overrides).empty())
+    Fail("--census", "counts a preset or a model directory as it is: drop --config_overrides");
   if (absl::GetFlag(FLAGS_census))
     return tools::CensusMain(absl::GetFlag(FLAGS_strategies), absl::GetFlag(FLAGS_seq_lens), absl::GetFlag(FLAGS_json));
 
@@ -847,8 +894,8 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool compare_torch = absl::GetFlag(FLAGS_compare_torch);
 
-  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device);
-  tools::ExitIfError(loaded.status(), "--model");
+  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadBenchModel(*dtype, seed, device);
+  tools::ExitIfError(loaded.status(), absl::GetFlag(FLAGS_config_overrides).empty() ? "--model" : "--config_overrides");
   Model& model = **loaded;
   const ModelFacts facts = Describe(model);
   if (compare_torch && model.family() != "transformer")
@@ -1036,19 +1083,24 @@ int Main() {
     for (const auto& [engine, why] : skipped_engines.items())
       std::printf("  %-6s skipped: %s\n", engine.c_str(), why.get<std::string>().c_str());
     std::printf(
-        "\nseqgrad / PyTorch tokens/s (and the same by CPU seconds per step, steadier on a shared machine):\n"
-        "%-8s %-6s %7s %12s %12s %8s %10s %12s\n",
+        "\nseqgrad / PyTorch tokens/s (and the same by CPU seconds per step, steadier on a shared machine); seco and "
+        "streambp against PyTorch's full:\n"
+        "%-8s %-10s %7s %12s %12s %8s %10s %12s\n",
         "strategy", "vs", "T", "seqgrad tok/s", "torch tok/s", "ratio", "cpu ratio", "loss rel.diff");
     for (const json& a : rows) {
       if (a["engine"] != "seqgrad") continue;
+      const std::string strategy = a["strategy"].get<std::string>();
+      const std::string counterpart =
+          TorchCounterpart(strategy, OptionsFor(base, strategy, a["seq_len"].get<int64_t>(), spaco_fraction));
       for (const json& b : rows) {
-        if (b["engine"] == "seqgrad" || b["strategy"] != a["strategy"] || b["seq_len"] != a["seq_len"]) continue;
+        if (b["engine"] == "seqgrad" || b["strategy"] != counterpart || b["seq_len"] != a["seq_len"]) continue;
         const double ra = a["tokens_per_s"].get<double>(), rb = b["tokens_per_s"].get<double>();
         const double la = a["loss"].get<double>(), lb = b["loss"].get<double>();
         const double diff = std::fabs(la - lb) / std::max(1e-12, std::fabs(lb));
         json r;
         r["strategy"] = a["strategy"];
         r["versus"] = b["engine"];
+        r["torch_strategy"] = counterpart;
         r["seq_len"] = a["seq_len"];
         r["seqgrad_tokens_per_s"] = ra;
         r["torch_tokens_per_s"] = rb;
@@ -1060,9 +1112,9 @@ int Main() {
         ratios.push_back(r);
         const std::string cpu_ratio =
             cpu_known ? absl::StrFormat("%.2fx", r["seqgrad_over_torch_by_cpu_time"].get<double>()) : "-";
-        std::printf("%-8s %-6s %7lld %12.0f %12.0f %7.2fx %10s %12.2e\n", a["strategy"].get<std::string>().c_str(),
-                    b["engine"].get<std::string>().c_str(), static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb,
-                    ra / rb, cpu_ratio.c_str(), diff);
+        const std::string versus = b["engine"].get<std::string>() + (counterpart == strategy ? "" : " " + counterpart);
+        std::printf("%-8s %-10s %7lld %12.0f %12.0f %7.2fx %10s %12.2e\n", strategy.c_str(), versus.c_str(),
+                    static_cast<long long>(a["seq_len"].get<int64_t>()), ra, rb, ra / rb, cpu_ratio.c_str(), diff);
       }
     }
   }
@@ -1090,6 +1142,8 @@ int Main() {
     }
     json config;
     config["model"] = absl::GetFlag(FLAGS_model);
+    config["config_overrides"] = absl::GetFlag(FLAGS_config_overrides);
+    config["description"] = facts.description;
     for (const auto& [k, v] : facts.config.items()) config[k] = v;
     config["dtype"] = DTypeName(*dtype);
     config["device"] = DeviceName(device);

@@ -145,3 +145,53 @@ if "$bench" --model=tiny --strategies=seco --torch_strategies=fast --seq_lens=64
   exit 1
 fi
 grep -q -- "--torch_strategies: 'fast'" "$out5.err" || { cat "$out5.err" >&2; exit 1; }
+
+# Qwen3 (tiny varied by --config_overrides) in f64: the plain-ops engine applies Qwen3's per-head q/k norms, so its
+# loss equals seqgrad's; seco is compared with PyTorch's full (the same gradient), forward with nothing.
+out6="${TEST_TMPDIR:-$(mktemp -d)}/qwen3.json"
+"$bench" --model=tiny --config_overrides='{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}' \
+  --dtype=f64 --strategies=full,seco,forward --chunk=32 --seq_lens=64 --repeats=1 --warmup=0 --compare_torch \
+  --json="$out6"
+/usr/bin/python3 - "$out6" <<'PY'
+import json, sys
+
+d = json.load(open(sys.argv[1]))
+assert d["config"]["architecture"] == "qwen3" and d["config"]["model"] == "tiny", d["config"]
+ratios = {(r["strategy"], r["versus"]): r for r in d["ratios"]}
+assert set(ratios) == {("full", "torch"), ("seco", "torch")}, ratios.keys()
+assert ratios[("seco", "torch")]["torch_strategy"] == "full", ratios
+for r in ratios.values():
+    assert r["loss_rel_diff"] < 1e-10, r
+print("qwen3 bench OK")
+PY
+
+# A hybrid, one Gated DeltaNet layer (tiny-qwen3.5 varied by --config_overrides): the plain-ops engine is skipped,
+# saying why, and the run goes on (transformers, the hybrids' reference, is not in /usr/bin/python3).
+out7="${TEST_TMPDIR:-$(mktemp -d)}/hybrid.json"
+"$bench" --model=tiny-qwen3.5 --config_overrides='{"num_hidden_layers": 1, "layer_types": ["linear_attention"],
+  "vocab_size": 16}' --strategies=full --seq_lens=64 --repeats=1 --warmup=0 --compare_torch --json="$out7"
+/usr/bin/python3 - "$out7" <<'PY'
+import json, sys
+
+d = json.load(open(sys.argv[1]))
+c = d["config"]
+assert c["num_layers"] == 1 and c["vocab_size"] == 16 and "1 Gated DeltaNet" in c["description"], c
+assert "Gated DeltaNet" in d["torch"]["skipped_engines"]["torch"], d["torch"]
+assert "torch" not in d["torch"]["labels"] and all(r["engine"] != "torch" for r in d["rows"]), d["rows"]
+print("hybrid bench OK")
+PY
+
+# Bad --config_overrides: named before any work.
+expect_error() {  # expect_error <message> <bench flags...>
+  local want="$1"; shift
+  if "$bench" --strategies=full --seq_lens=64 "$@" 2>"$out7.err"; then echo "accepted: $*" >&2; exit 1; fi
+  grep -qF -- "$want" "$out7.err" || { echo "want '$want' for $*:" >&2; cat "$out7.err" >&2; exit 1; }
+}
+expect_error "--config_overrides: must be a JSON object, got '[1]'" --model=tiny --config_overrides='[1]'
+expect_error "--config_overrides: tiny's config.json merged with them: field 'num_hidden_layers' must be positive" \
+  --model=tiny --config_overrides='{"num_hidden_layers": 0}'
+expect_error "--config_overrides: varies a preset (random weights); --model=$out7.err is not one" \
+  --model="$out7.err" --config_overrides='{}'
+expect_error "--census: counts a preset or a model directory as it is: drop --config_overrides" --census \
+  --model=tiny --config_overrides='{}'
+echo "config_overrides errors OK"

@@ -1,13 +1,16 @@
-"""PyTorch references for //cli:bench: the same Llama/Qwen2 model, timed the same way.
+"""PyTorch references for //cli:bench: the same Llama/Qwen2/Qwen3/Qwen3.5/Qwen3-Next model, timed the same way.
 
 bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
 sequences to a directory and runs this script with --python (default /usr/bin/python3; a PyTorch 2.x venv from
 PyPI is what users have). Two engines, each timed best-of-N of one gradient computation (zero grads, forward,
 loss.backward()) after warm-up:
   torch: the model in plain torch ops (F.scaled_dot_product_attention where torch has it)
-         full: plain autograd; ckpt: torch.utils.checkpoint around each decoder layer
+         full: plain autograd; ckpt: torch.utils.checkpoint around each decoder layer. Llama, Qwen2 and Qwen3
+         only: skipped, with the reason in "skipped_engines", for the hybrids (their Gated DeltaNet layers)
   hf:    Hugging Face transformers' own model class (AutoModelForCausalLM, attn_implementation="sdpa"), when
-         transformers is importable; full: plain autograd; ckpt: model.gradient_checkpointing_enable()
+         transformers is importable; full: plain autograd; ckpt: model.gradient_checkpointing_enable(). For the
+         hybrids (qwen3_5_text, qwen3_next) transformers runs its torch delta rule and convolution unless the
+         flash-linear-attention and causal-conv1d packages are installed (the label says which ran)
 Both take the same loss (sum of token cross-entropies over the valid labels / their count, on the logits) so the
 losses compare with seqgrad's. --dtype=bf16 runs both in fp32 weights under torch.autocast("cpu", bfloat16), the
 bf16 mixed precision PyTorch users train with on CPUs. Rows carry "label" (engine and versions). Prints one JSON
@@ -99,8 +102,13 @@ def rope_inv_freq(cfg):
     return torch.tensor(inv, dtype=torch.float64)
 
 
+# Hybrids: Gated DeltaNet layers, which the plain-ops engine does not implement.
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
+
+
 class Llama:
-    """Llama / Qwen2 decoder (GQA, RoPE, RMSNorm, SwiGLU) over a single sequence [T]."""
+    """Llama / Qwen2 / Qwen3 decoder (GQA, RoPE, RMSNorm, SwiGLU; Qwen3's per-head q/k RMSNorm) over a single
+    sequence [T]."""
 
     def __init__(self, cfg, tensors, dtype):
         self.cfg = cfg
@@ -149,8 +157,13 @@ class Llama:
         q = F.linear(xn, p[pre + "self_attn.q_proj.weight"], p.get(pre + "self_attn.q_proj.bias"))
         k = F.linear(xn, p[pre + "self_attn.k_proj.weight"], p.get(pre + "self_attn.k_proj.bias"))
         v = F.linear(xn, p[pre + "self_attn.v_proj.weight"], p.get(pre + "self_attn.v_proj.bias"))
-        q = q.view(T, self.H, self.hd).transpose(0, 1)   # [H, T, hd]
-        k = k.view(T, self.KV, self.hd).transpose(0, 1)  # [KV, T, hd]
+        q = q.view(T, self.H, self.hd)
+        k = k.view(T, self.KV, self.hd)
+        if pre + "self_attn.q_norm.weight" in p:  # Qwen3: RMSNorm over each head before RoPE
+            q = self.rms_norm(q, p[pre + "self_attn.q_norm.weight"])
+            k = self.rms_norm(k, p[pre + "self_attn.k_norm.weight"])
+        q = q.transpose(0, 1)  # [H, T, hd]
+        k = k.transpose(0, 1)  # [KV, T, hd]
         v = v.view(T, self.KV, self.hd).transpose(0, 1)
         q = self.rope(q, cos, sin)
         k = self.rope(k, cos, sin)
@@ -264,6 +277,16 @@ class HFModel:
         return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum") / valid
 
 
+def delta_rule_kernels(cfg):
+    """For a hybrid's label: whether transformers finds the packages of compiled Gated DeltaNet kernels (it uses them
+    when importable; hub kernels only on request, which this script does not make) or runs its torch code."""
+    if cfg.get("model_type") not in HYBRID_MODEL_TYPES:
+        return ""
+    import importlib.util
+    found = [m for m in ("fla", "causal_conv1d") if importlib.util.find_spec(m) is not None]
+    return f", delta rule: {'+'.join(found)} installed" if found else ", torch delta rule and conv1d"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model_dir", required=True)
@@ -304,7 +327,11 @@ def main():
     precision = "bf16 autocast" if autocast else args.dtype
     attention = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "baddbmm+softmax+bmm"
     models, labels_by_engine, skipped = {}, {}, {}
-    if "torch" in engines:
+    if "torch" in engines and cfg.get("model_type") in HYBRID_MODEL_TYPES:
+        skipped["torch"] = (f"the plain-ops engine has no Gated DeltaNet ({cfg['model_type']}): "
+                            "transformers' model class (hf) is the reference for the hybrids")
+        log(f"bench_torch.py: skipping torch: {skipped['torch']}")
+    elif "torch" in engines:
         models["torch"] = Llama(cfg, read_safetensors(f"{args.model_dir}/model.safetensors"), dtype)
         labels_by_engine["torch"] = f"torch {torch.__version__} plain ops ({attention}, {precision})"
     transformers_version = None
@@ -314,7 +341,7 @@ def main():
             transformers_version = transformers.__version__
             models["hf"] = HFModel(args.model_dir, dtype)
             labels_by_engine["hf"] = (f"transformers {transformers.__version__} {cfg.get('architectures', ['?'])[0]} "
-                                      f"(torch {torch.__version__}, sdpa, {precision})")
+                                      f"(torch {torch.__version__}, sdpa{delta_rule_kernels(cfg)}, {precision})")
         except ImportError as e:
             skipped["hf"] = f"transformers is not importable by {sys.executable}: {e}"
             log(f"bench_torch.py: skipping hf: {skipped['hf']}")
