@@ -141,9 +141,16 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     std::vector<std::string> differ;
     if (m.rank != options->rank) differ.push_back(absl::StrCat("r ", options->rank, " vs ", m.rank));
     if (m.alpha != options->alpha) differ.push_back(absl::StrCat("lora_alpha ", options->alpha, " vs ", m.alpha));
-    if (std::set<std::string>(m.targets.begin(), m.targets.end()) !=
-        std::set<std::string>(options->targets.begin(), options->targets.end()))
-      differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(options->targets, ", "), "] vs [",
+    // The model's LoRA lists the targets it has; the file's ("all-linear" among them) may name others.
+    std::set<std::string> file_targets;
+    for (const std::string& t : options->targets)
+      for (const Param& p : model.params())
+        if (absl::EndsWith(p.name, "." + t + ".weight") || LoraParameterTarget(p.name) == t) {
+          file_targets.insert(t);
+          break;
+        }
+    if (std::set<std::string>(m.targets.begin(), m.targets.end()) != file_targets)
+      differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(file_targets, ", "), "] vs [",
                                     absl::StrJoin(m.targets, ", "), "]"));
     if (!differ.empty())
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": the adapter differs from the model's LoRA (",
