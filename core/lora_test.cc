@@ -678,6 +678,11 @@ TEST(LoraExpertsTest, BadOptions) {
       << s;
   s = EnableLora(*model, ExpertOptions({"experts.up_proj"}));
   EXPECT_NE(s.message().find("'experts.up_proj' is not a linear module or expert weight"), std::string::npos) << s;
+  // PEFT would retarget these to the fused experts (qwen3_moe, qwen3_next): refused, naming the alternative.
+  s = EnableLora(*model, ExpertOptions({"q_proj", "down_proj"}));
+  EXPECT_NE(s.message().find("--lora_targets: 'down_proj' on a qwen3_moe model: PEFT 0.21 retargets"),
+            std::string::npos)
+      << s;
   s = EnableLora(*Base("tiny"), ExpertOptions({"experts.down_proj"}));
   EXPECT_NE(s.message().find("no module of this model is named experts.down_proj"), std::string::npos) << s;
   EXPECT_EQ(model->lora(), nullptr);

@@ -1,8 +1,8 @@
 """LoRA on mixture-of-experts models against PEFT 0.21 and transformers 5.23, both ways, in float64.
 
 moe_hf_test's tiny qwen3_moe (layer 1 dense), mixtral and qwen3_next (a shared expert, layer 2 dense), made by its
-helpers (model/: the fused expert layout, no aux loss). PEFT adapts attention's q_proj and v_proj (qwen3_next: also
-every down_proj module, the shared expert's and the dense layer's) with target_modules, and the fused expert weights
+helpers (model/: the fused expert layout, no aux loss). PEFT adapts attention's q_proj and v_proj with
+target_modules, and the fused expert weights
 with target_parameters ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] (lora.ParamWrapper: for a parameter
 [E, out, in], lora_A [E r, in] and lora_B [out, r E], expert e's delta (alpha / r) B[:, k E + e] A[e r + k] summed
 over k; the two wrappers of one module nest, gate_up_proj's innermost, its tensors named
@@ -15,7 +15,9 @@ on moe_hf_test's batch are the reference.
     keys and gives the engine's loss and adapter gradients to 1e-10. The merged export (--merged_out) loads into
     transformers with nothing missing or unexpected; transformers' loss and gradients on it match the engine's on it
     to 1e-10, and PEFT's merge_and_unload() equals it to 1e-12.
-  * PEFT's "all-linear" on these models also adapts the router (target_parameters "gate.weight"): refused by name.
+  * PEFT 0.21 rewrites transformers 4's expert module targets (gate_proj/up_proj/down_proj, Mixtral's w1/w3/w2) as
+    target_parameters, gate_up_proj at twice the rank and alpha (rank_pattern), and "all-linear" adds the routers
+    (target_parameters "gate.weight"): recorded here; such an adapter is refused by name.
 
 Two halves, as lora_hybrid_peft_test's:
   * the venv half (tests/e2e/pip_venv.sh: torch, transformers, peft):
@@ -35,8 +37,7 @@ MERGE_AGREEMENT = 1e-12
 RANK = 2
 ALPHA = 5  # scale 5 / 2
 MODELS = ["qwen3_moe", "mixtral", "qwen3_next"]
-MODULES = {"qwen3_moe": ["q_proj", "v_proj"], "mixtral": ["q_proj", "v_proj"],
-           "qwen3_next": ["q_proj", "v_proj", "down_proj"]}
+MODULES = ["q_proj", "v_proj"]
 PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 ENGINE_PARAMETERS = ["experts.down_proj", "experts.gate_up_proj"]  # as the engine writes them, sorted
 RUNS = [("full", 512, 16), ("seco", 10, 3), ("seco", 16, 16), ("streambp", 7, 16)]
@@ -56,11 +57,18 @@ def _base(directory):
     return moe._load(directory)
 
 
-def _loss_and_grads(model, batch):
+def _transformers_loss_and_grads(model, batch):
+    """The loss and gradients of the batch; qwen3_next's chunked delta rule checked against its recurrent one."""
     moe._hybrid().DELTA_RULE.update(calls=0, worst=0.0, longest=0)
     out = moe._docs().loss_and_grads(model, batch)
     rule = moe._hybrid().DELTA_RULE
     assert rule["worst"] <= moe._hybrid().DELTA_RULE_AGREEMENT, rule
+    return out
+
+
+def _loss_and_grads(model, batch):
+    """The PeftModel's loss and adapter gradients (engine names)."""
+    out = _transformers_loss_and_grads(model, batch)
     out["grads"] = {_engine_name(n): g for n, g in out["grads"].items()}
     return out
 
@@ -73,7 +81,7 @@ def write(root, batch):
     for seed, name in enumerate(MODELS):
         dirs = moe.make(root, name, seed)
         model, _ = _base(dirs["model"])
-        config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=MODULES[name],
+        config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=MODULES,
                                  target_parameters=PARAMETERS, task_type="CAUSAL_LM", init_lora_weights=False)
         torch.manual_seed(200 + seed)
         model = peft.get_peft_model(model, config).to(torch.float64)
@@ -92,9 +100,39 @@ def write(root, batch):
         rule = torch.stack([sum(torch.outer(b[:, k * E + e], a[e * RANK + k]) for k in range(RANK))
                             for e in range(E)]) * ALPHA / RANK
         out[name]["delta_rule"] = float((inner.get_delta_weight("default") - rule).abs().max())
-        # "all-linear" adds the routers as target_parameters.
+        # "all-linear" (and transformers 4's expert module names) become target_parameters, the routers among them.
         all_linear = peft.get_peft_model(_base(dirs["model"])[0], peft.LoraConfig(r=RANK, target_modules="all-linear"))
         all_linear.save_pretrained(os.path.join(root, name, "all_linear_adapter"))
+        v4 = ["w1", "w3", "w2"] if name == "mixtral" else ["gate_proj", "up_proj", "down_proj"]
+        converted = peft.get_peft_model(_base(dirs["model"])[0],
+                                        peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["q_proj"] + v4))
+        c = converted.peft_config["default"]
+        out[name]["v4_targets"] = {"target_modules": sorted(c.target_modules),
+                                   "target_parameters": sorted(c.target_parameters),
+                                   "rank_pattern": c.rank_pattern, "alpha_pattern": c.alpha_pattern,
+                                   "all_linear_parameters": sorted(all_linear.peft_config["default"].target_parameters)}
+    return out
+
+
+def _per_expert(name, tensors):
+    """Fused expert tensors in the published per-expert layout, which the engine's export (as transformers'
+    save_pretrained of a published checkpoint) writes: moe_hf_test's test_transformers_saves_the_published_..."""
+    gate, up, down = ("w1", "w3", "w2") if name == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    out = {}
+    for n, t in tensors.items():
+        t = t.detach()
+        head, sep, tail = n.partition(".mlp.")
+        if not sep or tail not in ("gate.weight", "experts.gate_up_proj", "experts.down_proj"):
+            out[n] = t
+            continue
+        prefix = moe._published_prefix(name, int(head.rsplit(".", 1)[1]))
+        if tail == "gate.weight":
+            out[prefix + tail] = t
+        for e in range(t.shape[0] if tail != "gate.weight" else 0):
+            if tail == "experts.down_proj":
+                out[f"{prefix}experts.{e}.{down}.weight"] = t[e]
+            else:
+                out[f"{prefix}experts.{e}.{gate}.weight"], out[f"{prefix}experts.{e}.{up}.weight"] = t[e].chunk(2)
     return out
 
 
@@ -109,9 +147,10 @@ def load(model_dir, adapter_dir, merged_dir, batch):
     out["adapter_loading"] = {"unexpected": sorted(result.unexpected_keys),
                               "missing": sorted(k for k in result.missing_keys if "lora_" in k)}
     merged_model, info = _base(merged_dir)
-    out["merged"] = dict(_loss_and_grads(merged_model, batch),
+    out["merged"] = dict(_transformers_loss_and_grads(merged_model, batch),
                          loading_info={k: v for k, v in info.items() if v})
-    merged = model.merge_and_unload().state_dict()
+    merged = _per_expert(os.path.basename(os.path.dirname(model_dir)),
+                         dict(model.merge_and_unload().named_parameters()))
     exported = safetensors.torch.load_file(os.path.join(merged_dir, "model.safetensors"))
     out["merge_unmatched"] = sorted(set(exported) ^ set(merged))
     out["merge_diff"] = max(float((merged[k] - v).abs().max()) for k, v in exported.items() if k in merged)
@@ -199,7 +238,7 @@ def test_engine_adapter_and_merged_export_load_in_peft_and_transformers(name):
         assert ours[n].tobytes() == theirs[n].tobytes(), f"{n} changed in the engine's round trip"
     with open(os.path.join(saved, "adapter_config.json")) as f:
         config = json.load(f)
-    assert sorted(config["target_modules"]) == sorted(MODULES[name]), config
+    assert sorted(config["target_modules"]) == sorted(MODULES), config
     assert sorted(config["target_parameters"]) == ENGINE_PARAMETERS and config["lora_dropout"] == 0, config
 
     r = ref.venv_json(__file__, "load", model_dir, saved, merged, written()["batch"])
@@ -212,26 +251,41 @@ def test_engine_adapter_and_merged_export_load_in_peft_and_transformers(name):
 
     want = r["merged"]
     assert not want["loading_info"], want["loading_info"]
-    before, _, _ = ref.read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    # Against the base in the same (published, per-expert) layout: the adapted weights changed, nothing else.
+    before, _, _ = ref.read_safetensors(os.path.join(_dir(name, "published"), "model.safetensors"))
     after, _, _ = ref.read_safetensors(os.path.join(merged, "model.safetensors"))
     assert sorted(after) == sorted(before), sorted(set(after) ^ set(before))
     changed = sorted(n for n in before if not np.array_equal(after[n], before[n]))
-    assert any(n.endswith("experts.gate_up_proj") for n in changed), changed
-    assert all(n.endswith(("experts.gate_up_proj", "experts.down_proj")) or
-               n.rsplit(".", 2)[-2] in MODULES[name] for n in changed), changed
+    experts = ("w1.weight", "w2.weight", "w3.weight") if name == "mixtral" else \
+        ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    expert_weights = [n for n in before if ".experts." in n and n.endswith(experts)]
+    assert expert_weights and set(expert_weights) <= set(changed), (expert_weights, changed)
+    assert all(n in expert_weights or n.rsplit(".", 2)[-2] in MODULES for n in changed), changed
     assert abs(want["loss"] - r["loss"]) <= TOLERANCE * abs(r["loss"]), (want["loss"], r["loss"])
     moe._hybrid().check_runs(f"{name} merged", merged, written()["batch"], want, [("full", 512, 16), ("seco", 10, 3)])
 
 
-def test_router_adapter_refused(name):
-    """PEFT's "all-linear" adapter on a MoE model adapts the routers (target_parameters "gate.weight"), which the
-    engine does not: refused before any work, naming the file and the entry."""
+def test_peft_retargets_transformers_4_expert_modules(name):
+    """PEFT 0.21 turns the expert module names of transformers 4 (gate_proj/up_proj/down_proj; Mixtral's w1/w3/w2)
+    into target_parameters of the fused experts, gate_up_proj with twice the rank and alpha (the reason the engine
+    refuses those module targets on qwen3_moe and qwen3_next); "all-linear" adds the routers ("gate.weight")."""
+    got = written()["peft"][name]["v4_targets"]
+    assert got["target_modules"] == ["q_proj"], got
+    assert got["target_parameters"] == ["down_proj", "gate_up_proj"], got
+    assert got["rank_pattern"] == {r".*\.gate_up_proj": 2 * RANK}, got
+    assert got["alpha_pattern"] == {r".*\.gate_up_proj": 2 * ALPHA}, got
+    assert "gate.weight" in got["all_linear_parameters"], got
+
+
+def test_all_linear_adapter_refused(name):
+    """PEFT's "all-linear" adapter on a MoE model (routers adapted, gate_up_proj at twice the rank) is refused before
+    any work, naming the file and the field."""
     out = _dir(name, "unused.safetensors")
     proc = moe._ref().run([moe._ref().grad_dump_path(), f"--model_dir={_dir(name, 'model')}",
                            f"--batch_jsonl={written()['batch']}", f"--out={out}",
                            f"--lora_init={_dir(name, 'all_linear_adapter')}"], check=False)
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
-    assert "adapter_config.json: target_parameters: 'gate.weight' is not supported" in proc.stderr, proc.stderr
+    assert "all_linear_adapter/adapter_config.json: field 'rank_pattern'" in proc.stderr, proc.stderr
     assert not os.path.exists(out)
 
 

@@ -400,6 +400,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return 2 * kv_heads_ * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
+    if (absl::Status s = CheckPeftMoeTargets(o); !s.ok()) return s;
     std::vector<int> linears, experts;
     for (const LayerParams& L : layers_) {
       const DeltaNetParams& P = L.delta;
@@ -412,6 +413,19 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
     if (absl::Status s = Store::EnableLoraOn(o, family(), linears, experts); !s.ok()) return s;
     Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
+    return absl::OkStatus();
+  }
+  // PEFT 0.21 reads target_modules gate_proj, up_proj and down_proj of a qwen3_moe or qwen3_next model (any such
+  // path, on every load) as transformers 4's per-expert modules and turns them into target_parameters of the fused
+  // experts (gate_up_proj with a doubled rank), leaving the shared expert's and dense layers' modules unadapted.
+  absl::Status CheckPeftMoeTargets(const LoraOptions& o) const {
+    if (cfg_.architecture != "qwen3_moe" && cfg_.architecture != "qwen3_next") return absl::OkStatus();
+    for (const std::string& t : o.targets)
+      if (t == "gate_proj" || t == "up_proj" || t == "down_proj")
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--lora_targets: '", t, "' on a ", cfg_.architecture, " model: PEFT 0.21 retargets a ", t,
+            " module target to the fused experts (target_parameters), so its adapter could not be loaded there; ",
+            "adapt the experts with experts.gate_up_proj, experts.down_proj"));
     return absl::OkStatus();
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
