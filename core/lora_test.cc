@@ -1,7 +1,7 @@
 // LoRA (core/lora.h, core/lora_io.h), f64 on the tiny presets of both families: every exact strategy's adapter
 // gradients against full backprop (with and without dropout), full backprop against finite differences, frozen
 // base weights with no gradient or optimizer memory, the PEFT round trip and file layout, the merged export, and
-// bad adapter files.
+// bad adapter files; LoRA on a MoE model's fused expert weights (PEFT's target_parameters).
 #include "core/lora.h"
 
 #include <gtest/gtest.h>
