@@ -77,8 +77,9 @@ ABSL_FLAG(double, lora_dropout, -1,
 ABSL_FLAG(std::string, lora_targets, "",
           "LoRA target modules by HF name, comma-separated, or all. Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, "
           "gate_proj, up_proj, down_proj (default q_proj,v_proj); Qwen3.5 / Qwen3-Next also in_proj_qkv, in_proj_z, "
-          "in_proj_b, in_proj_a / in_proj_qkvz, in_proj_ba, out_proj; Mamba: in_proj, x_proj (default both); 'all' or "
-          "'all-linear' = every one");
+          "in_proj_b, in_proj_a / in_proj_qkvz, in_proj_ba, out_proj; MoE layers' fused expert weights by parameter "
+          "name: experts.gate_up_proj, experts.down_proj (PEFT's target_parameters; docs/lora.md); Mamba: in_proj, "
+          "x_proj (default both); 'all' or 'all-linear' = every module (not the expert weights)");
 ABSL_FLAG(std::string, lora_init, "",
           "start LoRA from a saved PEFT adapter directory (adapter_config.json + adapter_model.safetensors)");
 

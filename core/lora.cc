@@ -37,6 +37,28 @@ std::vector<std::string> LoraTargetModules(const std::string& family) {
           "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",    "in_proj_qkvz", "in_proj_ba", "out_proj"};
 }
 
+std::vector<std::string> LoraTargetParameters(const std::string& family) {
+  if (family == "ssm") return {};
+  return {"experts.gate_up_proj", "experts.down_proj"};
+}
+
+bool IsLoraTargetParameter(const std::string& target) { return target.find('.') != std::string::npos; }
+
+std::string LoraParameterTarget(const std::string& name) {
+  const size_t last = name.rfind('.');
+  if (last == std::string::npos || last == 0) return name;
+  const size_t before = name.rfind('.', last - 1);
+  return before == std::string::npos ? name : name.substr(before + 1);
+}
+
+std::string LoraExpertWrapper(const std::vector<std::string>& names, size_t i) {
+  auto module_of = [](const std::string& name) { return name.substr(0, name.rfind('.')); };
+  std::string path = module_of(names[i]);
+  for (size_t j = i + 1; j < names.size(); ++j)
+    if (module_of(names[j]) == module_of(names[i])) path += ".base_layer";
+  return path;
+}
+
 std::string DefaultLoraTargets(const std::string& family) {
   return family == "ssm" ? "in_proj,x_proj" : "q_proj,v_proj";
 }
@@ -84,18 +106,23 @@ absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family
   if (!(o.dropout >= 0 && o.dropout < 1))
     return absl::InvalidArgumentError(absl::StrCat("--lora_dropout must be in [0, 1), got ", o.dropout));
   if (o.targets.empty()) return absl::InvalidArgumentError("--lora_targets is empty");
-  const std::vector<std::string> known = LoraTargetModules(family);
+  std::vector<std::string> known = LoraTargetModules(family);
+  for (const std::string& p : LoraTargetParameters(family)) known.push_back(p);
   std::set<std::string> seen;
   for (const std::string& t : o.targets) {
     if (family == "ssm")
       if (const char* why = MambaRefusal(t))
         return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not supported: ", why));
     if (std::find(known.begin(), known.end(), t) == known.end())
-      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not a linear module of a ",
-                                                     family == "ssm" ? "Mamba" : "Llama/Qwen2", " model (known: ",
-                                                     absl::StrJoin(known, ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not a linear module or expert ",
+                                                     "weight of a ", family == "ssm" ? "Mamba" : "transformer",
+                                                     " model (known: ", absl::StrJoin(known, ", "), ")"));
     if (!seen.insert(t).second)
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is listed twice"));
+    if (o.dropout > 0 && IsLoraTargetParameter(t))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_dropout ", o.dropout, " with the expert weight '", t, "' in --lora_targets: PEFT refuses "
+          "lora_dropout != 0 on target_parameters (it adds B A to the weight, where the input cannot be dropped)"));
   }
   return absl::OkStatus();
 }
@@ -125,17 +152,20 @@ void Merge(Model& model, const LoraAdapter& ad, void* dst) {
   auto w = [&](int64_t i) -> double { return w16 ? BF16ToF32(w16[i]) : wt[i]; };
   const T* a = HostReadable(device, params[ad.a].value.data<T>(), params[ad.a].value.numel(), &a_copy);
   const T* b = HostReadable(device, params[ad.b].value.data<T>(), params[ad.b].value.numel(), &b_copy);
-  const int64_t r = model.lora()->options.rank;
+  const int64_t r = model.lora()->options.rank, E = std::max<int64_t>(ad.experts, 1);
   const double s = model.lora()->scale();
-  for (int64_t o = 0; o < ad.out; ++o)
-    for (int64_t i = 0; i < ad.in; ++i) {
-      double ba = 0;
-      for (int64_t k = 0; k < r; ++k) ba += static_cast<double>(b[o * r + k]) * a[k * ad.in + i];
-      const double merged = w(o * ad.in + i) + s * ba;
-      const int64_t at = o * ad.in + i;
-      if (base.dtype() == DType::kBF16) static_cast<uint16_t*>(dst)[at] = F32ToBF16(static_cast<float>(merged));
-      else static_cast<T*>(dst)[at] = static_cast<T>(merged);
-    }
+  // B_e's (o, k) in B [out][r E] (an expert weight's, lora.h) or B [out][r].
+  auto b_at = [&](int64_t e, int64_t o, int64_t k) { return ad.experts ? (o * r + k) * E + e : o * r + k; };
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t o = 0; o < ad.out; ++o)
+      for (int64_t i = 0; i < ad.in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < r; ++k) ba += static_cast<double>(b[b_at(e, o, k)]) * a[(e * r + k) * ad.in + i];
+        const int64_t at = (e * ad.out + o) * ad.in + i;
+        const double merged = w(at) + s * ba;
+        if (base.dtype() == DType::kBF16) static_cast<uint16_t*>(dst)[at] = F32ToBF16(static_cast<float>(merged));
+        else static_cast<T*>(dst)[at] = static_cast<T>(merged);
+      }
 }
 }  // namespace
 

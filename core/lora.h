@@ -13,6 +13,15 @@
 // seed is StrategyOptions::seed, which the Trainer derives per step and sequence; passes without gradients
 // (evaluation, log-prob passes) use no dropout.
 //
+// Expert weights (a MoE layer's mlp.experts.gate_up_proj [E][2I][d] and mlp.experts.down_proj [E][d][I]) take
+// LoRA as PEFT 0.21's target_parameters does (lora.ParamWrapper; transformers 5 fuses the experts into these 3-D
+// parameters, so target_modules cannot reach a single expert): for a weight [E][out][in], lora_A.weight is
+// [E r][in] and lora_B.weight [out][r E], and expert e's weight is W_e + (alpha / r) B_e A_e with A_e = rows
+// [e r, e r + r) of A and B_e [out][r] = columns k E + e (k < r) of B, i.e. PEFT's einsum("o r e, e r i -> e o i").
+// PEFT refuses lora_dropout != 0 there (the delta is added to the weight), and so does the engine. Two adapted
+// parameters of one module nest: the first in the module's order (gate_up_proj) is the inner wrapper, named
+// "<module>.base_layer.lora_A.weight", the other "<module>.lora_A.weight".
+//
 // Files: core/lora_io.h saves and loads adapters as PEFT files; SaveModel (core/model_io.h) writes the merged
 // weights W + (alpha / r) B A of a LoRA model, i.e. a plain HF model.
 #pragma once
@@ -34,7 +43,8 @@ struct LoraOptions {
   double alpha = 16;   // lora_alpha: the adapter's output is scaled by alpha / r
   double dropout = 0;  // lora_dropout, in [0, 1)
   // HF module names (the last component of the module path), a set: q_proj, k_proj, v_proj, o_proj, gate_proj,
-  // up_proj, down_proj (Llama, Qwen2); in_proj, x_proj (Mamba: what PEFT accepts and applies, LoraTargetModules).
+  // up_proj, down_proj (Llama, Qwen2); in_proj, x_proj (Mamba: what PEFT accepts and applies, LoraTargetModules);
+  // and the expert weights of MoE layers by parameter name: experts.gate_up_proj, experts.down_proj.
   std::vector<std::string> targets = {"q_proj", "v_proj"};
   uint64_t seed = 0;  // initialisation of A
 };
@@ -45,6 +55,9 @@ struct LoraAdapter {
   int weight = -1;     // index of "<module>.weight" in Model::params()
   int a = -1, b = -1;  // indices of "<module>.lora_A.weight" [rank][in] and "<module>.lora_B.weight" [out][rank]
   int64_t in = 0, out = 0;
+  // > 0: weight is [experts][out][in] (an expert parameter; module is PEFT's wrapper path, e.g.
+  // "model.layers.0.mlp.experts.base_layer"), A is [experts rank][in] and B [out][rank experts].
+  int64_t experts = 0;
 };
 
 // A model's adapters (Model::lora()).
@@ -65,14 +78,24 @@ struct LoraInfo {
 // Mamba-based models"), and transformers' Mamba multiplies dt_proj.weight directly, so an adapter on dt_proj would
 // do nothing in PeftModel: ValidateLoraOptions refuses those three, saying why.
 std::vector<std::string> LoraTargetModules(const std::string& family);
+// The expert parameters LoRA can target (PEFT's target_parameters, written as the engine's --lora_targets names):
+// experts.gate_up_proj and experts.down_proj for transformers, none for Mamba.
+std::vector<std::string> LoraTargetParameters(const std::string& family);
+bool IsLoraTargetParameter(const std::string& target);  // "experts.gate_up_proj": a name with a '.'
+// The target name of a parameter: its last two components ("model.layers.0.mlp.experts.down_proj": experts.down_proj).
+std::string LoraParameterTarget(const std::string& param_name);
+// PEFT's wrapper path of adapted expert parameter names[i] (names: every adapted expert parameter of the model, in
+// the model's order): its module, plus ".base_layer" per adapted parameter of the same module after it.
+std::string LoraExpertWrapper(const std::vector<std::string>& names, size_t i);
+
 // The targets when none are given: "q_proj,v_proj" (transformers), "in_proj,x_proj" (Mamba).
 std::string DefaultLoraTargets(const std::string& family);
 // "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the family; "all-linear" (PEFT's shorthand, any
 // case) = every linear layer but the LM head, i.e. "all" for transformers (refused for Mamba, where it includes
 // out_proj and dt_proj). Errors name --lora_targets.
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family);
-// Checks rank > 0, alpha finite and > 0, dropout in [0, 1), targets non-empty, known to the family and not
-// repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT cannot use, the reason.
+// Checks rank > 0, alpha finite and > 0, dropout in [0, 1) (0 with an expert parameter target, as PEFT), targets
+// non-empty, known to the family and not repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT cannot use, the reason.
 absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family);
 
 // Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per

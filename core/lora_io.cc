@@ -86,7 +86,8 @@ absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::st
   config.r = lora->options.rank;
   config.lora_alpha = lora->options.alpha;
   config.lora_dropout = lora->options.dropout;
-  config.target_modules = lora->options.targets;
+  for (const std::string& t : lora->options.targets)
+    (IsLoraTargetParameter(t) ? config.target_parameters : config.target_modules).push_back(t);
   config.base_model_name_or_path = base_model_name_or_path;
   return WriteFileAtomically(absl::StrCat(dir, "/", io::kPeftConfigFile), io::PeftLoraConfigToJson(config));
 }
@@ -111,6 +112,19 @@ absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const 
     const std::string leaf = t.substr(t.rfind('.') + 1);
     if (std::find(o.targets.begin(), o.targets.end(), leaf) == o.targets.end()) o.targets.push_back(leaf);
   }
+  // PEFT matches a target parameter against the end of a parameter's path: "mlp.experts.gate_up_proj" and
+  // "gate_up_proj" both name the engine's experts.gate_up_proj (the only parameters so named).
+  const std::vector<std::string> parameters = LoraTargetParameters(family);
+  for (const std::string& t : config->target_parameters) {
+    auto known = std::find_if(parameters.begin(), parameters.end(), [&](const std::string& p) {
+      return t == p || absl::EndsWith(t, "." + p) || absl::EndsWith(p, "." + t);
+    });
+    if (known == parameters.end())
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": target_parameters: '", t, "' is not supported (the engine adapts the expert weights ",
+          parameters.empty() ? "of transformers' MoE layers only" : absl::StrJoin(parameters, " and "), ")"));
+    if (std::find(o.targets.begin(), o.targets.end(), *known) == o.targets.end()) o.targets.push_back(*known);
+  }
   if (absl::Status s = ValidateLoraOptions(o, family); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", absl::StrReplaceAll(s.message(), {{"--lora_targets", "target_modules"}})));
@@ -127,9 +141,16 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     std::vector<std::string> differ;
     if (m.rank != options->rank) differ.push_back(absl::StrCat("r ", options->rank, " vs ", m.rank));
     if (m.alpha != options->alpha) differ.push_back(absl::StrCat("lora_alpha ", options->alpha, " vs ", m.alpha));
-    if (std::set<std::string>(m.targets.begin(), m.targets.end()) !=
-        std::set<std::string>(options->targets.begin(), options->targets.end()))
-      differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(options->targets, ", "), "] vs [",
+    // The model's LoRA lists the targets it has; the file's ("all-linear" among them) may name others.
+    std::set<std::string> file_targets;
+    for (const std::string& t : options->targets)
+      for (const Param& p : model.params())
+        if (absl::EndsWith(p.name, "." + t + ".weight") || LoraParameterTarget(p.name) == t) {
+          file_targets.insert(t);
+          break;
+        }
+    if (std::set<std::string>(m.targets.begin(), m.targets.end()) != file_targets)
+      differ.push_back(absl::StrCat("target_modules [", absl::StrJoin(file_targets, ", "), "] vs [",
                                     absl::StrJoin(m.targets, ", "), "]"));
     if (!differ.empty())
       return absl::InvalidArgumentError(absl::StrCat(config_path, ": the adapter differs from the model's LoRA (",
@@ -145,6 +166,22 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     std::vector<int64_t> shape;
   };
   std::map<std::string, Wanted> wanted;
+  std::vector<std::string> experts;  // the adapted expert weights' names and shapes, in the model's order
+  std::vector<std::vector<int64_t>> expert_shapes;
+  for (const Param& p : model.params()) {
+    const std::string target = LoraParameterTarget(p.name);
+    if (p.value.shape().size() == 3 && IsLoraTargetParameter(target) &&
+        std::find(options->targets.begin(), options->targets.end(), target) != options->targets.end())
+      experts.push_back(p.name), expert_shapes.push_back(p.value.shape());
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const std::vector<int64_t>& shape = expert_shapes[i];  // [E][out][in]
+    const std::string wrapper = LoraExpertWrapper(experts, i);
+    wanted[absl::StrCat(io::kPeftTensorPrefix, wrapper, ".lora_A.weight")] = {wrapper + ".lora_A.weight",
+                                                                                {shape[0] * options->rank, shape[2]}};
+    wanted[absl::StrCat(io::kPeftTensorPrefix, wrapper, ".lora_B.weight")] = {wrapper + ".lora_B.weight",
+                                                                                {shape[1], options->rank * shape[0]}};
+  }
   for (const Param& p : model.params()) {
     if (!absl::EndsWith(p.name, ".weight") || p.value.shape().size() < 2) continue;
     const std::string module = p.name.substr(0, p.name.size() - 7);

@@ -1,7 +1,7 @@
 // LoRA (core/lora.h, core/lora_io.h), f64 on the tiny presets of both families: every exact strategy's adapter
 // gradients against full backprop (with and without dropout), full backprop against finite differences, frozen
 // base weights with no gradient or optimizer memory, the PEFT round trip and file layout, the merged export, and
-// bad adapter files.
+// bad adapter files; LoRA on a MoE model's fused expert weights (PEFT's target_parameters).
 #include "core/lora.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 
@@ -275,7 +276,9 @@ TEST(LoraOptionsTest, BadOptions) {
   EXPECT_NE(error(o).find("--lora_dropout must be in [0, 1)"), std::string::npos);
   o = Options(*model, 4, 0);
   o.targets = {"q_proj", "in_proj"};
-  EXPECT_NE(error(o).find("'in_proj' is not a linear module of a Llama/Qwen2 model"), std::string::npos) << error(o);
+  EXPECT_NE(error(o).find("'in_proj' is not a linear module or expert weight of a transformer model"),
+            std::string::npos)
+      << error(o);
   o.targets = {"q_proj", "q_proj"};
   EXPECT_NE(error(o).find("listed twice"), std::string::npos);
   EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj", "transformer").ok());
@@ -517,6 +520,172 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// ---- expert weights (PEFT's target_parameters) ----
+
+// A Qwen3-MoE of the tiny preset's shape: layers 0 and 2 sparse (4 experts of 8, top 2), layer 1 dense.
+std::unique_ptr<Model> MoeBase() {
+  TransformerConfig c = *TransformerPreset("tiny");
+  c.architecture = "qwen3_moe";
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.intermediate = 8;
+  c.moe.normalize = false;
+  c.moe_layers = {true, false, true};
+  auto m = CreateTransformer(c, DType::kF64);
+  EXPECT_TRUE(m.ok()) << m.status();
+  InitOptions init;
+  init.seed = 7;
+  init.stddev = 0.3;
+  init.perturb_norms_and_biases = true;
+  InitRandom(**m, init);
+  return std::move(*m);
+}
+
+LoraOptions ExpertOptions(std::vector<std::string> targets = {"q_proj", "experts.gate_up_proj", "experts.down_proj"}) {
+  LoraOptions o;
+  o.rank = 2;
+  o.alpha = 5;
+  o.seed = 3;
+  o.targets = std::move(targets);
+  return o;
+}
+
+std::unique_ptr<Model> MoeWithLora() {
+  auto model = MoeBase();
+  absl::Status s = EnableLora(*model, ExpertOptions());
+  EXPECT_TRUE(s.ok()) << s;
+  RandomizeLoraB(*model, 5, 0.3);
+  return model;
+}
+
+// lora_A [E r][in] and lora_B [out][r E] per fused weight, under PEFT's nested wrapper names: gate_up_proj's (the
+// module's first parameter) is the inner wrapper, "experts.base_layer"; alone it is "experts".
+TEST(LoraExpertsTest, PeftNamesAndShapes) {
+  auto model = MoeWithLora();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const Param& p : model->params())
+    if (p.name.find("lora_") != std::string::npos) shapes[p.name] = p.value.shape();
+  for (int layer : {0, 2}) {
+    const std::string e = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+    EXPECT_EQ(shapes[e + "base_layer.lora_A.weight"], (std::vector<int64_t>{8, 32}));
+    EXPECT_EQ(shapes[e + "base_layer.lora_B.weight"], (std::vector<int64_t>{16, 8}));
+    EXPECT_EQ(shapes[e + "lora_A.weight"], (std::vector<int64_t>{8, 8}));
+    EXPECT_EQ(shapes[e + "lora_B.weight"], (std::vector<int64_t>{32, 8}));
+  }
+  EXPECT_EQ(shapes.size(), 3u * 2 + 2 * 4) << "q_proj in 3 layers, 2 expert weights in 2 layers";
+  auto alone = MoeBase();
+  ASSERT_TRUE(EnableLora(*alone, ExpertOptions({"experts.down_proj"})).ok());
+  EXPECT_EQ(alone->params()[alone->lora()->adapters[0].b].name, "model.layers.0.mlp.experts.lora_B.weight");
+  EXPECT_EQ(alone->params()[alone->lora()->adapters[0].b].value.shape(), (std::vector<int64_t>{32, 8}));
+}
+
+TEST(LoraExpertsTest, GradientsMatchFullBackpropAndFiniteDifferences) {
+  auto model = MoeWithLora();
+  const std::vector<Sequence> batch = Batch(*model);
+  for (auto [strategy, chunk] : std::vector<std::pair<std::string, int64_t>>{{"seco", 4}, {"streambp", 5}}) {
+    StrategyOptions o;
+    o.name = strategy;
+    o.chunk = chunk;
+    o.page_size = 3;
+    o.lm_chunk = 5;
+    absl::StatusOr<GradCheckResult> r = CheckAgainstFull(*model, batch, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->params_checked, 2 * 7);
+    EXPECT_LE(r->max_rel_err, 1e-10) << strategy << " worst: " << r->worst_param;
+  }
+  auto loss = [&] { return Trainer(*model, StrategyOptions{}, {}).ComputeGradients(batch)->loss; };
+  Trainer trainer(*model, StrategyOptions{}, {});
+  ASSERT_TRUE(trainer.ComputeGradients(batch).ok());
+  std::map<int, std::vector<double>> analytic;  // every gradient before the differences overwrite them
+  for (const LoraAdapter& ad : model->lora()->adapters)
+    for (int idx : {ad.a, ad.b}) {
+      const Tensor& g = model->params()[idx].grad;
+      if (ad.experts) analytic[idx].assign(g.data<double>(), g.data<double>() + g.numel());
+    }
+  for (auto& [idx, grad] : analytic) {
+    Param& p = model->params()[idx];
+    double* w = p.value.data<double>();
+    auto at = [&](int64_t i, double v) {
+      const double saved = w[i];
+      w[i] = v;
+      const double l = loss();
+      w[i] = saved;
+      return l;
+    };
+    for (int64_t i = 0; i < p.value.numel(); i += 11) {  // stride 11: every expert's rows and columns
+      const double h = 1e-4;  // fourth-order central differences, a step that flips no routing choice
+      const double fd =
+          (8 * (at(i, w[i] + h) - at(i, w[i] - h)) - (at(i, w[i] + 2 * h) - at(i, w[i] - 2 * h))) / (12 * h);
+      EXPECT_NEAR(grad[i], fd, 1e-8 * std::max(1.0, std::abs(grad[i]))) << p.name << "[" << i << "]";
+    }
+  }
+}
+
+// Saved and loaded back: the same tensors and loss; adapter_config.json lists the expert weights as
+// target_parameters; the merged export is the adapter model.
+TEST(LoraExpertsTest, RoundTripAndMergedExport) {
+  auto model = MoeWithLora();
+  const std::vector<Sequence> batch = Batch(*model);
+  const std::string dir = TempDir("adapter_experts");
+  ASSERT_TRUE(SaveLoraAdapter(*model, dir, "moe").ok());
+  std::ifstream in(dir + "/adapter_config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj"}));
+  EXPECT_EQ(config["target_parameters"], nlohmann::json({"experts.gate_up_proj", "experts.down_proj"}));
+  auto loaded = MoeBase();
+  absl::Status s = LoadLoraAdapter(*loaded, dir);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(loaded->lora()->options.targets, model->lora()->options.targets);
+  EXPECT_EQ(Loss(*model, batch), Loss(*loaded, batch));
+  const std::string merged_dir = TempDir("merged_experts");
+  ASSERT_TRUE(SaveModel(*model, merged_dir).ok());
+  absl::StatusOr<std::unique_ptr<Model>> merged = LoadAnyModel(merged_dir, DType::kF64, 0);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const double adapter_loss = Loss(*model, batch);
+  EXPECT_NEAR(adapter_loss, Loss(**merged, batch), 1e-12);
+  auto experts_only = MoeBase();
+  ASSERT_TRUE(EnableLora(*experts_only, ExpertOptions({"experts.gate_up_proj"})).ok());
+  RandomizeLoraB(*experts_only, 5, 0.3);
+  EXPECT_GT(std::abs(Loss(*experts_only, batch) - Loss(*MoeBase(), batch)), 1e-4) << "the expert adapter does nothing";
+
+  // target_parameters as PEFT writes them (paths, target_modules []) name the same weights; a router is refused.
+  std::string text = ReadBytes(dir + "/adapter_config.json");
+  auto replace = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    WriteBytes(dir + "/adapter_config.json", text);
+  };
+  replace("\"experts.gate_up_proj\"", "\"mlp.experts.gate_up_proj\"");
+  EXPECT_TRUE(LoadLoraAdapter(*MoeBase(), dir).ok());
+  replace("\"experts.down_proj\"", "\"mlp.gate.weight\"");
+  s = LoadLoraAdapter(*MoeBase(), dir);
+  EXPECT_NE(s.message().find("adapter_config.json: target_parameters: 'mlp.gate.weight' is not supported"),
+            std::string::npos)
+      << s;
+}
+
+TEST(LoraExpertsTest, BadOptions) {
+  auto model = MoeBase();
+  LoraOptions o = ExpertOptions();
+  o.dropout = 0.1;
+  absl::Status s = EnableLora(*model, o);
+  EXPECT_NE(s.message().find("--lora_dropout 0.1 with the expert weight 'experts.gate_up_proj' in --lora_targets: "
+                             "PEFT refuses lora_dropout != 0 on target_parameters"),
+            std::string::npos)
+      << s;
+  s = EnableLora(*model, ExpertOptions({"experts.up_proj"}));
+  EXPECT_NE(s.message().find("'experts.up_proj' is not a linear module or expert weight"), std::string::npos) << s;
+  // PEFT would retarget these to the fused experts (qwen3_moe, qwen3_next): refused, naming the alternative.
+  s = EnableLora(*model, ExpertOptions({"q_proj", "down_proj"}));
+  EXPECT_NE(s.message().find("--lora_targets: 'down_proj' on a qwen3_moe model: PEFT 0.21 retargets"),
+            std::string::npos)
+      << s;
+  s = EnableLora(*Base("tiny"), ExpertOptions({"experts.down_proj"}));
+  EXPECT_NE(s.message().find("no module of this model is named experts.down_proj"), std::string::npos) << s;
+  EXPECT_EQ(model->lora(), nullptr);
 }
 
 // PEFT writes target_modules in any order, as module names or (after "all-linear") as module paths: the same set

@@ -194,18 +194,20 @@ class ParamStore {
   }
 
   // ---- LoRA ----
-  // Adds adapters to the linear weights (parameter indices, [out][in]) whose module name is in o.targets, then
-  // freezes every other parameter (releases its gradient).
-  absl::Status EnableLoraOn(const LoraOptions& o, const std::string& family, const std::vector<int>& linear_weights) {
+  // Adds adapters to the linear weights (parameter indices, [out][in]) whose module name is in o.targets and to
+  // the expert weights ([experts][out][in], e.g. "<layer>.mlp.experts.gate_up_proj") whose last two name components
+  // are, then freezes every other parameter (releases its gradient).
+  absl::Status EnableLoraOn(const LoraOptions& o, const std::string& family, const std::vector<int>& linear_weights,
+                            const std::vector<int>& expert_weights = {}) {
     if (lora_) return absl::FailedPreconditionError("LoRA is already enabled on this model");
     if (absl::Status s = ValidateLoraOptions(o, family); !s.ok()) return s;
     const std::set<std::string> targets(o.targets.begin(), o.targets.end());
     std::vector<int> chosen;
-    for (int w : linear_weights) {
-      const std::string& name = params_[w].name;  // "<module>.weight"
-      const std::string module = name.substr(0, name.size() - 7);
-      if (targets.count(module.substr(module.rfind('.') + 1))) chosen.push_back(w);
-    }
+    for (int w : linear_weights)
+      if (targets.count(LoraTargetOf(w, false))) chosen.push_back(w);
+    const size_t linear_count = chosen.size();
+    for (int w : expert_weights)
+      if (targets.count(LoraTargetOf(w, true))) chosen.push_back(w);
     if (chosen.empty())
       return absl::InvalidArgumentError(
           absl::StrCat("--lora_targets: no module of this model is named ", absl::StrJoin(o.targets, " or ")));
@@ -213,8 +215,10 @@ class ParamStore {
     // fit); above some of them is allowed, as PEFT does (e.g. Mamba's narrow dt_proj among wider targets).
     int64_t widest = 0;
     std::string widest_name;
-    for (int w : chosen) {
-      const int64_t out = params_[w].value.dim(0), in = params_[w].value.numel() / out;
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const int w = chosen[i];
+      const Tensor& v = params_[w].value;
+      const int64_t out = v.dim(i < linear_count ? 0 : 1), in = v.numel() / out / (i < linear_count ? 1 : v.dim(0));
       if (std::min(in, out) > widest) widest = std::min(in, out), widest_name = params_[w].name;
     }
     if (o.rank > widest)
@@ -227,23 +231,33 @@ class ParamStore {
     info->options = o;
     info->options.targets.clear();  // the modules this model has ("all" names every family's), as PEFT records them
     for (const std::string& t : o.targets)
-      for (int w : chosen)
-        if (params_[w].name.size() > t.size() + 8 &&
-            params_[w].name.compare(params_[w].name.size() - t.size() - 7, t.size() + 7, t + ".weight") == 0 &&
-            params_[w].name[params_[w].name.size() - t.size() - 8] == '.') {
+      for (size_t i = 0; i < chosen.size(); ++i)
+        if (LoraTargetOf(chosen[i], i >= linear_count) == t) {
           info->options.targets.push_back(t);
           break;
         }
     adapter_of_.assign(params_.size(), -1);
     std::mt19937_64 rng(o.seed ^ 0x6C6F7261496E6974ull);
-    for (int w : chosen) {
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const int w = chosen[i];
+      const Tensor& weight = params_[w].value;
       LoraAdapter ad;
-      ad.module = params_[w].name.substr(0, params_[w].name.size() - 7);
       ad.weight = w;
-      ad.out = params_[w].value.dim(0);
-      ad.in = params_[w].value.numel() / ad.out;
-      ad.a = AddFullPrecision(ad.module + ".lora_A.weight", {o.rank, ad.in});
-      ad.b = AddFullPrecision(ad.module + ".lora_B.weight", {ad.out, o.rank});
+      if (i < linear_count) {
+        ad.module = params_[w].name.substr(0, params_[w].name.size() - 7);
+        ad.out = weight.dim(0);
+        ad.in = weight.numel() / ad.out;
+      } else {
+        std::vector<std::string> expert_names;
+        for (size_t j = linear_count; j < chosen.size(); ++j) expert_names.push_back(params_[chosen[j]].name);
+        ad.module = LoraExpertWrapper(expert_names, i - linear_count);
+        ad.experts = weight.dim(0);
+        ad.out = weight.dim(1);
+        ad.in = weight.dim(2);
+      }
+      const int64_t E = std::max<int64_t>(ad.experts, 1);
+      ad.a = AddFullPrecision(ad.module + ".lora_A.weight", {E * o.rank, ad.in});
+      ad.b = AddFullPrecision(ad.module + ".lora_B.weight", {ad.out, o.rank * E});
       // PEFT: kaiming_uniform_(a=sqrt(5)) on [r][in], i.e. uniform in +-1/sqrt(in); B = 0.
       std::uniform_real_distribution<double> uniform(-1.0 / std::sqrt(static_cast<double>(ad.in)),
                                                      1.0 / std::sqrt(static_cast<double>(ad.in)));
@@ -251,6 +265,7 @@ class ParamStore {
         SetFromHost(params_[ad.a].value, [&](int64_t) { return uniform(rng); });
       adapter_of_[w] = static_cast<int>(info->adapters.size());
       info->adapters.push_back(ad);
+      expert_b_order_.push_back(ad.experts ? ExpertBOrder(ad, o.rank) : Tensor());
     }
     adapter_of_.resize(params_.size(), -1);
     lora_ = std::move(info);
@@ -259,10 +274,15 @@ class ParamStore {
   }
   const LoraInfo* LoraState() const { return lora_.get(); }
 
-  // One adapted linear op on a chunk: the adapter's input (x, or x with the dropout mask) and t = input A^T.
+  // One adapted linear op on a chunk: the adapter's input (x, or x with the dropout mask), its factors (an expert's
+  // slices for an expert weight) and t = input A^T.
   struct LoraAct {
     const LoraAdapter* ad = nullptr;  // null: the weight has no adapter (every helper is then a no-op)
     const T* x = nullptr;             // the adapter's input [n][in]
+    const T* a_w = nullptr;           // A [r][in]
+    const T* b_w = nullptr;           // B [out][r]
+    T* a_grad = nullptr;              // their gradients (null: none)
+    T* b_grad = nullptr;
     Tensor dropped, t;                // x after dropout (when on); t [n][rank]
     Tensor dt;                        // backward: the gradient of t
     int64_t n = 0;
@@ -274,7 +294,8 @@ class ParamStore {
     a.ad = &lora_->adapters[adapter_of_[w]];
     a.n = c.size();
     a.x = x;
-    const int64_t n = a.n, in = a.ad->in, r = lora_->options.rank;
+    a.a_w = W(a.ad->a), a.b_w = W(a.ad->b), a.a_grad = G(a.ad->a), a.b_grad = G(a.ad->b);
+    const int64_t n = a.n, in = a.ad->in;
     const double p = lora_->options.dropout;
     if (st.training && p > 0) {
       a.dropped = New(MemCategory::kWorkspace, {n, in});
@@ -282,8 +303,7 @@ class ParamStore {
                        a.dropped.template data<T>());
       a.x = a.dropped.template data<T>();
     }
-    a.t = New(MemCategory::kWorkspace, {n, r});
-    ops.gemm(false, true, n, r, in, T(1), a.x, in, W(a.ad->a), in, T(0), a.t.template data<T>(), r);
+    LoraProject(ops, a);
     return a;
   }
   // y[n][rows] (row stride ldy) += (alpha / r) t B[row0, row0 + rows)^T: the adapter's output rows row0.. of the
@@ -291,8 +311,8 @@ class ParamStore {
   void LoraOut(const OpTable<T>& ops, const LoraAct& a, int64_t row0, int64_t rows, T* y, int64_t ldy) {
     if (!a.ad) return;
     const int64_t r = lora_->options.rank;
-    ops.gemm(false, true, a.n, rows, r, static_cast<T>(lora_->scale()), a.t.template data<T>(), r,
-             W(a.ad->b) + row0 * r, r, T(1), y, ldy);
+    ops.gemm(false, true, a.n, rows, r, static_cast<T>(lora_->scale()), a.t.template data<T>(), r, a.b_w + row0 * r,
+             r, T(1), y, ldy);
   }
   // Backward of LoraOut given dy of the rows block: accumulates dB of those rows and the gradient of t.
   void LoraOutBackward(const OpTable<T>& ops, LoraAct& a, int64_t row0, int64_t rows, const T* dy, int64_t lddy) {
@@ -300,25 +320,66 @@ class ParamStore {
     const int64_t r = lora_->options.rank;
     const T s = static_cast<T>(lora_->scale());
     if (!a.dt.defined()) a.dt = Tensor::Zeros(&mem_, MemCategory::kWorkspace, kDType, {a.n, r});
-    ops.gemm(false, false, a.n, r, rows, s, dy, lddy, W(a.ad->b) + row0 * r, r, T(1), a.dt.template data<T>(), r);
-    if (T* g = G(a.ad->b))
-      ops.gemm(true, false, rows, r, a.n, s, dy, lddy, a.t.template data<T>(), r, T(1), g + row0 * r, r);
+    ops.gemm(false, false, a.n, r, rows, s, dy, lddy, a.b_w + row0 * r, r, T(1), a.dt.template data<T>(), r);
+    if (a.b_grad)
+      ops.gemm(true, false, rows, r, a.n, s, dy, lddy, a.t.template data<T>(), r, T(1), a.b_grad + row0 * r, r);
   }
   // Accumulates dA and adds the adapter's input gradient to dx [n][in] (through the same dropout mask).
   void LoraInBackward(const OpTable<T>& ops, const LoraAct& a, T* dx, Chunk c, const StateOptions& st) {
     if (!a.ad || !a.dt.defined()) return;
     const int64_t n = a.n, in = a.ad->in, r = lora_->options.rank;
     const T* dt = a.dt.template data<T>();
-    if (T* g = G(a.ad->a)) ops.gemm(true, false, r, in, n, T(1), dt, r, a.x, in, T(1), g, in);
+    if (a.a_grad) ops.gemm(true, false, r, in, n, T(1), dt, r, a.x, in, T(1), a.a_grad, in);
     if (!a.dropped.defined()) {
-      ops.gemm(false, false, n, in, r, T(1), dt, r, W(a.ad->a), in, T(1), dx, in);
+      ops.gemm(false, false, n, in, r, T(1), dt, r, a.a_w, in, T(1), dx, in);
       return;
     }
     Tensor dxd = New(MemCategory::kWorkspace, {n, in});
-    ops.gemm(false, false, n, in, r, T(1), dt, r, W(a.ad->a), in, T(0), dxd.template data<T>(), in);
+    ops.gemm(false, false, n, in, r, T(1), dt, r, a.a_w, in, T(0), dxd.template data<T>(), in);
     ops.lora_dropout(dxd.template data<T>(), n, in, st.seed, static_cast<uint64_t>(a.ad->weight), c.begin,
                      LoraColumn0(a.ad->weight), lora_->options.dropout, true, dx);
   }
+
+  // ---- LoRA on expert weights [E][out][in] (lora.h: PEFT's target_parameters) ----
+  // A MoE pass's view of one expert weight's adapter: B_e of every expert, gathered from lora_B [out][r E] into
+  // [E][out][r] so that each is a plain [out][r] matrix; in a backward pass also their gradient, which
+  // ExpertLoraEnd adds back into lora_B's.
+  struct ExpertLora {
+    const LoraAdapter* ad = nullptr;  // null: the weight has no adapter
+    Tensor b, db;
+  };
+  ExpertLora ExpertLoraOf(const OpTable<T>& ops, int w, bool backward) {
+    ExpertLora L;
+    if (!lora_ || lora_->disabled || w < 0 || adapter_of_[w] < 0) return L;
+    L.ad = &lora_->adapters[adapter_of_[w]];
+    const Tensor& order = expert_b_order_[adapter_of_[w]];
+    L.b = New(MemCategory::kWorkspace, {order.numel()});
+    ops.gather_rows(W(L.ad->b), order.template data<int32_t>(), order.numel(), 1, L.b.template data<T>());
+    if (backward && G(L.ad->b)) L.db = Tensor::Zeros(&mem_, MemCategory::kWorkspace, kDType, {order.numel()});
+    return L;
+  }
+  void ExpertLoraEnd(const OpTable<T>& ops, const ExpertLora& L) {
+    if (!L.db.defined()) return;
+    const Tensor& order = expert_b_order_[adapter_of_[L.ad->weight]];
+    ops.scatter_add_rows(L.db.template data<T>(), order.template data<int32_t>(), nullptr, order.numel(), 1,
+                         G(L.ad->b));
+  }
+  // t = x A_e^T for expert e's rows x [n][in] (no dropout: refused on expert weights, as PEFT does).
+  LoraAct ExpertLoraIn(const OpTable<T>& ops, const ExpertLora& L, int64_t e, const T* x, int64_t n) {
+    LoraAct a;
+    if (!L.ad) return a;
+    const int64_t r = lora_->options.rank, in = L.ad->in, out = L.ad->out;
+    a.ad = L.ad;
+    a.n = n;
+    a.x = x;
+    a.a_w = W(L.ad->a) + e * r * in;
+    a.b_w = L.b.template data<T>() + e * out * r;
+    if (T* g = G(L.ad->a)) a.a_grad = g + e * r * in;
+    if (L.db.defined()) a.b_grad = L.db.template data<T>() + e * out * r;
+    LoraProject(ops, a);
+    return a;
+  }
+
   // The embedding rows of chunk c's tokens (table `embed` [vocab][d]); backward accumulates into its gradient.
   // vocab_parallel: the table holds this rank's rows of a vocabulary split over the group; other ranks' tokens get
   // zeros here and the rows are summed over the group.
@@ -391,6 +452,33 @@ class ParamStore {
   std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device
   std::unique_ptr<LoraInfo> lora_;
   std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
+  // Per adapter of an expert weight: position (e out + o) r + k of the [E][out][r] gather holds lora_B's element
+  // (o r + k) E + e (column k E + e of row o); undefined for a linear weight's.
+  std::vector<Tensor> expert_b_order_;
+  Tensor ExpertBOrder(const LoraAdapter& ad, int64_t r) {
+    const int64_t E = ad.experts, out = ad.out;
+    std::vector<int32_t> order(E * out * r);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t k = 0; k < r; ++k) order[(e * out + o) * r + k] = static_cast<int32_t>((o * r + k) * E + e);
+    Tensor t = Tensor::Empty(&mem_, MemCategory::kWeights, DType::kI32, {E * out * r});
+    CopyFromHost(t, order.data());
+    return t;
+  }
+  // The --lora_targets name of a linear weight ("<module>.weight": the module's name) or of an expert weight
+  // ("<...>.experts.gate_up_proj": its last two components).
+  std::string LoraTargetOf(int w, bool expert) const {
+    const std::string& name = params_[w].name;
+    if (expert) return LoraParameterTarget(name);
+    const std::string module = name.substr(0, name.size() - 7);
+    return module.substr(module.rfind('.') + 1);
+  }
+  // t = x A^T [n][r] of an act whose input and factors are set.
+  void LoraProject(const OpTable<T>& ops, LoraAct& a) {
+    const int64_t r = lora_->options.rank, in = a.ad->in;
+    a.t = New(MemCategory::kWorkspace, {a.n, r});
+    ops.gemm(false, true, a.n, r, in, T(1), a.x, in, a.a_w, in, T(0), a.t.template data<T>(), r);
+  }
   // Tensor parallelism, per adapter: the whole input's column of its first input column (a row-parallel weight's
   // input is split). Dropout masks are drawn per whole-input column, so every rank drops what one process would.
   std::vector<int64_t> lora_col0_;  // empty: 0 for every adapter

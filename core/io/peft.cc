@@ -62,9 +62,22 @@ absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text,
     c.lora_dropout = dropout->get<double>();
   }
 
+  // target_parameters: parameter names (or paths ending in them) that PEFT adapts directly, e.g. fused experts.
+  if (const json* params = Get(j, "target_parameters")) {
+    if (!params->is_array())
+      return error("target_parameters", absl::StrCat("must be a list of parameter names, got ", JsonTypeName(*params)));
+    for (const json& t : *params) {
+      if (!t.is_string() || t.get<std::string>().empty())
+        return error("target_parameters", absl::StrCat("must hold parameter names (strings), got ", JsonTypeName(t)));
+      c.target_parameters.push_back(t.get<std::string>());
+    }
+  }
+  // Parameters alone: target_modules [] or absent (PEFT's way to adapt no module).
   const json* targets = Get(j, "target_modules");
-  if (!targets) return error("target_modules", "is missing");
-  if (targets->is_string()) {
+  const bool modules_optional = !c.target_parameters.empty();
+  if (!targets) {
+    if (!modules_optional) return error("target_modules", "is missing");
+  } else if (targets->is_string()) {
     if (!absl::EqualsIgnoreCase(targets->get<std::string>(), "all-linear"))
       return unsupported("target_modules",
                          absl::StrCat("is the regular expression '", targets->get<std::string>(),
@@ -72,7 +85,7 @@ absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text,
                                       "\"all-linear\" is supported"));
     c.all_linear = true;
   } else {
-    if (!targets->is_array() || targets->empty())
+    if (!targets->is_array() || (targets->empty() && !modules_optional))
       return error("target_modules", absl::StrCat("must be a non-empty list of module names, got ",
                                                   targets->is_array() ? "an empty list" : JsonTypeName(*targets)));
     for (const json& t : *targets) {
@@ -110,8 +123,8 @@ absl::StatusOr<PeftLoraConfig> ParsePeftLoraConfig(const std::string& json_text,
       return unsupported(pattern, "sets per-module ranks or alphas, which are not supported (use one r and alpha)");
   }
   // Variants and selections that change which modules are adapted or what they compute: refused when set.
-  for (const char* field : {"layers_to_transform", "modules_to_save", "exclude_modules", "target_parameters",
-                            "trainable_token_indices", "layer_replication", "alora_invocation_tokens",
+  for (const char* field : {"layers_to_transform", "modules_to_save", "exclude_modules", "trainable_token_indices",
+                            "layer_replication", "alora_invocation_tokens",
                             "megatron_config", "velora_config", "monteclora_config", "use_bdlora", "arrow_config",
                             "kasa_config"}) {
     const json* v = Get(j, field);
@@ -156,6 +169,8 @@ std::string PeftLoraConfigToJson(const PeftLoraConfig& c) {
   out["revision"] = nullptr;
   if (c.all_linear) out["target_modules"] = "all-linear";
   else out["target_modules"] = c.target_modules;
+  if (!c.target_parameters.empty()) out["target_parameters"] = c.target_parameters;
+  else out["target_parameters"] = nullptr;
   out["task_type"] = c.task_type;
   out["use_dora"] = false;
   out["use_rslora"] = false;

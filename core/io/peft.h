@@ -24,6 +24,9 @@ struct PeftLoraConfig {
   // empty when all_linear.
   std::vector<std::string> target_modules;
   bool all_linear = false;  // target_modules was "all-linear" (PEFT's shorthand, any case)
+  // Parameters adapted directly (PEFT's lora.ParamWrapper, e.g. "mlp.experts.gate_up_proj"): names or paths ending
+  // in them; target_modules may then be empty.
+  std::vector<std::string> target_parameters;
   std::string base_model_name_or_path;
   std::string task_type = "CAUSAL_LM";
 };

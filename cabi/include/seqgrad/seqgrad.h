@@ -260,8 +260,9 @@ typedef struct sg_lora_options {
                           default) */
   double dropout;      /* lora_dropout on the adapters' input, in [0, 1) (default 0) */
   const char* targets; /* comma-separated Hugging Face module names, or "all" (copied). Llama/Qwen2: q_proj, k_proj,
-                          v_proj, o_proj, gate_proj, up_proj, down_proj; Mamba: in_proj, x_proj (what PEFT applies).
-                          NULL = the family's default: "q_proj,v_proj" (transformers), "in_proj,x_proj" (SSMs) */
+                          v_proj, o_proj, gate_proj, up_proj, down_proj; MoE layers' fused expert weights:
+                          experts.gate_up_proj, experts.down_proj (PEFT's target_parameters; dropout 0 there);
+                          Mamba: in_proj, x_proj (what PEFT applies). NULL = the family's default: "q_proj,v_proj" (transformers), "in_proj,x_proj" (SSMs) */
   uint64_t seed;       /* initialisation of A (default 0) */
 } sg_lora_options;
 

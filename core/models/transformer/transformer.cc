@@ -400,16 +400,32 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return 2 * kv_heads_ * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
-    std::vector<int> linears;
+    if (absl::Status s = CheckPeftMoeTargets(o); !s.ok()) return s;
+    std::vector<int> linears, experts;
     for (const LayerParams& L : layers_) {
       const DeltaNetParams& P = L.delta;
       const MoeParams& M = L.experts;
       for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.gate, L.up, L.down, M.shared_gate,
                     M.shared_up, M.shared_down})
         if (w >= 0) linears.push_back(w);
+      for (int w : {M.gate_up, M.down})  // in the module's parameter order, as PEFT nests their wrappers
+        if (w >= 0) experts.push_back(w);
     }
-    if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
+    if (absl::Status s = Store::EnableLoraOn(o, family(), linears, experts); !s.ok()) return s;
     Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
+    return absl::OkStatus();
+  }
+  // PEFT 0.21 reads target_modules gate_proj, up_proj and down_proj of a qwen3_moe or qwen3_next model (any such
+  // path, on every load) as transformers 4's per-expert modules and turns them into target_parameters of the fused
+  // experts (gate_up_proj with a doubled rank), leaving the shared expert's and dense layers' modules unadapted.
+  absl::Status CheckPeftMoeTargets(const LoraOptions& o) const {
+    if (cfg_.architecture != "qwen3_moe" && cfg_.architecture != "qwen3_next") return absl::OkStatus();
+    for (const std::string& t : o.targets)
+      if (t == "gate_proj" || t == "up_proj" || t == "down_proj")
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--lora_targets: '", t, "' on a ", cfg_.architecture, " model: PEFT 0.21 retargets a ", t,
+            " module target to the fused experts (target_parameters), so its adapter could not be loaded there; ",
+            "adapt the experts with experts.gate_up_proj, experts.down_proj"));
     return absl::OkStatus();
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
@@ -777,6 +793,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Linear(xn2, n, d, M.router, -1, logits.data<T>(), E, c, st);
     ops_.moe_route(logits.data<T>(), n, E, k, m.normalize, probs.data<T>(), top.data<int32_t>(), weights.data<T>());
     const ExpertGroups groups = Group(top, weights, n);
+    const ExpertAdapters lora = ExpertAdaptersOf(M, false);
     if (routing_.collecting && mem_.device() != Device::kMeta) {  // meta has no values to count
       Tensor sums = Tensor::Empty(&mem_, ws, DType::kF64, {E});
       ops_.column_sums_f64(probs.data<T>(), n, E, sums.data<double>());
@@ -791,7 +808,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Tensor xe = New(ws, {rows, d}), gate = New(ws, {rows, I}), up = New(ws, {rows, I}), a = New(ws, {rows, I});
       Tensor out = New(ws, {rows, d});
       ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
-      ExpertForward(M, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
+      ExpertForward(M, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
       ops_.scatter_add_rows(out.data<T>(), groups.rows(e), groups.template scale<T>(e), rows, d, y);
     }
     if (M.shared_gate >= 0) SharedExpertForward(M, c, xn2, st, y);
@@ -808,13 +825,15 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor dxn2 = Tensor::Zeros(&mem_, ws, Store::kDType, {n, d});
     Tensor dweights = Tensor::Zeros(&mem_, ws, Store::kDType, {n * k});
     const ExpertGroups groups = Group(s[kTop], s[kRouteWeights], n);
+    const ExpertAdapters lora = ExpertAdaptersOf(M, true);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t rows = groups.size(e);
       if (rows == 0) continue;
       Tensor xe = New(ws, {rows, d}), gate = New(ws, {rows, I}), up = New(ws, {rows, I}), a = New(ws, {rows, I});
       Tensor out = New(ws, {rows, d}), dye = New(ws, {rows, d}), dw = New(ws, {rows});
       ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
-      ExpertForward(M, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
+      typename Store::LoraAct acts[2];  // the adapters' inputs of gate_up and down
+      ExpertForward(M, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>(), acts);
       // out is the expert's output before its weight: the weight's gradient is <dy, out>.
       ops_.gather_rows(dy, groups.rows(e), rows, d, dye.data<T>());
       ops_.row_dots(dye.data<T>(), out.data<T>(), rows, d, dw.data<T>());
@@ -826,6 +845,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                  da.data<T>(), I);
       if (T* g = ExpertGrad(M.down, e, 0))
         ops_.gemm(true, false, d, I, rows, T(1), dout.data<T>(), d, a.data<T>(), I, T(1), g, I);
+      Store::LoraOutBackward(ops_, acts[1], 0, d, dout.data<T>(), d);
+      Store::LoraInBackward(ops_, acts[1], da.data<T>(), c, st);
       ops_.swiglu_backward(da.data<T>(), gate.data<T>(), up.data<T>(), rows * I, dgate.data<T>(), dup.data<T>());
       GemmWeight(ops_, false, false, rows, d, I, T(1), dgate.data<T>(), I, ExpertRows(M.gate_up, e, 0), d, T(0),
                  dxe.data<T>(), d);
@@ -835,8 +856,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         ops_.gemm(true, false, I, d, rows, T(1), dgate.data<T>(), I, xe.data<T>(), d, T(1), g, d);
       if (T* g = ExpertGrad(M.gate_up, e, I))
         ops_.gemm(true, false, I, d, rows, T(1), dup.data<T>(), I, xe.data<T>(), d, T(1), g, d);
+      Store::LoraOutBackward(ops_, acts[0], 0, I, dgate.data<T>(), I);
+      Store::LoraOutBackward(ops_, acts[0], I, I, dup.data<T>(), I);
+      Store::LoraInBackward(ops_, acts[0], dxe.data<T>(), c, st);
       ops_.scatter_add_rows(dxe.data<T>(), groups.rows(e), nullptr, rows, d, dxn2.data<T>());
     }
+    Store::ExpertLoraEnd(ops_, lora.gate_up);
+    Store::ExpertLoraEnd(ops_, lora.down);
     Tensor dlogits = New(ws, {n, E});
     ops_.moe_route_backward(dweights.data<T>(), s[kProbs].data<T>(), s[kTop].data<int32_t>(), n, E, k, m.normalize,
                             routing_.grad.defined() ? routing_.grad.template data<T>() : nullptr, dlogits.data<T>());
@@ -880,13 +906,28 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     ops_.gather_rows(weights.data<T>(), g.slot_index.data<int32_t>(), n * k, 1, g.weight.data<T>());
     return g;
   }
-  // Expert e: gate and up of its tokens' xe [rows][d], a = silu(gate) up, out = down(a).
-  void ExpertForward(const MoeParams& M, int64_t e, const T* xe, int64_t rows, T* gate, T* up, T* a, T* out) {
+  // The LoRA adapters of a MoE block's expert weights (ad null where none) for one pass.
+  struct ExpertAdapters {
+    typename Store::ExpertLora gate_up, down;
+  };
+  ExpertAdapters ExpertAdaptersOf(const MoeParams& M, bool backward) {
+    return {Store::ExpertLoraOf(ops_, M.gate_up, backward), Store::ExpertLoraOf(ops_, M.down, backward)};
+  }
+  // Expert e: gate and up of its tokens' xe [rows][d], a = silu(gate) up, out = down(a), each weight with its
+  // adapter's B_e A_e added; acts (non-null) keeps the adapters' inputs of gate_up and down for the backward.
+  void ExpertForward(const MoeParams& M, const ExpertAdapters& lora, int64_t e, const T* xe, int64_t rows, T* gate,
+                     T* up, T* a, T* out, typename Store::LoraAct* acts = nullptr) {
     const int64_t d = cfg_.hidden_size, I = cfg_.moe.intermediate;
     GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, 0), d, T(0), gate, I);
     GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, I), d, T(0), up, I);
+    typename Store::LoraAct gate_up = Store::ExpertLoraIn(ops_, lora.gate_up, e, xe, rows);
+    Store::LoraOut(ops_, gate_up, 0, I, gate, I);
+    Store::LoraOut(ops_, gate_up, I, I, up, I);
     ops_.swiglu_forward(gate, up, rows * I, a);
     GemmWeight(ops_, false, true, rows, d, I, T(1), a, I, ExpertRows(M.down, e, 0), I, T(0), out, d);
+    typename Store::LoraAct down = Store::ExpertLoraIn(ops_, lora.down, e, a, rows);
+    Store::LoraOut(ops_, down, 0, d, out, d);
+    if (acts) acts[0] = std::move(gate_up), acts[1] = std::move(down);
   }
   // Rows [row0, ..) of expert e's matrix in a [experts][rows][cols] parameter, and their gradient (null: frozen).
   WeightView ExpertRows(int w, int64_t e, int64_t row0) const {
