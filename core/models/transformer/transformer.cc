@@ -334,7 +334,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         vocab_rows_(c.vocab_size / tp.size) {
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
-    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim, f = inter_;
+    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim;
     // Column-parallel (rows of [out][in] split), row-parallel (columns split), replicated; see tensor_parallel.h.
     const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
     auto add = [&](const std::string& name, std::vector<int64_t> shape, TpShard shard) {
