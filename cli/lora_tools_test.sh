@@ -64,7 +64,7 @@ expect_error() {  # expect_error <message> <args...>
   grep -qF -- "$msg" "$tmp/out" || fail "expected '$msg' for: $*; got: $(cat "$tmp/out")"
 }
 expect_error "--lora_rank must be positive" --model=tiny --seq_len=600 --steps=1 --lora_rank=-2
-expect_error "--lora_targets: 'in_proj' is not a linear module of a Llama/Qwen2 model" --model=tiny --seq_len=600 \
+expect_error "--lora_targets: 'in_proj' is not a linear module or expert weight of a transformer model" --model=tiny --seq_len=600 \
   --steps=1 --lora_rank=2 --lora_targets=in_proj
 expect_error "--lora_dropout must be in [0, 1)" --model=tiny --seq_len=600 --steps=1 --lora_rank=2 --lora_dropout=1
 expect_error "need --lora_rank" --model=tiny --seq_len=600 --steps=1 --lora_targets=q_proj
