@@ -95,7 +95,8 @@ std::string DefaultLoraTargets(const std::string& family);
 // out_proj and dt_proj). Errors name --lora_targets.
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family);
 // Checks rank > 0, alpha finite and > 0, dropout in [0, 1) (0 with an expert parameter target, as PEFT), targets
-// non-empty, known to the family and not repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT cannot use, the reason.
+// non-empty, known to the family and not repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT
+// cannot use, the reason.
 absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family);
 
 // Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per

@@ -283,8 +283,8 @@ class ParamStore {
     const T* b_w = nullptr;           // B [out][r]
     T* a_grad = nullptr;              // their gradients (null: none)
     T* b_grad = nullptr;
-    Tensor dropped, t;                // x after dropout (when on); t [n][rank]
-    Tensor dt;                        // backward: the gradient of t
+    Tensor dropped, t;  // x after dropout (when on); t [n][rank]
+    Tensor dt;          // backward: the gradient of t
     int64_t n = 0;
   };
   // t = dropout(x) A^T for the adapter of base weight w over chunk c (x: [c.size()][in]).
@@ -311,8 +311,8 @@ class ParamStore {
   void LoraOut(const OpTable<T>& ops, const LoraAct& a, int64_t row0, int64_t rows, T* y, int64_t ldy) {
     if (!a.ad) return;
     const int64_t r = lora_->options.rank;
-    ops.gemm(false, true, a.n, rows, r, static_cast<T>(lora_->scale()), a.t.template data<T>(), r, a.b_w + row0 * r,
-             r, T(1), y, ldy);
+    ops.gemm(false, true, a.n, rows, r, static_cast<T>(lora_->scale()), a.t.template data<T>(), r, a.b_w + row0 * r, r,
+             T(1), y, ldy);
   }
   // Backward of LoraOut given dy of the rows block: accumulates dB of those rows and the gradient of t.
   void LoraOutBackward(const OpTable<T>& ops, LoraAct& a, int64_t row0, int64_t rows, const T* dy, int64_t lddy) {
