@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace sg::io {
@@ -620,6 +621,12 @@ TEST(HfConfigErrorTest, HybridErrorsNameTheField) {
   ExpectErrorMentions(Parse(R"({"model_type": "qwen3_5", "text_config": {"model_type": "llama"}})"),
                       {"field 'text_config.model_type' is 'llama'"});
   ExpectErrorMentions(Parse(R"({"model_type": "qwen3_5"})"), {"field 'text_config' is missing"});
+  // A flag per layer: a billion layers are refused before the lists are made (not after seconds of work).
+  for (const char* type : {"qwen3_5_text", "qwen3_moe"})
+    ExpectErrorMentions(Parse(absl::StrCat(R"({"model_type": ")", type, R"(", "vocab_size": 100, "hidden_size": 64,
+                                           "num_hidden_layers": 1000000000, "num_attention_heads": 4,
+                                           "intermediate_size": 128})")),
+                        {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
 }
 
 }  // namespace

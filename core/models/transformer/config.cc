@@ -35,14 +35,12 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
                                           {"max_position_embeddings", c.max_position_embeddings, INT64_MAX}});
       !s.ok())
     return s;
-  int64_t moe_layers = 0;  // sparse MoE blocks; the others are dense MLPs, of intermediate_size
-  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe(l) ? 1 : 0;
+  const int64_t moe_layers = c.moe_layer_count();  // sparse MoE blocks; the others are dense MLPs
   if (moe_layers < c.num_layers)
     if (absl::Status s = CheckConfigBounds({{"intermediate_size", c.intermediate_size, INT64_MAX}}); !s.ok()) return s;
   FootprintCounter n(dtype);
   const int64_t d = c.hidden_size, L = c.num_layers, f = c.intermediate_size;
-  int64_t linear = 0;  // Gated DeltaNet layers; the others are attention layers
-  for (int64_t l = 0; l < L; ++l) linear += c.is_linear(l) ? 1 : 0;
+  const int64_t linear = c.linear_layer_count();  // Gated DeltaNet layers; the others are attention layers
   const int64_t A = L - linear;
   const int64_t qd = n.Product({{"num_attention_heads", c.num_heads}, {"head_dim", c.head_dim}});
   const int64_t kvd = n.Product({{"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}});
@@ -277,6 +275,14 @@ absl::Status ParseRope(const FieldReader& fields, const std::string& source_name
   return absl::OkStatus();
 }
 
+// Hybrids and mixtures of experts keep a flag per layer: past this many layers (real models have a few hundred at
+// most) a config is refused before the lists are made.
+constexpr int64_t kMostListedLayers = int64_t{1} << 16;
+absl::Status TooManyLayers(const FieldReader& fields, const TransformerConfig& config) {
+  return fields.Error("num_hidden_layers", absl::StrCat("is ", config.num_layers, "; ", config.architecture,
+                                                        " models are supported up to ", kMostListedLayers, " layers"));
+}
+
 // transformers >= 5 lists each layer's attention kind: full attention everywhere, and in hybrids
 // "linear_attention" (Gated DeltaNet) too, by default in every layer but each full_attention_interval-th.
 absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& config) {
@@ -285,6 +291,7 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
     if (!config.hybrid()) return absl::OkStatus();
     int64_t interval;
     SG_IO_ASSIGN_OR_RETURN(interval, fields.PositiveInt("full_attention_interval", 4));
+    if (config.num_layers > kMostListedLayers) return TooManyLayers(fields, config);
     for (int64_t i = 0; i < config.num_layers; ++i) config.linear_layers.push_back((i + 1) % interval != 0);
     if (interval == 1) config.linear_layers.clear();  // every layer full attention
     return absl::OkStatus();
@@ -386,6 +393,7 @@ absl::Status ParseMoe(const FieldReader& fields, TransformerConfig& config) {
     if (fields.Get("sliding_window") != nullptr)
       return fields.Error("sliding_window", "is set; sliding-window attention is not supported (null)");
   }
+  if (config.num_layers > kMostListedLayers) return TooManyLayers(fields, config);
   std::vector<bool> dense(config.num_layers, false);
   int64_t step = 1;
   if (q3 || next) {

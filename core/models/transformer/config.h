@@ -2,6 +2,7 @@
 // preset, and config.json <-> TransformerConfig.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -99,6 +100,10 @@ struct TransformerConfig {
   }
   bool is_linear(int64_t layer) const { return !linear_layers.empty() && linear_layers[layer]; }
   bool is_moe(int64_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
+  // How many layers are Gated DeltaNet / MoE (counted over the per-layer lists, not num_layers: a config's layer
+  // count is checked after these are asked).
+  int64_t linear_layer_count() const { return std::count(linear_layers.begin(), linear_layers.end(), true); }
+  int64_t moe_layer_count() const { return std::count(moe_layers.begin(), moe_layers.end(), true); }
   int64_t rotary_dim() const;  // head_dim x partial_rotary_factor, as transformers truncates it
   // Where the text model's parameters live: "model." or, in the conditional layout, "model.language_model.".
   std::string prefix() const { return conditional ? "model.language_model." : "model."; }

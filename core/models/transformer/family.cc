@@ -124,16 +124,8 @@ class TransformerSpec final : public ModelSpec {
   }
 
  private:
-  int64_t MoeLayers() const {
-    int64_t n = 0;
-    for (int64_t l = 0; l < c_.num_layers; ++l) n += c_.is_moe(l) ? 1 : 0;
-    return n;
-  }
-  int64_t LinearLayers() const {
-    int64_t n = 0;
-    for (int64_t l = 0; l < c_.num_layers; ++l) n += c_.is_linear(l) ? 1 : 0;
-    return n;
-  }
+  int64_t MoeLayers() const { return c_.moe_layer_count(); }
+  int64_t LinearLayers() const { return c_.linear_layer_count(); }
   // Forward FLOPs of one token in a Gated DeltaNet layer: the conv, and per value head the state's decay, S^T k,
   // its rank-1 update and S^T q.
   int64_t LinearMixingPerToken() const {

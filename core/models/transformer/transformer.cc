@@ -1543,9 +1543,7 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
                           {"head_dim", c.head_dim}}) {
     if (absl::Status s = positive(field, v); !s.ok()) return s;
   }
-  bool dense_mlp = false;  // some layer has the dense MLP, of intermediate_size
-  for (int64_t l = 0; l < c.num_layers; ++l) dense_mlp = dense_mlp || !c.is_moe(l);
-  if (dense_mlp)
+  if (c.moe_layer_count() < c.num_layers)  // some layer has the dense MLP, of intermediate_size
     if (absl::Status s = positive("intermediate_size", c.intermediate_size); !s.ok()) return s;
   if (c.num_heads % c.num_kv_heads != 0)
     return absl::InvalidArgumentError(absl::StrCat("config: num_attention_heads (", c.num_heads,
