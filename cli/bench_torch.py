@@ -102,8 +102,20 @@ def rope_inv_freq(cfg):
     return torch.tensor(inv, dtype=torch.float64)
 
 
-# Hybrids: Gated DeltaNet layers, which the plain-ops engine does not implement.
+# Hybrids: Gated DeltaNet layers, which the plain-ops engine does not implement; nor mixtures of experts.
 HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "qwen3_5_moe_text", "qwen3_5_moe")
+
+
+def plain_ops_gap(cfg):
+    """Why the plain-ops engine cannot run this config (None: it can)."""
+    if cfg.get("model_type") in HYBRID_MODEL_TYPES:
+        return (f"the plain-ops engine has no Gated DeltaNet ({cfg['model_type']}): transformers' model class (hf) "
+                "is the reference for the hybrids")
+    if cfg.get("model_type") in MOE_MODEL_TYPES:
+        return (f"the plain-ops engine has no mixture of experts ({cfg['model_type']}): transformers' model class (hf) "
+                "is the reference")
+    return None
 
 
 class Llama:
@@ -327,9 +339,8 @@ def main():
     precision = "bf16 autocast" if autocast else args.dtype
     attention = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "baddbmm+softmax+bmm"
     models, labels_by_engine, skipped = {}, {}, {}
-    if "torch" in engines and cfg.get("model_type") in HYBRID_MODEL_TYPES:
-        skipped["torch"] = (f"the plain-ops engine has no Gated DeltaNet ({cfg['model_type']}): "
-                            "transformers' model class (hf) is the reference for the hybrids")
+    if "torch" in engines and plain_ops_gap(cfg):
+        skipped["torch"] = plain_ops_gap(cfg)
         log(f"bench_torch.py: skipping torch: {skipped['torch']}")
     elif "torch" in engines:
         models["torch"] = Llama(cfg, read_safetensors(f"{args.model_dir}/model.safetensors"), dtype)
