@@ -574,9 +574,10 @@ absl::StatusOr<json> RunTorch(Model& model, const std::vector<std::string>& stra
       absl::StrCat(ShellQuote(absl::GetFlag(FLAGS_python)), " ", ShellQuote(FindTorchScript(script)),
                    " --model_dir=", ShellQuote(dir), " --seq_dir=", ShellQuote(dir),
                    " --strategies=", absl::StrJoin(strategies, ","), " --seq_lens=", absl::StrJoin(lens, ","),
-                   " --repeats=", repeats, " --warmup=", warmup, " --doc_len=", absl::GetFlag(FLAGS_doc_len),
-                   gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))
-                       : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype));
+                   " --repeats=", repeats, " --warmup=", warmup,
+                   gpu ? absl::StrCat(" --matmul=", absl::GetFlag(FLAGS_matmul))  // no :docs rows on the GPU
+                       : absl::StrCat(" --threads=", omp_get_max_threads(), " --dtype=", dtype,
+                                      " --doc_len=", absl::GetFlag(FLAGS_doc_len)));
   std::fprintf(stderr, "running: %s\n", cmd.c_str());
   std::fflush(stderr);
   FILE* p = popen(cmd.c_str(), "r");

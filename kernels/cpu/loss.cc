@@ -38,6 +38,14 @@ int32_t ArgmaxRow(const T* row, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
+// The rows' losses summed in row order, as the CUDA kernel sums them: an OpenMP reduction combines the threads'
+// partial sums in the order they finish, so the loss would differ in its last bits from run to run.
+double InRowOrder(const std::vector<double>& losses) {
+  double total = 0;
+  for (double l : losses) total += l;
+  return total;
+}
+
 // The op's contract for its sum: added to *device_sum (CPU memory is the device's) and 0 returned, or returned.
 double Delivered(double total, double* device_sum) {
   if (!device_sum) return total;
@@ -58,17 +66,17 @@ const float* Widened(const uint16_t* row, int64_t vocab) {
 template <typename T>
 double CrossEntropyForwardBackward(T* logits, const int32_t* labels, int64_t n, int64_t vocab, const double* row_scale,
                                    double grad_scale, double* device_sum) {
-  double total = 0;
-#pragma omp parallel for reduction(+ : total)
+  std::vector<double> losses(n, 0.0);
+#pragma omp parallel for
   for (int64_t i = 0; i < n; ++i) {
     T* row = logits + i * vocab;
     if (labels[i] < 0) {
       std::fill(row, row + vocab, T(0));
       continue;
     }
-    total += CrossEntropyRow(row, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
+    losses[i] = CrossEntropyRow(row, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
   }
-  return Delivered(total, device_sum);
+  return Delivered(InRowOrder(losses), device_sum);
 }
 
 template <typename T>
@@ -85,8 +93,8 @@ void TokenArgmax(const T* logits, const int32_t* labels, int64_t n, int64_t voca
 
 double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab,
                                        const double* row_scale, double grad_scale, double* device_sum) {
-  double total = 0;
-#pragma omp parallel for reduction(+ : total)
+  std::vector<double> losses(n, 0.0);
+#pragma omp parallel for
   for (int64_t i = 0; i < n; ++i) {
     uint16_t* row = logits + i * vocab;
     if (labels[i] < 0) {
@@ -94,10 +102,10 @@ double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, 
       continue;
     }
     float* wide = const_cast<float*>(Widened(row, vocab));
-    total += CrossEntropyRow(wide, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
+    losses[i] = CrossEntropyRow(wide, labels[i], vocab, row_scale ? row_scale[i] * grad_scale : grad_scale);
     F32ToBF16Row(wide, vocab, row);
   }
-  return Delivered(total, device_sum);
+  return Delivered(InRowOrder(losses), device_sum);
 }
 
 void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out) {

@@ -107,6 +107,32 @@ TEST(OpsTest, CrossEntropyIgnoresLabels) {
   EXPECT_LT(FiniteDifferenceError(f, logits, grad), kTol);
 }
 
+// The loss is the rows' losses summed in row order, the same bits whatever the number of threads (an OpenMP
+// reduction combined the threads' partial sums as they finished: the last bits varied between identical calls on a
+// 16-core machine, and the CUDA sum, in row order, differed from the CPU's).
+TEST(OpsTest, CrossEntropySumsInRowOrderWhateverTheThreads) {
+  const int64_t n = 37, vocab = 50;
+  std::vector<int32_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = i % 5 == 3 ? -100 : static_cast<int32_t>((i * 17) % vocab);
+  const Vec logits = Random(n * vocab, 33, 4.0);
+  double in_row_order = 0;
+  for (int64_t i = 0; i < n; ++i) {  // one row per call: no reduction at all
+    Vec row(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+    in_row_order += ops.cross_entropy_forward_backward(row.data(), &labels[i], 1, vocab, nullptr, 1.0, nullptr);
+  }
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 3, 8, 16}) {
+    omp_set_num_threads(threads);
+    for (int repeat = 0; repeat < 20; ++repeat) {
+      Vec grad = logits;
+      ASSERT_EQ(ops.cross_entropy_forward_backward(grad.data(), labels.data(), n, vocab, nullptr, 1.0, nullptr),
+                in_row_order)
+          << threads << " threads, call " << repeat;
+    }
+  }
+  omp_set_num_threads(threads_before);
+}
+
 // Arg max per labelled row: the lowest id among ties, NaN never wins, unlabelled rows get -1.
 TEST(OpsTest, TokenArgmax) {
   const int64_t n = 4, vocab = 5;
