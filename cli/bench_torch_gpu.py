@@ -20,9 +20,6 @@ import math
 import sys
 import time
 
-import numpy as np
-import torch
-
 STRATEGIES = ("full", "ckpt")
 
 
@@ -46,6 +43,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--matmul", default="bf16", choices=["fp32", "tf32", "bf16"])
     args = ap.parse_args()
+    # Imported after the arguments are read, so that a machine without PyTorch still checks bench's command line
+    # (tools/gpu_check.sh --tiny).
+    log("bench_torch_gpu.py: arguments read")
+    try:
+        import numpy as np
+        import torch
+    except ImportError as e:
+        raise SystemExit(f"bench_torch_gpu.py: {e}: needs numpy, PyTorch with CUDA and transformers")
     if not torch.cuda.is_available():
         raise SystemExit("bench_torch_gpu.py: torch sees no CUDA device")
 

@@ -227,6 +227,13 @@ for T in "${speed_lens[@]}"; do
     "${torch_flags[@]}" --json="$out/bench_speed_$T.json"
 done
 [[ "$torch_ok" == 1 ]] || skip torch_reference "no python3 with CUDA torch and transformers: seqgrad rows only"
+if ((tiny)) && [[ "$torch_ok" != 1 && -n "$python" ]]; then
+  # Without PyTorch the script still reads the command line bench gives it (a flag it did not know cost the speed
+  # stage of a GPU run): it must get past its arguments.
+  check torch_arguments 30 bash -c '"$@" 2>&1 | tee /dev/stderr | grep -q "bench_torch_gpu.py: arguments read"' \
+    torch_arguments "$bin/bench" "${bench_common[@]}" --model=$llama --strategies=full --seq_lens=${speed_lens[0]} \
+    --compare_torch --torch_strategies=full,ckpt --python="$python" --torch_script="$here/scripts/bench_torch_gpu.py"
+fi
 
 begin_stage memory 130
 for T in "${memory_lens[@]}"; do

@@ -40,7 +40,8 @@ want = {
     "correctness": {"nvidia_smi": "skipped", "libraries": "pass", "ops_test": "pass", "cuda_strategy_test": "pass",
                     "bf16_strategy_test": "pass", "gradcheck_seco": "pass", "gradcheck_streambp": "pass",
                     "gradcheck_qwen3.5_seco": "pass", "gradcheck_qwen3_next_seco": "pass"},
-    "speed": {"bench_speed_64": "pass", "bench_speed_128": "pass", "torch_reference": "skipped"},
+    "speed": {"bench_speed_64": "pass", "bench_speed_128": "pass", "torch_reference": "skipped",
+              "torch_arguments": "pass"},
     "memory": {"plan_64": "pass", "bench_offload_64": "pass", "plan_128": "pass", "bench_offload_128": "pass"},
     "extras": {"memcheck": "skipped", "racecheck": "skipped", "kernel_profile": "skipped"},
 }
