@@ -234,7 +234,7 @@ ModelFacts Describe(Model& model) {
 // host.
 absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed, Device device) {
   const std::string overrides = absl::GetFlag(FLAGS_config_overrides);
-  if (overrides.empty()) return LoadAnyModel(tools::ModelSpec(), dtype, seed, device);
+  if (overrides.empty()) return LoadAnyModel(tools::ModelSpec(), dtype, seed, device, tools::LoraRequested());
   const std::string name = absl::GetFlag(FLAGS_model);
   absl::StatusOr<std::unique_ptr<ModelSpec>> preset = PresetSpec(name);
   if (!preset.ok())
@@ -251,7 +251,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed
   if (!footprint.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", footprint.status().message()));
   if (device == Device::kCPU)
     if (absl::Status s = CheckFootprintFits(*footprint, HostAvailableBytes(), source); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Model>> model = (*spec)->Create(dtype, device, {});
+  absl::StatusOr<std::unique_ptr<Model>> model = (*spec)->Create(dtype, device, {}, tools::LoraRequested());
   if (!model.ok()) return model.status();
   (*spec)->InitRandom(**model, seed);
   return model;

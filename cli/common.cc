@@ -265,6 +265,8 @@ std::string PeakByCategoryJson(const MemorySnapshot& s) {
   return out + "}";
 }
 
+bool LoraRequested() { return absl::GetFlag(FLAGS_lora_rank) != 0 || !absl::GetFlag(FLAGS_lora_init).empty(); }
+
 std::string ApplyLoraFlags(Model& model) {
   const int64_t rank = absl::GetFlag(FLAGS_lora_rank);
   const double alpha = absl::GetFlag(FLAGS_lora_alpha), dropout = absl::GetFlag(FLAGS_lora_dropout);

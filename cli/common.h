@@ -60,6 +60,9 @@ std::string PeakByCategoryJson(const MemorySnapshot& s);
 // directory (its rank, alpha and targets; flags given as well must agree, --lora_dropout overrides). Exits naming
 // the flag on error. Returns a one-line description ("" when LoRA is off).
 std::string ApplyLoraFlags(Model& model);
+// Whether --lora_rank or --lora_init asks for LoRA: the model is then created with a frozen base (LoadAnyModel's
+// frozen_base), so that no gradient of the base is ever allocated.
+bool LoraRequested();
 // The trained model into `dir`: HF config.json + model.safetensors; with LoRA on, the PEFT adapter files
 // (adapter_config.json + adapter_model.safetensors, base_model_name_or_path = base) unless merge, which writes the
 // merged weights as a plain HF model instead; the model's weights in save_dtype (core/model_io.h's SaveDType).

@@ -108,7 +108,7 @@ int Main() {
   if (seq_len < 0)
     tools::ExitIfError(absl::InvalidArgumentError(absl::StrCat("got ", seq_len, "; need >= 0")), "--seq_len");
   absl::StatusOr<std::unique_ptr<Model>> model =
-      LoadAnyModel(tools::ModelSpec(), *dtype, absl::GetFlag(FLAGS_seed), device);
+      LoadAnyModel(tools::ModelSpec(), *dtype, absl::GetFlag(FLAGS_seed), device, /*frozen_base=*/true);
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);
   if (!lora.empty()) std::fprintf(stderr, "%s\n", lora.c_str());

@@ -368,7 +368,8 @@ void CheckFlags(TrainRun& run) {
 // only its own blocks on the device.
 void LoadModels(TrainRun& run) {
   const Device load_device = run.grid ? Device::kCPU : run.device;
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), run.dtype, run.seed, load_device);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadAnyModel(tools::ModelSpec(), run.dtype, run.seed, load_device, tools::LoraRequested());
   tools::ExitIfError(model.status(), "--model");
   run.lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
   if (run.grid) {
@@ -395,7 +396,7 @@ void LoadModels(TrainRun& run) {
                        "--ref_model");
   if (run.ref_model.empty() || run.reference_is_base) return;
   absl::StatusOr<std::unique_ptr<Model>> r =
-      LoadAnyModel(tools::ModelSpecOf(run.ref_model), run.dtype, run.seed, load_device);
+      LoadAnyModel(tools::ModelSpecOf(run.ref_model), run.dtype, run.seed, load_device, /*frozen_base=*/true);
   tools::ExitIfError(r.status(), "--ref_model");
   if (run.grid) {
     r = dist::SplitModel(**r, run.grid->layers(), run.device);

@@ -30,16 +30,16 @@
 namespace sg {
 namespace {
 
-std::unique_ptr<Model> Base(const std::string& preset, uint64_t seed = 7) {
+std::unique_ptr<Model> Base(const std::string& preset, uint64_t seed = 7, bool frozen_base = false) {
   std::unique_ptr<Model> model;
   if (absl::StatusOr<TransformerConfig> t = TransformerPreset(preset); t.ok()) {
-    auto m = CreateTransformer(*t, DType::kF64);
+    auto m = CreateTransformer(*t, DType::kF64, Device::kCPU, {}, frozen_base);
     EXPECT_TRUE(m.ok()) << m.status();
     model = std::move(*m);
   } else {
     MambaConfig c = *MambaPreset(preset);
     c.use_bias = true;  // in_proj / out_proj biases: the adapters must leave them frozen
-    auto m = CreateMamba(c, DType::kF64);
+    auto m = CreateMamba(c, DType::kF64, Device::kCPU, {}, frozen_base);
     EXPECT_TRUE(m.ok()) << m.status();
     model = std::move(*m);
   }
@@ -255,6 +255,41 @@ TEST(LoraFreezeTest, BaseFrozenAndOnlyAdapterMemory) {
       for (int64_t j = 0; j < model->params()[ad.b].value.numel(); ++j)
         bmax = std::max(bmax, std::abs(model->params()[ad.b].value.data<double>()[j]));
     EXPECT_GT(bmax, 1e-3) << preset << ": the adapters did not train";
+  }
+}
+
+// A model created with a frozen base (as the tools create one for LoRA) never holds a gradient of the base: before
+// LoRA none at all, after it the adapters' alone; training then gives the adapters bit for bit what a model that
+// had the base's gradients and released them gives.
+TEST(LoraFreezeTest, CreatedFrozenNeverHoldsTheBaseGradients) {
+  for (const std::string preset : {"tiny", "tiny-ssm"}) {
+    auto frozen = Base(preset, 7, /*frozen_base=*/true);
+    for (const Param& p : frozen->params()) EXPECT_FALSE(p.grad.defined()) << preset << " " << p.name;
+    EXPECT_EQ(frozen->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], 0) << preset;
+    auto released = Base(preset, 7);
+    EXPECT_GT(released->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], 0) << preset;
+    ASSERT_TRUE(EnableLora(*frozen, Options(*frozen, 4, 0.1)).ok());
+    ASSERT_TRUE(EnableLora(*released, Options(*released, 4, 0.1)).ok());
+    EXPECT_EQ(frozen->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], AdapterBytes(*frozen))
+        << preset;
+    StrategyOptions o;
+    o.name = "seco";
+    o.chunk = 5;
+    OptimizerOptions opt;
+    opt.lr = 1e-2;
+    Trainer a(*frozen, o, opt), b(*released, o, opt);
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE(a.Step(Batch(*frozen)).ok());
+      ASSERT_TRUE(b.Step(Batch(*released)).ok());
+    }
+    ASSERT_EQ(frozen->params().size(), released->params().size());
+    for (size_t i = 0; i < frozen->params().size(); ++i) {
+      const Param &p = frozen->params()[i], &q = released->params()[i];
+      ASSERT_EQ(p.name, q.name);
+      ASSERT_EQ(p.grad.defined(), q.grad.defined()) << p.name;
+      for (int64_t j = 0; j < p.value.numel(); ++j)
+        ASSERT_EQ(p.value.data<double>()[j], q.value.data<double>()[j]) << preset << " " << p.name;
+    }
   }
 }
 

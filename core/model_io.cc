@@ -128,12 +128,12 @@ absl::Status LoadWeights(Model& model, const std::string& dir) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
-                                                    Device device) {
+                                                    Device device, bool frozen_base) {
   const bool from_directory = IsDirectory(spec);
   absl::StatusOr<std::unique_ptr<ModelSpec>> config = from_directory ? LoadConfigSpec(spec) : PresetSpec(spec);
   if (!config.ok()) return config.status();
   if (absl::Status s = CheckModelSize(**config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Model>> model = (*config)->Create(dtype, device, {});
+  absl::StatusOr<std::unique_ptr<Model>> model = (*config)->Create(dtype, device, {}, frozen_base);
   if (!model.ok() && from_directory)
     return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
   if (!model.ok()) return model.status();

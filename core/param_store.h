@@ -39,6 +39,9 @@ class ParamStore {
     weight_dtype_ = t;
     return absl::OkStatus();
   }
+  // Set before the first Add: the parameters get no gradient (a model created frozen, for LoRA to adapt or to score
+  // with), so that a LoRA run never holds a gradient for the whole base (fp32: twice a bf16 base's bytes).
+  void SetFrozenBase(bool frozen) { frozen_base_ = frozen; }
   int Add(const std::string& name, std::vector<int64_t> shape) {
     return AddIn(shape.size() >= 2 ? weight_dtype_ : kDType, name, shape);
   }
@@ -158,7 +161,7 @@ class ParamStore {
     Param p;
     p.name = name;
     p.value = Tensor::Zeros(&mem_, MemCategory::kWeights, value_dtype, shape);
-    p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, kDType, shape);
+    if (!frozen_base_) p.grad = Tensor::Zeros(&mem_, MemCategory::kGrads, kDType, shape);
     params_.push_back(std::move(p));
     return static_cast<int>(params_.size()) - 1;
   }
@@ -224,9 +227,10 @@ class ParamStore {
     if (o.rank > widest)
       return absl::InvalidArgumentError(absl::StrCat("--lora_rank ", o.rank, " exceeds min(in, out) = ", widest,
                                                      " of every adapted weight (largest: ", widest_name, ")"));
-    // The base's gradients were allocated with the model (fp32: twice a bf16 base's bytes) and go now; a device
-    // allocator keeps their blocks cached for reuse (docs/gpu.md, Measured on a GPU).
+    // The base's gradients, unless the model was created frozen (SetFrozenBase), go now; a device allocator keeps
+    // their blocks cached for reuse (docs/gpu.md, Measured on a GPU). The adapters added below get theirs.
     for (Param& p : params_) p.grad.Reset();
+    frozen_base_ = false;
     auto info = std::make_unique<LoraInfo>();
     info->options = o;
     info->options.targets.clear();  // the modules this model has ("all" names every family's), as PEFT records them
@@ -450,6 +454,7 @@ class ParamStore {
   std::vector<Param> params_;
   int64_t lm_chunk_ = 256;
   std::map<int, Tensor> scratch_;  // frozen parameters' gradient sinks, on the model's device
+  bool frozen_base_ = false;
   std::unique_ptr<LoraInfo> lora_;
   std::vector<int> adapter_of_;  // per parameter: the index of the adapter whose base weight it is, or -1
   // Per adapter of an expert weight: position (e out + o) r + k of the [E][out][r] gather holds lora_B's element

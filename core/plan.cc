@@ -16,12 +16,13 @@
 namespace sg {
 namespace {
 
-// A model of `spec` on device; on the CPU with random weights, on meta with none.
+// A model of `spec` on device; on the CPU with random weights, on meta with none. With LoRA to come (lora.rank > 0)
+// the base is created frozen, as the tools create it: no gradient for it is ever allocated.
 absl::StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec, DType dtype, Device device, uint64_t seed,
-                                              const std::string& what) {
+                                              const std::string& what, const LoraOptions& lora) {
   if (absl::StatusOr<ModelFootprint> f = spec.Footprint(dtype); !f.ok())
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", f.status().message()));
-  absl::StatusOr<std::unique_ptr<Model>> m = spec.Create(dtype, device, {});
+  absl::StatusOr<std::unique_ptr<Model>> m = spec.Create(dtype, device, {}, /*frozen_base=*/lora.rank > 0);
   if (!m.ok()) return m.status();
   if (device != Device::kMeta) spec.InitRandom(**m, seed);
   return m;
@@ -80,14 +81,14 @@ constexpr int64_t kHostBytesPerToken = 3 * 24;
 absl::StatusOr<std::unique_ptr<Model>> CreatePlanModel(const std::string& spec, DType dtype, Device device,
                                                        const LoraOptions& lora, uint64_t seed) {
   absl::StatusOr<std::unique_ptr<ModelSpec>> preset = PresetSpec(spec);
-  if (preset.ok()) return WithLora(Create(**preset, dtype, device, seed, spec), lora);
+  if (preset.ok()) return WithLora(Create(**preset, dtype, device, seed, spec, lora), lora);
   struct stat st;
   if (stat(spec.c_str(), &st) != 0) return preset.status();  // names the presets
   absl::StatusOr<std::pair<std::string, std::string>> text = io::ReadConfigJson(spec);
   if (!text.ok()) return text.status();
   absl::StatusOr<std::unique_ptr<ModelSpec>> config = ParseConfigSpec(text->first, text->second);
   if (!config.ok()) return config.status();
-  return WithLora(Create(**config, dtype, device, seed, text->second), lora);
+  return WithLora(Create(**config, dtype, device, seed, text->second, lora), lora);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
@@ -96,7 +97,7 @@ absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model) {
   const DType dtype = CreatedDType(model);
   if (const TensorParallelModel* tp = TensorParallelOf(model))  // one rank of a split model: its blocks, LoRA too
     return CreateModelLike(model, Device::kMeta, {tp->tensor_parallel().rank, tp->tensor_parallel().size, nullptr});
-  return WithLora(Create(*model.spec(), dtype, Device::kMeta, 0, "model"), lora);
+  return WithLora(Create(*model.spec(), dtype, Device::kMeta, 0, "model", lora), lora);
 }
 
 absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strategy, const ObjectiveOptions& objective,

@@ -101,7 +101,8 @@ std::vector<int64_t> LoraFirstColumns(const std::vector<TpShard>& shards, const 
 absl::StatusOr<std::unique_ptr<Model>> CreateModelLike(Model& like, Device device, const TensorParallel& group) {
   TensorParallel tp = group;
   tp.device = device;
-  absl::StatusOr<std::unique_ptr<Model>> m = like.spec()->Create(CreatedDType(like), device, tp);
+  absl::StatusOr<std::unique_ptr<Model>> m =
+      like.spec()->Create(CreatedDType(like), device, tp, /*frozen_base=*/like.lora() != nullptr);
   if (!m.ok()) return m.status();
   if (like.lora())
     if (absl::Status s = EnableLora(**m, like.lora()->options); !s.ok()) return s;

@@ -23,8 +23,9 @@ class MambaSpec final : public ModelSpec {
   bool tied_embeddings() const override { return c_.tie_word_embeddings; }
   std::string HFConfigJson() const override { return io::MambaConfigToHFJson(c_); }
   absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
-  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp) const override {
-    return AsModel(CreateMamba(c_, dtype, device, tp));
+  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp,
+                                                bool frozen_base) const override {
+    return AsModel(CreateMamba(c_, dtype, device, tp, frozen_base));
   }
   // The matrices as every family's, then the scan's own initialisation (InitMambaScan).
   void InitRandom(Model& model, uint64_t seed) const override {

@@ -103,7 +103,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   // weights: T, or bf16 over T = float (--dtype=bf16: the linear and embedding matrices in bf16; the conv filter,
   // A_log and the vectors stay in T, as the scan and conv they feed accumulate in it).
   // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
-  Mamba(const MambaConfig& c, Device device, DType weights, const TensorParallel& tp)
+  Mamba(const MambaConfig& c, Device device, DType weights, const TensorParallel& tp, bool frozen_base)
       : cfg_(c),
         ops_(OpsFor<T>(device)),
         tp_(tp),
@@ -111,6 +111,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
         vocab_rows_(c.vocab_size / tp.size) {
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
+    Store::SetFrozenBase(frozen_base);
     const int64_t d = c.hidden_size, E = inter_, N = c.state_size, R = c.time_step_rank;
     // By channel (rows; in_proj's x and z channels each), by columns (x_proj, out_proj: their input is the
     // channels), replicated; see tensor_parallel.h.
@@ -560,15 +561,15 @@ void InitMambaScan(MambaModel& model, uint64_t seed) {
 }
 
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype, Device device,
-                                                        const TensorParallel& tp) {
+                                                        const TensorParallel& tp, bool frozen_base) {
   if (absl::Status s = ValidateMamba(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp));
-  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype, tp));
+  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
+  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype, tp, frozen_base));
   // bf16 matrices over f32 compute (param_store.h), as the transformer: the CPU and CUDA tables' bf16 entries.
-  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp));
+  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

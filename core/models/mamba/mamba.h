@@ -37,8 +37,10 @@ std::vector<std::string> MambaPresetNames();
 // (CPU and meta: in_proj, x_proj, dt_proj, out_proj, embeddings and LM head stored in bf16 over f32 compute).
 // With tp.size > 1 the model is rank tp.rank's part of a tensor-parallel split of the d_inner channels
 // (core/tensor_parallel.h; the model is also a TensorParallelModel): its parameters are that rank's blocks.
+// frozen_base: the parameters get no gradients (LoRA's adapters will; ParamStore::SetFrozenBase).
 absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& config, DType dtype,
-                                                        Device device = Device::kCPU, const TensorParallel& tp = {});
+                                                        Device device = Device::kCPU, const TensorParallel& tp = {},
+                                                        bool frozen_base = false);
 
 // Mamba's initialisation of the scan (as HF MambaPreTrainedModel): A_log = log(1..state_size), D = 1, dt_proj
 // weights uniform in +-dt_rank^-1/2 and dt_proj biases such that softplus(bias) is log-uniform in [1e-3, 1e-1]: a

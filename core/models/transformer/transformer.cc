@@ -323,7 +323,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
  public:
   // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
-  Transformer(const TransformerConfig& c, Device device, DType weights, const TensorParallel& tp)
+  Transformer(const TransformerConfig& c, Device device, DType weights, const TensorParallel& tp, bool frozen_base)
       : cfg_(c),
         ops_(OpsFor<T>(device)),
         attention_factor_(RopeFor(c, 0).attention_factor),
@@ -334,6 +334,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         vocab_rows_(c.vocab_size / tp.size) {
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
+    Store::SetFrozenBase(frozen_base);
     const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim;
     // Column-parallel (rows of [out][in] split), row-parallel (columns split), replicated; see tensor_parallel.h.
     const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
@@ -1601,7 +1602,8 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
-                                                                    Device device, const TensorParallel& tp) {
+                                                                    Device device, const TensorParallel& tp,
+                                                                    bool frozen_base) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
   if (tp.size > 1 && !config.moe_layers.empty())
@@ -1612,12 +1614,12 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                  config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
+  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
   if (dtype == DType::kF64)
-    return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp));
+    return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp, frozen_base));
   // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
   if (dtype == DType::kBF16)
-    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp));
+    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

@@ -33,9 +33,11 @@ std::vector<std::string> TransformerPresetNames();
 // Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU. With tp.size > 1
 // the model is rank tp.rank's part of a tensor-parallel split (core/tensor_parallel.h; the model is also a
 // TensorParallelModel): its parameters are that rank's blocks, under the whole model's names.
+// frozen_base: the parameters get no gradients (LoRA's adapters will; ParamStore::SetFrozenBase).
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
                                                                     Device device = Device::kCPU,
-                                                                    const TensorParallel& tp = {});
+                                                                    const TensorParallel& tp = {},
+                                                                    bool frozen_base = false);
 
 // The rotary embedding of a sequence: the inverse frequencies of head_dim's pairs and the factor transformers
 // multiplies cos and sin by (yarn's attention factor, else 1), for the config's rope_scaling.
