@@ -270,8 +270,7 @@ TEST(LoraFreezeTest, CreatedFrozenNeverHoldsTheBaseGradients) {
     EXPECT_GT(released->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], 0) << preset;
     ASSERT_TRUE(EnableLora(*frozen, Options(*frozen, 4, 0.1)).ok());
     ASSERT_TRUE(EnableLora(*released, Options(*released, 4, 0.1)).ok());
-    EXPECT_EQ(frozen->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], AdapterBytes(*frozen))
-        << preset;
+    EXPECT_EQ(frozen->memory().Snapshot().peak[static_cast<int>(MemCategory::kGrads)], AdapterBytes(*frozen)) << preset;
     StrategyOptions o;
     o.name = "seco";
     o.chunk = 5;

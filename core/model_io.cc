@@ -127,8 +127,8 @@ absl::Status LoadWeights(Model& model, const std::string& dir) {
   return LoadParams(model, dir, *spec);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
-                                                    Device device, bool frozen_base) {
+absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed, Device device,
+                                                    bool frozen_base) {
   const bool from_directory = IsDirectory(spec);
   absl::StatusOr<std::unique_ptr<ModelSpec>> config = from_directory ? LoadConfigSpec(spec) : PresetSpec(spec);
   if (!config.ok()) return config.status();

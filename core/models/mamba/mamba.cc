@@ -566,10 +566,13 @@ absl::StatusOr<std::unique_ptr<MambaModel>> CreateMamba(const MambaConfig& confi
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
-  if (dtype == DType::kF64) return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype, tp, frozen_base));
+  if (dtype == DType::kF32)
+    return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
+  if (dtype == DType::kF64)
+    return std::unique_ptr<MambaModel>(new Mamba<double>(config, device, dtype, tp, frozen_base));
   // bf16 matrices over f32 compute (param_store.h), as the transformer: the CPU and CUDA tables' bf16 entries.
-  if (dtype == DType::kBF16) return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
+  if (dtype == DType::kBF16)
+    return std::unique_ptr<MambaModel>(new Mamba<float>(config, device, dtype, tp, frozen_base));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

@@ -1614,7 +1614,8 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                  config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (dtype == DType::kF32) return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
+  if (dtype == DType::kF32)
+    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
   if (dtype == DType::kF64)
     return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp, frozen_base));
   // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
