@@ -92,7 +92,8 @@ int Main() {
   const int64_t seq_len = absl::GetFlag(FLAGS_seq_len);
   if (seq_len <= 0) tools::ExitIfError(absl::InvalidArgumentError("--seq_len must be positive"), "flags");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadAnyModel(tools::ModelSpec(), *dtype, seed, device, tools::LoraRequested());
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadAnyModel(tools::ModelSpec(), *dtype, seed, device, tools::LoraRequested());
   tools::ExitIfError(model.status(), "--model");
   const std::string lora = tools::ApplyLoraFlags(**model);
   if (!lora.empty() && absl::GetFlag(FLAGS_lora_init).empty()) RandomizeLoraB(**model, seed + 1, 0.3);

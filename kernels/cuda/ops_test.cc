@@ -640,7 +640,8 @@ TYPED_TEST(CudaOpsTest, CrossEntropyAndTokenLogprobs) {
         const double kept_sum = kept.Raw()[0];
         if (kept_sum != 0.25 + o.scalar) {
           Buf<T> again(dev, logits, "dlogits (a third call)");
-          ADD_FAILURE() << (dev == Device::kCPU ? "cpu" : "device") << ": " << std::hexfloat << "the sum kept on the device " << kept_sum << " != 0.25 + " << o.scalar
+          ADD_FAILURE() << (dev == Device::kCPU ? "cpu" : "device") << ": " << std::hexfloat
+                        << "the sum kept on the device " << kept_sum << " != 0.25 + " << o.scalar
                         << " (" << 0.25 + o.scalar << "); a third call returns "
                         << ops.cross_entropy_forward_backward(again.data(), labels.data(), n, vocab,
                                                               row_scale ? scales.data() : nullptr, 0.37, nullptr)
