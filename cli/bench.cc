@@ -947,7 +947,7 @@ int Main() {
     return TensorParallelBench(*world, tp, model, base, strategies, seq_lens, seqs, spaco_fraction, warmup, repeats,
                                absl::GetFlag(FLAGS_json));
 
-  const int64_t state_bytes_per_token = model.StateBytesPerToken() * model.num_layers();
+  const int64_t state_bytes_per_token = model.StateBytesPerToken();
   json rows = json::array();
   // Rounds interleave the strategies (A B C, A B C, ...) so that a slow spell of a shared machine hits all of
   // them alike; the first --warmup rounds are not timed. Every round is a fresh Trainer with its own sampling seed.

@@ -116,11 +116,12 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
       }
       const MemorySnapshot sa = bf16->memory().Snapshot(), sb = f32->memory().Snapshot();
       // Sparse attention's key sums are f64 in both, in the KV cache's category: per layer, complete page of the
-      // longest sequence and KV dimension, 8 bytes (StateBytesPerToken of the f32 model: 2 x 4 per KV dimension).
+      // longest sequence and KV dimension, 8 bytes (StateBytesPerToken of the f32 model: 2 x 4 per KV dimension and
+      // layer).
       int64_t longest = 0;
       for (const Sequence& s : batch) longest = std::max<int64_t>(longest, s.ids.size());
       const int64_t key_sums =
-          so.sparse_pages ? f32->num_layers() * (longest / so.page_size) * f32->StateBytesPerToken() : 0;
+          so.sparse_pages ? (longest / so.page_size) * f32->StateBytesPerToken() : 0;
       for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
         const int64_t same = c == MemCategory::kKVCache ? key_sums : 0;
         EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;

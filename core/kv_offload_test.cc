@@ -514,6 +514,28 @@ TEST(OffloadMemoryTest, HybridDeviceBytesFlatInTokens) {
   EXPECT_GT(at256.host, at64.host);
 }
 
+// StateBytesPerToken is what the cache of one more token takes, over all layers: full backprop's cache of a 64-token
+// sequence (whole pages of 4) is 64 of it, on a hybrid too, whose Gated DeltaNet layers hold no pages.
+TEST(OffloadMemoryTest, StateBytesPerTokenIsTheCacheOfAToken) {
+  for (const std::string preset : {"tiny", "tiny-qwen3.5"}) {
+    auto model = MakeModel(*TransformerPreset(preset));
+    Sequence s = RaggedBatch(model->vocab_size(), 99)[0];
+    while (s.ids.size() < 64) {
+      s.ids.insert(s.ids.end(), s.ids.begin(), s.ids.end());
+      s.labels.insert(s.labels.end(), s.labels.begin(), s.labels.end());
+    }
+    s.ids.resize(64);
+    s.labels.resize(64);
+    StrategyOptions o = Seco(8, 4, 0, false);
+    o.name = "full";
+    model->memory().ResetPeak();
+    FullBackprop(*model, s, 1.0, o);
+    EXPECT_EQ(model->memory().Snapshot().peak[static_cast<int>(MemCategory::kKVCache)],
+              64 * model->StateBytesPerToken())
+        << preset;
+  }
+}
+
 TEST(OffloadOptionsTest, OnlySecoOnTransformers) {
   for (const std::string strategy : {"full", "streambp", "ckpt", "spaco"}) {
     StrategyOptions o = Seco(4, 4, 0, true);

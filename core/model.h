@@ -171,7 +171,8 @@ class Model {
                               double grad_scale, bool need_grad) = 0;
   virtual void set_lm_chunk(int64_t rows) = 0;
 
-  // Bytes of state (cache) and state gradient per token per layer, for memory planning and reports.
+  // Bytes of one token's cache (K and V, or their gradients) summed over the layers that keep one per token (a
+  // hybrid's linear and state-space layers keep a fixed-size state instead), for memory planning and reports.
   virtual int64_t StateBytesPerToken() const = 0;
 
   // Hidden states that a strategy keeps for the whole sequence across layers (ckpt's and streambp's layer inputs)

@@ -398,7 +398,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   const TransformerConfig& config() const override { return cfg_; }
   void set_lm_chunk(int64_t rows) override { Store::SetLmChunk(rows); }
   int64_t StateBytesPerToken() const override {
-    return 2 * kv_heads_ * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
+    return 2 * kv_layers_ * kv_heads_ * cfg_.head_dim * static_cast<int64_t>(DTypeSize(KVDType()));
   }
   absl::Status EnableLora(const LoraOptions& o) override {
     if (absl::Status s = CheckPeftMoeTargets(o); !s.ok()) return s;
