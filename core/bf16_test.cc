@@ -120,8 +120,7 @@ TEST(BF16WeightsTest, CloseToF32OnTheRoundedWeightsWithHalfTheKVAndLogitBytes) {
       // layer).
       int64_t longest = 0;
       for (const Sequence& s : batch) longest = std::max<int64_t>(longest, s.ids.size());
-      const int64_t key_sums =
-          so.sparse_pages ? (longest / so.page_size) * f32->StateBytesPerToken() : 0;
+      const int64_t key_sums = so.sparse_pages ? (longest / so.page_size) * f32->StateBytesPerToken() : 0;
       for (MemCategory c : {MemCategory::kKVCache, MemCategory::kKVGrad, MemCategory::kLogits}) {
         const int64_t same = c == MemCategory::kKVCache ? key_sums : 0;
         EXPECT_GT(sb.peak[static_cast<int>(c)], 0) << what;

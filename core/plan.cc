@@ -107,8 +107,7 @@ absl::StatusOr<MemoryPlan> PlanStep(Model& model, const StrategyOptions& strateg
   // Byte counts that overflow int64 are refused before anything is allocated: the KV cache (or scan states) of
   // every layer, and the host's synthetic tokens.
   int64_t state_bytes = 0, host_bytes = 0;
-  if (!CheckedMul(seq_len, model.StateBytesPerToken(), &state_bytes) ||
-      !CheckedMul(state_bytes, 2, &state_bytes) ||
+  if (!CheckedMul(seq_len, model.StateBytesPerToken(), &state_bytes) || !CheckedMul(state_bytes, 2, &state_bytes) ||
       !CheckedMul(seq_len, std::max<int64_t>(model.hidden_size(), model.vocab_size()), &host_bytes) ||
       !CheckedMul(host_bytes, 64, &host_bytes))
     return absl::InvalidArgumentError(absl::StrCat("--seq_len=", seq_len,
