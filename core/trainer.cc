@@ -79,6 +79,7 @@ absl::StatusOr<StepMetrics> Trainer::EvaluateLoss(const std::vector<Sequence>& b
 }
 
 absl::StatusOr<StepMetrics> Trainer::ComputeGradients(const std::vector<Sequence>& batch) {
+  if (absl::Status s = CheckTrainable(); !s.ok()) return s;
   pending_micro_batches_ = 0;  // gradients start afresh: a pending accumulation is dropped
   Pass pass{calls_++, 0, true};
   return WholeGradients(SftGradients(batch, 0, &pass, nullptr));
@@ -108,7 +109,16 @@ absl::StatusOr<StepMetrics> Trainer::ComputeShardGradients(const Batch& shard, d
   return WholeGradients(Gradients(shard, norm, &pass, nullptr));
 }
 
+absl::Status Trainer::CheckTrainable() const {
+  for (const Param& p : model_.params())
+    if (p.grad.defined()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "the model was created with frozen_base and has no LoRA adapters: none of its parameters has a gradient "
+      "(enable LoRA first, or create the model without frozen_base)");
+}
+
 absl::StatusOr<StepMetrics> Trainer::Gradients(const Batch& batch, double norm, Pass* pass, int64_t* count) {
+  if (absl::Status s = CheckTrainable(); !s.ok()) return s;
   if (objective_.name != "sft" && model_.HasBatchLoss())
     return absl::UnimplementedError(absl::StrCat(
         objective_.name, " with the router's load-balancing loss (output_router_logits) is not supported yet: set it "

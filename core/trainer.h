@@ -149,6 +149,8 @@ class Trainer {
   // Model::HasBatchLoss: the batch with each sequence's last token as an input (no label), and the statistics pass
   // over it (the batch term of the loss).
   absl::StatusOr<std::vector<Sequence>> WithLastTokens(const std::vector<Sequence>& batch) const;
+  // FAILED_PRECONDITION when no parameter has a gradient: a model created with frozen_base and no LoRA adapters.
+  absl::Status CheckTrainable() const;
   // Refuses `what` (several micro-batches, data-parallel shards) for a model with a batch loss.
   absl::Status OneBatchForBatchLoss(const char* what) const;
   absl::StatusOr<double> BatchStatistics(const std::vector<Sequence>& whole);

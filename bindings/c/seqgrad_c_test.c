@@ -2270,6 +2270,56 @@ static void test_threads(void) {
   sg_model_free(m);
 }
 
+/* sg_model_options.frozen_base (0.8): the model is created without gradients, LoRA then trains exactly as on a
+ * model created whole; a 0.7-sized options struct leaves the base trainable. */
+static void test_frozen_base(void) {
+  sg_model_options mo = sg_model_default_options();
+  sg_model *frozen = NULL, *whole = NULL, *old = NULL;
+  sg_trainer *tf = NULL, *tw = NULL;
+  sg_trainer_options o = schedule_options("seco");
+  sg_lora_options lo = sg_lora_default_options();
+  sg_param_info p = sg_param_info_init();
+  sg_metrics mf = sg_metrics_init(), mw = sg_metrics_init();
+  int64_t i;
+  int step;
+  CHECK(mo.frozen_base == 0);
+  mo.dtype = "f64";
+  mo.seed = 5;
+  mo.frozen_base = 1;
+  EXPECT_OK(sg_model_create_preset_with("tiny", &mo, &frozen));
+  for (i = 0; i < sg_model_num_params(frozen); ++i) {
+    EXPECT_OK(sg_model_param_info(frozen, i, &p));
+    CHECK(p.grad == NULL);
+  }
+  /* Nothing to train without adapters: refused before any work. */
+  EXPECT_OK(sg_trainer_create(frozen, &o, &tf));
+  EXPECT_STATUS(sg_trainer_step(tf, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mf), SG_ERR_FAILED_PRECONDITION,
+                "frozen_base");
+  sg_trainer_free(tf);
+  /* A 0.7 caller's struct has no frozen_base: the model is whole. */
+  mo.struct_size = 32;
+  EXPECT_OK(sg_model_create_preset_with("tiny", &mo, &old));
+  EXPECT_OK(sg_model_param_info(old, 0, &p));
+  CHECK(p.grad != NULL);
+  sg_model_free(old);
+  whole = tiny_f64(5);
+  lo.rank = 4;
+  lo.targets = "q_proj,v_proj";
+  EXPECT_OK(sg_model_enable_lora(frozen, &lo));
+  EXPECT_OK(sg_model_enable_lora(whole, &lo));
+  EXPECT_OK(sg_trainer_create(frozen, &o, &tf));
+  EXPECT_OK(sg_trainer_create(whole, &o, &tw));
+  for (step = 0; step < 3; ++step) {
+    EXPECT_OK(sg_trainer_step(tf, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mf));
+    EXPECT_OK(sg_trainer_step(tw, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mw));
+    CHECK(mf.loss == mw.loss);
+  }
+  sg_trainer_free(tf);
+  sg_trainer_free(tw);
+  sg_model_free(frozen);
+  sg_model_free(whole);
+}
+
 int main(void) {
   make_batch();
   test_version();
@@ -2293,6 +2343,7 @@ int main(void) {
   test_accumulate();
   test_accumulate_dpo();
   test_lora();
+  test_frozen_base();
   test_checkpoint();
   test_evaluate_detailed();
   test_nonfinite_guard();

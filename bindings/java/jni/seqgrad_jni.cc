@@ -316,7 +316,8 @@ JNI_FN(jstring, memoryCategoryName)(JNIEnv* env, jclass, jint c) {
   return n ? env->NewStringUTF(n) : nullptr;
 }
 
-JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtype, jlong seed, jstring device) {
+JNI_FN(jlong, modelCreatePreset)
+(JNIEnv* env, jclass, jstring name, jstring dtype, jlong seed, jstring device, jboolean frozen_base) {
   GUARD_BEGIN
   sg_model* m = nullptr;
   const std::string n = Str(env, name), d = Str(env, dtype), dev = Str(env, device);
@@ -324,18 +325,20 @@ JNI_FN(jlong, modelCreatePreset)(JNIEnv* env, jclass, jstring name, jstring dtyp
   o.dtype = dtype ? d.c_str() : nullptr;
   o.device = device ? dev.c_str() : nullptr;
   o.seed = static_cast<uint64_t>(seed);
+  o.frozen_base = frozen_base == JNI_TRUE;
   if (Failed(env, sg_model_create_preset_with(name ? n.c_str() : nullptr, &o, &m))) return 0;
   return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)
 }
 
-JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype, jstring device) {
+JNI_FN(jlong, modelLoad)(JNIEnv* env, jclass, jstring dir, jstring dtype, jstring device, jboolean frozen_base) {
   GUARD_BEGIN
   sg_model* m = nullptr;
   const std::string p = Str(env, dir), d = Str(env, dtype), dev = Str(env, device);
   sg_model_options o = sg_model_default_options();
   o.dtype = dtype ? d.c_str() : nullptr;
   o.device = device ? dev.c_str() : nullptr;
+  o.frozen_base = frozen_base == JNI_TRUE;
   if (Failed(env, sg_model_load_with(dir ? p.c_str() : nullptr, &o, &m))) return 0;
   return reinterpret_cast<jlong>(new JModel(m));
   GUARD_END(0)

@@ -128,8 +128,9 @@ def lora_options(lora):
             "dropout": _number(get("lora_dropout", 0.0), "lora lora_dropout", 0, 1), "targets": targets}
 
 
-def _open_model(model, dtype, device, seed):
-    """(Model, spec) of fit's model argument."""
+def _open_model(model, dtype, device, seed, frozen_base=False):
+    """(Model, spec) of fit's model argument; one made here is created frozen_base when only adapters will train
+    (or it only scores), so the base's gradients are never allocated."""
     if isinstance(model, Model):
         for name, value, have in (("dtype", dtype, model.dtype), ("device", device, model.device)):
             if value is not None and value != have:
@@ -141,9 +142,9 @@ def _open_model(model, dtype, device, seed):
                                    "name, got %s" % type(model).__name__)
     spec = os.fspath(model)
     if os.path.isdir(spec):
-        return Model.load(spec, dtype or "f32", device or "cpu"), os.path.abspath(spec)
+        return Model.load(spec, dtype or "f32", device or "cpu", frozen_base), os.path.abspath(spec)
     if spec in PRESETS:
-        return Model.from_preset(spec, dtype or "f32", seed, device or "cpu"), spec
+        return Model.from_preset(spec, dtype or "f32", seed, device or "cpu", frozen_base), spec
     raise InvalidArgumentError("model: %r is neither a directory nor a preset (%s)" % (spec, ", ".join(PRESETS)))
 
 
@@ -519,7 +520,7 @@ def fit(model, train_dataset, *, eval_dataset=None, tokenizer=None, lora=None, o
     1e-6 DPO and GRPO). progress: a tqdm bar (or a line every logging_steps steps) and notes on stderr.
     The given model is changed only once everything is checked and the strategy chosen."""
     a = _checked_arguments(types.SimpleNamespace(**locals()))
-    model, spec = _open_model(model, dtype, device, seed)
+    model, spec = _open_model(model, dtype, device, seed, frozen_base=bool(a.lora_options))
     if a.lora_options and model.lora is not None:
         raise InvalidArgumentError("lora: the model already has LoRA adapters (rank %d)" % model.lora["rank"])
     tokenizers = _Tokenizers(tokenizer, spec)
@@ -665,7 +666,7 @@ def _set_reference(trainer, prepared, model, spec, a):
     if not needed and a.ref_model is None:
         return
     if a.ref_model is not None:
-        trainer.set_reference(_open_model(a.ref_model, model.dtype, model.device, a.seed)[0])
+        trainer.set_reference(_open_model(a.ref_model, model.dtype, model.device, a.seed, frozen_base=True)[0])
     elif model.lora is not None:
         trainer.set_reference_base_model()
     else:
@@ -676,8 +677,8 @@ def _frozen_copy(model, spec):
     if spec is None:
         raise InvalidArgumentError("ref_model: DPO/GRPO needs a frozen reference, and this seqgrad.Model cannot be "
                                    "copied (not made by Model.load or from_preset): pass ref_model=")
-    copy = (Model.load(spec, model.dtype, model.device) if os.path.isdir(spec) else
-            Model.from_preset(spec, model.dtype, 0, model.device))
+    copy = (Model.load(spec, model.dtype, model.device, frozen_base=True) if os.path.isdir(spec) else
+            Model.from_preset(spec, model.dtype, 0, model.device, frozen_base=True))
     for name, value in model.parameters().items():
         copy.set_parameter(name, value)
     return copy

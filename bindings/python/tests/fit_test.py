@@ -155,7 +155,14 @@ def same_parameters(a, b):
                                                                                     targets=["q_proj", "v_proj"])),
     dict(kind="sft", epochs=2, batch_size=1, grad_accum=3, shuffle=False, lora=None),
 ])
-def test_fit_equals_the_hand_written_loop_bit_for_bit(case):
+def test_fit_equals_the_hand_written_loop_bit_for_bit(case, monkeypatch):
+    created = []  # fit makes a LoRA model frozen_base: the base's gradients are never allocated
+    from_preset = seqgrad.Model.from_preset.__func__
+
+    def recording(cls, name, dtype="f32", seed=0, device="cpu", frozen_base=False):
+        created.append(frozen_base)
+        return from_preset(cls, name, dtype, seed, device, frozen_base)
+    monkeypatch.setattr(seqgrad.Model, "from_preset", classmethod(recording))
     recs = records(labels=True)
     lora = case["lora"] and {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     r = fit(recs, max_steps=None, num_train_epochs=case["epochs"], per_device_train_batch_size=case["batch_size"],
@@ -167,6 +174,7 @@ def test_fit_equals_the_hand_written_loop_bit_for_bit(case):
     got = r.model.parameters()
     assert same_parameters(got, expected)
     assert not same_parameters(got, initial_parameters(case["lora"]))  # it trained: the comparison can fail
+    assert created[0] == bool(case["lora"])
     r.model.close()
 
 

@@ -893,6 +893,21 @@ def test_lora_train_save_load(model, tmp_path):
             assert tr.evaluate(BATCH)["loss"] == pytest.approx(ev, rel=1e-5)  # f32 merge rounding
 
 
+def test_frozen_base_allocates_no_gradients_and_trains_lora_alike():
+    with seqgrad.Model.from_preset("tiny", "f64", seed=2, frozen_base=True) as frozen, \
+            seqgrad.Model.from_preset("tiny", "f64", seed=2) as whole:
+        assert frozen.gradients() == {} and len(whole.gradients()) == len(whole.parameters())
+        with seqgrad.Trainer(frozen, strategy="seco", chunk=8, page_size=8) as tr:
+            with pytest.raises(seqgrad.FailedPreconditionError, match="frozen_base"):
+                tr.step(BATCH)
+        for m in (frozen, whole):
+            m.enable_lora(rank=4, targets=["q_proj", "v_proj"], seed=3)
+        with seqgrad.Trainer(frozen, strategy="seco", chunk=8, page_size=8, lr=1e-2) as a, \
+                seqgrad.Trainer(whole, strategy="seco", chunk=8, page_size=8, lr=1e-2) as b:
+            for _ in range(3):
+                assert a.step(BATCH)["loss"] == b.step(BATCH)["loss"]
+
+
 def test_lora_errors(model, tmp_path):
     with pytest.raises(seqgrad.InvalidArgumentError, match="options->targets: 'in_proj'"):
         model.enable_lora(targets="in_proj")

@@ -181,6 +181,9 @@ typedef struct sg_model_options {
                          there. Without a usable GPU, or in a library built without CUDA, SG_ERR_FAILED_PRECONDITION
                          "device 'cuda' cannot run: <why>". GPU memory is not host-addressable: see sg_param_info */
   uint64_t seed;      /* presets: the initialisation seed; ignored by sg_model_load_with */
+  int frozen_base;    /* Since 0.8. Non-zero: no parameter of the model gets a gradient, so none is allocated; for
+                         LoRA (sg_model_enable_lora next: only the adapters train) or a model that only scores. A
+                         trainer step on it without LoRA is SG_ERR_FAILED_PRECONDITION. 0 (the default): as before */
 } sg_model_options;
 /* dtype "f32", device "cpu", seed 0, struct_size set. */
 SG_API sg_model_options sg_model_default_options(void);

@@ -54,8 +54,24 @@ public final class Model extends NativeHandle {
    * @throws FailedPreconditionException for "cuda" without a usable GPU (or a library built without CUDA)
    */
   public static Model fromPreset(String name, String dtype, long seed, String device) {
+    return fromPreset(name, dtype, seed, device, false);
+  }
+
+  /**
+   * A preset created with a frozen base: no parameter gets a gradient and none is allocated, for LoRA (enabled next:
+   * only the adapters train) or a model that only scores. A step on it without LoRA throws
+   * FailedPreconditionException.
+   *
+   * @param name a preset of {@link #presetNames}
+   * @param dtype "f32", "f64" or "bf16"; null = "f32"
+   * @param seed initialisation seed (all 64 bits, as unsigned)
+   * @param device "cpu" or "cuda"; null = "cpu"
+   * @param frozenBase true: the base parameters have no gradients
+   * @return the model
+   */
+  public static Model fromPreset(String name, String dtype, long seed, String device, boolean frozenBase) {
     SeqgradException.notNull(name, "Model.fromPreset: name");
-    return new Model(NativeApi.modelCreatePreset(name, dtype, seed, device));
+    return new Model(NativeApi.modelCreatePreset(name, dtype, seed, device, frozenBase));
   }
 
   /**
@@ -94,8 +110,22 @@ public final class Model extends NativeHandle {
    * @throws FailedPreconditionException for "cuda" without a usable GPU (or a library built without CUDA)
    */
   public static Model load(String dir, String dtype, String device) {
+    return load(dir, dtype, device, false);
+  }
+
+  /**
+   * A model from a Hugging Face directory with a frozen base (see {@link #fromPreset(String, String, long, String,
+   * boolean)}).
+   *
+   * @param dir the directory
+   * @param dtype "f32", "f64" or "bf16"; null = "f32"
+   * @param device "cpu" or "cuda"; null = "cpu"
+   * @param frozenBase true: the base parameters have no gradients
+   * @return the model
+   */
+  public static Model load(String dir, String dtype, String device, boolean frozenBase) {
     SeqgradException.notNull(dir, "Model.load: dir");
-    return new Model(NativeApi.modelLoad(dir, dtype, device));
+    return new Model(NativeApi.modelLoad(dir, dtype, device, frozenBase));
   }
 
   /**

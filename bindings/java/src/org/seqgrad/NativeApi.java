@@ -96,8 +96,8 @@ final class NativeApi {
   static native String codeName(int code);
   static native String memoryCategoryName(int c);
 
-  static native long modelCreatePreset(String name, String dtype, long seed, String device);
-  static native long modelLoad(String dir, String dtype, String device);
+  static native long modelCreatePreset(String name, String dtype, long seed, String device, boolean frozenBase);
+  static native long modelLoad(String dir, String dtype, String device, boolean frozenBase);
   static native String modelDevice(long h);
   static native void modelSave(long h, String dir, String dtype);
   /** Drops the Model object's reference to the native model. */

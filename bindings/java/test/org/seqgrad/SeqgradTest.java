@@ -978,6 +978,30 @@ class SeqgradTest {
   }
 
   @Test
+  void frozenBaseHasNoGradientsAndTrainsLoraAlike() {
+    try (Model frozen = Model.fromPreset("tiny", "f64", 1, null, true);
+        Model whole = Model.fromPreset("tiny", "f64", 1)) {
+      for (int i = 0; i < frozen.numParams(); ++i) {
+        assertNull(frozen.grad(i), frozen.paramName(i));
+      }
+      try (Trainer t = Trainer.create(frozen, new Trainer.Options().strategy("seco").chunk(8).pageSize(8))) {
+        FailedPreconditionException e = assertThrows(FailedPreconditionException.class, () -> t.step(List.of(A, B)));
+        assertTrue(e.getMessage().contains("frozen_base"), e.getMessage());
+      }
+      for (Model m : List.of(frozen, whole)) {
+        m.enableLora(new LoraOptions().rank(4).targets(List.of("q_proj", "v_proj")).seed(3));
+      }
+      Trainer.Options o = new Trainer.Options().strategy("seco").chunk(8).pageSize(8).lr(1e-2);
+      try (Trainer a = Trainer.create(frozen, o);
+          Trainer b = Trainer.create(whole, o)) {
+        for (int i = 0; i < 3; ++i) {
+          assertEquals(b.step(List.of(A, B)).loss, a.step(List.of(A, B)).loss);
+        }
+      }
+    }
+  }
+
+  @Test
   void loraStepAdaptersAndMergedSave() throws Exception {
     Path dir = Files.createTempDirectory("seqgrad-java-lora");
     try (Model m = Model.fromPreset("tiny", "f64", 1)) {
