@@ -73,7 +73,7 @@ sg_status* CreatePreset(const char* fn, const char* preset, const char* dtype, u
 }
 
 sg_status* Load(const char* fn, const char* hf_dir, const char* dtype, const char* device, sg_model** out,
-               bool frozen_base = false) {
+                bool frozen_base = false) {
   return Guard(fn, [&]() -> sg_status* {
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
@@ -87,8 +87,7 @@ sg_status* Load(const char* fn, const char* hf_dir, const char* dtype, const cha
 sg_status* ModelOptions(const char* fn, const sg_model_options* options, sg_model_options* o) {
   *o = sg_model_default_options();
   if (!options) return nullptr;
-  if (sg_status* s =
-          CheckStructSize(fn, "options", options->struct_size, sizeof(sg_model_options), kModelOptionsSizes))
+  if (sg_status* s = CheckStructSize(fn, "options", options->struct_size, sizeof(sg_model_options), kModelOptionsSizes))
     return s;
   o->dtype = options->dtype;
   o->device = options->device;
