@@ -112,8 +112,11 @@ def hand_written(recs, kind, strategy, epochs, batch_size, grad_accum, shuffle, 
         with seqgrad.Trainer(model, strategy=strategy, chunk=CHUNK, seed=SEED, objective=kind, total_steps=total,
                              grad_accum=grad_accum, betas=(0.9, 0.999), eps=1e-8, clip_grad_norm=1.0,
                              **options) as tr:
-            if kind == "dpo":
+            if kind == "dpo" and lora:
                 tr.set_reference_base_model()
+            elif kind == "dpo":  # a copy of the initial model, created whole (fit's is frozen: the same values)
+                reference = seqgrad.Model.from_preset("tiny", dtype="f64", seed=SEED)
+                tr.set_reference(reference)
             step, accumulate = {"sft": (tr.step, tr.accumulate_gradients),
                                 "dpo": (tr.step_dpo, tr.accumulate_gradients_dpo)}[kind]
             for epoch in range(epochs):
@@ -193,6 +196,15 @@ def test_dpo_with_lora_equals_the_hand_written_loop():
     expected = hand_written(recs, "dpo", "seco", 1, 2, 1, True, lora, lr=1e-2, lr_schedule="constant",
                             dpo_beta=0.1)
     assert same_parameters(r.model.parameters(), expected)
+
+
+def test_dpo_without_lora_equals_the_hand_written_loop():
+    recs = dpo_records()
+    r = fit(recs, max_steps=None, num_train_epochs=1, per_device_train_batch_size=2, strategy="seco",
+            lr_scheduler_type="constant")
+    expected = hand_written(recs, "dpo", "seco", 1, 2, 1, True, lr=1e-2, lr_schedule="constant", dpo_beta=0.1)
+    assert same_parameters(r.model.parameters(), expected)
+    assert not same_parameters(r.model.parameters(), initial_parameters(None))
 
 
 def test_grpo_groups_without_kl_need_no_reference():
