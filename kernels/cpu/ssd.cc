@@ -128,7 +128,7 @@ T Silu(T z) {
 }  // namespace
 
 int64_t SsdWorkspaceElems(int64_t n, int64_t heads, int64_t head_dim, int64_t /*groups*/, int64_t N) {
-  return SsdLayout(n, heads, head_dim, N).elems();
+  return SsdLayout(n, heads, head_dim, N).elems;
 }
 
 template <typename T>
@@ -161,9 +161,9 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
   CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_backward");
   const SsdRows r{heads, head_dim, groups, N};
   const SsdWorkspace w = SsdLayout(n, heads, head_dim, N);
-  const int64_t state = head_dim * N, block = w.block(), blocks = w.blocks();
-  T* dC_heads = workspace + w.dC_heads();
-  T* dB_heads = workspace + w.dB_heads();
+  const int64_t state = head_dim * N, block = w.block, blocks = w.blocks;
+  T* dC_heads = workspace + w.dC_heads;
+  T* dB_heads = workspace + w.dB_heads;
   const SsdTokenBackward<T> backward{r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
   auto step = [&](int64_t t, int64_t h, const SsdHead<T>& head, const T* from, T* S) {
     Step(r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, from, S,
@@ -172,9 +172,9 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
 #pragma omp parallel for if (n * heads * state > 16384)
   for (int64_t h = 0; h < heads; ++h) {
     const SsdHead<T> head(A_log, D, h);
-    T* checkpoints = workspace + w.checkpoints() + h * blocks * state;
-    T* states = workspace + w.block_states() + h * block * state;
-    T* dS = workspace + w.state_grad() + h * state;
+    T* checkpoints = workspace + w.checkpoints + h * blocks * state;
+    T* states = workspace + w.block_states + h * block * state;
+    T* dS = workspace + w.state_grad + h * state;
     // The state at the start of every block.
     if (blocks > 0) CopyOrZero(s0 ? s0 + h * state : nullptr, state, checkpoints);
     for (int64_t b = 0; b + 1 < blocks; ++b) {
