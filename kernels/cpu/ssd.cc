@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/ssd_workspace.h"
 
 namespace sg::cpu {
@@ -44,24 +45,89 @@ struct SsdHead {
   SsdHead(const T* A_log, const T* D_all, int64_t h) : A(-std::exp(A_log[h])), D(D_all ? D_all[h] : T(0)) {}
 };
 
+// The two loops over a state row where the scan spends its time, compiled for each ISA (kernels/cpu/isa.h) and
+// picked once per call. Forward: row = decay src + u B, returns row . C. Backward (SsdTokenBackward): with
+// g = ds + dy C (the gradient of the row after the token), dC += (decay src + u B) dy, dB += u g, ds = decay g;
+// returns du = g . B and d decay = g . src.
+template <typename T>
+inline __attribute__((always_inline)) T StepRowBody(const T* src, T* row, const T* B, const T* C, T decay, T u,
+                                                    int64_t N) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < N; ++j) {
+    row[j] = decay * src[j] + u * B[j];
+    acc += row[j] * C[j];
+  }
+  return acc;
+}
+
+template <typename T>
+struct RowGrads {
+  T du, ddecay;
+};
+
+template <typename T>
+inline __attribute__((always_inline)) RowGrads<T> BackwardRowBody(const T* src, T* ds, const T* B, const T* C, T decay,
+                                                                  T u, T dy, T* dC_row, T* dB_row, int64_t N) {
+  T du = 0, dd = 0;
+#pragma omp simd reduction(+ : du, dd)
+  for (int64_t j = 0; j < N; ++j) {
+    dC_row[j] += (decay * src[j] + u * B[j]) * dy;
+    const T g = ds[j] + dy * C[j];
+    du += g * B[j];
+    dd += g * src[j];
+    dB_row[j] += g * u;
+    ds[j] = decay * g;
+  }
+  return {du, dd};
+}
+
+#define SG_ROW_KERNELS(suffix, target)                                                                               \
+  template <typename T>                                                                                              \
+  target T StepRow##suffix(const T* src, T* row, const T* B, const T* C, T decay, T u, int64_t N) {                  \
+    return StepRowBody(src, row, B, C, decay, u, N);                                                                 \
+  }                                                                                                                  \
+  template <typename T>                                                                                              \
+  target RowGrads<T> BackwardRow##suffix(const T* src, T* ds, const T* B, const T* C, T decay, T u, T dy, T* dC_row, \
+                                         T* dB_row, int64_t N) {                                                     \
+    return BackwardRowBody(src, ds, B, C, decay, u, dy, dC_row, dB_row, N);                                          \
+  }
+SG_ROW_KERNELS(Avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512"))))
+SG_ROW_KERNELS(Avx2, __attribute__((target("avx2,fma"))))
+SG_ROW_KERNELS(Generic, )
+#undef SG_ROW_KERNELS
+
+template <typename T>
+struct RowKernels {
+  T (*step)(const T*, T*, const T*, const T*, T, T, int64_t);
+  RowGrads<T> (*backward)(const T*, T*, const T*, const T*, T, T, T, T*, T*, int64_t);
+};
+
+template <typename T>
+RowKernels<T> RowKernelsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16:
+      return {StepRowAvx512<T>, BackwardRowAvx512<T>};
+    case Isa::kAvx2:
+      return {StepRowAvx2<T>, BackwardRowAvx2<T>};
+    case Isa::kGeneric:
+      break;
+  }
+  return {StepRowGeneric<T>, BackwardRowGeneric<T>};
+}
+
 // S = exp(dt A) from + dt x_t B_t^T for token t of head h (`from` may be S); y_t = S C_t + D x_t unless y is null.
 template <typename T>
-void Step(const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T>& ts, const SsdHead<T>& head,
-          int64_t t, int64_t h, const T* from, T* S, T* y) {
+void Step(const RowKernels<T>& k, const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T>& ts,
+          const SsdHead<T>& head, int64_t t, int64_t h, const T* from, T* S, T* y) {
   const int64_t P = r.head_dim, N = r.N;
   const T* xt = x + r.X(t, h);
   const T* Bt = B + r.BC(t, h);
   const T* Ct = C + r.BC(t, h);
   const T decay = std::exp(ts.dt * head.A);
   for (int64_t p = 0; p < P; ++p) {
-    const T* src = from + p * N;
-    T* row = S + p * N;
-    const T u = ts.dt * xt[p];
-    T acc = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      row[j] = decay * src[j] + u * Bt[j];
-      acc += row[j] * Ct[j];
-    }
+    const T acc = k.step(from + p * N, S + p * N, Bt, Ct, decay, ts.dt * xt[p], N);
     if (y) y[r.X(t, h) + p] = acc + head.D * xt[p];
   }
 }
@@ -71,6 +137,7 @@ void Step(const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T
 // parameter gradients add into the sums of `acc`.
 template <typename T>
 struct SsdTokenBackward {
+  const RowKernels<T>& k;
   const SsdRows& r;
   const T *dy, *x, *dt_raw, *dt_bias, *B, *C;
   double dt_min, dt_max;
@@ -93,23 +160,13 @@ struct SsdTokenBackward {
     std::fill(dB_row, dB_row + N, T(0));
     T ddt = 0, ddecay = 0;
     for (int64_t p = 0; p < P; ++p) {
-      const T* src = prev + p * N;
-      T* ds = dS + p * N;
-      const T xp = xt[p], dyp = dyt[p], u = ts.dt * xp;
-      // y = S_t C + D x: dC += S_t^T dy, dS_t += dy C^T. S_t = decay S_{t-1} + u B^T: d decay, du = dS_t B,
-      // dB += dS_t^T u, dS_{t-1} = decay dS_t.
-      T du = 0, dd = 0;
-      for (int64_t j = 0; j < N; ++j) {
-        dC_row[j] += (decay * src[j] + u * Bt[j]) * dyp;
-        const T g = ds[j] + dyp * Ct[j];
-        du += g * Bt[j];
-        dd += g * src[j];
-        dB_row[j] += g * u;
-        ds[j] = decay * g;
-      }
-      dx[r.X(t, h) + p] = head.D * dyp + ts.dt * du;
-      ddt += xp * du;
-      ddecay += dd;
+      const T xp = xt[p], dyp = dyt[p];
+      // y = S_t C + D x: dC += S_t^T dy, dS_t += dy C^T. S_t = decay S_{t-1} + u B^T (u = dt x): d decay,
+      // du = dS_t B, dB += dS_t^T u, dS_{t-1} = decay dS_t.
+      const RowGrads<T> g = k.backward(prev + p * N, dS + p * N, Bt, Ct, decay, ts.dt * xp, dyp, dC_row, dB_row, N);
+      dx[r.X(t, h) + p] = head.D * dyp + ts.dt * g.du;
+      ddt += xp * g.du;
+      ddecay += g.ddecay;
       acc.D += dyp * xp;
     }
     // decay = exp(dt A)
@@ -137,6 +194,7 @@ void SsdForward(const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, c
                 double dt_max, T* y, T* s_final) {
   CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_forward");
   const SsdRows r{heads, head_dim, groups, N};
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
   const int64_t state = head_dim * N;
 #pragma omp parallel if (n * heads * state > 16384)
   {
@@ -146,8 +204,8 @@ void SsdForward(const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, c
       const SsdHead<T> head(A_log, D, h);
       CopyOrZero(s0 ? s0 + h * state : nullptr, state, S.data());
       for (int64_t t = 0; t < n; ++t)
-        Step(r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, S.data(), S.data(),
-             y);
+        Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, S.data(),
+             S.data(), y);
       if (s_final) std::copy(S.begin(), S.end(), s_final + h * state);
     }
   }
@@ -164,9 +222,10 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
   const int64_t state = head_dim * N, block = w.block, blocks = w.blocks;
   T* dC_heads = workspace + w.dC_heads;
   T* dB_heads = workspace + w.dB_heads;
-  const SsdTokenBackward<T> backward{r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
+  const SsdTokenBackward<T> backward{k, r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
   auto step = [&](int64_t t, int64_t h, const SsdHead<T>& head, const T* from, T* S) {
-    Step(r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, from, S,
+    Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, from, S,
          static_cast<T*>(nullptr));
   };
 #pragma omp parallel for if (n * heads * state > 16384)
