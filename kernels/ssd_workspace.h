@@ -4,6 +4,7 @@
 // group at the end).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,20 @@ inline void CheckSsdArguments(int64_t heads, int64_t groups, double dt_min, doub
   if (!(dt_min <= dt_max))
     throw std::invalid_argument(std::string(op) + ": dt_min (" + std::to_string(dt_min) + ") must not exceed dt_max (" +
                                 std::to_string(dt_max) + ")");
+}
+
+// ssd_backward_pairs' window: at least the token's own pair.
+inline void CheckPairsWindow(int64_t window, const char* op) {
+  if (window < 1)
+    throw std::invalid_argument(std::string(op) + ": window (" + std::to_string(window) + ") must be at least 1");
+}
+
+// The pairs (t, i) per head of ssd_backward_pairs over n tokens with `later` after them: i < n, i <= t <
+// min(n + later, i + window).
+inline int64_t SsdPairs(int64_t n, int64_t later, int64_t window) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < n; ++i) pairs += std::min(n + later, i + std::min(window, n + later)) - i;
+  return pairs;
 }
 
 // The group size of a gated group RMSNorm must divide the row.

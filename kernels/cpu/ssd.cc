@@ -262,6 +262,71 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
 }
 
 template <typename T>
+int64_t SsdBackwardPairs(const T* dy, const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, const T* B,
+                         const T* C, const T* D, const T* s0, int64_t n, int64_t heads, int64_t head_dim,
+                         int64_t groups, int64_t N, double dt_min, double dt_max, const T* later_dy,
+                         const T* later_dt_raw, const T* later_C, int64_t later, int64_t window, T* dx, T* ddt_raw,
+                         T* ddt_bias, T* dA_log, T* dB, T* dC, T* dD, T* workspace) {
+  CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_backward_pairs");
+  CheckPairsWindow(window, "ssd_backward_pairs");
+  window = std::min(window, n + later + 1);  // past every token left it changes nothing, and i + window stays small
+  const SsdRows r{heads, head_dim, groups, N};
+  const SsdWorkspace w = SsdLayout(n, heads, head_dim, N);
+  const int64_t state = head_dim * N, span = std::min(n + later, n - 1 + window);  // tokens any pair reads
+  const int64_t pairs = SsdPairs(n, later, window);
+  T* dC_heads = workspace + w.dC_heads;
+  T* dB_heads = workspace + w.dB_heads;
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
+  const SsdTokenBackward<T> backward{k, r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
+  auto token = [&](const T* here, const T* after, int64_t t, int64_t width, int64_t offset) {
+    return t < n ? here + t * width + offset : after + (t - n) * width + offset;
+  };
+#pragma omp parallel if (pairs * heads * state > 16384)
+  {
+    std::vector<T> decay(span);
+#pragma omp for
+    for (int64_t h = 0; h < heads; ++h) {
+      const SsdHead<T> head(A_log, D, h);
+      const int64_t g = h / (heads / groups);
+      T* S = workspace + w.block_states + h * w.block * state;  // the state before token i
+      T* dS = workspace + w.state_grad + h * state;
+      for (int64_t t = 0; t < span; ++t)
+        decay[t] =
+            std::exp(TimeStep<T>(*token(dt_raw, later_dt_raw, t, heads, h), dt_bias[h], dt_min, dt_max).dt * head.A);
+      CopyOrZero(s0 ? s0 + h * state : nullptr, state, S);
+      typename SsdTokenBackward<T>::Sums sums;
+      for (int64_t i = 0; i < n; ++i) {
+        // The pairs (t, i), i < t < end_i: dS_i += exp(A (dt_{i+1} + ... + dt_t)) dy_t C_t^T, the product built one
+        // factor at a time; the pair (i, i) is the token's own term, which the backward adds.
+        std::fill(dS, dS + state, T(0));
+        T lambda = 1;
+        for (int64_t t = i + 1; t < std::min(span, i + window); ++t) {
+          lambda *= decay[t];
+          const T* dyt = token(dy, later_dy, t, heads * head_dim, h * head_dim);
+          const T* Ct = token(C, later_C, t, groups * N, g * N);
+          for (int64_t p = 0; p < head_dim; ++p) {
+            const T a = lambda * dyt[p];
+            T* row = dS + p * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) row[j] += a * Ct[j];
+          }
+        }
+        // S holds S_{i-1}: the VJP of token i with the cotangent dS_i, then S steps on to S_i.
+        backward(i, h, head, S, dS, dC_heads + r.Gate(i, h) * N, dB_heads + r.Gate(i, h) * N, sums);
+        Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(i, h)], dt_bias[h], dt_min, dt_max), head, i, h, S, S,
+             static_cast<T*>(nullptr));
+      }
+      ddt_bias[h] += sums.dt_bias;
+      dA_log[h] += sums.A * head.A;
+      if (D) dD[h] += sums.D;
+    }
+  }
+  SumOverHeadGroups(dC_heads, n, groups, heads, N, dC);
+  SumOverHeadGroups(dB_heads, n, groups, heads, N, dB);
+  return pairs;
+}
+
+template <typename T>
 void GatedGroupRmsnormForward(const T* x, const T* z, const T* w, int64_t rows, int64_t dim, int64_t group_size,
                               double eps, T* out, T* rstd) {
   CheckNormGroups(dim, group_size, "gated_group_rmsnorm_forward");
@@ -320,6 +385,10 @@ void GatedGroupRmsnormBackward(const T* dout, const T* x, const T* z, const T* w
   template void SsdBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*,         \
                                const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, double, double, T*,    \
                                T*, T*, T*, T*, T*, T*, T*, T*);                                                        \
+  template int64_t SsdBackwardPairs<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*, \
+                                       const T*, int64_t, int64_t, int64_t, int64_t, int64_t, double, double,          \
+                                       const T*, const T*, const T*, int64_t, int64_t, T*, T*, T*, T*, T*, T*, T*,     \
+                                       T*);                                                                            \
   template void GatedGroupRmsnormForward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, double, T*, T*);  \
   template void GatedGroupRmsnormBackward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,       \
                                              int64_t, double, T*, T*, T*);

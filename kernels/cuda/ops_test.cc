@@ -985,6 +985,46 @@ TYPED_TEST(CudaOpsTest, SsdForwardBackward) {
   }
 }
 
+// Adjoint sharding: a chunk with later tokens and every pair, a truncated window, a window past everything; with
+// and without s0 and D; head_dim over two warps with idle lanes.
+TYPED_TEST(CudaOpsTest, SsdBackwardPairs) {
+  using T = TypeParam;
+  const int64_t n = 13, later = 6, heads = 4, head_dim = 40, groups = 2, N = 8;
+  const int64_t xs = n * heads * head_dim, dts = n * heads, bc = n * groups * N, state = heads * head_dim * N;
+  const std::vector<T> x = Normal<T>(xs, 530), dt_raw = Normal<T>(dts, 531, 1.2), dt_bias = Normal<T>(heads, 532, 0.5),
+                       A_log = Normal<T>(heads, 533, 0.5), B = Normal<T>(bc, 534), C = Normal<T>(bc, 535),
+                       D = Normal<T>(heads, 536), s0 = Normal<T>(state, 537), dy = Normal<T>(xs, 538),
+                       later_dy = Normal<T>(later * heads * head_dim, 539),
+                       later_dt = Normal<T>(later * heads, 540, 1.2), later_C = Normal<T>(later * groups * N, 541),
+                       acc0 = Normal<T>(heads, 542);
+  for (auto [window, with_later, with_extras] :
+       {std::tuple<int64_t, bool, bool>{int64_t(1) << 40, true, true}, {5, false, true}, {1, true, false}}) {
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> X(dev, x, "x"), DT(dev, dt_raw, "dt_raw"), BIAS(dev, dt_bias, "dt_bias"), AL(dev, A_log, "A_log"),
+          BB(dev, B, "B"), CC(dev, C, "C"), DD(dev, D, "D"), S0(dev, s0, "s0"), DY(dev, dy, "dy"),
+          LDY(dev, later_dy, "later_dy"), LDT(dev, later_dt, "later_dt_raw"), LC(dev, later_C, "later_C"),
+          DX(dev, xs, Nan<T>(), "dx"), DDT(dev, dts, Nan<T>(), "ddt_raw"), DBIAS(dev, acc0, "ddt_bias"),
+          DAL(dev, acc0, "dA_log"), DB(dev, bc, Nan<T>(), "dB"), DC(dev, bc, Nan<T>(), "dC"), DDD(dev, acc0, "dD"),
+          W(dev, ops.ssd_workspace_elems(n, heads, head_dim, groups, N), Nan<T>(), "workspace");
+      Outs o;
+      o.scalar = static_cast<double>(ops.ssd_backward_pairs(
+          DY.data(), X.data(), DT.data(), BIAS.data(), AL.data(), BB.data(), CC.data(),
+          with_extras ? DD.data() : nullptr, with_extras ? S0.data() : nullptr, n, heads, head_dim, groups, N, 0.2,
+          2.0, with_later ? LDY.data() : nullptr, with_later ? LDT.data() : nullptr,
+          with_later ? LC.data() : nullptr, with_later ? later : 0, window, DX.data(), DDT.data(), DBIAS.data(),
+          DAL.data(), DB.data(), DC.data(), with_extras ? DDD.data() : nullptr, W.data()));
+      for (const Buf<T>* b : {&DX, &DDT, &DBIAS, &DAL, &DB, &DC, &DDD}) o.Add(*b);
+      W.GuardsIntact();
+      return o;
+    });
+    const std::string what = "ssd_backward_pairs window=" + std::to_string(window) + (with_later ? " later" : "") +
+                             (with_extras ? " s0 D" : "");
+    EXPECT_EQ(dut.scalar, cpu.scalar) << what << ": pair counts";
+    ExpectAllClose(dut, cpu, kLoose<T>, what);
+  }
+}
+
 // Groups of a row (group_size < dim) and one group per row; rows past the grid's first pass.
 TYPED_TEST(CudaOpsTest, GatedGroupRmsnormForwardBackward) {
   using T = TypeParam;

@@ -72,24 +72,24 @@ max_registers() {
     <<<"$info" | sort -n | tail -1
 }
 
-# A scan's kernels ($2.cu: $3, $4 entries) for sm_$1: no local memory, and its backward kernel $5's registers fit
-# its largest block (512 threads of 64K registers).
+# A scan's kernels ($2.cu: $3, $4 entries) for sm_$1: no local memory, and the registers of its backward kernels
+# (the entries whose names contain $5) fit their largest block (512 threads of 64K registers).
 check_scan() {
   local arch="$1" file="$2" what="$3" expected="$4" kernel="$5" regs
   compile_without_local_memory "$arch" "$file" "$what" "$expected"
   regs="$(max_registers "$kernel")"
   if [[ -z "$regs" || $((regs * 512)) -gt 65536 ]]; then
-    echo "FAIL sm_${arch}: ${kernel} uses ${regs:-?} registers; 512 threads need <= 128"
+    echo "FAIL sm_${arch}: a ${kernel} kernel uses ${regs:-?} registers; 512 threads need <= 128"
     status=1
   else
-    echo "sm_${arch} ${file}: no local memory, ${kernel} ${regs} registers"
+    echo "sm_${arch} ${file}: no local memory, ${kernel} kernels at most ${regs} registers"
   fi
 }
 
 # The Gated DeltaNet kernels (gated_delta.cu) and Mamba-2's SSD scan (ssd.cu).
 for arch in 80 90; do
   check_scan "$arch" gated_delta "forward, backward, sum over heads; f32, f64" 6 GatedDeltaBackwardKernel
-  check_scan "$arch" ssd "forward, backward; f32, f64" 4 SsdBackwardKernel
+  check_scan "$arch" ssd "forward, backward, backward by pairs; f32, f64" 6 SsdBackward
 done
 
 # The mixture-of-experts kernels (moe.cu): no local memory, and every kernel's registers fit its block (at most 256

@@ -53,6 +53,7 @@ static OpTable<T> MakeCudaTable() {
   t.gated_delta_workspace_elems = cuda::GatedDeltaWorkspaceElems;
   t.ssd_forward = cuda::SsdForward<T>;
   t.ssd_backward = cuda::SsdBackward<T>;
+  t.ssd_backward_pairs = cuda::SsdBackwardPairs<T>;
   t.ssd_workspace_elems = cuda::SsdWorkspaceElems;
   t.gated_group_rmsnorm_forward = cuda::GatedGroupRmsnormForward<T>;
   t.gated_group_rmsnorm_backward = cuda::GatedGroupRmsnormBackward<T>;
