@@ -27,14 +27,15 @@ struct SsdRows {
 };
 
 // One token's step size dt = clamp(softplus(raw + bias), lo, hi) (torch's softplus, threshold 20) and its
-// derivative in raw (0 where the clamp binds: torch's clamp passes the gradient where lo <= softplus <= hi).
+// derivative in raw (0 where the clamp binds: torch's clamp with scalar limits passes the gradient where
+// lo < softplus < hi).
 template <typename T>
 struct TimeStep {
   T dt, grad;
   TimeStep(T raw, T bias, double lo, double hi) {
     const T v = raw + bias, sp = v > T(20) ? v : std::log1p(std::exp(v));
     dt = std::min(std::max(sp, T(lo)), T(hi));
-    grad = sp >= T(lo) && sp <= T(hi) ? (v > T(20) ? T(1) : Sigmoid(v)) : T(0);
+    grad = sp > T(lo) && sp < T(hi) ? (v > T(20) ? T(1) : Sigmoid(v)) : T(0);
   }
 };
 

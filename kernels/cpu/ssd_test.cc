@@ -188,19 +188,21 @@ INSTANTIATE_TEST_SUITE_P(ChunkLengthsAndLimits, SsdGradientTest,
                          ::testing::Values(GradientCase{1, {}}, GradientCase{9, {}}, GradientCase{11, {}},
                                            GradientCase{9, {0.3, 1.5}}, GradientCase{11, {0.3, 1.5}}));
 
-// The clamp's gradient passes where lo <= softplus <= hi, as torch's: at a limit itself it passes.
-TEST(SsdTest, ClampPassesTheGradientAtTheLimit) {
-  Shape s{1, 1, 1, 1, 1};
-  Inputs in(s, 25);
+// The clamp's gradient passes where lo < softplus < hi, as torch 2.15's clamp with scalar limits (transformers passes
+// time_step_limit as floats): none at a limit itself.
+TEST(SsdTest, ClampStopsTheGradientAtTheLimit) {
+  const double sp0 = std::log1p(std::exp(0.0));  // softplus(0)
+  Inputs in(Shape{1, 1, 1, 1, 1}, 25);
   in.dt_raw = {0.0};
   in.dt_bias = {0.0};
-  in.lim = {std::log1p(std::exp(0.0)), 2.0};  // softplus(0) = lo exactly
-  const Grads at = RunBackward(in, Vec{1.0}, Vec{0.0});
-  in.lim.lo = 0.7;  // just above softplus(0) = 0.693: the clamp binds
-  const Grads above = RunBackward(in, Vec{1.0}, Vec{0.0});
-  EXPECT_NE(at.ddt_raw[0], 0.0);
-  EXPECT_EQ(above.ddt_raw[0], 0.0);
-  EXPECT_EQ(above.ddt_bias[0], 0.0);
+  for (Limits lim : {Limits{sp0, 2.0}, Limits{0.1, sp0}, Limits{0.7, 2.0}}) {
+    in.lim = lim;
+    const Grads d = RunBackward(in, Vec{1.0}, Vec{0.0});
+    EXPECT_EQ(d.ddt_raw[0], 0.0) << lim.lo << " " << lim.hi;
+    EXPECT_EQ(d.ddt_bias[0], 0.0) << lim.lo << " " << lim.hi;
+  }
+  in.lim = {sp0 - 1e-3, sp0 + 1e-3};  // just inside
+  EXPECT_NE(RunBackward(in, Vec{1.0}, Vec{0.0}).ddt_raw[0], 0.0);
 }
 
 // Null s0 is a zero state, null ds_final a zero gradient, null ds0 leaves the others as they were; null D no skip

@@ -43,7 +43,8 @@ struct SsdRows {
 };
 
 // The per-token and per-head scalars of the scan, as ssd.cc computes them: dt = clamp(softplus(raw + bias), lo, hi)
-// (torch's softplus, threshold 20) and its derivative in raw (0 where the clamp binds); A = -exp(A_log[h]).
+// (torch's softplus, threshold 20) and its derivative in raw (0 where the clamp binds or at a limit); A =
+// -exp(A_log[h]).
 template <typename T>
 struct SsdStep {
   T dt, grad, decay;
@@ -52,7 +53,7 @@ struct SsdStep {
     const T v = dt_raw[r.Gate(t, h)] + dt_bias[h], sp = v > T(20) ? v : Log1p(Exp(v));
     const T low = static_cast<T>(lo), high = static_cast<T>(hi);
     dt = sp < low ? low : (sp > high ? high : sp);
-    grad = sp >= low && sp <= high ? (v > T(20) ? T(1) : T(1) / (T(1) + Exp(-v))) : T(0);
+    grad = sp > low && sp < high ? (v > T(20) ? T(1) : T(1) / (T(1) + Exp(-v))) : T(0);
     decay = Exp(dt * A);
   }
 };
