@@ -522,6 +522,13 @@ TEST(HfConfigErrorTest, NotJson) {
 }
 
 // A Qwen3.5 text config with transformers' defaults but for the sizes; extra fields appended.
+// Which layers are Gated DeltaNet.
+std::vector<bool> Linear(const TransformerConfig& c) {
+  std::vector<bool> linear;
+  for (int64_t l = 0; l < c.num_layers; ++l) linear.push_back(c.is_linear(l));
+  return linear;
+}
+
 std::string MinimalQwen35(const std::string& model_type = "qwen3_5_text", const std::string& extra_fields = "") {
   return R"({"model_type": ")" + model_type + R"(", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 8,
              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128)" +
@@ -534,7 +541,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
   EXPECT_TRUE(c->hybrid());
   EXPECT_EQ(c->head_dim, 256);
   EXPECT_EQ(c->rotary_dim(), 64);  // partial_rotary_factor 0.25
-  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(Linear(*c), (std::vector<bool>{true, true, true, false, true, true, true, false}));
   EXPECT_EQ(c->linear.key_heads, 16);
   EXPECT_EQ(c->linear.value_heads, 32);
   EXPECT_EQ(c->linear.key_head_dim, 128);
@@ -543,7 +550,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
                                           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                                                               "partial_rotary_factor": 0.5})"));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, false, true, false, true, false, true, false}));
+  EXPECT_EQ(Linear(*c), (std::vector<bool>{true, false, true, false, true, false, true, false}));
   EXPECT_EQ(c->rotary_dim(), 128);
   EXPECT_EQ(c->rope_theta, 1e6);
   // The published layout: the text model under text_config, its head tied at the top level.
@@ -556,7 +563,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
   // What the engine writes reads back the same.
   absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->linear_layers, c->linear_layers);
+  EXPECT_EQ(again->mixers, c->mixers);
   EXPECT_TRUE(again->conditional);
   EXPECT_EQ(again->rotary_dim(), c->rotary_dim());
 }

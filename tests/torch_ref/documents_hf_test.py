@@ -47,12 +47,12 @@ UNPACKED_DIFFERS = 1e-6  # the batch without documents is at least this far from
 # ---- the venv half ----------------------------------------------------------------------------------------------
 
 # transformers' modeling modules whose float32 is made float64 (the hybrids' and the mixtures of experts' too:
-# qwen3_next_hf_test.py, moe_hf_test.py).
+# qwen3_next_hf_test.py, moe_hf_test.py, mamba2_hf_test.py).
 FLOAT64_MODULES = ("modeling_rope_utils", "models.llama.modeling_llama", "models.mamba.modeling_mamba",
                    "models.qwen2.modeling_qwen2", "models.qwen3.modeling_qwen3",
                    "models.qwen3_next.modeling_qwen3_next", "models.qwen3_5.modeling_qwen3_5",
                    "models.qwen3_moe.modeling_qwen3_moe", "models.mixtral.modeling_mixtral",
-                   "models.qwen3_5_moe.modeling_qwen3_5_moe")
+                   "models.qwen3_5_moe.modeling_qwen3_5_moe", "models.mamba2.modeling_mamba2")
 
 
 def _float64_transformers():

@@ -43,7 +43,7 @@ TransformerConfig Qwen35(int64_t vocab, int64_t d, int64_t layers, int64_t heads
   c.rope_theta = 10000000.0;
   c.max_position_embeddings = 262144;
   c.partial_rotary_factor = 0.25;
-  for (int64_t i = 0; i < layers; ++i) c.linear_layers.push_back((i + 1) % 4 != 0);
+  for (int64_t i = 0; i < layers; ++i) c.mixers.push_back((i + 1) % 4 != 0 ? Mixer::kDeltaNet : Mixer::kAttention);
   c.linear = {4, linear_head_dim, linear_head_dim, key_heads, value_heads};
   return c;
 }
@@ -59,6 +59,26 @@ void WithExperts(TransformerConfig& c, std::vector<bool> moe, int64_t experts, i
   c.moe.shared_intermediate = shared;
 }
 
+// Mamba2ForCausalLM: `layers` Mamba-2 mixers of `heads` heads of head_dim (heads x head_dim = 2 d), state N, conv
+// kernel 4, no MLP.
+TransformerConfig Mamba2(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t head_dim, int64_t groups,
+                         int64_t N) {
+  TransformerConfig c;
+  c.architecture = "mamba2";
+  c.vocab_size = vocab;
+  c.hidden_size = d;
+  c.num_layers = layers;
+  c.rms_norm_eps = 1e-5;
+  c.mamba.heads = heads;
+  c.mamba.head_dim = head_dim;
+  c.mamba.groups = groups;
+  c.mamba.state = N;
+  c.mamba.expand = heads * head_dim / d;
+  c.mixers.assign(layers, Mixer::kMamba2);
+  c.mlps.assign(layers, Mlp::kNone);
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
@@ -67,6 +87,7 @@ std::vector<std::string> TransformerPresetNames() {
           "tiny-qwen3.5",
           "tiny-qwen3-moe",
           "tiny-qwen3-next",
+          "tiny-mamba2",
           "demo",
           "bench-cpu",
           "bench-cpu-qwen3.5",
@@ -78,6 +99,7 @@ std::vector<std::string> TransformerPresetNames() {
           "qwen3-30b-a3b-shape",
           "qwen3.5-35b-a3b-shape",
           "mixtral-8x7b-shape",
+          "mamba2-2.7b-shape",
           "llama-3.1-8b",
           "qwen2.5-7b",
           "qwen2.5-32b"};
@@ -98,7 +120,7 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   // rotated, 4 value heads on 2 key heads.
   if (name == "tiny-qwen3.5") {
     TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
-    c.linear_layers = {true, false, true, false};
+    c.mixers = {Mixer::kDeltaNet, Mixer::kAttention, Mixer::kDeltaNet, Mixer::kAttention};
     c.max_position_embeddings = 4096;
     return c;
   }
@@ -114,9 +136,16 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "tiny-qwen3-next") {
     TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
     c.architecture = "qwen3_next";
-    c.linear_layers = {true, false, true, false};
+    c.mixers = {Mixer::kDeltaNet, Mixer::kAttention, Mixer::kDeltaNet, Mixer::kAttention};
     c.max_position_embeddings = 4096;
     WithExperts(c, {true, true, true, true}, 4, 2, 16, /*normalize=*/true, /*shared=*/16);
+    return c;
+  }
+  // Mamba-2 for tests: 3 layers, 8 heads of 8 in 2 groups, state 16, tied embeddings.
+  if (name == "tiny-mamba2") {
+    TransformerConfig c = Mamba2(97, 32, 3, 8, 8, 2, 16);
+    c.mamba.chunk_size = 16;
+    c.tie_word_embeddings = true;
     return c;
   }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
@@ -200,6 +229,13 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     c.rope_theta = 1000000.0;
     c.max_position_embeddings = 32768;
     WithExperts(c, std::vector<bool>(32, true), 8, 2, 14336, /*normalize=*/true);
+    return c;
+  }
+  // state-spaces/mamba2-2.7b: d_model 2560, n_layer 64, vocab_size 50277 padded to a multiple of 16 (50288),
+  // d_state 128, headdim 64 (80 heads: expand 2), ngroups 1, d_conv 4, chunk_size 256, tie_embeddings true.
+  if (name == "mamba2-2.7b-shape") {
+    TransformerConfig c = Mamba2(50288, 2560, 64, 80, 64, 1, 128);
+    c.tie_word_embeddings = true;
     return c;
   }
   return absl::NotFoundError(
