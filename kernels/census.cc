@@ -122,8 +122,8 @@ void CountRopeKvWrite(const char* op, int64_t n, const PagedKV<P>& kv, int64_t i
 }
 
 // The counting half of each counted op: its arguments, no result; null for the ops that are not counted (LoRA
-// dropout, Mamba's A, page sums and scores, the vocabulary shards, attention's and gated delta's workspace sizes). The counters name
-// only the arguments they read, by position in ops.inc's signature; the others are `auto`.
+// dropout, Mamba's A, page sums and scores, the vocabulary shards, the workspace sizes of attention, gated delta and
+// SSD). The counters name only the arguments they read, by position in ops.inc's signature; the others are `auto`.
 template <typename T>
 struct Counters {
 #define SG_OP(name, Kernel, ret, params) void(*name) params = nullptr;
@@ -354,6 +354,36 @@ Counters<T> MakeCounters() {
   };
   c.row_dots = [](auto, auto, int64_t rows, int64_t cols, auto) {
     Count("row_dots", OpFamily::kPointwise, 0, 2 * rows * cols * S, rows * S);
+  };
+  // Mamba-2's SSD scan: its FLOPs are the state products per token and head (2 head_dim N each): forward the
+  // update and y; backward the two recomputations of the update and its own six (S_t, dC, dS_t, du, d decay, dB).
+  c.ssd_forward = [](auto, auto, auto, auto, auto, auto, const T* D, const T* s0, int64_t n, int64_t heads,
+                     int64_t head_dim, int64_t groups, int64_t N, auto, auto, auto, T* s_final) {
+    const int64_t state = heads * head_dim * N, xs = n * heads * head_dim;
+    Count("ssd_forward", OpFamily::kSsm, 2 * 2 * n * state,
+          (xs + n * heads + 2 * n * groups * N + (D ? 3 : 2) * heads + (s0 ? state : 0)) * S,
+          (xs + (s_final ? state : 0)) * S);
+  };
+  c.ssd_backward = [](auto, const T* ds_final, auto, auto, auto, auto, auto, auto, const T* D, const T* s0, int64_t n,
+                      int64_t heads, int64_t head_dim, int64_t groups, int64_t N, auto, auto, auto, auto, auto, auto,
+                      auto, auto, auto, T* ds0, auto) {
+    const int64_t state = heads * head_dim * N, xs = n * heads * head_dim, bc = 2 * n * groups * N;
+    const int64_t params = D ? 3 : 2, accumulated = params * heads;  // ddt_bias, dA_log, dD read and written
+    // dy, x, dt_raw, B, C, the parameters, s0, ds_final read; dx, ddt_raw, dB, dC, ds0 written
+    Count("ssd_backward", OpFamily::kSsm, (2 + 6) * 2 * n * state,
+          (2 * xs + n * heads + bc + params * heads + accumulated + (s0 ? state : 0) + (ds_final ? state : 0)) * S,
+          (xs + n * heads + bc + accumulated + (ds0 ? state : 0)) * S);
+  };
+  c.gated_group_rmsnorm_forward = [](auto, auto, auto, int64_t rows, int64_t dim, int64_t group_size, auto, auto,
+                                     auto) {
+    Count("gated_group_rmsnorm_forward", OpFamily::kNorm, 0, (2 * rows * dim + dim) * S,
+          (rows * dim + rows * dim / group_size) * S);
+  };
+  c.gated_group_rmsnorm_backward = [](auto, auto, auto, auto, auto, int64_t rows, int64_t dim, int64_t group_size,
+                                      auto, auto, auto, auto) {
+    // dout, x, z, w, rstd, dw read; dx, dz, dw written
+    Count("gated_group_rmsnorm_backward", OpFamily::kNorm, 0, (3 * rows * dim + 2 * dim + rows * dim / group_size) * S,
+          (2 * rows * dim + dim) * S);
   };
   c.adamw = [](auto, auto, auto, auto, int64_t count, auto, auto, auto, auto, auto, auto) {
     Count("adamw", OpFamily::kOptimizer, 0, 4 * count * S, 3 * count * S);

@@ -8,8 +8,8 @@
 // - FLOPs are tensor-core (matmul) FLOPs: GEMMs 2mnk; attention 2 x head_dim per (query, key, head) and product,
 //   over the causal pairs of the selected pages, with the products the CUDA kernels compute per pair: forward
 //   S = QK^T and PV (2); backward a dQ pass (S, dP, dQ: 3) and, for keys whose gradient page exists, a dK/dV pass
-//   (S, dP, dV, dK: 4); the gated delta rule its state products (census.cc). Every other op counts 0 FLOPs: its
-//   arithmetic is far below its memory time.
+//   (S, dP, dV, dK: 4); the gated delta rule and Mamba-2's SSD scan their state products (census.cc). Every other
+//   op counts 0 FLOPs: its arithmetic is far below its memory time.
 // - bytes are compulsory traffic: every input read once, every output written once, accumulated outputs read and
 //   written. gemm_mixed with an f32 operand adds the rounding pass the CUDA backend runs first (family
 //   "bf16_round": f32 read, bf16 written), and its GEMM reads that operand as bf16.
@@ -31,14 +31,14 @@ enum class OpFamily {
   kBf16Round,          // gemm_mixed: an f32 operand rounded into bf16 scratch (CUDA)
   kAttentionForward,
   kAttentionBackward,
-  kNorm,               // rmsnorm forward / backward
+  kNorm,               // rmsnorm forward / backward, Mamba-2's gated group rmsnorm
   kRope,
   kPointwise,          // swiglu, silu, softplus, sigmoid gate, bias, add, copy, copy_rows, fill, scale; the
                        // mixture-of-experts router and its row gathers, scatters and dots
   kEmbedding,
   kConvert,            // bf16 <-> f32
   kLoss,               // cross-entropy, token log-probs, arg max over the vocabulary
-  kSsm,                // conv1d, selective scan, Gated DeltaNet's gates and delta rule
+  kSsm,                // conv1d, selective scan, Gated DeltaNet's gates and delta rule, Mamba-2's SSD scan
   kOptimizer,          // adamw
 };
 constexpr int kNumOpFamilies = 12;

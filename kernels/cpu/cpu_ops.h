@@ -41,6 +41,14 @@ double CrossEntropyForwardBackwardBF16(uint16_t* logits, const int32_t* labels, 
 void TokenLogprobsBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, double* out);
 void TokenArgmaxBF16(const uint16_t* logits, const int32_t* labels, int64_t n, int64_t vocab, int32_t* out);
 
+// What the scans share (gated_delta.cc): dst = src [count], or zeros when src is null; and dst[t][g][:] = the sum,
+// in head order, of rows[t][h][:] [width] over the heads h of group g (heads / groups adjacent heads each), the
+// gradient of an input that a group of heads reads.
+template <typename T>
+void CopyOrZero(const T* src, int64_t count, T* dst);
+template <typename T>
+void SumOverHeadGroups(const T* rows, int64_t n, int64_t groups, int64_t heads, int64_t width, T* dst);
+
 // Worker-thread lanes of memcpy (copy_engine.cc).
 CopyEngine HostCopyEngine();
 

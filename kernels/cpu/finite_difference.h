@@ -45,6 +45,18 @@ inline double RelErr(const std::vector<float>& a, const Vec& b) {
   return err / scale;
 }
 
+// Rows [from, from + count) of an array of `width` values per token: one chunk's part of a sequence's tensor.
+inline Vec Rows(const Vec& v, int64_t from, int64_t count, int64_t width) {
+  return Vec(v.begin() + from * width, v.begin() + (from + count) * width);
+}
+
+// a followed by b: two chunks' outputs as one sequence's.
+inline Vec Concat(const Vec& a, const Vec& b) {
+  Vec c = a;
+  c.insert(c.end(), b.begin(), b.end());
+  return c;
+}
+
 // Max error of the analytic gradient of f with respect to x against central differences, relative to the largest
 // numeric entry.
 inline double FiniteDifferenceError(const std::function<double()>& f, Vec& x, const Vec& analytic) {

@@ -67,15 +67,6 @@ void Step(const Rows& r, const T* q, const T* k, const T* v, const T* g, const T
   }
 }
 
-// dst = src [count], or zeros when src is null.
-template <typename T>
-void CopyOrZero(const T* src, int64_t count, T* dst) {
-  if (src)
-    std::copy(src, src + count, dst);
-  else
-    std::fill(dst, dst + count, T(0));
-}
-
 // The gradients that flow out of token t; the running state gradient dS (the gradient of S_t on entry) becomes
 // that of S_{t-1}. prev = S_{t-1}; u, delta, ddelta [dv] scratch; dq, dk go to this value head's rows.
 template <typename T>
@@ -143,21 +134,6 @@ struct TokenBackward {
   }
 };
 
-// dst[t][kh][:] = sum over the value heads of key head kh of heads[t][h][:], in head order.
-template <typename T>
-void SumOverValueHeads(const T* heads, int64_t n, int64_t k_heads, int64_t v_heads, int64_t dk, T* dst) {
-  const int64_t per = v_heads / k_heads;
-#pragma omp parallel for if (n * v_heads * dk > 65536)
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t kh = 0; kh < k_heads; ++kh) {
-      T* out = dst + (t * k_heads + kh) * dk;
-      const T* in = heads + (t * v_heads + kh * per) * dk;
-      std::copy(in, in + dk, out);
-      for (int64_t r = 1; r < per; ++r)
-        for (int64_t i = 0; i < dk; ++i) out[i] += in[r * dk + i];
-    }
-}
-
 }  // namespace
 
 template <typename T>
@@ -189,6 +165,28 @@ void GdnGatesBackward(const T* dg, const T* dbeta, const T* a, const T* b, const
     da_log[h] += sum_log;
     ddt_bias[h] += sum_dt;
   }
+}
+
+template <typename T>
+void CopyOrZero(const T* src, int64_t count, T* dst) {
+  if (src)
+    std::copy(src, src + count, dst);
+  else
+    std::fill(dst, dst + count, T(0));
+}
+
+template <typename T>
+void SumOverHeadGroups(const T* rows, int64_t n, int64_t groups, int64_t heads, int64_t width, T* dst) {
+  const int64_t per = heads / groups;
+#pragma omp parallel for if (n * heads * width > 65536)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < groups; ++g) {
+      T* out = dst + (t * groups + g) * width;
+      const T* in = rows + (t * heads + g * per) * width;
+      std::copy(in, in + width, out);
+      for (int64_t r = 1; r < per; ++r)
+        for (int64_t i = 0; i < width; ++i) out[i] += in[r * width + i];
+    }
 }
 
 int64_t GatedDeltaWorkspaceElems(int64_t n, int64_t v_heads, int64_t dk, int64_t dv) {
@@ -254,11 +252,13 @@ void GatedDeltaBackward(const T* dout, const T* ds_final, const T* q, const T* k
       if (ds0) std::copy(dS, dS + state, ds0 + h * state);
     }
   }
-  SumOverValueHeads(dq_heads, n, k_heads, v_heads, dk, dq);
-  SumOverValueHeads(dk_heads, n, k_heads, v_heads, dk, dk_out);
+  SumOverHeadGroups(dq_heads, n, k_heads, v_heads, dk, dq);
+  SumOverHeadGroups(dk_heads, n, k_heads, v_heads, dk, dk_out);
 }
 
 #define SG_INSTANTIATE(T)                                                                                             \
+  template void CopyOrZero<T>(const T*, int64_t, T*);                                                                 \
+  template void SumOverHeadGroups<T>(const T*, int64_t, int64_t, int64_t, int64_t, T*);                               \
   template void GdnGatesForward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*);                 \
   template void GdnGatesBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T*, \
                                     T*, T*, T*);                                                                      \

@@ -13,11 +13,13 @@
 namespace sg {
 namespace {
 
+using testing_fd::Concat;
 using testing_fd::Dot;
 using testing_fd::FiniteDifferenceError;
 using testing_fd::MaxDiff;
 using testing_fd::Random;
 using testing_fd::RelErr;
+using testing_fd::Rows;
 using testing_fd::Vec;
 
 constexpr double kTol = 1e-7;
@@ -185,11 +187,6 @@ TEST(GatedDeltaTest, StateBuffersMayAlias) {
   EXPECT_EQ(dg, want_d.dg);
 }
 
-// Rows [from, from + count) of an array of `width` values per token.
-Vec Rows(const Vec& v, int64_t from, int64_t count, int64_t width) {
-  return Vec(v.begin() + from * width, v.begin() + (from + count) * width);
-}
-
 Inputs Part(const Inputs& in, int64_t from, int64_t count) {
   Inputs p = in;
   const Shape& s = in.s;
@@ -200,12 +197,6 @@ Inputs Part(const Inputs& in, int64_t from, int64_t count) {
   p.g = Rows(in.g, from, count, s.v_heads);
   p.beta = Rows(in.beta, from, count, s.v_heads);
   return p;
-}
-
-Vec Concat(const Vec& a, const Vec& b) {
-  Vec c = a;
-  c.insert(c.end(), b.begin(), b.end());
-  return c;
 }
 
 // Two chunks, s_final of the first as s0 of the second and ds0 of the second as ds_final of the first, give the

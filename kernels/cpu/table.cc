@@ -111,6 +111,11 @@ OpTable<T> MakeCpuTable() {
   SG_ENTRY(gated_delta_forward, kSsm, cpu::GatedDeltaForward<T>);
   SG_ENTRY(gated_delta_backward, kSsm, cpu::GatedDeltaBackward<T>);
   t.gated_delta_workspace_elems = cpu::GatedDeltaWorkspaceElems;
+  SG_ENTRY(ssd_forward, kSsm, cpu::SsdForward<T>);
+  SG_ENTRY(ssd_backward, kSsm, cpu::SsdBackward<T>);
+  t.ssd_workspace_elems = cpu::SsdWorkspaceElems;
+  SG_ENTRY(gated_group_rmsnorm_forward, kNorm, cpu::GatedGroupRmsnormForward<T>);
+  SG_ENTRY(gated_group_rmsnorm_backward, kNorm, cpu::GatedGroupRmsnormBackward<T>);
   SG_ENTRY(moe_route, kPointwise, cpu::MoeRoute<T>);
   SG_ENTRY(moe_route_backward, kPointwise, cpu::MoeRouteBackward<T>);
   SG_ENTRY(gather_rows, kPointwise, cpu::GatherRows<T>);

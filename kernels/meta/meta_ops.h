@@ -6,7 +6,7 @@
 
 namespace sg::meta {
 
-// Ops that return nothing, zero counts and losses; attention's and gated delta's workspace sizes are the CPU
+// Ops that return nothing, zero counts and losses; the workspace sizes (attention's, gated delta's, SSD's) are the CPU
 // backend's, so that the workspace category matches a CPU run exactly.
 template <typename T>
 const OpTable<T>& MetaOps();

@@ -24,6 +24,7 @@ OpTable<T> MakeTable() {
 #include "kernels/ops.inc"
   t.attention_workspace_elems = CpuOps<T>().attention_workspace_elems;  // sizes only: reads no tensor
   t.gated_delta_workspace_elems = CpuOps<T>().gated_delta_workspace_elems;
+  t.ssd_workspace_elems = CpuOps<T>().ssd_workspace_elems;
   return t;
 }
 
