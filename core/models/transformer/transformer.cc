@@ -290,6 +290,11 @@ struct DeltaInputs {
   Tensor q_raw, k_raw, q, k, q_rstd, k_rstd, v, g, beta;
 };
 
+// Mamba-2's scan inputs: x [n][intermediate], B and C [n][groups x state], the columns of silu(xc).
+struct SsdInputs {
+  Tensor x, B, C;
+};
+
 // The tokens each expert of a MoE layer takes in a chunk, grouped by expert (tokens in order): their rows in the
 // chunk, their slots in the router's [n][k] outputs and each one's routing weight, on the model's device (for
 // gather_rows / scatter_add_rows); iota is 0, 1, .. n - 1 there.
@@ -343,15 +348,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
     Store::SetFrozenBase(frozen_base);
-    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim;
+    const int64_t d = c.hidden_size;
     // Column-parallel (rows of [out][in] split), row-parallel (columns split), replicated; see tensor_parallel.h.
-    const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
+    const TpShard rows{TpSplit::kRows}, whole{};
     auto add = [&](const std::string& name, std::vector<int64_t> shape, TpShard shard) {
       shards_.push_back(shard);
       return Add(name, std::move(shape));
     };
-    // Gated attention's q_proj gives each head's query and then its output gate.
-    const int64_t q_rows = (c.hybrid() ? 2 : 1) * qd;
     const ParamNames names = NamesOf(c);
     embed_ = add(names.embed, {vocab_rows_, d}, rows);
     for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -387,7 +390,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
             "", "post_attention_layernorm.weight", "mlp.", c.prefix() + "norm.weight"};
   }
 
-  // Attention's parameters under p ("...self_attn.").
+  // Attention's parameters under p ("...self_attn."). Gated attention's q_proj gives each head's query and then
+  // its output gate.
   template <typename AddFn>
   void AddAttention(const std::string& p, LayerParams& L, AddFn& add) {
     const TransformerConfig& c = cfg_;
@@ -1347,10 +1351,6 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return dxn1;
   }
 
-  // The scan's inputs: x [n][intermediate], B and C [n][groups x state], the columns of silu(xc).
-  struct SsdInputs {
-    Tensor x, B, C;
-  };
   SsdInputs SsdInputsOf(const Tensor& xc, int64_t n) {
     const Mamba2Config& m = cfg_.mamba;
     const int64_t I = m.intermediate(), C = m.conv_dim(), GN = m.groups * m.state;
