@@ -43,7 +43,16 @@ DOCUMENT_RUNS = [("full", 512, 4), ("ckpt", 512, 4), ("seco", 5, 4), ("seco", 4,
                  ("streambp", 4, 3), ("streambp", 5, 4)]
 MAMBA2 = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_heads=4, head_dim=8, expand=2, state_size=6,
               conv_kernel=4, chunk_size=SSD_CHUNK, layer_norm_epsilon=1e-5)
-MODELS = ("mamba2", "mamba2_tied")
+BAMBA = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=3, attn_layer_indices=[1], num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=24, mamba_n_heads=4, mamba_d_state=6, mamba_n_groups=2,
+             mamba_chunk_size=SSD_CHUNK, mamba_proj_bias=True, attention_bias=True, mlp_bias=True,
+             time_step_limit=(0.05, 1.5), max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
+NEMOTRON_H = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=6, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=6, n_groups=2, chunk_size=SSD_CHUNK,
+                  use_bias=True, mlp_bias=True, time_step_min=0.05, layer_norm_epsilon=1e-5,
+                  max_position_embeddings=256,
+                  layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"])
+MODELS = ("mamba2", "mamba2_tied", "bamba", "nemotron_h")
 
 
 # ---- the venv half ----------------------------------------------------------------------------------------------
@@ -59,6 +68,10 @@ def _transformers_model(name):
     """(config, model class) of one of MODELS, made by transformers."""
     import transformers
 
+    if name == "bamba":
+        return transformers.BambaConfig(**BAMBA), transformers.BambaForCausalLM
+    if name == "nemotron_h":
+        return transformers.NemotronHConfig(**NEMOTRON_H, tie_word_embeddings=False), transformers.NemotronHForCausalLM
     if name == "mamba2":
         config = transformers.Mamba2Config(**MAMBA2, n_groups=2, use_bias=True, time_step_limit=(0.05, 1.5),
                                            tie_word_embeddings=False)
@@ -130,9 +143,11 @@ def _record_scan():
 
 
 def _scan_modules():
+    import transformers.models.bamba.modeling_bamba as bamba
     import transformers.models.mamba2.modeling_mamba2 as mamba2
+    import transformers.models.nemotron_h.modeling_nemotron_h as nemotron_h
 
-    return (mamba2,)
+    return mamba2, bamba, nemotron_h
 
 
 def reference(directory, batch):

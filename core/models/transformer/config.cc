@@ -53,7 +53,7 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   n.Add(d, 2 * L - c.mixer_count(Mixer::kNone) - c.mlp_count(Mlp::kNone) + 1);
   // q (with a gate per value in hybrids' gated attention), o
   n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), (c.hybrid() ? 3 : 2) * A);
-  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);  // k, v
+  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);    // k, v
   n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * swiglu + 2 * relu2);  // gate, up, down
   if (moe_layers > 0) {
     const MoeConfig& m = c.moe;
@@ -84,11 +84,11 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
     const Mamba2Config& m = c.mamba;
     const int64_t I = n.Product({{"mamba heads", m.heads}, {"mamba head_dim", m.head_dim}});
     const int64_t rows = n.Product({{"mamba in_proj rows", I + m.conv_dim() + m.heads}, {"hidden_size", d}});
-    n.Add(rows, M);                                                                            // in_proj
+    n.Add(rows, M);                                                                                // in_proj
     n.Add(n.Product({{"mamba conv channels", m.conv_dim()}, {"conv_kernel", m.conv_kernel}}), M);  // conv1d
-    n.Add(n.Product({{"hidden_size", d}, {"mamba intermediate", I}}), M);                       // out_proj
-    n.Add(m.heads, 3 * M);                                                                      // dt_bias, A_log, D
-    n.Add(I, M);                                                                                // the gated norm
+    n.Add(n.Product({{"hidden_size", d}, {"mamba intermediate", I}}), M);                          // out_proj
+    n.Add(m.heads, 3 * M);                                                                         // dt_bias, A_log, D
+    n.Add(I, M);                                                                                   // the gated norm
     if (m.conv_bias) n.Add(m.conv_dim(), M);
     if (m.proj_bias) {
       n.Add(m.in_proj_rows(), M);
@@ -122,12 +122,12 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
     for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5",
-                             "qwen3_5_moe_text", "qwen3_5_moe", "mamba2"})
+                             "qwen3_5_moe_text", "qwen3_5_moe", "mamba2", "bamba", "nemotron_h"})
       if (*model_type == type) return *model_type;
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
                                                    "' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
                                                    "mixtral, qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
-                                                   "qwen3_5_moe, mamba2)"));
+                                                   "qwen3_5_moe, mamba2, bamba, nemotron_h)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -149,6 +149,8 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
     if (name == "Qwen3_5MoeForCausalLM") return std::string("qwen3_5_moe_text");
     if (name == "Qwen3_5MoeForConditionalGeneration") return std::string("qwen3_5_moe");
     if (name == "Mamba2ForCausalLM") return std::string("mamba2");
+    if (name == "BambaForCausalLM") return std::string("bamba");
+    if (name == "NemotronHForCausalLM") return std::string("nemotron_h");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
@@ -156,7 +158,8 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                    "Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
-                   "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Mamba2ForCausalLM)"));
+                   "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, "
+                   "Mamba2ForCausalLM, BambaForCausalLM, NemotronHForCausalLM)"));
 }
 
 // The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is
@@ -193,7 +196,7 @@ json StandardRopeBlock(const json& block, double rope_theta) {
 // least 2 and at most head_dim. Llama, Qwen2 and Qwen3 rotate whole heads.
 absl::Status CheckRotaryDim(const FieldReader& fields, const TransformerConfig& config) {
   const double f = config.partial_rotary_factor;
-  if (!config.hybrid() && f != 1.0)
+  if (!config.hybrid() && config.architecture != "bamba" && f != 1.0)
     return fields.Error("partial_rotary_factor",
                         absl::StrCat("is ", f, "; ", config.architecture, " rotates whole heads (1)"));
   const int64_t dim = config.rotary_dim();
@@ -511,6 +514,16 @@ absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, con
 
 }  // namespace
 
+absl::Status ParseTransformerRope(const FieldReader& fields, const std::string& source_name,
+                                  TransformerConfig& config) {
+  if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
+  if (absl::Status status = CheckRotaryDim(fields, config); !status.ok()) return status;
+  if (config.rope_scaling.type == "default") return absl::OkStatus();
+  return fields.Error(fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling",
+                      absl::StrCat("has rope_type '", config.rope_scaling.type, "'; ", config.architecture,
+                                   " models are supported with the default RoPE"));
+}
+
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
   absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
   if (!parsed.ok()) return parsed.status();
@@ -519,7 +532,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
   SG_IO_ASSIGN_OR_RETURN(architecture, DetectArchitecture(fields, source_name));
   TransformerConfig probe;
   probe.architecture = architecture;
-  if (probe.mamba_family()) return ParseMamba2FamilyConfig(fields, architecture);
+  if (probe.mamba_family()) return ParseMamba2FamilyConfig(fields, source_name, architecture);
   if (architecture != "qwen3_5" && architecture != "qwen3_5_moe")
     return ParseTextConfig(fields, source_name, architecture);
   const std::string text_architecture = architecture + "_text";

@@ -51,19 +51,19 @@ struct LinearAttentionConfig {
 // scalar decay A = -exp(A_log), dt = clamp(softplus(dt + dt_bias), dt_min, dt_max), B and C shared by the heads of a
 // group; the D skip; the gated RMSNorm w rmsnorm(y silu(z)) over groups of intermediate / groups; out_proj.
 struct Mamba2Config {
-  int64_t heads = 0;        // num_heads (mamba_n_heads)
-  int64_t head_dim = 0;     // head_dim (mamba_d_head)
-  int64_t groups = 1;       // n_groups (mamba_n_groups)
-  int64_t state = 0;        // state_size (mamba_d_state, ssm_state_size)
-  int64_t conv_kernel = 4;  // conv_kernel (mamba_d_conv)
-  int64_t expand = 2;       // heads x head_dim = expand x hidden_size
+  int64_t heads = 0;         // num_heads (mamba_n_heads)
+  int64_t head_dim = 0;      // head_dim (mamba_d_head)
+  int64_t groups = 1;        // n_groups (mamba_n_groups)
+  int64_t state = 0;         // state_size (mamba_d_state, ssm_state_size)
+  int64_t conv_kernel = 4;   // conv_kernel (mamba_d_conv)
+  int64_t expand = 2;        // heads x head_dim = expand x hidden_size
   int64_t chunk_size = 256;  // transformers' SSD chunk: the same function whatever it is; kept for the config
   bool conv_bias = true;     // use_conv_bias (mamba_conv_bias)
   bool proj_bias = false;    // use_bias (mamba_proj_bias): in_proj's and out_proj's
   double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();  // time_step_limit
-  double norm_eps = 1e-5;                 // the gated norm's epsilon
+  double norm_eps = 1e-5;                                               // the gated norm's epsilon
   int64_t intermediate() const { return heads * head_dim; }
-  int64_t conv_dim() const { return intermediate() + 2 * groups * state; }  // x, B, C
+  int64_t conv_dim() const { return intermediate() + 2 * groups * state; }      // x, B, C
   int64_t in_proj_rows() const { return intermediate() + conv_dim() + heads; }  // z, xBC, dt
 };
 
@@ -122,6 +122,8 @@ struct TransformerConfig {
   Mamba2Config mamba;
   // Attention rotates q and k (RoPE); Nemotron-H's does not.
   bool rope = true;
+  // Bamba's embedding is nn.Embedding with padding_idx pad_token_id: the lookup gives that row no gradient. -1: none.
+  int64_t pad_token_id = -1;
   double partial_rotary_factor = 1.0;  // RoPE rotates the first head_dim x this dims of each head
   // Qwen3.5 as published (Qwen3_5ForConditionalGeneration): the text model under "model.language_model.", beside a
   // vision tower the engine does not run (kept on save).
@@ -190,7 +192,10 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
 
 class FieldReader;  // core/io/config_fields.h
 // Mamba-2 models and hybrids (architecture mamba2, bamba, nemotron_h or falcon_h1): mamba2_config.cc.
-absl::StatusOr<TransformerConfig> ParseMamba2FamilyConfig(const FieldReader& fields, const std::string& architecture);
+absl::StatusOr<TransformerConfig> ParseMamba2FamilyConfig(const FieldReader& fields, const std::string& source_name,
+                                                          const std::string& architecture);
+// rope_theta and the RoPE block (rope_parameters or rope_scaling) into config, as ParseTransformerConfig reads them.
+absl::Status ParseTransformerRope(const FieldReader& fields, const std::string& source_name, TransformerConfig& config);
 std::string Mamba2FamilyConfigToHFJson(const TransformerConfig& config);
 
 // Reads `path`, or `path`/config.json when `path` is a directory.

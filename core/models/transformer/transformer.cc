@@ -384,10 +384,25 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   };
   static ParamNames NamesOf(const TransformerConfig& c) {
     const std::string& a = c.architecture;
-    if (a == "mamba2") return {"backbone.embeddings.weight", "backbone.layers.", "norm.weight", "", "mixer.", "",
-                               "", "backbone.norm_f.weight"};
-    return {c.prefix() + "embed_tokens.weight", c.prefix() + "layers.", "input_layernorm.weight", "self_attn.",
-            "", "post_attention_layernorm.weight", "mlp.", c.prefix() + "norm.weight"};
+    if (a == "mamba2")
+      return {"backbone.embeddings.weight", "backbone.layers.", "norm.weight", "", "mixer.", "", "",
+              "backbone.norm_f.weight"};
+    // transformers 5.23 saves Nemotron-H as published, under backbone. (model. in memory)
+    if (a == "nemotron_h")
+      return {
+          "backbone.embeddings.weight", "backbone.layers.", "norm.weight", "mixer.", "mixer.", "norm.weight", "mixer.",
+          "backbone.norm_f.weight"};
+    if (a == "bamba")
+      return {"model.embed_tokens.weight", "model.layers.", "input_layernorm.weight",      "self_attn.", "mamba.",
+              "pre_ff_layernorm.weight",   "feed_forward.", "model.final_layernorm.weight"};
+    return {c.prefix() + "embed_tokens.weight",
+            c.prefix() + "layers.",
+            "input_layernorm.weight",
+            "self_attn.",
+            "",
+            "post_attention_layernorm.weight",
+            "mlp.",
+            c.prefix() + "norm.weight"};
   }
 
   // Attention's parameters under p ("...self_attn."). Gated attention's q_proj gives each head's query and then
@@ -539,8 +554,17 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   Tensor Embed(const int32_t* ids, Chunk c) override {
     return Store::EmbedRows(ops_, embed_, ids, c, tp_.on() ? &tp_ : nullptr);
   }
+  // nn.Embedding's padding_idx (Bamba's pad_token_id): the lookup adds nothing to that row's gradient, kept as it was.
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
+    T* g = G(embed_);
+    const int64_t d = cfg_.hidden_size, pad = cfg_.pad_token_id;
+    Tensor pad_row;
+    if (g && pad >= 0 && !tp_.on()) {
+      pad_row = New(MemCategory::kWorkspace, {d});
+      ops_.copy(pad_row.data<T>(), g + pad * d, d);
+    }
     Store::EmbedRowsBackward(ops_, embed_, ids, c, dx, tp_.on() ? &tp_ : nullptr);
+    if (pad_row.defined()) ops_.copy(g + pad * d, pad_row.data<T>(), d);
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
@@ -731,6 +755,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       MoeForward(L.experts, c, xn2.data<T>(), st, act, kept, y.data<T>());
       return y;
     }
+    if (L.mlp == Mlp::kRelu2) return Relu2MlpForward(L, c, h, xn2, st, act, kept);
     Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, st);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
@@ -743,6 +768,42 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return y;
   }
 
+  // Nemotron-H's MLP: y = h + down(relu(up(xn2))^2).
+  Tensor Relu2MlpForward(const LayerParams& L, Chunk c, const Tensor& h, Tensor& xn2, const StateOptions& st,
+                         MemCategory act, std::vector<Tensor>* kept) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    const MemCategory big = Store::ActCategory(act);
+    Tensor up = New(big, {n, f}), a = New(big, {n, f});
+    Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
+    Done(xn2);
+    ops_.relu2_forward(up.data<T>(), n * f, a.data<T>());
+    Keep(kept, kUp, up, act);
+    Keep(kept, kAct, a, act);
+    Tensor y = New(MemCategory::kActivations, {n, d});
+    ops_.copy(y.data<T>(), h.data<T>(), n * d);
+    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+    return y;
+  }
+  // Its backward: dxn2 from dy.
+  Tensor Relu2MlpBackward(const LayerParams& L, Chunk c, const T* dy, const std::vector<Tensor>& s,
+                          const StateOptions& st) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor da = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+    Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
+    {
+      const Tensor a = Store::Widen(ops_, s[kAct]);
+      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
+      BiasBackward(L.down_bias, dy, n, d);
+      Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, st);
+    }
+    ops_.relu2_backward(da.data<T>(), Store::Widen(ops_, s[kUp]).template data<T>(), n * f, dup.data<T>());
+    const Tensor xn2 = Store::Widen(ops_, s[kXn2]);
+    LinearBackward(dup.data<T>(), f, xn2.data<T>(), n, L.up, L.up_bias, dxn2.data<T>(), T(0), c, st);
+    tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of up gave part of it
+    return dxn2;
+  }
+
   // The MLP's backward: dh = dy + d(norm2) from dy, y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h).
   Tensor MlpBackward(const LayerParams& L, Chunk c, const T* dy, const std::vector<Tensor>& s, const StateOptions& st) {
     const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
@@ -751,6 +812,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor dh = New(ws, {n, d});
     if (L.moe) {
       const Tensor dxn2 = MoeBackward(L.experts, c, dy, wide(kXn2).template data<T>(), s, st);
+      ops_.copy(dh.data<T>(), dy, n * d);
+      NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+      return dh;
+    }
+    if (L.mlp == Mlp::kRelu2) {
+      const Tensor dxn2 = Relu2MlpBackward(L, c, dy, s, st);
       ops_.copy(dh.data<T>(), dy, n * d);
       NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
       return dh;
@@ -1259,9 +1326,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const int64_t GN = m.groups * m.state;
     for (const ChunkPiece& p : pieces)
       ops_.ssd_forward(in.x.data<T>() + p.row * I, dt.data<T>() + p.row * H, W(P.dt_bias), W(P.a_log),
-                       in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d), p.first ? s0.data<T>() : nullptr,
-                       p.rows, H, m.head_dim, m.groups, m.state, m.dt_min, m.dt_max, y.data<T>() + p.row * I,
-                       p.last && out ? out->s.data<T>() : nullptr);
+                       in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d),
+                       p.first ? s0.data<T>() : nullptr, p.rows, H, m.head_dim, m.groups, m.state, m.dt_min, m.dt_max,
+                       y.data<T>() + p.row * I, p.last && out ? out->s.data<T>() : nullptr);
     if (out) state.StashLinear(*out);
     keep_copy(kCore, y);
     Tensor gated = New(big, {n, I}), group_rstd = New(act, {n * m.groups});
@@ -1300,8 +1367,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Store::LoraBackward(ops_, P.out, gated.data<T>(), dh, d, dgated.data<T>(), c, state.opts);
       Tensor dz = New(ws, {n, I});
       ops_.gated_group_rmsnorm_backward(dgated.data<T>(), wide(kCore).template data<T>(), wide(kZ).template data<T>(),
-                                        W(P.norm), s[kCoreRstd].data<T>(), n, I, I / m.groups, m.norm_eps,
-                                        dy.data<T>(), dz.data<T>(), GradOrScratch(P.norm));
+                                        W(P.norm), s[kCoreRstd].data<T>(), n, I, I / m.groups, m.norm_eps, dy.data<T>(),
+                                        dz.data<T>(), GradOrScratch(P.norm));
       ops_.copy_rows(dproj.data<T>(), R, dz.data<T>(), I, n, I);
     }
 
@@ -1317,7 +1384,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     {
       int64_t longest = 0;
       for (const ChunkPiece& p : pieces) longest = std::max(longest, p.rows);
-      Tensor work = New(ws, {std::max<int64_t>(1, ops_.ssd_workspace_elems(longest, H, m.head_dim, m.groups, m.state))});
+      Tensor work =
+          New(ws, {std::max<int64_t>(1, ops_.ssd_workspace_elems(longest, H, m.head_dim, m.groups, m.state))});
       for (const ChunkPiece& p : pieces)
         ops_.ssd_backward(dy.data<T>() + p.row * I, p.last && gout ? gout->s.data<T>() : nullptr,
                           in.x.data<T>() + p.row * I, dt + p.row * H, W(P.dt_bias), W(P.a_log),
@@ -1369,7 +1437,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   LinearBoundary* RecurrentBoundaries(int l, Chunk c, TransformerState& state, Tensor& s0, Tensor& tail0) {
     const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
     const LinearBoundary* in = carries_in ? TransformerState::Find(state.linear_cache, l, c.begin) : nullptr;
-    if (carries_in && !in) throw std::logic_error(absl::StrCat("recurrent layer ", l, ": no state at position ", c.begin));
+    if (carries_in && !in)
+      throw std::logic_error(absl::StrCat("recurrent layer ", l, ": no state at position ", c.begin));
     if (in) {
       state.LoadLinear(*in, s0, tail0);
     } else {
@@ -1504,7 +1573,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     LinearBackward(dqkvz.data<T>(), C + V, xn, n, P.qkvz, -1, dxn, T(0), c, st);
     LinearBackward(dba.data<T>(), 2 * H, xn, n, P.ba, -1, dxn, T(1), c, st);
   }
-  // The MLP's parameters under p ("...mlp."): SwiGLU's or a MoE block's.
+  // The MLP's parameters under p ("...mlp."): SwiGLU's, ReLU²'s or a MoE block's.
   template <typename AddFn>
   void AddMlp(const std::string& p, LayerParams& L, AddFn& add) {
     const int64_t d = cfg_.hidden_size, f = inter_;
@@ -1526,8 +1595,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       }
       return;
     }
-    L.gate = add(p + "gate_proj.weight", {f, d}, rows);
-    L.gate_bias = cfg_.mlp_bias ? add(p + "gate_proj.bias", {f}, rows) : -1;
+    if (L.mlp == Mlp::kSwiGlu) {  // ReLU²'s has no gate
+      L.gate = add(p + "gate_proj.weight", {f, d}, rows);
+      L.gate_bias = cfg_.mlp_bias ? add(p + "gate_proj.bias", {f}, rows) : -1;
+    }
     L.up = add(p + "up_proj.weight", {f, d}, rows);
     L.up_bias = cfg_.mlp_bias ? add(p + "up_proj.bias", {f}, rows) : -1;
     L.down = add(p + "down_proj.weight", {d, f}, cols);
@@ -1601,7 +1672,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                            k.data<T>(), rstd.data<T>());
     }
     state.kv.Ensure(kl, c.begin, c.end, /*zero_new=*/false);
-    if (state.opts.doc_starts.empty() && cfg_.rotary_dim() == cfg_.head_dim) {
+    if (state.opts.doc_starts.empty() && cfg_.rotary_dim() == cfg_.head_dim && cfg_.rope) {
       state.kv.ScatterRoped<T>(kl, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
     } else {  // positions within each document, or partial RoPE: rope, then write (rope_kv_write's two steps)
       Rope(k.data<T>(), c, kv_heads_, /*inverse=*/false, state);
@@ -1670,8 +1741,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   // Rotates x, the rows of chunk c with `heads` heads, at each row's position within its document (RoPE restarts
   // at every document); inverse: the backward's transpose rotation.
-  // Partial RoPE (hybrids) rotates each head's first rotary_dim dims: gathered, rotated, put back.
+  // Partial RoPE (hybrids, Bamba) rotates each head's first rotary_dim dims: gathered, rotated, put back.
   void Rope(T* x, Chunk c, int64_t heads, bool inverse, const TransformerState& state) {
+    if (!cfg_.rope) return;  // Nemotron-H's attention has no positions
     const std::vector<int64_t>& docs = state.opts.doc_starts;
     const int64_t hd = cfg_.head_dim, dim = cfg_.rotary_dim(), rows = c.size() * heads;
     Tensor part;
@@ -1838,8 +1910,9 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("config: the Mamba heads (", m.heads, ") must be a multiple of n_groups (", m.groups, ")"));
   }
-  const std::set<std::string> supported = {"llama",        "qwen2",           "qwen3",     "qwen3_moe", "mixtral",
-                                           "qwen3_next",   "qwen3_5_text",    "qwen3_5_moe_text", "mamba2"};
+  const std::set<std::string> supported = {"llama",   "qwen2",      "qwen3",        "qwen3_moe",
+                                           "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                                           "mamba2",  "bamba",      "nemotron_h"};
   if (!supported.count(c.architecture))
     return absl::InvalidArgumentError(absl::StrCat("config: model_type '", c.architecture,
                                                    "' is not supported (supported: ", absl::StrJoin(supported, ", "),
@@ -1888,6 +1961,9 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
   if (tp.size > 1 && !config.moe_layers.empty())
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
                                                  config.architecture, "'s mixture-of-experts layers"));
+  if (tp.size > 1 && config.pad_token_id >= 0)
+    return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet with ",
+                                                 config.architecture, "'s pad_token_id"));
   if (tp.size > 1 && config.mamba_layer_count() > 0)
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
                                                  config.architecture, "'s Mamba-2 layers"));
