@@ -1972,6 +1972,9 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                  config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (config.mamba_layer_count() > 0 && !OpsFor<float>(device).ssd_forward)
+    return absl::UnimplementedError(absl::StrCat(config.architecture, "'s Mamba-2 layers have no kernels on --device=",
+                                                 DeviceName(device), " yet (the CPU runs them)"));
   if (dtype == DType::kF32)
     return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
   if (dtype == DType::kF64)
