@@ -331,6 +331,17 @@ TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
               "f64 tiny after a failed step: gpu seco vs cpu");
 }
 
+// Mamba-2's ops have no CUDA kernels yet: a model with Mamba-2 layers is refused on the GPU when created, by name.
+TEST_F(CudaStrategyTest, Mamba2LayersAreRefusedOnTheGpu) {
+  for (const char* preset : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
+    auto model = CreateTransformer(*TransformerPreset(preset), DType::kF32, Device::kCUDA);
+    ASSERT_FALSE(model.ok()) << preset;
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+    EXPECT_NE(std::string(model.status().message()).find("Mamba-2 layers have no kernels"), std::string::npos)
+        << model.status();
+  }
+}
+
 // Without a GPU, a model cannot be created on it: FailedPrecondition naming the device and why (the probe's reason),
 // for both families. Skipped where a GPU is present.
 TEST(CudaDeviceTest, CreateWithoutGpuIsFailedPrecondition) {

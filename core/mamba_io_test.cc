@@ -58,12 +58,12 @@ TEST(MambaIoTest, ConfigFieldsAndErrors) {
   EXPECT_EQ(back->time_step_rank, 3);
   EXPECT_EQ(back->conv_kernel, 3);
 
-  const std::string dir = TempDir("mamba2");
+  const std::string dir = TempDir("mamba3");
   std::system(("mkdir -p " + dir).c_str());
-  WriteConfig(dir, R"({"model_type": "mamba2", "vocab_size": 50, "hidden_size": 40, "num_hidden_layers": 2})");
+  WriteConfig(dir, R"({"model_type": "mamba3", "vocab_size": 50, "hidden_size": 40, "num_hidden_layers": 2})");
   absl::Status s = LoadAnyModel(dir, DType::kF32, 0).status();
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("model_type 'mamba2'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("model_type 'mamba3'"), std::string::npos) << s;
 
   absl::Status act = io::ParseMambaConfig(R"({"model_type": "mamba", "vocab_size": 5, "hidden_size": 4,
       "num_hidden_layers": 1, "hidden_act": "gelu"})",

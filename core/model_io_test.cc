@@ -67,6 +67,21 @@ int Leftovers(const std::string& dir) {
 // A save of a model loaded from a Hugging Face directory is a complete model directory: the tokenizer, chat template,
 // generation config and the config.json fields the engine does not use come along, the dtype is labelled as saved,
 // and the directory holds exactly one model, or stays as it was when the save fails.
+// The footprint a model is checked against before it is made counts every parameter it makes (and RoPE's
+// frequencies): the Mamba-2 mixers' tensors, the ReLU² MLPs, layers without an MLP or a mixer.
+TEST(ModelIoTest, FootprintCountsEveryParameter) {
+  for (const char* preset : {"tiny", "tiny-qwen3.5", "tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
+    auto model = LoadModel(preset, DType::kF32, 1);
+    ASSERT_TRUE(model.ok()) << preset << ": " << model.status();
+    absl::StatusOr<ModelFootprint> f = Footprint((*model)->config(), DType::kF32);
+    ASSERT_TRUE(f.ok()) << preset << ": " << f.status();
+    const TransformerConfig& c = (*model)->config();
+    int64_t parameters = c.attention_layer_count() > 0 && c.rope ? c.rotary_dim() / 2 : 0;
+    for (const Param& p : (*model)->params()) parameters += p.value.numel();
+    EXPECT_EQ(f->parameters, parameters) << preset;
+  }
+}
+
 TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {
   auto preset = LoadModel("tiny-qwen2", DType::kF64, 3);
   ASSERT_TRUE(preset.ok());

@@ -294,6 +294,12 @@ Counters<T> MakeCounters() {
   c.silu_backward = [](auto, auto, int64_t count, auto) {
     Count("silu_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
   };
+  c.relu2_forward = [](auto, int64_t count, auto) {
+    Count("relu2_forward", OpFamily::kPointwise, 0, count * S, count * S);
+  };
+  c.relu2_backward = [](auto, auto, int64_t count, auto) {
+    Count("relu2_backward", OpFamily::kPointwise, 0, 2 * count * S, count * S);
+  };
   c.softplus_forward = [](auto, int64_t count, auto) {
     Count("softplus_forward", OpFamily::kPointwise, 0, count * S, count * S);
   };

@@ -364,7 +364,7 @@ TEST(HfConfigTest, LoadFromDirectoryOrFile) {
 TEST(HfConfigErrorTest, UnsupportedArchitecture) {
   ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
                       {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, mixtral, "
-                       "qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe)"});
+                       "qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe, mamba2, bamba, nemotron_h)"});
   ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
                       {"config.json", "MistralForCausalLM", "not supported"});
   ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
@@ -522,6 +522,13 @@ TEST(HfConfigErrorTest, NotJson) {
 }
 
 // A Qwen3.5 text config with transformers' defaults but for the sizes; extra fields appended.
+// Which layers are Gated DeltaNet.
+std::vector<bool> Linear(const TransformerConfig& c) {
+  std::vector<bool> linear;
+  for (int64_t l = 0; l < c.num_layers; ++l) linear.push_back(c.is_linear(l));
+  return linear;
+}
+
 std::string MinimalQwen35(const std::string& model_type = "qwen3_5_text", const std::string& extra_fields = "") {
   return R"({"model_type": ")" + model_type + R"(", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 8,
              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128)" +
@@ -534,7 +541,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
   EXPECT_TRUE(c->hybrid());
   EXPECT_EQ(c->head_dim, 256);
   EXPECT_EQ(c->rotary_dim(), 64);  // partial_rotary_factor 0.25
-  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(Linear(*c), (std::vector<bool>{true, true, true, false, true, true, true, false}));
   EXPECT_EQ(c->linear.key_heads, 16);
   EXPECT_EQ(c->linear.value_heads, 32);
   EXPECT_EQ(c->linear.key_head_dim, 128);
@@ -543,7 +550,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
                                           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                                                               "partial_rotary_factor": 0.5})"));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->linear_layers, (std::vector<bool>{true, false, true, false, true, false, true, false}));
+  EXPECT_EQ(Linear(*c), (std::vector<bool>{true, false, true, false, true, false, true, false}));
   EXPECT_EQ(c->rotary_dim(), 128);
   EXPECT_EQ(c->rope_theta, 1e6);
   // The published layout: the text model under text_config, its head tied at the top level.
@@ -556,7 +563,7 @@ TEST(HfConfigTest, HybridDefaultsAndLayerTypes) {
   // What the engine writes reads back the same.
   absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->linear_layers, c->linear_layers);
+  EXPECT_EQ(again->mixers, c->mixers);
   EXPECT_TRUE(again->conditional);
   EXPECT_EQ(again->rotary_dim(), c->rotary_dim());
 }
@@ -627,6 +634,99 @@ TEST(HfConfigErrorTest, HybridErrorsNameTheField) {
                                            "num_hidden_layers": 1000000000, "num_attention_heads": 4,
                                            "intermediate_size": 128})")),
                         {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
+}
+
+// Mamba-2 models and hybrids: transformers 5.23's fields (and defaults) in, the same config back out.
+TEST(HfConfigTest, Mamba2FamilyRoundTrips) {
+  absl::StatusOr<TransformerConfig> m = Parse(R"({"model_type": "mamba2", "vocab_size": 50, "hidden_size": 16,
+      "num_hidden_layers": 2, "num_heads": 4, "head_dim": 8, "state_size": 6, "n_groups": 2, "chunk_size": 16,
+      "use_bias": true, "time_step_limit": [0.0, {"__float__": "Infinity"}], "tie_word_embeddings": true})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->mixers, std::vector<Mixer>(2, Mixer::kMamba2));
+  EXPECT_EQ(m->mlps, std::vector<Mlp>(2, Mlp::kNone));
+  EXPECT_EQ(m->mamba.conv_dim(), 32 + 2 * 2 * 6);
+  EXPECT_TRUE(std::isinf(m->mamba.dt_max));
+  EXPECT_TRUE(m->mamba.proj_bias && m->mamba.conv_bias && m->tie_word_embeddings);
+
+  absl::StatusOr<TransformerConfig> b = Parse(R"({"model_type": "bamba", "vocab_size": 50, "hidden_size": 16,
+      "num_hidden_layers": 3, "attn_layer_indices": [1], "num_attention_heads": 4, "num_key_value_heads": 2,
+      "intermediate_size": 24, "mamba_n_heads": 4, "mamba_d_head": "auto", "mamba_d_state": 6,
+      "time_step_limit": [0.05, 1.5], "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}})");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->mixers, (std::vector<Mixer>{Mixer::kMamba2, Mixer::kAttention, Mixer::kMamba2}));
+  EXPECT_EQ(b->mamba.head_dim, 8);  // 2 x 16 / 4
+  EXPECT_EQ(b->rotary_dim(), 2);    // Bamba rotates half of each head
+  EXPECT_EQ(b->rope_theta, 5000.0);
+  EXPECT_EQ(b->mamba.dt_min, 0.05);
+
+  absl::StatusOr<TransformerConfig> n = Parse(R"({"model_type": "nemotron_h", "vocab_size": 50, "hidden_size": 16,
+      "hybrid_override_pattern": "M-*-", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 6,
+      "intermediate_size": 24, "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 6, "n_groups": 2})");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->num_layers, 4);
+  EXPECT_EQ(n->mixers, (std::vector<Mixer>{Mixer::kMamba2, Mixer::kNone, Mixer::kAttention, Mixer::kNone}));
+  EXPECT_EQ(n->mlps, (std::vector<Mlp>{Mlp::kNone, Mlp::kRelu2, Mlp::kNone, Mlp::kRelu2}));
+  EXPECT_FALSE(n->rope);
+  EXPECT_EQ(n->mamba.dt_min, 0.001);  // time_step_min: NemotronHMamba2Mixer's clamp
+
+  for (const TransformerConfig* c : {&*m, &*b, &*n}) {
+    absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
+    ASSERT_TRUE(again.ok()) << c->architecture << ": " << again.status();
+    EXPECT_EQ(again->architecture, c->architecture);
+    EXPECT_EQ(again->mixers, c->mixers);
+    EXPECT_EQ(again->mlps, c->mlps);
+    EXPECT_EQ(again->num_layers, c->num_layers);
+    EXPECT_EQ(again->head_dim, c->head_dim);
+    EXPECT_EQ(again->rotary_dim(), c->rotary_dim());
+    EXPECT_EQ(again->rope_theta, c->rope_theta);
+    const Mamba2Config &x = again->mamba, &y = c->mamba;
+    EXPECT_EQ(std::vector<int64_t>({x.heads, x.head_dim, x.groups, x.state, x.conv_kernel, x.chunk_size}),
+              std::vector<int64_t>({y.heads, y.head_dim, y.groups, y.state, y.conv_kernel, y.chunk_size}));
+    EXPECT_EQ(std::vector<double>({x.dt_min, x.dt_max, x.norm_eps}),
+              std::vector<double>({y.dt_min, y.dt_max, y.norm_eps}));
+    EXPECT_EQ(x.proj_bias, y.proj_bias);
+    EXPECT_EQ(x.conv_bias, y.conv_bias);
+  }
+}
+
+// What the engine does not implement is refused by the field that asks for it, before any work.
+TEST(HfConfigTest, Mamba2FamilyRefusalsNameTheField) {
+  const std::string mamba2 = R"({"model_type": "mamba2", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
+      "num_heads": 4)";
+  ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 8, "n_groups": 2, "hidden_act": "gelu"})"),
+                      {"field 'hidden_act' is 'gelu'"});
+  ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 4, "n_groups": 2})"), {"field 'num_heads' (4) x head_dim (4)"});
+  ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 8, "n_groups": 3})"), {"field 'n_groups' (3) must divide"});
+  ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 8, "n_groups": 2, "time_step_limit": [1.0, 0.5]})"),
+                      {"field 'time_step_limit'"});
+  // A billion layers are refused before the per-layer lists are made.
+  ExpectErrorMentions(Parse(R"({"model_type": "mamba2", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers":
+                               1000000000, "num_heads": 4, "head_dim": 8, "n_groups": 2})"),
+                      {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
+  ExpectErrorMentions(Parse(R"({"model_type": "bamba", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers":
+                               1000000000, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 4})"),
+                      {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
+  const std::string bamba = R"({"model_type": "bamba", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "mamba_n_heads": 4)";
+  ExpectErrorMentions(Parse(bamba + R"(, "z_loss_coefficient": 0.1})"), {"field 'z_loss_coefficient' is 0.1"});
+  ExpectErrorMentions(Parse(bamba + R"(, "attn_layer_indices": [2]})"), {"field 'attn_layer_indices' holds 2"});
+  ExpectErrorMentions(Parse(bamba + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0}})"),
+                      {"field 'rope_parameters' has rope_type 'linear'"});
+  const std::string nemotron = R"({"model_type": "nemotron_h", "vocab_size": 50, "hidden_size": 16,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "mamba_num_heads": 4,
+      "mamba_head_dim": 8, "n_groups": 2)";
+  ExpectErrorMentions(Parse(nemotron + R"(, "hybrid_override_pattern": "M-E*"})"),
+                      {"field 'hybrid_override_pattern' has 'moe'", "mixture-of-experts"});
+  ExpectErrorMentions(Parse(nemotron + R"(, "layers_block_type": ["mlp", "conv"]})"),
+                      {"field 'layers_block_type' has 'conv'"});
+  const std::string layers = R"(, "hybrid_override_pattern": "M-*")";
+  ExpectErrorMentions(Parse(nemotron + layers + R"(, "mlp_hidden_act": "silu"})"),
+                      {"field 'mlp_hidden_act' is 'silu'"});
+  ExpectErrorMentions(Parse(nemotron + layers + R"(, "num_nextn_predict_layers": 1})"),
+                      {"field 'num_nextn_predict_layers' is 1"});
+  ExpectErrorMentions(Parse(nemotron + layers + R"(, "sliding_window": 128})"), {"field 'sliding_window' is set"});
+  ExpectErrorMentions(Parse(nemotron + layers + R"(, "tie_word_embeddings": true})"),
+                      {"field 'tie_word_embeddings' is true"});
 }
 
 }  // namespace

@@ -358,6 +358,18 @@ void SiluBackward(const T* dy, const T* x, int64_t count, T* dx) {
   }
 }
 
+template <typename T>
+void Relu2Forward(const T* x, int64_t count, T* y) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+}
+
+template <typename T>
+void Relu2Backward(const T* dy, const T* x, int64_t count, T* dx) {
+#pragma omp parallel for if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) dx[i] = x[i] > T(0) ? T(2) * x[i] * dy[i] : T(0);
+}
+
 // softplus as in torch (threshold 20: identity above it).
 template <typename T>
 void SoftplusForward(const T* x, int64_t count, T* y) {
@@ -385,6 +397,8 @@ void SoftplusBackward(const T* dy, const T* x, int64_t count, T* dx) {
                                                  const T*, const T*, int64_t, int64_t, T*, T*, T*, T*, T*, T*);  \
   template void SiluForward<T>(const T*, int64_t, T*);                                                           \
   template void SiluBackward<T>(const T*, const T*, int64_t, T*);                                                \
+  template void Relu2Forward<T>(const T*, int64_t, T*);                                                          \
+  template void Relu2Backward<T>(const T*, const T*, int64_t, T*);                                               \
   template void SoftplusForward<T>(const T*, int64_t, T*);                                                       \
   template void SoftplusBackward<T>(const T*, const T*, int64_t, T*);
 SG_INSTANTIATE(float)

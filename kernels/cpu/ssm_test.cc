@@ -252,5 +252,24 @@ TEST(PointwiseSsmTest, SiluAndSoftplus) {
   EXPECT_LT(FiniteDifferenceError(f_softplus, x, dx), kTol);
 }
 
+// Nemotron-H's ReLU²: zero below 0 (value and gradient), x^2 above; finite differences away from the kink.
+TEST(PointwiseSsmTest, Relu2) {
+  const int64_t count = 9;
+  Vec x = Random(count, 52, 3.0);
+  for (double& v : x)
+    if (std::abs(v) < 0.1) v += 0.2;
+  const Vec r = Random(count, 53);
+  auto f = [&] {
+    Vec y(count);
+    ops.relu2_forward(x.data(), count, y.data());
+    return Dot(y, r);
+  };
+  Vec y(count), dx(count);
+  ops.relu2_forward(x.data(), count, y.data());
+  for (int64_t i = 0; i < count; ++i) EXPECT_EQ(y[i], x[i] > 0 ? x[i] * x[i] : 0.0) << i;
+  ops.relu2_backward(r.data(), x.data(), count, dx.data());
+  EXPECT_LT(FiniteDifferenceError(f, x, dx), kTol);
+}
+
 }  // namespace
 }  // namespace sg

@@ -101,6 +101,8 @@ OpTable<T> MakeCpuTable() {
   SG_ENTRY(selective_scan_backward_pairs, kSsm, cpu::SelectiveScanBackwardPairs<T>);
   SG_ENTRY(silu_forward, kSsm, cpu::SiluForward<T>);
   SG_ENTRY(silu_backward, kSsm, cpu::SiluBackward<T>);
+  SG_ENTRY(relu2_forward, kPointwise, cpu::Relu2Forward<T>);
+  SG_ENTRY(relu2_backward, kPointwise, cpu::Relu2Backward<T>);
   SG_ENTRY(softplus_forward, kSsm, cpu::SoftplusForward<T>);
   SG_ENTRY(softplus_backward, kSsm, cpu::SoftplusBackward<T>);
   SG_ENTRY(copy_rows, kPointwise, cpu::CopyRows<T>);

@@ -393,6 +393,25 @@ TYPED_TEST(CudaOpsTest, SiluSoftplusForwardBackward) {
     }
 }
 
+TYPED_TEST(CudaOpsTest, Relu2ForwardBackward) {
+  using T = TypeParam;
+  const int64_t count = 2000;
+  std::vector<T> x = Rand<T>(count, 62, -30, 30);
+  x[0] = 0, x[1] = T(-1e-30), x[2] = T(1e-30);
+  const std::vector<T> dy = Rand<T>(count, 63);
+  auto [dut, cpu] = RunBoth([&](Device dev) {
+    const OpTable<T>& ops = OpsFor<T>(dev);
+    Buf<T> X(dev, x, "x"), DY(dev, dy, "dy"), y(dev, count, Nan<T>(), "relu2"), dx(dev, count, Nan<T>(), "drelu2");
+    ops.relu2_forward(X.data(), count, y.data());
+    ops.relu2_backward(DY.data(), X.data(), count, dx.data());
+    Outs o;
+    o.Add(y);
+    o.Add(dx);
+    return o;
+  });
+  ExpectAllEqual(dut, cpu, "relu2");  // one product each: the same bits
+}
+
 TYPED_TEST(CudaOpsTest, AdamW) {
   using T = TypeParam;
   const int64_t count = 3001;

@@ -426,6 +426,16 @@ __global__ void SiluForwardKernel(const T* x, int64_t count, T* y) {
 }
 
 template <typename T>
+__global__ void Relu2ForwardKernel(const T* x, int64_t count, T* y) {
+  SG_CUDA_LOOP(i, count) y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+}
+
+template <typename T>
+__global__ void Relu2BackwardKernel(const T* dy, const T* x, int64_t count, T* dx) {
+  SG_CUDA_LOOP(i, count) dx[i] = x[i] > T(0) ? T(2) * x[i] * dy[i] : T(0);
+}
+
+template <typename T>
 __global__ void SiluBackwardKernel(const T* dy, const T* x, int64_t count, T* dx) {
   SG_CUDA_LOOP(i, count) {
     const T s = T(1) / (T(1) + Exp(-x[i]));
@@ -693,6 +703,20 @@ void SiluBackward(const T* dy, const T* x, int64_t count, T* dx) {
 }
 
 template <typename T>
+void Relu2Forward(const T* x, int64_t count, T* y) {
+  if (count <= 0) return;
+  Relu2ForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, y);
+  End("relu2_forward");
+}
+
+template <typename T>
+void Relu2Backward(const T* dy, const T* x, int64_t count, T* dx) {
+  if (count <= 0) return;
+  Relu2BackwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(dy, x, count, dx);
+  End("relu2_backward");
+}
+
+template <typename T>
 void SoftplusForward(const T* x, int64_t count, T* y) {
   if (count <= 0) return;
   SoftplusForwardKernel<T><<<Blocks(count, kThreads), kThreads, 0, Stream()>>>(x, count, y);
@@ -750,6 +774,8 @@ void RoundBF16(float* x, int64_t count, uint16_t* half) {
   template void Scale<T>(T*, int64_t, double);                                                               \
   template void SiluForward<T>(const T*, int64_t, T*);                                                       \
   template void SiluBackward<T>(const T*, const T*, int64_t, T*);                                            \
+  template void Relu2Forward<T>(const T*, int64_t, T*);                                                      \
+  template void Relu2Backward<T>(const T*, const T*, int64_t, T*);                                           \
   template void SoftplusForward<T>(const T*, int64_t, T*);                                                   \
   template void SoftplusBackward<T>(const T*, const T*, int64_t, T*);
 SG_INSTANTIATE(float)

@@ -41,6 +41,8 @@ static OpTable<T> MakeCudaTable() {
   t.selective_scan_backward_pairs = cuda::SelectiveScanBackwardPairs<T>;
   t.silu_forward = cuda::SiluForward<T>;
   t.silu_backward = cuda::SiluBackward<T>;
+  t.relu2_forward = cuda::Relu2Forward<T>;
+  t.relu2_backward = cuda::Relu2Backward<T>;
   t.softplus_forward = cuda::SoftplusForward<T>;
   t.softplus_backward = cuda::SoftplusBackward<T>;
   t.copy_rows = cuda::CopyRows<T>;

@@ -47,12 +47,13 @@ UNPACKED_DIFFERS = 1e-6  # the batch without documents is at least this far from
 # ---- the venv half ----------------------------------------------------------------------------------------------
 
 # transformers' modeling modules whose float32 is made float64 (the hybrids' and the mixtures of experts' too:
-# qwen3_next_hf_test.py, moe_hf_test.py).
+# qwen3_next_hf_test.py, moe_hf_test.py, mamba2_hf_test.py).
 FLOAT64_MODULES = ("modeling_rope_utils", "models.llama.modeling_llama", "models.mamba.modeling_mamba",
                    "models.qwen2.modeling_qwen2", "models.qwen3.modeling_qwen3",
                    "models.qwen3_next.modeling_qwen3_next", "models.qwen3_5.modeling_qwen3_5",
                    "models.qwen3_moe.modeling_qwen3_moe", "models.mixtral.modeling_mixtral",
-                   "models.qwen3_5_moe.modeling_qwen3_5_moe")
+                   "models.qwen3_5_moe.modeling_qwen3_5_moe", "models.mamba2.modeling_mamba2",
+                   "models.bamba.modeling_bamba", "models.nemotron_h.modeling_nemotron_h")
 
 
 def _float64_transformers():
@@ -123,7 +124,16 @@ def loss_and_grads(model, batch):
     loss = total / count
     loss.backward()
     return {"loss": loss.item(),
-            "grads": {n: p.grad.flatten().tolist() for n, p in model.named_parameters() if p.grad is not None}}
+            "grads": {_saved_name(model, n): p.grad.flatten().tolist() for n, p in model.named_parameters()
+                      if p.grad is not None}}
+
+
+def _saved_name(model, name):
+    """A parameter's name in the checkpoint: transformers 5.23 saves Nemotron-H's model.* as the published
+    backbone.*."""
+    if model.config.model_type == "nemotron_h" and name.startswith("model."):
+        return "backbone." + name[len("model."):]
+    return name
 
 
 def sequences(record):

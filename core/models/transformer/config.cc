@@ -28,28 +28,33 @@ double DynamicRopeBase(const TransformerConfig& c, int64_t tokens) {
 absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype) {
   if (absl::Status s = CheckConfigBounds({{"vocab_size", c.vocab_size, INT32_MAX},
                                           {"hidden_size", c.hidden_size, INT64_MAX},
-                                          {"num_hidden_layers", c.num_layers, INT32_MAX},
-                                          {"num_attention_heads", c.num_heads, INT32_MAX},
-                                          {"num_key_value_heads", c.num_kv_heads, INT32_MAX},
-                                          {"head_dim", c.head_dim, INT64_MAX},
-                                          {"max_position_embeddings", c.max_position_embeddings, INT64_MAX}});
+                                          {"num_hidden_layers", c.num_layers, INT32_MAX}});
       !s.ok())
     return s;
-  const int64_t moe_layers = c.moe_layer_count();  // sparse MoE blocks; the others are dense MLPs
-  if (moe_layers < c.num_layers)
+  const int64_t A = c.attention_layer_count();  // layers with attention (alone or beside Mamba-2)
+  if (A > 0)
+    if (absl::Status s = CheckConfigBounds({{"num_attention_heads", c.num_heads, INT32_MAX},
+                                            {"num_key_value_heads", c.num_kv_heads, INT32_MAX},
+                                            {"head_dim", c.head_dim, INT64_MAX},
+                                            {"max_position_embeddings", c.max_position_embeddings, INT64_MAX}});
+        !s.ok())
+      return s;
+  const int64_t moe_layers = c.moe_layer_count();  // sparse MoE blocks in place of SwiGLU MLPs
+  const int64_t swiglu = c.mlp_count(Mlp::kSwiGlu) - moe_layers, relu2 = c.mlp_count(Mlp::kRelu2);
+  if (swiglu + relu2 > 0)
     if (absl::Status s = CheckConfigBounds({{"intermediate_size", c.intermediate_size, INT64_MAX}}); !s.ok()) return s;
   FootprintCounter n(dtype);
   const int64_t d = c.hidden_size, L = c.num_layers, f = c.intermediate_size;
-  const int64_t linear = c.linear_layer_count();  // Gated DeltaNet layers; the others are attention layers
-  const int64_t A = L - linear;
+  const int64_t linear = c.linear_layer_count();  // Gated DeltaNet layers
   const int64_t qd = n.Product({{"num_attention_heads", c.num_heads}, {"head_dim", c.head_dim}});
   const int64_t kvd = n.Product({{"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}});
   n.Add(n.Product({{"vocab_size", c.vocab_size}, {"hidden_size", d}}), c.tie_word_embeddings ? 1 : 2);
-  n.Add(d, 2 * L + 1);  // the layers' two norms, the final norm
+  // the norms before each mixer and MLP, the final norm
+  n.Add(d, 2 * L - c.mixer_count(Mixer::kNone) - c.mlp_count(Mlp::kNone) + 1);
   // q (with a gate per value in hybrids' gated attention), o
   n.Add(n.Product({{"num_attention_heads x head_dim", qd}, {"hidden_size", d}}), (c.hybrid() ? 3 : 2) * A);
-  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);  // k, v
-  n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * (L - moe_layers));  // gate, up, down
+  n.Add(n.Product({{"num_key_value_heads x head_dim", kvd}, {"hidden_size", d}}), 2 * A);    // k, v
+  n.Add(n.Product({{"intermediate_size", f}, {"hidden_size", d}}), 3 * swiglu + 2 * relu2);  // gate, up, down
   if (moe_layers > 0) {
     const MoeConfig& m = c.moe;
     const int64_t expert = n.Product({{"moe_intermediate_size", m.intermediate}, {"hidden_size", d}});
@@ -70,11 +75,26 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
   }
   if (c.o_bias()) n.Add(d, A);
   if (c.mlp_bias) {
-    n.Add(f, 2 * L);
-    n.Add(d, L);
+    n.Add(f, 2 * swiglu + relu2);
+    n.Add(d, swiglu + relu2);
   }
   if (c.qk_norm()) n.Add(c.head_dim, 2 * A);
-  n.Add(c.rotary_dim() / 2);  // RoPE frequencies
+  if (A > 0 && c.rope) n.Add(c.rotary_dim() / 2);  // RoPE frequencies
+  if (const int64_t M = c.mamba_layer_count(); M > 0) {
+    const Mamba2Config& m = c.mamba;
+    const int64_t I = n.Product({{"mamba heads", m.heads}, {"mamba head_dim", m.head_dim}});
+    const int64_t rows = n.Product({{"mamba in_proj rows", I + m.conv_dim() + m.heads}, {"hidden_size", d}});
+    n.Add(rows, M);                                                                                // in_proj
+    n.Add(n.Product({{"mamba conv channels", m.conv_dim()}, {"conv_kernel", m.conv_kernel}}), M);  // conv1d
+    n.Add(n.Product({{"hidden_size", d}, {"mamba intermediate", I}}), M);                          // out_proj
+    n.Add(m.heads, 3 * M);                                                                         // dt_bias, A_log, D
+    n.Add(I, M);                                                                                   // the gated norm
+    if (m.conv_bias) n.Add(m.conv_dim(), M);
+    if (m.proj_bias) {
+      n.Add(m.in_proj_rows(), M);
+      n.Add(d, M);
+    }
+  }
   if (linear > 0) {
     const LinearAttentionConfig& a = c.linear;
     const int64_t conv = n.Product({{"linear conv channels", a.conv_dim()}, {"linear_conv_kernel_dim", a.conv_kernel}});
@@ -102,12 +122,12 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
     for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5",
-                             "qwen3_5_moe_text", "qwen3_5_moe"})
+                             "qwen3_5_moe_text", "qwen3_5_moe", "mamba2", "bamba", "nemotron_h"})
       if (*model_type == type) return *model_type;
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
                                                    "' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
                                                    "mixtral, qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
-                                                   "qwen3_5_moe)"));
+                                                   "qwen3_5_moe, mamba2, bamba, nemotron_h)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -128,6 +148,9 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
     if (name == "MixtralForCausalLM") return std::string("mixtral");
     if (name == "Qwen3_5MoeForCausalLM") return std::string("qwen3_5_moe_text");
     if (name == "Qwen3_5MoeForConditionalGeneration") return std::string("qwen3_5_moe");
+    if (name == "Mamba2ForCausalLM") return std::string("mamba2");
+    if (name == "BambaForCausalLM") return std::string("bamba");
+    if (name == "NemotronHForCausalLM") return std::string("nemotron_h");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
@@ -135,7 +158,8 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
       absl::StrCat(source_name, ": architectures [", absl::StrJoin(names, ", "),
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                    "Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
-                   "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration)"));
+                   "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, "
+                   "Mamba2ForCausalLM, BambaForCausalLM, NemotronHForCausalLM)"));
 }
 
 // The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is
@@ -172,7 +196,7 @@ json StandardRopeBlock(const json& block, double rope_theta) {
 // least 2 and at most head_dim. Llama, Qwen2 and Qwen3 rotate whole heads.
 absl::Status CheckRotaryDim(const FieldReader& fields, const TransformerConfig& config) {
   const double f = config.partial_rotary_factor;
-  if (!config.hybrid() && f != 1.0)
+  if (!config.hybrid() && config.architecture != "bamba" && f != 1.0)
     return fields.Error("partial_rotary_factor",
                         absl::StrCat("is ", f, "; ", config.architecture, " rotates whole heads (1)"));
   const int64_t dim = config.rotary_dim();
@@ -292,8 +316,9 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
     int64_t interval;
     SG_IO_ASSIGN_OR_RETURN(interval, fields.PositiveInt("full_attention_interval", 4));
     if (config.num_layers > kMostListedLayers) return TooManyLayers(fields, config);
-    for (int64_t i = 0; i < config.num_layers; ++i) config.linear_layers.push_back((i + 1) % interval != 0);
-    if (interval == 1) config.linear_layers.clear();  // every layer full attention
+    for (int64_t i = 0; i < config.num_layers; ++i)
+      config.mixers.push_back((i + 1) % interval != 0 ? Mixer::kDeltaNet : Mixer::kAttention);
+    if (interval == 1) config.mixers.clear();  // every layer full attention
     return absl::OkStatus();
   }
   if (!layer_types->is_array()) {
@@ -312,10 +337,9 @@ absl::Status ParseLayerTypes(const FieldReader& fields, TransformerConfig& confi
                                                         : JsonTypeName(type),
                                        "; ", supported, " supported for ", config.architecture));
     }
-    config.linear_layers.push_back(linear);
+    config.mixers.push_back(linear ? Mixer::kDeltaNet : Mixer::kAttention);
   }
-  if (std::find(config.linear_layers.begin(), config.linear_layers.end(), true) == config.linear_layers.end())
-    config.linear_layers.clear();  // every layer full attention
+  if (config.linear_layer_count() == 0) config.mixers.clear();  // every layer full attention
   return absl::OkStatus();
 }
 
@@ -490,12 +514,25 @@ absl::StatusOr<TransformerConfig> ParseTextConfig(const FieldReader& fields, con
 
 }  // namespace
 
+absl::Status ParseTransformerRope(const FieldReader& fields, const std::string& source_name,
+                                  TransformerConfig& config) {
+  if (absl::Status status = ParseRope(fields, source_name, config); !status.ok()) return status;
+  if (absl::Status status = CheckRotaryDim(fields, config); !status.ok()) return status;
+  if (config.rope_scaling.type == "default") return absl::OkStatus();
+  return fields.Error(fields.Get("rope_parameters") ? "rope_parameters" : "rope_scaling",
+                      absl::StrCat("has rope_type '", config.rope_scaling.type, "'; ", config.architecture,
+                                   " models are supported with the default RoPE"));
+}
+
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name) {
   absl::StatusOr<json> parsed = ParseConfigObject(json_text, source_name);
   if (!parsed.ok()) return parsed.status();
   const FieldReader fields(*parsed, source_name);
   std::string architecture;
   SG_IO_ASSIGN_OR_RETURN(architecture, DetectArchitecture(fields, source_name));
+  TransformerConfig probe;
+  probe.architecture = architecture;
+  if (probe.mamba_family()) return ParseMamba2FamilyConfig(fields, source_name, architecture);
   if (architecture != "qwen3_5" && architecture != "qwen3_5_moe")
     return ParseTextConfig(fields, source_name, architecture);
   const std::string text_architecture = architecture + "_text";
@@ -596,6 +633,7 @@ nlohmann::ordered_json HybridTextJson(const TransformerConfig& config) {
 }  // namespace
 
 std::string TransformerConfigToHFJson(const TransformerConfig& config) {
+  if (config.mamba_family()) return Mamba2FamilyConfigToHFJson(config);
   if (config.hybrid()) {
     nlohmann::ordered_json out = HybridTextJson(config);
     if (config.conditional) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,41 @@ struct LinearAttentionConfig {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // the conv's channels: q, k, v
 };
 
+// Mamba-2's mixer (transformers' Mamba2Mixer; Bamba's, Nemotron-H's, Falcon-H1's): in_proj gives z, the conv's
+// input xBC = (x, B, C) and dt per head; a causal depthwise conv and silu over xBC; the SSD scan per head with a
+// scalar decay A = -exp(A_log), dt = clamp(softplus(dt + dt_bias), dt_min, dt_max), B and C shared by the heads of a
+// group; the D skip; the gated RMSNorm w rmsnorm(y silu(z)) over groups of intermediate / groups; out_proj.
+struct Mamba2Config {
+  int64_t heads = 0;         // num_heads (mamba_n_heads)
+  int64_t head_dim = 0;      // head_dim (mamba_d_head)
+  int64_t groups = 1;        // n_groups (mamba_n_groups)
+  int64_t state = 0;         // state_size (mamba_d_state, ssm_state_size)
+  int64_t conv_kernel = 4;   // conv_kernel (mamba_d_conv)
+  int64_t expand = 2;        // heads x head_dim = expand x hidden_size
+  int64_t chunk_size = 256;  // transformers' SSD chunk: the same function whatever it is; kept for the config
+  bool conv_bias = true;     // use_conv_bias (mamba_conv_bias)
+  bool proj_bias = false;    // use_bias (mamba_proj_bias): in_proj's and out_proj's
+  double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();  // time_step_limit
+  double norm_eps = 1e-5;                                               // the gated norm's epsilon
+  int64_t intermediate() const { return heads * head_dim; }
+  int64_t conv_dim() const { return intermediate() + 2 * groups * state; }      // x, B, C
+  int64_t in_proj_rows() const { return intermediate() + conv_dim() + heads; }  // z, xBC, dt
+};
+
+// A layer's token mixer and MLP.
+enum class Mixer : uint8_t {
+  kAttention,
+  kDeltaNet,         // Gated DeltaNet (Qwen3-Next, Qwen3.5)
+  kMamba2,           // Mamba-2 (Mamba2, Bamba, Nemotron-H)
+  kAttentionMamba2,  // attention and Mamba-2 side by side on the same normed input, their outputs summed (Falcon-H1)
+  kNone,             // Nemotron-H's MLP layers
+};
+enum class Mlp : uint8_t {
+  kSwiGlu,  // down(silu(gate x) up x), or a sparse MoE block where moe_layers marks
+  kRelu2,   // down(relu(up x)^2) (Nemotron-H)
+  kNone,    // Mamba2; Nemotron-H's mixer layers
+};
+
 // A sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral, Qwen3-Next, Qwen3.5-MoE): a router picks top_k of `experts`
 // SwiGLU experts per token, weighted by their softmax probabilities (renormalised over the k when `normalize`);
 // Qwen3-Next and Qwen3.5-MoE add a shared SwiGLU expert scaled by a sigmoid gate.
@@ -79,10 +115,15 @@ struct TransformerConfig {
   bool mlp_bias = false;        // gate/up/down biases (Llama)
   int64_t max_position_embeddings = 0;
 
-  // Hybrids: per layer, true where it is Gated DeltaNet linear attention (layer_types "linear_attention"); empty:
-  // every layer is full attention.
-  std::vector<bool> linear_layers;
+  // Hybrids: each layer's token mixer (empty: every layer is full attention) and MLP (empty: SwiGLU everywhere).
+  std::vector<Mixer> mixers;
+  std::vector<Mlp> mlps;
   LinearAttentionConfig linear;
+  Mamba2Config mamba;
+  // Attention rotates q and k (RoPE); Nemotron-H's does not.
+  bool rope = true;
+  // Bamba's embedding is nn.Embedding with padding_idx pad_token_id: the lookup gives that row no gradient. -1: none.
+  int64_t pad_token_id = -1;
   double partial_rotary_factor = 1.0;  // RoPE rotates the first head_dim x this dims of each head
   // Qwen3.5 as published (Qwen3_5ForConditionalGeneration): the text model under "model.language_model.", beside a
   // vision tower the engine does not run (kept on save).
@@ -94,16 +135,39 @@ struct TransformerConfig {
   // Qwen3: RMSNorm over head_dim of each q and k head (q_norm / k_norm), before RoPE.
   bool qk_norm() const { return architecture == "qwen3" || architecture == "qwen3_moe" || hybrid(); }
   // Qwen3-Next / Qwen3.5: gated attention (q_proj gives each head's query and output gate), zero-centred RMSNorms
-  // (x (1 + w)) and partial RoPE; Gated DeltaNet in the layers linear_layers marks.
+  // (x (1 + w)) and partial RoPE; Gated DeltaNet in the layers mixers marks.
   bool hybrid() const {
     return architecture == "qwen3_next" || architecture == "qwen3_5_text" || architecture == "qwen3_5_moe_text";
   }
-  bool is_linear(int64_t layer) const { return !linear_layers.empty() && linear_layers[layer]; }
+  Mixer mixer(int64_t layer) const { return mixers.empty() ? Mixer::kAttention : mixers[layer]; }
+  Mlp mlp(int64_t layer) const { return mlps.empty() ? Mlp::kSwiGlu : mlps[layer]; }
+  bool is_linear(int64_t layer) const { return mixer(layer) == Mixer::kDeltaNet; }
+  bool has_attention(int64_t layer) const {
+    return mixer(layer) == Mixer::kAttention || mixer(layer) == Mixer::kAttentionMamba2;
+  }
+  bool has_mamba(int64_t layer) const {
+    return mixer(layer) == Mixer::kMamba2 || mixer(layer) == Mixer::kAttentionMamba2;
+  }
   bool is_moe(int64_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
-  // How many layers are Gated DeltaNet / MoE (counted over the per-layer lists, not num_layers: a config's layer
+  // How many layers have each mixer and MLP (counted over the per-layer lists, not num_layers: a config's layer
   // count is checked after these are asked).
-  int64_t linear_layer_count() const { return std::count(linear_layers.begin(), linear_layers.end(), true); }
+  int64_t mixer_count(Mixer m) const {
+    return mixers.empty() ? (m == Mixer::kAttention ? num_layers : 0) : std::count(mixers.begin(), mixers.end(), m);
+  }
+  int64_t mlp_count(Mlp m) const {
+    return mlps.empty() ? (m == Mlp::kSwiGlu ? num_layers : 0) : std::count(mlps.begin(), mlps.end(), m);
+  }
+  int64_t linear_layer_count() const { return mixer_count(Mixer::kDeltaNet); }
+  int64_t attention_layer_count() const {
+    return mixer_count(Mixer::kAttention) + mixer_count(Mixer::kAttentionMamba2);
+  }
+  int64_t mamba_layer_count() const { return mixer_count(Mixer::kMamba2) + mixer_count(Mixer::kAttentionMamba2); }
   int64_t moe_layer_count() const { return std::count(moe_layers.begin(), moe_layers.end(), true); }
+  // Mamba-2 models and hybrids (mamba2, bamba, nemotron_h, falcon_h1).
+  bool mamba_family() const {
+    return architecture == "mamba2" || architecture == "bamba" || architecture == "nemotron_h" ||
+           architecture == "falcon_h1";
+  }
   int64_t rotary_dim() const;  // head_dim x partial_rotary_factor, as transformers truncates it
   // Where the text model's parameters live: "model." or, in the conditional layout, "model.language_model.".
   std::string prefix() const { return conditional ? "model.language_model." : "model."; }
@@ -125,6 +189,14 @@ namespace io {
 // the offending field, e.g.
 //   "config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3)".
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json_text, const std::string& source_name);
+
+class FieldReader;  // core/io/config_fields.h
+// Mamba-2 models and hybrids (architecture mamba2, bamba, nemotron_h or falcon_h1): mamba2_config.cc.
+absl::StatusOr<TransformerConfig> ParseMamba2FamilyConfig(const FieldReader& fields, const std::string& source_name,
+                                                          const std::string& architecture);
+// rope_theta and the RoPE block (rope_parameters or rope_scaling) into config, as ParseTransformerConfig reads them.
+absl::Status ParseTransformerRope(const FieldReader& fields, const std::string& source_name, TransformerConfig& config);
+std::string Mamba2FamilyConfigToHFJson(const TransformerConfig& config);
 
 // Reads `path`, or `path`/config.json when `path` is a directory.
 absl::StatusOr<TransformerConfig> LoadTransformerConfig(const std::string& path);

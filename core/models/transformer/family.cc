@@ -32,21 +32,20 @@ class TransformerSpec final : public ModelSpec {
   }
 
   // Hybrids, as transformers initialises them: zero-centred norms 0 (they multiply by 1 + w), dt_bias 1, A_log
-  // spread over log 1 .. log 16.
+  // spread over log 1 .. log 16; Mamba-2's A_log log 1 .. log heads, dt_bias and D 1 (Bamba's).
   void InitRandom(Model& model, uint64_t seed) const override {
     ModelSpec::InitRandom(model, seed);
-    if (!c_.hybrid() || model.memory().device() == Device::kMeta) return;  // meta tensors hold no values
+    if (model.memory().device() == Device::kMeta) return;  // meta tensors hold no values
+    if (c_.mamba_family()) return InitMamba2(model);
+    if (!c_.hybrid()) return;
     for (Param& p : model.params()) {
       const std::string& n = p.name;
-      auto ends = [&](const std::string& suffix) {
-        return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
-      };
-      if (ends("linear_attn.dt_bias")) {
+      if (EndsWith(n, "linear_attn.dt_bias")) {
         SetFromHost(p.value, [](int64_t) { return 1.0; });
-      } else if (ends("linear_attn.A_log")) {
+      } else if (EndsWith(n, "linear_attn.A_log")) {
         const int64_t heads = p.value.numel();
         SetFromHost(p.value, [&](int64_t h) { return std::log(1.0 + 15.0 * h / std::max<int64_t>(1, heads - 1)); });
-      } else if (ends("layernorm.weight") || ends("q_norm.weight") || ends("k_norm.weight") ||
+      } else if (EndsWith(n, "layernorm.weight") || EndsWith(n, "q_norm.weight") || EndsWith(n, "k_norm.weight") ||
                  n == c_.prefix() + "norm.weight") {
         SetFromHost(p.value, [](int64_t) { return 0.0; });
       }
@@ -90,30 +89,34 @@ class TransformerSpec final : public ModelSpec {
     const int64_t attention = (c_.hybrid() ? 2 : 1) * qd * d + 2 * kvd * d + d * qd;
     const LinearAttentionConfig& a = c_.linear;
     const int64_t linear = (a.conv_dim() + 2 * a.value_dim() + 2 * a.value_heads) * d;
-    const int64_t L = c_.num_layers, lin = LinearLayers();
+    const int64_t lin = LinearLayers();
     // A MoE layer multiplies each token by its router, top_k experts and the shared expert: the active parameters.
     const MoeConfig& m = c_.moe;
     const int64_t moe = (m.experts + 3 * m.top_k * m.intermediate + 3 * m.shared_intermediate + 1) * d;
     const int64_t moe_layers = MoeLayers();
-    return (L - lin) * attention + lin * linear + (L - moe_layers) * 3 * c_.intermediate_size * d + moe_layers * moe +
-           c_.vocab_size * d;
+    const int64_t mamba = (c_.mamba.in_proj_rows() + c_.mamba.intermediate()) * d;  // in_proj, out_proj
+    const int64_t swiglu = c_.mlp_count(Mlp::kSwiGlu) - moe_layers, relu2 = c_.mlp_count(Mlp::kRelu2);
+    return AttentionLayers() * attention + lin * linear + c_.mamba_layer_count() * mamba +
+           (3 * swiglu + 2 * relu2) * c_.intermediate_size * d + moe_layers * moe + c_.vocab_size * d;
   }
   // 6 x matmul parameters x tokens, causal attention (QK^T and PV, 2 FLOPs per multiply-add, over the T (T + 1) / 2
   // pairs) and the linear layers' conv and gated delta rule, x3 for forward and backward.
   int64_t StepFlops(int64_t seq_len) const override {
-    const int64_t T = seq_len, causal_pairs = T * (T + 1) / 2, A = c_.num_layers - LinearLayers();
+    const int64_t T = seq_len, causal_pairs = T * (T + 1) / 2, A = AttentionLayers();
     return 6 * MatmulParams() * T + 3 * 4 * c_.head_dim * c_.num_heads * A * causal_pairs +
-           3 * LinearLayers() * LinearMixingPerToken() * T;
+           3 * RecurrentMixingPerToken() * T;
   }
   double MixingForwardFlops(int64_t T) const override {
     const double per_layer = 2.0 * 2.0 * (static_cast<double>(T) * T / 2.0) * c_.num_heads * c_.head_dim;
-    return per_layer * (c_.num_layers - LinearLayers()) +
-           static_cast<double>(LinearLayers()) * LinearMixingPerToken() * static_cast<double>(T);
+    return per_layer * AttentionLayers() + static_cast<double>(RecurrentMixingPerToken()) * static_cast<double>(T);
   }
   std::string Description() const override {
-    const std::string linear = LinearLayers() > 0 ? absl::StrFormat(" (%d Gated DeltaNet, %d/%d heads)", LinearLayers(),
-                                                                    c_.linear.value_heads, c_.linear.key_heads)
-                                                  : "";
+    std::string linear = LinearLayers() > 0 ? absl::StrFormat(" (%d Gated DeltaNet, %d/%d heads)", LinearLayers(),
+                                                              c_.linear.value_heads, c_.linear.key_heads)
+                                            : "";
+    if (const int64_t M = c_.mamba_layer_count(); M > 0)
+      linear += absl::StrFormat(" (%d Mamba-2, %d heads of %d, state %d)", M, c_.mamba.heads, c_.mamba.head_dim,
+                                c_.mamba.state);
     return absl::StrFormat("%s, d=%d, layers=%d%s, heads=%d/%d kv, ffn=%d, vocab=%d", c_.architecture, c_.hidden_size,
                            c_.num_layers, linear, c_.num_heads, c_.num_kv_heads, c_.intermediate_size, c_.vocab_size);
   }
@@ -125,6 +128,18 @@ class TransformerSpec final : public ModelSpec {
   }
 
  private:
+  static bool EndsWith(const std::string& n, const std::string& suffix) {
+    return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+  void InitMamba2(Model& model) const {
+    for (Param& p : model.params()) {
+      if (EndsWith(p.name, ".A_log")) {
+        SetFromHost(p.value, [](int64_t h) { return std::log(1.0 + static_cast<double>(h)); });
+      } else if (EndsWith(p.name, ".dt_bias") || EndsWith(p.name, ".D")) {
+        SetFromHost(p.value, [](int64_t) { return 1.0; });
+      }
+    }
+  }
   int64_t MoeLayers() const { return c_.moe_layer_count(); }
   int64_t LinearLayers() const { return c_.linear_layer_count(); }
   // Forward FLOPs of one token in a Gated DeltaNet layer: the conv, and per value head the state's decay, S^T k,
@@ -133,6 +148,16 @@ class TransformerSpec final : public ModelSpec {
     const LinearAttentionConfig& a = c_.linear;
     return 2 * a.conv_dim() * a.conv_kernel + 7 * a.value_heads * a.key_head_dim * a.value_head_dim;
   }
+  // Forward FLOPs of one token in a Mamba-2 layer: the conv, and per head the state's decay, its update dt x B^T and
+  // S C.
+  int64_t Mamba2MixingPerToken() const {
+    const Mamba2Config& m = c_.mamba;
+    return 2 * m.conv_dim() * m.conv_kernel + 5 * m.heads * m.head_dim * m.state;
+  }
+  int64_t RecurrentMixingPerToken() const {
+    return LinearLayers() * LinearMixingPerToken() + c_.mamba_layer_count() * Mamba2MixingPerToken();
+  }
+  int64_t AttentionLayers() const { return c_.attention_layer_count(); }
   TransformerConfig c_;
 };
 
@@ -147,13 +172,16 @@ class TransformerFamily final : public ModelFamily {
   bool Reads(const std::optional<std::string>& model_type,
              const std::vector<std::string>& architectures) const override {
     static const std::set<std::string> types = {
-        "llama",      "qwen2",        "qwen3",   "qwen3_moe",        "mixtral",
-        "qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"};
+        "llama",      "qwen2",        "qwen3",     "qwen3_moe",        "mixtral",
+        "qwen3_next", "qwen3_5_text", "qwen3_5",   "qwen3_5_moe_text", "qwen3_5_moe",
+        "mamba2",     "bamba",        "nemotron_h"};
     static const std::set<std::string> classes = {"LlamaForCausalLM",      "Qwen2ForCausalLM",
                                                   "Qwen3ForCausalLM",      "Qwen3MoeForCausalLM",
                                                   "MixtralForCausalLM",    "Qwen3NextForCausalLM",
                                                   "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
-                                                  "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"};
+                                                  "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                                                  "Mamba2ForCausalLM",     "BambaForCausalLM",
+                                                  "NemotronHForCausalLM"};
     if (model_type) return types.count(*model_type) > 0;
     for (const std::string& a : architectures)
       if (classes.count(a)) return true;

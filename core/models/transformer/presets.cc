@@ -43,7 +43,7 @@ TransformerConfig Qwen35(int64_t vocab, int64_t d, int64_t layers, int64_t heads
   c.rope_theta = 10000000.0;
   c.max_position_embeddings = 262144;
   c.partial_rotary_factor = 0.25;
-  for (int64_t i = 0; i < layers; ++i) c.linear_layers.push_back((i + 1) % 4 != 0);
+  for (int64_t i = 0; i < layers; ++i) c.mixers.push_back((i + 1) % 4 != 0 ? Mixer::kDeltaNet : Mixer::kAttention);
   c.linear = {4, linear_head_dim, linear_head_dim, key_heads, value_heads};
   return c;
 }
@@ -59,6 +59,61 @@ void WithExperts(TransformerConfig& c, std::vector<bool> moe, int64_t experts, i
   c.moe.shared_intermediate = shared;
 }
 
+// Mamba2ForCausalLM: `layers` Mamba-2 mixers of `heads` heads of head_dim (heads x head_dim = 2 d), state N, conv
+// kernel 4, no MLP.
+TransformerConfig Mamba2(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t head_dim, int64_t groups,
+                         int64_t N) {
+  TransformerConfig c;
+  c.architecture = "mamba2";
+  c.vocab_size = vocab;
+  c.hidden_size = d;
+  c.num_layers = layers;
+  c.rms_norm_eps = 1e-5;
+  c.mamba.heads = heads;
+  c.mamba.head_dim = head_dim;
+  c.mamba.groups = groups;
+  c.mamba.state = N;
+  c.mamba.expand = heads * head_dim / d;
+  c.mixers.assign(layers, Mixer::kMamba2);
+  c.mlps.assign(layers, Mlp::kNone);
+  return c;
+}
+
+// BambaForCausalLM: Llama's attention (RoPE on half of each head) in the layers `attention` lists, Mamba-2 (heads
+// of 2 d / heads dims, one group, state N) in the others, a SwiGLU MLP in every layer.
+TransformerConfig Bamba(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t ffn,
+                        int64_t mamba_heads, int64_t N, const std::vector<int64_t>& attention) {
+  TransformerConfig c = Llama(vocab, d, layers, heads, kv_heads, ffn);
+  c.architecture = "bamba";
+  c.max_position_embeddings = 262144;
+  c.partial_rotary_factor = 0.5;
+  c.mamba = Mamba2(vocab, d, layers, mamba_heads, 2 * d / mamba_heads, 1, N).mamba;
+  c.mixers.assign(layers, Mixer::kMamba2);
+  for (int64_t l : attention) c.mixers[l] = Mixer::kAttention;
+  return c;
+}
+
+// NemotronHForCausalLM: a layer per letter of `pattern` (M Mamba-2, * attention without RoPE, - ReLU² MLP).
+TransformerConfig NemotronH(int64_t vocab, int64_t d, const std::string& pattern, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, int64_t ffn, int64_t mamba_heads, int64_t mamba_head_dim, int64_t groups,
+                            int64_t N) {
+  const int64_t layers = static_cast<int64_t>(pattern.size());
+  TransformerConfig c = Llama(vocab, d, layers, heads, kv_heads, ffn);
+  c.architecture = "nemotron_h";
+  c.rope = false;
+  c.head_dim = head_dim;
+  c.max_position_embeddings = 4096;
+  c.mamba = Mamba2(vocab, d, layers, mamba_heads, mamba_head_dim, groups, N).mamba;
+  c.mamba.chunk_size = 128;
+  c.mamba.dt_min = 0.001;  // time_step_min
+  c.mixers.clear();
+  for (char k : pattern) {
+    c.mixers.push_back(k == 'M' ? Mixer::kMamba2 : k == '*' ? Mixer::kAttention : Mixer::kNone);
+    c.mlps.push_back(k == '-' ? Mlp::kRelu2 : Mlp::kNone);
+  }
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
@@ -67,6 +122,9 @@ std::vector<std::string> TransformerPresetNames() {
           "tiny-qwen3.5",
           "tiny-qwen3-moe",
           "tiny-qwen3-next",
+          "tiny-mamba2",
+          "tiny-bamba",
+          "tiny-nemotron-h",
           "demo",
           "bench-cpu",
           "bench-cpu-qwen3.5",
@@ -78,6 +136,9 @@ std::vector<std::string> TransformerPresetNames() {
           "qwen3-30b-a3b-shape",
           "qwen3.5-35b-a3b-shape",
           "mixtral-8x7b-shape",
+          "mamba2-2.7b-shape",
+          "bamba-9b-shape",
+          "nemotron-h-8b-shape",
           "llama-3.1-8b",
           "qwen2.5-7b",
           "qwen2.5-32b"};
@@ -98,7 +159,7 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   // rotated, 4 value heads on 2 key heads.
   if (name == "tiny-qwen3.5") {
     TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
-    c.linear_layers = {true, false, true, false};
+    c.mixers = {Mixer::kDeltaNet, Mixer::kAttention, Mixer::kDeltaNet, Mixer::kAttention};
     c.max_position_embeddings = 4096;
     return c;
   }
@@ -114,9 +175,28 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "tiny-qwen3-next") {
     TransformerConfig c = Qwen35(97, 32, 4, 4, 2, 16, 48, 2, 4, 8);
     c.architecture = "qwen3_next";
-    c.linear_layers = {true, false, true, false};
+    c.mixers = {Mixer::kDeltaNet, Mixer::kAttention, Mixer::kDeltaNet, Mixer::kAttention};
     c.max_position_embeddings = 4096;
     WithExperts(c, {true, true, true, true}, 4, 2, 16, /*normalize=*/true, /*shared=*/16);
+    return c;
+  }
+  // Mamba-2 for tests: 3 layers, 8 heads of 8 in 2 groups, state 16, tied embeddings.
+  if (name == "tiny-mamba2") {
+    TransformerConfig c = Mamba2(97, 32, 3, 8, 8, 2, 16);
+    c.mamba.chunk_size = 16;
+    c.tie_word_embeddings = true;
+    return c;
+  }
+  // Bamba for tests: Mamba-2, attention, Mamba-2 (8 heads of 8, state 16; 4 attention heads on 2 KV heads).
+  if (name == "tiny-bamba") {
+    TransformerConfig c = Bamba(97, 32, 3, 4, 2, 48, 8, 16, {1});
+    c.mamba.chunk_size = 16;
+    return c;
+  }
+  // Nemotron-H for tests: Mamba-2, MLP, attention, MLP.
+  if (name == "tiny-nemotron-h") {
+    TransformerConfig c = NemotronH(97, 32, "M-*-", 4, 2, 8, 48, 8, 8, 2, 16);
+    c.mamba.chunk_size = 16;
     return c;
   }
   if (name == "demo") return Llama(128, 64, 2, 4, 2, 176);
@@ -202,6 +282,23 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
     WithExperts(c, std::vector<bool>(32, true), 8, 2, 14336, /*normalize=*/true);
     return c;
   }
+  // state-spaces/mamba2-2.7b: d_model 2560, n_layer 64, vocab_size 50277 padded to a multiple of 16 (50288),
+  // d_state 128, headdim 64 (80 heads: expand 2), ngroups 1, d_conv 4, chunk_size 256, tie_embeddings true.
+  if (name == "mamba2-2.7b-shape") {
+    TransformerConfig c = Mamba2(50288, 2560, 64, 80, 64, 1, 128);
+    c.tie_word_embeddings = true;
+    return c;
+  }
+  // ibm-ai-platform/Bamba-9B: vocab_size 128256, hidden_size 4096, num_hidden_layers 32, attn_layer_indices
+  // [9, 18, 27], num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336, mamba_n_heads 128,
+  // mamba_d_head 64, mamba_n_groups 1, mamba_d_state 128, mamba_d_conv 4, mamba_chunk_size 256, rope_theta 1e4.
+  if (name == "bamba-9b-shape") return Bamba(128256, 4096, 32, 32, 8, 14336, 128, 128, {9, 18, 27});
+  // nvidia/Nemotron-H-8B-Base-8K: vocab_size 131072, hidden_size 4096, hybrid_override_pattern (52 layers, 4 of
+  // attention) below, num_attention_heads 32, num_key_value_heads 8, head_dim 128, intermediate_size 21504,
+  // mamba_num_heads 128, mamba_head_dim 64, n_groups 8, ssm_state_size 128, conv_kernel 4, chunk_size 128.
+  if (name == "nemotron-h-8b-shape")
+    return NemotronH(131072, 4096, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", 32, 8, 128, 21504, 128, 64,
+                     8, 128);
   return absl::NotFoundError(
       absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }

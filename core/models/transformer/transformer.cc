@@ -259,6 +259,12 @@ struct DeltaNetParams {
   int qkv = -1, z = -1, b = -1, a = -1, qkvz = -1, ba = -1, conv = -1, dt_bias = -1, a_log = -1, norm = -1, out = -1;
 };
 
+// Mamba-2's parameters (Mamba2Mixer's; -1 for the biases a config leaves out).
+struct Mamba2Params {
+  int in_proj = -1, in_bias = -1, conv = -1, conv_bias = -1, dt_bias = -1, a_log = -1, d = -1, norm = -1, out = -1,
+      out_bias = -1;
+};
+
 // A sparse MoE block's parameters: the router (mlp.gate), the experts' fused gate/up [E][2I][d] and down [E][d][I]
 // projections, and the shared expert (its gate/up/down and its sigmoid gate [1][d]; -1 without one).
 struct MoeParams {
@@ -266,12 +272,14 @@ struct MoeParams {
 };
 
 // Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent, and the attention's in a
-// Gated DeltaNet layer (`linear`).
+// layer whose mixer has none.
 struct LayerParams {
   int norm1 = -1, q = -1, q_bias = -1, k = -1, k_bias = -1, v = -1, v_bias = -1, o = -1, o_bias = -1, norm2 = -1;
   int gate = -1, gate_bias = -1, up = -1, up_bias = -1, down = -1, down_bias = -1, q_norm = -1, k_norm = -1;
-  bool linear = false;
+  Mixer mixer = Mixer::kAttention;
+  Mlp mlp = Mlp::kSwiGlu;
   DeltaNetParams delta;
+  Mamba2Params mamba;
   bool moe = false;  // a sparse MoE block instead of the dense MLP
   MoeParams experts;
 };
@@ -280,6 +288,11 @@ struct LayerParams {
 // g and beta.
 struct DeltaInputs {
   Tensor q_raw, k_raw, q, k, q_rstd, k_rstd, v, g, beta;
+};
+
+// Mamba-2's scan inputs: x [n][intermediate], B and C [n][groups x state], the columns of silu(xc).
+struct SsdInputs {
+  Tensor x, B, C;
 };
 
 // The tokens each expert of a MoE layer takes in a chunk, grouped by expert (tokens in order): their rows in the
@@ -335,55 +348,97 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     mem_.set_device(device);
     if (absl::Status s = Store::SetWeightDType(weights); !s.ok()) throw std::invalid_argument(std::string(s.message()));
     Store::SetFrozenBase(frozen_base);
-    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim;
+    const int64_t d = c.hidden_size;
     // Column-parallel (rows of [out][in] split), row-parallel (columns split), replicated; see tensor_parallel.h.
-    const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
+    const TpShard rows{TpSplit::kRows}, whole{};
     auto add = [&](const std::string& name, std::vector<int64_t> shape, TpShard shard) {
       shards_.push_back(shard);
       return Add(name, std::move(shape));
     };
-    // Gated attention's q_proj gives each head's query and then its output gate.
-    const int64_t q_rows = (c.hybrid() ? 2 : 1) * qd;
-    embed_ = add(c.prefix() + "embed_tokens.weight", {vocab_rows_, d}, rows);
+    const ParamNames names = NamesOf(c);
+    embed_ = add(names.embed, {vocab_rows_, d}, rows);
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      const std::string p = absl::StrCat(c.prefix(), "layers.", i, ".");
+      const std::string p = absl::StrCat(names.layers, i, ".");
       LayerParams L;
-      L.norm1 = add(p + "input_layernorm.weight", {d}, whole);
-      kv_index_.push_back(c.is_linear(i) ? -1 : kv_layers_++);
-      if (c.is_linear(i)) {
-        L.linear = true;
-        L.delta = AddDeltaNet(p + "linear_attn.", add);
-        L.norm2 = add(p + "post_attention_layernorm.weight", {d}, whole);
-        AddMlp(p, L, add);
-        layers_.push_back(L);
-        continue;
+      L.mixer = c.mixer(i);
+      L.mlp = c.mlp(i);
+      kv_index_.push_back(c.has_attention(i) ? kv_layers_++ : -1);
+      if (L.mixer != Mixer::kNone) L.norm1 = add(p + names.norm1, {d}, whole);
+      if (L.mixer == Mixer::kDeltaNet) L.delta = AddDeltaNet(p + "linear_attn.", add);
+      if (c.has_mamba(i)) L.mamba = AddMamba2(p + names.mamba, add);
+      if (c.has_attention(i)) AddAttention(p + names.attention, L, add);
+      if (L.mlp != Mlp::kNone) {
+        L.norm2 = add(p + names.norm2, {d}, whole);
+        AddMlp(p + names.mlp, L, add);
       }
-      L.q = add(p + "self_attn.q_proj.weight", {q_rows, d}, rows);
-      L.q_bias = c.attention_bias ? add(p + "self_attn.q_proj.bias", {q_rows}, rows) : -1;
-      L.k = add(p + "self_attn.k_proj.weight", {kvd, d}, rows);
-      L.k_bias = c.attention_bias ? add(p + "self_attn.k_proj.bias", {kvd}, rows) : -1;
-      L.v = add(p + "self_attn.v_proj.weight", {kvd, d}, rows);
-      L.v_bias = c.attention_bias ? add(p + "self_attn.v_proj.bias", {kvd}, rows) : -1;
-      L.o = add(p + "self_attn.o_proj.weight", {d, qd}, cols);
-      L.o_bias = c.o_bias() ? add(p + "self_attn.o_proj.bias", {d}, whole) : -1;
-      L.q_norm = c.qk_norm() ? add(p + "self_attn.q_norm.weight", {c.head_dim}, partial) : -1;
-      L.k_norm = c.qk_norm() ? add(p + "self_attn.k_norm.weight", {c.head_dim}, partial) : -1;
-      L.norm2 = add(p + "post_attention_layernorm.weight", {d}, whole);
-      AddMlp(p, L, add);
       layers_.push_back(L);
     }
-    final_norm_ = add(c.prefix() + "norm.weight", {d}, whole);
+    final_norm_ = add(names.final_norm, {d}, whole);
     head_ = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {vocab_rows_, d}, rows);
-    // Unit norms: weights of 1, or of 0 where the norm multiplies by 1 + w (the hybrids').
-    const T unit = c.hybrid() ? T(0) : T(1);
-    for (const LayerParams& L : layers_) {
-      for (int idx : {L.norm1, L.norm2, L.q_norm, L.k_norm})
-        if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), unit);
-      if (!L.linear) continue;
-      ops_.fill(W(L.delta.norm), c.linear.value_head_dim, T(1));
-      ops_.fill(W(L.delta.dt_bias), c.linear.value_heads, T(1));  // A_log stays 0: A = 1
+    InitUnitWeights();
+  }
+
+  // Where a model's parameters live: transformers' names of each architecture.
+  struct ParamNames {
+    std::string embed, layers, norm1, attention, mamba, norm2, mlp, final_norm;
+  };
+  static ParamNames NamesOf(const TransformerConfig& c) {
+    const std::string& a = c.architecture;
+    if (a == "mamba2")
+      return {"backbone.embeddings.weight", "backbone.layers.", "norm.weight", "", "mixer.", "", "",
+              "backbone.norm_f.weight"};
+    // transformers 5.23 saves Nemotron-H as published, under backbone. (model. in memory)
+    if (a == "nemotron_h")
+      return {
+          "backbone.embeddings.weight", "backbone.layers.", "norm.weight", "mixer.", "mixer.", "norm.weight", "mixer.",
+          "backbone.norm_f.weight"};
+    if (a == "bamba")
+      return {"model.embed_tokens.weight", "model.layers.", "input_layernorm.weight",      "self_attn.", "mamba.",
+              "pre_ff_layernorm.weight",   "feed_forward.", "model.final_layernorm.weight"};
+    return {c.prefix() + "embed_tokens.weight",
+            c.prefix() + "layers.",
+            "input_layernorm.weight",
+            "self_attn.",
+            "",
+            "post_attention_layernorm.weight",
+            "mlp.",
+            c.prefix() + "norm.weight"};
+  }
+
+  // Attention's parameters under p ("...self_attn."). Gated attention's q_proj gives each head's query and then
+  // its output gate.
+  template <typename AddFn>
+  void AddAttention(const std::string& p, LayerParams& L, AddFn& add) {
+    const TransformerConfig& c = cfg_;
+    const int64_t d = c.hidden_size, qd = heads_ * c.head_dim, kvd = kv_heads_ * c.head_dim;
+    const int64_t q_rows = (c.hybrid() ? 2 : 1) * qd;
+    const TpShard rows{TpSplit::kRows}, cols{TpSplit::kCols}, whole{}, partial{TpSplit::kReplicated, true};
+    {
+      L.q = add(p + "q_proj.weight", {q_rows, d}, rows);
+      L.q_bias = c.attention_bias ? add(p + "q_proj.bias", {q_rows}, rows) : -1;
+      L.k = add(p + "k_proj.weight", {kvd, d}, rows);
+      L.k_bias = c.attention_bias ? add(p + "k_proj.bias", {kvd}, rows) : -1;
+      L.v = add(p + "v_proj.weight", {kvd, d}, rows);
+      L.v_bias = c.attention_bias ? add(p + "v_proj.bias", {kvd}, rows) : -1;
+      L.o = add(p + "o_proj.weight", {d, qd}, cols);
+      L.o_bias = c.o_bias() ? add(p + "o_proj.bias", {d}, whole) : -1;
+      L.q_norm = c.qk_norm() ? add(p + "q_norm.weight", {c.head_dim}, partial) : -1;
+      L.k_norm = c.qk_norm() ? add(p + "k_norm.weight", {c.head_dim}, partial) : -1;
     }
-    ops_.fill(W(final_norm_), params_[final_norm_].value.numel(), unit);
+  }
+
+  // Unit norms: weights of 1, or of 0 where the norm multiplies by 1 + w (the hybrids'); Gated DeltaNet's and
+  // Mamba-2's dt_bias 1 and A_log 0 (A = -1), Mamba-2's D 1.
+  void InitUnitWeights() {
+    const T unit = cfg_.hybrid() ? T(0) : T(1);
+    auto fill = [&](int idx, T value) {
+      if (idx >= 0) ops_.fill(W(idx), params_[idx].value.numel(), value);
+    };
+    for (const LayerParams& L : layers_) {
+      for (int idx : {L.norm1, L.norm2, L.q_norm, L.k_norm}) fill(idx, unit);
+      for (int idx : {L.delta.norm, L.delta.dt_bias, L.mamba.norm, L.mamba.dt_bias, L.mamba.d}) fill(idx, T(1));
+    }
+    fill(final_norm_, unit);
   }
 
   std::string family() const override { return "transformer"; }
@@ -406,8 +461,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     for (const LayerParams& L : layers_) {
       const DeltaNetParams& P = L.delta;
       const MoeParams& M = L.experts;
-      for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.gate, L.up, L.down, M.shared_gate,
-                    M.shared_up, M.shared_down})
+      for (int w : {L.q, L.k, L.v, L.o, P.qkv, P.z, P.b, P.a, P.qkvz, P.ba, P.out, L.mamba.in_proj, L.mamba.out, L.gate,
+                    L.up, L.down, M.shared_gate, M.shared_up, M.shared_down})
         if (w >= 0) linears.push_back(w);
       for (int w : {M.gate_up, M.down})  // in the module's parameter order, as PEFT nests their wrappers
         if (w >= 0) experts.push_back(w);
@@ -499,8 +554,17 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   Tensor Embed(const int32_t* ids, Chunk c) override {
     return Store::EmbedRows(ops_, embed_, ids, c, tp_.on() ? &tp_ : nullptr);
   }
+  // nn.Embedding's padding_idx (Bamba's pad_token_id): the lookup adds nothing to that row's gradient, kept as it was.
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
+    T* g = G(embed_);
+    const int64_t d = cfg_.hidden_size, pad = cfg_.pad_token_id;
+    Tensor pad_row;
+    if (g && pad >= 0 && !tp_.on()) {
+      pad_row = New(MemCategory::kWorkspace, {d});
+      ops_.copy(pad_row.data<T>(), g + pad * d, d);
+    }
     Store::EmbedRowsBackward(ops_, embed_, ids, c, dx, tp_.on() ? &tp_ : nullptr);
+    if (pad_row.defined()) ops_.copy(g + pad * d, pad_row.data<T>(), d);
   }
 
   Tensor LayerForward(int l, Chunk c, const Tensor& x_in, SequenceState& state_base, LayerSaved* saved) override {
@@ -511,9 +575,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     // in T: they are small, and the norms' and softmax's backward divide by them.
     std::vector<Tensor> kept_tensors(kNumSaved);
     std::vector<Tensor>* kept = saved ? &kept_tensors : nullptr;
-    Tensor h = layers_[l].linear ? DeltaNetForward(l, c, x_in, state, act, kept)
-                                 : AttentionForward(l, c, x_in, state, act, kept);
-    Tensor y = MlpForward(layers_[l], c, h, state.opts, act, kept);
+    Tensor h = MixerForward(l, c, x_in, state, act, kept);
+    Tensor y = layers_[l].mlp == Mlp::kNone ? std::move(h) : MlpForward(layers_[l], c, h, state.opts, act, kept);
     if (saved) {
       kept_tensors[kX] = Store::Narrow(ops_, x_in, act);
       saved->tensors = std::move(kept_tensors);
@@ -525,8 +588,10 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   // rope. A linear layer's state needs its whole token mixing.
   void LayerAppendState(int l, Chunk c, const Tensor& x, SequenceState& state_base) override {
     auto& state = static_cast<TransformerState&>(state_base);
-    if (layers_[l].linear) {
-      DeltaNetForward(l, c, x, state, MemCategory::kWorkspace, nullptr);
+    const Mixer mixer = layers_[l].mixer;
+    if (mixer == Mixer::kNone) return;
+    if (mixer != Mixer::kAttention) {
+      MixerForward(l, c, x, state, MemCategory::kWorkspace, nullptr);
       return;
     }
     state.PrepareLayer(kv_index_[l], c, TransformerState::Pass::kForward);
@@ -539,14 +604,18 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   Tensor LayerBackward(int l, Chunk c, const Tensor& dy_in, LayerSaved& saved, SequenceState& state_base) override {
     auto& state = static_cast<TransformerState&>(state_base);
     const LayerParams& L = layers_[l];
-    if (!L.linear) state.PrepareLayer(kv_index_[l], c, TransformerState::Pass::kBackward);
+    if (kv_index_[l] >= 0) state.PrepareLayer(kv_index_[l], c, TransformerState::Pass::kBackward);
     const std::vector<Tensor>& s = saved.tensors;
     const int64_t n = c.size(), d = cfg_.hidden_size;
-    const Tensor dh = MlpBackward(L, c, dy_in.data<T>(), s, state.opts);
-    const Tensor dxn1 =
-        L.linear ? DeltaNetBackward(l, c, dh.data<T>(), s, state) : AttentionBackward(l, c, dh.data<T>(), s, state);
     Tensor dx = New(MemCategory::kActivations, {n, d});
-    ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
+    if (L.mlp == Mlp::kNone) {
+      ops_.copy(dx.data<T>(), dy_in.data<T>(), n * d);
+    } else {
+      const Tensor dh = MlpBackward(L, c, dy_in.data<T>(), s, state.opts);
+      ops_.copy(dx.data<T>(), dh.data<T>(), n * d);
+    }
+    if (L.mixer == Mixer::kNone) return dx;
+    const Tensor dxn1 = MixerBackward(l, c, dx.data<T>(), s, state);
     NormBackward(dxn1.data<T>(), Store::Widen(ops_, s[kX]).template data<T>(), L.norm1, s[kRstd1].data<T>(), n,
                  dx.data<T>());
     return dx;
@@ -571,6 +640,36 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   // A working copy in T that the forward no longer reads: freed early under bf16 (f32 and f64 keep their schedule).
   void Done(Tensor& t) {
     if (Store::HalfActivations()) t.Reset();
+  }
+
+  // h = x + the layer's token mixing of x (x itself in a layer without).
+  Tensor MixerForward(int l, Chunk c, const Tensor& x_in, TransformerState& state, MemCategory act,
+                      std::vector<Tensor>* kept) {
+    switch (layers_[l].mixer) {
+      case Mixer::kAttention:
+        return AttentionForward(l, c, x_in, state, act, kept);
+      case Mixer::kDeltaNet:
+        return DeltaNetForward(l, c, x_in, state, act, kept);
+      case Mixer::kMamba2:
+        return Mamba2Forward(l, c, x_in, state, act, kept);
+      default:
+        break;
+    }
+    const int64_t n = c.size(), d = cfg_.hidden_size;
+    Tensor h = New(Store::ActCategory(act), {n, d});
+    ops_.copy(h.data<T>(), x_in.data<T>(), n * d);
+    return h;
+  }
+  // The mixer's backward: dxn1 (the gradient of its normed input) from dh.
+  Tensor MixerBackward(int l, Chunk c, const T* dh, const std::vector<Tensor>& s, TransformerState& state) {
+    switch (layers_[l].mixer) {
+      case Mixer::kDeltaNet:
+        return DeltaNetBackward(l, c, dh, s, state);
+      case Mixer::kMamba2:
+        return Mamba2Backward(l, c, dh, s, state);
+      default:
+        return AttentionBackward(l, c, dh, s, state);
+    }
   }
 
   // h = x + o(attn(rope(q(xn1)), cache)) (gated attention: o(attn sigmoid(gate))), xn1 = norm1(x); appends the
@@ -656,6 +755,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       MoeForward(L.experts, c, xn2.data<T>(), st, act, kept, y.data<T>());
       return y;
     }
+    if (L.mlp == Mlp::kRelu2) return Relu2MlpForward(L, c, h, xn2, st, act, kept);
     Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, st);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
@@ -668,6 +768,42 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return y;
   }
 
+  // Nemotron-H's MLP: y = h + down(relu(up(xn2))^2).
+  Tensor Relu2MlpForward(const LayerParams& L, Chunk c, const Tensor& h, Tensor& xn2, const StateOptions& st,
+                         MemCategory act, std::vector<Tensor>* kept) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    const MemCategory big = Store::ActCategory(act);
+    Tensor up = New(big, {n, f}), a = New(big, {n, f});
+    Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
+    Done(xn2);
+    ops_.relu2_forward(up.data<T>(), n * f, a.data<T>());
+    Keep(kept, kUp, up, act);
+    Keep(kept, kAct, a, act);
+    Tensor y = New(MemCategory::kActivations, {n, d});
+    ops_.copy(y.data<T>(), h.data<T>(), n * d);
+    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+    return y;
+  }
+  // Its backward: dxn2 from dy.
+  Tensor Relu2MlpBackward(const LayerParams& L, Chunk c, const T* dy, const std::vector<Tensor>& s,
+                          const StateOptions& st) {
+    const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor da = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
+    Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
+    {
+      const Tensor a = Store::Widen(ops_, s[kAct]);
+      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
+      BiasBackward(L.down_bias, dy, n, d);
+      Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, st);
+    }
+    ops_.relu2_backward(da.data<T>(), Store::Widen(ops_, s[kUp]).template data<T>(), n * f, dup.data<T>());
+    const Tensor xn2 = Store::Widen(ops_, s[kXn2]);
+    LinearBackward(dup.data<T>(), f, xn2.data<T>(), n, L.up, L.up_bias, dxn2.data<T>(), T(0), c, st);
+    tp_.AllReduce(dxn2.raw(), n * d, dtype());  // each rank's columns of up gave part of it
+    return dxn2;
+  }
+
   // The MLP's backward: dh = dy + d(norm2) from dy, y = h + down(swiglu(gate(xn2), up(xn2))), xn2 = norm2(h).
   Tensor MlpBackward(const LayerParams& L, Chunk c, const T* dy, const std::vector<Tensor>& s, const StateOptions& st) {
     const int64_t n = c.size(), d = cfg_.hidden_size, f = inter_;
@@ -676,6 +812,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor dh = New(ws, {n, d});
     if (L.moe) {
       const Tensor dxn2 = MoeBackward(L.experts, c, dy, wide(kXn2).template data<T>(), s, st);
+      ops_.copy(dh.data<T>(), dy, n * d);
+      NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
+      return dh;
+    }
+    if (L.mlp == Mlp::kRelu2) {
+      const Tensor dxn2 = Relu2MlpBackward(L, c, dy, s, st);
       ops_.copy(dh.data<T>(), dy, n * d);
       NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
       return dh;
@@ -1023,23 +1165,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Done(xn1);
     keep_copy(kMixed, mixed);
 
-    // The input state: zeros where a document (or the sequence) starts, else what the previous chunk left.
-    const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
-    const LinearBoundary* in = carries_in ? TransformerState::Find(state.linear_cache, l, c.begin) : nullptr;
-    if (carries_in && !in)
-      throw std::logic_error(absl::StrCat("linear attention layer ", l, ": no state at position ", c.begin));
     Tensor s0 = New(act, {Hv, dk, dv}), tail0 = New(act, {K - 1, C});
-    if (in) {
-      state.LoadLinear(*in, s0, tail0);
-    } else {
-      s0.SetZero();
-      tail0.SetZero();
-    }
-    LinearBoundary* out = KeepsStateAfter(state.opts, c) ? &state.linear_cache[{l, c.end}] : nullptr;
-    if (out && !out->s.defined()) {
-      out->s = New(MemCategory::kKVCache, {Hv, dk, dv});
-      out->tail = New(MemCategory::kKVCache, {K - 1, C});
-    }
+    LinearBoundary* out = RecurrentBoundaries(l, c, state, s0, tail0);
     const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     Tensor xc = New(big, {n, C});
     for (const ChunkPiece& p : pieces)
@@ -1105,14 +1232,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const T* gate_a = b + n * Hv;
     DeltaInputs in_t = DeltaRuleInputs(P, xc, b, gate_a, n);
     const LinearBoundary* gout = TransformerState::Find(state.linear_grad, l, c.end);
-    LinearBoundary* gin = nullptr;
-    if (!StartsDocument(state.opts.doc_starts, c.begin)) {
-      gin = &state.linear_grad[{l, c.begin}];
-      if (!gin->s.defined()) {
-        gin->s = New(MemCategory::kKVGrad, {Hv, dk, dv});
-        gin->tail = New(MemCategory::kKVGrad, {K - 1, C});
-      }
-    }
+    LinearBoundary* gin = BoundaryGradient(l, c, state, {Hv, dk, dv}, {K - 1, C});
     const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     Tensor dq = New(ws, {n, Kd}), dkey = New(ws, {n, Kd}), dvalue = New(ws, {n, V});
     Tensor dg = New(ws, {n, Hv}), dbeta = New(ws, {n, Hv});
@@ -1159,6 +1279,189 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     const Tensor xn1 = wide(kXn1);
     ProjectBackward(P, xn1.data<T>(), c, state.opts, dmixed.data<T>(), dz.data<T>(), db, da, dxn1.data<T>());
     return dxn1;
+  }
+
+  // ---- Mamba-2 (transformers' Mamba2Mixer, BambaMixer, NemotronHMamba2Mixer, FalconH1Mixer) ----
+  // h = x + out_proj(w rmsnorm_g(y silu(z))), y = the SSD scan of (x, dt, B, C) plus D x, with (x, B, C) =
+  // silu(conv(xBC)) and (z, xBC, dt) = in_proj(xn1), xn1 = norm1(x); rmsnorm_g normalises groups of intermediate /
+  // n_groups columns. The conv's tail and the scan's state carry from chunk to chunk, restarting where a document
+  // does (as Gated DeltaNet's).
+  Tensor Mamba2Forward(int l, Chunk c, const Tensor& x_in, TransformerState& state, MemCategory act,
+                       std::vector<Tensor>* kept) {
+    const LayerParams& L = layers_[l];
+    const Mamba2Params& P = L.mamba;
+    const Mamba2Config& m = cfg_.mamba;
+    const int64_t n = c.size(), d = cfg_.hidden_size, I = m.intermediate(), C = m.conv_dim(), H = m.heads;
+    const MemCategory big = Store::ActCategory(act);
+    auto keep_copy = [&](Saved k, const Tensor& t) {
+      if (kept) (*kept)[k] = Store::Narrow(ops_, t, act);
+    };
+    Tensor xn1 = New(big, {n, d}), rstd1 = New(act, {n});
+    Tensor xn1_kept = Norm(x_in.data<T>(), L.norm1, xn1, rstd1, act, kept != nullptr);
+    Tensor z = New(big, {n, I}), xbc = New(big, {n, C}), dt = New(act, {n, H});
+    {
+      const int64_t R = m.in_proj_rows();
+      Tensor proj = New(MemCategory::kWorkspace, {n, R});
+      Linear(xn1.data<T>(), n, d, P.in_proj, P.in_bias, proj.data<T>(), R, c, state.opts);
+      ops_.copy_rows(z.data<T>(), I, proj.data<T>(), R, n, I);
+      ops_.copy_rows(xbc.data<T>(), C, proj.data<T>() + I, R, n, C);
+      ops_.copy_rows(dt.data<T>(), H, proj.data<T>() + I + C, R, n, H);
+    }
+    Done(xn1);
+    keep_copy(kMixed, xbc);
+    keep_copy(kZ, z);
+    Tensor s0 = New(act, {H, m.head_dim, m.state}), tail0 = New(act, {m.conv_kernel - 1, C});
+    LinearBoundary* out = RecurrentBoundaries(l, c, state, s0, tail0);
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
+    Tensor xc = New(big, {n, C});
+    const T* conv_bias = P.conv_bias >= 0 ? W(P.conv_bias) : nullptr;
+    for (const ChunkPiece& p : pieces)
+      ops_.conv1d_forward(xbc.data<T>() + p.row * C, p.first ? tail0.data<T>() : nullptr, W(P.conv), conv_bias, p.rows,
+                          C, m.conv_kernel, xc.data<T>() + p.row * C, p.last && out ? out->tail.data<T>() : nullptr);
+    Done(xbc);
+    keep_copy(kXc, xc);
+    const SsdInputs in = SsdInputsOf(xc, n);
+    Done(xc);
+    Tensor y = New(big, {n, I});
+    const int64_t GN = m.groups * m.state;
+    for (const ChunkPiece& p : pieces)
+      ops_.ssd_forward(in.x.data<T>() + p.row * I, dt.data<T>() + p.row * H, W(P.dt_bias), W(P.a_log),
+                       in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d),
+                       p.first ? s0.data<T>() : nullptr, p.rows, H, m.head_dim, m.groups, m.state, m.dt_min, m.dt_max,
+                       y.data<T>() + p.row * I, p.last && out ? out->s.data<T>() : nullptr);
+    if (out) state.StashLinear(*out);
+    keep_copy(kCore, y);
+    Tensor gated = New(big, {n, I}), group_rstd = New(act, {n * m.groups});
+    ops_.gated_group_rmsnorm_forward(y.data<T>(), z.data<T>(), W(P.norm), n, I, I / m.groups, m.norm_eps,
+                                     gated.data<T>(), group_rstd.data<T>());
+    Done(y), Done(z);
+    Keep(kept, kGated, gated, act);
+    Tensor h = New(big, {n, d});
+    ops_.copy(h.data<T>(), x_in.data<T>(), n * d);
+    RowParallelAdd(gated.data<T>(), I, P.out, P.out_bias, c, state.opts, h.data<T>());
+    if (kept) {
+      (*kept)[kXn1] = std::move(xn1_kept);
+      (*kept)[kRstd1] = rstd1, (*kept)[kBA] = dt, (*kept)[kS0] = s0, (*kept)[kTail0] = tail0;
+      (*kept)[kCoreRstd] = group_rstd;
+    }
+    return h;
+  }
+
+  // Mamba-2's backward: dxn1 from dh; accumulates the parameters' gradients, consumes the gradient later chunks
+  // relayed to c's output state and leaves that of its input state.
+  Tensor Mamba2Backward(int l, Chunk c, const T* dh, const std::vector<Tensor>& s, TransformerState& state) {
+    const Mamba2Params& P = layers_[l].mamba;
+    const Mamba2Config& m = cfg_.mamba;
+    const int64_t n = c.size(), d = cfg_.hidden_size, I = m.intermediate(), C = m.conv_dim(), H = m.heads;
+    const int64_t GN = m.groups * m.state, R = m.in_proj_rows();
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    auto wide = [&](Saved k) -> Tensor { return Store::Widen(ops_, s[k]); };
+
+    // out_proj, the gated norm
+    Tensor dgated = New(ws, {n, I}), dy = New(ws, {n, I}), dproj = New(ws, {n, R});
+    Store::GemmW(ops_, false, n, I, d, T(1), dh, d, P.out, I, T(0), dgated.data<T>(), I);
+    {
+      const Tensor gated = wide(kGated);
+      if (T* g = G(P.out)) ops_.gemm(true, false, d, I, n, T(1), dh, d, gated.data<T>(), I, T(1), g, I);
+      BiasBackward(P.out_bias, dh, n, d);
+      Store::LoraBackward(ops_, P.out, gated.data<T>(), dh, d, dgated.data<T>(), c, state.opts);
+      Tensor dz = New(ws, {n, I});
+      ops_.gated_group_rmsnorm_backward(dgated.data<T>(), wide(kCore).template data<T>(), wide(kZ).template data<T>(),
+                                        W(P.norm), s[kCoreRstd].data<T>(), n, I, I / m.groups, m.norm_eps, dy.data<T>(),
+                                        dz.data<T>(), GradOrScratch(P.norm));
+      ops_.copy_rows(dproj.data<T>(), R, dz.data<T>(), I, n, I);
+    }
+
+    // The scan. The gradient of c's output state is complete (later chunks ran their backward first); c leaves the
+    // gradient of its input state for the previous chunk (none where a document starts).
+    const Tensor xc = wide(kXc);
+    const SsdInputs in = SsdInputsOf(xc, n);
+    const T* dt = s[kBA].data<T>();
+    const LinearBoundary* gout = TransformerState::Find(state.linear_grad, l, c.end);
+    LinearBoundary* gin = BoundaryGradient(l, c, state, {H, m.head_dim, m.state}, {m.conv_kernel - 1, C});
+    const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
+    Tensor dx = New(ws, {n, I}), dB = New(ws, {n, GN}), dC = New(ws, {n, GN}), ddt = New(ws, {n, H});
+    {
+      int64_t longest = 0;
+      for (const ChunkPiece& p : pieces) longest = std::max(longest, p.rows);
+      Tensor work =
+          New(ws, {std::max<int64_t>(1, ops_.ssd_workspace_elems(longest, H, m.head_dim, m.groups, m.state))});
+      for (const ChunkPiece& p : pieces)
+        ops_.ssd_backward(dy.data<T>() + p.row * I, p.last && gout ? gout->s.data<T>() : nullptr,
+                          in.x.data<T>() + p.row * I, dt + p.row * H, W(P.dt_bias), W(P.a_log),
+                          in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d),
+                          p.first ? s[kS0].data<T>() : nullptr, p.rows, H, m.head_dim, m.groups, m.state, m.dt_min,
+                          m.dt_max, dx.data<T>() + p.row * I, ddt.data<T>() + p.row * H, GradOrScratch(P.dt_bias),
+                          GradOrScratch(P.a_log), dB.data<T>() + p.row * GN, dC.data<T>() + p.row * GN,
+                          GradOrScratch(P.d), p.first && gin ? gin->s.data<T>() : nullptr, work.data<T>());
+    }
+    ops_.copy_rows(dproj.data<T>() + I + C, R, ddt.data<T>(), H, n, H);
+
+    // (x, B, C) = silu(xc), xc = conv(xBC)
+    Tensor du = New(ws, {n, C}), dxc = New(ws, {n, C}), dxbc = New(ws, {n, C});
+    ops_.copy_rows(du.data<T>(), C, dx.data<T>(), I, n, I);
+    ops_.copy_rows(du.data<T>() + I, C, dB.data<T>(), GN, n, GN);
+    ops_.copy_rows(du.data<T>() + I + GN, C, dC.data<T>(), GN, n, GN);
+    ops_.silu_backward(du.data<T>(), xc.data<T>(), n * C, dxc.data<T>());
+    {
+      const Tensor xbc = wide(kMixed);
+      T* dconv_bias = P.conv_bias >= 0 ? GradOrScratch(P.conv_bias) : nullptr;
+      for (const ChunkPiece& p : pieces)
+        ops_.conv1d_backward(dxc.data<T>() + p.row * C, p.last && gout ? gout->tail.data<T>() : nullptr,
+                             xbc.data<T>() + p.row * C, p.first ? s[kTail0].data<T>() : nullptr, W(P.conv), p.rows, C,
+                             m.conv_kernel, dxbc.data<T>() + p.row * C, p.first && gin ? gin->tail.data<T>() : nullptr,
+                             GradOrScratch(P.conv), dconv_bias);
+    }
+    ops_.copy_rows(dproj.data<T>() + I, R, dxbc.data<T>(), C, n, C);
+    Tensor dxn1 = New(ws, {n, d});
+    const Tensor xn1 = wide(kXn1);
+    LinearBackward(dproj.data<T>(), R, xn1.data<T>(), n, P.in_proj, P.in_bias, dxn1.data<T>(), T(0), c, state.opts);
+    return dxn1;
+  }
+
+  SsdInputs SsdInputsOf(const Tensor& xc, int64_t n) {
+    const Mamba2Config& m = cfg_.mamba;
+    const int64_t I = m.intermediate(), C = m.conv_dim(), GN = m.groups * m.state;
+    constexpr MemCategory ws = MemCategory::kWorkspace;
+    Tensor u = New(ws, {n, C});
+    ops_.silu_forward(xc.data<T>(), n * C, u.data<T>());
+    SsdInputs r{New(ws, {n, I}), New(ws, {n, GN}), New(ws, {n, GN})};
+    ops_.copy_rows(r.x.data<T>(), I, u.data<T>(), C, n, I);
+    ops_.copy_rows(r.B.data<T>(), GN, u.data<T>() + I, C, n, GN);
+    ops_.copy_rows(r.C.data<T>(), GN, u.data<T>() + I + GN, C, n, GN);
+    return r;
+  }
+
+  // A recurrent layer's state before chunk c into s0 and tail0 (zeros where a document, or the sequence, starts),
+  // and the boundary its state after c goes to (null: none kept), allocated like s0 and tail0.
+  LinearBoundary* RecurrentBoundaries(int l, Chunk c, TransformerState& state, Tensor& s0, Tensor& tail0) {
+    const bool carries_in = !StartsDocument(state.opts.doc_starts, c.begin);
+    const LinearBoundary* in = carries_in ? TransformerState::Find(state.linear_cache, l, c.begin) : nullptr;
+    if (carries_in && !in)
+      throw std::logic_error(absl::StrCat("recurrent layer ", l, ": no state at position ", c.begin));
+    if (in) {
+      state.LoadLinear(*in, s0, tail0);
+    } else {
+      s0.SetZero();
+      tail0.SetZero();
+    }
+    LinearBoundary* out = KeepsStateAfter(state.opts, c) ? &state.linear_cache[{l, c.end}] : nullptr;
+    if (out && !out->s.defined()) {
+      out->s = New(MemCategory::kKVCache, s0.shape());
+      out->tail = New(MemCategory::kKVCache, tail0.shape());
+    }
+    return out;
+  }
+  // Where chunk c's backward leaves the gradient of its input state (null where a document starts at c).
+  LinearBoundary* BoundaryGradient(int l, Chunk c, TransformerState& state, std::vector<int64_t> s_shape,
+                                   std::vector<int64_t> tail_shape) {
+    if (StartsDocument(state.opts.doc_starts, c.begin)) return nullptr;
+    LinearBoundary* gin = &state.linear_grad[{l, c.begin}];
+    if (!gin->s.defined()) {
+      gin->s = New(MemCategory::kKVGrad, std::move(s_shape));
+      gin->tail = New(MemCategory::kKVGrad, std::move(tail_shape));
+    }
+    return gin;
   }
 
   // The delta rule's inputs from the conv's output xc [n][conv channels] and b, a [n][value heads].
@@ -1270,7 +1573,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     LinearBackward(dqkvz.data<T>(), C + V, xn, n, P.qkvz, -1, dxn, T(0), c, st);
     LinearBackward(dba.data<T>(), 2 * H, xn, n, P.ba, -1, dxn, T(1), c, st);
   }
-  // The SwiGLU MLP's parameters of the layer named p.
+  // The MLP's parameters under p ("...mlp."): SwiGLU's, ReLU²'s or a MoE block's.
   template <typename AddFn>
   void AddMlp(const std::string& p, LayerParams& L, AddFn& add) {
     const int64_t d = cfg_.hidden_size, f = inter_;
@@ -1281,23 +1584,25 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       const int64_t E = m.experts, I = m.intermediate, S = m.shared_intermediate;
       L.moe = true;
       MoeParams& M = L.experts;
-      M.router = add(p + "mlp.gate.weight", {E, d}, whole);
-      M.gate_up = add(p + "mlp.experts.gate_up_proj", {E, 2 * I, d}, whole);
-      M.down = add(p + "mlp.experts.down_proj", {E, d, I}, whole);
+      M.router = add(p + "gate.weight", {E, d}, whole);
+      M.gate_up = add(p + "experts.gate_up_proj", {E, 2 * I, d}, whole);
+      M.down = add(p + "experts.down_proj", {E, d, I}, whole);
       if (S > 0) {
-        M.shared_gate = add(p + "mlp.shared_expert.gate_proj.weight", {S, d}, whole);
-        M.shared_up = add(p + "mlp.shared_expert.up_proj.weight", {S, d}, whole);
-        M.shared_down = add(p + "mlp.shared_expert.down_proj.weight", {d, S}, whole);
-        M.shared_router = add(p + "mlp.shared_expert_gate.weight", {1, d}, whole);
+        M.shared_gate = add(p + "shared_expert.gate_proj.weight", {S, d}, whole);
+        M.shared_up = add(p + "shared_expert.up_proj.weight", {S, d}, whole);
+        M.shared_down = add(p + "shared_expert.down_proj.weight", {d, S}, whole);
+        M.shared_router = add(p + "shared_expert_gate.weight", {1, d}, whole);
       }
       return;
     }
-    L.gate = add(p + "mlp.gate_proj.weight", {f, d}, rows);
-    L.gate_bias = cfg_.mlp_bias ? add(p + "mlp.gate_proj.bias", {f}, rows) : -1;
-    L.up = add(p + "mlp.up_proj.weight", {f, d}, rows);
-    L.up_bias = cfg_.mlp_bias ? add(p + "mlp.up_proj.bias", {f}, rows) : -1;
-    L.down = add(p + "mlp.down_proj.weight", {d, f}, cols);
-    L.down_bias = cfg_.mlp_bias ? add(p + "mlp.down_proj.bias", {d}, whole) : -1;
+    if (L.mlp == Mlp::kSwiGlu) {  // ReLU²'s has no gate
+      L.gate = add(p + "gate_proj.weight", {f, d}, rows);
+      L.gate_bias = cfg_.mlp_bias ? add(p + "gate_proj.bias", {f}, rows) : -1;
+    }
+    L.up = add(p + "up_proj.weight", {f, d}, rows);
+    L.up_bias = cfg_.mlp_bias ? add(p + "up_proj.bias", {f}, rows) : -1;
+    L.down = add(p + "down_proj.weight", {d, f}, cols);
+    L.down_bias = cfg_.mlp_bias ? add(p + "down_proj.bias", {d}, whole) : -1;
   }
   // Gated DeltaNet's parameters under p ("...linear_attn."), in the layout of the config's architecture. The conv
   // filter, A_log and dt_bias stay in T under bf16 storage, as Mamba's conv and scan parameters do.
@@ -1325,6 +1630,31 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return P;
   }
 
+  // Mamba-2's parameters under p ("...mixer." or "...mamba."). The conv filter (and its bias) stay in T under bf16
+  // storage, as Gated DeltaNet's.
+  template <typename AddFn>
+  Mamba2Params AddMamba2(const std::string& p, AddFn& add) {
+    const Mamba2Config& m = cfg_.mamba;
+    const int64_t d = cfg_.hidden_size, I = m.intermediate(), C = m.conv_dim(), H = m.heads;
+    const TpShard whole{};  // tensor parallelism is refused on Mamba-2 layers (CreateTransformer)
+    Mamba2Params P;
+    P.in_proj = add(p + "in_proj.weight", {m.in_proj_rows(), d}, whole);
+    if (m.proj_bias) P.in_bias = add(p + "in_proj.bias", {m.in_proj_rows()}, whole);
+    shards_.push_back(whole);
+    P.conv = Store::AddFullPrecision(p + "conv1d.weight", {C, 1, m.conv_kernel});
+    if (m.conv_bias) {
+      shards_.push_back(whole);
+      P.conv_bias = Store::AddFullPrecision(p + "conv1d.bias", {C});
+    }
+    P.dt_bias = add(p + "dt_bias", {H}, whole);
+    P.a_log = add(p + "A_log", {H}, whole);
+    P.d = add(p + "D", {H}, whole);
+    P.norm = add(p + "norm.weight", {I}, whole);
+    P.out = add(p + "out_proj.weight", {d, I}, whole);
+    if (m.proj_bias) P.out_bias = add(p + "out_proj.bias", {d}, whole);
+    return P;
+  }
+
   // K/V of chunk c from the normed input, roped and written into the layer's cache pages.
   void AppendKV(int l, Chunk c, const T* xn1, TransformerState& state) {
     const LayerParams& L = layers_[l];
@@ -1342,7 +1672,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                            k.data<T>(), rstd.data<T>());
     }
     state.kv.Ensure(kl, c.begin, c.end, /*zero_new=*/false);
-    if (state.opts.doc_starts.empty() && cfg_.rotary_dim() == cfg_.head_dim) {
+    if (state.opts.doc_starts.empty() && cfg_.rotary_dim() == cfg_.head_dim && cfg_.rope) {
       state.kv.ScatterRoped<T>(kl, c.begin, c.end, k.data<T>(), v.data<T>(), state.inv_freq.data());
     } else {  // positions within each document, or partial RoPE: rope, then write (rope_kv_write's two steps)
       Rope(k.data<T>(), c, kv_heads_, /*inverse=*/false, state);
@@ -1411,8 +1741,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
   // Rotates x, the rows of chunk c with `heads` heads, at each row's position within its document (RoPE restarts
   // at every document); inverse: the backward's transpose rotation.
-  // Partial RoPE (hybrids) rotates each head's first rotary_dim dims: gathered, rotated, put back.
+  // Partial RoPE (hybrids, Bamba) rotates each head's first rotary_dim dims: gathered, rotated, put back.
   void Rope(T* x, Chunk c, int64_t heads, bool inverse, const TransformerState& state) {
+    if (!cfg_.rope) return;  // Nemotron-H's attention has no positions
     const std::vector<int64_t>& docs = state.opts.doc_starts;
     const int64_t hd = cfg_.head_dim, dim = cfg_.rotary_dim(), rows = c.size() * heads;
     Tensor part;
@@ -1538,22 +1869,50 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
   };
   for (auto [field, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
                           {"hidden_size", c.hidden_size},
-                          {"num_hidden_layers", c.num_layers},
-                          {"num_attention_heads", c.num_heads},
-                          {"num_key_value_heads", c.num_kv_heads},
-                          {"head_dim", c.head_dim}}) {
+                          {"num_hidden_layers", c.num_layers}}) {
     if (absl::Status s = positive(field, v); !s.ok()) return s;
   }
-  if (c.moe_layer_count() < c.num_layers)  // some layer has the dense MLP, of intermediate_size
+  if (!c.mixers.empty() && static_cast<int64_t>(c.mixers.size()) != c.num_layers)
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: layer_types lists ", c.mixers.size(), " layers; num_hidden_layers is ", c.num_layers));
+  if (!c.mlps.empty() && static_cast<int64_t>(c.mlps.size()) != c.num_layers)
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", c.mlps.size(), " MLPs listed; num_hidden_layers is ", c.num_layers));
+  if (c.attention_layer_count() > 0) {
+    for (auto [field, v] : {std::pair<const char*, int64_t>{"num_attention_heads", c.num_heads},
+                            {"num_key_value_heads", c.num_kv_heads},
+                            {"head_dim", c.head_dim}}) {
+      if (absl::Status s = positive(field, v); !s.ok()) return s;
+    }
+    if (c.num_heads % c.num_kv_heads != 0)
+      return absl::InvalidArgumentError(absl::StrCat("config: num_attention_heads (", c.num_heads,
+                                                     ") must be a multiple of num_key_value_heads (", c.num_kv_heads,
+                                                     ")"));
+    if (c.rope && c.head_dim % 2 != 0)
+      return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
+    if (c.rope && (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim))
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
+                       " rotated dims; they must be even, at least 2 and at most head_dim"));
+  }
+  if (c.mlp_count(Mlp::kSwiGlu) - c.moe_layer_count() + c.mlp_count(Mlp::kRelu2) > 0)  // dense MLPs
     if (absl::Status s = positive("intermediate_size", c.intermediate_size); !s.ok()) return s;
-  if (c.num_heads % c.num_kv_heads != 0)
-    return absl::InvalidArgumentError(absl::StrCat("config: num_attention_heads (", c.num_heads,
-                                                   ") must be a multiple of num_key_value_heads (", c.num_kv_heads,
-                                                   ")"));
-  if (c.head_dim % 2 != 0)
-    return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even for RoPE, got ", c.head_dim));
+  if (c.mamba_layer_count() > 0) {
+    const Mamba2Config& m = c.mamba;
+    for (auto [field, v] : {std::pair<const char*, int64_t>{"mamba heads", m.heads},
+                            {"mamba head_dim", m.head_dim},
+                            {"mamba n_groups", m.groups},
+                            {"mamba state size", m.state},
+                            {"mamba conv_kernel", m.conv_kernel}}) {
+      if (absl::Status s = positive(field, v); !s.ok()) return s;
+    }
+    if (m.heads % m.groups != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: the Mamba heads (", m.heads, ") must be a multiple of n_groups (", m.groups, ")"));
+  }
   const std::set<std::string> supported = {"llama",   "qwen2",      "qwen3",        "qwen3_moe",
-                                           "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
+                                           "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                                           "mamba2",  "bamba",      "nemotron_h"};
   if (!supported.count(c.architecture))
     return absl::InvalidArgumentError(absl::StrCat("config: model_type '", c.architecture,
                                                    "' is not supported (supported: ", absl::StrJoin(supported, ", "),
@@ -1575,14 +1934,7 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
     if (m.aux_loss && c.rope_scaling.type == "dynamic")
       return absl::UnimplementedError("config: output_router_logits with dynamic RoPE is not supported");
   }
-  if (c.rotary_dim() < 2 || c.rotary_dim() % 2 != 0 || c.rotary_dim() > c.head_dim)
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: head_dim x partial_rotary_factor = ", c.rotary_dim(),
-                     " rotated dims; they must be even, at least 2 and at most head_dim"));
-  if (!c.linear_layers.empty()) {
-    if (static_cast<int64_t>(c.linear_layers.size()) != c.num_layers)
-      return absl::InvalidArgumentError(absl::StrCat("config: layer_types lists ", c.linear_layers.size(),
-                                                     " layers; num_hidden_layers is ", c.num_layers));
+  if (c.linear_layer_count() > 0) {
     const LinearAttentionConfig& a = c.linear;
     for (auto [field, v] : {std::pair<const char*, int64_t>{"linear_conv_kernel_dim", a.conv_kernel},
                             {"linear_key_head_dim", a.key_head_dim},
@@ -1609,11 +1961,20 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
   if (tp.size > 1 && !config.moe_layers.empty())
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
                                                  config.architecture, "'s mixture-of-experts layers"));
-  if (tp.size > 1 && !config.linear_layers.empty())
+  if (tp.size > 1 && config.pad_token_id >= 0)
+    return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet with ",
+                                                 config.architecture, "'s pad_token_id"));
+  if (tp.size > 1 && config.mamba_layer_count() > 0)
+    return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
+                                                 config.architecture, "'s Mamba-2 layers"));
+  if (tp.size > 1 && config.linear_layer_count() > 0)
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
                                                  config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
+  if (config.mamba_layer_count() > 0 && !OpsFor<float>(device).ssd_forward)
+    return absl::UnimplementedError(absl::StrCat(config.architecture, "'s Mamba-2 layers have no kernels on --device=",
+                                                 DeviceName(device), " yet (the CPU runs them)"));
   if (dtype == DType::kF32)
     return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
   if (dtype == DType::kF64)
