@@ -377,6 +377,14 @@ TEST_F(CudaStrategyTest, ExpertOffloadIsBitIdentical) {
     EXPECT_EQ(streamed.g, plain.g) << Describe(o);
   }
   EXPECT_GT(offloaded.gpu->OffloadedWeightBytes(), 0);
+  // Merging reads the experts from their host homes and the adapters from the device.
+  for (const LoraAdapter& ad : offloaded.gpu->lora()->adapters) {
+    const size_t bytes = offloaded.gpu->params()[ad.weight].value.nbytes();
+    std::vector<char> merged(bytes), expected(bytes);
+    MergedWeight(*offloaded.gpu, ad, merged.data());
+    MergedWeight(*resident.gpu, ad, expected.data());
+    EXPECT_EQ(merged, expected) << offloaded.gpu->params()[ad.weight].name;
+  }
 }
 
 // Host code reaches the device's tensors only through copies: LoRA's initialisation and dropout masks, KV offload,

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <deque>
+#include <ostream>
 
 #include "core/lora.h"
 #include "core/models/transformer/transformer.h"
@@ -119,6 +120,7 @@ struct Case {
   std::string preset;
   DType dtype;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.preset << " " << DTypeName(c.dtype); }
 
 class ExpertOffloadStepTest : public ::testing::TestWithParam<Case> {};
 
