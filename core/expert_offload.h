@@ -35,6 +35,11 @@ class ExpertOffload {
   // of `layer` is on the device at [i], valid until two other layers have been visited.
   std::vector<WeightView> Visit(int layer, int next);
 
+  // The homes may have changed (a checkpoint read into the parameters): every layer is fetched afresh.
+  void Forget() {
+    for (Slot& s : slots_) s.layer = -1;
+  }
+
   int64_t host_bytes() const { return host_bytes_; }
   int64_t fetched_bytes() const { return fetched_bytes_; }  // host to device so far
   int64_t slot_bytes() const { return slot_bytes_; }

@@ -172,6 +172,23 @@ INSTANTIATE_TEST_SUITE_P(Exact, ExpertOffloadStepTest,
                            return n;
                          });
 
+// Weights written between steps (a checkpoint read into the parameters writes the experts' homes) are what the
+// next step reads: no slot keeps a layer's old bytes.
+TEST(ExpertOffloadStepTest, ReadsWeightsWrittenBetweenSteps) {
+  const std::vector<Sequence> batch = RaggedBatch(97, 99);
+  auto resident = Moe("tiny-qwen3-moe", DType::kF64), offloaded = Moe("tiny-qwen3-moe", DType::kF64);
+  Trainer a(*resident, Options("seco", false), {}), b(*offloaded, Options("seco", true), {});
+  for (int step = 0; step < 2; ++step) {
+    auto x = a.ComputeGradients(batch), y = b.ComputeGradients(batch);
+    ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
+    EXPECT_EQ(x->loss, y->loss) << "step " << step;
+    for (Model* m : {resident.get(), offloaded.get()})  // every layer's experts change
+      for (Param& p : m->params())
+        if (p.name.find("mlp.experts.") != std::string::npos && p.name.find("lora") == std::string::npos)
+          SetFromHost(p.value, [](int64_t i) { return 0.01 * static_cast<double>(i % 7); });
+  }
+}
+
 // Refused before any work, naming the option: experts that train (no frozen base), a model without experts.
 TEST(ExpertOffloadStepTest, RefusesTrainedExpertsAndModelsWithoutExperts) {
   const std::vector<Sequence> batch = RaggedBatch(97, 1);

@@ -505,6 +505,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   const LoraInfo* lora() const override { return Store::LoraState(); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
+    if (expert_offload_) expert_offload_->Forget();  // a sequence's pass reads the experts as they are now
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
     // Offloaded sparse attention keeps on the device only the pages a chunk reads (KvOffload drops the others);
     // offloaded dense attention only the chunk's own pages, plus a ring of page groups it streams the others through.
