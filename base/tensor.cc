@@ -71,6 +71,19 @@ Tensor Tensor::Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::
   return t;
 }
 
+Tensor Tensor::Adopt(void* p, void (*free)(void*), Device device, MemCategory cat, DType dtype,
+                     std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.category_ = cat;
+  t.numel_ = 1;
+  for (int64_t d : shape) t.numel_ *= d;
+  t.shape_ = std::move(shape);
+  t.storage_ = std::shared_ptr<void>(p, free);
+  return t;
+}
+
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   Tensor t = *this;
   const int64_t row = shape_.empty() || shape_[0] == 0 ? 0 : numel_ / shape_[0];

@@ -23,6 +23,10 @@ class Tensor {
   // limit.
   static Tensor Empty(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
   static Tensor Zeros(MemoryTracker* tracker, MemCategory cat, DType dtype, std::vector<int64_t> shape);
+  // Storage allocated elsewhere, released by free(p) with the last reference and counted by no tracker (e.g. a
+  // device model's weights kept in pinned host memory, device kCPU: core/expert_offload.h).
+  static Tensor Adopt(void* p, void (*free)(void*), Device device, MemCategory cat, DType dtype,
+                      std::vector<int64_t> shape);
 
   bool defined() const { return static_cast<bool>(storage_); }
   DType dtype() const { return dtype_; }

@@ -136,6 +136,7 @@ inline constexpr size_t kParamInfoSize0_6 = offsetof(sg_param_info, on_device);
 inline constexpr size_t kTrainerOptionsSize0_6 = offsetof(sg_trainer_options, tp);  // = 0.7 before tp
 inline constexpr size_t kMetricsSize0_7 = offsetof(sg_metrics, tp);                 // 0.7 before tp
 inline constexpr size_t kTrainerOptionsSize0_7 = offsetof(sg_trainer_options, grpo_kl_bias_correction);  // with tp
+inline constexpr size_t kTrainerOptionsSize0_7_0 = offsetof(sg_trainer_options, offload_experts);  // = 0.7.0's size
 inline constexpr size_t kModelOptionsSize0_7 = offsetof(sg_model_options, frozen_base);
 static_assert(kTrainerOptionsSize0_1 == 216 && kMetricsSize0_1 == 184, "the 0.1 (LP64) layouts changed: append only");
 static_assert(kTrainerOptionsSize0_2 == 240 && kMetricsSize0_3 == 200, "the 0.2 (LP64) layouts changed: append only");
@@ -148,7 +149,8 @@ static_assert(kMetricsSize0_7 == 240, "the 0.7 (LP64) sg_metrics changed: append
 static_assert(kTrainerOptionsSize0_6 == 344,
               "the 0.6 (LP64) layout changed: append only (0.7 renamed reserved_0_6 to num_threads, the same size)");
 static_assert(sizeof(sg_metrics) == 256 && kTrainerOptionsSize0_7 == 352, "the 0.7 (LP64) layouts with tp");
-static_assert(sizeof(sg_trainer_options) == 360, "the 0.7 (LP64) layout with grpo_kl_bias_correction");
+static_assert(kTrainerOptionsSize0_7_0 == 360, "the 0.7 (LP64) layout with grpo_kl_bias_correction");
+static_assert(sizeof(sg_trainer_options) == 368, "the 0.8 (LP64) layout with offload_experts");
 static_assert(kModelOptionsSize0_7 == 32, "the 0.7 (LP64) sg_model_options changed: append only");
 
 struct PublishedSize {
@@ -163,7 +165,8 @@ inline constexpr PublishedSize kTrainerOptionsSizes[] = {
     {"0.4", kTrainerOptionsSize0_4},
     {"0.5", kTrainerOptionsSize0_5},
     {"0.6", kTrainerOptionsSize0_6},
-    {"0.7 (before grpo_kl_bias_correction)", kTrainerOptionsSize0_7}};
+    {"0.7 (before grpo_kl_bias_correction)", kTrainerOptionsSize0_7},
+    {"0.7", kTrainerOptionsSize0_7_0}};
 inline constexpr PublishedSize kMetricsSizes[] = {{"0.1", kMetricsSize0_1},
                                                   {"0.3", kMetricsSize0_3},
                                                   {"0.4", kMetricsSize0_4},

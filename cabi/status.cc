@@ -35,7 +35,7 @@ std::string FieldMessage(absl::string_view message) {
       "adjoint_window", "lr_schedule",    "warmup_steps", "min_lr",        "total_steps",  "grad_accum",
       "sparse_pages",   "offload",        "lr",           "beta1",         "beta2",        "eps",
       "weight_decay",   "clip_grad_norm", "tp",           "lora_rank",     "lora_alpha",   "lora_dropout",
-      "lora_targets"};
+      "lora_targets",   "offload_experts"};
   std::string out;
   size_t i = 0;
   while (i < message.size()) {

@@ -1,6 +1,6 @@
 // Plans a training run's memory without running it: the engine walks one step's exact allocation schedule on the
 // meta device (shapes and byte accounting, no storage, no compute; core/plan.h) and prints the peak bytes of each
-// category on the device, and for --offload the host bytes; --memory=BYTES finds the longest --seq_len that fits.
+// category on the device, and for --offload and --offload_experts the host bytes; --memory=BYTES finds the longest --seq_len that fits.
 // The plan is of this engine's CPU backend schedule (what plan_test checks byte for byte against the CPU); a GPU
 // adds its runtime's own memory (CUDA context, cuBLAS workspace) on top.
 #include <cstdio>
@@ -93,7 +93,8 @@ int Main() {
   const MemorySnapshot& s = plan->device;
   const std::string strategy_text = absl::StrCat(
       strategy.name, " chunk=", strategy.chunk, " page_size=", strategy.page_size, " lm_chunk=", strategy.lm_chunk,
-      strategy.offload ? " offload" : "", strategy.sparse_pages > 0 ? absl::StrCat(" sparse_pages=", strategy.sparse_pages) : "");
+      strategy.offload ? " offload" : "", strategy.offload_experts ? " offload_experts" : "",
+      strategy.sparse_pages > 0 ? absl::StrCat(" sparse_pages=", strategy.sparse_pages) : "");
   if (absl::GetFlag(FLAGS_json)) {
     nlohmann::ordered_json j;
     j["model"] = spec;
@@ -128,8 +129,8 @@ int Main() {
                 static_cast<long long>(s.peak[i]), Gib(s.peak[i]).c_str(),
                 static_cast<long long>(s.at_total_peak[i]));
   std::printf("%-14s %20lld %14s\n", "total", static_cast<long long>(s.total_peak), Gib(s.total_peak).c_str());
-  if (strategy.offload)
-    std::printf("host (offloaded KV and KV-gradient pages): %lld bytes (%s)\n",
+  if (strategy.offload || strategy.offload_experts)
+    std::printf("host (offloaded KV and KV-gradient pages, expert weights): %lld bytes (%s)\n",
                 static_cast<long long>(plan->host_bytes), Gib(plan->host_bytes).c_str());
   return 0;
 }
@@ -140,7 +141,7 @@ int Main() {
 int main(int argc, char** argv) {
   sg::tools::InitTool(argc, argv,
                       "Plan a training run's memory on the meta device: plan --model=qwen2.5-7b --strategy=seco "
-                      "--chunk=4096 --lora_rank=16 --seq_len=131072 [--offload] [--sparse_pages=k] [--memory=80G] "
+                      "--chunk=4096 --lora_rank=16 --seq_len=131072 [--offload] [--offload_experts] [--sparse_pages=k] [--memory=80G] "
                       "[--json]");
   return sg::tools::RunTool("plan", sg::Main);
 }

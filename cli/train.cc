@@ -377,6 +377,7 @@ void LoadModels(TrainRun& run) {
     tools::ExitIfError(model.status(), "--tp");
   }
   run.model = std::move(*model);
+  tools::ExitIfError(ValidateStrategyForModel(run.strategy, *run.model), "flags");  // e.g. --offload_experts
   run.merge_lora = absl::GetFlag(FLAGS_merge_lora);
   if (run.lora.empty() && run.merge_lora)
     tools::ExitIfError(absl::InvalidArgumentError("--merge_lora needs LoRA (--lora_rank or --lora_init)"), "flags");

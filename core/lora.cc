@@ -143,15 +143,16 @@ template <typename T>
 void Merge(Model& model, const LoraAdapter& ad, void* dst) {
   const std::vector<Param>& params = model.params();
   const Tensor& base = params[ad.weight].value;  // bf16 under --dtype=bf16
-  const Device device = base.device();
+  // Each on its own device: offloaded expert weights are in host memory beside adapters on the GPU.
   std::vector<uint16_t> base16;
   std::vector<T> base_t, a_copy, b_copy;
   const uint16_t* w16 = base.dtype() == DType::kBF16
-                            ? HostReadable(device, base.data<uint16_t>(), base.numel(), &base16) : nullptr;
-  const T* wt = w16 ? nullptr : HostReadable(device, base.data<T>(), base.numel(), &base_t);
+                            ? HostReadable(base.device(), base.data<uint16_t>(), base.numel(), &base16) : nullptr;
+  const T* wt = w16 ? nullptr : HostReadable(base.device(), base.data<T>(), base.numel(), &base_t);
   auto w = [&](int64_t i) -> double { return w16 ? BF16ToF32(w16[i]) : wt[i]; };
-  const T* a = HostReadable(device, params[ad.a].value.data<T>(), params[ad.a].value.numel(), &a_copy);
-  const T* b = HostReadable(device, params[ad.b].value.data<T>(), params[ad.b].value.numel(), &b_copy);
+  const Tensor &a_w = params[ad.a].value, &b_w = params[ad.b].value;
+  const T* a = HostReadable(a_w.device(), a_w.data<T>(), a_w.numel(), &a_copy);
+  const T* b = HostReadable(b_w.device(), b_w.data<T>(), b_w.numel(), &b_copy);
   const int64_t r = model.lora()->options.rank, E = std::max<int64_t>(ad.experts, 1);
   const double s = model.lora()->scale();
   // B_e's (o, k) in B [out][r E] (an expert weight's, lora.h) or B [out][r].

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "base/dtype.h"
 #include "base/tensor.h"
 #include "core/loss_sum.h"
@@ -205,6 +206,17 @@ class Model {
   virtual void StartBatchStatistics() {}
   virtual double FinishBatchStatistics() { return 0; }
   virtual void EndBatchLoss() {}
+
+  // Expert weight offload (core/expert_offload.h, --offload_experts): the frozen expert weights of every MoE layer
+  // move to host memory, and a few layers' worth stream through the device. CheckExpertOffload says why a model
+  // cannot (no MoE layers, experts that train); OffloadExperts moves them (once: later calls do nothing).
+  virtual absl::Status CheckExpertOffload() const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--offload_experts: this ", family(), " model has no mixture-of-experts layers"));
+  }
+  virtual absl::Status OffloadExperts() { return CheckExpertOffload(); }
+  // Host memory holding offloaded weights; not counted by the model's MemoryTracker.
+  virtual int64_t OffloadedWeightBytes() const { return 0; }
 
   // LoRA (core/lora.h; use sg::EnableLora): adds adapters to the target modules and freezes the base parameters.
   virtual absl::Status EnableLora(const LoraOptions& options);

@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<Model>> MetaTwin(Model& model);
 struct MemoryPlan {
   int64_t seq_len = 0;
   MemorySnapshot device;   // peaks per category and of the total over the step (weights included)
-  int64_t host_bytes = 0;  // KV offload: host memory of the offloaded KV and KV-gradient pages
+  int64_t host_bytes = 0;  // host memory of the offloaded KV and KV-gradient pages and expert weights
 };
 
 // One training step as every step after a run's first (AdamW moments allocated, gradients by the strategy, the

@@ -22,6 +22,7 @@ struct Case {
   int64_t lora_rank = 0;
   double lora_dropout = 0;
   bool offload = false;
+  bool offload_experts = false;
   int64_t sparse_pages = 0;
   int64_t attention_group = 0;  // tokens (StrategyOptions::attention_group)
   std::string objective = "sft";
@@ -31,7 +32,8 @@ struct Case {
 
 std::string Name(const Case& c) {
   return absl::StrCat(c.model, "/", c.strategy, " T=", c.seq_len, " chunk=", c.chunk, " lora=", c.lora_rank,
-                      c.lora_dropout > 0 ? "+dropout" : "", c.offload ? " offload" : "", " sparse=", c.sparse_pages,
+                      c.lora_dropout > 0 ? "+dropout" : "", c.offload ? " offload" : "",
+                      c.offload_experts ? " offload_experts" : "", " sparse=", c.sparse_pages,
                       c.attention_group > 0 ? absl::StrCat(" group=", c.attention_group) : "", " ", c.objective, " ",
                       DTypeName(c.dtype));
 }
@@ -51,6 +53,7 @@ MemoryPlan Plan(const Case& c, Device device) {
   s.page_size = 16;
   s.lm_chunk = 24;
   s.offload = c.offload;
+  s.offload_experts = c.offload_experts;
   s.sparse_pages = c.sparse_pages;
   s.attention_group = c.attention_group;
   s.spaco_budget = 2;
@@ -184,14 +187,19 @@ TEST(PlanTest, MetaPlanEqualsCpuPeakPerCategory) {
 
 // Mixtures of experts: how many tokens each expert takes is known only once the router ran, so the plan takes the
 // largest groups (the first top_k experts take every token): the workspace, where the groups' GEMM buffers live,
-// and the total are bounds of the measured peaks; every other category is exact.
+// and the total are bounds of the measured peaks; every other category is exact, and so are the host bytes of
+// expert offload (LoRA's frozen experts; with KV offload too under seco).
 TEST(PlanTest, MixtureOfExpertsPlanBoundsTheCpuPeak) {
   for (const char* model : {"tiny-qwen3-moe", "tiny-qwen3-next"})
     for (const char* strategy : {"full", "seco", "streambp"})
-      for (int64_t rank : {0, 2}) {
+      for (int variant = 0; variant < 4; ++variant) {
         Case c{model, strategy};
-        c.lora_rank = rank;
+        c.lora_rank = variant > 0 ? 2 : 0;
+        c.offload_experts = variant > 1;
+        c.offload = variant > 2 && c.strategy == "seco";
         const MemoryPlan cpu = Plan(c, Device::kCPU), meta = Plan(c, Device::kMeta);
+        EXPECT_EQ(meta.host_bytes, cpu.host_bytes) << Name(c);
+        if (c.offload_experts) EXPECT_GT(meta.host_bytes, 0) << Name(c);
         ASSERT_GT(cpu.device.total_peak, 0) << Name(c);
         for (int i = 0; i < kNumMemCategories; ++i) {
           const MemCategory category = static_cast<MemCategory>(i);
@@ -216,6 +224,19 @@ TEST(PlanTest, PlansRespondToTheirOptions) {
   const MemoryPlan lora = Plan(c, Device::kMeta);
   EXPECT_LT(lora.device.peak[static_cast<int>(MemCategory::kOptimizer)],
             longer.device.peak[static_cast<int>(MemCategory::kOptimizer)]);
+}
+
+// Expert offload: the device's weights lose every MoE layer's experts but two slots' worth (tiny-qwen3-next: four
+// MoE layers, each 4 experts of gate_up [32][32] and down [32][16] in f32), which the host holds.
+TEST(PlanTest, ExpertOffloadKeepsTwoLayersOfExperts) {
+  Case c{"tiny-qwen3-next", "seco"};
+  c.lora_rank = 2;
+  const MemoryPlan resident = Plan(c, Device::kMeta);
+  c.offload_experts = true;
+  const MemoryPlan offloaded = Plan(c, Device::kMeta);
+  const int64_t layer = 4 * (32 * 32 + 32 * 16) * 4, weights = static_cast<int>(MemCategory::kWeights);
+  EXPECT_EQ(offloaded.device.peak[weights], resident.device.peak[weights] - 4 * layer + 2 * layer);
+  EXPECT_EQ(offloaded.host_bytes, resident.host_bytes + 4 * layer);
 }
 
 // Dense offload: the device's KV cache and KV gradient do not grow with T (the chunk's pages per resident layer and

@@ -87,6 +87,7 @@ absl::Status ValidateStrategyForModel(const StrategyOptions& o, const Model& m) 
     return absl::InvalidArgumentError(absl::StrCat("--offload moves KV-cache pages to host memory and needs a "
                                                    "transformer; this model's family is '",
                                                    m.family(), "'"));
+  if (o.offload_experts) return m.CheckExpertOffload();
   return absl::OkStatus();
 }
 

@@ -24,6 +24,9 @@ struct StrategyOptions {
   int64_t lm_chunk = 256;     // LM-head rows at a time (logits never exceed lm_chunk x vocab)
   int64_t sparse_pages = 0;   // page-level sparse attention budget (StateOptions::sparse_pages); 0 = dense
   bool offload = false;       // seco on transformers: KV and KV-gradient pages live in host memory (StateOptions)
+  // Mixtures of experts with a frozen base (LoRA): every MoE layer's expert weights live in host memory and stream
+  // through a few device slots (core/expert_offload.h); the Trainer moves them there when it is created.
+  bool offload_experts = false;
   int64_t attention_group = 0;  // seco: tokens per attention page group (StateOptions::attention_group); 0 = default
   // spaco: each of a sequence's k chunks is backpropagated with probability spaco_budget / k (so spaco_budget
   // chunks on average), and its gradients are compensated so that the estimate is unbiased (strategies/spaco.cc).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "core/data.h"
@@ -40,6 +41,10 @@ Trainer::Trainer(Model& model, StrategyOptions strategy, OptimizerOptions optimi
     : model_(model), strategy_options_(std::move(strategy)), opt_(optimizer), objective_(std::move(objective)),
       reference_(reference) {
   if (absl::StatusOr<StrategyFn> fn = FindStrategy(strategy_options_.name); fn.ok()) strategy_ = *fn;
+  // The experts go home before any step, so that no step's peak holds them; a model that cannot offload them is
+  // refused by every call's validation (ValidateStrategyForModel) before its work.
+  if (strategy_options_.offload_experts && model_.CheckExpertOffload().ok())
+    if (absl::Status s = model_.OffloadExperts(); !s.ok()) throw std::runtime_error(std::string(s.message()));
 }
 
 absl::StatusOr<int64_t> Trainer::ValidateBatch(const std::vector<Sequence>& batch, bool for_gradients) const {
@@ -295,6 +300,7 @@ absl::StatusOr<StepMetrics> Trainer::Backprop(const std::vector<Sequence>& seqs,
               m.adjoint_pairs += r.adjoint_pairs;
               m.offloaded_bytes = std::max(m.offloaded_bytes, r.offloaded_bytes);
             }
+            if (strategy_options_.offload_experts) m.offloaded_bytes += model_.OffloadedWeightBytes();
             SynchronizeDevice(model_.memory().device());  // faults of the step's device work, as this step's
             for (const LossSum& loss : losses) m.loss += loss.value();
             pass->loss_sum = m.loss;

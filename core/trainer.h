@@ -20,7 +20,7 @@ struct StepMetrics {
   int64_t chunks = 0;                 // chunks over the batch's sequences
   int64_t chunks_backpropagated = 0;  // of which were backpropagated (fewer only for spaco)
   int64_t adjoint_pairs = 0;          // adjoint: (t, i) vector-Jacobian products per channel, over layers
-  int64_t offloaded_bytes = 0;        // seco with KV offload: host memory of the largest sequence's KV pages
+  int64_t offloaded_bytes = 0;        // host memory of the largest sequence's offloaded KV pages + expert weights
   double lr = 0;                      // learning rate of the optimizer step (set by OptimizerStep)
   int64_t micro_batches = 1;          // batches whose gradients this step accumulated
 };

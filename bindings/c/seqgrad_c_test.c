@@ -477,6 +477,24 @@ static void test_sparse_offload(void) {
   sg_model_free(m);
 }
 
+/* Since 0.8: offload_experts is refused by name on a model without experts, and a 0.7 caller's struct (whose tail
+ * padding is now unused_0_7) is read without it. */
+static void test_offload_experts(void) {
+  sg_model* m = tiny_model();
+  sg_trainer* t = NULL;
+  sg_trainer_options o = sg_trainer_default_options();
+  CHECK(o.offload_experts == 0);
+  o.offload_experts = 1;
+  EXPECT_STATUS(sg_trainer_create(m, &o, &t), SG_ERR_INVALID_ARGUMENT,
+                "options->offload_experts: this llama model has no mixture-of-experts layers");
+  CHECK(t == NULL);
+  o.struct_size = offsetof(sg_trainer_options, offload_experts);
+  o.unused_0_7 = 123;
+  EXPECT_OK(sg_trainer_create(m, &o, &t));
+  sg_trainer_free(t);
+  sg_model_free(m);
+}
+
 static void test_spaco(void) {
   sg_model* m = tiny_model();
   sg_trainer* t = NULL;
@@ -2348,6 +2366,7 @@ int main(void) {
   test_evaluate_detailed();
   test_nonfinite_guard();
   test_sparse_offload();
+  test_offload_experts();
   test_hf_labels();
   test_score();
   test_grpo_score();

@@ -394,6 +394,8 @@ class Trainer:
     seco on transformers (SeCOv2): sparse_pages=k makes each query chunk attend, per layer, to page 0, its own
     pages and the one before, and the k other earlier pages of highest score (0 = dense); offload=True keeps every
     layer's KV and KV-gradient pages in host memory and a few layers on the device (the same gradients).
+    offload_experts=True (mixtures of experts under LoRA) keeps the frozen expert weights in host memory and
+    streams them through the device two MoE layers' worth at a time (the same gradients).
 
     num_threads: OpenMP/OpenBLAS threads of this trainer's calls (0 = OMP_NUM_THREADS, else one per core).
 
@@ -417,7 +419,8 @@ class Trainer:
                  seed=0, objective="sft", dpo_beta=0.1, grpo_clip_eps=0.2, grpo_kl_beta=0.04, reference=None,
                  grpo_kl_bias_correction=True,
                  adjoint_form="pairs", adjoint_window=None, lr_schedule="constant", warmup_steps=0, min_lr=0.0,
-                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0, tp=1):
+                 total_steps=0, grad_accum=1, sparse_pages=0, offload=False, num_threads=0, tp=1,
+                 offload_experts=False):
         if not isinstance(model, Model):
             raise InvalidArgumentError("model must be a seqgrad.Model")
         _check_callback(progress, "progress")
@@ -436,7 +439,7 @@ class Trainer:
                        grpo_kl_bias_correction=bool(grpo_kl_bias_correction), adjoint_window=int(adjoint_window),
                        adjoint_form="pairs" if adjoint_form is None else adjoint_form,
                        lr_schedule="constant" if lr_schedule is None else lr_schedule, offload=bool(offload),
-                       num_threads=_thread_count(num_threads), tp=_tp_size(tp))
+                       offload_experts=bool(offload_experts), num_threads=_thread_count(num_threads), tp=_tp_size(tp))
         self._native = _native.Trainer(model._get(), {name: options[name] for name in _native.TRAINER_OPTIONS})
         if reference is not None:
             self.set_reference(reference)

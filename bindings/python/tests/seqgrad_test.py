@@ -329,6 +329,26 @@ def test_sparse_pages_and_offload(model):
         seqgrad.Trainer(model, strategy="seco", sparse_pages=-1)
 
 
+def test_offload_experts(model):
+    """offload_experts streams a mixture of experts' frozen expert weights through the device: the same loss and
+    gradient bits; refused, naming the option, on a model without experts and on experts that train."""
+    def grads(offload_experts):
+        with seqgrad.Model.from_preset("tiny-qwen3-moe", dtype="f64", seed=1) as m:
+            m.enable_lora(rank=2, targets=["q_proj", "experts.gate_up_proj", "experts.down_proj"], seed=3)
+            with seqgrad.Trainer(m, strategy="seco", chunk=8, page_size=2, offload_experts=offload_experts) as tr:
+                loss = tr.compute_gradients(BATCH)["loss"]
+                return loss, np.concatenate([g.ravel() for g in _grads(m).values()])
+
+    resident, offloaded = grads(False), grads(True)
+    assert resident[0] == offloaded[0]
+    np.testing.assert_array_equal(resident[1], offloaded[1])
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->offload_experts keeps the expert weights"):
+        with seqgrad.Model.from_preset("tiny-qwen3-moe", dtype="f64", seed=1) as m:
+            seqgrad.Trainer(m, offload_experts=True)
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->offload_experts: this llama model has no"):
+        seqgrad.Trainer(model, offload_experts=True)
+
+
 def test_cancel_from_another_thread(model):
     long_seq = [[(i * 13 + 5) % 97 for i in range(512)]]
     with seqgrad.Trainer(model, strategy="seco", chunk=32, page_size=32) as tr:

@@ -379,6 +379,12 @@ typedef struct sg_trainer_options {
   int32_t grpo_kl_bias_correction; /* grpo: nonzero: the KL term is r_t k3 (r_t the ratio above, not clipped), TRL's
                                       use_bias_correction_kl and its default, whose gradient is the unbiased
                                       reverse-KL gradient; 0: plain k3 (default 1) */
+  /* Since 0.8 (appended after 0.7's tail padding; the 0.7 size is still accepted: 0). */
+  int32_t unused_0_7;      /* 0.7's tail padding: ignored */
+  int32_t offload_experts; /* nonzero: on a mixture of experts whose expert weights are frozen (LoRA), every MoE
+                              layer's expert weights live in host memory and stream through the device two layers'
+                              worth at a time; the same bits (default 0). Refused without MoE layers or frozen
+                              experts (SG_ERR_INVALID_ARGUMENT) */
 } sg_trainer_options;
 
 SG_API sg_trainer_options sg_trainer_default_options(void);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/expert_offload.h"
 #include "core/kv_offload.h"
 #include "core/kv_pages.h"
 #include "core/objective.h"
@@ -171,19 +172,25 @@ class TransformerState final : public SequenceState {
   // How a layer is visited: forward without a graph (seco's stage 1), forward keeping what its backward needs
   // (the recompute of stage 2), backward.
   enum class Pass { kForward, kForwardForBackward, kBackward };
-  // With offload, before layer l runs `pass` on chunk c: makes its pages resident and prefetches the visit the
-  // chunked schedule makes next (forward l -> l + 1, the last layer -> layer 0 of the next chunk or, keeping the
-  // graph, its own backward; backward l -> l - 1).
+  // The visit the chunked schedule makes after `pass` over layer l of `count` (KV offload's and expert offload's
+  // prefetch): forward l -> l + 1, the last layer -> layer 0 of the next chunk or, keeping the graph, its own
+  // backward; backward l -> l - 1 (layer -1: none).
+  struct Visit {
+    int layer = -1;
+    Pass pass = Pass::kForward;
+    bool next_chunk = false;
+  };
+  static Visit NextVisit(int l, int count, Pass pass) {
+    if (pass == Pass::kBackward) return {l - 1, pass};
+    if (l + 1 < count) return {l + 1, pass};
+    return pass == Pass::kForward ? Visit{0, pass, true} : Visit{l, Pass::kBackward};
+  }
+  // With offload, before layer l runs `pass` on chunk c: makes its pages resident and prefetches the next visit.
   void PrepareLayer(int l, Chunk c, Pass pass) {
     if (!offload) return;
+    const Visit v = NextVisit(l, layers, pass);
     LayerAccess next;
-    if (pass == Pass::kBackward) {
-      if (l > 0) next = Access(l - 1, c, pass);
-    } else if (l + 1 < layers) {
-      next = Access(l + 1, c, pass);
-    } else {
-      next = pass == Pass::kForward ? Access(0, Chunk{c.end, c.end}, pass) : Access(l, c, Pass::kBackward);
-    }
+    if (v.layer >= 0) next = Access(v.layer, v.next_chunk ? Chunk{c.end, c.end} : c, v.pass);
     offload->Visit(Access(l, c, pass), next);
   }
   // With offload, after sparse attention selected chunk c's pages in layer l: brings them to the device.
@@ -269,6 +276,7 @@ struct Mamba2Params {
 // projections, and the shared expert (its gate/up/down and its sigmoid gate [1][d]; -1 without one).
 struct MoeParams {
   int router = -1, gate_up = -1, down = -1, shared_gate = -1, shared_up = -1, shared_down = -1, shared_router = -1;
+  int index = -1;  // the layer's number among the MoE layers (expert offload's)
 };
 
 // Indices into params() for one decoder layer; -1 where a bias or q/k norm is absent, and the attention's in a
@@ -486,6 +494,41 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   }
   const TensorParallel& tensor_parallel() const override { return tp_; }
 
+  // Expert offload (core/expert_offload.h) needs MoE layers whose expert weights have no gradient.
+  absl::Status CheckExpertOffload() const override {
+    std::vector<int> experts;
+    for (const LayerParams& L : layers_)
+      if (L.moe) experts.insert(experts.end(), {L.experts.gate_up, L.experts.down});
+    if (experts.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--offload_experts: this ", cfg_.architecture, " model has no mixture-of-experts layers"));
+    for (int w : experts)
+      if (params_[w].grad.defined())
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--offload_experts keeps the expert weights in host memory and needs them frozen (a LoRA run's base), "
+            "but ",
+            params_[w].name, " is trained: add --lora_rank"));
+    return absl::OkStatus();
+  }
+  absl::Status OffloadExperts() override {
+    if (expert_offload_) return absl::OkStatus();
+    if (absl::Status s = CheckExpertOffload(); !s.ok()) return s;
+    const DeviceBackend* backend = FindBackend(mem_.device());
+    if (!backend) return absl::FailedPreconditionError("--offload_experts: no backend for the model's device");
+    std::vector<std::vector<Tensor>> experts;
+    for (const LayerParams& L : layers_)
+      if (L.moe) experts.push_back({params_[L.experts.gate_up].value, params_[L.experts.down].value});
+    expert_offload_ = std::make_unique<ExpertOffload>(mem_, backend->copies, experts);
+    experts.clear();
+    for (const LayerParams& L : layers_)  // the parameters' values become their homes: the device copies go
+      if (L.moe) {
+        params_[L.experts.gate_up].value = expert_offload_->home(L.experts.index, 0);
+        params_[L.experts.down].value = expert_offload_->home(L.experts.index, 1);
+      }
+    return absl::OkStatus();
+  }
+  int64_t OffloadedWeightBytes() const override { return expert_offload_ ? expert_offload_->host_bytes() : 0; }
+
   // The load-balancing loss (transformers' load_balancing_loss_func with output_router_logits), over the R rows of
   // every MoE layer and input token of the batch: E sum_e f_e P_e with f_e the share of top-k picks of expert e
   // and P_e its mean probability, both over R. Only P carries a gradient: coef E f_e / R on every row's probability
@@ -518,6 +561,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   const LoraInfo* lora() const override { return Store::LoraState(); }
 
   std::unique_ptr<SequenceState> NewState(const StateOptions& o) override {
+    if (expert_offload_) expert_offload_->Forget();  // a sequence's pass reads the experts as they are now
     const int64_t pages_per_layer = (o.seq_len + o.page_size - 1) / o.page_size;
     // Offloaded sparse attention keeps on the device only the pages a chunk reads (KvOffload drops the others);
     // offloaded dense attention only the chunk's own pages, plus a ring of page groups it streams the others through.
@@ -937,6 +981,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     ops_.moe_route(logits.data<T>(), n, E, k, m.normalize, probs.data<T>(), top.data<int32_t>(), weights.data<T>());
     const ExpertGroups groups = Group(top, weights, n);
     const ExpertAdapters lora = ExpertAdaptersOf(M, false);
+    const ExpertWeights w =
+        ExpertWeightsOf(M, kept ? TransformerState::Pass::kForwardForBackward : TransformerState::Pass::kForward);
     if (routing_.collecting && mem_.device() != Device::kMeta) {  // meta has no values to count
       Tensor sums = Tensor::Empty(&mem_, ws, DType::kF64, {E});
       ops_.column_sums_f64(probs.data<T>(), n, E, sums.data<double>());
@@ -951,7 +997,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Tensor xe = New(ws, {rows, d}), gate = New(ws, {rows, I}), up = New(ws, {rows, I}), a = New(ws, {rows, I});
       Tensor out = New(ws, {rows, d});
       ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
-      ExpertForward(M, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
+      ExpertForward(M, w, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>());
       ops_.scatter_add_rows(out.data<T>(), groups.rows(e), groups.template scale<T>(e), rows, d, y);
     }
     if (M.shared_gate >= 0) SharedExpertForward(M, c, xn2, st, y);
@@ -969,6 +1015,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor dweights = Tensor::Zeros(&mem_, ws, Store::kDType, {n * k});
     const ExpertGroups groups = Group(s[kTop], s[kRouteWeights], n);
     const ExpertAdapters lora = ExpertAdaptersOf(M, true);
+    const ExpertWeights w = ExpertWeightsOf(M, TransformerState::Pass::kBackward);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t rows = groups.size(e);
       if (rows == 0) continue;
@@ -976,7 +1023,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Tensor out = New(ws, {rows, d}), dye = New(ws, {rows, d}), dw = New(ws, {rows});
       ops_.gather_rows(xn2, groups.rows(e), rows, d, xe.data<T>());
       typename Store::LoraAct acts[2];  // the adapters' inputs of gate_up and down
-      ExpertForward(M, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>(), acts);
+      ExpertForward(M, w, lora, e, xe.data<T>(), rows, gate.data<T>(), up.data<T>(), a.data<T>(), out.data<T>(), acts);
       // out is the expert's output before its weight: the weight's gradient is <dy, out>.
       ops_.gather_rows(dy, groups.rows(e), rows, d, dye.data<T>());
       ops_.row_dots(dye.data<T>(), out.data<T>(), rows, d, dw.data<T>());
@@ -984,17 +1031,17 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       Tensor dout = Tensor::Zeros(&mem_, ws, Store::kDType, {rows, d});  // weight * dy
       ops_.scatter_add_rows(dye.data<T>(), groups.identity(), groups.template scale<T>(e), rows, d, dout.data<T>());
       Tensor da = New(ws, {rows, I}), dgate = New(ws, {rows, I}), dup = New(ws, {rows, I}), dxe = New(ws, {rows, d});
-      GemmWeight(ops_, false, false, rows, I, d, T(1), dout.data<T>(), d, ExpertRows(M.down, e, 0), I, T(0),
+      GemmWeight(ops_, false, false, rows, I, d, T(1), dout.data<T>(), d, ExpertRows(w.down, M.down, e, 0), I, T(0),
                  da.data<T>(), I);
       if (T* g = ExpertGrad(M.down, e, 0))
         ops_.gemm(true, false, d, I, rows, T(1), dout.data<T>(), d, a.data<T>(), I, T(1), g, I);
       Store::LoraOutBackward(ops_, acts[1], 0, d, dout.data<T>(), d);
       Store::LoraInBackward(ops_, acts[1], da.data<T>(), c, st);
       ops_.swiglu_backward(da.data<T>(), gate.data<T>(), up.data<T>(), rows * I, dgate.data<T>(), dup.data<T>());
-      GemmWeight(ops_, false, false, rows, d, I, T(1), dgate.data<T>(), I, ExpertRows(M.gate_up, e, 0), d, T(0),
-                 dxe.data<T>(), d);
-      GemmWeight(ops_, false, false, rows, d, I, T(1), dup.data<T>(), I, ExpertRows(M.gate_up, e, I), d, T(1),
-                 dxe.data<T>(), d);
+      GemmWeight(ops_, false, false, rows, d, I, T(1), dgate.data<T>(), I, ExpertRows(w.gate_up, M.gate_up, e, 0), d,
+                 T(0), dxe.data<T>(), d);
+      GemmWeight(ops_, false, false, rows, d, I, T(1), dup.data<T>(), I, ExpertRows(w.gate_up, M.gate_up, e, I), d,
+                 T(1), dxe.data<T>(), d);
       if (T* g = ExpertGrad(M.gate_up, e, 0))
         ops_.gemm(true, false, I, d, rows, T(1), dgate.data<T>(), I, xe.data<T>(), d, T(1), g, d);
       if (T* g = ExpertGrad(M.gate_up, e, I))
@@ -1056,27 +1103,40 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   ExpertAdapters ExpertAdaptersOf(const MoeParams& M, bool backward) {
     return {Store::ExpertLoraOf(ops_, M.gate_up, backward), Store::ExpertLoraOf(ops_, M.down, backward)};
   }
+  // The device copies of a MoE block's expert weights for one pass: the parameters themselves, or with expert
+  // offload the slot their layer is in (the layer the schedule visits after this pass prefetched behind it).
+  struct ExpertWeights {
+    WeightView gate_up, down;
+  };
+  ExpertWeights ExpertWeightsOf(const MoeParams& M, TransformerState::Pass pass) {
+    if (!expert_offload_) return {Store::Wv(M.gate_up), Store::Wv(M.down)};
+    const int next = TransformerState::NextVisit(M.index, expert_offload_->layers(), pass).layer;
+    const std::vector<WeightView> v = expert_offload_->Visit(M.index, next);
+    return {v[0], v[1]};
+  }
   // Expert e: gate and up of its tokens' xe [rows][d], a = silu(gate) up, out = down(a), each weight with its
   // adapter's B_e A_e added; acts (non-null) keeps the adapters' inputs of gate_up and down for the backward.
-  void ExpertForward(const MoeParams& M, const ExpertAdapters& lora, int64_t e, const T* xe, int64_t rows, T* gate,
-                     T* up, T* a, T* out, typename Store::LoraAct* acts = nullptr) {
+  void ExpertForward(const MoeParams& M, const ExpertWeights& w, const ExpertAdapters& lora, int64_t e, const T* xe,
+                     int64_t rows, T* gate, T* up, T* a, T* out, typename Store::LoraAct* acts = nullptr) {
     const int64_t d = cfg_.hidden_size, I = cfg_.moe.intermediate;
-    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, 0), d, T(0), gate, I);
-    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(M.gate_up, e, I), d, T(0), up, I);
+    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(w.gate_up, M.gate_up, e, 0), d, T(0), gate, I);
+    GemmWeight(ops_, false, true, rows, I, d, T(1), xe, d, ExpertRows(w.gate_up, M.gate_up, e, I), d, T(0), up, I);
     typename Store::LoraAct gate_up = Store::ExpertLoraIn(ops_, lora.gate_up, e, xe, rows);
     Store::LoraOut(ops_, gate_up, 0, I, gate, I);
     Store::LoraOut(ops_, gate_up, I, I, up, I);
     ops_.swiglu_forward(gate, up, rows * I, a);
-    GemmWeight(ops_, false, true, rows, d, I, T(1), a, I, ExpertRows(M.down, e, 0), I, T(0), out, d);
+    GemmWeight(ops_, false, true, rows, d, I, T(1), a, I, ExpertRows(w.down, M.down, e, 0), I, T(0), out, d);
     typename Store::LoraAct down = Store::ExpertLoraIn(ops_, lora.down, e, a, rows);
     Store::LoraOut(ops_, down, 0, d, out, d);
     if (acts) acts[0] = std::move(gate_up), acts[1] = std::move(down);
   }
-  // Rows [row0, ..) of expert e's matrix in a [experts][rows][cols] parameter, and their gradient (null: frozen).
-  WeightView ExpertRows(int w, int64_t e, int64_t row0) const {
+  // Rows [row0, ..) of expert e's matrix in a [experts][rows][cols] parameter w whose values are at `values`, and
+  // their gradient (null: frozen).
+  WeightView ExpertRows(WeightView values, int w, int64_t e, int64_t row0) const {
     const Tensor& t = params_[w].value;
     const int64_t offset = (e * t.dim(1) + row0) * t.dim(2);
-    return {static_cast<const char*>(t.raw()) + offset * static_cast<int64_t>(DTypeSize(t.dtype())), t.dtype()};
+    return {static_cast<const char*>(values.data) + offset * static_cast<int64_t>(DTypeSize(values.dtype)),
+            values.dtype};
   }
   T* ExpertGrad(int w, int64_t e, int64_t row0) const {
     T* g = G(w);
@@ -1584,6 +1644,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       const int64_t E = m.experts, I = m.intermediate, S = m.shared_intermediate;
       L.moe = true;
       MoeParams& M = L.experts;
+      M.index =
+          static_cast<int>(std::count_if(layers_.begin(), layers_.end(), [](const LayerParams& l) { return l.moe; }));
       M.router = add(p + "gate.weight", {E, d}, whole);
       M.gate_up = add(p + "experts.gate_up_proj", {E, 2 * I, d}, whole);
       M.down = add(p + "experts.down_proj", {E, d, I}, whole);
@@ -1860,6 +1922,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   } routing_;
   int kv_layers_ = 0;  // attention layers
   int embed_ = -1, final_norm_ = -1, head_ = -1;
+  std::unique_ptr<ExpertOffload> expert_offload_;  // --offload_experts
 };
 
 absl::Status ValidateConfig(const TransformerConfig& c) {

@@ -134,6 +134,11 @@ public final class Trainer extends NativeHandle {
     /** seco on transformers: every layer's KV and KV-gradient pages in host memory, a few layers on the device. */
     public boolean offload = false;
     /**
+     * Mixtures of experts under LoRA: the frozen expert weights in host memory, streamed through the device two MoE
+     * layers' worth at a time (the same gradients).
+     */
+    public boolean offloadExperts = false;
+    /**
      * OpenMP/OpenBLAS threads of this trainer's calls, set on the calling thread around each call and restored after
      * it; &gt;= 0, 0 = the caller's default ({@code OMP_NUM_THREADS}, else one per core). Checkpoints record it: a
      * resume with another count trains on but is no longer bit-identical to an uninterrupted run. On a machine shared
@@ -200,6 +205,8 @@ public final class Trainer extends NativeHandle {
     public Options sparsePages(long k) { sparsePages = k; return this; }
     /** Sets {@link #offload}; returns these options. */
     public Options offload(boolean o) { offload = o; return this; }
+    /** Sets {@link #offloadExperts}; returns these options. */
+    public Options offloadExperts(boolean o) { offloadExperts = o; return this; }
     /** Sets {@link #numThreads}; returns these options. */
     public Options numThreads(int n) { numThreads = n; return this; }
     /** Sets {@link #tp}; returns these options. */
