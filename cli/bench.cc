@@ -74,8 +74,8 @@ ABSL_FLAG(int32_t, warmup, 1, "untimed rounds before the timed ones");
 ABSL_FLAG(std::string, json, "", "write the results here as JSON, and a chart next to it (.svg)");
 ABSL_FLAG(bool, compare_torch, false,
           "also time the same model in PyTorch (cli/bench_torch.py: plain torch ops, and Hugging Face "
-          "transformers' model class with SDPA where --python has transformers; the Qwen3.5 / Qwen3-Next hybrids "
-          "in transformers only)");
+          "transformers' model class with SDPA where --python has transformers; the Qwen3.5 / Qwen3-Next hybrids, "
+          "mixtures of experts and Mamba-2 in transformers only)");
 ABSL_FLAG(std::string, torch_strategies, "",
           "--compare_torch: the PyTorch strategies (full, ckpt); default: those of --strategies");
 ABSL_FLAG(int64_t, memory_budget, 0,

@@ -165,21 +165,27 @@ for r in ratios.values():
 print("qwen3 bench OK")
 PY
 
-# A hybrid, one Gated DeltaNet layer (tiny-qwen3.5 varied by --config_overrides): the plain-ops engine is skipped,
-# saying why, and the run goes on (transformers, the hybrids' reference, is not in /usr/bin/python3).
+# One layer of a model the plain-ops engine cannot run (a preset varied by --config_overrides): that engine is skipped,
+# saying why, and the run goes on (transformers, their reference, is not in /usr/bin/python3). A Gated DeltaNet
+# layer, and a Mamba-2 layer (the engine read its config as a Llama's and failed).
 out7="${TEST_TMPDIR:-$(mktemp -d)}/hybrid.json"
-"$bench" --model=tiny-qwen3.5 --config_overrides='{"num_hidden_layers": 1, "layer_types": ["linear_attention"],
-  "vocab_size": 16}' --strategies=full --seq_lens=64 --repeats=1 --warmup=0 --compare_torch --json="$out7"
-/usr/bin/python3 - "$out7" <<'PY'
+skips_plain_ops() {  # skips_plain_ops <preset> <config overrides> <in the description> <in the skip's reason>
+  "$bench" --model="$1" --config_overrides="$2" --strategies=full --seq_lens=64 --repeats=1 --warmup=0 \
+    --compare_torch --json="$out7"
+  /usr/bin/python3 - "$out7" "$3" "$4" <<'PY'
 import json, sys
 
 d = json.load(open(sys.argv[1]))
 c = d["config"]
-assert c["num_layers"] == 1 and c["vocab_size"] == 16 and "1 Gated DeltaNet" in c["description"], c
-assert "Gated DeltaNet" in d["torch"]["skipped_engines"]["torch"], d["torch"]
+assert c["num_layers"] == 1 and c["vocab_size"] == 16 and sys.argv[2] in c["description"], c
+assert sys.argv[3] in d["torch"]["skipped_engines"]["torch"], d["torch"]
 assert "torch" not in d["torch"]["labels"] and all(r["engine"] != "torch" for r in d["rows"]), d["rows"]
-print("hybrid bench OK")
+print(c["architecture"], "bench without the plain-ops engine OK")
 PY
+}
+skips_plain_ops tiny-qwen3.5 '{"num_hidden_layers": 1, "layer_types": ["linear_attention"], "vocab_size": 16}' \
+  "1 Gated DeltaNet" "Gated DeltaNet"
+skips_plain_ops tiny-mamba2 '{"num_hidden_layers": 1, "vocab_size": 16}' "1 Mamba-2" "no Mamba-2 mixer (mamba2)"
 
 # Bad --config_overrides: named before any work.
 expect_error() {  # expect_error <message> <bench flags...>

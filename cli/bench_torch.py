@@ -1,4 +1,4 @@
-"""PyTorch references for //cli:bench: the same Llama/Qwen2/Qwen3/Qwen3.5/Qwen3-Next model, timed the same way.
+"""PyTorch references for //cli:bench: the same Llama/Qwen2/Qwen3/Qwen3.5/Qwen3-Next/Mamba-2 model, timed the same way.
 
 bench (with --compare_torch) writes the model (config.json + model.safetensors, sg::SaveModel) and the token
 sequences to a directory and runs this script with --python (default /usr/bin/python3; a PyTorch 2.x venv from
@@ -6,11 +6,14 @@ PyPI is what users have). Two engines, each timed best-of-N of one gradient comp
 loss.backward()) after warm-up:
   torch: the model in plain torch ops (F.scaled_dot_product_attention where torch has it)
          full: plain autograd; ckpt: torch.utils.checkpoint around each decoder layer. Llama, Qwen2 and Qwen3
-         only: skipped, with the reason in "skipped_engines", for the hybrids (their Gated DeltaNet layers)
-  hf:    Hugging Face transformers' own model class (AutoModelForCausalLM, attn_implementation="sdpa"), when
-         transformers is importable; full: plain autograd; ckpt: model.gradient_checkpointing_enable(). For the
-         hybrids (qwen3_5_text, qwen3_next) transformers runs its torch delta rule and convolution unless the
-         flash-linear-attention and causal-conv1d packages are installed (the label says which ran)
+         only: skipped, with the reason in "skipped_engines", for the hybrids (their Gated DeltaNet layers),
+         mixtures of experts and Mamba-2
+  hf:    Hugging Face transformers' own model class (AutoModelForCausalLM, attn_implementation="sdpa" where the
+         model has attention), when transformers is importable; full: plain autograd; ckpt:
+         model.gradient_checkpointing_enable(). For the hybrids (qwen3_5_text, qwen3_next) transformers runs its
+         torch delta rule and convolution unless the flash-linear-attention and causal-conv1d packages are
+         installed; for Mamba-2 its torch SSD chunk scan and convolution unless mamba-ssm and causal-conv1d are
+         (the label says which ran)
 Both take the same loss (sum of token cross-entropies over the valid labels / their count, on the logits) so the
 losses compare with seqgrad's. --dtype=bf16 runs both in fp32 weights under torch.autocast("cpu", bfloat16), the
 bf16 mixed precision PyTorch users train with on CPUs. Rows carry "label" (engine and versions). Prints one JSON
@@ -102,9 +105,12 @@ def rope_inv_freq(cfg):
     return torch.tensor(inv, dtype=torch.float64)
 
 
-# Hybrids: Gated DeltaNet layers, which the plain-ops engine does not implement; nor mixtures of experts.
+# Hybrids: Gated DeltaNet layers, which the plain-ops engine does not implement; nor mixtures of experts, nor Mamba-2
+# mixers (mamba2 has no attention, the others are Mamba-2 / attention hybrids).
 HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next")
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral", "qwen3_5_moe_text", "qwen3_5_moe")
+MAMBA2_MODEL_TYPES = ("mamba2", "bamba", "nemotron_h", "falcon_h1")
+ATTENTION_FREE_MODEL_TYPES = ("mamba2",)
 
 
 def plain_ops_gap(cfg):
@@ -114,6 +120,9 @@ def plain_ops_gap(cfg):
                 "is the reference for the hybrids")
     if cfg.get("model_type") in MOE_MODEL_TYPES:
         return (f"the plain-ops engine has no mixture of experts ({cfg['model_type']}): transformers' model class (hf) "
+                "is the reference")
+    if cfg.get("model_type") in MAMBA2_MODEL_TYPES:
+        return (f"the plain-ops engine has no Mamba-2 mixer ({cfg['model_type']}): transformers' model class (hf) "
                 "is the reference")
     return None
 
@@ -259,11 +268,13 @@ def allocator_peak(step):
 
 
 class HFModel:
-    """transformers' own causal LM class over the saved directory, with SDPA attention."""
+    """transformers' own causal LM class over the saved directory, with SDPA attention where it has attention
+    (transformers refuses to set it on a model without)."""
 
-    def __init__(self, model_dir, dtype):
+    def __init__(self, model_dir, dtype, cfg):
         from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        attention = {} if cfg.get("model_type") in ATTENTION_FREE_MODEL_TYPES else {"attn_implementation": "sdpa"}
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **attention)
         self.model.train()
         self.ckpt = None
 
@@ -289,14 +300,21 @@ class HFModel:
         return F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum") / valid
 
 
-def delta_rule_kernels(cfg):
-    """For a hybrid's label: whether transformers finds the packages of compiled Gated DeltaNet kernels (it uses them
-    when importable; hub kernels only on request, which this script does not make) or runs its torch code."""
-    if cfg.get("model_type") not in HYBRID_MODEL_TYPES:
-        return ""
+def hf_path(cfg):
+    """The label's attention and scan: sdpa or none, and for a hybrid or Mamba-2 whether transformers finds the
+    packages of compiled Gated DeltaNet or SSD kernels (it uses them when importable; hub kernels only on request,
+    which this script does not make) or runs its torch code."""
+    model_type = cfg.get("model_type")
+    attention = "no attention" if model_type in ATTENTION_FREE_MODEL_TYPES else "sdpa"
+    if model_type in HYBRID_MODEL_TYPES:
+        scan, packages = "delta rule", ("fla", "causal_conv1d")
+    elif model_type in MAMBA2_MODEL_TYPES:
+        scan, packages = "SSD scan", ("mamba_ssm", "causal_conv1d")
+    else:
+        return attention
     import importlib.util
-    found = [m for m in ("fla", "causal_conv1d") if importlib.util.find_spec(m) is not None]
-    return f", delta rule: {'+'.join(found)} installed" if found else ", torch delta rule and conv1d"
+    found = [m for m in packages if importlib.util.find_spec(m) is not None]
+    return f"{attention}, {scan}: {'+'.join(found)} installed" if found else f"{attention}, torch {scan} and conv1d"
 
 
 def main():
@@ -350,9 +368,9 @@ def main():
         try:
             import transformers
             transformers_version = transformers.__version__
-            models["hf"] = HFModel(args.model_dir, dtype)
+            models["hf"] = HFModel(args.model_dir, dtype, cfg)
             labels_by_engine["hf"] = (f"transformers {transformers.__version__} {cfg.get('architectures', ['?'])[0]} "
-                                      f"(torch {torch.__version__}, sdpa{delta_rule_kernels(cfg)}, {precision})")
+                                      f"(torch {torch.__version__}, {hf_path(cfg)}, {precision})")
         except ImportError as e:
             skipped["hf"] = f"transformers is not importable by {sys.executable}: {e}"
             log(f"bench_torch.py: skipping hf: {skipped['hf']}")
