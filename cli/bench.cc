@@ -232,9 +232,11 @@ ModelFacts Describe(Model& model) {
 // --model, with --config_overrides merged into its preset's config.json (random weights from the seed), refused
 // before anything is allocated when the patch is no JSON object, the result no valid config or too large for the
 // host.
-absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed, Device device) {
+// offload_experts: a mixture of experts' expert weights made in host memory (--offload_experts).
+absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed, Device device, bool offload_experts) {
   const std::string overrides = absl::GetFlag(FLAGS_config_overrides);
-  if (overrides.empty()) return LoadAnyModel(tools::ModelSpec(), dtype, seed, device, tools::LoraRequested());
+  if (overrides.empty())
+    return LoadAnyModel(tools::ModelSpec(), dtype, seed, device, tools::LoraRequested(), offload_experts);
   const std::string name = absl::GetFlag(FLAGS_model);
   absl::StatusOr<std::unique_ptr<ModelSpec>> preset = PresetSpec(name);
   if (!preset.ok())
@@ -251,7 +253,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadBenchModel(DType dtype, uint64_t seed
   if (!footprint.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", footprint.status().message()));
   if (device == Device::kCPU)
     if (absl::Status s = CheckFootprintFits(*footprint, HostAvailableBytes(), source); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Model>> model = (*spec)->Create(dtype, device, {}, tools::LoraRequested());
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      (*spec)->Create(dtype, device, {}, tools::LoraRequested(), offload_experts);
   if (!model.ok()) return model.status();
   (*spec)->InitRandom(**model, seed);
   return model;
@@ -895,7 +898,7 @@ int Main() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool compare_torch = absl::GetFlag(FLAGS_compare_torch);
 
-  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadBenchModel(*dtype, seed, device);
+  absl::StatusOr<std::unique_ptr<Model>> loaded = LoadBenchModel(*dtype, seed, device, base.offload_experts && !world);
   tools::ExitIfError(loaded.status(), absl::GetFlag(FLAGS_config_overrides).empty() ? "--model" : "--config_overrides");
   Model& model = **loaded;
   const ModelFacts facts = Describe(model);

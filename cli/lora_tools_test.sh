@@ -76,4 +76,19 @@ head -c 100 "$tmp/adapter/adapter_model.safetensors" > "$tmp/trunc.safetensors"
 mkdir -p "$tmp/trunc" && cp "$tmp/adapter/adapter_config.json" "$tmp/trunc/" \
   && mv "$tmp/trunc.safetensors" "$tmp/trunc/adapter_model.safetensors"
 expect_error "$tmp/trunc/adapter_model.safetensors" --model=tiny --seq_len=600 --steps=1 --lora_init="$tmp/trunc"
+# --offload_experts: a mixture of experts' frozen experts made in host memory and streamed; the same losses.
+moe=(--model=tiny-qwen3-moe --seq_len=600 --steps=2 --lr=1e-2 --strategy=seco --chunk=128 --lora_rank=2
+     --lora_targets=q_proj,experts.gate_up_proj,experts.down_proj)
+"$train" "${moe[@]}" --report="$tmp/moe.json" >/dev/null 2>&1 || fail "train on tiny-qwen3-moe"
+"$train" "${moe[@]}" --offload_experts --report="$tmp/moe_offload.json" >/dev/null 2>&1 || fail "--offload_experts"
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/{n}.json")) for n in ("moe", "moe_offload"))
+assert a["losses"] == b["losses"], (a["losses"], b["losses"])  # (its memory: core/expert_offload_test)
+print(f"--offload_experts OK: the same losses {b['losses']}")
+PY
+expect_error "--offload_experts keeps the expert weights in host memory and needs them frozen" --model=tiny-qwen3-moe \
+  --seq_len=600 --steps=1 --offload_experts
+expect_error "--offload_experts: this llama model has no mixture-of-experts layers" --model=tiny --seq_len=600 \
+  --steps=1 --lora_rank=2 --offload_experts
 echo "lora_tools_test: OK"

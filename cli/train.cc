@@ -369,7 +369,8 @@ void CheckFlags(TrainRun& run) {
 void LoadModels(TrainRun& run) {
   const Device load_device = run.grid ? Device::kCPU : run.device;
   absl::StatusOr<std::unique_ptr<Model>> model =
-      LoadAnyModel(tools::ModelSpec(), run.dtype, run.seed, load_device, tools::LoraRequested());
+      LoadAnyModel(tools::ModelSpec(), run.dtype, run.seed, load_device, tools::LoraRequested(),
+                   run.strategy.offload_experts && !run.grid);  // experts made in host memory
   tools::ExitIfError(model.status(), "--model");
   run.lora = tools::ApplyLoraFlags(**model);  // --lora_*: adapters on, base frozen
   if (run.grid) {

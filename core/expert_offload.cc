@@ -5,31 +5,27 @@
 
 namespace sg {
 
-ExpertOffload::ExpertOffload(MemoryTracker& mem, const CopyEngine& copies,
-                             const std::vector<std::vector<Tensor>>& layers)
-    : copies_(copies), slots_(std::min<size_t>(kSlots, layers.size())) {
+ExpertOffload::ExpertOffload(MemoryTracker& mem, const CopyEngine& copies) : mem_(mem), copies_(copies) {
   if (!copies_.alloc_host || !copies_.copy_async || !copies_.wait)
     throw std::invalid_argument("--offload_experts: the device's backend has no copy engine");
-  if (layers.empty()) throw std::invalid_argument("--offload_experts: no expert weights to offload");
-  for (const Tensor& w : layers[0]) {
-    offsets_.push_back(slot_bytes_);
-    slot_bytes_ += static_cast<int64_t>(w.nbytes());
-  }
-  // The home of a meta model's weights has no bytes either (meta's alloc_host allocates none).
-  const Device home_device = mem.device() == Device::kMeta ? Device::kMeta : Device::kCPU;
-  for (const std::vector<Tensor>& layer : layers) {
-    std::vector<Tensor>& homes = homes_.emplace_back();
-    for (const Tensor& w : layer) {
-      void* p = copies_.alloc_host(w.nbytes());
-      homes.push_back(Tensor::Adopt(p, copies_.free_host, home_device, w.category(), w.dtype(), w.shape()));
-      CopyToHost(w.device(), p, w.raw(), w.nbytes());
-      host_bytes_ += static_cast<int64_t>(w.nbytes());
+}
+
+const std::vector<Tensor>& ExpertOffload::AddLayer(const std::vector<Tensor>& weights) {
+  if (homes_.empty())
+    for (const Tensor& w : weights) {
+      offsets_.push_back(slot_bytes_);
+      slot_bytes_ += static_cast<int64_t>(w.nbytes());
     }
+  // The home of a meta model's weights has no bytes either (meta's alloc_host allocates none).
+  const Device home_device = mem_.device() == Device::kMeta ? Device::kMeta : Device::kCPU;
+  std::vector<Tensor>& homes = homes_.emplace_back();
+  for (const Tensor& w : weights) {
+    void* p = copies_.alloc_host(w.nbytes());
+    homes.push_back(Tensor::Adopt(p, copies_.free_host, home_device, w.category(), w.dtype(), w.shape()));
+    CopyToHost(w.device(), p, w.raw(), w.nbytes());
+    host_bytes_ += static_cast<int64_t>(w.nbytes());
   }
-  const DType dtype = layers[0][0].dtype();
-  for (Slot& s : slots_)
-    s.memory =
-        Tensor::Empty(&mem, MemCategory::kWeights, dtype, {slot_bytes_ / static_cast<int64_t>(DTypeSize(dtype))});
+  return homes;
 }
 
 ExpertOffload::~ExpertOffload() { copies_.wait(kLane); }
@@ -42,6 +38,13 @@ ExpertOffload::Slot* ExpertOffload::Find(int layer) {
 
 ExpertOffload::Slot& ExpertOffload::Fetch(int layer, int keep) {
   if (Slot* s = Find(layer)) return *s;
+  if (slots_.empty()) {  // made at the first visit, so that a model moving its layers as it creates them holds none
+    const DType dtype = homes_[0][0].dtype();
+    slots_.resize(std::min<size_t>(kSlots, homes_.size()));
+    for (Slot& s : slots_)
+      s.memory =
+          Tensor::Empty(&mem_, MemCategory::kWeights, dtype, {slot_bytes_ / static_cast<int64_t>(DTypeSize(dtype))});
+  }
   Slot* victim = nullptr;
   for (Slot& s : slots_)
     if ((keep < 0 || s.layer != keep) && (!victim || s.last_use < victim->last_use)) victim = &s;

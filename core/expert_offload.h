@@ -20,13 +20,16 @@ class ExpertOffload {
   // A lane of its own: waiting for an expert fetch does not wait for KV pages in flight (KvOffload's lanes 0, 1).
   static constexpr int kLane = 2;
 
-  // layers: per MoE layer, its expert weights on the device (every layer's alike in shapes and dtype). Copies their
-  // values home; home(l, i) is the host tensor that replaces layers[l][i] (whose device memory goes with the
-  // caller's last reference). The slots are counted in `mem` as weights.
-  ExpertOffload(MemoryTracker& mem, const CopyEngine& copies, const std::vector<std::vector<Tensor>>& layers);
+  // The slots, made at the first visit, are counted in `mem` as weights.
+  ExpertOffload(MemoryTracker& mem, const CopyEngine& copies);
   ~ExpertOffload();  // waits for the fetches in flight
   ExpertOffload(const ExpertOffload&) = delete;
   ExpertOffload& operator=(const ExpertOffload&) = delete;
+
+  // The next MoE layer's expert weights on the device (every layer's alike in shapes and dtype): copies their values
+  // home and returns the host tensors that replace them (their device memory goes with the caller's last reference),
+  // so that a model moving its layers one by one as it creates them never holds more than one layer's on the device.
+  const std::vector<Tensor>& AddLayer(const std::vector<Tensor>& weights);
 
   int layers() const { return static_cast<int>(homes_.size()); }
   const Tensor& home(int layer, int i) const { return homes_[layer][i]; }
@@ -55,6 +58,7 @@ class ExpertOffload {
   Slot& Fetch(int layer, int keep);
   Slot* Find(int layer);
 
+  MemoryTracker& mem_;
   CopyEngine copies_;
   std::vector<std::vector<Tensor>> homes_;
   std::vector<int64_t> offsets_;  // of each weight of a layer in a slot

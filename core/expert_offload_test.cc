@@ -52,8 +52,11 @@ TEST(ExpertOffloadTest, VisitsReadTheirLayerAndPrefetchTheNext) {
       for (int64_t k = 0; k < 3 - i; ++k) weights.back().data<double>()[k] = l * 10 + i;
     }
   }
-  ExpertOffload offload(mem, LazyCopyEngine(), layers);
-  layers.clear();  // the device copies go: the slots remain
+  ExpertOffload offload(mem, LazyCopyEngine());
+  for (const std::vector<Tensor>& weights : layers) offload.AddLayer(weights);
+  layers.clear();  // the device copies go: the slots, made at the first visit, remain
+  EXPECT_EQ(mem.Snapshot().current[static_cast<int>(MemCategory::kWeights)], 0);
+  offload.Visit(0, -1);
   EXPECT_EQ(mem.Snapshot().current[static_cast<int>(MemCategory::kWeights)], 2 * 5 * 8);
   EXPECT_EQ(offload.host_bytes(), 4 * 5 * 8);
   EXPECT_EQ(offload.home(2, 1).data<double>()[1], 21);
@@ -74,8 +77,10 @@ TEST(ExpertOffloadTest, VisitsReadTheirLayerAndPrefetchTheNext) {
   EXPECT_EQ(offload.fetched_bytes(), 7 * 5 * 8);  // each layer once a direction, and the last visit's miss
 }
 
-std::unique_ptr<TransformerModel> Moe(const std::string& preset, DType dtype, bool frozen_base = true) {
-  auto model = CreateTransformer(*TransformerPreset(preset), dtype, Device::kCPU, {}, frozen_base);
+// created_offloaded: the experts made in host memory at creation (CreateTransformer's offload_experts).
+std::unique_ptr<TransformerModel> Moe(const std::string& preset, DType dtype, bool frozen_base = true,
+                                      bool created_offloaded = false) {
+  auto model = CreateTransformer(*TransformerPreset(preset), dtype, Device::kCPU, {}, frozen_base, created_offloaded);
   EXPECT_TRUE(model.ok()) << model.status();
   InitOptions init;
   init.seed = 7;
@@ -189,12 +194,48 @@ TEST(ExpertOffloadStepTest, ReadsWeightsWrittenBetweenSteps) {
   }
 }
 
+// A model created with its experts at home (CreateTransformer's offload_experts) never holds more than one MoE
+// layer's experts beside its slots, not even while it is created, and trains to the bits of one whose experts the
+// Trainer moved.
+TEST(ExpertOffloadStepTest, CreatedAtHomeHoldsOneLayerAtMost) {
+  const std::vector<Sequence> batch = RaggedBatch(97, 3);
+  auto moved = Moe("tiny-qwen3-moe", DType::kF64), created = Moe("tiny-qwen3-moe", DType::kF64, true, true);
+  auto peak = [](Model& m) { return m.memory().Snapshot().peak[static_cast<int>(MemCategory::kWeights)]; };
+  int64_t expert_bytes = 0, moe_layers = 0;
+  for (const Param& p : moved->params())
+    if (p.name.find("mlp.experts.") != std::string::npos && p.name.find("lora") == std::string::npos) {
+      expert_bytes += static_cast<int64_t>(p.value.nbytes());
+      moe_layers += p.name.find("gate_up") != std::string::npos;
+    }
+  ASSERT_GT(moe_layers, 1);
+  const int64_t layer_bytes = expert_bytes / moe_layers;
+  EXPECT_EQ(created->OffloadedWeightBytes(), expert_bytes);
+  EXPECT_LE(peak(*created), peak(*moved) - expert_bytes + layer_bytes);  // the layer being made at most
+  Trainer a(*moved, Options("seco", true), {}), b(*created, Options("seco", true), {});
+  for (int step = 0; step < 2; ++step) {
+    auto x = a.Step(batch), y = b.Step(batch);
+    ASSERT_TRUE(x.ok() && y.ok()) << x.status() << y.status();
+    EXPECT_EQ(x->loss, y->loss) << "step " << step;
+  }
+  EXPECT_TRUE(Bytes(*moved) == Bytes(*created));
+  // Refused at creation, naming the option: experts that would train, a model without experts.
+  for (auto [preset, frozen] : {std::pair<const char*, bool>{"tiny-qwen3-moe", false}, {"tiny", true}}) {
+    auto m = CreateTransformer(*TransformerPreset(preset), DType::kF64, Device::kCPU, {}, frozen, true);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << preset;
+    EXPECT_NE(m.status().message().find("--offload_experts"), std::string::npos) << m.status();
+  }
+}
+
 // Refused before any work, naming the option: experts that train (no frozen base), a model without experts.
 TEST(ExpertOffloadStepTest, RefusesTrainedExpertsAndModelsWithoutExperts) {
   const std::vector<Sequence> batch = RaggedBatch(97, 1);
   auto trained = Moe("tiny-qwen3-moe", DType::kF64, /*frozen_base=*/false);
   auto dense = CreateTransformer(*TransformerPreset("tiny"), DType::kF64, Device::kCPU, {}, /*frozen_base=*/true);
   ASSERT_TRUE(dense.ok());
+  LoraOptions lora;
+  lora.rank = 2;
+  lora.targets = {"q_proj"};
+  ASSERT_TRUE(EnableLora(**dense, lora).ok());  // something to train: the refusal is offload's
   for (Model* m : {static_cast<Model*>(trained.get()), static_cast<Model*>(dense->get())}) {
     const absl::Status check = ValidateStrategyForModel(Options("seco", true), *m);
     EXPECT_EQ(check.code(), absl::StatusCode::kInvalidArgument);

@@ -39,9 +39,14 @@ bool IsDirectory(const std::string& path) {
 
 // Refuses, before anything is allocated, a configuration whose sizes overflow or whose parameters (values and
 // gradients) do not fit in the memory the device has free. `what` names the config's source for errors.
-absl::Status CheckModelSize(const ModelSpec& spec, DType dtype, Device device, const std::string& what) {
+// What the model takes where it lives: values and gradients, or values alone with a frozen base; the expert
+// weights --offload_experts keeps in host memory are not the device's.
+absl::Status CheckModelSize(const ModelSpec& spec, DType dtype, Device device, const std::string& what,
+                            bool frozen_base, bool offload_experts) {
   absl::StatusOr<ModelFootprint> f = spec.Footprint(dtype);
   if (!f.ok()) return absl::Status(f.status().code(), absl::StrCat(what, ": ", f.status().message()));
+  if (offload_experts && device != Device::kCPU) f->bytes -= f->expert_bytes;
+  if (frozen_base) f->bytes /= 2;  // the counter's two copies alike
   int64_t available = -1;
   if (device == Device::kCPU) {
     available = HostAvailableBytes();
@@ -128,12 +133,14 @@ absl::Status LoadWeights(Model& model, const std::string& dir) {
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed, Device device,
-                                                    bool frozen_base) {
+                                                    bool frozen_base, bool offload_experts) {
   const bool from_directory = IsDirectory(spec);
   absl::StatusOr<std::unique_ptr<ModelSpec>> config = from_directory ? LoadConfigSpec(spec) : PresetSpec(spec);
   if (!config.ok()) return config.status();
-  if (absl::Status s = CheckModelSize(**config, dtype, device, ConfigSource(spec)); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Model>> model = (*config)->Create(dtype, device, {}, frozen_base);
+  if (absl::Status s = CheckModelSize(**config, dtype, device, ConfigSource(spec), frozen_base, offload_experts);
+      !s.ok())
+    return s;
+  absl::StatusOr<std::unique_ptr<Model>> model = (*config)->Create(dtype, device, {}, frozen_base, offload_experts);
   if (!model.ok() && from_directory)
     return absl::Status(model.status().code(), absl::StrCat(spec, "/config.json: ", model.status().message()));
   if (!model.ok()) return model.status();

@@ -20,9 +20,11 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> LoadModel(const std::string& s
 // Any family: a transformer or Mamba preset, or a directory whose config.json model_type is llama, qwen2 or mamba
 // (MambaForCausalLM). LoadModel above takes transformers only.
 // frozen_base: no parameter gets a gradient (LoRA's adapters, added next, will; or the model only scores): the
-// base's fp32 gradients are never allocated.
+// base's fp32 gradients are never allocated. offload_experts (with frozen_base): a mixture of experts' expert weights
+// are made in host memory layer by layer (--offload_experts), so the device never holds them all.
 absl::StatusOr<std::unique_ptr<Model>> LoadAnyModel(const std::string& spec, DType dtype, uint64_t seed,
-                                                    Device device = Device::kCPU, bool frozen_base = false);
+                                                    Device device = Device::kCPU, bool frozen_base = false,
+                                                    bool offload_experts = false);
 
 // Loads HF weights into an existing model by parameter name, checking every shape.
 absl::Status LoadWeights(Model& model, const std::string& dir);

@@ -36,9 +36,11 @@ class ModelSpec {
   virtual absl::StatusOr<ModelFootprint> Footprint(DType dtype) const = 0;
   // A model with zero weights (none on meta). With tp.size > 1, rank tp.rank's blocks of a tensor-parallel split
   // under the whole model's names (the model is then also a TensorParallelModel).
-  // frozen_base: no parameter gets a gradient (a model for LoRA to adapt, or to score with).
+  // frozen_base: no parameter gets a gradient (a model for LoRA to adapt, or to score with). offload_experts: a
+  // mixture of experts' expert weights made in host memory (--offload_experts; refused where there are none).
   virtual absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp,
-                                                        bool frozen_base = false) const = 0;
+                                                        bool frozen_base = false,
+                                                        bool offload_experts = false) const = 0;
   // The family's random initialisation of a model created from this spec (by default sg::InitRandom's).
   virtual void InitRandom(Model& model, uint64_t seed) const;
   // Name prefixes of the tensors a checkpoint holds beside the model that the engine does not run (Qwen3.5's

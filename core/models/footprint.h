@@ -26,6 +26,7 @@ struct ModelFootprint {
   int64_t parameters = 0;
   int64_t tensors = 0;
   int64_t bytes = 0;
+  int64_t expert_bytes = 0;  // of bytes, those of a mixture of experts' expert weights (--offload_experts moves them)
 };
 
 // RESOURCE_EXHAUSTED, naming the bytes needed and available, when a model of footprint f does not fit in what
@@ -66,6 +67,13 @@ class FootprintCounter {
         !CheckedMul(elements, count, &total) || !CheckedAdd(f_.parameters, total, &f_.parameters) ||
         !CheckedAdd(f_.tensors, count, &f_.tensors))
       Fail("the model's size overflows int64");
+  }
+
+  // Add's, for a mixture of experts' expert weights.
+  void AddExperts(int64_t elements, int64_t count) {
+    const int64_t before = f_.bytes;
+    Add(elements, count);
+    f_.expert_bytes += f_.bytes - before;
   }
 
   absl::StatusOr<ModelFootprint> Result() const {

@@ -23,8 +23,10 @@ class MambaSpec final : public ModelSpec {
   bool tied_embeddings() const override { return c_.tie_word_embeddings; }
   std::string HFConfigJson() const override { return io::MambaConfigToHFJson(c_); }
   absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
-  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp,
-                                                bool frozen_base) const override {
+  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp, bool frozen_base,
+                                                bool offload_experts) const override {
+    if (offload_experts)
+      return absl::InvalidArgumentError("--offload_experts: this mamba model has no mixture-of-experts layers");
     return AsModel(CreateMamba(c_, dtype, device, tp, frozen_base));
   }
   // The matrices as every family's, then the scan's own initialisation (InitMambaScan).

@@ -59,10 +59,10 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
     const MoeConfig& m = c.moe;
     const int64_t expert = n.Product({{"moe_intermediate_size", m.intermediate}, {"hidden_size", d}});
     n.Add(n.Product({{"num_experts", m.experts}, {"hidden_size", d}}), moe_layers);  // router
-    n.Add(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", 2 * expert}}),
-          moe_layers);  // gate_up_proj
-    n.Add(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", expert}}),
-          moe_layers);  // down_proj
+    n.AddExperts(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", 2 * expert}}),
+                 moe_layers);  // gate_up_proj
+    n.AddExperts(n.Product({{"num_experts", m.experts}, {"moe_intermediate_size x hidden_size", expert}}),
+                 moe_layers);  // down_proj
     if (m.shared_intermediate > 0) {
       n.Add(n.Product({{"shared_expert_intermediate_size", m.shared_intermediate}, {"hidden_size", d}}),
             3 * moe_layers);

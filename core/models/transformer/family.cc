@@ -26,9 +26,9 @@ class TransformerSpec final : public ModelSpec {
   bool tied_embeddings() const override { return c_.tie_word_embeddings; }
   std::string HFConfigJson() const override { return io::TransformerConfigToHFJson(c_); }
   absl::StatusOr<ModelFootprint> Footprint(DType dtype) const override { return sg::Footprint(c_, dtype); }
-  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp,
-                                                bool frozen_base) const override {
-    return AsModel(CreateTransformer(c_, dtype, device, tp, frozen_base));
+  absl::StatusOr<std::unique_ptr<Model>> Create(DType dtype, Device device, const TensorParallel& tp, bool frozen_base,
+                                                bool offload_experts) const override {
+    return AsModel(CreateTransformer(c_, dtype, device, tp, frozen_base, offload_experts));
   }
 
   // Hybrids, as transformers initialises them: zero-centred norms 0 (they multiply by 1 + w), dt_bias 1, A_log

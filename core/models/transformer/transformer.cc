@@ -344,7 +344,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
 
  public:
   // tp: this rank's place in its tensor-parallel group (core/tensor_parallel.h); the config must split over it.
-  Transformer(const TransformerConfig& c, Device device, DType weights, const TensorParallel& tp, bool frozen_base)
+  Transformer(const TransformerConfig& c, Device device, DType weights, const TensorParallel& tp, bool frozen_base,
+              bool offload_experts)
       : cfg_(c),
         ops_(OpsFor<T>(device)),
         attention_factor_(RopeFor(c, 0).attention_factor),
@@ -379,6 +380,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         L.norm2 = add(p + names.norm2, {d}, whole);
         AddMlp(p + names.mlp, L, add);
       }
+      if (offload_experts && L.moe) MoveExpertsHome(L);  // before the next layer's: one layer's on the device at most
       layers_.push_back(L);
     }
     final_norm_ = add(names.final_norm, {d}, whole);
@@ -515,17 +517,22 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (absl::Status s = CheckExpertOffload(); !s.ok()) return s;
     const DeviceBackend* backend = FindBackend(mem_.device());
     if (!backend) return absl::FailedPreconditionError("--offload_experts: no backend for the model's device");
-    std::vector<std::vector<Tensor>> experts;
     for (const LayerParams& L : layers_)
-      if (L.moe) experts.push_back({params_[L.experts.gate_up].value, params_[L.experts.down].value});
-    expert_offload_ = std::make_unique<ExpertOffload>(mem_, backend->copies, experts);
-    experts.clear();
-    for (const LayerParams& L : layers_)  // the parameters' values become their homes: the device copies go
-      if (L.moe) {
-        params_[L.experts.gate_up].value = expert_offload_->home(L.experts.index, 0);
-        params_[L.experts.down].value = expert_offload_->home(L.experts.index, 1);
-      }
+      if (L.moe) MoveExpertsHome(L);
     return absl::OkStatus();
+  }
+  // The layer's expert weights to host memory (ExpertOffload::AddLayer): the parameters' values become their homes,
+  // and the device copies go.
+  void MoveExpertsHome(const LayerParams& L) {
+    if (!expert_offload_) {
+      const DeviceBackend* backend = FindBackend(mem_.device());
+      if (!backend) throw std::invalid_argument("--offload_experts: no backend for the model's device");
+      expert_offload_ = std::make_unique<ExpertOffload>(mem_, backend->copies);
+    }
+    const std::vector<Tensor>& homes =
+        expert_offload_->AddLayer({params_[L.experts.gate_up].value, params_[L.experts.down].value});
+    params_[L.experts.gate_up].value = homes[0];
+    params_[L.experts.down].value = homes[1];
   }
   int64_t OffloadedWeightBytes() const override { return expert_offload_ ? expert_offload_->host_bytes() : 0; }
 
@@ -2018,8 +2025,15 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
 
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
                                                                     Device device, const TensorParallel& tp,
-                                                                    bool frozen_base) {
+                                                                    bool frozen_base, bool offload_experts) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (offload_experts && config.moe_layer_count() == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--offload_experts: this ", config.architecture, " model has no mixture-of-experts layers"));
+  if (offload_experts && !frozen_base)
+    return absl::InvalidArgumentError(
+        "--offload_experts keeps the expert weights in host memory and needs them frozen (a LoRA run's base): add "
+        "--lora_rank");
   if (absl::Status s = ValidateTensorParallel(config, tp.size); !s.ok()) return s;
   if (tp.size > 1 && !config.moe_layers.empty())
     return absl::UnimplementedError(absl::StrCat("tensor parallelism (tp ", tp.size, ") is not supported yet on ",
@@ -2039,12 +2053,15 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
     return absl::UnimplementedError(absl::StrCat(config.architecture, "'s Mamba-2 layers have no kernels on --device=",
                                                  DeviceName(device), " yet (the CPU runs them)"));
   if (dtype == DType::kF32)
-    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
+    return std::unique_ptr<TransformerModel>(
+        new Transformer<float>(config, device, dtype, tp, frozen_base, offload_experts));
   if (dtype == DType::kF64)
-    return std::unique_ptr<TransformerModel>(new Transformer<double>(config, device, dtype, tp, frozen_base));
+    return std::unique_ptr<TransformerModel>(
+        new Transformer<double>(config, device, dtype, tp, frozen_base, offload_experts));
   // bf16 weights over f32 compute (param_store.h): the CPU and CUDA tables' bf16 entries; meta plans them.
   if (dtype == DType::kBF16)
-    return std::unique_ptr<TransformerModel>(new Transformer<float>(config, device, dtype, tp, frozen_base));
+    return std::unique_ptr<TransformerModel>(
+        new Transformer<float>(config, device, dtype, tp, frozen_base, offload_experts));
   return absl::InvalidArgumentError(
       absl::StrCat("compute dtype ", DTypeName(dtype), " is not supported on the CPU backend (use f32 or f64)"));
 }

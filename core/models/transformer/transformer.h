@@ -33,11 +33,14 @@ std::vector<std::string> TransformerPresetNames();
 // Validates the config and allocates zero-initialised parameters (f32 or f64 compute) on the CPU. With tp.size > 1
 // the model is rank tp.rank's part of a tensor-parallel split (core/tensor_parallel.h; the model is also a
 // TensorParallelModel): its parameters are that rank's blocks, under the whole model's names.
-// frozen_base: the parameters get no gradients (LoRA's adapters will; ParamStore::SetFrozenBase).
+// frozen_base: the parameters get no gradients (LoRA's adapters will; ParamStore::SetFrozenBase). offload_experts
+// (with frozen_base, on MoE models): every MoE layer's expert weights are moved to host memory as it is created
+// (core/expert_offload.h), so that the device never holds more than one layer's.
 absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const TransformerConfig& config, DType dtype,
                                                                     Device device = Device::kCPU,
                                                                     const TensorParallel& tp = {},
-                                                                    bool frozen_base = false);
+                                                                    bool frozen_base = false,
+                                                                    bool offload_experts = false);
 
 // The rotary embedding of a sequence: the inverse frequencies of head_dim's pairs and the factor transformers
 // multiplies cos and sin by (yarn's attention factor, else 1), for the config's rope_scaling.
