@@ -268,8 +268,8 @@ TEST(Census, MoeRecords) {
   EXPECT_EQ(r[6], (OpRecord{"row_dots", f, 0, 2 * rows, 6 * 4}));
 }
 
-// Mamba-2's ops on meta, by hand: the SSD scan's state products and compulsory bytes, the gated norm's bytes; the
-// workspace size is the CPU's.
+// Mamba-2's ops on meta, by hand: the SSD scan's state products and compulsory bytes (its backward by pairs too), the
+// gated norm's bytes; the workspace size is the CPU's.
 TEST(Census, SsdRecords) {
   OpCensus census({/*peak_flops=*/1e12, /*bandwidth=*/1e9}, /*keep_records=*/true);
   {
@@ -283,19 +283,26 @@ TEST(Census, SsdRecords) {
                     nullptr, nullptr);
     ops.ssd_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &param, &state_in, 10, 4,
                      8, 2, 16, 0, 1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    // 3 later tokens, a window of 4: 4 pairs for each of the 10 tokens (the last window ends at token 13)
+    ops.ssd_backward_pairs(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, &param, &state_in, 10, 4, 8,
+                           2, 16, 0, 1, nullptr, nullptr, nullptr, 3, 4, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           nullptr, nullptr, nullptr);
     ops.gated_group_rmsnorm_forward(nullptr, nullptr, nullptr, 10, 32, 8, 1e-6, nullptr, nullptr);
     ops.gated_group_rmsnorm_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 10, 32, 8, 1e-6, nullptr, nullptr,
                                      nullptr);
   }
   const std::vector<OpRecord>& r = census.records();
-  ASSERT_EQ(r.size(), 4u);
+  ASSERT_EQ(r.size(), 5u);
   const int64_t state = 4 * 8 * 16, xs = 10 * 4 * 8, bc = 10 * 2 * 16, dts = 10 * 4, heads = 4;
   EXPECT_EQ(r[0], (OpRecord{"ssd_forward", OpFamily::kSsm, 2 * 2 * 10 * state,
                             (xs + dts + 2 * bc + 3 * heads + state) * 8, xs * 8}));
   EXPECT_EQ(r[1], (OpRecord{"ssd_backward", OpFamily::kSsm, 8 * 2 * 10 * state,
                             (2 * xs + dts + 2 * bc + 6 * heads + state) * 8, (xs + dts + 2 * bc + 3 * heads) * 8}));
-  EXPECT_EQ(r[2], (OpRecord{"gated_group_rmsnorm_forward", OpFamily::kNorm, 0, (2 * 320 + 32) * 8, (320 + 40) * 8}));
-  EXPECT_EQ(r[3], (OpRecord{"gated_group_rmsnorm_backward", OpFamily::kNorm, 0, (3 * 320 + 2 * 32 + 40) * 8,
+  EXPECT_EQ(r[2], (OpRecord{"ssd_backward_pairs", OpFamily::kSsm, 2 * state * (10 * 4 + 7 * 10),
+                            (2 * xs + dts + 2 * bc + 6 * heads + state + 3 * (32 + 4 + 32)) * 8,
+                            (xs + dts + 2 * bc + 3 * heads) * 8}));
+  EXPECT_EQ(r[3], (OpRecord{"gated_group_rmsnorm_forward", OpFamily::kNorm, 0, (2 * 320 + 32) * 8, (320 + 40) * 8}));
+  EXPECT_EQ(r[4], (OpRecord{"gated_group_rmsnorm_backward", OpFamily::kNorm, 0, (3 * 320 + 2 * 32 + 40) * 8,
                             (2 * 320 + 32) * 8}));
 }
 

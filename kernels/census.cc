@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "kernels/ssd_workspace.h"
+
 namespace sg {
 
 const char* OpFamilyName(OpFamily f) {
@@ -379,6 +381,19 @@ Counters<T> MakeCounters() {
     Count("ssd_backward", OpFamily::kSsm, (2 + 6) * 2 * n * state,
           (2 * xs + n * heads + bc + params * heads + accumulated + (s0 ? state : 0) + (ds_final ? state : 0)) * S,
           (xs + n * heads + bc + accumulated + (ds0 ? state : 0)) * S);
+  };
+  // Adjoint sharding: each pair adds a rank-one product to a state gradient (2 head_dim N), and each token costs a
+  // forward step and the backward's own six products.
+  c.ssd_backward_pairs = [](auto, auto, auto, auto, auto, auto, auto, const T* D, const T* s0, int64_t n,
+                            int64_t heads, int64_t head_dim, int64_t groups, int64_t N, auto, auto, auto, auto, auto,
+                            int64_t later, int64_t window, auto, auto, auto, auto, auto, auto, auto, auto) {
+    const int64_t state = heads * head_dim * N, xs = n * heads * head_dim, bc = 2 * n * groups * N;
+    const int64_t params = D ? 3 : 2, accumulated = params * heads;
+    // dy, x, dt_raw, B, C, the parameters, s0 and the later tokens' dy, dt_raw, C read; dx, ddt_raw, dB, dC written
+    Count("ssd_backward_pairs", OpFamily::kSsm, 2 * state * (SsdPairs(n, later, window) + 7 * n),
+          (2 * xs + n * heads + bc + params * heads + accumulated + (s0 ? state : 0) +
+           later * (heads * head_dim + heads + groups * N)) * S,
+          (xs + n * heads + bc + accumulated) * S);
   };
   c.gated_group_rmsnorm_forward = [](auto, auto, auto, int64_t rows, int64_t dim, int64_t group_size, auto, auto,
                                      auto) {

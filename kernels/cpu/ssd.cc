@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/ssd_workspace.h"
 
 namespace sg::cpu {
@@ -26,14 +27,15 @@ struct SsdRows {
 };
 
 // One token's step size dt = clamp(softplus(raw + bias), lo, hi) (torch's softplus, threshold 20) and its
-// derivative in raw (0 where the clamp binds: torch's clamp passes the gradient where lo <= softplus <= hi).
+// derivative in raw (0 where the clamp binds: torch's clamp with scalar limits passes the gradient where
+// lo < softplus < hi).
 template <typename T>
 struct TimeStep {
   T dt, grad;
   TimeStep(T raw, T bias, double lo, double hi) {
     const T v = raw + bias, sp = v > T(20) ? v : std::log1p(std::exp(v));
     dt = std::min(std::max(sp, T(lo)), T(hi));
-    grad = sp >= T(lo) && sp <= T(hi) ? (v > T(20) ? T(1) : Sigmoid(v)) : T(0);
+    grad = sp > T(lo) && sp < T(hi) ? (v > T(20) ? T(1) : Sigmoid(v)) : T(0);
   }
 };
 
@@ -44,24 +46,89 @@ struct SsdHead {
   SsdHead(const T* A_log, const T* D_all, int64_t h) : A(-std::exp(A_log[h])), D(D_all ? D_all[h] : T(0)) {}
 };
 
+// The two loops over a state row where the scan spends its time, compiled for each ISA (kernels/cpu/isa.h) and
+// picked once per call. Forward: row = decay src + u B, returns row . C. Backward (SsdTokenBackward): with
+// g = ds + dy C (the gradient of the row after the token), dC += (decay src + u B) dy, dB += u g, ds = decay g;
+// returns du = g . B and d decay = g . src.
+template <typename T>
+inline __attribute__((always_inline)) T StepRowBody(const T* src, T* row, const T* B, const T* C, T decay, T u,
+                                                    int64_t N) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t j = 0; j < N; ++j) {
+    row[j] = decay * src[j] + u * B[j];
+    acc += row[j] * C[j];
+  }
+  return acc;
+}
+
+template <typename T>
+struct RowGrads {
+  T du, ddecay;
+};
+
+template <typename T>
+inline __attribute__((always_inline)) RowGrads<T> BackwardRowBody(const T* src, T* ds, const T* B, const T* C, T decay,
+                                                                  T u, T dy, T* dC_row, T* dB_row, int64_t N) {
+  T du = 0, dd = 0;
+#pragma omp simd reduction(+ : du, dd)
+  for (int64_t j = 0; j < N; ++j) {
+    dC_row[j] += (decay * src[j] + u * B[j]) * dy;
+    const T g = ds[j] + dy * C[j];
+    du += g * B[j];
+    dd += g * src[j];
+    dB_row[j] += g * u;
+    ds[j] = decay * g;
+  }
+  return {du, dd};
+}
+
+#define SG_ROW_KERNELS(suffix, target)                                                                               \
+  template <typename T>                                                                                              \
+  target T StepRow##suffix(const T* src, T* row, const T* B, const T* C, T decay, T u, int64_t N) {                  \
+    return StepRowBody(src, row, B, C, decay, u, N);                                                                 \
+  }                                                                                                                  \
+  template <typename T>                                                                                              \
+  target RowGrads<T> BackwardRow##suffix(const T* src, T* ds, const T* B, const T* C, T decay, T u, T dy, T* dC_row, \
+                                         T* dB_row, int64_t N) {                                                     \
+    return BackwardRowBody(src, ds, B, C, decay, u, dy, dC_row, dB_row, N);                                          \
+  }
+SG_ROW_KERNELS(Avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,prefer-vector-width=512"))))
+SG_ROW_KERNELS(Avx2, __attribute__((target("avx2,fma"))))
+SG_ROW_KERNELS(Generic, )
+#undef SG_ROW_KERNELS
+
+template <typename T>
+struct RowKernels {
+  T (*step)(const T*, T*, const T*, const T*, T, T, int64_t);
+  RowGrads<T> (*backward)(const T*, T*, const T*, const T*, T, T, T, T*, T*, int64_t);
+};
+
+template <typename T>
+RowKernels<T> RowKernelsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16:
+      return {StepRowAvx512<T>, BackwardRowAvx512<T>};
+    case Isa::kAvx2:
+      return {StepRowAvx2<T>, BackwardRowAvx2<T>};
+    case Isa::kGeneric:
+      break;
+  }
+  return {StepRowGeneric<T>, BackwardRowGeneric<T>};
+}
+
 // S = exp(dt A) from + dt x_t B_t^T for token t of head h (`from` may be S); y_t = S C_t + D x_t unless y is null.
 template <typename T>
-void Step(const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T>& ts, const SsdHead<T>& head,
-          int64_t t, int64_t h, const T* from, T* S, T* y) {
+void Step(const RowKernels<T>& k, const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T>& ts,
+          const SsdHead<T>& head, int64_t t, int64_t h, const T* from, T* S, T* y) {
   const int64_t P = r.head_dim, N = r.N;
   const T* xt = x + r.X(t, h);
   const T* Bt = B + r.BC(t, h);
   const T* Ct = C + r.BC(t, h);
   const T decay = std::exp(ts.dt * head.A);
   for (int64_t p = 0; p < P; ++p) {
-    const T* src = from + p * N;
-    T* row = S + p * N;
-    const T u = ts.dt * xt[p];
-    T acc = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      row[j] = decay * src[j] + u * Bt[j];
-      acc += row[j] * Ct[j];
-    }
+    const T acc = k.step(from + p * N, S + p * N, Bt, Ct, decay, ts.dt * xt[p], N);
     if (y) y[r.X(t, h) + p] = acc + head.D * xt[p];
   }
 }
@@ -71,6 +138,7 @@ void Step(const SsdRows& r, const T* x, const T* B, const T* C, const TimeStep<T
 // parameter gradients add into the sums of `acc`.
 template <typename T>
 struct SsdTokenBackward {
+  const RowKernels<T>& k;
   const SsdRows& r;
   const T *dy, *x, *dt_raw, *dt_bias, *B, *C;
   double dt_min, dt_max;
@@ -93,23 +161,13 @@ struct SsdTokenBackward {
     std::fill(dB_row, dB_row + N, T(0));
     T ddt = 0, ddecay = 0;
     for (int64_t p = 0; p < P; ++p) {
-      const T* src = prev + p * N;
-      T* ds = dS + p * N;
-      const T xp = xt[p], dyp = dyt[p], u = ts.dt * xp;
-      // y = S_t C + D x: dC += S_t^T dy, dS_t += dy C^T. S_t = decay S_{t-1} + u B^T: d decay, du = dS_t B,
-      // dB += dS_t^T u, dS_{t-1} = decay dS_t.
-      T du = 0, dd = 0;
-      for (int64_t j = 0; j < N; ++j) {
-        dC_row[j] += (decay * src[j] + u * Bt[j]) * dyp;
-        const T g = ds[j] + dyp * Ct[j];
-        du += g * Bt[j];
-        dd += g * src[j];
-        dB_row[j] += g * u;
-        ds[j] = decay * g;
-      }
-      dx[r.X(t, h) + p] = head.D * dyp + ts.dt * du;
-      ddt += xp * du;
-      ddecay += dd;
+      const T xp = xt[p], dyp = dyt[p];
+      // y = S_t C + D x: dC += S_t^T dy, dS_t += dy C^T. S_t = decay S_{t-1} + u B^T (u = dt x): d decay,
+      // du = dS_t B, dB += dS_t^T u, dS_{t-1} = decay dS_t.
+      const RowGrads<T> g = k.backward(prev + p * N, dS + p * N, Bt, Ct, decay, ts.dt * xp, dyp, dC_row, dB_row, N);
+      dx[r.X(t, h) + p] = head.D * dyp + ts.dt * g.du;
+      ddt += xp * g.du;
+      ddecay += g.ddecay;
       acc.D += dyp * xp;
     }
     // decay = exp(dt A)
@@ -128,7 +186,7 @@ T Silu(T z) {
 }  // namespace
 
 int64_t SsdWorkspaceElems(int64_t n, int64_t heads, int64_t head_dim, int64_t /*groups*/, int64_t N) {
-  return SsdLayout(n, heads, head_dim, N).elems();
+  return SsdLayout(n, heads, head_dim, N).elems;
 }
 
 template <typename T>
@@ -137,6 +195,7 @@ void SsdForward(const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, c
                 double dt_max, T* y, T* s_final) {
   CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_forward");
   const SsdRows r{heads, head_dim, groups, N};
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
   const int64_t state = head_dim * N;
 #pragma omp parallel if (n * heads * state > 16384)
   {
@@ -146,8 +205,8 @@ void SsdForward(const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, c
       const SsdHead<T> head(A_log, D, h);
       CopyOrZero(s0 ? s0 + h * state : nullptr, state, S.data());
       for (int64_t t = 0; t < n; ++t)
-        Step(r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, S.data(), S.data(),
-             y);
+        Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, S.data(),
+             S.data(), y);
       if (s_final) std::copy(S.begin(), S.end(), s_final + h * state);
     }
   }
@@ -161,20 +220,21 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
   CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_backward");
   const SsdRows r{heads, head_dim, groups, N};
   const SsdWorkspace w = SsdLayout(n, heads, head_dim, N);
-  const int64_t state = head_dim * N, block = w.block(), blocks = w.blocks();
-  T* dC_heads = workspace + w.dC_heads();
-  T* dB_heads = workspace + w.dB_heads();
-  const SsdTokenBackward<T> backward{r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
+  const int64_t state = head_dim * N, block = w.block, blocks = w.blocks;
+  T* dC_heads = workspace + w.dC_heads;
+  T* dB_heads = workspace + w.dB_heads;
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
+  const SsdTokenBackward<T> backward{k, r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
   auto step = [&](int64_t t, int64_t h, const SsdHead<T>& head, const T* from, T* S) {
-    Step(r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, from, S,
+    Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(t, h)], dt_bias[h], dt_min, dt_max), head, t, h, from, S,
          static_cast<T*>(nullptr));
   };
 #pragma omp parallel for if (n * heads * state > 16384)
   for (int64_t h = 0; h < heads; ++h) {
     const SsdHead<T> head(A_log, D, h);
-    T* checkpoints = workspace + w.checkpoints() + h * blocks * state;
-    T* states = workspace + w.block_states() + h * block * state;
-    T* dS = workspace + w.state_grad() + h * state;
+    T* checkpoints = workspace + w.checkpoints + h * blocks * state;
+    T* states = workspace + w.block_states + h * block * state;
+    T* dS = workspace + w.state_grad + h * state;
     // The state at the start of every block.
     if (blocks > 0) CopyOrZero(s0 ? s0 + h * state : nullptr, state, checkpoints);
     for (int64_t b = 0; b + 1 < blocks; ++b) {
@@ -200,6 +260,71 @@ void SsdBackward(const T* dy, const T* ds_final, const T* x, const T* dt_raw, co
   }
   SumOverHeadGroups(dC_heads, n, groups, heads, N, dC);
   SumOverHeadGroups(dB_heads, n, groups, heads, N, dB);
+}
+
+template <typename T>
+int64_t SsdBackwardPairs(const T* dy, const T* x, const T* dt_raw, const T* dt_bias, const T* A_log, const T* B,
+                         const T* C, const T* D, const T* s0, int64_t n, int64_t heads, int64_t head_dim,
+                         int64_t groups, int64_t N, double dt_min, double dt_max, const T* later_dy,
+                         const T* later_dt_raw, const T* later_C, int64_t later, int64_t window, T* dx, T* ddt_raw,
+                         T* ddt_bias, T* dA_log, T* dB, T* dC, T* dD, T* workspace) {
+  CheckSsdArguments(heads, groups, dt_min, dt_max, "ssd_backward_pairs");
+  CheckPairsWindow(window, "ssd_backward_pairs");
+  window = std::min(window, n + later + 1);  // past every token left it changes nothing, and i + window stays small
+  const SsdRows r{heads, head_dim, groups, N};
+  const SsdWorkspace w = SsdLayout(n, heads, head_dim, N);
+  const int64_t state = head_dim * N, span = std::min(n + later, n - 1 + window);  // tokens any pair reads
+  const int64_t pairs = SsdPairs(n, later, window);
+  T* dC_heads = workspace + w.dC_heads;
+  T* dB_heads = workspace + w.dB_heads;
+  const RowKernels<T> k = RowKernelsFor<T>(ActiveIsa());
+  const SsdTokenBackward<T> backward{k, r, dy, x, dt_raw, dt_bias, B, C, dt_min, dt_max, dx, ddt_raw};
+  auto token = [&](const T* here, const T* after, int64_t t, int64_t width, int64_t offset) {
+    return t < n ? here + t * width + offset : after + (t - n) * width + offset;
+  };
+#pragma omp parallel if (pairs * heads * state > 16384)
+  {
+    std::vector<T> decay(span);
+#pragma omp for
+    for (int64_t h = 0; h < heads; ++h) {
+      const SsdHead<T> head(A_log, D, h);
+      const int64_t g = h / (heads / groups);
+      T* S = workspace + w.block_states + h * w.block * state;  // the state before token i
+      T* dS = workspace + w.state_grad + h * state;
+      for (int64_t t = 0; t < span; ++t)
+        decay[t] =
+            std::exp(TimeStep<T>(*token(dt_raw, later_dt_raw, t, heads, h), dt_bias[h], dt_min, dt_max).dt * head.A);
+      CopyOrZero(s0 ? s0 + h * state : nullptr, state, S);
+      typename SsdTokenBackward<T>::Sums sums;
+      for (int64_t i = 0; i < n; ++i) {
+        // The pairs (t, i), i < t < end_i: dS_i += exp(A (dt_{i+1} + ... + dt_t)) dy_t C_t^T, the product built one
+        // factor at a time; the pair (i, i) is the token's own term, which the backward adds.
+        std::fill(dS, dS + state, T(0));
+        T lambda = 1;
+        for (int64_t t = i + 1; t < std::min(span, i + window); ++t) {
+          lambda *= decay[t];
+          const T* dyt = token(dy, later_dy, t, heads * head_dim, h * head_dim);
+          const T* Ct = token(C, later_C, t, groups * N, g * N);
+          for (int64_t p = 0; p < head_dim; ++p) {
+            const T a = lambda * dyt[p];
+            T* row = dS + p * N;
+#pragma omp simd
+            for (int64_t j = 0; j < N; ++j) row[j] += a * Ct[j];
+          }
+        }
+        // S holds S_{i-1}: the VJP of token i with the cotangent dS_i, then S steps on to S_i.
+        backward(i, h, head, S, dS, dC_heads + r.Gate(i, h) * N, dB_heads + r.Gate(i, h) * N, sums);
+        Step(k, r, x, B, C, TimeStep<T>(dt_raw[r.Gate(i, h)], dt_bias[h], dt_min, dt_max), head, i, h, S, S,
+             static_cast<T*>(nullptr));
+      }
+      ddt_bias[h] += sums.dt_bias;
+      dA_log[h] += sums.A * head.A;
+      if (D) dD[h] += sums.D;
+    }
+  }
+  SumOverHeadGroups(dC_heads, n, groups, heads, N, dC);
+  SumOverHeadGroups(dB_heads, n, groups, heads, N, dB);
+  return pairs;
 }
 
 template <typename T>
@@ -261,6 +386,10 @@ void GatedGroupRmsnormBackward(const T* dout, const T* x, const T* z, const T* w
   template void SsdBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*,         \
                                const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, double, double, T*,    \
                                T*, T*, T*, T*, T*, T*, T*, T*);                                                        \
+  template int64_t SsdBackwardPairs<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*, \
+                                       const T*, int64_t, int64_t, int64_t, int64_t, int64_t, double, double,          \
+                                       const T*, const T*, const T*, int64_t, int64_t, T*, T*, T*, T*, T*, T*, T*,     \
+                                       T*);                                                                            \
   template void GatedGroupRmsnormForward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, double, T*, T*);  \
   template void GatedGroupRmsnormBackward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,       \
                                              int64_t, double, T*, T*, T*);

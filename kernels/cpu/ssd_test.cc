@@ -188,19 +188,21 @@ INSTANTIATE_TEST_SUITE_P(ChunkLengthsAndLimits, SsdGradientTest,
                          ::testing::Values(GradientCase{1, {}}, GradientCase{9, {}}, GradientCase{11, {}},
                                            GradientCase{9, {0.3, 1.5}}, GradientCase{11, {0.3, 1.5}}));
 
-// The clamp's gradient passes where lo <= softplus <= hi, as torch's: at a limit itself it passes.
-TEST(SsdTest, ClampPassesTheGradientAtTheLimit) {
-  Shape s{1, 1, 1, 1, 1};
-  Inputs in(s, 25);
+// The clamp's gradient passes where lo < softplus < hi, as torch 2.15's clamp with scalar limits (transformers passes
+// time_step_limit as floats): none at a limit itself.
+TEST(SsdTest, ClampStopsTheGradientAtTheLimit) {
+  const double sp0 = std::log1p(std::exp(0.0));  // softplus(0)
+  Inputs in(Shape{1, 1, 1, 1, 1}, 25);
   in.dt_raw = {0.0};
   in.dt_bias = {0.0};
-  in.lim = {std::log1p(std::exp(0.0)), 2.0};  // softplus(0) = lo exactly
-  const Grads at = RunBackward(in, Vec{1.0}, Vec{0.0});
-  in.lim.lo = 0.7;  // just above softplus(0) = 0.693: the clamp binds
-  const Grads above = RunBackward(in, Vec{1.0}, Vec{0.0});
-  EXPECT_NE(at.ddt_raw[0], 0.0);
-  EXPECT_EQ(above.ddt_raw[0], 0.0);
-  EXPECT_EQ(above.ddt_bias[0], 0.0);
+  for (Limits lim : {Limits{sp0, 2.0}, Limits{0.1, sp0}, Limits{0.7, 2.0}}) {
+    in.lim = lim;
+    const Grads d = RunBackward(in, Vec{1.0}, Vec{0.0});
+    EXPECT_EQ(d.ddt_raw[0], 0.0) << lim.lo << " " << lim.hi;
+    EXPECT_EQ(d.ddt_bias[0], 0.0) << lim.lo << " " << lim.hi;
+  }
+  in.lim = {sp0 - 1e-3, sp0 + 1e-3};  // just inside
+  EXPECT_NE(RunBackward(in, Vec{1.0}, Vec{0.0}).ddt_raw[0], 0.0);
 }
 
 // Null s0 is a zero state, null ds_final a zero gradient, null ds0 leaves the others as they were; null D no skip
@@ -371,6 +373,93 @@ TEST(SsdTest, RefusesBadArguments) {
   EXPECT_THROW(
       ops.gated_group_rmsnorm_forward(in.x.data(), in.x.data(), in.x.data(), 1, 12, 5, 1e-6, y.data(), d.data()),
       std::invalid_argument);
+}
+
+// ---- Adjoint sharding (ssd_backward_pairs) ----
+
+struct PairsRun {
+  Grads d;
+  int64_t pairs;
+};
+
+// The pairs op over `in` with the tokens after it (none when after is null), window `window`.
+PairsRun RunPairs(const Inputs& in, const double* s0, const Vec& dy, const Inputs* after, const Vec* after_dy,
+                  int64_t window) {
+  const Shape& s = in.s;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  PairsRun r{{Vec(s.xs(), nan), Vec(s.n * s.heads, nan), Vec(s.bcs(), nan), Vec(s.bcs(), nan), Vec(), Vec(s.heads),
+              Vec(s.heads), Vec(s.heads)},
+             0};
+  Vec workspace(ops.ssd_workspace_elems(s.n, s.heads, s.head_dim, s.groups, s.N), nan);
+  r.pairs = ops.ssd_backward_pairs(
+      dy.data(), in.x.data(), in.dt_raw.data(), in.dt_bias.data(), in.A_log.data(), in.B.data(), in.C.data(),
+      in.D.data(), s0, s.n, s.heads, s.head_dim, s.groups, s.N, in.lim.lo, in.lim.hi,
+      after ? after_dy->data() : nullptr, after ? after->dt_raw.data() : nullptr, after ? after->C.data() : nullptr,
+      after ? after->s.n : 0, window, r.d.dx.data(), r.d.ddt_raw.data(), r.d.ddt_bias.data(), r.d.dA_log.data(),
+      r.d.dB.data(), r.d.dC.data(), r.d.dD.data(), workspace.data());
+  return r;
+}
+
+// Adjoint sharding with every pair (window >= the tokens left), the later tokens' cotangents handed to the first
+// chunk, gives ssd_backward's gradients; the pair counts are the paper's (sum over i of T - i).
+TEST(SsdPairsTest, PairsOverChunksEqualBackward) {
+  const Shape s{48, 4, 3, 2, 5};
+  const int64_t split = 19, m = s.n - split, all = int64_t(1) << 40;
+  const Inputs whole(s, 100, Limits{0.2, 2.0}), first = Part(whole, 0, split), second = Part(whole, split, m);
+  const Vec dy = Random(s.xs(), 101), no_grad(s.state(), 0.0);
+  const Grads want = RunBackward(whole, dy, no_grad);
+  const int64_t row = s.heads * s.head_dim;
+  const Vec dy1 = Rows(dy, 0, split, row), dy2 = Rows(dy, split, m, row);
+  const Forward f1 = RunForward(first);
+  const PairsRun late = RunPairs(second, f1.s_final.data(), dy2, nullptr, nullptr, all);
+  const PairsRun early = RunPairs(first, first.s0.data(), dy1, &second, &dy2, all);
+  EXPECT_EQ(late.pairs, m * (m + 1) / 2);
+  EXPECT_EQ(late.pairs + early.pairs, s.n * (s.n + 1) / 2);
+  for (auto field : {&Grads::dx, &Grads::ddt_raw, &Grads::dB, &Grads::dC})
+    EXPECT_LT(MaxDiff(Concat(early.d.*field, late.d.*field), want.*field), 1e-12);
+  for (auto field : {&Grads::ddt_bias, &Grads::dA_log, &Grads::dD})
+    EXPECT_LT(MaxDiff(Sum(early.d.*field, late.d.*field), want.*field), 1e-11);
+}
+
+// A truncated window keeps the pairs with t - i < window only: dx and dB against the definition, with the adjoint
+// states written as exp(A * (sum of dt)) instead of running products; T̄T - T̄(T̄-1)/2 pairs per head.
+TEST(SsdPairsTest, TruncatedWindowMatchesDefinition) {
+  const Shape s{23, 4, 3, 2, 5};
+  const int64_t window = 6;
+  const Inputs in(s, 110, Limits{0.2, 2.0});
+  const Vec dy = Random(s.xs(), 111);
+  const PairsRun got = RunPairs(in, in.s0.data(), dy, nullptr, nullptr, window);
+  EXPECT_EQ(got.pairs, window * s.n - window * (window - 1) / 2);
+
+  Vec dx(s.xs(), 0.0), dB(s.bcs(), 0.0);
+  for (int64_t h = 0; h < s.heads; ++h) {
+    const int64_t g = h / (s.heads / s.groups);
+    const double A = -std::exp(in.A_log[h]);
+    for (int64_t i = 0; i < s.n; ++i) {
+      const double dt = NaiveDt(in, i, h);
+      for (int64_t p = 0; p < s.head_dim; ++p) {
+        const int64_t xi = (i * s.heads + h) * s.head_dim + p;
+        dx[xi] = in.D[h] * dy[xi];
+        for (int64_t j = 0; j < s.N; ++j) {
+          double dS = 0, sum = 0;  // the gradient of S_i[p][j]
+          for (int64_t t = i; t < std::min(s.n, i + window); ++t) {
+            if (t > i) sum += NaiveDt(in, t, h);
+            dS += dy[(t * s.heads + h) * s.head_dim + p] * in.C[(t * s.groups + g) * s.N + j] * std::exp(A * sum);
+          }
+          dx[xi] += dt * dS * in.B[(i * s.groups + g) * s.N + j];
+          dB[(i * s.groups + g) * s.N + j] += dt * dS * in.x[xi];
+        }
+      }
+    }
+  }
+  EXPECT_LT(MaxDiff(got.d.dx, dx), 1e-12);
+  EXPECT_LT(MaxDiff(got.d.dB, dB), 1e-12);
+}
+
+TEST(SsdPairsTest, RefusesAnEmptyWindow) {
+  const Inputs in(kSmall, 120);
+  const Vec dy = Random(kSmall.xs(), 121);
+  EXPECT_THROW(RunPairs(in, nullptr, dy, nullptr, nullptr, 0), std::invalid_argument);
 }
 
 // ---- The gated group RMSNorm ----

@@ -115,6 +115,7 @@ OpTable<T> MakeCpuTable() {
   t.gated_delta_workspace_elems = cpu::GatedDeltaWorkspaceElems;
   SG_ENTRY(ssd_forward, kSsm, cpu::SsdForward<T>);
   SG_ENTRY(ssd_backward, kSsm, cpu::SsdBackward<T>);
+  SG_ENTRY(ssd_backward_pairs, kSsm, cpu::SsdBackwardPairs<T>);
   t.ssd_workspace_elems = cpu::SsdWorkspaceElems;
   SG_ENTRY(gated_group_rmsnorm_forward, kNorm, cpu::GatedGroupRmsnormForward<T>);
   SG_ENTRY(gated_group_rmsnorm_backward, kNorm, cpu::GatedGroupRmsnormBackward<T>);

@@ -60,6 +60,13 @@ inline unsigned Blocks(int64_t work, int threads) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
+// Sum of v over the 32 lanes of the warp (every lane gets it).
+template <typename T>
+__device__ inline T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // Sum of v over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result. `shared` holds
 // 32 elements.
 template <typename T>

@@ -12,10 +12,16 @@
 namespace sg::cuda {
 
 // The table's kernels, with kernels/ops.inc's signatures: gemm.cu (GemmMixed: cuBLASLt, fp32 compute), pointwise.cu
-// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, gated_delta.cu, moe.cu, optimizer.cu
+// (conversions too), attention.cu, attention_merge.cu, loss.cu, ssm.cu, gated_delta.cu, ssd.cu, moe.cu, optimizer.cu
 // (AdamWBF16: AdamW on fp32 masters, then the bf16 weights), chunk_ops.cu (work inside a chunk that core once did on
 // the host).
 #include "kernels/op_kernels.inc"
+
+// dst[t][g][:] = the sum, in head order, of rows[t][h][:] [width] over the heads h of group g (heads / groups
+// adjacent heads each), enqueued on the compute stream: the gradient of an input that a group of heads reads
+// (gated_delta.cu; ssd.cu uses it too).
+template <typename T>
+void SumOverHeadGroups(const T* rows, int64_t n, int64_t groups, int64_t heads, int64_t width, T* dst);
 
 // The table's own entries (ops.inc's SG_OP_OWN). loss.cu instantiates the loss templates for uint16_t (bf16
 // logits); attention_tc.cu holds the tensor-core attention over bf16 pages.

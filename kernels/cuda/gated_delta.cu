@@ -87,13 +87,6 @@ __global__ void GatedDeltaForwardKernel(Rows r, const T* q, const T* k, const T*
   }
 }
 
-// Sum of v over the 32 lanes of the warp (every lane gets it).
-template <typename T>
-__device__ inline T WarpSum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // The backward of one value head per block (blockIdx.x), thread j = column j (threads past dv only join the sums).
 // Shared memory: the per-warp sums of dq and dk [warps][dk] each. dq_heads, dk_heads [n][v_heads][dk] get this
 // head's rows.
@@ -194,21 +187,28 @@ __global__ void GatedDeltaBackwardKernel(Rows r, GatedDeltaWorkspace w, int64_t 
   if (active && ds0) CopyColumn<T>(dS, dk, dv, ds0 + h * state + j);
 }
 
-// dst[t][kh][:] = sum over the value heads of key head kh of heads[t][h][:], in head order (the CPU's).
+// dst[t][g][:] = sum over the heads of group g of rows[t][h][:], in head order (the CPU's).
 template <typename T>
-__global__ void SumOverValueHeadsKernel(const T* heads, int64_t n, int64_t k_heads, int64_t v_heads, int64_t dk,
+__global__ void SumOverHeadGroupsKernel(const T* rows, int64_t n, int64_t groups, int64_t heads, int64_t width,
                                         T* dst) {
-  const int64_t per = v_heads / k_heads;
-  SG_CUDA_LOOP(e, n * k_heads * dk) {
-    const int64_t i = e % dk, row = e / dk, kh = row % k_heads, t = row / k_heads;
-    const T* in = heads + (t * v_heads + kh * per) * dk + i;
+  const int64_t per = heads / groups;
+  SG_CUDA_LOOP(e, n * groups * width) {
+    const int64_t i = e % width, row = e / width, g = row % groups, t = row / groups;
+    const T* in = rows + (t * heads + g * per) * width + i;
     T acc = in[0];
-    for (int64_t p = 1; p < per; ++p) acc += in[p * dk];
+    for (int64_t r = 1; r < per; ++r) acc += in[r * width];
     dst[e] = acc;
   }
 }
 
 }  // namespace
+
+template <typename T>
+void SumOverHeadGroups(const T* rows, int64_t n, int64_t groups, int64_t heads, int64_t width, T* dst) {
+  if (n * groups * width > 0)
+    SumOverHeadGroupsKernel<T>
+        <<<Blocks(n * groups * width, kThreads), kThreads, 0, Stream()>>>(rows, n, groups, heads, width, dst);
+}
 
 int64_t GatedDeltaWorkspaceElems(int64_t n, int64_t v_heads, int64_t dk, int64_t dv) {
   return GatedDeltaLayout(n, v_heads, dk, dv).elems;
@@ -245,16 +245,13 @@ void GatedDeltaBackward(const T* dout, const T* ds_final, const T* q, const T* k
     GatedDeltaBackwardKernel<T><<<static_cast<unsigned>(v_heads), threads, shared, Stream()>>>(
         Rows{k_heads, v_heads, dk, dv}, w, n, dout, ds_final, q, k, v, g, beta, s0, dv_out, dg, dbeta, ds0, workspace);
   }
-  if (n * k_heads * dk > 0) {
-    const unsigned blocks = Blocks(n * k_heads * dk, kThreads);
-    SumOverValueHeadsKernel<T><<<blocks, kThreads, 0, Stream()>>>(workspace + w.dq_heads, n, k_heads, v_heads, dk, dq);
-    SumOverValueHeadsKernel<T>
-        <<<blocks, kThreads, 0, Stream()>>>(workspace + w.dk_heads, n, k_heads, v_heads, dk, dk_out);
-  }
+  SumOverHeadGroups(workspace + w.dq_heads, n, k_heads, v_heads, dk, dq);
+  SumOverHeadGroups(workspace + w.dk_heads, n, k_heads, v_heads, dk, dk_out);
   End(op);
 }
 
 #define SG_INSTANTIATE(T)                                                                                             \
+  template void SumOverHeadGroups<T>(const T*, int64_t, int64_t, int64_t, int64_t, T*);                               \
   template void GatedDeltaForward<T>(const T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,    \
                                      int64_t, int64_t, int64_t, T*, T*);                                              \
   template void GatedDeltaBackward<T>(const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*, \

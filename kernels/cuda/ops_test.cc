@@ -24,6 +24,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
@@ -934,6 +935,139 @@ TYPED_TEST(CudaOpsTest, GatedDeltaForwardBackward) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Mamba-2
+
+struct SsdCase {
+  int64_t n, heads, head_dim, groups, N;
+  double dt_min, dt_max;
+};
+
+// Shapes: one token; the CPU test's (two heads per group, dt clamped at both ends); head_dim over two warps with
+// idle lanes and a short last checkpoint block (37 tokens, blocks of 7); one group; no tokens (s_final = s0,
+// ds0 = ds_final).
+TYPED_TEST(CudaOpsTest, SsdForwardBackward) {
+  using T = TypeParam;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (SsdCase c : {SsdCase{1, 1, 1, 1, 3, 0, inf}, SsdCase{9, 4, 3, 2, 5, 0.3, 1.5},
+                    SsdCase{37, 4, 40, 2, 16, 0.2, inf}, SsdCase{40, 3, 32, 1, 8, 0, 2.0},
+                    SsdCase{0, 4, 3, 2, 5, 0, inf}}) {
+    const int64_t xs = c.n * c.heads * c.head_dim, dts = c.n * c.heads, bc = c.n * c.groups * c.N,
+                  state = c.heads * c.head_dim * c.N;
+    const uint64_t seed = 500 + c.n + c.head_dim;
+    std::vector<T> dt_raw = Normal<T>(dts, seed + 1, 1.2);
+    if (dts > 0) dt_raw[0] = 21;  // softplus past its threshold
+    const std::vector<T> x = Normal<T>(xs, seed), dt_bias = Normal<T>(c.heads, seed + 2, 0.5),
+                         A_log = Normal<T>(c.heads, seed + 3, 0.5), B = Normal<T>(bc, seed + 4),
+                         C = Normal<T>(bc, seed + 5), D = Normal<T>(c.heads, seed + 6), s0 = Normal<T>(state, seed + 7),
+                         dy = Normal<T>(xs, seed + 8), ds_final = Normal<T>(state, seed + 9),
+                         acc0 = Normal<T>(c.heads, seed + 10);
+    // Variants: every argument given; no state, no D; a state in and its gradient out only; a state out and its
+    // gradient in only; every one given, s_final written over s0 and ds0 over ds_final.
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool with_s0 = variant != 1 && variant != 3, with_sf = variant != 1 && variant != 2, alias = variant == 4,
+                 with_d = variant != 1;
+      auto [dut, cpu] = RunBoth([&](Device dev) {
+        const OpTable<T>& ops = OpsFor<T>(dev);
+        Buf<T> X(dev, x, "x"), DT(dev, dt_raw, "dt_raw"), BIAS(dev, dt_bias, "dt_bias"), AL(dev, A_log, "A_log"),
+            BB(dev, B, "B"), CC(dev, C, "C"), DD(dev, D, "D"), S0(dev, s0, "s0"), Y(dev, xs, Nan<T>(), "y"),
+            SF(dev, state, Nan<T>(), "s_final"), DY(dev, dy, "dy"), DSF(dev, ds_final, "ds_final"),
+            DX(dev, xs, Nan<T>(), "dx"), DDT(dev, dts, Nan<T>(), "ddt_raw"), DBIAS(dev, acc0, "ddt_bias"),
+            DAL(dev, acc0, "dA_log"), DB(dev, bc, Nan<T>(), "dB"), DC(dev, bc, Nan<T>(), "dC"), DDD(dev, acc0, "dD"),
+            DS0(dev, state, Nan<T>(), "ds0"),
+            W(dev, ops.ssd_workspace_elems(c.n, c.heads, c.head_dim, c.groups, c.N), Nan<T>(), "workspace");
+        const T* s0p = with_s0 ? S0.data() : nullptr;
+        const T* dp = with_d ? DD.data() : nullptr;
+        Buf<T>& sf = alias ? S0 : SF;
+        Buf<T>& ds0 = alias ? DSF : DS0;
+        Buf<T> S0_copy(dev, s0, "s0 (backward)");  // the backward's s0 when the forward overwrote S0
+        ops.ssd_forward(X.data(), DT.data(), BIAS.data(), AL.data(), BB.data(), CC.data(), dp, s0p, c.n, c.heads,
+                        c.head_dim, c.groups, c.N, c.dt_min, c.dt_max, Y.data(), with_sf ? sf.data() : nullptr);
+        ops.ssd_backward(DY.data(), with_sf ? DSF.data() : nullptr, X.data(), DT.data(), BIAS.data(), AL.data(),
+                         BB.data(), CC.data(), dp, alias ? S0_copy.data() : s0p, c.n, c.heads, c.head_dim, c.groups,
+                         c.N, c.dt_min, c.dt_max, DX.data(), DDT.data(), DBIAS.data(), DAL.data(), DB.data(),
+                         DC.data(), with_d ? DDD.data() : nullptr, with_s0 ? ds0.data() : nullptr, W.data());
+        Outs o;
+        for (const Buf<T>* b : {&Y, &sf, &DX, &DDT, &DBIAS, &DAL, &DB, &DC, &DDD, &ds0}) o.Add(*b);
+        EXPECT_EQ(X.Raw(), x);
+        if (!alias) {
+          EXPECT_EQ(S0.Raw(), s0);
+        }
+        W.GuardsIntact();
+        return o;
+      });
+      ExpectAllClose(dut, cpu, kLoose<T>,
+                     "ssd n=" + std::to_string(c.n) + " heads " + std::to_string(c.heads) + "/" +
+                         std::to_string(c.groups) + " head_dim=" + std::to_string(c.head_dim) +
+                         " N=" + std::to_string(c.N) + " variant " + std::to_string(variant));
+    }
+  }
+}
+
+// Adjoint sharding: a chunk with later tokens and every pair, a truncated window, a window past everything; with
+// and without s0 and D; head_dim over two warps with idle lanes.
+TYPED_TEST(CudaOpsTest, SsdBackwardPairs) {
+  using T = TypeParam;
+  const int64_t n = 13, later = 6, heads = 4, head_dim = 40, groups = 2, N = 8;
+  const int64_t xs = n * heads * head_dim, dts = n * heads, bc = n * groups * N, state = heads * head_dim * N;
+  const std::vector<T> x = Normal<T>(xs, 530), dt_raw = Normal<T>(dts, 531, 1.2), dt_bias = Normal<T>(heads, 532, 0.5),
+                       A_log = Normal<T>(heads, 533, 0.5), B = Normal<T>(bc, 534), C = Normal<T>(bc, 535),
+                       D = Normal<T>(heads, 536), s0 = Normal<T>(state, 537), dy = Normal<T>(xs, 538),
+                       later_dy = Normal<T>(later * heads * head_dim, 539),
+                       later_dt = Normal<T>(later * heads, 540, 1.2), later_C = Normal<T>(later * groups * N, 541),
+                       acc0 = Normal<T>(heads, 542);
+  for (auto [window, with_later, with_extras] :
+       {std::tuple<int64_t, bool, bool>{int64_t(1) << 40, true, true}, {5, false, true}, {1, true, false}}) {
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> X(dev, x, "x"), DT(dev, dt_raw, "dt_raw"), BIAS(dev, dt_bias, "dt_bias"), AL(dev, A_log, "A_log"),
+          BB(dev, B, "B"), CC(dev, C, "C"), DD(dev, D, "D"), S0(dev, s0, "s0"), DY(dev, dy, "dy"),
+          LDY(dev, later_dy, "later_dy"), LDT(dev, later_dt, "later_dt_raw"), LC(dev, later_C, "later_C"),
+          DX(dev, xs, Nan<T>(), "dx"), DDT(dev, dts, Nan<T>(), "ddt_raw"), DBIAS(dev, acc0, "ddt_bias"),
+          DAL(dev, acc0, "dA_log"), DB(dev, bc, Nan<T>(), "dB"), DC(dev, bc, Nan<T>(), "dC"), DDD(dev, acc0, "dD"),
+          W(dev, ops.ssd_workspace_elems(n, heads, head_dim, groups, N), Nan<T>(), "workspace");
+      Outs o;
+      o.scalar = static_cast<double>(ops.ssd_backward_pairs(
+          DY.data(), X.data(), DT.data(), BIAS.data(), AL.data(), BB.data(), CC.data(),
+          with_extras ? DD.data() : nullptr, with_extras ? S0.data() : nullptr, n, heads, head_dim, groups, N, 0.2,
+          2.0, with_later ? LDY.data() : nullptr, with_later ? LDT.data() : nullptr,
+          with_later ? LC.data() : nullptr, with_later ? later : 0, window, DX.data(), DDT.data(), DBIAS.data(),
+          DAL.data(), DB.data(), DC.data(), with_extras ? DDD.data() : nullptr, W.data()));
+      for (const Buf<T>* b : {&DX, &DDT, &DBIAS, &DAL, &DB, &DC, &DDD}) o.Add(*b);
+      W.GuardsIntact();
+      return o;
+    });
+    const std::string what = "ssd_backward_pairs window=" + std::to_string(window) + (with_later ? " later" : "") +
+                             (with_extras ? " s0 D" : "");
+    EXPECT_EQ(dut.scalar, cpu.scalar) << what << ": pair counts";
+    ExpectAllClose(dut, cpu, kLoose<T>, what);
+  }
+}
+
+// Groups of a row (group_size < dim) and one group per row; rows past the grid's first pass.
+TYPED_TEST(CudaOpsTest, GatedGroupRmsnormForwardBackward) {
+  using T = TypeParam;
+  for (auto [rows, dim, group_size] : {std::tuple<int64_t, int64_t, int64_t>{7, 96, 24}, {300, 40, 40}, {0, 8, 4}}) {
+    const int64_t count = rows * dim, groups = rows * (dim / group_size);
+    const std::vector<T> x = Normal<T>(count, 520), z = Normal<T>(count, 521, 2), w = Normal<T>(dim, 522),
+                         dout = Normal<T>(count, 523), dw0 = Normal<T>(dim, 524);
+    auto [dut, cpu] = RunBoth([&](Device dev) {
+      const OpTable<T>& ops = OpsFor<T>(dev);
+      Buf<T> X(dev, x, "x"), Z(dev, z, "z"), W(dev, w, "w"), OUT(dev, count, Nan<T>(), "out"),
+          R(dev, groups, Nan<T>(), "rstd"), DO(dev, dout, "dout"), DX(dev, count, Nan<T>(), "dx"),
+          DZ(dev, count, Nan<T>(), "dz"), DW(dev, dw0, "dw");
+      ops.gated_group_rmsnorm_forward(X.data(), Z.data(), W.data(), rows, dim, group_size, 1e-5, OUT.data(), R.data());
+      ops.gated_group_rmsnorm_backward(DO.data(), X.data(), Z.data(), W.data(), R.data(), rows, dim, group_size, 1e-5,
+                                       DX.data(), DZ.data(), DW.data());
+      Outs o;
+      for (const Buf<T>* b : {&OUT, &R, &DX, &DZ, &DW}) o.Add(*b);
+      return o;
+    });
+    ExpectAllClose(dut, cpu, kLoose<T>, "gated_group_rmsnorm rows=" + std::to_string(rows) + " dim=" +
+                                            std::to_string(dim) + " group_size=" + std::to_string(group_size));
+  }
+}
+
 TYPED_TEST(CudaOpsTest, GdnGatesForwardBackward) {
   using T = TypeParam;
   const int64_t n = 300, heads = 5;
@@ -1466,6 +1600,15 @@ TEST_F(GpuTest, ErrorsAreExceptionsNamingTheOp) {
     ADD_FAILURE() << "gated_delta_backward with dv = 2000 did not throw";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("gated_delta_backward"), std::string::npos) << e.what();
+    EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
+  }
+  // A head_dim past the SSD backward's limit, before anything runs.
+  try {
+    ops.ssd_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 4, 1, 2000,
+                     1, 16, 0, 1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "ssd_backward with head_dim = 2000 did not throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("ssd_backward"), std::string::npos) << e.what();
     EXPECT_NE(TypeOf(e).find("CudaError"), std::string::npos) << TypeOf(e);
   }
   // More experts per token than experts, before anything runs.

@@ -1,9 +1,9 @@
-// Row-wise and element-wise ops: embedding, RMSNorm, RoPE, bias, SwiGLU, the sigmoid output gate, Gated DeltaNet's
-// gates, residual add, copy, copies of column blocks, scale, SiLU, softplus; the fused layer ops (RoPE into the K/V
-// page write, RMSNorm and SwiGLU with their bf16 roundings). Formulas follow kernels/cpu/pointwise.cc, ssm.cc and
-// gated_delta.cc (same precision of every intermediate).
+// Row-wise and element-wise ops: embedding, RMSNorm, Mamba-2's gated group RMSNorm, RoPE, bias, SwiGLU, the sigmoid
+// output gate, Gated DeltaNet's gates, residual add, copy, copies of column blocks, scale, SiLU, softplus; the fused
+// layer ops (RoPE into the K/V page write, RMSNorm and SwiGLU with their bf16 roundings). Formulas follow
+// kernels/cpu/pointwise.cc, ssm.cc, gated_delta.cc and ssd.cc (same precision of every intermediate).
 //
-// Determinism: no floating-point atomics anywhere. Sums over rows (dw of RMSNorm, bias gradients, the gates' a_log
+// Determinism: no floating-point atomics anywhere. Sums over rows (dw of the RMSNorms, bias gradients, the gates' a_log
 // and dt_bias gradients) go through fixed per-chunk partials and a fixed-order reduction; the embedding gradient adds
 // each id's tokens in token order, exactly as the CPU does.
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
+#include "kernels/ssd_workspace.h"
 
 namespace sg::cuda {
 
@@ -98,15 +99,21 @@ __global__ void ColumnFinishKernel(const double* partial, int64_t chunks, int64_
   }
 }
 
-// out[j] += sum_i a[i][j] (* b[i][j] * r[i]): fixed chunks of rows, so the result does not depend on scheduling.
+// Fixed chunks of rows for column sums (at most 256), so that the result does not depend on scheduling.
+struct RowChunks {
+  int64_t rows_per_chunk, chunks;
+  explicit RowChunks(int64_t n)
+      : rows_per_chunk(std::max<int64_t>(32, (n + 255) / 256)), chunks((n + rows_per_chunk - 1) / rows_per_chunk) {}
+};
+
+// out[j] += sum_i a[i][j] (* b[i][j] * r[i]).
 template <typename T>
 void ColumnSums(const T* a, const T* b, const T* r, int64_t n, int64_t d, T* out, const char* op) {
-  const int64_t rows_per_chunk = std::max<int64_t>(32, (n + 255) / 256);  // at most 256 chunks
-  const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
-  auto* partial = static_cast<double*>(Scratch(chunks * d * sizeof(double), kSlotWork0, op));
-  const dim3 grid(Blocks(d, kThreads), static_cast<unsigned>(chunks));
-  ColumnPartialKernel<T><<<grid, kThreads, 0, Stream()>>>(a, b, r, n, d, rows_per_chunk, partial);
-  ColumnFinishKernel<T><<<Blocks(d, kThreads), kThreads, 0, Stream()>>>(partial, chunks, d, out);
+  const RowChunks c(n);
+  auto* partial = static_cast<double*>(Scratch(c.chunks * d * sizeof(double), kSlotWork0, op));
+  const dim3 grid(Blocks(d, kThreads), static_cast<unsigned>(c.chunks));
+  ColumnPartialKernel<T><<<grid, kThreads, 0, Stream()>>>(a, b, r, n, d, c.rows_per_chunk, partial);
+  ColumnFinishKernel<T><<<Blocks(d, kThreads), kThreads, 0, Stream()>>>(partial, c.chunks, d, out);
 }
 
 // ---- RMSNorm ----
@@ -154,6 +161,74 @@ __global__ void RmsNormBackwardKernel(const T* dy, const T* x, const T* w, const
       const T g = static_cast<T>(r * w[j] * dyi[j] - c * xi[j]);
       dxi[j] = accumulate_dx ? dxi[j] + g : g;
     }
+  }
+}
+
+// ---- Mamba-2's gated group RMSNorm (kernels/cpu/ssd.cc's formulas) ----
+
+template <typename T>
+__device__ inline T Silu(T z) {
+  return z * Sigmoid(z);
+}
+
+// One block per (row, group) i of group_size columns, consecutive in memory: u = x silu(z), out = w u rstd.
+template <typename T>
+__global__ void GatedGroupRmsnormForwardKernel(const T* x, const T* z, const T* w, int64_t count, int64_t dim,
+                                               int64_t group_size, double eps, T* out, T* rstd) {
+  __shared__ double shared[32];
+  const int64_t per_row = dim / group_size;
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const int64_t at = i * group_size, col = i % per_row * group_size;
+    double ss = 0;
+    for (int64_t j = threadIdx.x; j < group_size; j += blockDim.x) {
+      const T u = x[at + j] * Silu(z[at + j]);
+      out[at + j] = u;  // read back by this thread only
+      ss += static_cast<double>(u) * u;
+    }
+    ss = BlockSum(ss, shared);
+    const T r = static_cast<T>(1.0 / sqrt(ss / group_size + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    for (int64_t j = threadIdx.x; j < group_size; j += blockDim.x) out[at + j] = w[col + j] * (out[at + j] * r);
+  }
+}
+
+// du_j = r w_j dout_j - u_j r^3 / G sum_k (w_k dout_k u_k); dx = du silu(z), dz = du x s (1 + z (1 - s)).
+template <typename T>
+__global__ void GatedGroupRmsnormBackwardKernel(const T* dout, const T* x, const T* z, const T* w, const T* rstd,
+                                                int64_t count, int64_t dim, int64_t group_size, T* dx, T* dz) {
+  __shared__ double shared[32];
+  const int64_t per_row = dim / group_size;
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const int64_t at = i * group_size, col = i % per_row * group_size;
+    const double r = rstd[i];
+    double dot = 0;
+    for (int64_t j = threadIdx.x; j < group_size; j += blockDim.x)
+      dot += static_cast<double>(w[col + j]) * dout[at + j] * x[at + j] * Silu(z[at + j]);
+    dot = BlockSum(dot, shared);
+    const double c = dot * r * r * r / group_size;
+    for (int64_t j = threadIdx.x; j < group_size; j += blockDim.x) {
+      const T zj = z[at + j], s = Sigmoid(zj), silu = zj * s, u = x[at + j] * silu;
+      const T du = static_cast<T>(r * w[col + j] * dout[at + j] - c * u);
+      dx[at + j] = du * silu;
+      dz[at + j] = du * x[at + j] * s * (T(1) + zj * (T(1) - s));
+    }
+  }
+}
+
+// partial[c][j] = sum over rows i of chunk c of dout[i][j] u[i][j] rstd[i][j / group_size], in double.
+template <typename T>
+__global__ void GatedNormWeightPartialKernel(const T* dout, const T* x, const T* z, const T* rstd, int64_t rows,
+                                             int64_t dim, int64_t group_size, int64_t rows_per_chunk,
+                                             double* partial) {
+  const int64_t c = blockIdx.y, per_row = dim / group_size;
+  const int64_t i0 = c * rows_per_chunk, i1 = min(rows, i0 + rows_per_chunk);
+  SG_CUDA_LOOP(j, dim) {
+    double acc = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t at = i * dim + j;
+      acc += static_cast<double>(dout[at]) * x[at] * Silu(z[at]) * rstd[i * per_row + j / group_size];
+    }
+    partial[c * dim + j] = acc;
   }
 }
 
@@ -433,6 +508,38 @@ void RmsNormBackward(const T* dy, const T* x, const T* w, const T* rstd, int64_t
 }
 
 template <typename T>
+void GatedGroupRmsnormForward(const T* x, const T* z, const T* w, int64_t rows, int64_t dim, int64_t group_size,
+                              double eps, T* out, T* rstd) {
+  const char* op = "gated_group_rmsnorm_forward";
+  CheckNormGroups(dim, group_size, op);
+  const int64_t count = rows * (dim / group_size);
+  if (count > 0)
+    GatedGroupRmsnormForwardKernel<T>
+        <<<RowBlocks(count), kRowThreads, 0, Stream()>>>(x, z, w, count, dim, group_size, eps, out, rstd);
+  End(op);
+}
+
+template <typename T>
+void GatedGroupRmsnormBackward(const T* dout, const T* x, const T* z, const T* w, const T* rstd, int64_t rows,
+                               int64_t dim, int64_t group_size, double /*eps*/, T* dx, T* dz, T* dw) {
+  const char* op = "gated_group_rmsnorm_backward";
+  CheckNormGroups(dim, group_size, op);
+  const int64_t count = rows * (dim / group_size);
+  if (count > 0) {
+    // dw_j += sum_i dout_ij u_ij r_i(group of j) first, over fixed chunks of rows (the sums' order never changes).
+    const RowChunks c(rows);
+    auto* partial = static_cast<double*>(Scratch(c.chunks * dim * sizeof(double), kSlotWork0, op));
+    const dim3 grid(Blocks(dim, kThreads), static_cast<unsigned>(c.chunks));
+    GatedNormWeightPartialKernel<T>
+        <<<grid, kThreads, 0, Stream()>>>(dout, x, z, rstd, rows, dim, group_size, c.rows_per_chunk, partial);
+    ColumnFinishKernel<T><<<Blocks(dim, kThreads), kThreads, 0, Stream()>>>(partial, c.chunks, dim, dw);
+    GatedGroupRmsnormBackwardKernel<T>
+        <<<RowBlocks(count), kRowThreads, 0, Stream()>>>(dout, x, z, w, rstd, count, dim, group_size, dx, dz);
+  }
+  End(op);
+}
+
+template <typename T>
 void Rope(T* x, int64_t n, int64_t heads, int64_t head_dim, int64_t pos0, const double* inv_freq, bool inverse) {
   const int64_t half = head_dim / 2;
   if (n <= 0 || heads <= 0 || half <= 0) return;
@@ -646,6 +753,9 @@ void RoundBF16(float* x, int64_t count, uint16_t* half) {
   template void EmbeddingBackward<T>(const int32_t*, int64_t, const T*, int64_t, T*);                        \
   template void RmsNormForward<T>(const T*, const T*, int64_t, int64_t, double, T*, T*);                     \
   template void RmsNormBackward<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, T*, T*, bool);  \
+  template void GatedGroupRmsnormForward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, double, T*, T*); \
+  template void GatedGroupRmsnormBackward<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,      \
+                                             int64_t, double, T*, T*, T*);                                          \
   template void Rope<T>(T*, int64_t, int64_t, int64_t, int64_t, const double*, bool);                        \
   template void RopeKvWrite<T, T>(const T*, const T*, int64_t, int64_t, const double*, const PagedKV<T>&);     \
   template void AddBias<T>(T*, const T*, int64_t, int64_t);                                                  \

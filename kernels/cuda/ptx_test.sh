@@ -2,7 +2,7 @@
 # The bf16 tensor-core attention kernels (attention_tc.cu) compiled to PTX by nvcc for sm_80 and sm_90: every
 # forward, dQ and dK/dV kernel (each head-dim instantiation) must contain the bf16 mma.sync instruction. The
 # emulated ops test runs the tensor-core path on the CPU; this checks that nvcc really emits it for the GPUs. And
-# the Gated DeltaNet and mixture-of-experts kernels' resources (below).
+# the Gated DeltaNet, Mamba-2 SSD and mixture-of-experts kernels' resources (below).
 # Skips (passes with a message) only where no nvcc is installed.
 set -euo pipefail
 
@@ -72,17 +72,24 @@ max_registers() {
     <<<"$info" | sort -n | tail -1
 }
 
-# The Gated DeltaNet kernels (gated_delta.cu): no local memory, and the backward's registers fit its largest block
-# (512 threads of 64K registers).
-for arch in 80 90; do
-  compile_without_local_memory "$arch" gated_delta "forward, backward, sum over heads; f32, f64" 6
-  regs="$(max_registers GatedDeltaBackwardKernel)"
+# A scan's kernels ($2.cu: $3, $4 entries) for sm_$1: no local memory, and the registers of its backward kernels
+# (the entries whose names contain $5) fit their largest block (512 threads of 64K registers).
+check_scan() {
+  local arch="$1" file="$2" what="$3" expected="$4" kernel="$5" regs
+  compile_without_local_memory "$arch" "$file" "$what" "$expected"
+  regs="$(max_registers "$kernel")"
   if [[ -z "$regs" || $((regs * 512)) -gt 65536 ]]; then
-    echo "FAIL sm_${arch}: the gated delta backward uses ${regs:-?} registers; 512 threads need <= 128"
+    echo "FAIL sm_${arch}: a ${kernel} kernel uses ${regs:-?} registers; 512 threads need <= 128"
     status=1
   else
-    echo "sm_${arch} gated delta: no local memory, backward ${regs} registers"
+    echo "sm_${arch} ${file}: no local memory, ${kernel} kernels at most ${regs} registers"
   fi
+}
+
+# The Gated DeltaNet kernels (gated_delta.cu) and Mamba-2's SSD scan (ssd.cu).
+for arch in 80 90; do
+  check_scan "$arch" gated_delta "forward, backward, sum over heads; f32, f64" 6 GatedDeltaBackwardKernel
+  check_scan "$arch" ssd "forward, backward, backward by pairs; f32, f64" 6 SsdBackward
 done
 
 # The mixture-of-experts kernels (moe.cu): no local memory, and every kernel's registers fit its block (at most 256

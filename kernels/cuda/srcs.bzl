@@ -17,6 +17,7 @@ CUDA_SRCS = [
     "optimizer.cu",
     "pointwise.cu",
     "runtime.cu",
+    "ssd.cu",
     "ssm.cu",
     "table.cu",
     "vocab_parallel.cu",

@@ -53,6 +53,12 @@ static OpTable<T> MakeCudaTable() {
   t.gated_delta_forward = cuda::GatedDeltaForward<T>;
   t.gated_delta_backward = cuda::GatedDeltaBackward<T>;
   t.gated_delta_workspace_elems = cuda::GatedDeltaWorkspaceElems;
+  t.ssd_forward = cuda::SsdForward<T>;
+  t.ssd_backward = cuda::SsdBackward<T>;
+  t.ssd_backward_pairs = cuda::SsdBackwardPairs<T>;
+  t.ssd_workspace_elems = cuda::SsdWorkspaceElems;
+  t.gated_group_rmsnorm_forward = cuda::GatedGroupRmsnormForward<T>;
+  t.gated_group_rmsnorm_backward = cuda::GatedGroupRmsnormBackward<T>;
   t.moe_route = cuda::MoeRoute<T>;
   t.moe_route_backward = cuda::MoeRouteBackward<T>;
   t.gather_rows = cuda::GatherRows<T>;
