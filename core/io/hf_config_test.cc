@@ -699,6 +699,13 @@ TEST(HfConfigTest, Mamba2FamilyRefusalsNameTheField) {
   ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 8, "n_groups": 3})"), {"field 'n_groups' (3) must divide"});
   ExpectErrorMentions(Parse(mamba2 + R"(, "head_dim": 8, "n_groups": 2, "time_step_limit": [1.0, 0.5]})"),
                       {"field 'time_step_limit'"});
+  // A billion layers are refused before the per-layer lists are made.
+  ExpectErrorMentions(Parse(R"({"model_type": "mamba2", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers":
+                               1000000000, "num_heads": 4, "head_dim": 8, "n_groups": 2})"),
+                      {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
+  ExpectErrorMentions(Parse(R"({"model_type": "bamba", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers":
+                               1000000000, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 4})"),
+                      {"field 'num_hidden_layers' is 1000000000;", "supported up to 65536 layers"});
   const std::string bamba = R"({"model_type": "bamba", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "mamba_n_heads": 4)";
   ExpectErrorMentions(Parse(bamba + R"(, "z_loss_coefficient": 0.1})"), {"field 'z_loss_coefficient' is 0.1"});

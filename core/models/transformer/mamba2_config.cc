@@ -43,6 +43,13 @@ absl::Status ParseTimeStepLimit(const FieldReader& fields, Mamba2Config& m) {
   return absl::OkStatus();
 }
 
+// A flag per layer: past this many layers (real models have a few hundred at most) a config is refused before the
+// lists are made.
+absl::Status CheckLayerCount(const FieldReader& fields, int64_t layers) {
+  if (layers <= (int64_t{1} << 16)) return absl::OkStatus();
+  return fields.Error("num_hidden_layers", absl::StrCat("is ", layers, "; supported up to 65536 layers"));
+}
+
 absl::Status CheckSilu(const FieldReader& fields, const char* field) {
   std::optional<std::string> act;
   SG_IO_ASSIGN_OR_RETURN(act, fields.String(field));
@@ -85,6 +92,7 @@ absl::StatusOr<TransformerConfig> ParseMamba2(const FieldReader& fields) {
   if (absl::Status s = CheckSilu(fields, "hidden_act"); !s.ok()) return s;
   if (absl::Status s = ParseTimeStepLimit(fields, m); !s.ok()) return s;
   if (absl::Status s = CheckMambaShapes(fields, c, "num_heads", "n_groups"); !s.ok()) return s;
+  if (absl::Status s = CheckLayerCount(fields, c.num_layers); !s.ok()) return s;
   c.mixers.assign(c.num_layers, Mixer::kMamba2);
   c.mlps.assign(c.num_layers, Mlp::kNone);
   return c;
@@ -160,8 +168,7 @@ absl::StatusOr<TransformerConfig> ParseBamba(const FieldReader& fields, const st
   }
   c.partial_rotary_factor = 0.5;  // BambaConfig's, unless its RoPE block says otherwise
   if (absl::Status s = ParseTransformerRope(fields, source_name, c); !s.ok()) return s;
-  if (c.num_layers > (int64_t{1} << 16))
-    return fields.Error("num_hidden_layers", absl::StrCat("is ", c.num_layers, "; supported up to 65536 layers"));
+  if (absl::Status s = CheckLayerCount(fields, c.num_layers); !s.ok()) return s;
   c.mixers.assign(c.num_layers, Mixer::kMamba2);
   if (const json* indices = fields.Get("attn_layer_indices")) {
     if (!indices->is_array()) return fields.Error("attn_layer_indices", "must be an array of layer indices");
