@@ -331,14 +331,39 @@ TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
               "f64 tiny after a failed step: gpu seco vs cpu");
 }
 
-// Mamba-2's ops have no CUDA kernels yet: a model with Mamba-2 layers is refused on the GPU when created, by name.
-TEST_F(CudaStrategyTest, Mamba2LayersAreRefusedOnTheGpu) {
-  for (const char* preset : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
-    auto model = CreateTransformer(*TransformerPreset(preset), DType::kF32, Device::kCUDA);
-    ASSERT_FALSE(model.ok()) << preset;
-    EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
-    EXPECT_NE(std::string(model.status().message()).find("Mamba-2 layers have no kernels"), std::string::npos)
-        << model.status();
+// Mamba-2 layers (tiny-mamba2; tiny-bamba's beside attention and SwiGLU MLPs), f64: every exact strategy and adjoint
+// sharding (pairs and scan forms, a truncated window, packed documents) on the GPU against the same strategy on the
+// CPU, and the exact ones against full backprop on the GPU.
+TEST_F(CudaStrategyTest, Mamba2MatchesCpu) {
+  for (const std::string preset : {"tiny-mamba2", "tiny-bamba"}) {
+    Pair p = Transformers(preset, DType::kF64);
+    ASSERT_TRUE(p.gpu && p.cpu);
+    StrategyOptions scan_form = Strategy("adjoint", 4, 3);
+    scan_form.adjoint_form = "scan";
+    StrategyOptions truncated = Strategy("adjoint", 7, 4);
+    truncated.adjoint_window = 3;  // not exact: compared with the CPU only
+    const std::vector<StrategyOptions> all = {Strategy("full", 512, 4),
+                                              Strategy("seco", 5, 2),
+                                              Strategy("streambp", 4, 3),
+                                              Strategy("adjoint", 5, 4),
+                                              scan_form,
+                                              truncated};
+    for (bool packed : {false, true}) {
+      std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
+      if (packed) ASSERT_TRUE(SetDocuments(batch[0], {7, 3, 9, 1, 4}, "packed").ok());
+      const Grads gpu_full = Gradients(*p.gpu, all[0], batch);
+      for (const StrategyOptions& o : all) {
+        const std::string what =
+            "f64 " + preset + (packed ? " documents" : "") + ": gpu " + Describe(o) +
+            (o.name == "adjoint" ? " " + o.adjoint_form : "") +
+            (o.adjoint_window != StrategyOptions::kNoAdjointWindow ? " window " + std::to_string(o.adjoint_window)
+                                                                   : "");
+        const Grads gpu = Gradients(*p.gpu, o, batch);
+        ExpectClose(gpu, Gradients(*p.cpu, o, batch), 1e-10, what + " vs cpu");
+        if (o.adjoint_window == StrategyOptions::kNoAdjointWindow)
+          ExpectClose(gpu, gpu_full, 1e-10, what + " vs gpu full");
+      }
+    }
   }
 }
 

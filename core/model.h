@@ -136,6 +136,11 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual std::string family() const = 0;  // "transformer" or "ssm"
+  // The layers whose scan gradient adjoint sharding forms from pairs (t, i) (strategies/adjoint.cc): Mamba's and
+  // Mamba-2's. kAll: every layer is a bare scan layer, the paper's model (its --adjoint_form=paper applies); kSome:
+  // beside attention or MLPs, whose backward stays seco's.
+  enum class ScanLayers { kNone, kSome, kAll };
+  virtual ScanLayers scan_layers() const { return ScanLayers::kNone; }
   // The configuration the model was created from, as its family describes it (core/models/family.h): its config.json,
   // presets, size, FLOPs, and models like it (other devices, tensor-parallel ranks).
   virtual std::unique_ptr<ModelSpec> spec() const = 0;

@@ -79,10 +79,15 @@ absl::Status ValidateStrategyOptions(const StrategyOptions& o) {
 }
 
 absl::Status ValidateStrategyForModel(const StrategyOptions& o, const Model& m) {
-  if (o.name == "adjoint" && m.family() != "ssm")
-    return absl::InvalidArgumentError(absl::StrCat("--strategy=adjoint needs a state-space model (family 'ssm', e.g. "
-                                                   "--model=tiny-ssm); this model's family is '",
-                                                   m.family(), "'"));
+  if (o.name == "adjoint" && m.scan_layers() == Model::ScanLayers::kNone)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--strategy=adjoint needs a state-space model (Mamba or Mamba-2 layers, e.g. --model=tiny-ssm or "
+                     "tiny-mamba2); this model (family '",
+                     m.family(), "') has none"));
+  if (o.name == "adjoint" && o.adjoint_form == "paper" && m.scan_layers() != Model::ScanLayers::kAll)
+    return absl::InvalidArgumentError(
+        "--adjoint_form=paper is the paper's formula for a stack of scan layers only; this model also has attention "
+        "or MLP layers (use --adjoint_form=pairs or scan)");
   if (o.offload && m.family() != "transformer")
     return absl::InvalidArgumentError(absl::StrCat("--offload moves KV-cache pages to host memory and needs a "
                                                    "transformer; this model's family is '",

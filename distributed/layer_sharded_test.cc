@@ -1,5 +1,6 @@
 // Runs under `mpirun -np 2` (layer_sharded_mpi_test): layer-sharded adjoint on 2 ranks against the single-process
-// adjoint strategy (each rank computes the reference itself on its own copy of the model), fp64.
+// adjoint strategy (each rank computes the reference itself on its own copy of the model), fp64: Mamba-1 (tiny-ssm),
+// and the transformer family's Mamba-2 layers (tiny-mamba2; tiny-bamba's beside attention and MLPs).
 #include "distributed/layer_sharded.h"
 
 #include <gtest/gtest.h>
@@ -30,19 +31,32 @@ std::unique_ptr<Model> MakeSsm(int layers, bool tied) {
   return std::move(*model);
 }
 
-std::vector<Sequence> Batch2(int64_t vocab) {
-  std::vector<Sequence> b = RaggedBatch(vocab, 12345);  // 23 and 9 tokens
-  b[1].labels[0] = -100;
-  return b;
-}
-
 struct Case {
   int layers;
   bool tied;
   std::string form;
   int64_t window;  // 0: none
   int64_t chunk;
+  std::string preset = "tiny-ssm";  // or a transformer preset with Mamba-2 layers (its own layers and head)
 };
+
+std::unique_ptr<Model> MakeModel(const Case& c) {
+  if (c.preset == "tiny-ssm") return MakeSsm(c.layers, c.tied);
+  auto model = CreateTransformer(*TransformerPreset(c.preset), DType::kF64);
+  EXPECT_TRUE(model.ok()) << model.status();
+  InitOptions init;
+  init.stddev = 0.3;
+  init.perturb_norms_and_biases = true;
+  init.seed = 11;
+  InitRandom(**model, init);
+  return std::move(*model);
+}
+
+std::vector<Sequence> Batch2(int64_t vocab) {
+  std::vector<Sequence> b = RaggedBatch(vocab, 12345);  // 23 and 9 tokens
+  b[1].labels[0] = -100;
+  return b;
+}
 
 StrategyOptions Options(const Case& c) {
   StrategyOptions o;
@@ -59,7 +73,7 @@ class LayerShardedTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(LayerShardedTest, GradientsEqualSingleProcessAdjoint) {
   const Case& c = GetParam();
-  auto single = MakeSsm(c.layers, c.tied), sharded = MakeSsm(c.layers, c.tied);
+  auto single = MakeModel(c), sharded = MakeModel(c);
   Trainer reference(*single, Options(c), OptimizerOptions{});
   LayerShardedAdjoint ls(*sharded, Options(c), OptimizerOptions{}, *g_comm);
   ASSERT_TRUE(ls.Validate().ok()) << ls.Validate();
@@ -102,7 +116,7 @@ TEST_P(LayerShardedTest, GradientsEqualSingleProcessAdjoint) {
 
 TEST_P(LayerShardedTest, TrainingEqualsSingleProcess) {
   const Case& c = GetParam();
-  auto single = MakeSsm(c.layers, c.tied), sharded = MakeSsm(c.layers, c.tied);
+  auto single = MakeModel(c), sharded = MakeModel(c);
   OptimizerOptions opt;
   opt.lr = 3e-3;
   opt.weight_decay = 0.1;
@@ -138,11 +152,14 @@ TEST_P(LayerShardedTest, TrainingEqualsSingleProcess) {
 INSTANTIATE_TEST_SUITE_P(Forms, LayerShardedTest,
                          ::testing::Values(Case{3, true, "pairs", 0, 4}, Case{3, true, "pairs", 3, 4},
                                            Case{3, true, "scan", 0, 5}, Case{2, true, "pairs", 0, 4},
-                                           Case{2, false, "pairs", 5, 7}, Case{3, false, "scan", 0, 64}),
+                                           Case{2, false, "pairs", 5, 7}, Case{3, false, "scan", 0, 64},
+                                           Case{3, true, "pairs", 0, 4, "tiny-mamba2"},
+                                           Case{3, false, "pairs", 3, 5, "tiny-bamba"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            const Case& c = info.param;
-                           return absl::StrCat("L", c.layers, c.tied ? "_tied_" : "_untied_", c.form, "_w", c.window,
-                                               "_c", c.chunk);
+                           std::string preset = c.preset.substr(5);
+                           return absl::StrCat(preset, "_L", c.layers, c.tied ? "_tied_" : "_untied_", c.form, "_w",
+                                               c.window, "_c", c.chunk);
                          });
 
 TEST(LayerSharded, BlocksAreContiguousAndUneven) {

@@ -10,12 +10,13 @@ norms' weights, A_log, dt_bias, D, the conv kernels and biases, the gated norm's
   * nemotron_h (NemotronHForCausalLM): Mamba-2, ReLU² MLP, attention without RoPE (head_dim 6 unlike hidden /
     heads), Mamba-2, ReLU² MLP; biases, dt clamped below at time_step_min; saved under backbone.* as published.
 Every model's SSD chunk (chunk_size) is 16 tokens. On a batch of 151 and 120 tokens (some labels masked), grad_dump
-(the engine) runs full, ckpt, seco, spaco (a budget of every chunk: each is kept, the compensation is 1) and
-streambp with chunks of 37 and 50 (neither a multiple of 16 nor dividing the sequences, so seqgrad's chunks cut
-transformers' SSD chunks unevenly): the mean token loss and every parameter gradient must match transformers' to
-1e-10 relative. Packed documents (documents_hf_test's batch, each document run alone by transformers) under full,
-seco, spaco and streambp with chunks that cut documents and documents shorter than the conv tail; the adjoint
-strategy is refused by name. Finally //cli:train trains each model for two steps and saves it: transformers loads the
+(the engine) runs full, ckpt, seco, spaco (a budget of every chunk: each is kept, the compensation is 1), streambp and
+adjoint (its pairs and scan forms, no window) with chunks of 37 and 50 (neither a multiple of 16 nor dividing the
+sequences, so seqgrad's chunks cut transformers' SSD chunks unevenly): the mean token loss and every parameter
+gradient must match transformers' to 1e-10 relative. Packed documents (documents_hf_test's batch, each document run
+alone by transformers) under full, seco, spaco, streambp and adjoint with chunks that cut documents and documents
+shorter than the conv tail; adjoint's paper form (a pure scan stack's formula) is refused by name on the hybrids.
+Finally //cli:train trains each model for two steps and saves it: transformers loads the
 saved directory with no missing or unexpected keys, and its loss and gradients of the saved model are the engine's.
 
 Two halves:
@@ -40,11 +41,11 @@ SSD_CHUNK = 16
 # (strategy, chunk, KV page, grad_dump flags...): 150 and 119 positions make 3 chunks each of 50 (spaco needs equal
 # counts), 5 and 4 of 37.
 RUNS = [("full", 512, 16), ("ckpt", 512, 16), ("seco", 37, 16), ("seco", 50, 16), ("spaco", 50, 16, "--spaco_budget=3"),
-        ("streambp", 37, 16), ("streambp", 50, 16)]
+        ("streambp", 37, 16), ("streambp", 50, 16), ("adjoint", 37, 16), ("adjoint", 50, 16, "--adjoint_form=scan")]
 # documents_hf_test's packed batch (documents of 2..12 tokens): chunks that cut documents, documents shorter than the
 # conv tail (3 tokens).
 DOCUMENT_RUNS = [("full", 512, 4), ("seco", 5, 4), ("seco", 4, 3), ("spaco", 15, 3, "--spaco_budget=2"),
-                 ("streambp", 4, 3)]
+                 ("streambp", 4, 3), ("adjoint", 5, 4), ("adjoint", 4, 3, "--adjoint_form=scan")]
 MAMBA2 = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_heads=4, head_dim=8, expand=2, state_size=6,
               conv_kernel=4, chunk_size=SSD_CHUNK, layer_norm_epsilon=1e-5)
 BAMBA = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=3, attn_layer_indices=[1], num_attention_heads=4,
@@ -246,15 +247,17 @@ def test_packed_documents_match_transformers_document_by_document(name):
     _docs().check_documents(f"{name} documents", model_dir(name), DOCUMENT_RUNS)
 
 
-def test_adjoint_refused_by_name(name):
-    """adjoint (Mamba-1's strategy) is refused, naming it, before any work."""
-    out = os.path.join(models()["root"], name, "unused.safetensors")
-    proc = _ref().run([_ref().grad_dump_path(), f"--model_dir={model_dir(name)}",
-                       f"--batch_jsonl={models()['batch']}", "--strategy=adjoint", "--chunk=48", f"--out={out}"],
-                      check=False)
-    assert proc.returncode == 1 and "adjoint" in proc.stderr, \
-        f"{name}: --strategy=adjoint must be refused by name (exit 1); exit {proc.returncode}: {proc.stderr}"
-    assert not os.path.exists(out)
+def test_adjoint_paper_form_refused_on_hybrids():
+    """adjoint's paper form (the paper's formula for a stack of scan layers) is refused on the models with attention
+    and MLP layers, naming it, before any work."""
+    for name in ("bamba", "nemotron_h"):
+        out = os.path.join(models()["root"], name, "unused.safetensors")
+        proc = _ref().run([_ref().grad_dump_path(), f"--model_dir={model_dir(name)}",
+                           f"--batch_jsonl={models()['batch']}", "--strategy=adjoint", "--adjoint_form=paper",
+                           "--chunk=48", f"--out={out}"], check=False)
+        assert proc.returncode == 1 and "--adjoint_form=paper" in proc.stderr, \
+            f"{name}: --adjoint_form=paper must be refused by name (exit 1); exit {proc.returncode}: {proc.stderr}"
+        assert not os.path.exists(out)
 
 
 def test_trained_model_loads_into_transformers(name):

@@ -148,6 +148,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
   }
 
   std::string family() const override { return "ssm"; }
+  ScanLayers scan_layers() const override { return ScanLayers::kAll; }
   DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }

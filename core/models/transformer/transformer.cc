@@ -84,6 +84,14 @@ struct LinearBoundary {
   std::shared_ptr<char> host;
 };
 
+// Adjoint sharding relays to the chunk before, instead of a Mamba-2 layer's scan state gradient, what the pairs
+// (t, i) of earlier chunks read: the scan output cotangents, raw time steps and C of the adjoint_window - 1 tokens
+// from `begin` on.
+struct LaterTokens {
+  int64_t begin = 0, rows = 0;
+  Tensor dy, dt, C;  // [rows][intermediate], [rows][heads], [rows][groups x state]
+};
+
 // The state of a sequence: KV pages of the attention layers, numbered among themselves (`kv_index`: a model layer's
 // number in the pools, -1 for a Gated DeltaNet layer), and the linear layers' boundary states. Every method below
 // but the SequenceState overrides takes attention layers by their number in the pools.
@@ -105,6 +113,8 @@ class TransformerState final : public SequenceState {
     linear_copies = offload_copies;
   }
   void Release(int model_layer, int64_t from) override {
+    // Later tokens are read by positions before them (and replaced by each backward); none are left before 0.
+    if (from == 0) later.erase(model_layer);
     const int layer = kv_index[model_layer];
     if (layer < 0) {  // a boundary b belongs to position b - 1: positions >= from own the boundaries b > from
       for (auto* m : {&linear_cache, &linear_grad})
@@ -137,6 +147,7 @@ class TransformerState final : public SequenceState {
     }
   }
   void SkipGrad(Chunk c) override { grad.SkipRows(c.begin, c.end, seq_len); }
+  int64_t AdjointPairs() const override { return adjoint_pairs; }
   int64_t OffloadedBytes() const override { return (offload ? offload->host_bytes() : 0) + linear_host_bytes; }
 
   // With offload, a linear layer's boundary state waits in host memory from the chunk that writes it to the chunks
@@ -229,6 +240,10 @@ class TransformerState final : public SequenceState {
   // Gated DeltaNet layers: by (model layer, boundary b > 0) the state of positions < b (boundary 0 is the zero
   // state, never stored), and the gradients later chunks relayed to those states.
   std::map<std::pair<int, int64_t>, LinearBoundary> linear_cache, linear_grad;
+  // Mamba-2 layers under adjoint sharding (opts.adjoint_window > 0): by model layer, the tokens relayed instead of
+  // the scan state gradient (linear_grad then holds only the conv tail's), and the pairs (t, i) per head so far.
+  std::map<int, LaterTokens> later;
+  int64_t adjoint_pairs = 0;
   const CopyEngine* linear_copies = nullptr;  // with offload
   int64_t linear_host_bytes = 0;
   std::vector<double> inv_freq;  // RoPE of this sequence (the dynamic type depends on its length)
@@ -452,6 +467,12 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
   }
 
   std::string family() const override { return "transformer"; }
+  ScanLayers scan_layers() const override {
+    if (cfg_.mamba_layer_count() == 0) return ScanLayers::kNone;
+    const int64_t L = cfg_.num_layers;
+    return cfg_.mixer_count(Mixer::kMamba2) == L && cfg_.mlp_count(Mlp::kNone) == L ? ScanLayers::kAll
+                                                                                    : ScanLayers::kSome;
+  }
   // KV-cache and KV-gradient pages: bf16 under --dtype=bf16, else the compute dtype.
   DType KVDType() const { return Store::weight_dtype_ == DType::kBF16 ? DType::kBF16 : dtype(); }
   DType dtype() const override { return Store::kDType; }
@@ -1440,12 +1461,16 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
 
     // The scan. The gradient of c's output state is complete (later chunks ran their backward first); c leaves the
-    // gradient of its input state for the previous chunk (none where a document starts).
+    // gradient of its input state for the previous chunk (none where a document starts). Under adjoint sharding
+    // the scan's part of it is the tokens their pairs (t, i) read instead (LaterTokens).
     const Tensor xc = wide(kXc);
     const SsdInputs in = SsdInputsOf(xc, n);
     const T* dt = s[kBA].data<T>();
+    const bool adjoint = state.opts.adjoint_window > 0;
     const LinearBoundary* gout = TransformerState::Find(state.linear_grad, l, c.end);
-    LinearBoundary* gin = BoundaryGradient(l, c, state, {H, m.head_dim, m.state}, {m.conv_kernel - 1, C});
+    LinearBoundary* gin =
+        BoundaryGradient(l, c, state, adjoint ? std::vector<int64_t>{} : std::vector<int64_t>{H, m.head_dim, m.state},
+                         {m.conv_kernel - 1, C});
     const std::vector<ChunkPiece> pieces = DocumentPieces(c, state.opts.doc_starts);
     Tensor dx = New(ws, {n, I}), dB = New(ws, {n, GN}), dC = New(ws, {n, GN}), ddt = New(ws, {n, H});
     {
@@ -1453,14 +1478,37 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       for (const ChunkPiece& p : pieces) longest = std::max(longest, p.rows);
       Tensor work =
           New(ws, {std::max<int64_t>(1, ops_.ssd_workspace_elems(longest, H, m.head_dim, m.groups, m.state))});
-      for (const ChunkPiece& p : pieces)
-        ops_.ssd_backward(dy.data<T>() + p.row * I, p.last && gout ? gout->s.data<T>() : nullptr,
-                          in.x.data<T>() + p.row * I, dt + p.row * H, W(P.dt_bias), W(P.a_log),
-                          in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d),
-                          p.first ? s[kS0].data<T>() : nullptr, p.rows, H, m.head_dim, m.groups, m.state, m.dt_min,
-                          m.dt_max, dx.data<T>() + p.row * I, ddt.data<T>() + p.row * H, GradOrScratch(P.dt_bias),
-                          GradOrScratch(P.a_log), dB.data<T>() + p.row * GN, dC.data<T>() + p.row * GN,
-                          GradOrScratch(P.d), p.first && gin ? gin->s.data<T>() : nullptr, work.data<T>());
+      if (adjoint) {
+        // Pairs (t, i) stay inside a document: only the last piece reads the tokens after c (of its document, as
+        // relayed), and earlier chunks read c's first piece (and what follows it when c is one piece), or nothing.
+        LaterTokens& later = state.later[l];
+        if (later.rows > 0 && later.begin != c.end)
+          throw std::logic_error(absl::StrCat("Mamba-2 layer ", l, ": adjoint cotangents start at ", later.begin,
+                                              ", not after the chunk ending at ", c.end));
+        for (const ChunkPiece& p : pieces) {
+          const int64_t reads = p.last ? later.rows : 0;
+          state.adjoint_pairs += ops_.ssd_backward_pairs(
+              dy.data<T>() + p.row * I, in.x.data<T>() + p.row * I, dt + p.row * H, W(P.dt_bias), W(P.a_log),
+              in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d), p.first ? s[kS0].data<T>() : nullptr,
+              p.rows, H, m.head_dim, m.groups, m.state, m.dt_min, m.dt_max, reads ? later.dy.data<T>() : nullptr,
+              reads ? later.dt.data<T>() : nullptr, reads ? later.C.data<T>() : nullptr, reads,
+              state.opts.adjoint_window, dx.data<T>() + p.row * I, ddt.data<T>() + p.row * H, GradOrScratch(P.dt_bias),
+              GradOrScratch(P.a_log), dB.data<T>() + p.row * GN, dC.data<T>() + p.row * GN, GradOrScratch(P.d),
+              work.data<T>());
+        }
+        later = gin ? PrependTokens(c.begin, pieces[0].rows, dy, s[kBA], in.C,
+                                    pieces.size() == 1 ? later : LaterTokens{}, state.opts.adjoint_window - 1)
+                    : LaterTokens{};
+      } else {
+        for (const ChunkPiece& p : pieces)
+          ops_.ssd_backward(dy.data<T>() + p.row * I, p.last && gout ? gout->s.data<T>() : nullptr,
+                            in.x.data<T>() + p.row * I, dt + p.row * H, W(P.dt_bias), W(P.a_log),
+                            in.B.data<T>() + p.row * GN, in.C.data<T>() + p.row * GN, W(P.d),
+                            p.first ? s[kS0].data<T>() : nullptr, p.rows, H, m.head_dim, m.groups, m.state, m.dt_min,
+                            m.dt_max, dx.data<T>() + p.row * I, ddt.data<T>() + p.row * H, GradOrScratch(P.dt_bias),
+                            GradOrScratch(P.a_log), dB.data<T>() + p.row * GN, dC.data<T>() + p.row * GN,
+                            GradOrScratch(P.d), p.first && gin ? gin->s.data<T>() : nullptr, work.data<T>());
+      }
     }
     ops_.copy_rows(dproj.data<T>() + I + C, R, ddt.data<T>(), H, n, H);
 
@@ -1519,16 +1567,39 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     }
     return out;
   }
-  // Where chunk c's backward leaves the gradient of its input state (null where a document starts at c).
+  // Where chunk c's backward leaves the gradient of its input state (null where a document starts at c); s_shape
+  // empty: the conv tail's only (adjoint sharding relays LaterTokens instead of the scan state's).
   LinearBoundary* BoundaryGradient(int l, Chunk c, TransformerState& state, std::vector<int64_t> s_shape,
                                    std::vector<int64_t> tail_shape) {
     if (StartsDocument(state.opts.doc_starts, c.begin)) return nullptr;
     LinearBoundary* gin = &state.linear_grad[{l, c.begin}];
-    if (!gin->s.defined()) {
-      gin->s = New(MemCategory::kKVGrad, std::move(s_shape));
+    if (!gin->tail.defined()) {
+      if (!s_shape.empty()) gin->s = New(MemCategory::kKVGrad, std::move(s_shape));
       gin->tail = New(MemCategory::kKVGrad, std::move(tail_shape));
     }
     return gin;
+  }
+  // The scan output cotangents dy, raw time steps dt and C of the `rows` tokens from `begin` (c's first, at c's
+  // rows 0, ...), followed by the tokens after them (`after`), cut to the first `keep` rows: what the pairs of the
+  // chunks before read.
+  LaterTokens PrependTokens(int64_t begin, int64_t rows, const Tensor& dy, const Tensor& dt, const Tensor& C,
+                            const LaterTokens& after, int64_t keep) {
+    const Mamba2Config& m = cfg_.mamba;
+    LaterTokens out;
+    out.begin = begin;
+    out.rows = std::min(keep, rows + after.rows);
+    if (out.rows == 0) return out;
+    const int64_t here = std::min(out.rows, rows), there = out.rows - here;
+    auto join = [&](const Tensor& first, const Tensor& then, int64_t width) {
+      Tensor t = New(MemCategory::kKVGrad, {out.rows, width});
+      ops_.copy(t.data<T>(), first.data<T>(), here * width);
+      if (there) ops_.copy(t.data<T>() + here * width, then.data<T>(), there * width);
+      return t;
+    };
+    out.dy = join(dy, after.dy, m.intermediate());
+    out.dt = join(dt, after.dt, m.heads);
+    out.C = join(C, after.C, m.groups * m.state);
+    return out;
   }
 
   // The delta rule's inputs from the conv's output xc [n][conv channels] and b, a [n][value heads].
@@ -2049,9 +2120,6 @@ absl::StatusOr<std::unique_ptr<TransformerModel>> CreateTransformer(const Transf
                                                  config.architecture, "'s Gated DeltaNet layers"));
   if (absl::Status s = CheckTensorParallelPlacement(tp, device); !s.ok()) return s;
   if (absl::Status s = CheckDevice(device); !s.ok()) return s;
-  if (config.mamba_layer_count() > 0 && !OpsFor<float>(device).ssd_forward)
-    return absl::UnimplementedError(absl::StrCat(config.architecture, "'s Mamba-2 layers have no kernels on --device=",
-                                                 DeviceName(device), " yet (the CPU runs them)"));
   if (dtype == DType::kF32)
     return std::unique_ptr<TransformerModel>(
         new Transformer<float>(config, device, dtype, tp, frozen_base, offload_experts));
