@@ -319,6 +319,18 @@ TEST(ModelIoTest, UnsupportedArchitectureIsNamed) {
   EXPECT_NE(s.message().find("gpt2"), std::string::npos) << s;
 }
 
+// Falcon-H1's config.json is read, but its layers are not built: refused by model_type before any weight is read.
+TEST(ModelIoTest, FalconH1IsRefusedByName) {
+  const std::string dir = TempDir("falcon_h1");
+  std::system(("mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/config.json") << R"({"model_type": "falcon_h1", "vocab_size": 50, "hidden_size": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 4,
+      "mamba_d_ssm": 32})";
+  absl::Status s = LoadModel(dir, DType::kF32, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("model_type 'falcon_h1'"), std::string::npos) << s;
+}
+
 TEST(TrainerInputTest, BadBatchesAreRejected) {
   auto model = LoadModel("tiny", DType::kF32, 3);
   ASSERT_TRUE(model.ok());
