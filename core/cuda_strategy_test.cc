@@ -333,7 +333,7 @@ TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
 
 // Mamba-2's ops have no CUDA kernels yet: a model with Mamba-2 layers is refused on the GPU when created, by name.
 TEST_F(CudaStrategyTest, Mamba2LayersAreRefusedOnTheGpu) {
-  for (const char* preset : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
+  for (const char* preset : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"}) {
     auto model = CreateTransformer(*TransformerPreset(preset), DType::kF32, Device::kCUDA);
     ASSERT_FALSE(model.ok()) << preset;
     EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();

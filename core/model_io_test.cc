@@ -70,7 +70,8 @@ int Leftovers(const std::string& dir) {
 // The footprint a model is checked against before it is made counts every parameter it makes (and RoPE's
 // frequencies): the Mamba-2 mixers' tensors, the ReLU² MLPs, layers without an MLP or a mixer.
 TEST(ModelIoTest, FootprintCountsEveryParameter) {
-  for (const char* preset : {"tiny", "tiny-qwen3.5", "tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
+  for (const char* preset :
+       {"tiny", "tiny-qwen3.5", "tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"}) {
     auto model = LoadModel(preset, DType::kF32, 1);
     ASSERT_TRUE(model.ok()) << preset << ": " << model.status();
     absl::StatusOr<ModelFootprint> f = Footprint((*model)->config(), DType::kF32);
@@ -317,18 +318,6 @@ TEST(ModelIoTest, UnsupportedArchitectureIsNamed) {
   absl::Status s = LoadModel(dir, DType::kF32, 0).status();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("gpt2"), std::string::npos) << s;
-}
-
-// Falcon-H1's config.json is read, but its layers are not built: refused by model_type before any weight is read.
-TEST(ModelIoTest, FalconH1IsRefusedByName) {
-  const std::string dir = TempDir("falcon_h1");
-  std::system(("mkdir -p " + dir).c_str());
-  std::ofstream(dir + "/config.json") << R"({"model_type": "falcon_h1", "vocab_size": 50, "hidden_size": 16,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 4,
-      "mamba_d_ssm": 32})";
-  absl::Status s = LoadModel(dir, DType::kF32, 0).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("model_type 'falcon_h1'"), std::string::npos) << s;
 }
 
 TEST(TrainerInputTest, BadBatchesAreRejected) {

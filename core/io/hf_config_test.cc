@@ -763,6 +763,8 @@ TEST(HfConfigTest, Mamba2FamilyRefusalsNameTheField) {
                       {"field 'mamba_n_heads' (4) x head_dim (8) must equal mamba_d_ssm (24)"});
   ExpectErrorMentions(Parse(falcon + R"(, "mamba_rms_norm": true})"), {"field 'mamba_norm_before_gate' is true"});
   ExpectErrorMentions(Parse(falcon + R"(, "projectors_bias": true})"), {"field 'projectors_bias' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "attention_bias": true})"), {"field 'attention_bias' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "mamba_proj_bias": true})"), {"field 'mamba_proj_bias' is true"});
   ExpectErrorMentions(Parse(falcon + R"(, "mamba_use_mlp": false})"), {"field 'mamba_use_mlp' is false"});
   ExpectErrorMentions(Parse(falcon + R"(, "ssm_multipliers": [1, 1, 1, 1]})"),
                       {"field 'ssm_multipliers' must be a list of 5 numbers"});

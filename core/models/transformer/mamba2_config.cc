@@ -252,6 +252,9 @@ absl::StatusOr<TransformerConfig> ParseFalconH1(const FieldReader& fields, const
   if (c.mamba.gated_norm && norm_before_gate)
     return fields.Error("mamba_norm_before_gate",
                         "is true with mamba_rms_norm; the gated norm is supported after the gate (false)");
+  // The published models have no projection biases: without them every multiplier scales a projection's output.
+  if (c.attention_bias) return fields.Error("attention_bias", "is true; Falcon-H1 is supported without (false)");
+  if (c.mamba.proj_bias) return fields.Error("mamba_proj_bias", "is true; Falcon-H1 is supported without (false)");
   SG_IO_ASSIGN_OR_RETURN(projectors_bias, fields.Bool("projectors_bias", false));
   if (projectors_bias)
     return fields.Error("projectors_bias", "is true; the Mamba out_proj bias apart from in_proj's is not supported");
