@@ -83,6 +83,17 @@ TEST(ModelIoTest, FootprintCountsEveryParameter) {
   }
 }
 
+// Falcon-H1-7B's shape: every layer holds attention and a Mamba-2 mixer besides its MLP (7.59 B parameters).
+TEST(ModelIoTest, FalconH1ShapeFootprint) {
+  absl::StatusOr<TransformerConfig> c = TransformerPreset("falcon-h1-7b-shape");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<ModelFootprint> f = Footprint(*c, DType::kBF16);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const int64_t d = 3072, attention = 2 * 1536 * d + 2 * 256 * d, mlp = 3 * 12288 * d;
+  const int64_t mamba = (3072 + 3584 + 24) * d + 3584 * 4 + 3584 + d * 3072 + 3 * 24 + 3072;  // in, conv, out, norm
+  EXPECT_EQ(f->parameters, 2 * 130048 * d + 44 * (attention + mlp + mamba + 2 * d) + d + 64);
+}
+
 TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {
   auto preset = LoadModel("tiny-qwen2", DType::kF64, 3);
   ASSERT_TRUE(preset.ok());

@@ -155,6 +155,7 @@ std::vector<std::string> TransformerPresetNames() {
           "mamba2-2.7b-shape",
           "bamba-9b-shape",
           "nemotron-h-8b-shape",
+          "falcon-h1-7b-shape",
           "llama-3.1-8b",
           "qwen2.5-7b",
           "qwen2.5-32b"};
@@ -323,6 +324,15 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "nemotron-h-8b-shape")
     return NemotronH(131072, 4096, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", 32, 8, 128, 21504, 128, 64,
                      8, 128);
+  // tiiuae/Falcon-H1-7B-Instruct: vocab_size 130048, hidden_size 3072, num_hidden_layers 44, num_attention_heads 12,
+  // num_key_value_heads 2, head_dim 128, intermediate_size 12288, mamba_n_heads 24, mamba_d_head 128, mamba_d_ssm
+  // 3072, mamba_n_groups 1, mamba_d_state 256, mamba_d_conv 4, mamba_chunk_size 128, max_position_embeddings 262144.
+  if (name == "falcon-h1-7b-shape") {
+    TransformerConfig c = FalconH1(130048, 3072, 44, 12, 2, 128, 12288, 24, 128, 256);
+    c.mamba.chunk_size = 128;
+    c.max_position_embeddings = 262144;
+    return c;
+  }
   return absl::NotFoundError(
       absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }
