@@ -331,11 +331,12 @@ TEST_F(CudaStrategyTest, KernelErrorIsAStatus) {
               "f64 tiny after a failed step: gpu seco vs cpu");
 }
 
-// Mamba-2 layers (tiny-mamba2; tiny-bamba's beside attention and SwiGLU MLPs), f64: every exact strategy and adjoint
+// Mamba-2 layers (tiny-mamba2; tiny-bamba's beside attention and SwiGLU MLPs; tiny-falcon-h1's beside attention in
+// every layer, with its multipliers and the LM head's), f64: every exact strategy and adjoint
 // sharding (pairs and scan forms, a truncated window, packed documents) on the GPU against the same strategy on the
 // CPU, and the exact ones against full backprop on the GPU.
 TEST_F(CudaStrategyTest, Mamba2MatchesCpu) {
-  for (const std::string preset : {"tiny-mamba2", "tiny-bamba"}) {
+  for (const std::string preset : {"tiny-mamba2", "tiny-bamba", "tiny-falcon-h1"}) {
     Pair p = Transformers(preset, DType::kF64);
     ASSERT_TRUE(p.gpu && p.cpu);
     StrategyOptions scan_form = Strategy("adjoint", 4, 3);

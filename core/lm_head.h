@@ -23,6 +23,7 @@ struct LmHeadWeights {
   T* head_grad = nullptr;   // null when frozen
   double eps = 1e-6;
   int64_t d = 0, vocab = 0, lm_chunk = 256;
+  double logit_scale = 1.0;  // logits = logit_scale (head hn): Falcon-H1's lm_head_multiplier
   // Vocabulary-parallel head: `head` holds rows [rank vocab, (rank + 1) vocab) of the group's vocabulary.
   const TensorParallel* vocab_parallel = nullptr;
 };
@@ -98,6 +99,8 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
   std::vector<int32_t> argmax_ids(argmax ? rows : 0);
   const TensorParallel* tp = w.vocab_parallel && w.vocab_parallel->on() ? w.vocab_parallel : nullptr;
   const bool values = mem.device() != Device::kMeta;  // meta tensors hold no values
+  const T scale = T(w.logit_scale);  // the logits' factor, so also their gradient's
+  const float scale_f = static_cast<float>(w.logit_scale);
   // The objective's terms of rows [i0, i0 + m) from their log-probs, and the factor each row's logit gradient gets.
   auto add_terms = [&](int64_t i0, int64_t m) {
     for (int64_t j = 0; j < m; ++j) {
@@ -113,8 +116,8 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     if (valid == 0) continue;
     r.tokens += valid;
     const T* hn_i = hn.data<T>() + i0 * d;
-    if (bf16) ops.gemm_mixed(false, true, m, V, d, 1.0f, f32, hn_i, d, b16, w.head.data, d, 0.0f, b16, logits16, V);
-    else GemmWeight(ops, false, true, m, V, d, T(1), hn_i, d, w.head, d, T(0), logits.data<T>(), V);
+    if (bf16) ops.gemm_mixed(false, true, m, V, d, scale_f, f32, hn_i, d, b16, w.head.data, d, 0.0f, b16, logits16, V);
+    else GemmWeight(ops, false, true, m, V, d, scale, hn_i, d, w.head, d, T(0), logits.data<T>(), V);
     if (tp && values) {  // the vocabulary is split: this rank's columns of the chunk become their gradient
       auto rows_of = [&](auto* l) {
         VocabParallelRows<T, std::remove_pointer_t<decltype(l)>> rows_tp(ops, l, labels + i0, m, V, *tp);
@@ -153,12 +156,12 @@ HeadResult LmHeadLoss(const OpTable<T>& ops, MemoryTracker& mem, DType dtype, co
     T* dhn_i = dhn.data<T>() + i0 * d;
     if (bf16) {
       if (w.head_grad)
-        ops.gemm_mixed(true, false, V, d, m, 1.0f, b16, logits16, V, f32, hn_i, d, 1.0f, f32, w.head_grad, d);
-      ops.gemm_mixed(false, false, m, d, V, 1.0f, b16, logits16, V, b16, w.head.data, d, 0.0f, f32, dhn_i, d);
+        ops.gemm_mixed(true, false, V, d, m, scale_f, b16, logits16, V, f32, hn_i, d, 1.0f, f32, w.head_grad, d);
+      ops.gemm_mixed(false, false, m, d, V, scale_f, b16, logits16, V, b16, w.head.data, d, 0.0f, f32, dhn_i, d);
       continue;
     }
-    if (w.head_grad) ops.gemm(true, false, V, d, m, T(1), logits.data<T>(), V, hn_i, d, T(1), w.head_grad, d);
-    GemmWeight(ops, false, false, m, d, V, T(1), logits.data<T>(), V, w.head, d, T(0), dhn_i, d);
+    if (w.head_grad) ops.gemm(true, false, V, d, m, scale, logits.data<T>(), V, hn_i, d, T(1), w.head_grad, d);
+    GemmWeight(ops, false, false, m, d, V, scale, logits.data<T>(), V, w.head, d, T(0), dhn_i, d);
   }
   if (need_grad) {
     if (tp) tp->AllReduce(dhn.raw(), n * d, dtype);  // each rank's vocabulary rows gave part of it

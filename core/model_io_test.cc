@@ -70,7 +70,8 @@ int Leftovers(const std::string& dir) {
 // The footprint a model is checked against before it is made counts every parameter it makes (and RoPE's
 // frequencies): the Mamba-2 mixers' tensors, the ReLU² MLPs, layers without an MLP or a mixer.
 TEST(ModelIoTest, FootprintCountsEveryParameter) {
-  for (const char* preset : {"tiny", "tiny-qwen3.5", "tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"}) {
+  for (const char* preset :
+       {"tiny", "tiny-qwen3.5", "tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"}) {
     auto model = LoadModel(preset, DType::kF32, 1);
     ASSERT_TRUE(model.ok()) << preset << ": " << model.status();
     absl::StatusOr<ModelFootprint> f = Footprint((*model)->config(), DType::kF32);
@@ -80,6 +81,17 @@ TEST(ModelIoTest, FootprintCountsEveryParameter) {
     for (const Param& p : (*model)->params()) parameters += p.value.numel();
     EXPECT_EQ(f->parameters, parameters) << preset;
   }
+}
+
+// Falcon-H1-7B's shape: every layer holds attention and a Mamba-2 mixer besides its MLP (7.59 B parameters).
+TEST(ModelIoTest, FalconH1ShapeFootprint) {
+  absl::StatusOr<TransformerConfig> c = TransformerPreset("falcon-h1-7b-shape");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<ModelFootprint> f = Footprint(*c, DType::kBF16);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const int64_t d = 3072, attention = 2 * 1536 * d + 2 * 256 * d, mlp = 3 * 12288 * d;
+  const int64_t mamba = (3072 + 3584 + 24) * d + 3584 * 4 + 3584 + d * 3072 + 3 * 24 + 3072;  // in, conv, out, norm
+  EXPECT_EQ(f->parameters, 2 * 130048 * d + 44 * (attention + mlp + mamba + 2 * d) + d + 64);
 }
 
 TEST(ModelIoTest, SaveIsCompleteAndAllOrNothing) {

@@ -179,10 +179,12 @@ class ParamStore {
   // Final norm (parameter final_norm, epsilon eps) + LM head (parameter head, [vocab][d]) + objective on chunk c;
   // vocab_parallel: head holds this rank's `vocab` rows of a vocabulary split over the group (lm_head.h).
   // norm_weight: what the norm multiplies by, when it is not final_norm's weight itself (a zero-centred norm's 1 + w,
-  // whose gradient is final_norm's).
+  // whose gradient is final_norm's). logit_scale: the logits are logit_scale (head hn) (Falcon-H1's
+  // lm_head_multiplier).
   HeadResult Head(const OpTable<T>& ops, int final_norm, int head, double eps, int64_t d, int64_t vocab, Chunk c,
                   const Tensor& h, const int32_t* labels, const TokenObjective* objective, double grad_scale,
-                  bool need_grad, const TensorParallel* vocab_parallel = nullptr, const T* norm_weight = nullptr) {
+                  bool need_grad, const TensorParallel* vocab_parallel = nullptr, const T* norm_weight = nullptr,
+                  double logit_scale = 1.0) {
     LmHeadWeights<T> w;
     w.vocab_parallel = vocab_parallel;
     w.norm = norm_weight ? norm_weight : W(final_norm);
@@ -193,6 +195,7 @@ class ParamStore {
     w.d = d;
     w.vocab = vocab;
     w.lm_chunk = lm_chunk_;
+    w.logit_scale = logit_scale;
     return LmHeadLoss<T>(ops, mem_, kDType, w, c, h, labels, objective, grad_scale, need_grad);
   }
 

@@ -76,7 +76,7 @@ std::vector<Case> Cases() {
       c.lora_rank = 2;
       cases.push_back(c);
     }
-  for (const char* model : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h"})
+  for (const char* model : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"})
     for (const char* strategy : {"full", "ckpt", "seco", "spaco", "streambp"}) cases.push_back(Case{model, strategy});
   for (const char* strategy : {"full", "ckpt", "seco", "spaco", "adjoint"}) {
     Case c;

@@ -364,7 +364,8 @@ TEST(HfConfigTest, LoadFromDirectoryOrFile) {
 TEST(HfConfigErrorTest, UnsupportedArchitecture) {
   ExpectErrorMentions(Parse(R"({"model_type": "gpt2", "vocab_size": 50257})"),
                       {"config.json: model_type 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, mixtral, "
-                       "qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe, mamba2, bamba, nemotron_h)"});
+                       "qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe, mamba2, bamba, nemotron_h, "
+                       "falcon_h1)"});
   ExpectErrorMentions(Parse(R"({"architectures": ["MistralForCausalLM"]})"),
                       {"config.json", "MistralForCausalLM", "not supported"});
   ExpectErrorMentions(Parse(R"({"vocab_size": 10})"),
@@ -669,7 +670,48 @@ TEST(HfConfigTest, Mamba2FamilyRoundTrips) {
   EXPECT_FALSE(n->rope);
   EXPECT_EQ(n->mamba.dt_min, 0.001);  // time_step_min: NemotronHMamba2Mixer's clamp
 
-  for (const TransformerConfig* c : {&*m, &*b, &*n}) {
+  // Falcon-H1 as published: a mixer mamba_d_ssm wide (not mamba_expand x hidden_size), the muP multipliers.
+  absl::StatusOr<TransformerConfig> f = Parse(R"({"architectures": ["FalconH1ForCausalLM"], "vocab_size": 50,
+      "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+      "intermediate_size": 24, "mamba_d_ssm": 24, "mamba_n_heads": 4, "mamba_d_head": 6, "mamba_d_state": 5,
+      "mamba_n_groups": 2, "mamba_rms_norm": true, "mamba_norm_before_gate": false, "mamba_use_mlp": true,
+      "embedding_multiplier": 5.5, "lm_head_multiplier": 0.04, "attention_in_multiplier": 1.5,
+      "key_multiplier": 0.4, "attention_out_multiplier": 0.9, "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.24,
+      "ssm_multipliers": [0.35, 0.25, 0.5, 0.75, 0.3], "mlp_multipliers": [0.9, 0.6], "pad_token_id": 0,
+      "rope_theta": 1e11, "attn_layer_indices": null})");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->architecture, "falcon_h1");
+  EXPECT_EQ(f->mixers, std::vector<Mixer>(2, Mixer::kAttentionMamba2));
+  EXPECT_EQ(f->mlp(1), Mlp::kSwiGlu);
+  EXPECT_EQ(f->mamba.intermediate(), 24);
+  EXPECT_EQ(f->mamba.conv_dim(), 24 + 2 * 2 * 5);
+  EXPECT_TRUE(f->mamba.gated_norm);
+  EXPECT_EQ(f->mup.ssm, (std::vector<double>{0.35, 0.25, 0.5, 0.75, 0.3}));
+  EXPECT_EQ(std::vector<double>({f->mup.embedding, f->mup.lm_head, f->mup.key, f->mup.mlp_gate, f->mup.mlp_down}),
+            std::vector<double>({5.5, 0.04, 0.4, 0.9, 0.6}));
+  EXPECT_EQ(f->rope_theta, 1e11);
+  EXPECT_EQ(f->pad_token_id, 0);
+  // FalconH1Config's defaults: a 1024-wide mixer, head_dim "auto" = 1024 / heads, no gated norm, multipliers of 1.
+  absl::StatusOr<TransformerConfig> d = Parse(R"({"model_type": "falcon_h1", "vocab_size": 50, "hidden_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 8})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->mamba.head_dim, 128);
+  EXPECT_EQ(d->head_dim, 4);
+  EXPECT_FALSE(d->mamba.gated_norm);
+  EXPECT_TRUE(d->mup == MupMultipliers());
+  // The footprint counts both mixers of every layer, and the gated norm only where mamba_rms_norm asks for it.
+  absl::StatusOr<ModelFootprint> with_norm = Footprint(*f, DType::kF32);
+  TransformerConfig without = *f;
+  without.mamba.gated_norm = false;
+  absl::StatusOr<ModelFootprint> without_norm = Footprint(without, DType::kF32);
+  ASSERT_TRUE(with_norm.ok() && without_norm.ok());
+  const int64_t attention = 2 * 32 * 16 + 2 * 16 * 16;                  // q, o; k, v
+  const int64_t mamba = 72 * 16 + 44 * 4 + 44 + 16 * 24 + 3 * 4 + 24;  // in_proj, conv and bias, out_proj, heads, norm
+  const int64_t embed_head_norms = 2 * 50 * 16 + 5 * 16, rope = 4;
+  EXPECT_EQ(with_norm->parameters, embed_head_norms + rope + 2 * (attention + mamba + 3 * 24 * 16));
+  EXPECT_EQ(with_norm->parameters - without_norm->parameters, 2 * 24);
+
+  for (const TransformerConfig* c : {&*m, &*b, &*n, &*f, &*d}) {
     absl::StatusOr<TransformerConfig> again = Parse(TransformerConfigToHFJson(*c));
     ASSERT_TRUE(again.ok()) << c->architecture << ": " << again.status();
     EXPECT_EQ(again->architecture, c->architecture);
@@ -686,6 +728,9 @@ TEST(HfConfigTest, Mamba2FamilyRoundTrips) {
               std::vector<double>({y.dt_min, y.dt_max, y.norm_eps}));
     EXPECT_EQ(x.proj_bias, y.proj_bias);
     EXPECT_EQ(x.conv_bias, y.conv_bias);
+    EXPECT_EQ(x.gated_norm, y.gated_norm);
+    EXPECT_TRUE(again->mup == c->mup) << c->architecture;
+    EXPECT_EQ(again->pad_token_id, c->pad_token_id);
   }
 }
 
@@ -712,6 +757,21 @@ TEST(HfConfigTest, Mamba2FamilyRefusalsNameTheField) {
   ExpectErrorMentions(Parse(bamba + R"(, "attn_layer_indices": [2]})"), {"field 'attn_layer_indices' holds 2"});
   ExpectErrorMentions(Parse(bamba + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0}})"),
                       {"field 'rope_parameters' has rope_type 'linear'"});
+  const std::string falcon = R"({"model_type": "falcon_h1", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers":
+      2, "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 4)";
+  ExpectErrorMentions(Parse(falcon + R"(, "mamba_d_ssm": 24, "mamba_d_head": 8})"),
+                      {"field 'mamba_n_heads' (4) x head_dim (8) must equal mamba_d_ssm (24)"});
+  ExpectErrorMentions(Parse(falcon + R"(, "mamba_rms_norm": true})"), {"field 'mamba_norm_before_gate' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "projectors_bias": true})"), {"field 'projectors_bias' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "attention_bias": true})"), {"field 'attention_bias' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "mamba_proj_bias": true})"), {"field 'mamba_proj_bias' is true"});
+  ExpectErrorMentions(Parse(falcon + R"(, "mamba_use_mlp": false})"), {"field 'mamba_use_mlp' is false"});
+  ExpectErrorMentions(Parse(falcon + R"(, "ssm_multipliers": [1, 1, 1, 1]})"),
+                      {"field 'ssm_multipliers' must be a list of 5 numbers"});
+  ExpectErrorMentions(Parse(falcon + R"(, "mlp_multipliers": [1, -1]})"), {"field 'mlp_multipliers' holds -1"});
+  ExpectErrorMentions(Parse(falcon + R"(, "key_multiplier": 0})"), {"field 'key_multiplier'"});
+  ExpectErrorMentions(Parse(falcon + R"(, "hidden_act": "gelu"})"), {"field 'hidden_act' is 'gelu'"});
+  ExpectErrorMentions(Parse(falcon + R"(, "pad_token_id": 50})"), {"field 'pad_token_id' is 50"});
   const std::string nemotron = R"({"model_type": "nemotron_h", "vocab_size": 50, "hidden_size": 16,
       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24, "mamba_num_heads": 4,
       "mamba_head_dim": 8, "n_groups": 2)";

@@ -53,7 +53,8 @@ FLOAT64_MODULES = ("modeling_rope_utils", "models.llama.modeling_llama", "models
                    "models.qwen3_next.modeling_qwen3_next", "models.qwen3_5.modeling_qwen3_5",
                    "models.qwen3_moe.modeling_qwen3_moe", "models.mixtral.modeling_mixtral",
                    "models.qwen3_5_moe.modeling_qwen3_5_moe", "models.mamba2.modeling_mamba2",
-                   "models.bamba.modeling_bamba", "models.nemotron_h.modeling_nemotron_h")
+                   "models.bamba.modeling_bamba", "models.nemotron_h.modeling_nemotron_h",
+                   "models.falcon_h1.modeling_falcon_h1")
 
 
 def _float64_transformers():

@@ -1,4 +1,4 @@
-"""Mamba-2, Bamba and Nemotron-H against transformers 5.23, in float64.
+"""Mamba-2, Bamba, Nemotron-H and Falcon-H1 against transformers 5.23, in float64.
 
 transformers makes tiny models with random weights (every parameter drawn, so that every gradient matters: the
 norms' weights, A_log, dt_bias, D, the conv kernels and biases, the gated norm's weight):
@@ -8,7 +8,11 @@ norms' weights, A_log, dt_bias, D, the conv kernels and biases, the gated norm's
   * bamba (BambaForCausalLM): Mamba-2, attention (GQA, RoPE on half of each head, q/k/v/o biases), Mamba-2, each
     layer with a SwiGLU MLP (biases); the pad token's embedding row gets no gradient from the lookup;
   * nemotron_h (NemotronHForCausalLM): Mamba-2, ReLU² MLP, attention without RoPE (head_dim 6 unlike hidden /
-    heads), Mamba-2, ReLU² MLP; biases, dt clamped below at time_step_min; saved under backbone.* as published.
+    heads), Mamba-2, ReLU² MLP; biases, dt clamped below at time_step_min; saved under backbone.* as published;
+  * falcon_h1 (FalconH1ForCausalLM): 2 layers of attention (head_dim 6) beside Mamba-2 (mamba_d_ssm 24, 2 groups)
+    on the same normed input, then a SwiGLU MLP, with every muP multiplier (embedding, lm_head, attention in/key/out,
+    ssm in/out, ssm_multipliers over in_proj's z/x/B/C/dt, mlp gate/down) away from 1; the gated norm after the gate;
+  * falcon_h1_ungated: the same without the gated norm (y silu(z), mamba_rms_norm false) and with a tied head.
 Every model's SSD chunk (chunk_size) is 16 tokens. On a batch of 151 and 120 tokens (some labels masked), grad_dump
 (the engine) runs full, ckpt, seco, spaco (a budget of every chunk: each is kept, the compensation is 1), streambp and
 adjoint (its pairs and scan forms, no window) with chunks of 37 and 50 (neither a multiple of 16 nor dividing the
@@ -57,7 +61,15 @@ NEMOTRON_H = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_at
                   use_bias=True, mlp_bias=True, time_step_min=0.05, layer_norm_epsilon=1e-5,
                   max_position_embeddings=256,
                   layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"])
-MODELS = ("mamba2", "mamba2_tied", "bamba", "nemotron_h")
+# Falcon-H1: attention (head_dim 6 unlike hidden / heads) beside Mamba-2 (a mixer mamba_d_ssm = 24 wide, not
+# mamba_expand x hidden_size) in every layer, then a SwiGLU MLP; muP multipliers none of which is 1.
+FALCON_H1 = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=6, intermediate_size=24, mamba_d_ssm=24, mamba_n_heads=4, mamba_d_head=6, mamba_d_state=6,
+                 mamba_n_groups=2, mamba_chunk_size=SSD_CHUNK, time_step_limit=(0.05, 1.5), rms_norm_eps=1e-5,
+                 max_position_embeddings=256, embedding_multiplier=2.5, lm_head_multiplier=0.6,
+                 attention_in_multiplier=1.3, key_multiplier=0.7, attention_out_multiplier=0.8, ssm_in_multiplier=1.2,
+                 ssm_out_multiplier=0.9, ssm_multipliers=[0.8, 1.25, 0.6, 1.4, 0.75], mlp_multipliers=[0.85, 1.3])
+MODELS = ("mamba2", "mamba2_tied", "bamba", "nemotron_h", "falcon_h1", "falcon_h1_ungated")
 
 
 # ---- the venv half ----------------------------------------------------------------------------------------------
@@ -75,6 +87,12 @@ def _transformers_model(name):
 
     if name == "bamba":
         return transformers.BambaConfig(**BAMBA), transformers.BambaForCausalLM
+    if name.startswith("falcon_h1"):  # with the gated norm (after the gate), or y silu(z) and a tied head
+        gated = name == "falcon_h1"
+        config = transformers.FalconH1Config(**FALCON_H1, mamba_rms_norm=gated, mamba_norm_before_gate=False,
+                                             tie_word_embeddings=not gated)
+        assert config.head_dim == 6, config  # FalconH1Attention reads head_dim where the config has one
+        return config, transformers.FalconH1ForCausalLM
     if name == "nemotron_h":
         return transformers.NemotronHConfig(**NEMOTRON_H, tie_word_embeddings=False), transformers.NemotronHForCausalLM
     if name == "mamba2":
@@ -149,10 +167,11 @@ def _record_scan():
 
 def _scan_modules():
     import transformers.models.bamba.modeling_bamba as bamba
+    import transformers.models.falcon_h1.modeling_falcon_h1 as falcon_h1
     import transformers.models.mamba2.modeling_mamba2 as mamba2
     import transformers.models.nemotron_h.modeling_nemotron_h as nemotron_h
 
-    return mamba2, bamba, nemotron_h
+    return mamba2, bamba, nemotron_h, falcon_h1
 
 
 def reference(directory, batch):
@@ -161,6 +180,8 @@ def reference(directory, batch):
     import transformers
 
     _docs()._float64_transformers()
+    for module in _scan_modules():  # their float32 casts (the gated norms, the scans) are float64
+        assert module.torch.float32 is torch.float64, module
     _record_scan()
     SCAN.update(calls=0, longest=0, chunk_sizes=[])
     with open(os.path.join(directory, "config.json")) as f:
@@ -250,7 +271,7 @@ def test_packed_documents_match_transformers_document_by_document(name):
 def test_adjoint_paper_form_refused_on_hybrids():
     """adjoint's paper form (the paper's formula for a stack of scan layers) is refused on the models with attention
     and MLP layers, naming it, before any work."""
-    for name in ("bamba", "nemotron_h"):
+    for name in ("bamba", "nemotron_h", "falcon_h1"):
         out = os.path.join(models()["root"], name, "unused.safetensors")
         proc = _ref().run([_ref().grad_dump_path(), f"--model_dir={model_dir(name)}",
                            f"--batch_jsonl={models()['batch']}", "--strategy=adjoint", "--adjoint_form=paper",

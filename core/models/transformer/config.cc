@@ -88,7 +88,7 @@ absl::StatusOr<ModelFootprint> Footprint(const TransformerConfig& c, DType dtype
     n.Add(n.Product({{"mamba conv channels", m.conv_dim()}, {"conv_kernel", m.conv_kernel}}), M);  // conv1d
     n.Add(n.Product({{"hidden_size", d}, {"mamba intermediate", I}}), M);                          // out_proj
     n.Add(m.heads, 3 * M);                                                                         // dt_bias, A_log, D
-    n.Add(I, M);                                                                                   // the gated norm
+    if (m.gated_norm) n.Add(I, M);  // the gated norm (Falcon-H1's mamba_rms_norm)
     if (m.conv_bias) n.Add(m.conv_dim(), M);
     if (m.proj_bias) {
       n.Add(m.in_proj_rows(), M);
@@ -122,12 +122,12 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
   SG_IO_ASSIGN_OR_RETURN(model_type, fields.String("model_type"));
   if (model_type) {
     for (const char* type : {"llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5",
-                             "qwen3_5_moe_text", "qwen3_5_moe", "mamba2", "bamba", "nemotron_h"})
+                             "qwen3_5_moe_text", "qwen3_5_moe", "mamba2", "bamba", "nemotron_h", "falcon_h1"})
       if (*model_type == type) return *model_type;
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": model_type '", *model_type,
                                                    "' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, "
                                                    "mixtral, qwen3_next, qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
-                                                   "qwen3_5_moe, mamba2, bamba, nemotron_h)"));
+                                                   "qwen3_5_moe, mamba2, bamba, nemotron_h, falcon_h1)"));
   }
   const json* architectures = fields.Get("architectures");
   if (architectures == nullptr) {
@@ -151,6 +151,7 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
     if (name == "Mamba2ForCausalLM") return std::string("mamba2");
     if (name == "BambaForCausalLM") return std::string("bamba");
     if (name == "NemotronHForCausalLM") return std::string("nemotron_h");
+    if (name == "FalconH1ForCausalLM") return std::string("falcon_h1");
     // Described rather than dumped: dump() recurses, and the value is untrusted.
     names.push_back(name.is_string() ? absl::StrCat("'", name.get_ref<const std::string&>(), "'") : JsonTypeName(name));
   }
@@ -159,7 +160,7 @@ absl::StatusOr<std::string> DetectArchitecture(const FieldReader& fields, const 
                    "] are not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                    "Qwen3MoeForCausalLM, MixtralForCausalLM, Qwen3NextForCausalLM, Qwen3_5ForCausalLM, "
                    "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, "
-                   "Mamba2ForCausalLM, BambaForCausalLM, NemotronHForCausalLM)"));
+                   "Mamba2ForCausalLM, BambaForCausalLM, NemotronHForCausalLM, FalconH1ForCausalLM)"));
 }
 
 // The scaling factor of a RoPE block (rope_scaling.original_max_position_embeddings set). yarn's null factor is

@@ -62,9 +62,26 @@ struct Mamba2Config {
   bool proj_bias = false;    // use_bias (mamba_proj_bias): in_proj's and out_proj's
   double dt_min = 0, dt_max = std::numeric_limits<double>::infinity();  // time_step_limit
   double norm_eps = 1e-5;                                               // the gated norm's epsilon
+  bool gated_norm = true;  // Falcon-H1's mamba_rms_norm: false gives y silu(z) to out_proj, without the norm
   int64_t intermediate() const { return heads * head_dim; }
   int64_t conv_dim() const { return intermediate() + 2 * groups * state; }      // x, B, C
   int64_t in_proj_rows() const { return intermediate() + conv_dim() + heads; }  // z, xBC, dt
+};
+
+// Falcon-H1's muP multipliers (FalconH1Config's; 1 in every other model): the embedding's output, the logits,
+// attention's input, keys and output, Mamba-2's input, in_proj's output groups (z, x, B, C, dt) and output, the MLP's
+// gate projection and output.
+struct MupMultipliers {
+  double embedding = 1, lm_head = 1;
+  double attention_in = 1, key = 1, attention_out = 1;
+  double ssm_in = 1, ssm_out = 1;
+  std::vector<double> ssm = {1, 1, 1, 1, 1};  // ssm_multipliers: z, x, B, C, dt
+  double mlp_gate = 1, mlp_down = 1;          // mlp_multipliers
+  bool operator==(const MupMultipliers& o) const {
+    return embedding == o.embedding && lm_head == o.lm_head && attention_in == o.attention_in && key == o.key &&
+           attention_out == o.attention_out && ssm_in == o.ssm_in && ssm_out == o.ssm_out && ssm == o.ssm &&
+           mlp_gate == o.mlp_gate && mlp_down == o.mlp_down;
+  }
 };
 
 // A layer's token mixer and MLP.
@@ -120,6 +137,7 @@ struct TransformerConfig {
   std::vector<Mlp> mlps;
   LinearAttentionConfig linear;
   Mamba2Config mamba;
+  MupMultipliers mup;
   // Attention rotates q and k (RoPE); Nemotron-H's does not.
   bool rope = true;
   // Bamba's embedding is nn.Embedding with padding_idx pad_token_id: the lookup gives that row no gradient. -1: none.
@@ -192,6 +210,7 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& json
 
 class FieldReader;  // core/io/config_fields.h
 // Mamba-2 models and hybrids (architecture mamba2, bamba, nemotron_h or falcon_h1): mamba2_config.cc.
+// Falcon-H1's config is read and written; its layers are not built yet (CreateTransformer refuses it).
 absl::StatusOr<TransformerConfig> ParseMamba2FamilyConfig(const FieldReader& fields, const std::string& source_name,
                                                           const std::string& architecture);
 // rope_theta and the RoPE block (rope_parameters or rope_scaling) into config, as ParseTransformerConfig reads them.

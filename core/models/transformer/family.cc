@@ -172,16 +172,16 @@ class TransformerFamily final : public ModelFamily {
   bool Reads(const std::optional<std::string>& model_type,
              const std::vector<std::string>& architectures) const override {
     static const std::set<std::string> types = {
-        "llama",      "qwen2",        "qwen3",     "qwen3_moe",        "mixtral",
-        "qwen3_next", "qwen3_5_text", "qwen3_5",   "qwen3_5_moe_text", "qwen3_5_moe",
-        "mamba2",     "bamba",        "nemotron_h"};
+        "llama",      "qwen2",        "qwen3",      "qwen3_moe",        "mixtral",
+        "qwen3_next", "qwen3_5_text", "qwen3_5",    "qwen3_5_moe_text", "qwen3_5_moe",
+        "mamba2",     "bamba",        "nemotron_h", "falcon_h1"};
     static const std::set<std::string> classes = {"LlamaForCausalLM",      "Qwen2ForCausalLM",
                                                   "Qwen3ForCausalLM",      "Qwen3MoeForCausalLM",
                                                   "MixtralForCausalLM",    "Qwen3NextForCausalLM",
                                                   "Qwen3_5ForCausalLM",    "Qwen3_5ForConditionalGeneration",
                                                   "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
                                                   "Mamba2ForCausalLM",     "BambaForCausalLM",
-                                                  "NemotronHForCausalLM"};
+                                                  "NemotronHForCausalLM",  "FalconH1ForCausalLM"};
     if (model_type) return types.count(*model_type) > 0;
     for (const std::string& a : architectures)
       if (classes.count(a)) return true;

@@ -57,16 +57,23 @@ absl::Status CheckSilu(const FieldReader& fields, const char* field) {
   return absl::OkStatus();
 }
 
-// The mixer's shapes: heads x head_dim must be expand x hidden_size and the heads split evenly into groups.
-absl::Status CheckMambaShapes(const FieldReader& fields, const TransformerConfig& c, const char* heads_field,
-                              const char* groups_field) {
-  const Mamba2Config& m = c.mamba;
-  if (m.heads * m.head_dim != m.expand * c.hidden_size)
-    return fields.Error(heads_field, absl::StrCat("(", m.heads, ") x head_dim (", m.head_dim, ") must equal expand (",
-                                                  m.expand, ") x hidden_size (", c.hidden_size, ")"));
+// The mixer's shapes: heads x head_dim must be the mixer's width (expand x hidden_size; Falcon-H1's mamba_d_ssm) and
+// the heads split evenly into groups.
+absl::Status CheckMambaShapes(const FieldReader& fields, const Mamba2Config& m, int64_t width,
+                              const std::string& width_is, const char* heads_field, const char* groups_field) {
+  if (m.heads * m.head_dim != width)
+    return fields.Error(heads_field,
+                        absl::StrCat("(", m.heads, ") x head_dim (", m.head_dim, ") must equal ", width_is));
   if (m.heads % m.groups != 0)
     return fields.Error(groups_field, absl::StrCat("(", m.groups, ") must divide the Mamba heads (", m.heads, ")"));
   return absl::OkStatus();
+}
+absl::Status CheckMambaShapes(const FieldReader& fields, const TransformerConfig& c, const char* heads_field,
+                              const char* groups_field) {
+  const Mamba2Config& m = c.mamba;
+  return CheckMambaShapes(fields, m, m.expand * c.hidden_size,
+                          absl::StrCat("expand (", m.expand, ") x hidden_size (", c.hidden_size, ")"), heads_field,
+                          groups_field);
 }
 
 // transformers' Mamba2ForCausalLM: Mamba-2 mixers only, each after an RMSNorm, no MLP.
@@ -117,8 +124,8 @@ absl::Status RequireNumber(const FieldReader& fields, const char* field, double 
   return fields.Error(field, absl::StrCat("is ", v->dump(), "; ", why, " (", want, ")"));
 }
 
-// Bamba's mamba_* fields (Falcon-H1's too).
-absl::Status ParseMambaFields(const FieldReader& fields, TransformerConfig& c) {
+// Bamba's mamba_* fields; Falcon-H1's too, whose mixer is mamba_d_ssm wide (null: mamba_expand x hidden_size).
+absl::Status ParseMambaFields(const FieldReader& fields, TransformerConfig& c, bool falcon = false) {
   Mamba2Config& m = c.mamba;
   SG_IO_ASSIGN_OR_RETURN(m.heads, fields.PositiveInt("mamba_n_heads", 128));
   SG_IO_ASSIGN_OR_RETURN(m.groups, fields.PositiveInt("mamba_n_groups", 1));
@@ -128,17 +135,51 @@ absl::Status ParseMambaFields(const FieldReader& fields, TransformerConfig& c) {
   SG_IO_ASSIGN_OR_RETURN(m.chunk_size, fields.PositiveInt("mamba_chunk_size", 256));
   SG_IO_ASSIGN_OR_RETURN(m.conv_bias, fields.Bool("mamba_conv_bias", true));
   SG_IO_ASSIGN_OR_RETURN(m.proj_bias, fields.Bool("mamba_proj_bias", false));
-  // mamba_d_head "auto" (or absent): expand x hidden_size / heads.
+  int64_t width = m.expand * c.hidden_size;
+  std::string width_is = absl::StrCat("mamba_expand (", m.expand, ") x hidden_size (", c.hidden_size, ")");
+  if (falcon && !(fields.Has("mamba_d_ssm") && !fields.Get("mamba_d_ssm"))) {
+    SG_IO_ASSIGN_OR_RETURN(width, fields.PositiveInt("mamba_d_ssm", 1024));  // FalconH1Config's default
+    width_is = absl::StrCat("mamba_d_ssm (", width, ")");
+  }
+  // mamba_d_head "auto" (or absent): the width / heads.
   const json* d_head = fields.Get("mamba_d_head");
   if (d_head && d_head->is_string() && d_head->get_ref<const std::string&>() == "auto") d_head = nullptr;
   if (d_head == nullptr) {
-    m.head_dim = m.expand * c.hidden_size / m.heads;
+    m.head_dim = width / m.heads;
   } else {
     SG_IO_ASSIGN_OR_RETURN(m.head_dim, fields.PositiveInt("mamba_d_head"));
   }
   m.norm_eps = c.rms_norm_eps;
   if (absl::Status s = ParseTimeStepLimit(fields, m); !s.ok()) return s;
-  return CheckMambaShapes(fields, c, "mamba_n_heads", "mamba_n_groups");
+  return CheckMambaShapes(fields, m, width, width_is, "mamba_n_heads", "mamba_n_groups");
+}
+
+// nn.Embedding's padding_idx: pad_token_id (absent: the config class's 0; null: none).
+absl::Status ParsePadToken(const FieldReader& fields, TransformerConfig& c) {
+  const json* pad = fields.Get("pad_token_id");
+  c.pad_token_id = fields.Has("pad_token_id") && !pad ? -1 : 0;
+  if (pad) {
+    if (!pad->is_number_integer() || pad->get<int64_t>() < 0 || pad->get<int64_t>() >= c.vocab_size)
+      return fields.Error("pad_token_id", absl::StrCat("is ", pad->dump(), "; it must be a token id or null"));
+    c.pad_token_id = pad->get<int64_t>();
+  }
+  return absl::OkStatus();
+}
+
+// The fields Bamba and Falcon-H1 share: sizes, attention, the SwiGLU MLP.
+absl::Status ParseHybridFields(const FieldReader& fields, TransformerConfig& c, int64_t max_positions) {
+  SG_IO_ASSIGN_OR_RETURN(c.vocab_size, fields.PositiveInt("vocab_size"));
+  SG_IO_ASSIGN_OR_RETURN(c.hidden_size, fields.PositiveInt("hidden_size"));
+  SG_IO_ASSIGN_OR_RETURN(c.num_layers, fields.PositiveInt("num_hidden_layers"));
+  SG_IO_ASSIGN_OR_RETURN(c.intermediate_size, fields.PositiveInt("intermediate_size", 14336));
+  SG_IO_ASSIGN_OR_RETURN(c.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-5));
+  SG_IO_ASSIGN_OR_RETURN(c.max_position_embeddings, fields.PositiveInt("max_position_embeddings", max_positions));
+  SG_IO_ASSIGN_OR_RETURN(c.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
+  SG_IO_ASSIGN_OR_RETURN(c.attention_bias, fields.Bool("attention_bias", false));
+  SG_IO_ASSIGN_OR_RETURN(c.mlp_bias, fields.Bool("mlp_bias", false));
+  if (absl::Status s = ParseAttention(fields, c, 32, 8, std::nullopt); !s.ok()) return s;
+  if (absl::Status s = CheckSilu(fields, "hidden_act"); !s.ok()) return s;
+  return absl::OkStatus();
 }
 
 // transformers' BambaForCausalLM: Mamba-2 layers and attention layers (attn_layer_indices; RoPE on half of each
@@ -146,26 +187,10 @@ absl::Status ParseMambaFields(const FieldReader& fields, TransformerConfig& c) {
 absl::StatusOr<TransformerConfig> ParseBamba(const FieldReader& fields, const std::string& source_name) {
   TransformerConfig c;
   c.architecture = "bamba";
-  SG_IO_ASSIGN_OR_RETURN(c.vocab_size, fields.PositiveInt("vocab_size"));
-  SG_IO_ASSIGN_OR_RETURN(c.hidden_size, fields.PositiveInt("hidden_size"));
-  SG_IO_ASSIGN_OR_RETURN(c.num_layers, fields.PositiveInt("num_hidden_layers"));
-  SG_IO_ASSIGN_OR_RETURN(c.intermediate_size, fields.PositiveInt("intermediate_size", 14336));
-  SG_IO_ASSIGN_OR_RETURN(c.rms_norm_eps, fields.PositiveNumber("rms_norm_eps", 1e-5));
-  SG_IO_ASSIGN_OR_RETURN(c.max_position_embeddings, fields.PositiveInt("max_position_embeddings", 262144));
-  SG_IO_ASSIGN_OR_RETURN(c.tie_word_embeddings, fields.Bool("tie_word_embeddings", false));
-  SG_IO_ASSIGN_OR_RETURN(c.attention_bias, fields.Bool("attention_bias", false));
-  SG_IO_ASSIGN_OR_RETURN(c.mlp_bias, fields.Bool("mlp_bias", false));
-  if (absl::Status s = ParseAttention(fields, c, 32, 8, std::nullopt); !s.ok()) return s;
-  if (absl::Status s = CheckSilu(fields, "hidden_act"); !s.ok()) return s;
+  if (absl::Status s = ParseHybridFields(fields, c, 262144); !s.ok()) return s;
   if (absl::Status s = RequireNumber(fields, "z_loss_coefficient", 0, "the z-loss is not supported"); !s.ok()) return s;
   if (absl::Status s = ParseMambaFields(fields, c); !s.ok()) return s;
-  const json* pad = fields.Get("pad_token_id");
-  c.pad_token_id = fields.Has("pad_token_id") && !pad ? -1 : 0;  // null: no padding row; absent: BambaConfig's 0
-  if (pad) {
-    if (!pad->is_number_integer() || pad->get<int64_t>() < 0 || pad->get<int64_t>() >= c.vocab_size)
-      return fields.Error("pad_token_id", absl::StrCat("is ", pad->dump(), "; it must be a token id or null"));
-    c.pad_token_id = pad->get<int64_t>();
-  }
+  if (absl::Status s = ParsePadToken(fields, c); !s.ok()) return s;
   c.partial_rotary_factor = 0.5;  // BambaConfig's, unless its RoPE block says otherwise
   if (absl::Status s = ParseTransformerRope(fields, source_name, c); !s.ok()) return s;
   if (absl::Status s = CheckLayerCount(fields, c.num_layers); !s.ok()) return s;
@@ -178,6 +203,69 @@ absl::StatusOr<TransformerConfig> ParseBamba(const FieldReader& fields, const st
       c.mixers[i.get<int64_t>()] = Mixer::kAttention;
     }
   }
+  return c;
+}
+
+// A list of `size` positive multipliers (FalconH1Config's mlp_multipliers, ssm_multipliers); absent or null: ones.
+absl::StatusOr<std::vector<double>> Multipliers(const FieldReader& fields, const char* field, size_t size) {
+  std::vector<double> out(size, 1.0);
+  const json* list = fields.Get(field);
+  if (list == nullptr) return out;
+  if (!list->is_array() || list->size() != size)
+    return fields.Error(field, absl::StrCat("must be a list of ", size, " numbers"));
+  for (size_t i = 0; i < size; ++i) {
+    const json& v = (*list)[i];
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      return fields.Error(field, absl::StrCat("holds ", v.dump(), "; the multipliers must be positive and finite"));
+    out[i] = v.get<double>();
+  }
+  return out;
+}
+
+// FalconH1Config's muP multipliers.
+absl::Status ParseMupMultipliers(const FieldReader& fields, MupMultipliers& mup) {
+  for (auto [field, value] : {std::pair<const char*, double*>{"embedding_multiplier", &mup.embedding},
+                              {"lm_head_multiplier", &mup.lm_head},
+                              {"attention_in_multiplier", &mup.attention_in},
+                              {"key_multiplier", &mup.key},
+                              {"attention_out_multiplier", &mup.attention_out},
+                              {"ssm_in_multiplier", &mup.ssm_in},
+                              {"ssm_out_multiplier", &mup.ssm_out}})
+    SG_IO_ASSIGN_OR_RETURN(*value, fields.PositiveNumber(field, 1.0));
+  SG_IO_ASSIGN_OR_RETURN(mup.ssm, Multipliers(fields, "ssm_multipliers", 5));
+  std::vector<double> mlp;
+  SG_IO_ASSIGN_OR_RETURN(mlp, Multipliers(fields, "mlp_multipliers", 2));
+  mup.mlp_gate = mlp[0], mup.mlp_down = mlp[1];
+  return absl::OkStatus();
+}
+
+// transformers' FalconH1ForCausalLM: in every layer attention and a Mamba-2 mixer side by side on the normed input,
+// their outputs summed, then a SwiGLU MLP; muP multipliers throughout.
+absl::StatusOr<TransformerConfig> ParseFalconH1(const FieldReader& fields, const std::string& source_name) {
+  TransformerConfig c;
+  c.architecture = "falcon_h1";
+  if (absl::Status s = ParseHybridFields(fields, c, 8192); !s.ok()) return s;
+  if (absl::Status s = ParseMambaFields(fields, c, /*falcon=*/true); !s.ok()) return s;
+  SG_IO_ASSIGN_OR_RETURN(c.mamba.gated_norm, fields.Bool("mamba_rms_norm", false));
+  bool norm_before_gate, projectors_bias, use_mlp;
+  SG_IO_ASSIGN_OR_RETURN(norm_before_gate, fields.Bool("mamba_norm_before_gate", true));
+  if (c.mamba.gated_norm && norm_before_gate)
+    return fields.Error("mamba_norm_before_gate",
+                        "is true with mamba_rms_norm; the gated norm is supported after the gate (false)");
+  // The published models have no projection biases: without them every multiplier scales a projection's output.
+  if (c.attention_bias) return fields.Error("attention_bias", "is true; Falcon-H1 is supported without (false)");
+  if (c.mamba.proj_bias) return fields.Error("mamba_proj_bias", "is true; Falcon-H1 is supported without (false)");
+  SG_IO_ASSIGN_OR_RETURN(projectors_bias, fields.Bool("projectors_bias", false));
+  if (projectors_bias)
+    return fields.Error("projectors_bias", "is true; the Mamba out_proj bias apart from in_proj's is not supported");
+  SG_IO_ASSIGN_OR_RETURN(use_mlp, fields.Bool("mamba_use_mlp", true));
+  if (!use_mlp)
+    return fields.Error("mamba_use_mlp", "is false; transformers 5.23 builds every layer's MLP whatever it says");
+  if (absl::Status s = ParseMupMultipliers(fields, c.mup); !s.ok()) return s;
+  if (absl::Status s = ParsePadToken(fields, c); !s.ok()) return s;
+  if (absl::Status s = ParseTransformerRope(fields, source_name, c); !s.ok()) return s;
+  if (absl::Status s = CheckLayerCount(fields, c.num_layers); !s.ok()) return s;
+  c.mixers.assign(c.num_layers, Mixer::kAttentionMamba2);
   return c;
 }
 
@@ -309,18 +397,9 @@ void AddCommonJson(const TransformerConfig& c, nlohmann::ordered_json& out) {
   out["tie_word_embeddings"] = c.tie_word_embeddings;
 }
 
-nlohmann::ordered_json BambaJson(const TransformerConfig& c) {
+// Bamba's and Falcon-H1's mamba_* fields, padding row and RoPE.
+void AddMambaJson(const TransformerConfig& c, nlohmann::ordered_json& out) {
   const Mamba2Config& m = c.mamba;
-  nlohmann::ordered_json out;
-  out["architectures"] = {"BambaForCausalLM"};
-  out["model_type"] = "bamba";
-  out["hidden_act"] = "silu";
-  AddCommonJson(c, out);
-  out["rms_norm_eps"] = c.rms_norm_eps;
-  out["attention_bias"] = c.attention_bias;
-  nlohmann::ordered_json& attention = out["attn_layer_indices"] = nlohmann::ordered_json::array();
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    if (c.mixer(l) == Mixer::kAttention) attention.push_back(l);
   for (auto [field, value] : {std::pair<const char*, int64_t>{"mamba_n_heads", m.heads},
                               {"mamba_d_head", m.head_dim},
                               {"mamba_n_groups", m.groups},
@@ -332,12 +411,53 @@ nlohmann::ordered_json BambaJson(const TransformerConfig& c) {
   out["mamba_conv_bias"] = m.conv_bias;
   out["mamba_proj_bias"] = m.proj_bias;
   out["time_step_limit"] = {FloatJson(m.dt_min), FloatJson(m.dt_max)};
-  out["z_loss_coefficient"] = 0.0;
   out["pad_token_id"] = c.pad_token_id >= 0 ? nlohmann::ordered_json(c.pad_token_id) : nlohmann::ordered_json();
   nlohmann::ordered_json& rope = out["rope_parameters"];
   rope["rope_type"] = "default";
   rope["rope_theta"] = c.rope_theta;
-  rope["partial_rotary_factor"] = c.partial_rotary_factor;
+  if (c.architecture == "bamba") rope["partial_rotary_factor"] = c.partial_rotary_factor;
+}
+
+nlohmann::ordered_json BambaJson(const TransformerConfig& c) {
+  nlohmann::ordered_json out;
+  out["architectures"] = {"BambaForCausalLM"};
+  out["model_type"] = "bamba";
+  out["hidden_act"] = "silu";
+  AddCommonJson(c, out);
+  out["rms_norm_eps"] = c.rms_norm_eps;
+  out["attention_bias"] = c.attention_bias;
+  nlohmann::ordered_json& attention = out["attn_layer_indices"] = nlohmann::ordered_json::array();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.mixer(l) == Mixer::kAttention) attention.push_back(l);
+  AddMambaJson(c, out);
+  out["z_loss_coefficient"] = 0.0;
+  return out;
+}
+
+nlohmann::ordered_json FalconH1Json(const TransformerConfig& c) {
+  const MupMultipliers& mup = c.mup;
+  nlohmann::ordered_json out;
+  out["architectures"] = {"FalconH1ForCausalLM"};
+  out["model_type"] = "falcon_h1";
+  out["hidden_act"] = "silu";
+  AddCommonJson(c, out);
+  out["rms_norm_eps"] = c.rms_norm_eps;
+  out["attention_bias"] = c.attention_bias;
+  AddMambaJson(c, out);
+  out["mamba_d_ssm"] = c.mamba.intermediate();
+  out["mamba_rms_norm"] = c.mamba.gated_norm;
+  out["mamba_norm_before_gate"] = false;
+  out["projectors_bias"] = false;
+  for (auto [field, value] : {std::pair<const char*, double>{"embedding_multiplier", mup.embedding},
+                              {"lm_head_multiplier", mup.lm_head},
+                              {"attention_in_multiplier", mup.attention_in},
+                              {"key_multiplier", mup.key},
+                              {"attention_out_multiplier", mup.attention_out},
+                              {"ssm_in_multiplier", mup.ssm_in},
+                              {"ssm_out_multiplier", mup.ssm_out}})
+    out[field] = value;
+  out["ssm_multipliers"] = mup.ssm;
+  out["mlp_multipliers"] = {mup.mlp_gate, mup.mlp_down};
   return out;
 }
 
@@ -378,12 +498,14 @@ absl::StatusOr<TransformerConfig> ParseMamba2FamilyConfig(const FieldReader& fie
   if (architecture == "mamba2") return ParseMamba2(fields);
   if (architecture == "bamba") return ParseBamba(fields, source_name);
   if (architecture == "nemotron_h") return ParseNemotronH(fields);
+  if (architecture == "falcon_h1") return ParseFalconH1(fields, source_name);
   return fields.Error("model_type", absl::StrCat("'", architecture, "' is not a Mamba-2 model"));
 }
 
 std::string Mamba2FamilyConfigToHFJson(const TransformerConfig& c) {
   nlohmann::ordered_json out = c.architecture == "bamba"        ? BambaJson(c)
                                : c.architecture == "nemotron_h" ? NemotronHJson(c)
+                               : c.architecture == "falcon_h1"  ? FalconH1Json(c)
                                                                 : Mamba2Json(c);
   out["torch_dtype"] = "float32";
   return out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";

@@ -114,6 +114,21 @@ TransformerConfig NemotronH(int64_t vocab, int64_t d, const std::string& pattern
   return c;
 }
 
+// FalconH1ForCausalLM: in every layer attention (RoPE) beside Mamba-2 (`mamba_heads` heads of `mamba_head_dim`, one
+// group, state N, the gated norm), then a SwiGLU MLP.
+TransformerConfig FalconH1(int64_t vocab, int64_t d, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                           int64_t ffn, int64_t mamba_heads, int64_t mamba_head_dim, int64_t N) {
+  TransformerConfig c = Llama(vocab, d, layers, heads, kv_heads, ffn);
+  c.architecture = "falcon_h1";
+  c.head_dim = head_dim;
+  c.rms_norm_eps = 1e-5;
+  c.mamba = Mamba2(vocab, d, layers, mamba_heads, mamba_head_dim, 1, N).mamba;
+  c.mamba.expand = 2;
+  c.mixers.assign(layers, Mixer::kAttentionMamba2);
+  c.pad_token_id = 0;
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> TransformerPresetNames() {
@@ -125,6 +140,7 @@ std::vector<std::string> TransformerPresetNames() {
           "tiny-mamba2",
           "tiny-bamba",
           "tiny-nemotron-h",
+          "tiny-falcon-h1",
           "demo",
           "bench-cpu",
           "bench-cpu-qwen3.5",
@@ -139,6 +155,7 @@ std::vector<std::string> TransformerPresetNames() {
           "mamba2-2.7b-shape",
           "bamba-9b-shape",
           "nemotron-h-8b-shape",
+          "falcon-h1-7b-shape",
           "llama-3.1-8b",
           "qwen2.5-7b",
           "qwen2.5-32b"};
@@ -191,6 +208,14 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "tiny-bamba") {
     TransformerConfig c = Bamba(97, 32, 3, 4, 2, 48, 8, 16, {1});
     c.mamba.chunk_size = 16;
+    return c;
+  }
+  // Falcon-H1 for tests: 2 layers of attention (4 heads of 8 on 2 KV heads) beside Mamba-2 (4 heads of 8, state 16:
+  // mamba_d_ssm 32, not mamba_expand x hidden_size), muP multipliers none of which is 1.
+  if (name == "tiny-falcon-h1") {
+    TransformerConfig c = FalconH1(97, 32, 2, 4, 2, 8, 48, 4, 8, 16);
+    c.mamba.chunk_size = 16;
+    c.mup = {2.0, 0.5, 1.5, 0.75, 0.8, 1.25, 0.6, {0.9, 1.1, 0.7, 1.3, 0.5}, 0.85, 0.65};
     return c;
   }
   // Nemotron-H for tests: Mamba-2, MLP, attention, MLP.
@@ -299,6 +324,15 @@ absl::StatusOr<TransformerConfig> TransformerPreset(const std::string& name) {
   if (name == "nemotron-h-8b-shape")
     return NemotronH(131072, 4096, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", 32, 8, 128, 21504, 128, 64,
                      8, 128);
+  // tiiuae/Falcon-H1-7B-Instruct: vocab_size 130048, hidden_size 3072, num_hidden_layers 44, num_attention_heads 12,
+  // num_key_value_heads 2, head_dim 128, intermediate_size 12288, mamba_n_heads 24, mamba_d_head 128, mamba_d_ssm
+  // 3072, mamba_n_groups 1, mamba_d_state 256, mamba_d_conv 4, mamba_chunk_size 128, max_position_embeddings 262144.
+  if (name == "falcon-h1-7b-shape") {
+    TransformerConfig c = FalconH1(130048, 3072, 44, 12, 2, 128, 12288, 24, 128, 256);
+    c.mamba.chunk_size = 128;
+    c.max_position_embeddings = 262144;
+    return c;
+  }
   return absl::NotFoundError(
       absl::StrCat("'", name, "' is not a transformer preset (", absl::StrJoin(TransformerPresetNames(), ", "), ")"));
 }

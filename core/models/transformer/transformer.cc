@@ -417,7 +417,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       return {
           "backbone.embeddings.weight", "backbone.layers.", "norm.weight", "mixer.", "mixer.", "norm.weight", "mixer.",
           "backbone.norm_f.weight"};
-    if (a == "bamba")
+    if (a == "bamba" || a == "falcon_h1")
       return {"model.embed_tokens.weight", "model.layers.", "input_layernorm.weight",      "self_attn.", "mamba.",
               "pre_ff_layernorm.weight",   "feed_forward.", "model.final_layernorm.weight"};
     return {c.prefix() + "embed_tokens.weight",
@@ -623,8 +623,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         o, kv_index_, kv_layers_, copies, RopeFor(cfg_, LongestDocument(o.doc_starts, o.seq_len)).inv_freq);
   }
 
+  // Falcon-H1 scales the embedding's output (embedding_multiplier).
   Tensor Embed(const int32_t* ids, Chunk c) override {
-    return Store::EmbedRows(ops_, embed_, ids, c, tp_.on() ? &tp_ : nullptr);
+    Tensor x = Store::EmbedRows(ops_, embed_, ids, c, tp_.on() ? &tp_ : nullptr);
+    Scale(x.data<T>(), x.numel(), cfg_.mup.embedding);
+    return x;
   }
   // nn.Embedding's padding_idx (Bamba's pad_token_id): the lookup adds nothing to that row's gradient, kept as it was.
   void EmbedBackward(const int32_t* ids, Chunk c, const Tensor& dx) override {
@@ -635,7 +638,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       pad_row = New(MemCategory::kWorkspace, {d});
       ops_.copy(pad_row.data<T>(), g + pad * d, d);
     }
-    Store::EmbedRowsBackward(ops_, embed_, ids, c, dx, tp_.on() ? &tp_ : nullptr);
+    Tensor scaled;
+    if (cfg_.mup.embedding != 1.0) {
+      scaled = New(MemCategory::kWorkspace, dx.shape());
+      ops_.copy(scaled.data<T>(), dx.data<T>(), dx.numel());
+      ops_.scale(scaled.data<T>(), dx.numel(), cfg_.mup.embedding);
+    }
+    Store::EmbedRowsBackward(ops_, embed_, ids, c, scaled.defined() ? scaled : dx, tp_.on() ? &tp_ : nullptr);
     if (pad_row.defined()) ops_.copy(g + pad * d, pad_row.data<T>(), d);
   }
 
@@ -697,7 +706,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
                       double grad_scale, bool need_grad) override {
     Tensor norm;
     return Store::Head(ops_, final_norm_, head_, cfg_.rms_norm_eps, cfg_.hidden_size, vocab_rows_, c, h, labels,
-                       objective, grad_scale, need_grad, tp_.on() ? &tp_ : nullptr, NormWeight(final_norm_, norm));
+                       objective, grad_scale, need_grad, tp_.on() ? &tp_ : nullptr, NormWeight(final_norm_, norm),
+                       cfg_.mup.lm_head);
   }
 
  private:
@@ -724,6 +734,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         return DeltaNetForward(l, c, x_in, state, act, kept);
       case Mixer::kMamba2:
         return Mamba2Forward(l, c, x_in, state, act, kept);
+      case Mixer::kAttentionMamba2:
+        return ParallelForward(l, c, x_in, state, act, kept);
       default:
         break;
     }
@@ -739,9 +751,50 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
         return DeltaNetBackward(l, c, dh, s, state);
       case Mixer::kMamba2:
         return Mamba2Backward(l, c, dh, s, state);
+      case Mixer::kAttentionMamba2:
+        return ParallelBackward(l, c, dh, s, state);
       default:
         return AttentionBackward(l, c, dh, s, state);
     }
+  }
+
+  // Falcon-H1: h = x + attention_out_multiplier a + ssm_out_multiplier m, with x + a and x + m what attention and
+  // Mamba-2 give alone (both on norm1(x); their saved normed input is the same).
+  Tensor ParallelForward(int l, Chunk c, const Tensor& x_in, TransformerState& state, MemCategory act,
+                         std::vector<Tensor>* kept) {
+    const int64_t count = c.size() * cfg_.hidden_size;
+    const T* x = x_in.data<T>();
+    Tensor h = AttentionForward(l, c, x_in, state, act, kept);
+    Tensor mamba = Mamba2Forward(l, c, x_in, state, act, kept);
+    for (Tensor* t : {&h, &mamba}) {
+      Tensor minus_x = New(MemCategory::kWorkspace, {c.size(), cfg_.hidden_size});
+      ops_.copy(minus_x.data<T>(), x, count);
+      ops_.scale(minus_x.data<T>(), count, -1.0);
+      ops_.add_inplace(t->data<T>(), minus_x.data<T>(), count);
+    }
+    Scale(h.data<T>(), count, cfg_.mup.attention_out);
+    Scale(mamba.data<T>(), count, cfg_.mup.ssm_out);
+    ops_.add_inplace(h.data<T>(), mamba.data<T>(), count);
+    ops_.add_inplace(h.data<T>(), x, count);
+    return h;
+  }
+  // Its backward: dxn1 = attention's (of attention_out_multiplier dh) + Mamba-2's (of ssm_out_multiplier dh).
+  Tensor ParallelBackward(int l, Chunk c, const T* dh, const std::vector<Tensor>& s, TransformerState& state) {
+    const int64_t count = c.size() * cfg_.hidden_size;
+    auto scaled = [&](double factor) {
+      Tensor t = New(MemCategory::kWorkspace, {c.size(), cfg_.hidden_size});
+      ops_.copy(t.data<T>(), dh, count);
+      Scale(t.data<T>(), count, factor);
+      return t;
+    };
+    Tensor dxn1 = AttentionBackward(l, c, scaled(cfg_.mup.attention_out).template data<T>(), s, state);
+    const Tensor dmamba = Mamba2Backward(l, c, scaled(cfg_.mup.ssm_out).template data<T>(), s, state);
+    ops_.add_inplace(dxn1.data<T>(), dmamba.data<T>(), count);
+    return dxn1;
+  }
+  // x *= factor, skipped at 1 (every multiplier outside Falcon-H1).
+  void Scale(T* x, int64_t count, double factor) {
+    if (factor != 1.0) ops_.scale(x, count, factor);
   }
 
   // h = x + o(attn(rope(q(xn1)), cache)) (gated attention: o(attn sigmoid(gate))), xn1 = norm1(x); appends the
@@ -780,6 +833,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     } else {
       Linear(xn1.data<T>(), n, d, L.q, L.q_bias, q.data<T>(), qd, c, state.opts);
     }
+    Scale(q.data<T>(), n * qd, cfg_.mup.attention_in);
     Rope(q.data<T>(), c, heads_, /*inverse=*/false, state);
     Keep(kept, kQ, q, act);
     if (!state.HoldsKV(kl, c)) AppendKV(l, c, xn1.data<T>(), state);
@@ -830,13 +884,21 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (L.mlp == Mlp::kRelu2) return Relu2MlpForward(L, c, h, xn2, st, act, kept);
     Tensor gate = New(big, {n, f}), up = New(big, {n, f}), a = New(big, {n, f});
     Linear(xn2.data<T>(), n, d, L.gate, L.gate_bias, gate.data<T>(), f, c, st);
+    Scale(gate.data<T>(), n * f, cfg_.mup.mlp_gate);
     Linear(xn2.data<T>(), n, d, L.up, L.up_bias, up.data<T>(), f, c, st);
     Done(xn2);
     Store::SwigluAndKeep(ops_, gate, up, a, act, Slot(kept, kGate), Slot(kept, kUp), Slot(kept, kAct));
     Done(gate), Done(up);
     Tensor y = New(MemCategory::kActivations, {n, d});
-    ops_.copy(y.data<T>(), h.data<T>(), n * d);
-    RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+    if (cfg_.mup.mlp_down == 1.0) {
+      ops_.copy(y.data<T>(), h.data<T>(), n * d);
+      RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+    } else {  // y = h + mlp_down down(a)
+      ops_.fill(y.data<T>(), n * d, T(0));
+      RowParallelAdd(a.data<T>(), f, L.down, L.down_bias, c, st, y.data<T>());
+      ops_.scale(y.data<T>(), n * d, cfg_.mup.mlp_down);
+      ops_.add_inplace(y.data<T>(), h.data<T>(), n * d);
+    }
     return y;
   }
 
@@ -894,16 +956,24 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       NormBackward(dxn2.data<T>(), wide(kH).template data<T>(), L.norm2, s[kRstd2].data<T>(), n, dh.data<T>());
       return dh;
     }
-    Tensor da = New(ws, {n, f});
-    Store::GemmW(ops_, false, n, f, d, T(1), dy, d, L.down, f, T(0), da.data<T>(), f);
+    Tensor da = New(ws, {n, f}), dy_scaled;
+    const T* ddown = dy;  // the gradient of down's output: dy, or mlp_down dy
+    if (cfg_.mup.mlp_down != 1.0) {
+      dy_scaled = New(ws, {n, d});
+      ops_.copy(dy_scaled.data<T>(), dy, n * d);
+      ops_.scale(dy_scaled.data<T>(), n * d, cfg_.mup.mlp_down);
+      ddown = dy_scaled.data<T>();
+    }
+    Store::GemmW(ops_, false, n, f, d, T(1), ddown, d, L.down, f, T(0), da.data<T>(), f);
     {
       const Tensor a = wide(kAct);  // widened before dgate and dup exist
-      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), dy, d, a.data<T>(), f, T(1), g, f);
-      BiasBackward(L.down_bias, dy, n, d);
-      Store::LoraBackward(ops_, L.down, a.data<T>(), dy, d, da.data<T>(), c, st);
+      if (T* g = G(L.down)) ops_.gemm(true, false, d, f, n, T(1), ddown, d, a.data<T>(), f, T(1), g, f);
+      BiasBackward(L.down_bias, ddown, n, d);
+      Store::LoraBackward(ops_, L.down, a.data<T>(), ddown, d, da.data<T>(), c, st);
     }
     Tensor dgate = New(ws, {n, f}), dup = New(ws, {n, f}), dxn2 = New(ws, {n, d});
     Store::SwigluBackwardKept(ops_, da.data<T>(), s[kGate], s[kUp], dgate.data<T>(), dup.data<T>());
+    Scale(dgate.data<T>(), n * f, cfg_.mup.mlp_gate);
     Store::GemmW(ops_, false, n, d, f, T(1), dgate.data<T>(), f, L.gate, d, T(0), dxn2.data<T>(), d);
     Store::GemmW(ops_, false, n, d, f, T(1), dup.data<T>(), f, L.up, d, T(1), dxn2.data<T>(), d);
     const Tensor xn2_kept = wide(kXn2);
@@ -963,6 +1033,9 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     state.grad.Gather<T>(kl, c.begin, c.end, dk.data<T>(), dv.data<T>());
     Rope(dq.data<T>(), c, heads_, /*inverse=*/true, state);
     Rope(dk.data<T>(), c, kv_heads_, /*inverse=*/true, state);
+    Scale(dq.data<T>(), n * qd, cfg_.mup.attention_in);
+    Scale(dk.data<T>(), n * kvd, cfg_.mup.attention_in * cfg_.mup.key);
+    Scale(dv.data<T>(), n * kvd, cfg_.mup.attention_in);
     const Tensor xn1_kept = wide(kXn1);
     const T* xn1 = xn1_kept.data<T>();
     if (cfg_.qk_norm()) {
@@ -1391,6 +1464,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       const int64_t R = m.in_proj_rows();
       Tensor proj = New(MemCategory::kWorkspace, {n, R});
       Linear(xn1.data<T>(), n, d, P.in_proj, P.in_bias, proj.data<T>(), R, c, state.opts);
+      ScaleInProj(proj.data<T>(), n);
       ops_.copy_rows(z.data<T>(), I, proj.data<T>(), R, n, I);
       ops_.copy_rows(xbc.data<T>(), C, proj.data<T>() + I, R, n, C);
       ops_.copy_rows(dt.data<T>(), H, proj.data<T>() + I + C, R, n, H);
@@ -1420,8 +1494,11 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     if (out) state.StashLinear(*out);
     keep_copy(kCore, y);
     Tensor gated = New(big, {n, I}), group_rstd = New(act, {n * m.groups});
-    ops_.gated_group_rmsnorm_forward(y.data<T>(), z.data<T>(), W(P.norm), n, I, I / m.groups, m.norm_eps,
-                                     gated.data<T>(), group_rstd.data<T>());
+    if (m.gated_norm)
+      ops_.gated_group_rmsnorm_forward(y.data<T>(), z.data<T>(), W(P.norm), n, I, I / m.groups, m.norm_eps,
+                                       gated.data<T>(), group_rstd.data<T>());
+    else  // y silu(z)
+      ops_.swiglu_forward(z.data<T>(), y.data<T>(), n * I, gated.data<T>());
     Done(y), Done(z);
     Keep(kept, kGated, gated, act);
     Tensor h = New(big, {n, d});
@@ -1454,9 +1531,13 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       BiasBackward(P.out_bias, dh, n, d);
       Store::LoraBackward(ops_, P.out, gated.data<T>(), dh, d, dgated.data<T>(), c, state.opts);
       Tensor dz = New(ws, {n, I});
-      ops_.gated_group_rmsnorm_backward(dgated.data<T>(), wide(kCore).template data<T>(), wide(kZ).template data<T>(),
-                                        W(P.norm), s[kCoreRstd].data<T>(), n, I, I / m.groups, m.norm_eps, dy.data<T>(),
-                                        dz.data<T>(), GradOrScratch(P.norm));
+      if (m.gated_norm)
+        ops_.gated_group_rmsnorm_backward(dgated.data<T>(), wide(kCore).template data<T>(), wide(kZ).template data<T>(),
+                                          W(P.norm), s[kCoreRstd].data<T>(), n, I, I / m.groups, m.norm_eps,
+                                          dy.data<T>(), dz.data<T>(), GradOrScratch(P.norm));
+      else
+        ops_.swiglu_backward(dgated.data<T>(), wide(kZ).template data<T>(), wide(kCore).template data<T>(), n * I,
+                             dz.data<T>(), dy.data<T>());
       ops_.copy_rows(dproj.data<T>(), R, dz.data<T>(), I, n, I);
     }
 
@@ -1530,8 +1611,23 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     ops_.copy_rows(dproj.data<T>() + I, R, dxbc.data<T>(), C, n, C);
     Tensor dxn1 = New(ws, {n, d});
     const Tensor xn1 = wide(kXn1);
+    ScaleInProj(dproj.data<T>(), n);
     LinearBackward(dproj.data<T>(), R, xn1.data<T>(), n, P.in_proj, P.in_bias, dxn1.data<T>(), T(0), c, state.opts);
     return dxn1;
+  }
+
+  // Falcon-H1: in_proj's input scaled by ssm_in_multiplier and its output groups (z, x, B, C, dt) by ssm_multipliers;
+  // in_proj has no bias there, so both are scales of its output rows [n][in_proj_rows] (and of their gradient).
+  void ScaleInProj(T* proj, int64_t n) {
+    const MupMultipliers& mup = cfg_.mup;
+    const Mamba2Config& m = cfg_.mamba;
+    if (mup.ssm_in == 1.0 && mup.ssm == MupMultipliers().ssm) return;
+    const int64_t I = m.intermediate(), GN = m.groups * m.state;
+    const int64_t widths[5] = {I, I, GN, GN, m.heads};
+    for (int64_t r = 0; r < n; ++r) {
+      T* row = proj + r * m.in_proj_rows();
+      for (int g = 0; g < 5; row += widths[g], ++g) ops_.scale(row, widths[g], mup.ssm_in * mup.ssm[g]);
+    }
   }
 
   SsdInputs SsdInputsOf(const Tensor& xc, int64_t n) {
@@ -1789,7 +1885,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     P.dt_bias = add(p + "dt_bias", {H}, whole);
     P.a_log = add(p + "A_log", {H}, whole);
     P.d = add(p + "D", {H}, whole);
-    P.norm = add(p + "norm.weight", {I}, whole);
+    if (m.gated_norm) P.norm = add(p + "norm.weight", {I}, whole);
     P.out = add(p + "out_proj.weight", {d, I}, whole);
     if (m.proj_bias) P.out_bias = add(p + "out_proj.bias", {d}, whole);
     return P;
@@ -1803,6 +1899,8 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     Tensor k = New(MemCategory::kWorkspace, {n, kvd}), v = New(MemCategory::kWorkspace, {n, kvd});
     Linear(xn1, n, d, L.k, L.k_bias, k.data<T>(), kvd, c, state.opts);
     Linear(xn1, n, d, L.v, L.v_bias, v.data<T>(), kvd, c, state.opts);
+    Scale(k.data<T>(), n * kvd, cfg_.mup.attention_in * cfg_.mup.key);
+    Scale(v.data<T>(), n * kvd, cfg_.mup.attention_in);
     if (cfg_.qk_norm()) {
       const int64_t rows = n * kv_heads_;
       Tensor k_raw = New(MemCategory::kWorkspace, {n, kvd}), rstd = New(MemCategory::kWorkspace, {rows});
@@ -2053,7 +2151,7 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
   }
   const std::set<std::string> supported = {"llama",   "qwen2",      "qwen3",        "qwen3_moe",
                                            "mixtral", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
-                                           "mamba2",  "bamba",      "nemotron_h"};
+                                           "mamba2",  "bamba",      "nemotron_h",   "falcon_h1"};
   if (!supported.count(c.architecture))
     return absl::InvalidArgumentError(absl::StrCat("config: model_type '", c.architecture,
                                                    "' is not supported (supported: ", absl::StrJoin(supported, ", "),
