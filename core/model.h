@@ -135,6 +135,7 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual std::string family() const = 0;  // "transformer" or "ssm"
+  virtual std::string architecture() const = 0;  // Hugging Face's model_type: "llama", "mamba2", "mamba", ...
   // The configuration the model was created from, as its family describes it (core/models/family.h): its config.json,
   // presets, size, FLOPs, and models like it (other devices, tensor-parallel ranks).
   virtual std::unique_ptr<ModelSpec> spec() const = 0;
