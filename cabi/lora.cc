@@ -34,8 +34,9 @@ sg_status* LoraOptionsOf(const char* fn, const sg_lora_options& options, const M
     return Invalid(absl::StrCat(fn, ": options->alpha is ", options.alpha, "; need a finite value > 0 (0 = 2 * rank)"));
   if (!(options.dropout >= 0 && options.dropout < 1))
     return Invalid(absl::StrCat(fn, ": options->dropout is ", options.dropout, "; need [0, 1)"));
-  const std::string targets = options.targets ? options.targets : DefaultLoraTargets(m.family());
-  absl::StatusOr<std::vector<std::string>> parsed = ParseLoraTargets(targets, m.family());
+  const LoraKind kind = LoraKind::Of(m);
+  const std::string targets = options.targets ? options.targets : DefaultLoraTargets(kind);
+  absl::StatusOr<std::vector<std::string>> parsed = ParseLoraTargets(targets, kind);
   if (!parsed.ok()) return Invalid(absl::StrCat(fn, ": ", FieldMessage(parsed.status().message())));
   o->rank = options.rank;
   o->alpha = alpha;

@@ -281,14 +281,14 @@ std::string ApplyLoraFlags(Model& model) {
   LoraOptions o;
   o.seed = absl::GetFlag(FLAGS_seed);
   if (!init.empty()) {
-    absl::StatusOr<LoraOptions> file = ReadLoraAdapterConfig(init, model.family());
+    absl::StatusOr<LoraOptions> file = ReadLoraAdapterConfig(init, LoraKind::Of(model));
     ExitIfError(file.status(), "--lora_init");
     std::vector<std::string> differ;
     if (rank != 0 && rank != file->rank) differ.push_back(absl::StrCat("--lora_rank=", rank, " vs r ", file->rank));
     if (alpha != 0 && alpha != file->alpha)
       differ.push_back(absl::StrCat("--lora_alpha=", alpha, " vs lora_alpha ", file->alpha));
     if (!targets.empty()) {
-      absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(targets, model.family());
+      absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(targets, LoraKind::Of(model));
       ExitIfError(t.status(), "flags");
       if (*t != file->targets) differ.push_back(absl::StrCat("--lora_targets=", targets, " vs target_modules"));
     }
@@ -305,8 +305,9 @@ std::string ApplyLoraFlags(Model& model) {
     o.rank = rank;
     o.alpha = alpha != 0 ? alpha : 2.0 * rank;
     o.dropout = dropout == -1 ? 0.0 : dropout;
+    const LoraKind kind = LoraKind::Of(model);
     absl::StatusOr<std::vector<std::string>> t =
-        ParseLoraTargets(targets.empty() ? DefaultLoraTargets(model.family()) : targets, model.family());
+        ParseLoraTargets(targets.empty() ? DefaultLoraTargets(kind) : targets, kind);
     ExitIfError(t.status(), "flags");
     o.targets = *t;
   }

@@ -64,8 +64,12 @@ expect_error() {  # expect_error <message> <args...>
   grep -qF -- "$msg" "$tmp/out" || fail "expected '$msg' for: $*; got: $(cat "$tmp/out")"
 }
 expect_error "--lora_rank must be positive" --model=tiny --seq_len=600 --steps=1 --lora_rank=-2
-expect_error "--lora_targets: 'in_proj' is not a linear module or expert weight of a transformer model" --model=tiny --seq_len=600 \
-  --steps=1 --lora_rank=2 --lora_targets=in_proj
+expect_error "--lora_targets: 'x_proj' is not a linear module or expert weight of a transformer model" --model=tiny --seq_len=600 \
+  --steps=1 --lora_rank=2 --lora_targets=x_proj
+expect_error "--lora_targets: no module of this model is named in_proj" --model=tiny --seq_len=600 --steps=1 --lora_rank=2 \
+  --lora_targets=in_proj
+expect_error "--lora_targets: 'out_proj' is not supported on mamba2: PEFT refuses" --model=tiny-mamba2 --seq_len=600 \
+  --steps=1 --lora_rank=2 --lora_targets=in_proj,out_proj
 expect_error "--lora_dropout must be in [0, 1)" --model=tiny --seq_len=600 --steps=1 --lora_rank=2 --lora_dropout=1
 expect_error "need --lora_rank" --model=tiny --seq_len=600 --steps=1 --lora_targets=q_proj
 expect_error "--merge_lora needs LoRA" --model=tiny --seq_len=600 --steps=1 --merge_lora

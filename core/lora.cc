@@ -30,15 +30,44 @@ const LoraAdapter* LoraInfo::AdapterOfWeight(int index) const {
   return nullptr;
 }
 
-std::vector<std::string> LoraTargetModules(const std::string& family) {
-  if (family == "ssm") return {"in_proj", "x_proj"};
-  // Attention and the MLP, and the Gated DeltaNet projections of the hybrids (Qwen3.5's, Qwen3-Next's fused ones).
-  return {"q_proj",      "k_proj",    "v_proj",    "o_proj",       "gate_proj",   "up_proj", "down_proj",
-          "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",    "in_proj_qkvz", "in_proj_ba", "out_proj"};
+LoraKind LoraKind::Of(const Model& model) { return {model.family(), model.architecture()}; }
+
+namespace {
+// PEFT 0.21's Mamba model types (tuners_utils' mamba_model_types), where it refuses LoRA on out_proj and conv1d.
+bool PeftMambaType(const LoraKind& kind) {
+  static const std::set<std::string> types = {"mamba", "mamba2", "falcon_mamba", "falcon_h1", "nemotron_h"};
+  return kind.family == "ssm" || types.count(kind.architecture) > 0;
 }
 
-std::vector<std::string> LoraTargetParameters(const std::string& family) {
-  if (family == "ssm") return {};
+// Why a module that the engine could adapt, or one of a Mamba mixer, is refused (PEFT 0.21, transformers 5.x), or
+// null.
+const char* Refusal(const std::string& module, const LoraKind& kind) {
+  if (PeftMambaType(kind) && (module == "out_proj" || module == "conv1d"))
+    return "PEFT refuses LoRA on out_proj and conv1d of Mamba model types ('incompatible with Mamba-based models'), "
+           "so the adapter could not be loaded there";
+  if (kind.family == "ssm" && module == "dt_proj")
+    return "transformers' Mamba multiplies dt_proj.weight directly instead of calling dt_proj, so PeftModel would "
+           "ignore an adapter there (it would count only after merge_and_unload)";
+  if (kind.family == "transformer" && module == "conv1d")
+    return "the engine adapts linear layers only, and transformers' Mamba-2 mixers read conv1d.weight directly "
+           "instead of calling conv1d, so PeftModel would ignore an adapter there";
+  return nullptr;
+}
+}  // namespace
+
+std::vector<std::string> LoraTargetModules(const LoraKind& kind) {
+  if (kind.family == "ssm") return {"in_proj", "x_proj"};
+  // Attention and the MLP, the Gated DeltaNet projections of the hybrids (Qwen3.5's, Qwen3-Next's fused ones) and
+  // the Mamba-2 mixers' (out_proj: both kinds of mixer), less what PEFT refuses for the architecture.
+  std::vector<std::string> out;
+  for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "in_proj_qkv",
+                        "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "in_proj", "out_proj"})
+    if (!Refusal(m, kind)) out.push_back(m);
+  return out;
+}
+
+std::vector<std::string> LoraTargetParameters(const LoraKind& kind) {
+  if (kind.family == "ssm") return {};
   return {"experts.gate_up_proj", "experts.down_proj"};
 }
 
@@ -59,31 +88,22 @@ std::string LoraExpertWrapper(const std::vector<std::string>& names, size_t i) {
   return path;
 }
 
-std::string DefaultLoraTargets(const std::string& family) {
-  return family == "ssm" ? "in_proj,x_proj" : "q_proj,v_proj";
+std::string DefaultLoraTargets(const LoraKind& kind) {
+  if (kind.family == "ssm") return "in_proj,x_proj";
+  if (kind.architecture == "mamba2") return "in_proj";  // its only target (PEFT has no default for it)
+  if (kind.architecture == "nemotron_h") return "q_proj,k_proj,v_proj,o_proj";  // PEFT's default
+  return "q_proj,v_proj";
 }
 
-namespace {
-// Why a Mamba module that the engine could adapt is refused (PEFT 0.21, transformers 5.x), or null.
-const char* MambaRefusal(const std::string& module) {
-  if (module == "out_proj" || module == "conv1d")
-    return "PEFT refuses LoRA on Mamba's out_proj and conv1d ('incompatible with Mamba-based models'), so the "
-           "adapter could not be loaded there";
-  if (module == "dt_proj")
-    return "transformers' Mamba multiplies dt_proj.weight directly instead of calling dt_proj, so PeftModel would "
-           "ignore an adapter there (it would count only after merge_and_unload)";
-  return nullptr;
-}
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family) {
-  if (text == "all") return LoraTargetModules(family);
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const LoraKind& kind) {
+  if (text == "all") return LoraTargetModules(kind);
   if (absl::EqualsIgnoreCase(text, "all-linear")) {
-    if (family == "ssm")
-      return absl::InvalidArgumentError(
-          "--lora_targets: 'all-linear' on a Mamba model includes out_proj and dt_proj, which PEFT refuses or "
-          "ignores; use 'all' (in_proj,x_proj)");
-    return LoraTargetModules(family);
+    if (PeftMambaType(kind))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--lora_targets: 'all-linear' on a ", kind.family == "ssm" ? "Mamba" : kind.architecture,
+          " model includes out_proj", kind.family == "ssm" ? " and dt_proj, which PEFT refuses or ignores" :
+          ", which PEFT refuses", "; use 'all' (", absl::StrJoin(LoraTargetModules(kind), ","), ")"));
+    return LoraTargetModules(kind);
   }
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
@@ -95,27 +115,28 @@ absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& tex
   LoraOptions o;
   o.rank = 1;
   o.targets = out;
-  if (absl::Status s = ValidateLoraOptions(o, family); !s.ok()) return s;
+  if (absl::Status s = ValidateLoraOptions(o, kind); !s.ok()) return s;
   return out;
 }
 
-absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family) {
+absl::Status ValidateLoraOptions(const LoraOptions& o, const LoraKind& kind) {
   if (o.rank <= 0) return absl::InvalidArgumentError(absl::StrCat("--lora_rank must be positive, got ", o.rank));
   if (!(o.alpha > 0) || !std::isfinite(o.alpha))
     return absl::InvalidArgumentError(absl::StrCat("--lora_alpha must be a positive number, got ", o.alpha));
   if (!(o.dropout >= 0 && o.dropout < 1))
     return absl::InvalidArgumentError(absl::StrCat("--lora_dropout must be in [0, 1), got ", o.dropout));
   if (o.targets.empty()) return absl::InvalidArgumentError("--lora_targets is empty");
-  std::vector<std::string> known = LoraTargetModules(family);
-  for (const std::string& p : LoraTargetParameters(family)) known.push_back(p);
+  std::vector<std::string> known = LoraTargetModules(kind);
+  for (const std::string& p : LoraTargetParameters(kind)) known.push_back(p);
   std::set<std::string> seen;
   for (const std::string& t : o.targets) {
-    if (family == "ssm")
-      if (const char* why = MambaRefusal(t))
-        return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not supported: ", why));
+    if (const char* why = Refusal(t, kind))
+      return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not supported",
+                                                     kind.architecture.empty() ? "" : " on " + kind.architecture,
+                                                     ": ", why));
     if (std::find(known.begin(), known.end(), t) == known.end())
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is not a linear module or expert ",
-                                                     "weight of a ", family == "ssm" ? "Mamba" : "transformer",
+                                                     "weight of a ", kind.family == "ssm" ? "Mamba" : "transformer",
                                                      " model (known: ", absl::StrJoin(known, ", "), ")"));
     if (!seen.insert(t).second)
       return absl::InvalidArgumentError(absl::StrCat("--lora_targets: '", t, "' is listed twice"));

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,8 +44,9 @@ struct LoraOptions {
   double alpha = 16;   // lora_alpha: the adapter's output is scaled by alpha / r
   double dropout = 0;  // lora_dropout, in [0, 1)
   // HF module names (the last component of the module path), a set: q_proj, k_proj, v_proj, o_proj, gate_proj,
-  // up_proj, down_proj (Llama, Qwen2); in_proj, x_proj (Mamba: what PEFT accepts and applies, LoraTargetModules);
-  // and the expert weights of MoE layers by parameter name: experts.gate_up_proj, experts.down_proj.
+  // up_proj, down_proj (Llama, Qwen2); in_proj, out_proj (Mamba-2 mixers, where PEFT allows); in_proj, x_proj
+  // (Mamba: what PEFT accepts and applies, LoraTargetModules); and the expert weights of MoE layers by parameter
+  // name: experts.gate_up_proj, experts.down_proj.
   std::vector<std::string> targets = {"q_proj", "v_proj"};
   uint64_t seed = 0;  // initialisation of A
 };
@@ -73,14 +75,26 @@ struct LoraInfo {
   const LoraAdapter* AdapterOfWeight(int index) const;
 };
 
-// The module names LoRA can target in a model of this family ("transformer" or "ssm"): those whose adapters PEFT
-// 0.21 loads and applies as the engine does. Mamba's out_proj and conv1d are refused by PEFT ("incompatible with
-// Mamba-based models"), and transformers' Mamba multiplies dt_proj.weight directly, so an adapter on dt_proj would
-// do nothing in PeftModel: ValidateLoraOptions refuses those three, saying why.
-std::vector<std::string> LoraTargetModules(const std::string& family);
+// Whose rules LoRA follows: a model's family ("transformer", "ssm") and architecture (Hugging Face's model_type,
+// on which PEFT 0.21 keys some refusals, e.g. out_proj on mamba2 and nemotron_h). A family alone (tests; no model
+// yet) takes the family's rules.
+struct LoraKind {
+  LoraKind(const char* family) : family(family) {}             // NOLINT: a family name reads as its kind
+  LoraKind(std::string family, std::string architecture = "")  // NOLINT
+      : family(std::move(family)), architecture(std::move(architecture)) {}
+  static LoraKind Of(const Model& model);
+  std::string family, architecture;
+};
+
+// The module names LoRA can target in a model of this kind: those whose adapters PEFT 0.21 loads and applies as
+// the engine does. PEFT refuses out_proj and conv1d on its Mamba model types ("incompatible with Mamba-based
+// models": mamba, mamba2, nemotron_h, falcon_h1), transformers' Mamba multiplies dt_proj.weight directly and its
+// Mamba-2 mixers read conv1d.weight directly, so PeftModel would ignore an adapter there: ValidateLoraOptions refuses
+// those, saying why.
+std::vector<std::string> LoraTargetModules(const LoraKind& kind);
 // The expert parameters LoRA can target (PEFT's target_parameters, written as the engine's --lora_targets names):
 // experts.gate_up_proj and experts.down_proj for transformers, none for Mamba.
-std::vector<std::string> LoraTargetParameters(const std::string& family);
+std::vector<std::string> LoraTargetParameters(const LoraKind& kind);
 bool IsLoraTargetParameter(const std::string& target);  // "experts.gate_up_proj": a name with a '.'
 // The target name of a parameter: its last two components ("model.layers.0.mlp.experts.down_proj": experts.down_proj).
 std::string LoraParameterTarget(const std::string& param_name);
@@ -88,16 +102,17 @@ std::string LoraParameterTarget(const std::string& param_name);
 // the model's order): its module, plus ".base_layer" per adapted parameter of the same module after it.
 std::string LoraExpertWrapper(const std::vector<std::string>& names, size_t i);
 
-// The targets when none are given: "q_proj,v_proj" (transformers), "in_proj,x_proj" (Mamba).
-std::string DefaultLoraTargets(const std::string& family);
-// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the family; "all-linear" (PEFT's shorthand, any
-// case) = every linear layer but the LM head, i.e. "all" for transformers (refused for Mamba, where it includes
-// out_proj and dt_proj). Errors name --lora_targets.
-absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const std::string& family);
+// The targets when none are given: "q_proj,v_proj" (transformers), PEFT's default where it has one for the
+// architecture (nemotron_h: "q_proj,k_proj,v_proj,o_proj"), "in_proj" (mamba2), "in_proj,x_proj" (Mamba).
+std::string DefaultLoraTargets(const LoraKind& kind);
+// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all" = every module of the kind; "all-linear" (PEFT's shorthand, any
+// case) = every linear layer but the LM head, i.e. "all" for transformers (refused for PEFT's Mamba model types,
+// where it includes out_proj, and dt_proj on Mamba). Errors name --lora_targets.
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text, const LoraKind& kind);
 // Checks rank > 0, alpha finite and > 0, dropout in [0, 1) (0 with an expert parameter target, as PEFT), targets
 // non-empty, known to the family and not repeated; errors name the flag (--lora_rank, ...) and, for a module PEFT
 // cannot use, the reason.
-absl::Status ValidateLoraOptions(const LoraOptions& o, const std::string& family);
+absl::Status ValidateLoraOptions(const LoraOptions& o, const LoraKind& kind);
 
 // Adds adapters to every module of `model` whose name is in o.targets and freezes every base parameter. Once per
 // model. Restarts the memory tracker's peaks (the released base gradients are no part of what training needs).

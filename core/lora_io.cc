@@ -35,6 +35,14 @@ absl::Status MakeDirectory(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// An adapter tensor's name as the engine calls it: transformers 5.23 holds Nemotron-H under model.* in memory, where
+// PEFT names its adapters, and saves it under backbone.*, the engine's names (PeftModel loads either).
+std::string EngineTensorName(const Model& model, const std::string& name) {
+  const std::string in_memory = absl::StrCat(io::kPeftTensorPrefix, "model.");
+  if (model.architecture() != "nemotron_h" || !absl::StartsWith(name, in_memory)) return name;
+  return absl::StrCat(io::kPeftTensorPrefix, "backbone.", name.substr(in_memory.size()));
+}
+
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
@@ -92,7 +100,7 @@ absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::st
   return WriteFileAtomically(absl::StrCat(dir, "/", io::kPeftConfigFile), io::PeftLoraConfigToJson(config));
 }
 
-absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const std::string& family) {
+absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const LoraKind& kind) {
   const std::string path = absl::StrCat(dir, "/", io::kPeftConfigFile);
   absl::StatusOr<io::PeftLoraConfig> config = io::ReadPeftLoraConfig(path);
   if (!config.ok()) return config.status();
@@ -104,7 +112,7 @@ absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const 
   // PEFT matches a target against the end of a module's path and writes the list in any order, possibly as paths
   // (after "all-linear"): the engine keeps the set of module names. An adapter on only some layers' modules is
   // refused when its tensors are loaded (the other layers' tensors are missing).
-  absl::StatusOr<std::vector<std::string>> all = ParseLoraTargets("all-linear", family);
+  absl::StatusOr<std::vector<std::string>> all = ParseLoraTargets("all-linear", kind);
   if (config->all_linear && !all.ok())
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", absl::StrReplaceAll(all.status().message(), {{"--lora_targets", "target_modules"}})));
@@ -114,7 +122,7 @@ absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const 
   }
   // PEFT matches a target parameter against the end of a parameter's path: "mlp.experts.gate_up_proj" and
   // "gate_up_proj" both name the engine's experts.gate_up_proj (the only parameters so named).
-  const std::vector<std::string> parameters = LoraTargetParameters(family);
+  const std::vector<std::string> parameters = LoraTargetParameters(kind);
   for (const std::string& t : config->target_parameters) {
     auto known = std::find_if(parameters.begin(), parameters.end(), [&](const std::string& p) {
       return t == p || absl::EndsWith(t, "." + p) || absl::EndsWith(p, "." + t);
@@ -125,14 +133,14 @@ absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const 
           parameters.empty() ? "of transformers' MoE layers only" : absl::StrJoin(parameters, " and "), ")"));
     if (std::find(o.targets.begin(), o.targets.end(), *known) == o.targets.end()) o.targets.push_back(*known);
   }
-  if (absl::Status s = ValidateLoraOptions(o, family); !s.ok())
+  if (absl::Status s = ValidateLoraOptions(o, kind); !s.ok())
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", absl::StrReplaceAll(s.message(), {{"--lora_targets", "target_modules"}})));
   return o;
 }
 
 absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
-  absl::StatusOr<LoraOptions> options = ReadLoraAdapterConfig(dir, model.family());
+  absl::StatusOr<LoraOptions> options = ReadLoraAdapterConfig(dir, LoraKind::Of(model));
   if (!options.ok()) return options.status();
   const std::string config_path = absl::StrCat(dir, "/", io::kPeftConfigFile);
   const std::string weights_path = absl::StrCat(dir, "/", io::kPeftWeightsFile);
@@ -193,8 +201,10 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     wanted[absl::StrCat(io::kPeftTensorPrefix, module, ".lora_B.weight")] = {module + ".lora_B.weight",
                                                                                {out, options->rank}};
   }
+  std::map<std::string, std::string> file_names;  // wanted's names as the file spells them
   for (const io::TensorInfo& t : file->tensors()) {
-    auto it = wanted.find(t.name);
+    auto it = wanted.find(EngineTensorName(model, t.name));
+    if (it != wanted.end()) file_names[it->first] = t.name;
     if (it == wanted.end())
       return absl::InvalidArgumentError(absl::StrCat(
           weights_path, ": tensor '", t.name, "' ", ShapeString(t.shape),
@@ -209,7 +219,7 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
   }
   std::vector<std::string> missing;
   for (const auto& [name, w] : wanted)
-    if (!file->Find(name)) missing.push_back(name);
+    if (!file_names.count(name)) missing.push_back(name);
   if (!missing.empty())
     return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", missing.size(), " adapter tensor",
                                                    missing.size() > 1 ? "s are" : " is", " missing: ",
@@ -223,7 +233,7 @@ absl::Status LoadLoraAdapter(Model& model, const std::string& dir) {
     for (int64_t dim : w.shape) numel *= dim;
     std::vector<char>& v = values[w.param];
     v.resize(static_cast<size_t>(numel) * DTypeSize(dtype));
-    if (absl::Status s = file->ReadInto(name, w.shape, dtype, v.data()); !s.ok()) return s;
+    if (absl::Status s = file->ReadInto(file_names.at(name), w.shape, dtype, v.data()); !s.ok()) return s;
   }
   if (!model.lora())
     if (absl::Status s = model.EnableLora(*options); !s.ok())

@@ -20,7 +20,7 @@ absl::Status SaveLoraAdapter(Model& model, const std::string& dir, const std::st
 
 // The LoRA options of a saved adapter (rank, alpha, dropout, targets), checked against the model family
 // ("transformer" or "ssm"). Errors name the file and the field.
-absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const std::string& family);
+absl::StatusOr<LoraOptions> ReadLoraAdapterConfig(const std::string& dir, const LoraKind& kind);
 
 // Loads a saved adapter into `model`. LoRA off: enables it with the adapter's options first. LoRA on: its rank,
 // alpha and targets must equal the adapter's (dropout may differ: it is a training setting). Every tensor of the

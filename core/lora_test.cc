@@ -57,7 +57,7 @@ LoraOptions Options(const Model& m, int64_t rank, double dropout, bool all = tru
   o.alpha = 2.0 * rank;
   o.dropout = dropout;
   o.seed = 3;
-  o.targets = all ? LoraTargetModules(m.family()) : std::vector<std::string>{"q_proj", "v_proj"};
+  o.targets = all ? LoraTargetModules(LoraKind::Of(m)) : std::vector<std::string>{"q_proj", "v_proj"};
   return o;
 }
 
@@ -137,7 +137,9 @@ INSTANTIATE_TEST_SUITE_P(Exact, LoraStrategyTest,
                                            Case{"tiny-qwen2", "streambp", 7, 0.25}, Case{"tiny-ssm", "ckpt", 512, 0},
                                            Case{"tiny-ssm", "seco", 4, 0}, Case{"tiny-ssm", "seco", 5, 0.3},
                                            Case{"tiny-ssm", "streambp", 4, 0.3}, Case{"tiny-ssm", "adjoint", 4, 0.3},
-                                           Case{"tiny-ssm", "adjoint", 6, 0, "scan"}),
+                                           Case{"tiny-ssm", "adjoint", 6, 0, "scan"},
+                                           Case{"tiny-mamba2", "seco", 5, 0.3}, Case{"tiny-bamba", "streambp", 4, 0.3},
+                                           Case{"tiny-nemotron-h", "seco", 4, 0}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string preset = info.param.preset;
                            for (char& ch : preset)
@@ -309,9 +311,8 @@ TEST(LoraOptionsTest, BadOptions) {
   o.dropout = 1;
   EXPECT_NE(error(o).find("--lora_dropout must be in [0, 1)"), std::string::npos);
   o = Options(*model, 4, 0);
-  o.targets = {"q_proj", "in_proj"};
-  EXPECT_NE(error(o).find("'in_proj' is not a linear module or expert weight of a transformer model"),
-            std::string::npos)
+  o.targets = {"q_proj", "x_proj"};
+  EXPECT_NE(error(o).find("'x_proj' is not a linear module or expert weight of a transformer model"), std::string::npos)
       << error(o);
   o.targets = {"q_proj", "q_proj"};
   EXPECT_NE(error(o).find("listed twice"), std::string::npos);
@@ -331,6 +332,49 @@ TEST(LoraOptionsTest, BadOptions) {
             std::string::npos);
   ASSERT_TRUE(EnableLora(*model, Options(*model, 4, 0)).ok());
   EXPECT_NE(error(Options(*model, 4, 0)).find("already enabled"), std::string::npos);
+}
+
+// The Mamba-2 models' targets as PEFT 0.21 takes them: in_proj everywhere; out_proj only where PEFT allows it
+// (bamba, not its Mamba model types mamba2 and nemotron_h); conv1d nowhere; "all-linear" refused where it would
+// include a refused out_proj.
+TEST(LoraOptionsTest, Mamba2TargetsAsPeft) {
+  auto adapted = [](Model& m) {
+    std::set<std::string> leaves;
+    for (const LoraAdapter& ad : m.lora()->adapters) leaves.insert(ad.module.substr(ad.module.rfind('.') + 1));
+    return leaves;
+  };
+  for (const char* preset : {"tiny-mamba2", "tiny-nemotron-h"}) {
+    auto model = Base(preset);
+    const LoraKind kind = LoraKind::Of(*model);
+    for (const char* refused : {"out_proj", "conv1d"}) {
+      absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets(absl::StrCat("in_proj,", refused), kind);
+      EXPECT_NE(t.status().message().find(
+                    absl::StrCat("'", refused, "' is not supported on ", kind.architecture, ": PEFT refuses")),
+                std::string::npos)
+          << t.status();
+    }
+    EXPECT_NE(ParseLoraTargets("all-linear", kind).status().message().find("includes out_proj, which PEFT refuses"),
+              std::string::npos)
+        << preset;
+    ASSERT_TRUE(EnableLora(*model, Options(*model, 2, 0)).ok()) << preset;  // "all": less out_proj
+    EXPECT_EQ(adapted(*model).count("out_proj"), 0u) << preset;
+    EXPECT_EQ(adapted(*model).count("in_proj"), 1u) << preset;
+  }
+  EXPECT_EQ(DefaultLoraTargets(LoraKind::Of(*Base("tiny-mamba2"))), "in_proj");
+  EXPECT_EQ(DefaultLoraTargets(LoraKind::Of(*Base("tiny-nemotron-h"))), "q_proj,k_proj,v_proj,o_proj");
+  EXPECT_EQ(adapted(*WithLora("tiny-nemotron-h")),
+            (std::set<std::string>{"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}));
+
+  auto bamba = Base("tiny-bamba");
+  const LoraKind kind = LoraKind::Of(*bamba);
+  EXPECT_NE(ParseLoraTargets("conv1d", kind).status().message().find("read conv1d.weight directly"), std::string::npos);
+  absl::StatusOr<std::vector<std::string>> all_linear = ParseLoraTargets("all-linear", kind);
+  ASSERT_TRUE(all_linear.ok()) << all_linear.status();
+  LoraOptions o = Options(*bamba, 2, 0);
+  o.targets = *all_linear;
+  ASSERT_TRUE(EnableLora(*bamba, o).ok());
+  EXPECT_EQ(adapted(*bamba), (std::set<std::string>{"in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"}));
 }
 
 // ---- dpo / grpo with the model without adapters as the reference ----
@@ -817,7 +861,7 @@ TEST(LoraFilesTest, BadAdapters) {
     ASSERT_TRUE(SaveLoraAdapter(*ssm, dir, "tiny-ssm").ok());
     auto llama = Base("tiny");
     const std::string e = load_error(*llama, dir);
-    EXPECT_NE(e.find("adapter_config.json: target_modules: 'in_proj' is not a linear module"), std::string::npos) << e;
+    EXPECT_NE(e.find("adapter_config.json: target_modules: 'x_proj' is not a linear module"), std::string::npos) << e;
   }
   {  // the model's LoRA differs from the file's
     auto other = Base("tiny");

@@ -141,6 +141,7 @@ class Model {
   // beside attention or MLPs, whose backward stays seco's.
   enum class ScanLayers { kNone, kSome, kAll };
   virtual ScanLayers scan_layers() const { return ScanLayers::kNone; }
+  virtual std::string architecture() const = 0;  // Hugging Face's model_type: "llama", "mamba2", "mamba", ...
   // The configuration the model was created from, as its family describes it (core/models/family.h): its config.json,
   // presets, size, FLOPs, and models like it (other devices, tensor-parallel ranks).
   virtual std::unique_ptr<ModelSpec> spec() const = 0;

@@ -203,10 +203,10 @@ class ParamStore {
   // Adds adapters to the linear weights (parameter indices, [out][in]) whose module name is in o.targets and to
   // the expert weights ([experts][out][in], e.g. "<layer>.mlp.experts.gate_up_proj") whose last two name components
   // are, then freezes every other parameter (releases its gradient).
-  absl::Status EnableLoraOn(const LoraOptions& o, const std::string& family, const std::vector<int>& linear_weights,
+  absl::Status EnableLoraOn(const LoraOptions& o, const LoraKind& kind, const std::vector<int>& linear_weights,
                             const std::vector<int>& expert_weights = {}) {
     if (lora_) return absl::FailedPreconditionError("LoRA is already enabled on this model");
-    if (absl::Status s = ValidateLoraOptions(o, family); !s.ok()) return s;
+    if (absl::Status s = ValidateLoraOptions(o, kind); !s.ok()) return s;
     const std::set<std::string> targets(o.targets.begin(), o.targets.end());
     std::vector<int> chosen;
     for (int w : linear_weights)

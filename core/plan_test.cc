@@ -44,6 +44,8 @@ MemoryPlan Plan(const Case& c, Device device) {
   lora.alpha = 2.0 * c.lora_rank;
   lora.dropout = c.lora_dropout;
   if (c.model == "tiny-ssm") lora.targets = {"in_proj", "x_proj"};  // what PEFT accepts on Mamba
+  if (c.model == "tiny-mamba2" || c.model == "tiny-bamba" || c.model == "tiny-nemotron-h")
+    lora.targets = {"in_proj", "q_proj", "v_proj"};  // the Mamba-2 mixers' and the hybrids' attention
   absl::StatusOr<std::unique_ptr<Model>> m = CreatePlanModel(c.model, c.dtype, device, lora, 7);
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return {};
@@ -76,8 +78,18 @@ std::vector<Case> Cases() {
       c.lora_rank = 2;
       cases.push_back(c);
     }
-  for (const char* model : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"})
+  for (const char* model : {"tiny-mamba2", "tiny-bamba", "tiny-nemotron-h", "tiny-falcon-h1"}) {
     for (const char* strategy : {"full", "ckpt", "seco", "spaco", "streambp"}) cases.push_back(Case{model, strategy});
+    // LoRA in bf16 (the plan tables' runs), without and with offload.
+    for (bool offload : {false, true}) {
+      Case c{model, "seco"};
+      c.seq_len = 256;
+      c.lora_rank = 2;
+      c.dtype = DType::kBF16;
+      c.offload = offload;
+      cases.push_back(c);
+    }
+  }
   for (const char* strategy : {"full", "ckpt", "seco", "spaco", "adjoint"}) {
     Case c;
     c.model = "tiny-ssm";

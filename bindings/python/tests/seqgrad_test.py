@@ -929,8 +929,8 @@ def test_frozen_base_allocates_no_gradients_and_trains_lora_alike():
 
 
 def test_lora_errors(model, tmp_path):
-    with pytest.raises(seqgrad.InvalidArgumentError, match="options->targets: 'in_proj'"):
-        model.enable_lora(targets="in_proj")
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->targets: 'x_proj'"):
+        model.enable_lora(targets="x_proj")
     with pytest.raises(seqgrad.InvalidArgumentError, match="options->rank is 0"):
         model.enable_lora(rank=0)
     with pytest.raises(seqgrad.InvalidArgumentError, match="options->dropout"):

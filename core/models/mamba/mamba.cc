@@ -149,6 +149,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
 
   std::string family() const override { return "ssm"; }
   ScanLayers scan_layers() const override { return ScanLayers::kAll; }
+  std::string architecture() const override { return "mamba"; }
   DType dtype() const override { return Store::kDType; }
   int num_layers() const override { return static_cast<int>(cfg_.num_layers); }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
@@ -163,7 +164,7 @@ class Mamba final : public MambaModel, public TensorParallelModel, private Param
     std::vector<int> linears;
     for (const LayerParams& L : layers_)
       for (int w : {L.in_proj, L.x_proj, L.dt_w, L.out_proj}) linears.push_back(w);
-    if (absl::Status s = Store::EnableLoraOn(o, family(), linears); !s.ok()) return s;
+    if (absl::Status s = Store::EnableLoraOn(o, LoraKind::Of(*this), linears); !s.ok()) return s;
     Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
     return absl::OkStatus();
   }

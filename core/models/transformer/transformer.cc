@@ -473,6 +473,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
     return cfg_.mixer_count(Mixer::kMamba2) == L && cfg_.mlp_count(Mlp::kNone) == L ? ScanLayers::kAll
                                                                                     : ScanLayers::kSome;
   }
+  std::string architecture() const override { return cfg_.architecture; }
   // KV-cache and KV-gradient pages: bf16 under --dtype=bf16, else the compute dtype.
   DType KVDType() const { return Store::weight_dtype_ == DType::kBF16 ? DType::kBF16 : dtype(); }
   DType dtype() const override { return Store::kDType; }
@@ -498,7 +499,7 @@ class Transformer final : public TransformerModel, public TensorParallelModel, p
       for (int w : {M.gate_up, M.down})  // in the module's parameter order, as PEFT nests their wrappers
         if (w >= 0) experts.push_back(w);
     }
-    if (absl::Status s = Store::EnableLoraOn(o, family(), linears, experts); !s.ok()) return s;
+    if (absl::Status s = Store::EnableLoraOn(o, LoraKind::Of(*this), linears, experts); !s.ok()) return s;
     Store::lora_col0_ = LoraFirstColumns(shards_, *Store::LoraState(), tp_.rank);  // dropout masks
     return absl::OkStatus();
   }

@@ -1064,8 +1064,8 @@ class SeqgradTest {
     }
     try (Model m = Model.fromPreset("tiny")) {
       InvalidArgumentException e =
-          assertThrows(InvalidArgumentException.class, () -> m.enableLora(new LoraOptions().targets("in_proj")));
-      assertTrue(e.getMessage().contains("options->targets: 'in_proj'"), e.getMessage());
+          assertThrows(InvalidArgumentException.class, () -> m.enableLora(new LoraOptions().targets("x_proj")));
+      assertTrue(e.getMessage().contains("options->targets: 'x_proj'"), e.getMessage());
       e = assertThrows(InvalidArgumentException.class, () -> m.enableLora(new LoraOptions().rank(0)));
       assertTrue(e.getMessage().contains("options->rank is 0"), e.getMessage());
       m.enableLora(new LoraOptions().targets("all"));
