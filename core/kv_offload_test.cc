@@ -391,7 +391,12 @@ INSTANTIATE_TEST_SUITE_P(
         // A Qwen3.5 hybrid: pages only in its attention layer, numbered among attention layers.
         Case{"qwen35_chunk4_page3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 0},
         Case{"qwen35_sparse1_chunk4_page2", *TransformerPreset("tiny-qwen3.5"), 4, 2, 1},
-        Grouped("bf16_lora_qwen35_chunk4_page3_group3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 3, DType::kBF16, 4)),
+        Grouped("bf16_lora_qwen35_chunk4_page3_group3", *TransformerPreset("tiny-qwen3.5"), 4, 3, 3, DType::kBF16, 4),
+        // Mamba-2 beside attention: the scan states go home with the pages.
+        Case{"bamba_chunk4_page3", *TransformerPreset("tiny-bamba"), 4, 3, 0},
+        Case{"bamba_sparse1_chunk4_page2", *TransformerPreset("tiny-bamba"), 4, 2, 1},
+        Case{"falcon_h1_chunk4_page3", *TransformerPreset("tiny-falcon-h1"), 4, 3, 0},
+        Grouped("bf16_lora_bamba_chunk4_page3_group3", *TransformerPreset("tiny-bamba"), 4, 3, 3, DType::kBF16, 4)),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Groups change only the rounding: attention over groups of one page (merged forward, dQ summed over groups)
@@ -517,7 +522,7 @@ TEST(OffloadMemoryTest, HybridDeviceBytesFlatInTokens) {
 // StateBytesPerToken is what the cache of one more token takes, over all layers: full backprop's cache of a 64-token
 // sequence (whole pages of 4) is 64 of it, on a hybrid too, whose Gated DeltaNet layers hold no pages.
 TEST(OffloadMemoryTest, StateBytesPerTokenIsTheCacheOfAToken) {
-  for (const std::string preset : {"tiny", "tiny-qwen3.5"}) {
+  for (const std::string preset : {"tiny", "tiny-qwen3.5", "tiny-bamba"}) {
     auto model = MakeModel(*TransformerPreset(preset));
     Sequence s = RaggedBatch(model->vocab_size(), 99)[0];
     while (s.ids.size() < 64) {
