@@ -212,9 +212,9 @@ TEST(BF16ActivationsTest, KeptActivationsHalve) {
 TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
   // Not the MoE presets: a chunk's GEMMs round differently from the whole sequence's, and a router's near-tie then
   // picks another expert (a step in the function, not rounding); they are exact in f64 (moe_hf_test).
-  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5", "tiny-ssm"}) {
+  for (const std::string preset : {"tiny", "tiny-qwen2", "tiny-qwen3.5", "tiny-ssm", "tiny-mamba2", "tiny-bamba"}) {
     auto full = Make(preset, DType::kBF16);
-    const bool mamba = full->family() == "ssm";
+    const bool mamba = full->family() == "ssm", scans = full->scan_layers() != Model::ScanLayers::kNone;
     const std::vector<Sequence> batch = RaggedBatch(full->vocab_size(), 3);
     StrategyOptions fo;
     fo.page_size = 4;
@@ -222,7 +222,7 @@ TEST(BF16ActivationsTest, StrategiesAgreeWithFull) {
     absl::StatusOr<StepMetrics> rf = ft.ComputeGradients(batch);
     ASSERT_TRUE(rf.ok()) << rf.status();
     for (const std::string strategy : {"ckpt", "streambp", "seco", "adjoint"}) {
-      if (strategy == "adjoint" && !mamba) continue;
+      if (strategy == "adjoint" && !scans) continue;
       auto m = Make(preset, DType::kBF16);
       StrategyOptions so;
       so.name = strategy;
