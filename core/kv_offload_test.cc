@@ -506,17 +506,21 @@ TEST(OffloadMemoryTest, DeviceBytesFlatInTokens) {
 
 // A hybrid's Gated DeltaNet layers keep a state at every chunk boundary for seco's second pass: with offload these
 // wait in host memory like its attention layers' pages, so the device's cache is flat in T while the host's grows.
+// Falcon-H1's layers hold attention pages and a Mamba-2 state side by side: both kinds are released.
 TEST(OffloadMemoryTest, HybridDeviceBytesFlatInTokens) {
-  auto model = MakeModel(*TransformerPreset("tiny-qwen3.5"));
-  const StateBytes plain64 = Measure(*model, false, 64), plain256 = Measure(*model, false, 256);
-  const StateBytes at64 = Measure(*model, true, 64), at256 = Measure(*model, true, 256);
-  std::cout << "tiny-qwen3.5: device kv_cache peak " << plain64.kv_cache << " -> " << plain256.kv_cache
-            << " B from 64 to 256 tokens without offload, " << at64.kv_cache << " -> " << at256.kv_cache
-            << " B with (host " << at64.host << " -> " << at256.host << " B)\n";
-  EXPECT_GT(plain256.kv_cache, plain64.kv_cache);
-  EXPECT_EQ(at64.kv_cache, at256.kv_cache);
-  EXPECT_EQ(at64.kv_grad, at256.kv_grad);
-  EXPECT_GT(at256.host, at64.host);
+  for (const std::string preset : {"tiny-qwen3.5", "tiny-bamba", "tiny-falcon-h1"}) {
+    auto model = MakeModel(*TransformerPreset(preset));
+    const StateBytes plain64 = Measure(*model, false, 64), plain256 = Measure(*model, false, 256);
+    const StateBytes at64 = Measure(*model, true, 64), at256 = Measure(*model, true, 256);
+    std::cout << preset << ": device kv_cache peak " << plain64.kv_cache << " -> " << plain256.kv_cache
+              << " B from 64 to 256 tokens without offload, " << at64.kv_cache << " -> " << at256.kv_cache
+              << " B with (kv_grad " << at64.kv_grad << " -> " << at256.kv_grad << " B; host " << at64.host << " -> "
+              << at256.host << " B)\n";
+    EXPECT_GT(plain256.kv_cache, plain64.kv_cache) << preset;
+    EXPECT_EQ(at64.kv_cache, at256.kv_cache) << preset;
+    EXPECT_EQ(at64.kv_grad, at256.kv_grad) << preset;
+    EXPECT_GT(at256.host, at64.host) << preset;
+  }
 }
 
 // StateBytesPerToken is what the cache of one more token takes, over all layers: full backprop's cache of a 64-token

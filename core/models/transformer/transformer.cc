@@ -115,12 +115,12 @@ class TransformerState final : public SequenceState {
   void Release(int model_layer, int64_t from) override {
     // Later tokens are read by positions before them (and replaced by each backward); none are left before 0.
     if (from == 0) later.erase(model_layer);
+    // Recurrent boundaries (Gated DeltaNet, Mamba-2, Falcon-H1's beside attention): a boundary b belongs to position
+    // b - 1, so positions >= from own the boundaries b > from.
+    for (auto* m : {&linear_cache, &linear_grad})
+      m->erase(m->upper_bound({model_layer, from}), m->lower_bound({model_layer + 1, 0}));
     const int layer = kv_index[model_layer];
-    if (layer < 0) {  // a boundary b belongs to position b - 1: positions >= from own the boundaries b > from
-      for (auto* m : {&linear_cache, &linear_grad})
-        m->erase(m->upper_bound({model_layer, from}), m->lower_bound({model_layer + 1, 0}));
-      return;
-    }
+    if (layer < 0) return;
     if (offload) offload->Release(layer, from);
     kv.Release(layer, from);
     grad.Release(layer, from);
