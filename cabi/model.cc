@@ -34,7 +34,7 @@ absl::Status SaveWhole(ModelCore& core, const std::function<absl::Status()>& sav
 }
 
 sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtype, uint64_t seed, bool from_dir,
-                       sg_model** out, const char* device, bool frozen_base) {
+                       sg_model** out, const char* device, bool frozen_base, bool offload_experts) {
   DType dt = DType::kF32;
   if (sg_status* s = ParseDType(fn, dtype, &dt)) return s;
   const std::string device_name = device ? device : "cpu";
@@ -42,7 +42,7 @@ sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtyp
   if (!dev.ok() || *dev == Device::kMeta)
     return Invalid(absl::StrCat(fn, ": options->device is '", device_name, "'; supported: cpu, cuda"));
   if (absl::Status usable = CheckDevice(*dev); !usable.ok()) return FromAbslIn(fn, usable);
-  absl::StatusOr<std::unique_ptr<Model>> m = LoadAnyModel(spec, dt, seed, *dev, frozen_base);
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadAnyModel(spec, dt, seed, *dev, frozen_base, offload_experts);
   if (!m.ok()) return FromAbslIn(fn, m.status());
   auto core = std::make_shared<ModelCore>();
   core->model = std::move(*m);
@@ -55,7 +55,7 @@ sg_status* CreateModel(const char* fn, const std::string& spec, const char* dtyp
 }
 
 sg_status* CreatePreset(const char* fn, const char* preset, const char* dtype, uint64_t seed, const char* device,
-                        sg_model** out, bool frozen_base = false) {
+                        sg_model** out, bool frozen_base = false, bool offload_experts = false) {
   return Guard(fn, [&]() -> sg_status* {
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
@@ -68,18 +68,18 @@ sg_status* CreatePreset(const char* fn, const char* preset, const char* dtype, u
       for (const std::string& n : known) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
       return Invalid(absl::StrCat(fn, ": argument 'preset' is '", preset, "'; known presets: ", names));
     }
-    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out, device, frozen_base);
+    return CreateModel(fn, preset, dtype, seed, /*from_dir=*/false, out, device, frozen_base, offload_experts);
   });
 }
 
 sg_status* Load(const char* fn, const char* hf_dir, const char* dtype, const char* device, sg_model** out,
-                bool frozen_base = false) {
+                bool frozen_base = false, bool offload_experts = false) {
   return Guard(fn, [&]() -> sg_status* {
     if (!out) return NullArg(fn, "out");
     *out = nullptr;
     if (!hf_dir) return NullArg(fn, "hf_dir");
     if (sg_status* s = CheckDirectory(fn, "hf_dir", hf_dir)) return s;
-    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out, device, frozen_base);
+    return CreateModel(fn, hf_dir, dtype, 0, /*from_dir=*/true, out, device, frozen_base, offload_experts);
   });
 }
 
@@ -92,7 +92,10 @@ sg_status* ModelOptions(const char* fn, const sg_model_options* options, sg_mode
   o->dtype = options->dtype;
   o->device = options->device;
   o->seed = options->seed;
-  if (options->struct_size > kModelOptionsSize0_7) o->frozen_base = options->frozen_base;
+  if (options->struct_size > kModelOptionsSize0_7) {
+    o->frozen_base = options->frozen_base;
+    o->offload_experts = options->offload_experts;
+  }
   return nullptr;
 }
 
@@ -158,14 +161,14 @@ sg_status* sg_model_create_preset_with(const char* preset, const sg_model_option
   static const char fn[] = "sg_model_create_preset_with";
   sg_model_options o;
   if (sg_status* s = ModelOptions(fn, options, &o)) return s;
-  return CreatePreset(fn, preset, o.dtype, o.seed, o.device, out, o.frozen_base != 0);
+  return CreatePreset(fn, preset, o.dtype, o.seed, o.device, out, o.frozen_base != 0, o.offload_experts != 0);
 }
 
 sg_status* sg_model_load_with(const char* hf_dir, const sg_model_options* options, sg_model** out) {
   static const char fn[] = "sg_model_load_with";
   sg_model_options o;
   if (sg_status* s = ModelOptions(fn, options, &o)) return s;
-  return Load(fn, hf_dir, o.dtype, o.device, out, o.frozen_base != 0);
+  return Load(fn, hf_dir, o.dtype, o.device, out, o.frozen_base != 0, o.offload_experts != 0);
 }
 
 const char* sg_model_device(const sg_model* model) {

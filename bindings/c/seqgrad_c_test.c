@@ -257,7 +257,7 @@ static void test_errors(void) {
   o.chunk = 8;
   o.strategy = "adjoint";
   EXPECT_STATUS(sg_trainer_create(m, &o, &tout), SG_ERR_INVALID_ARGUMENT,
-                "options->strategy = adjoint needs a state-space model (family 'ssm', e.g. preset tiny-ssm)");
+                "options->strategy = adjoint needs a state-space model (Mamba or Mamba-2 layers");
   met.struct_size = 4;
   EXPECT_STATUS(sg_trainer_step(t, g_ids, NULL, 4, len4, 1, &met), SG_ERR_INVALID_ARGUMENT, "struct_size");
   met.struct_size = sizeof(met) - 4; /* between the published sizes */
@@ -1691,8 +1691,8 @@ static void test_lora(void) {
   lo.alpha = -2;
   EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->alpha is -2");
   lo = sg_lora_default_options();
-  lo.targets = "q_proj,in_proj";
-  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->targets: 'in_proj'");
+  lo.targets = "q_proj,x_proj";
+  EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "options->targets: 'x_proj'");
   lo.targets = "q_proj,q_proj";
   EXPECT_STATUS(sg_model_enable_lora(m, &lo), SG_ERR_INVALID_ARGUMENT, "listed twice");
   lo.struct_size = 8;
@@ -2314,6 +2314,17 @@ static void test_frozen_base(void) {
   EXPECT_STATUS(sg_trainer_step(tf, g_ids, NULL, 2 * SEQ, g_lengths, 2, &mf), SG_ERR_FAILED_PRECONDITION,
                 "frozen_base");
   sg_trainer_free(tf);
+  /* offload_experts at creation needs a frozen base and experts. */
+  mo.offload_experts = 1;
+  EXPECT_STATUS(sg_model_create_preset_with("tiny", &mo, &old), SG_ERR_INVALID_ARGUMENT,
+                "options->offload_experts: this llama model has no mixture-of-experts layers");
+  mo.frozen_base = 0;
+  EXPECT_STATUS(sg_model_create_preset_with("tiny-qwen3-moe", &mo, &old), SG_ERR_INVALID_ARGUMENT,
+                "options->offload_experts keeps the expert weights in host memory");
+  mo.frozen_base = 1;
+  EXPECT_OK(sg_model_create_preset_with("tiny-qwen3-moe", &mo, &old));
+  sg_model_free(old);
+  mo.offload_experts = 0;
   /* A 0.7 caller's struct has no frozen_base: the model is whole. */
   mo.struct_size = 32;
   EXPECT_OK(sg_model_create_preset_with("tiny", &mo, &old));

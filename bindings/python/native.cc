@@ -531,12 +531,13 @@ PYBIND11_MODULE(_native, mod) {
   py::class_<NativeModel, std::shared_ptr<NativeModel>>(mod, "Model")
       .def_static("create_preset",
                   [](const std::string& name, const std::string& dtype, uint64_t seed, const std::string& device,
-                     bool frozen_base) {
+                     bool frozen_base, bool offload_experts) {
                     sg_model_options o = sg_model_default_options();
                     o.dtype = dtype.c_str();
                     o.device = device.c_str();
                     o.seed = seed;
                     o.frozen_base = frozen_base;
+                    o.offload_experts = offload_experts;
                     sg_model* m = nullptr;
                     sg_status* st;
                     {
@@ -547,11 +548,13 @@ PYBIND11_MODULE(_native, mod) {
                     return std::make_shared<NativeModel>(m);
                   })
       .def_static("load",
-                  [](const std::string& dir, const std::string& dtype, const std::string& device, bool frozen_base) {
+                  [](const std::string& dir, const std::string& dtype, const std::string& device, bool frozen_base,
+                     bool offload_experts) {
                     sg_model_options o = sg_model_default_options();
                     o.dtype = dtype.c_str();
                     o.device = device.c_str();
                     o.frozen_base = frozen_base;
+                    o.offload_experts = offload_experts;
                     sg_model* m = nullptr;
                     sg_status* st;
                     {

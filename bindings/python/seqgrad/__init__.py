@@ -84,16 +84,21 @@ class Model:
         self._spec = spec  # the preset name or directory it was made from: what seqgrad.fit plans with
 
     @classmethod
-    def from_preset(cls, name="tiny", dtype="f32", seed=0, device="cpu", frozen_base=False):
+    def from_preset(cls, name="tiny", dtype="f32", seed=0, device="cpu", frozen_base=False, offload_experts=False):
         """A randomly initialised preset. device: "cpu" or "cuda" (the model's tensors and steps on the GPU;
         without a usable GPU FailedPreconditionError "device 'cuda' cannot run: ..."). frozen_base: no parameter
-        gets a gradient, none is allocated (for LoRA, enabled next, or a model that only scores)."""
-        return cls(_native.Model.create_preset(name, dtype, seed, device, bool(frozen_base)), name)
+        gets a gradient, none is allocated (for LoRA, enabled next, or a model that only scores). offload_experts
+        (with frozen_base, on a mixture of experts): the expert weights made in host memory, for a Trainer with
+        offload_experts=True, so that they never all sit on the device."""
+        return cls(_native.Model.create_preset(name, dtype, seed, device, bool(frozen_base), bool(offload_experts)),
+                   name)
 
     @classmethod
-    def load(cls, hf_dir, dtype="f32", device="cpu", frozen_base=False):
-        """A Hugging Face directory; dtype "f32", "f64" or "bf16", device and frozen_base as in from_preset."""
-        return cls(_native.Model.load(os.fspath(hf_dir), dtype, device, bool(frozen_base)), os.path.abspath(hf_dir))
+    def load(cls, hf_dir, dtype="f32", device="cpu", frozen_base=False, offload_experts=False):
+        """A Hugging Face directory; dtype "f32", "f64" or "bf16", device, frozen_base and offload_experts as in
+        from_preset."""
+        return cls(_native.Model.load(os.fspath(hf_dir), dtype, device, bool(frozen_base), bool(offload_experts)),
+                   os.path.abspath(hf_dir))
 
     def _get(self):
         if self._native is None:

@@ -332,16 +332,20 @@ def test_sparse_pages_and_offload(model):
 def test_offload_experts(model):
     """offload_experts streams a mixture of experts' frozen expert weights through the device: the same loss and
     gradient bits; refused, naming the option, on a model without experts and on experts that train."""
-    def grads(offload_experts):
-        with seqgrad.Model.from_preset("tiny-qwen3-moe", dtype="f64", seed=1) as m:
+    def grads(offload_experts, at_creation=False):  # at_creation: the experts made in host memory
+        with seqgrad.Model.from_preset("tiny-qwen3-moe", dtype="f64", seed=1, frozen_base=at_creation,
+                                       offload_experts=at_creation) as m:
             m.enable_lora(rank=2, targets=["q_proj", "experts.gate_up_proj", "experts.down_proj"], seed=3)
             with seqgrad.Trainer(m, strategy="seco", chunk=8, page_size=2, offload_experts=offload_experts) as tr:
                 loss = tr.compute_gradients(BATCH)["loss"]
                 return loss, np.concatenate([g.ravel() for g in _grads(m).values()])
 
-    resident, offloaded = grads(False), grads(True)
-    assert resident[0] == offloaded[0]
-    np.testing.assert_array_equal(resident[1], offloaded[1])
+    resident = grads(False)
+    for offloaded in (grads(True), grads(True, at_creation=True)):
+        assert resident[0] == offloaded[0]
+        np.testing.assert_array_equal(resident[1], offloaded[1])
+    with pytest.raises(seqgrad.InvalidArgumentError, match="options->offload_experts keeps the expert weights"):
+        seqgrad.Model.from_preset("tiny-qwen3-moe", offload_experts=True)  # without frozen_base
     with pytest.raises(seqgrad.InvalidArgumentError, match="options->offload_experts keeps the expert weights"):
         with seqgrad.Model.from_preset("tiny-qwen3-moe", dtype="f64", seed=1) as m:
             seqgrad.Trainer(m, offload_experts=True)

@@ -184,6 +184,10 @@ typedef struct sg_model_options {
   int frozen_base;    /* Since 0.8. Non-zero: no parameter of the model gets a gradient, so none is allocated; for
                          LoRA (sg_model_enable_lora next: only the adapters train) or a model that only scores. A
                          trainer step on it without LoRA is SG_ERR_FAILED_PRECONDITION. 0 (the default): as before */
+  int offload_experts; /* Since 0.8. Non-zero (with frozen_base, on a mixture of experts): the expert weights are made
+                          in host memory, one layer's at most on the device while the model is created, for trainers
+                          with sg_trainer_options.offload_experts; SG_ERR_INVALID_ARGUMENT without frozen_base or MoE
+                          layers */
 } sg_model_options;
 /* dtype "f32", device "cpu", seed 0, struct_size set. */
 SG_API sg_model_options sg_model_default_options(void);
