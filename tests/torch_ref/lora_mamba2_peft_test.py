@@ -1,6 +1,6 @@
-"""LoRA on Mamba-2, Bamba and Nemotron-H against PEFT 0.21 and transformers 5.23, both ways, in float64.
+"""LoRA on Mamba-2, Bamba, Nemotron-H and Falcon-H1 against PEFT 0.21 and transformers 5.23, both ways, in float64.
 
-The tiny models of mamba2_hf_test.py (mamba2, bamba, nemotron_h), made by its helpers. PEFT itself adapts the
+The tiny models of mamba2_hf_test.py (mamba2, bamba, nemotron_h, falcon_h1), made by its helpers. PEFT itself adapts the
 targets it accepts there (TARGETS: the Mamba-2 mixers' in_proj, whose rows are z, xBC and dt fused; Bamba's out_proj
 too; the attention's and MLPs' projections of the hybrids) with random A and B (get_peft_model,
 init_lora_weights=False) and saves the adapter; its loss and adapter gradients on mamba2_hf_test's batch (151 and 120
@@ -14,8 +14,11 @@ recorded in float64).
     and gives the engine's loss and adapter gradients to 1e-10. The merged export (--merged_out) loads into
     transformers with nothing missing or unexpected; transformers' loss and every gradient of it match the engine's
     on the same export to 1e-10, and PEFT's merge_and_unload() equals it to 1e-12.
-  * PEFT's own rules, recorded: it refuses out_proj and conv1d on mamba2 and nemotron_h and defaults nemotron_h to
-    q/k/v/o_proj; the engine refuses an adapter file naming out_proj on mamba2, by field and reason.
+  * Falcon-H1's µP multipliers act on its projections' inputs or outputs in transformers (ssm_multipliers on in_proj's
+    row groups, key and MLP gate/down multipliers), so on base + adapter alike: the engine scales the adapted
+    projection's whole output.
+  * PEFT's own rules, recorded: it refuses out_proj and conv1d on mamba2, nemotron_h and falcon_h1 and defaults
+    nemotron_h to q/k/v/o_proj; the engine refuses an adapter file naming out_proj on mamba2, by field and reason.
 
 Two halves:
   * run in the venv of tests/e2e/pip_venv.sh (torch, transformers, peft from PyPI) as a script:
@@ -38,12 +41,13 @@ TOLERANCE = 1e-10
 MERGE_AGREEMENT = 1e-12
 RANK = 3
 ALPHA = 5  # an integer, as PEFT writes it; scale 5 / 3
-MODELS = {"mamba2": 0, "bamba": 2, "nemotron_h": 3}  # mamba2_hf_test's seeds
+MODELS = {"mamba2": 0, "bamba": 2, "nemotron_h": 3, "falcon_h1": 4}  # mamba2_hf_test's seeds
 TARGETS = {"mamba2": ["in_proj"],
            "bamba": ["in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                      "down_proj"],
-           "nemotron_h": ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}
-PEFT_MAMBA_TYPES = ("mamba2", "nemotron_h")  # where PEFT refuses out_proj and conv1d
+           "nemotron_h": ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+           "falcon_h1": ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+PEFT_MAMBA_TYPES = ("mamba2", "nemotron_h", "falcon_h1")  # where PEFT refuses out_proj and conv1d
 # (strategy, chunk, KV page)
 RUNS = [("full", 512, 16), ("seco", 37, 16), ("seco", 50, 16), ("streambp", 37, 16)]
 PEFT_PREFIX = "base_model.model."
@@ -171,7 +175,7 @@ def _adapted_modules(name):
 
 def test_peft_rules_for_mamba2_models(name):
     """PEFT adapts the targets (in_proj on every Mamba-2 layer); it refuses out_proj and conv1d on its Mamba model
-    types (mamba2, nemotron_h), and nemotron_h's default targets are attention's four projections."""
+    types (mamba2, nemotron_h, falcon_h1), and nemotron_h's default targets are attention's four projections."""
     want = written()["peft"][name]
     assert want["target_modules"] == sorted(TARGETS[name]), want["target_modules"]
     assert set(want["grads"]) == {m + f".lora_{ab}.weight" for m in _adapted_modules(name) for ab in "AB"}, \
