@@ -351,7 +351,9 @@ TEST_F(CudaStrategyTest, Mamba2MatchesCpu) {
                                               truncated};
     for (bool packed : {false, true}) {
       std::vector<Sequence> batch = RaggedBatch(p.gpu->vocab_size(), 12345);
-      if (packed) ASSERT_TRUE(SetDocuments(batch[0], {7, 3, 9, 1, 4}, "packed").ok());
+      if (packed) {
+        ASSERT_TRUE(SetDocuments(batch[0], {7, 3, 9, 1, 4}, "packed").ok());
+      }
       const Grads gpu_full = Gradients(*p.gpu, all[0], batch);
       for (const StrategyOptions& o : all) {
         const std::string what =
