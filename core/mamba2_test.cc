@@ -72,7 +72,9 @@ int64_t Pairs(const std::vector<Sequence>& batch, int64_t window) {
 // Lengths 23 and 9 (RaggedBatch); with documents, the 23 tokens packed as documents of 7, 3, 9, 1 and 4 (+ 1 label).
 std::vector<Sequence> Batch(int64_t vocab, bool packed) {
   std::vector<Sequence> batch = RaggedBatch(vocab, 999);
-  if (packed) EXPECT_TRUE(SetDocuments(batch[0], {7, 3, 9, 1, 4}, "packed").ok());
+  if (packed) {
+    EXPECT_TRUE(SetDocuments(batch[0], {7, 3, 9, 1, 4}, "packed").ok());
+  }
   return batch;
 }
 

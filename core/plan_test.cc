@@ -211,7 +211,9 @@ TEST(PlanTest, MixtureOfExpertsPlanBoundsTheCpuPeak) {
         c.offload = variant > 2 && c.strategy == "seco";
         const MemoryPlan cpu = Plan(c, Device::kCPU), meta = Plan(c, Device::kMeta);
         EXPECT_EQ(meta.host_bytes, cpu.host_bytes) << Name(c);
-        if (c.offload_experts) EXPECT_GT(meta.host_bytes, 0) << Name(c);
+        if (c.offload_experts) {
+          EXPECT_GT(meta.host_bytes, 0) << Name(c);
+        }
         ASSERT_GT(cpu.device.total_peak, 0) << Name(c);
         for (int i = 0; i < kNumMemCategories; ++i) {
           const MemCategory category = static_cast<MemCategory>(i);

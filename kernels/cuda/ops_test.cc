@@ -1785,7 +1785,9 @@ TEST_F(GpuTest, Bf16FusedOpsMatchCpu) {
         return o;
       });
       ExpectBf16Near(Bits(dut.v[0].second), Bits(cpu.v[0].second), what + " y");
-      if (keep) EXPECT_EQ(dut.v[0].second, dut.v[1].second) << what << ": half holds y's values";
+      if (keep) {
+        EXPECT_EQ(dut.v[0].second, dut.v[1].second) << what << ": half holds y's values";
+      }
       else ExpectAllEqual(Outs{{dut.v[1]}}, Outs{{cpu.v[1]}}, what + ": half untouched");
       ExpectClose(dut.v[2].second, cpu.v[2].second, kTight<float>, what + " rstd");
     }
